@@ -1,0 +1,201 @@
+/*
+ * kvpool.h — the public C API of kvpool, a distributed KV-cache store for LLM inference.
+ *
+ * An inference server embeds the client (libkvpool) to save the attention KV cache of token
+ * blocks into a pool of memory spread over many hosts and to load it back instead of
+ * recomputing the prefill. See docs/ and DESIGN.md for the architecture and contract C1–C6.
+ *
+ * Conventions, for every function below:
+ *  - Sizes are bytes; timeouts are milliseconds, 0 meaning the configured default
+ *    (`transfer_timeout`).
+ *  - Keys are NUL-terminated strings of 1..KVP_MAX_KEY_BYTES bytes (not counting the NUL).
+ *  - Buffers stay the caller's. kvpool reads or writes them only while the call that was given
+ *    them runs: when any call returns, success or error, nothing in kvpool touches them again
+ *    (contract C2).
+ *  - Every function is safe to call from many threads at once on one client.
+ *  - Errors are negative `kvp_err` values; kvp_strerror() names them.
+ */
+#ifndef KVPOOL_H
+#define KVPOOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Longest key, in bytes, not counting the terminating NUL. */
+#define KVP_MAX_KEY_BYTES 512
+
+/**
+ * Error codes. All negative; values never change (they cross the wire).
+ * KVP_OK is 0. Codes below -100 are internal and not normally returned by the public API.
+ */
+typedef enum kvp_err {
+    KVP_OK = 0,
+    KVP_ERR_NOT_FOUND = -1,        /* no complete object under that key */
+    KVP_ERR_EXISTS = -2,           /* put of a key that exists (complete or being written) */
+    KVP_ERR_NO_SPACE = -3,         /* the pool cannot hold the object */
+    KVP_ERR_TIMEOUT = -4,          /* the call gave up at its timeout; every slice was fenced first */
+    KVP_ERR_TRANSFER = -5,         /* a data transfer failed (peer gone, connection error) */
+    KVP_ERR_CORRUPT = -6,          /* checksum mismatch: bytes were not returned */
+    KVP_ERR_LEASE_EXPIRED = -7,    /* the read lease ran out before the transfer finished */
+    KVP_ERR_UNAVAILABLE = -8,      /* no master quorum / no leader reachable */
+    KVP_ERR_INVALID = -9,          /* bad argument or bad config value */
+    KVP_ERR_TOO_LARGE = -10,       /* object larger than any segment / than allowed */
+    KVP_ERR_BUFFER_TOO_SMALL = -11,/* the caller's buffer is smaller than the object */
+    KVP_ERR_CLOSED = -12,          /* the client (or actor) was closed */
+    KVP_ERR_NOMEM = -13,           /* local memory allocation failed */
+    KVP_ERR_MALFORMED = -14,       /* a message failed to decode (truncated, oversized, bad magic) */
+    KVP_ERR_VERSION = -15,         /* unknown wire version */
+    KVP_ERR_NOT_LEADER = -16,      /* this master is not the Raft leader (reply carries a hint) */
+    KVP_ERR_LEASED = -17,          /* refused: the object is under a read lease (use force) */
+    KVP_ERR_BUSY = -18,            /* the object is being written, or the operation is in progress */
+    KVP_ERR_IO = -19,              /* local I/O error (file, socket set-up) */
+    KVP_ERR_INTERNAL = -20,        /* an internal invariant failed; logged */
+    KVP_ERR_FENCE_FAILED = -21,    /* slices could not be fenced within the bound (wedged transport) */
+    KVP_ERR_CANCELLED = -22,       /* the operation was cancelled */
+    KVP_ERR_UNSUPPORTED = -23,     /* feature not available here (e.g. no RDMA device) */
+    KVP_ERR_PINNED = -24,          /* refused: the object is soft-pinned */
+    KVP_ERR__LAST = -25
+} kvp_err;
+
+typedef struct kvp_config kvp_config; /* opaque */
+typedef struct kvp_client kvp_client; /* opaque */
+
+/** Options of a put. Pass NULL for all defaults. */
+typedef struct kvp_put_opts {
+    uint32_t replica_num;          /* replicas on distinct segments; 0 = config `replica_num` */
+    bool soft_pin;                 /* survive ordinary eviction */
+    const char *preferred_segment; /* segment name to place the first replica on; NULL = none */
+    uint32_t timeout_ms;           /* 0 = config `transfer_timeout` */
+} kvp_put_opts;
+
+/** One piece of a scatter-gather object: `len` bytes at `base`. */
+typedef struct kvp_iov {
+    void *base;
+    size_t len;
+} kvp_iov;
+
+/**
+ * Create a config holding the defaults. On success *out owns a new config that the caller
+ * frees with kvp_config_destroy(). Errors: KVP_ERR_INVALID (out NULL), KVP_ERR_NOMEM.
+ */
+int kvp_config_new(kvp_config **out);
+
+/**
+ * Set one key (Mooncake's names where one exists: local_hostname, master_server_address,
+ * global_segment_size, local_buffer_size, protocol, device_name, replica_num,
+ * transfer_timeout, default_kv_lease_ttl, eviction_ratio, eviction_high_watermark_ratio,
+ * client_ttl; plus cluster_file and kvpool's own keys listed in docs/config.md).
+ * Sizes accept suffixes (4G, 512MiB). Errors: KVP_ERR_INVALID with a log line naming the key,
+ * the value and what is allowed; the config is unchanged then.
+ */
+int kvp_config_set(kvp_config *cfg, const char *key, const char *value);
+
+/** Load a JSON object of key → value (string, number or bool). Errors: KVP_ERR_IO, KVP_ERR_INVALID. */
+int kvp_config_load_file(kvp_config *cfg, const char *path);
+
+/** Free a config; accepts NULL and *cfg == NULL; sets *cfg to NULL. */
+void kvp_config_destroy(kvp_config **cfg);
+
+/**
+ * Open a client: connect to the master quorum (master_server_address or cluster_file) and, if
+ * global_segment_size > 0, contribute a segment of that size from this process (embedded mode).
+ * The config is copied; the caller keeps ownership of cfg. Blocks until the client has
+ * reached a leader or the timeout passes. Errors: KVP_ERR_INVALID, KVP_ERR_UNAVAILABLE,
+ * KVP_ERR_NOMEM, KVP_ERR_IO.
+ */
+int kvp_client_open(const kvp_config *cfg, kvp_client **out);
+
+/**
+ * Close a client. Calls in flight on other threads return KVP_ERR_CLOSED; this returns only
+ * once nothing in kvpool can touch caller memory again. Accepts NULL; sets *client to NULL.
+ */
+void kvp_client_close(kvp_client **client);
+
+/**
+ * Store `len` bytes at `buf` under `key`, with opts->replica_num replicas.
+ * Returns KVP_OK, or KVP_ERR_EXISTS (nothing written), KVP_ERR_INVALID (len 0, bad key),
+ * KVP_ERR_NO_SPACE, KVP_ERR_TOO_LARGE, KVP_ERR_TIMEOUT, KVP_ERR_TRANSFER, KVP_ERR_UNAVAILABLE,
+ * KVP_ERR_CLOSED. On error no object is visible under the key from this call.
+ */
+int kvp_put(kvp_client *c, const char *key, const void *buf, size_t len, const kvp_put_opts *opts);
+
+/**
+ * Read the object under `key` into `buf` (capacity `cap` bytes). Returns the object's size in
+ * bytes (>= 1), or: KVP_ERR_NOT_FOUND, KVP_ERR_BUFFER_TOO_SMALL (nothing written; the needed
+ * size is kvp_get_size()), KVP_ERR_CORRUPT, KVP_ERR_TIMEOUT, KVP_ERR_TRANSFER (every replica
+ * failed), KVP_ERR_LEASE_EXPIRED, KVP_ERR_UNAVAILABLE, KVP_ERR_INVALID, KVP_ERR_CLOSED.
+ */
+int64_t kvp_get(kvp_client *c, const char *key, void *buf, size_t cap, uint32_t timeout_ms);
+
+/**
+ * Store n objects: keys[i] ← lens[i] bytes at bufs[i]. results[i] gets the per-key code as
+ * for kvp_put. Returns KVP_OK when the call ran (read results[]), or a negative code when it
+ * could not run at all (bad arguments, closed client).
+ */
+int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void *const bufs[],
+                  const size_t lens[], const kvp_put_opts *opts, int results[]);
+
+/**
+ * Read n objects: keys[i] into bufs[i] of capacity caps[i]. results[i] gets the size read or a
+ * negative code as for kvp_get. The same key may appear more than once: each slot is filled.
+ * Returns KVP_OK when the call ran, or a negative code when it could not run at all.
+ */
+int kvp_batch_get(kvp_client *c, size_t n, const char *const keys[], void *const bufs[],
+                  const size_t caps[], uint32_t timeout_ms, int64_t results[]);
+
+/**
+ * Scatter-gather put: object i is the concatenation of iovs[i][0..iovcnt[i]-1].
+ * Results and return as for kvp_batch_put.
+ */
+int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                      const size_t iovcnt[], const kvp_put_opts *opts, int results[]);
+
+/**
+ * Scatter-gather get: object i is scattered into iovs[i][0..iovcnt[i]-1] in order; the pieces'
+ * lengths must add up to at least the object's size (else KVP_ERR_BUFFER_TOO_SMALL for that key).
+ * Results and return as for kvp_batch_get.
+ */
+int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                      const size_t iovcnt[], uint32_t timeout_ms, int64_t results[]);
+
+/** 1 if a complete object exists under key, 0 if not, or a negative code. */
+int kvp_exists(kvp_client *c, const char *key);
+
+/** results[i] = 1, 0 or a negative code for keys[i]. Returns KVP_OK or a negative code. */
+int kvp_batch_exists(kvp_client *c, size_t n, const char *const keys[], int results[]);
+
+/**
+ * Remove the object under key. A leased object is refused with KVP_ERR_LEASED unless force;
+ * forced or not, its space is quarantined, never reused while a reader may read it.
+ * Errors: KVP_ERR_NOT_FOUND, KVP_ERR_LEASED, KVP_ERR_UNAVAILABLE, KVP_ERR_INVALID.
+ */
+int kvp_remove(kvp_client *c, const char *key, bool force);
+
+/** Size in bytes of the complete object under key, or a negative code (KVP_ERR_NOT_FOUND, ...). */
+int64_t kvp_get_size(kvp_client *c, const char *key);
+
+/**
+ * Register [addr, addr+len) as a buffer the caller will pass to put/get (for RDMA memory
+ * registration; a no-op on TCP but still validated). The caller keeps ownership.
+ * Errors: KVP_ERR_INVALID (NULL, 0 length, overlaps a registered buffer).
+ */
+int kvp_register_buffer(kvp_client *c, void *addr, size_t len);
+
+/** Undo kvp_register_buffer. Errors: KVP_ERR_NOT_FOUND when addr was not registered. */
+int kvp_unregister_buffer(kvp_client *c, void *addr);
+
+/** A static English description of an error code ("unknown error" for unknown codes). */
+const char *kvp_strerror(int err);
+
+/** The code's symbolic name, e.g. "KVP_ERR_NOT_FOUND" (static string). */
+const char *kvp_errname(int err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVPOOL_H */

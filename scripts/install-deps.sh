@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install kvpool's build and test dependencies from Debian 12 packages. Idempotent: installs
+# only what is missing, so a second run is quick. Needs root (or sudo) for apt-get.
+set -euo pipefail
+PKGS=(build-essential cmake pkg-config git
+      libczmq-dev libzmq3-dev libsodium-dev libraft-dev libuv1-dev liblz4-dev libcmocka-dev
+      libibverbs-dev librdmacm-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev
+      libxxhash-dev clang libclang-rt-14-dev gnuplot-nox iproute2 nftables procps psmisc
+      python3 redis-server redis-tools iperf3)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

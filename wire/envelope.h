@@ -1,0 +1,106 @@
+/*
+ * envelope.h — the frame around every control message, and the TCP data-plane frame header.
+ *
+ * Control envelope (12 bytes, little-endian), followed by `length` bytes of protobuf body:
+ *   u32 magic   = KVP_WIRE_MAGIC ("KVPW")
+ *   u8  version = KVP_WIRE_VERSION
+ *   u8  flags   = 0
+ *   u16 msg_id  = enum kvp_wire_msg (which protobuf message the body is)
+ *   u32 length  = body bytes, <= KVP_WIRE_MAX_BODY
+ *
+ * Decoders never trust lengths: a short, long, oversized, wrong-magic or unknown-id input is
+ * KVP_ERR_MALFORMED; a wrong version is KVP_ERR_VERSION.
+ */
+#ifndef KVP_WIRE_ENVELOPE_H
+#define KVP_WIRE_ENVELOPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire/kvpool.pb-c.h"
+
+#define KVP_WIRE_MAGIC 0x5750564bu /* "KVPW" little-endian */
+#define KVP_WIRE_VERSION 1u
+#define KVP_WIRE_HEADER_BYTES 12u
+#define KVP_WIRE_MAX_BODY (64u << 20) /* 64 MiB: a batch of 1,024 keys is far below */
+
+enum kvp_wire_msg {
+    KVP_MSG_REQUEST = 1,
+    KVP_MSG_RESPONSE = 2,
+    KVP_MSG_COMMAND_BATCH = 3,
+    KVP_MSG__MAX = 4,
+};
+
+/**
+ * Encode `msg` (a protobuf-c message of the type msg_id names) with its envelope into a new
+ * malloc'd buffer. On success *out owns it (caller frees) and *out_len is its size in bytes.
+ * Errors: KVP_ERR_INVALID (unknown id / NULL), KVP_ERR_TOO_LARGE, KVP_ERR_NOMEM.
+ */
+int kvp_wire_encode(enum kvp_wire_msg msg_id, const ProtobufCMessage *msg, uint8_t **out,
+                    size_t *out_len);
+
+/** Shorthands that type-check. */
+int kvp_wire_encode_request(const Kvp__Request *req, uint8_t **out, size_t *out_len);
+int kvp_wire_encode_response(const Kvp__Response *resp, uint8_t **out, size_t *out_len);
+int kvp_wire_encode_command_batch(const Kvp__CommandBatch *b, uint8_t **out, size_t *out_len);
+
+/**
+ * Check the envelope of [buf, buf+len) and decode its body as `expect`. On success *out is a
+ * new message (free with protobuf_c_message_free_unpacked(*out, NULL)).
+ * Errors: KVP_ERR_MALFORMED (truncated, trailing bytes, bad magic, bad length, wrong id,
+ * body that protobuf-c rejects), KVP_ERR_VERSION.
+ */
+int kvp_wire_decode(enum kvp_wire_msg expect, const uint8_t *buf, size_t len,
+                    ProtobufCMessage **out);
+
+int kvp_wire_decode_request(const uint8_t *buf, size_t len, Kvp__Request **out);
+int kvp_wire_decode_response(const uint8_t *buf, size_t len, Kvp__Response **out);
+int kvp_wire_decode_command_batch(const uint8_t *buf, size_t len, Kvp__CommandBatch **out);
+
+/* ------------------------------------------------------------------ TCP data plane frames
+ * A fixed 40-byte little-endian header, hand-written so payload bytes can move straight
+ * between the socket and the destination memory with readv/writev:
+ *   u32 magic      = KVP_FRAME_MAGIC ("KVPD")
+ *   u8  version    = KVP_WIRE_VERSION
+ *   u8  op         = enum kvp_frame_op
+ *   i16 status     = kvp_err (responses)
+ *   u32 segment_id = the segment the request addresses (a restarted segment has a new id)
+ *   u32 reserved   = 0
+ *   u64 req_id     = correlation id, echoed
+ *   u64 offset     = byte offset inside the segment
+ *   u64 length     = payload bytes (WRITE request, READ response) or bytes wanted (READ request)
+ * WRITE request: header + `length` payload bytes; reply: header with status, no payload.
+ * READ request: header; reply: header with status and, if status is 0, `length` payload bytes.
+ */
+#define KVP_FRAME_MAGIC 0x4450564bu /* "KVPD" */
+#define KVP_FRAME_HEADER_BYTES 40u
+#define KVP_FRAME_MAX_LENGTH (1ull << 32) /* one slice is at most 4 GiB */
+
+enum kvp_frame_op {
+    KVP_FRAME_READ = 1,
+    KVP_FRAME_WRITE = 2,
+    KVP_FRAME_READ_RESP = 3,
+    KVP_FRAME_WRITE_RESP = 4,
+    KVP_FRAME_PING = 5,
+    KVP_FRAME_PONG = 6,
+};
+
+struct kvp_frame {
+    uint8_t op;
+    int16_t status;
+    uint32_t segment_id;
+    uint64_t req_id;
+    uint64_t offset;
+    uint64_t length;
+};
+
+/** Write the 40-byte header of `f` into buf (KVP_FRAME_HEADER_BYTES bytes). */
+void kvp_frame_encode(const struct kvp_frame *f, uint8_t buf[KVP_FRAME_HEADER_BYTES]);
+
+/**
+ * Parse a 40-byte header. Errors: KVP_ERR_MALFORMED (bad magic, unknown op, reserved != 0,
+ * length > KVP_FRAME_MAX_LENGTH), KVP_ERR_VERSION.
+ */
+int kvp_frame_decode(const uint8_t buf[KVP_FRAME_HEADER_BYTES], struct kvp_frame *out);
+
+#endif
