@@ -1,0 +1,64 @@
+/*
+ * fsm.h — the master's metadata state machine. Pure and deterministic: no clock reads, no I/O,
+ * no randomness; time arrives in commands (Command.now_wall_ms). Applied on every Raft member.
+ *
+ * State: segments (id, name, host, endpoint, size, state ACTIVE/DRAINING/LOST, bytes used), a
+ * per-segment offset allocator (KVP_FSM_ALIGN-byte alignment, fragmentation reported), objects
+ * (key <= 512 bytes, size, checksum, soft pin, replicas PENDING/COMPLETE, creation term, op_id),
+ * pending puts with deadlines, quarantine of freed space (reused only after fence_grace_ms).
+ *
+ * Semantics of each command and query: docs/internals.md, "Master state machine".
+ */
+#ifndef KVP_MASTER_FSM_H
+#define KVP_MASTER_FSM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire/kvpool.pb-c.h"
+
+#define KVP_FSM_ALIGN 64u
+
+struct kvp_master_fsm;
+
+struct kvp_master_fsm_params {
+    uint64_t fence_grace_ms;  /* quarantine length */
+    uint64_t put_ttl_ms;      /* pending put deadline when PutStartReq.ttl_ms == 0 */
+};
+
+int kvp_master_fsm_new(struct kvp_master_fsm **out, const struct kvp_master_fsm_params *p);
+void kvp_master_fsm_destroy(struct kvp_master_fsm **fsm);
+
+/**
+ * Apply one command. *out is a new Response (free with kvp_master_fsm_response_free) whose
+ * status and body carry the result (per-key statuses inside batch bodies). Returns KVP_OK, or
+ * KVP_ERR_NOMEM / KVP_ERR_INVALID (unknown command body: logged, state unchanged).
+ */
+int kvp_master_fsm_apply(struct kvp_master_fsm *fsm, const Kvp__Command *cmd, Kvp__Response **out);
+
+/**
+ * Read-only query for requests GetReplicaList, Exists, GetSize, ClusterStatus (segments and
+ * object counts), with *out as for apply. Other request bodies: KVP_ERR_INVALID.
+ */
+int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *req, Kvp__Response **out);
+
+void kvp_master_fsm_response_free(Kvp__Response *resp);
+
+/** Serialize / replace the whole state (deterministic bytes for equal states). */
+int kvp_master_fsm_snapshot(const struct kvp_master_fsm *fsm, uint8_t **buf, size_t *len);
+int kvp_master_fsm_restore(struct kvp_master_fsm *fsm, const uint8_t *buf, size_t len);
+
+/** Byte adapters for raftlog (struct kvp_raftlog_fsm): decode → apply/query → encode. */
+int kvp_master_fsm_apply_bytes(void *fsm, const uint8_t *cmd, size_t len, uint8_t **res, size_t *res_len);
+int kvp_master_fsm_query_bytes(void *fsm, const uint8_t *q, size_t len, uint8_t **res, size_t *res_len);
+int kvp_master_fsm_snapshot_bytes(void *fsm, uint8_t **buf, size_t *len);
+int kvp_master_fsm_restore_bytes(void *fsm, const uint8_t *buf, size_t len);
+
+/** Totals for status and eviction (bytes). */
+struct kvp_master_fsm_stats {
+    uint64_t segments, objects, pending_puts;
+    uint64_t capacity_bytes, used_bytes, quarantined_bytes, pinned_bytes;
+};
+void kvp_master_fsm_stats(const struct kvp_master_fsm *fsm, struct kvp_master_fsm_stats *out);
+
+#endif

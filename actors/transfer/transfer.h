@@ -1,0 +1,77 @@
+/*
+ * transfer.h — the transfer engine: batches of slices over one interface, with `tcp` and
+ * `local` (memcpy, same process) transports now and `rdma` later.
+ *
+ * A slice is {local address, remote segment, remote offset, length, READ|WRITE}. Each slice
+ * ends in exactly one terminal state: completed (status KVP_OK), failed (KVP_ERR_TRANSFER or
+ * the segment's error code), or fenced (KVP_ERR_TIMEOUT / KVP_ERR_CANCELLED: the transport has
+ * proof it can no longer touch the local memory).
+ *
+ * kvp_xfer_run() returns only when every slice of the batch is terminal: when it returns, the
+ * engine never reads or writes any slice's local memory again (contract C2).
+ */
+#ifndef KVP_XFER_TRANSFER_H
+#define KVP_XFER_TRANSFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kvp_xfer_op { KVP_XFER_READ = 1, KVP_XFER_WRITE = 2 };
+
+struct kvp_xfer_slice {
+    void *local;             /* caller memory: destination of READ, source of WRITE */
+    uint64_t length;         /* bytes, >= 1 */
+    uint32_t segment_id;     /* the remote segment (checked by the segment server) */
+    const char *endpoint;    /* segment data-plane address "host:port", "[v6%scope]:port", "name:port" */
+    uint64_t remote_offset;  /* byte offset inside the segment */
+    uint8_t op;              /* enum kvp_xfer_op */
+    int status;              /* out: terminal status */
+};
+
+struct kvp_xfer_params {
+    uint32_t conns_per_peer;   /* TCP connections per endpoint (default 4) */
+    uint64_t slice_bytes;      /* engine splits larger slices into pieces of this size (default 1 MiB) */
+    uint32_t connect_timeout_ms; /* default 1000 */
+};
+
+struct kvp_xfer_engine;
+
+/** Start the engine (its I/O thread). Errors: KVP_ERR_NOMEM, KVP_ERR_IO. */
+int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_params *p);
+
+/**
+ * Stop: fences every batch in flight (their kvp_xfer_run calls return KVP_ERR_CLOSED per slice),
+ * closes connections, joins the thread, frees. Accepts NULL; sets *e to NULL.
+ */
+void kvp_xfer_engine_destroy(struct kvp_xfer_engine **e);
+
+/**
+ * Declare that segment_id's memory is [base, base+size) in this process: slices to it use the
+ * local (memcpy) transport. unregister waits until no slice uses it.
+ */
+int kvp_xfer_register_local(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size);
+int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id);
+
+/**
+ * Run a batch of n slices, in parallel over the engine's connections, and block the calling
+ * thread until every slice is terminal. On timeout_ms (> 0) the outstanding slices are fenced
+ * and get KVP_ERR_TIMEOUT. Thread-safe: many threads may run batches at once.
+ * Returns KVP_OK when every slice completed, else the first error code seen (the per-slice
+ * status is authoritative). Errors before running: KVP_ERR_INVALID, KVP_ERR_CLOSED.
+ */
+int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms);
+
+/**
+ * Probe a segment's data plane (PING/PONG) within timeout_ms. KVP_OK when it answers for
+ * segment_id, KVP_ERR_TRANSFER / KVP_ERR_TIMEOUT otherwise. Used by the master's lost-segment probe.
+ */
+int kvp_xfer_probe(const char *endpoint, uint32_t segment_id, uint32_t timeout_ms);
+
+/**
+ * Resolve "host:port" / "[v6]:port" / "[fe80::1%eth0]:port" / "name:port" into a sockaddr.
+ * Errors: KVP_ERR_INVALID.
+ */
+struct sockaddr_storage;
+int kvp_xfer_resolve(const char *endpoint, struct sockaddr_storage *out, unsigned *out_len);
+
+#endif

@@ -1,0 +1,119 @@
+/*
+ * config.h — one config struct per process, filled from
+ *   defaults < JSON file (jansson) < KVPOOL_* environment < command-line flags.
+ *
+ * Keys use Mooncake's names where one exists. Every key is described once in a table
+ * (config/config_keys.c) with its type, bounds and default; the same table drives JSON,
+ * environment (KVPOOL_<KEY IN UPPER CASE>), flags (--key=value, --key value; '-' and '_' are
+ * equal) and --print-config. Sizes accept suffixes: 4096, 4K, 4KB, 4KiB, 512M, 512MiB, 4G, 1T
+ * (all binary, 1K = 1024). Durations are milliseconds (plain numbers, or with ms/s suffix).
+ *
+ * An invalid value is KVP_ERR_INVALID with a log line naming the key, the value and what is
+ * allowed, e.g. "config: replica_num=0: must be an integer in [1, 16]". The struct is unchanged
+ * by a failed set.
+ */
+#ifndef KVP_CONFIG_H
+#define KVP_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVP_CFG_MAX_MASTERS 9
+
+/** Settings of a kvpool-master process (one Raft member). */
+struct kvp_cfg_master {
+    uint64_t id;                      /* `id`: Raft server id, >= 1 */
+    char listen[256];                 /* `listen`: control-plane "host:port" (ZeroMQ ROUTER binds tcp://) */
+    char raft_address[256];           /* `raft_address`: Raft transport "host:port" */
+    char data_dir[1024];              /* `data_dir`: Raft log and snapshots */
+    char members[2048];               /* `members`: "ID@CTRL_HOST:PORT@RAFT_HOST:PORT,..." bootstrap list */
+    bool join;                        /* `join`: start empty and wait to be added (kvpoolctl add-member) */
+    uint32_t election_timeout_ms;     /* `election_timeout_ms`: Raft election timeout (default 300) */
+    uint32_t raft_heartbeat_ms;       /* `raft_heartbeat_ms`: Raft heartbeat (default 50) */
+    uint64_t snapshot_threshold;      /* `snapshot_threshold`: entries between snapshots (default 4096) */
+    uint64_t snapshot_trailing;       /* `snapshot_trailing`: entries kept after a snapshot (default 1024) */
+    uint32_t group_commit_max;        /* `group_commit_max`: most commands in one Raft entry (default 512) */
+    uint64_t default_kv_lease_ttl_ms; /* `default_kv_lease_ttl`: read lease, ms (default 5000, as Mooncake) */
+    uint64_t client_ttl_ms;           /* `client_ttl`: a segment silent this long is lost, ms (default 10000) */
+    uint64_t put_ttl_ms;              /* `put_ttl`: pending put deadline, ms (default 30000) */
+    uint64_t fence_grace_ms;          /* `fence_grace_ms`: quarantine of freed space, ms (default 5000) */
+    double eviction_ratio;            /* `eviction_ratio` (default 0.05) */
+    double eviction_high_watermark_ratio; /* `eviction_high_watermark_ratio` (default 0.95) */
+    uint32_t probe_timeout_ms;        /* `probe_timeout_ms`: data-plane probe of a reported segment (default 500) */
+    char log_level[16];               /* `log_level`: error|warn|info|debug (default info) */
+};
+
+/** Settings of a kvpool-segment process. */
+struct kvp_cfg_segment {
+    char name[128];                   /* `name`: unique segment name (default "<hostname>-<port>") */
+    char local_hostname[256];         /* `local_hostname`: this host's address for the data plane (default 127.0.0.1) */
+    uint32_t port;                    /* `port`: data-plane TCP port, 0 = ephemeral (default 0) */
+    uint64_t global_segment_size;     /* `global_segment_size`: bytes contributed (default 1 GiB) */
+    char master_server_address[1024]; /* `master_server_address`: "host:port,host:port,..." */
+    char cluster_file[1024];          /* `cluster_file`: cluster.json (alternative to the master list) */
+    uint32_t heartbeat_ms;            /* `heartbeat_ms`: heartbeat period (default 1000) */
+    bool hugepages;                   /* `hugepages`: try MAP_HUGETLB first (default true) */
+    uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: (default 60000) */
+    char log_level[16];
+};
+
+/** Settings of an embedded client (kvp_config wraps this). */
+struct kvp_cfg_client {
+    char master_server_address[1024]; /* `master_server_address`: "host:port,host:port,..." */
+    char cluster_file[1024];          /* `cluster_file` */
+    char local_hostname[256];         /* `local_hostname` (default 127.0.0.1) */
+    uint64_t global_segment_size;     /* `global_segment_size`: embedded segment bytes, 0 = none (default 0) */
+    uint64_t local_buffer_size;       /* `local_buffer_size`: bytes (default 0; accepted for Mooncake compatibility) */
+    char protocol[16];                /* `protocol`: tcp|rdma (default tcp) */
+    char device_name[128];            /* `device_name`: RDMA device (default "") */
+    uint32_t replica_num;             /* `replica_num`: default replicas of a put, 1..16 (default 1) */
+    uint32_t transfer_timeout_ms;     /* `transfer_timeout`: call timeout, ms (default 10000) */
+    uint32_t rpc_timeout_ms;          /* `rpc_timeout_ms`: one master RPC incl. failover retries (default 5000) */
+    uint64_t slice_bytes;             /* `slice_bytes`: transfer slice size (default 1 MiB) */
+    uint32_t conns_per_peer;          /* `conns_per_peer`: TCP connections per segment (default 4) */
+    uint32_t heartbeat_ms;            /* `heartbeat_ms`: embedded segment heartbeat (default 1000) */
+    char log_level[16];
+};
+
+enum kvp_cfg_kind { KVP_CFG_MASTER, KVP_CFG_SEGMENT, KVP_CFG_CLIENT };
+
+/** Fill `cfg` (a struct of `kind`) with the defaults. */
+void kvp_cfg_defaults(enum kvp_cfg_kind kind, void *cfg);
+
+/** Set one key from a string. Errors: KVP_ERR_INVALID (unknown key or bad value; logged). */
+int kvp_cfg_set(enum kvp_cfg_kind kind, void *cfg, const char *key, const char *value);
+
+/** Apply a JSON file (object of key → string|number|bool). Errors: KVP_ERR_IO, KVP_ERR_INVALID. */
+int kvp_cfg_load_file(enum kvp_cfg_kind kind, void *cfg, const char *path);
+
+/** Apply every KVPOOL_<KEY> variable of the environment that names a key of `kind`. */
+int kvp_cfg_load_env(enum kvp_cfg_kind kind, void *cfg);
+
+/**
+ * The whole layering for a process: defaults, then `--config FILE` if present in argv, then
+ * the environment, then flags. argv[0] is skipped. Unknown flags are errors unless listed in
+ * `extra_flags` (NULL-terminated, e.g. {"print-config", NULL}); positional arguments are left
+ * for the caller: their indexes go to positional[] (capacity max_positional), count to
+ * *n_positional. Sets *print_config when --print-config was given.
+ */
+int kvp_cfg_from_args(enum kvp_cfg_kind kind, void *cfg, int argc, char **argv,
+                      bool *print_config, int *positional, int max_positional, int *n_positional);
+
+/** The effective config as a JSON object string (malloc'd; caller frees). */
+char *kvp_cfg_to_json(enum kvp_cfg_kind kind, const void *cfg);
+
+/** Parse "4G", "512MiB", "4096" into bytes. Errors: KVP_ERR_INVALID. */
+int kvp_cfg_parse_size(const char *s, uint64_t *out);
+
+/**
+ * The master list for a client or segment: master_server_address if set, else the
+ * "master_server_address" field of cluster_file. Writes up to `cap` "host:port" strings
+ * (each malloc'd; free with kvp_cfg_free_masters) into out[], count to *n.
+ * Errors: KVP_ERR_INVALID (neither set / bad entry), KVP_ERR_IO (cluster file unreadable).
+ */
+int kvp_cfg_masters(const char *master_server_address, const char *cluster_file, char **out,
+                    size_t cap, size_t *n);
+void kvp_cfg_free_masters(char **list, size_t n);
+
+#endif
