@@ -1,0 +1,49 @@
+/*
+ * segment.h — one contributed segment: its memory region (mmap, MAP_HUGETLB when available,
+ * falling back cleanly), its data-plane server, its mount at the master and its heartbeat.
+ * Used by the kvpool-segment daemon and by clients that contribute memory (embedded mode).
+ *
+ * Lifecycle: start (allocate, listen, mount: synchronous) → heartbeat thread (a heartbeat
+ * answered NOT_FOUND means the master declared the segment lost: it remounts as a NEW segment,
+ * its memory considered empty, and reports the new id through on_mount) → stop (unmount,
+ * stop the server, unmap).
+ */
+#ifndef KVP_SEGMENT_H
+#define KVP_SEGMENT_H
+
+#include <stdint.h>
+
+#include "actors/client/msession.h"
+#include "config/config.h"
+
+struct kvp_segment;
+
+struct kvp_segment_hooks {
+    void *ctx;
+    /* Called (from the segment's thread) whenever the segment gets an id: old_id 0 at the
+     * first mount. The client uses it to register the region with its local transport. */
+    void (*on_mount)(void *ctx, uint32_t old_id, uint32_t new_id, void *base, uint64_t size);
+};
+
+/**
+ * Start a segment per cfg (global_segment_size, local_hostname, port, name, heartbeat_ms).
+ * `ms` is borrowed and must outlive the segment. Blocks until mounted or the mount fails.
+ * Errors: KVP_ERR_NOMEM (region), KVP_ERR_IO (listen), KVP_ERR_UNAVAILABLE (no master),
+ * KVP_ERR_INVALID.
+ */
+int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cfg,
+                      struct kvp_msession *ms, const struct kvp_segment_hooks *hooks);
+uint32_t kvp_segment_id(const struct kvp_segment *s);
+const char *kvp_segment_name(const struct kvp_segment *s);
+const char *kvp_segment_endpoint(const struct kvp_segment *s);
+
+/**
+ * Ask the master to drain this segment (DrainSegment) and wait until the master reports no
+ * replica left on it or timeout_ms passes. Then stop. (Migration itself is issue 7.)
+ */
+int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms);
+
+/** Unmount, stop serving, unmap, free. Accepts NULL; sets *s NULL. */
+void kvp_segment_stop(struct kvp_segment **s);
+
+#endif
