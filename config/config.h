@@ -6,7 +6,8 @@
  * (config/config_keys.c) with its type, bounds and default; the same table drives JSON,
  * environment (KVPOOL_<KEY IN UPPER CASE>), flags (--key=value, --key value; '-' and '_' are
  * equal) and --print-config. Sizes accept suffixes: 4096, 4K, 4KB, 4KiB, 512M, 512MiB, 4G, 1T
- * (all binary, 1K = 1024). Durations are milliseconds (plain numbers, or with ms/s suffix).
+ * (all binary, 1K = 1024). Durations are milliseconds (plain numbers, or with ms/s suffix);
+ * note that a plain number is always ms, also for Mooncake's transfer_timeout: write "30s".
  *
  * An invalid value is KVP_ERR_INVALID with a log line naming the key, the value and what is
  * allowed, e.g. "config: replica_num=0: must be an integer in [1, 16]". The struct is unchanged
@@ -91,16 +92,47 @@ int kvp_cfg_load_file(enum kvp_cfg_kind kind, void *cfg, const char *path);
 int kvp_cfg_load_env(enum kvp_cfg_kind kind, void *cfg);
 
 /**
- * The whole layering for a process: defaults, then `--config FILE` if present in argv, then
- * the environment, then flags. argv[0] is skipped. Unknown flags are errors unless listed in
- * `extra_flags` (NULL-terminated, e.g. {"print-config", NULL}); positional arguments are left
- * for the caller: their indexes go to positional[] (capacity max_positional), count to
- * *n_positional. Sets *print_config when --print-config was given.
+ * The whole layering for a process: defaults, then every `--config FILE` (or --config=FILE)
+ * in argv in order, then the environment, then flags, then kvp_cfg_validate(). argv[0] is
+ * skipped. Flags are --key=value or --key value ('-' and '_' equal; a single leading dash
+ * works too); a bool key also takes a bare --key (true) and --no-key (false). "--" ends the
+ * flags. Unknown flags are errors (logged); use kvp_cfg_from_args_ex() to let the caller
+ * handle its own flags. Positional arguments (and "-") are left for the caller: their indexes
+ * go to positional[] (capacity max_positional; more is KVP_ERR_INVALID), count to
+ * *n_positional. Sets *print_config (may be NULL) when --print-config was given.
+ * On error `cfg` is unchanged. Errors: KVP_ERR_INVALID, KVP_ERR_IO (config file), KVP_ERR_NOMEM.
  */
 int kvp_cfg_from_args(enum kvp_cfg_kind kind, void *cfg, int argc, char **argv,
                       bool *print_config, int *positional, int max_positional, int *n_positional);
 
-/** The effective config as a JSON object string (malloc'd; caller frees). */
+/**
+ * kvp_cfg_from_args() plus the caller's own flags: `extra_flags` is a NULL-terminated list of
+ * flag names without dashes (e.g. {"help", "o=", NULL}); a name ending in '=' takes a value
+ * (the next argument unless given as --name=value). An extra flag's index, and its value's
+ * index, go to positional[] in order, so the caller parses them from argv itself.
+ */
+int kvp_cfg_from_args_ex(enum kvp_cfg_kind kind, void *cfg, int argc, char **argv,
+                         const char *const *extra_flags, bool *print_config, int *positional,
+                         int max_positional, int *n_positional);
+
+/**
+ * Checks across keys (master: raft_heartbeat_ms < election_timeout_ms). Logged.
+ * kvp_cfg_from_args() calls it; call it yourself after kvp_cfg_set()/load_*.
+ * Errors: KVP_ERR_INVALID.
+ */
+int kvp_cfg_validate(enum kvp_cfg_kind kind, const void *cfg);
+
+/** Usage text listing every key of `kind` with help and default (malloc'd; caller frees). */
+char *kvp_cfg_help(enum kvp_cfg_kind kind);
+
+/** Parse a duration "250", "250ms", "30s" into milliseconds. Errors: KVP_ERR_INVALID. */
+int kvp_cfg_parse_duration_ms(const char *s, uint64_t *out);
+
+/**
+ * The effective config as a JSON object string, keys in table order, sizes in bytes, durations
+ * in ms (malloc'd; caller frees with free()). Loading it back as a config file gives the same
+ * struct. NULL on bad arguments or out of memory.
+ */
 char *kvp_cfg_to_json(enum kvp_cfg_kind kind, const void *cfg);
 
 /** Parse "4G", "512MiB", "4096" into bytes. Errors: KVP_ERR_INVALID. */

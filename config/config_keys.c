@@ -1,0 +1,158 @@
+/* config_keys.c — the key tables: one row per key of each process kind (see config_internal.h). */
+#include <stddef.h>
+#include <string.h>
+
+#include "config/config_internal.h"
+
+#define SZ(field, st) sizeof(((st *)0)->field)
+#define STR(st, key, field, allowed, check, def, help)                                             \
+    {key, KVP_CFG_T_STRING, offsetof(st, field), SZ(field, st), 0, 0, allowed, check, def, help}
+#define BOOL(st, key, field, def, help)                                                            \
+    {key, KVP_CFG_T_BOOL, offsetof(st, field), SZ(field, st), 0, 0, NULL, 0, def, help}
+#define NUM(st, type, key, field, lo, hi, def, help)                                               \
+    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, 0, def, help}
+/* Validated, then ignored: keys Mooncake users set on the wrong process kind. */
+#define IGNORED(type, key, lo, hi, help)                                                           \
+    {key, type, KVP_CFG_NO_FIELD, 1024, lo, hi, NULL, 0, NULL, help}
+
+#define KIB 1024.0
+#define MIB (1024.0 * KIB)
+#define GIB (1024.0 * MIB)
+#define TIB (1024.0 * GIB)
+#define LOG_LEVELS "error|warn|info|debug"
+
+#define M struct kvp_cfg_master
+static const struct kvp_cfg_key master_keys[] = {
+    NUM(M, KVP_CFG_T_U64, "id", id, 1, 1e15, "1", "Raft server id of this master (>= 1)"),
+    STR(M, "listen", listen, NULL, KVP_CFG_CHECK_HOSTPORT, "127.0.0.1:7101",
+        "control-plane host:port (ZeroMQ ROUTER binds tcp://host:port)"),
+    STR(M, "raft_address", raft_address, NULL, KVP_CFG_CHECK_HOSTPORT, "127.0.0.1:7201",
+        "Raft transport host:port"),
+    STR(M, "data_dir", data_dir, NULL, 0, "kvpool-master-data", "directory of the Raft log and snapshots"),
+    STR(M, "members", members, NULL, 0, "",
+        "bootstrap list ID@CTRL_HOST:PORT@RAFT_HOST:PORT,...; empty = this master alone"),
+    BOOL(M, "join", join, "false", "start empty and wait to be added (kvpoolctl add-member)"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "election_timeout_ms", election_timeout_ms, 50, 600000, "300",
+        "Raft election timeout"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "raft_heartbeat_ms", raft_heartbeat_ms, 5, 60000, "50",
+        "Raft heartbeat period (must be below election_timeout_ms)"),
+    NUM(M, KVP_CFG_T_U64, "snapshot_threshold", snapshot_threshold, 1, 1e12, "4096",
+        "Raft entries between snapshots"),
+    NUM(M, KVP_CFG_T_U64, "snapshot_trailing", snapshot_trailing, 0, 1e12, "1024",
+        "Raft entries kept after a snapshot"),
+    NUM(M, KVP_CFG_T_U32, "group_commit_max", group_commit_max, 1, 65536, "512",
+        "most commands batched into one Raft entry"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "default_kv_lease_ttl", default_kv_lease_ttl_ms, 1, 3600000, "5000",
+        "read lease handed out with a replica list (Mooncake's name; ms)"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "client_ttl", client_ttl_ms, 100, 86400000, "10000",
+        "a segment silent this long is declared lost (ms)"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "put_ttl", put_ttl_ms, 100, 86400000, "30000",
+        "deadline of a pending put before the leader revokes it (ms)"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "fence_grace_ms", fence_grace_ms, 0, 3600000, "5000",
+        "quarantine of freed space before reuse"),
+    NUM(M, KVP_CFG_T_DOUBLE, "eviction_ratio", eviction_ratio, 0.0, 1.0, "0.05",
+        "share of the pool evicted when above the high watermark"),
+    NUM(M, KVP_CFG_T_DOUBLE, "eviction_high_watermark_ratio", eviction_high_watermark_ratio, 0.0, 1.0,
+        "0.95", "pool usage ratio that starts eviction"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "probe_timeout_ms", probe_timeout_ms, 1, 600000, "500",
+        "data-plane probe of a segment that a client reported unreachable"),
+    STR(M, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
+};
+#undef M
+
+#define S struct kvp_cfg_segment
+static const struct kvp_cfg_key segment_keys[] = {
+    STR(S, "name", name, NULL, 0, "", "unique segment name; empty = <hostname>-<port> at start"),
+    STR(S, "local_hostname", local_hostname, NULL, 0, "127.0.0.1",
+        "this host's address for the data plane (IPv4, IPv6 or host name)"),
+    NUM(S, KVP_CFG_T_U32, "port", port, 0, 65535, "0", "data-plane TCP port; 0 = ephemeral"),
+    NUM(S, KVP_CFG_T_SIZE, "global_segment_size", global_segment_size, 4096, 64 * TIB, "1GiB",
+        "bytes of memory this segment contributes"),
+    STR(S, "master_server_address", master_server_address, NULL, KVP_CFG_CHECK_MASTERS, "",
+        "master list host:port,host:port,..."),
+    STR(S, "cluster_file", cluster_file, NULL, 0, "", "cluster.json (used when master_server_address is empty)"),
+    NUM(S, KVP_CFG_T_DURATION_MS, "heartbeat_ms", heartbeat_ms, 10, 600000, "1000", "heartbeat period"),
+    BOOL(S, "hugepages", hugepages, "true", "try MAP_HUGETLB first, fall back to normal pages"),
+    NUM(S, KVP_CFG_T_DURATION_MS, "drain_timeout_ms", drain_timeout_ms, 0, 86400000, "60000",
+        "longest wait for a drain on SIGTERM"),
+    STR(S, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
+    IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
+            "Mooncake transfer-engine metadata server; accepted and ignored (kvpool has none)"),
+};
+#undef S
+
+#define C struct kvp_cfg_client
+static const struct kvp_cfg_key client_keys[] = {
+    STR(C, "master_server_address", master_server_address, NULL, KVP_CFG_CHECK_MASTERS, "",
+        "master list host:port,host:port,..."),
+    STR(C, "cluster_file", cluster_file, NULL, 0, "", "cluster.json (used when master_server_address is empty)"),
+    STR(C, "local_hostname", local_hostname, NULL, 0, "127.0.0.1",
+        "this host's address (replica choice; embedded segment's data plane)"),
+    NUM(C, KVP_CFG_T_SIZE, "global_segment_size", global_segment_size, 0, 64 * TIB, "0",
+        "bytes of an embedded segment contributed by this process; 0 = none"),
+    NUM(C, KVP_CFG_T_SIZE, "local_buffer_size", local_buffer_size, 0, 64 * TIB, "0",
+        "accepted for Mooncake compatibility (kvpool reads into caller buffers)"),
+    STR(C, "protocol", protocol, "tcp|rdma", 0, "tcp", "data-plane transport"),
+    STR(C, "device_name", device_name, NULL, 0, "", "RDMA device(s); empty = any"),
+    NUM(C, KVP_CFG_T_U32, "replica_num", replica_num, 1, 16, "1", "default replicas of a put"),
+    NUM(C, KVP_CFG_T_DURATION_MS, "transfer_timeout", transfer_timeout_ms, 1, 3600000, "10000",
+        "default timeout of one put/get call (ms; \"30s\" for seconds)"),
+    NUM(C, KVP_CFG_T_DURATION_MS, "rpc_timeout_ms", rpc_timeout_ms, 1, 3600000, "5000",
+        "one master RPC including failover retries"),
+    NUM(C, KVP_CFG_T_SIZE, "slice_bytes", slice_bytes, 4096, 1 * GIB, "1MiB", "transfer slice size"),
+    NUM(C, KVP_CFG_T_U32, "conns_per_peer", conns_per_peer, 1, 64, "4", "TCP connections per segment"),
+    NUM(C, KVP_CFG_T_DURATION_MS, "heartbeat_ms", heartbeat_ms, 10, 600000, "1000",
+        "embedded segment heartbeat period"),
+    STR(C, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
+    IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
+            "Mooncake transfer-engine metadata server; accepted and ignored (kvpool has none)"),
+    IGNORED(KVP_CFG_T_DURATION_MS, "default_kv_lease_ttl", 1, 3600000,
+            "master setting; validated and ignored on a client"),
+    IGNORED(KVP_CFG_T_DURATION_MS, "client_ttl", 100, 86400000,
+            "master setting; validated and ignored on a client"),
+    IGNORED(KVP_CFG_T_DOUBLE, "eviction_ratio", 0.0, 1.0, "master setting; validated and ignored on a client"),
+    IGNORED(KVP_CFG_T_DOUBLE, "eviction_high_watermark_ratio", 0.0, 1.0,
+            "master setting; validated and ignored on a client"),
+};
+#undef C
+
+static const struct kvp_cfg_table tables[] = {
+    [KVP_CFG_MASTER] = {"master", master_keys, sizeof master_keys / sizeof master_keys[0],
+                        sizeof(struct kvp_cfg_master)},
+    [KVP_CFG_SEGMENT] = {"segment", segment_keys, sizeof segment_keys / sizeof segment_keys[0],
+                         sizeof(struct kvp_cfg_segment)},
+    [KVP_CFG_CLIENT] = {"client", client_keys, sizeof client_keys / sizeof client_keys[0],
+                        sizeof(struct kvp_cfg_client)},
+};
+
+const struct kvp_cfg_table *kvp_cfg_table(enum kvp_cfg_kind kind)
+{
+    if ((unsigned)kind > KVP_CFG_CLIENT)
+        return NULL;
+    return &tables[kind];
+}
+
+static int name_eq(const char *key, const char *name, size_t len)
+{
+    size_t i = 0;
+    for (; i < len && key[i]; i++) {
+        char a = key[i], b = name[i];
+        if (a == '-')
+            a = '_';
+        if (b == '-')
+            b = '_';
+        if (a != b)
+            return 0;
+    }
+    return i == len && key[i] == '\0';
+}
+
+const struct kvp_cfg_key *kvp_cfg_find(const struct kvp_cfg_table *t, const char *name, size_t len)
+{
+    if (!t || !name)
+        return NULL;
+    for (size_t i = 0; i < t->n_keys; i++)
+        if (name_eq(t->keys[i].name, name, len))
+            return &t->keys[i];
+    return NULL;
+}
