@@ -60,8 +60,11 @@ struct kvp_raftlog_params {
     uint32_t heartbeat_ms;
     uint64_t snapshot_threshold;
     uint64_t snapshot_trailing;
-    uint32_t group_commit_max;
+    uint32_t group_commit_max;    /* commands per entry; 0 = 256 (capped at 1024) */
     struct kvp_raftlog_fsm fsm;
+    /* Added by raftlog (0 = default, so zero-initialised params keep working): */
+    size_t segment_size_bytes;     /* raft_uv open segment size; 0 = raft's 8 MiB. Tests: small */
+    uint32_t max_inflight_entries; /* group entries proposed but not yet applied; 0 = 4 */
 };
 
 enum kvp_raftlog_event {
@@ -111,7 +114,13 @@ struct kvp_raftlog_info {
     uint64_t commit_index;
     uint64_t last_applied;
     size_t n_members;
-    struct kvp_raftlog_member members[9];
+    struct kvp_raftlog_member members[9]; /* current configuration (all roles) */
+    /* Added by raftlog: counters of the raft thread (entries_proposed vs cmds_proposed shows
+     * the group-commit factor on the leader). */
+    uint64_t entries_proposed;
+    uint64_t cmds_proposed;
+    uint64_t snapshots_taken;
+    uint64_t snapshots_restored;
 };
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 

@@ -1,0 +1,62 @@
+/*
+ * entry.h — the payload framing of one kvpool Raft entry (a group of commands).
+ *
+ * Layout, all integers little-endian:
+ *   [u32 magic 'KVPR' (bytes 'K','V','P','R')][u8 version = 1][u32 count]
+ *   then count × ([u32 len][len bytes])
+ * The decoder trusts nothing: a short header, a count larger than the bytes could hold, a
+ * length past the end, a count of 0 or trailing bytes after the last command are all
+ * KVP_ERR_MALFORMED; a bad magic is KVP_ERR_MALFORMED; an unknown version is KVP_ERR_VERSION.
+ * Pure code: no I/O, no allocation, no raft types; safe from any thread.
+ */
+#ifndef KVP_RAFTLOG_ENTRY_H
+#define KVP_RAFTLOG_ENTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVP_RL_ENTRY_MAGIC 0x5250564Bu /* "KVPR" read as a little-endian u32 */
+#define KVP_RL_ENTRY_VERSION 1u
+#define KVP_RL_ENTRY_HDR_BYTES 9u
+/* Largest single command accepted by the encoder (and by kvp_raftlog_submit). */
+#define KVP_RL_ENTRY_MAX_CMD_BYTES (64u << 20)
+
+/** One command: `len` bytes at `data` (borrowed). */
+struct kvp_rl_cmd {
+    const uint8_t *data;
+    size_t len;
+};
+
+/**
+ * Encoded size of an entry holding cmds[0..n). Returns 0 when n == 0, when a command is
+ * larger than KVP_RL_ENTRY_MAX_CMD_BYTES, or when the total overflows.
+ */
+size_t kvp_rl_entry_size(const struct kvp_rl_cmd *cmds, size_t n);
+
+/**
+ * Encode cmds[0..n) into buf (cap bytes). On success *written = bytes used (equal to
+ * kvp_rl_entry_size()). Errors: KVP_ERR_INVALID (n == 0, NULL args, a command too large),
+ * KVP_ERR_BUFFER_TOO_SMALL (cap too small; nothing useful written).
+ */
+int kvp_rl_entry_encode(uint8_t *buf, size_t cap, const struct kvp_rl_cmd *cmds, size_t n,
+                        size_t *written);
+
+/** A validated entry; iterate with kvp_rl_entry_next(). Borrows the decoded buffer. */
+struct kvp_rl_entry_iter {
+    const uint8_t *p;   /* next length prefix */
+    const uint8_t *end; /* one past the last byte */
+    uint32_t count;     /* commands in the entry */
+    uint32_t left;      /* commands not yet returned */
+};
+
+/**
+ * Validate the whole entry in buf[0..len) and prepare an iterator. Nothing is returned from
+ * a malformed entry: validation covers every length before the first command is handed out.
+ * Errors: KVP_ERR_MALFORMED, KVP_ERR_VERSION, KVP_ERR_INVALID (NULL args).
+ */
+int kvp_rl_entry_decode(const uint8_t *buf, size_t len, struct kvp_rl_entry_iter *it);
+
+/** Next command of a validated entry: 1 and *cmd set, or 0 at the end. */
+int kvp_rl_entry_next(struct kvp_rl_entry_iter *it, struct kvp_rl_cmd *cmd);
+
+#endif

@@ -1,0 +1,803 @@
+/*
+ * raftlog.c — the raft thread: libuv loop, raft_uv + TCP transport, the submission queue
+ * (mutex + uv_async_t), group commit, leadership polling, admin calls, events PAIR socket.
+ * See raftlog.h for the contract and docs/raftlog.md for the behaviour notes.
+ */
+#include "raftlog/raftlog.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <raft.h>
+#include <raft/uv.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <uv.h>
+
+#include "kvpool.h"
+#include "raftlog/raftlog_internal.h"
+#include "runtime/log.h"
+
+#define RL_TICK_MS 20
+#define RL_DEFAULT_GROUP_MAX 256
+#define RL_DEFAULT_INFLIGHT 4
+#define RL_ENTRY_SOFT_BYTES (4u << 20) /* stop adding commands to an entry past this size */
+
+enum op_kind { OP_SUBMIT, OP_QUERY, OP_ADD_VOTER, OP_REMOVE, OP_TRANSFER };
+
+/* One request from a caller thread to the raft thread. */
+struct rl_op {
+    enum op_kind kind;
+    uint64_t corr;
+    uint64_t id;          /* admin target */
+    char addr[256];       /* add_voter */
+    size_t len;           /* data bytes */
+    struct rl_op *next;
+    uint8_t data[];
+};
+
+/* An admin call in flight (raft_change / raft_transfer need stable memory). */
+struct rl_admin {
+    struct kvp_raftlog *rl;
+    enum op_kind kind;
+    uint64_t corr;
+    uint64_t id;
+    struct raft_change change;
+    struct raft_change assign;
+    struct raft_transfer transfer;
+    struct rl_admin *next;
+};
+
+struct kvp_raftlog {
+    struct kvp_raftlog_params p;
+    char actor[32];
+    pthread_t thread;
+    bool thread_started;
+
+    /* mu guards: q_*, closing, start_done, start_rc, info */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct rl_op *q_head, *q_tail;
+    bool closing;
+    bool start_done;
+    int start_rc;
+    struct kvp_raftlog_info info;
+
+    /* raft thread only */
+    uv_loop_t loop;
+    uv_async_t async;
+    uv_timer_t timer;
+    bool async_inited, timer_inited;
+    struct raft_uv_transport transport;
+    struct raft_io io;
+    struct raft raft;
+    struct kvp_rl_glue glue;
+    struct rl_op *pend_head, *pend_tail; /* submits taken from the queue, not yet proposed */
+    struct rl_op *qwait_head;            /* queries waiting for the new leader's barrier */
+    struct rl_admin *admins;
+    struct raft_barrier barrier;
+    bool barrier_pending;
+    uint64_t ready_term;                 /* term whose barrier has applied (reads allowed) */
+    uint64_t last_leader;
+    uint64_t last_term;
+    int last_is_leader;
+    bool raft_closing;
+    unsigned max_inflight;
+    uint32_t group_max;
+
+    zsock_t *ev_reader; /* caller side */
+    zsock_t *ev_writer; /* raft thread side */
+};
+
+static atomic_uint g_instance_seq;
+
+/* ---- events (raft thread only) ---- */
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t status,
+                    const void *data, size_t len)
+{
+    void *s = zsock_resolve(rl->ev_writer);
+    uint8_t c[8], st[4];
+    put_le64(c, corr);
+    for (int i = 0; i < 4; i++)
+        st[i] = (uint8_t)((uint32_t)status >> (8 * i));
+    /* SNDHWM is 0 (unlimited): these never block the raft thread. */
+    if (zmq_send(s, &kind, 1, ZMQ_SNDMORE) < 0 || zmq_send(s, c, 8, ZMQ_SNDMORE) < 0 ||
+        zmq_send(s, st, 4, ZMQ_SNDMORE) < 0 || zmq_send(s, data, len, 0) < 0)
+        kvp_log_error(rl->actor, "event %u corr %llu lost: %s", kind, (unsigned long long)corr,
+                      zmq_strerror(zmq_errno()));
+}
+
+static void deliver_applied(void *ctx, uint64_t corr, int status, const uint8_t *res, size_t len)
+{
+    ev_send(ctx, KVP_RAFTLOG_EV_APPLIED, corr, status, res, len);
+}
+
+/* ---- state polling ---- */
+
+static void update_info(struct kvp_raftlog *rl)
+{
+    struct raft *r = &rl->raft;
+    raft_id lid = 0;
+    const char *laddr = NULL;
+    raft_leader(r, &lid, &laddr);
+    pthread_mutex_lock(&rl->mu);
+    struct kvp_raftlog_info *in = &rl->info;
+    in->id = rl->p.id;
+    in->leader_id = lid;
+    in->term = r->current_term;
+    in->is_leader = raft_state(r) == RAFT_LEADER;
+    in->commit_index = r->commit_index;
+    in->last_applied = raft_last_applied(r);
+    in->n_members = 0;
+    for (unsigned i = 0; i < r->configuration.n && in->n_members < 9; i++) {
+        struct kvp_raftlog_member *m = &in->members[in->n_members++];
+        m->id = r->configuration.servers[i].id;
+        snprintf(m->raft_address, sizeof(m->raft_address), "%s",
+                 r->configuration.servers[i].address);
+    }
+    in->entries_proposed = rl->glue.entries_proposed;
+    in->cmds_proposed = rl->glue.cmds_proposed;
+    in->snapshots_taken = rl->glue.snapshots_taken;
+    in->snapshots_restored = rl->glue.snapshots_restored;
+    pthread_mutex_unlock(&rl->mu);
+}
+
+static void run_query(struct kvp_raftlog *rl, struct rl_op *op)
+{
+    uint8_t *res = NULL;
+    size_t res_len = 0;
+    int st = KVP_ERR_UNSUPPORTED;
+    if (rl->p.fsm.query != NULL)
+        st = rl->p.fsm.query(rl->p.fsm.ctx, op->data, op->len, &res, &res_len);
+    ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, st, res, res != NULL ? res_len : 0);
+    free(res);
+}
+
+static void flush_query_waiters(struct kvp_raftlog *rl, int status)
+{
+    while (rl->qwait_head != NULL) {
+        struct rl_op *op = rl->qwait_head;
+        rl->qwait_head = op->next;
+        if (status == KVP_OK)
+            run_query(rl, op);
+        else
+            ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, status, NULL, 0);
+        free(op);
+    }
+}
+
+static void barrier_cb(struct raft_barrier *req, int status)
+{
+    struct kvp_raftlog *rl = req->data;
+    rl->barrier_pending = false;
+    if (rl->raft_closing) {
+        flush_query_waiters(rl, KVP_ERR_CLOSED);
+        return;
+    }
+    if (status == 0 && raft_state(&rl->raft) == RAFT_LEADER) {
+        rl->ready_term = rl->raft.current_term;
+        flush_query_waiters(rl, KVP_OK);
+    } else {
+        flush_query_waiters(rl, KVP_ERR_NOT_LEADER);
+    }
+}
+
+/* A new leader reads only after an entry of its own term has applied: that makes every entry
+ * committed by earlier leaders visible in its FSM. */
+static void ensure_barrier(struct kvp_raftlog *rl)
+{
+    if (rl->barrier_pending || rl->ready_term == rl->raft.current_term)
+        return;
+    rl->barrier.data = rl;
+    int rv = raft_barrier(&rl->raft, &rl->barrier, barrier_cb);
+    if (rv == 0)
+        rl->barrier_pending = true;
+    else
+        flush_query_waiters(rl, kvp_rl_err_from_raft(rv));
+}
+
+static void check_leadership(struct kvp_raftlog *rl)
+{
+    struct raft *r = &rl->raft;
+    raft_id lid = 0;
+    const char *laddr = NULL;
+    raft_leader(r, &lid, &laddr);
+    int is_leader = raft_state(r) == RAFT_LEADER;
+    uint64_t term = r->current_term;
+    if (is_leader)
+        ensure_barrier(rl);
+    if (lid == rl->last_leader && is_leader == rl->last_is_leader &&
+        (term == rl->last_term || !is_leader))
+        return;
+    rl->last_leader = lid;
+    rl->last_is_leader = is_leader;
+    rl->last_term = term;
+    uint8_t t[8];
+    put_le64(t, term);
+    kvp_log_info(rl->actor, "leader %llu term %llu%s", (unsigned long long)lid,
+                 (unsigned long long)term, is_leader ? " (this node)" : "");
+    ev_send(rl, KVP_RAFTLOG_EV_LEADER, lid, is_leader, t, sizeof(t));
+}
+
+/* ---- submission pump (raft thread) ---- */
+
+static void fail_pending(struct kvp_raftlog *rl, int status)
+{
+    while (rl->pend_head != NULL) {
+        struct rl_op *op = rl->pend_head;
+        rl->pend_head = op->next;
+        if (status != 0)
+            ev_send(rl, KVP_RAFTLOG_EV_APPLIED, op->corr, status, NULL, 0);
+        free(op);
+    }
+    rl->pend_tail = NULL;
+}
+
+static void pump(struct kvp_raftlog *rl)
+{
+    if (rl->raft_closing)
+        return;
+    if (rl->pend_head != NULL && raft_state(&rl->raft) != RAFT_LEADER) {
+        fail_pending(rl, KVP_ERR_NOT_LEADER);
+        return;
+    }
+    uint64_t corrs[1024];
+    struct kvp_rl_cmd cmds[1024];
+    uint32_t gmax = rl->group_max < 1024 ? rl->group_max : 1024;
+    while (rl->pend_head != NULL && rl->glue.n_inflight < rl->max_inflight) {
+        uint32_t n = 0;
+        size_t bytes = 0;
+        struct rl_op *op = rl->pend_head;
+        while (op != NULL && n < gmax && (n == 0 || bytes + op->len <= RL_ENTRY_SOFT_BYTES)) {
+            corrs[n] = op->corr;
+            cmds[n].data = op->data;
+            cmds[n].len = op->len;
+            bytes += op->len + 4;
+            n++;
+            op = op->next;
+        }
+        int rc = kvp_rl_glue_propose(&rl->glue, corrs, cmds, n);
+        /* Either way these ops are done with: on success results come through the glue. */
+        for (uint32_t i = 0; i < n; i++) {
+            struct rl_op *o = rl->pend_head;
+            rl->pend_head = o->next;
+            if (rc != KVP_OK)
+                ev_send(rl, KVP_RAFTLOG_EV_APPLIED, o->corr, rc, NULL, 0);
+            free(o);
+        }
+        if (rl->pend_head == NULL)
+            rl->pend_tail = NULL;
+        if (rc == KVP_ERR_NOT_LEADER) {
+            fail_pending(rl, KVP_ERR_NOT_LEADER);
+            return;
+        }
+    }
+}
+
+static void on_slot_free(void *ctx)
+{
+    pump(ctx);
+}
+
+/* ---- admin (raft thread) ---- */
+
+static void admin_done(struct rl_admin *a, int status)
+{
+    struct kvp_raftlog *rl = a->rl;
+    for (struct rl_admin **pp = &rl->admins; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == a) {
+            *pp = a->next;
+            break;
+        }
+    }
+    kvp_log_info(rl->actor, "admin op %d on %llu: %s", a->kind, (unsigned long long)a->id,
+                 kvp_strerror(status));
+    ev_send(rl, KVP_RAFTLOG_EV_ADMIN, a->corr, status, NULL, 0);
+    free(a);
+}
+
+static void assign_cb(struct raft_change *req, int status)
+{
+    admin_done(req->data, kvp_rl_err_from_raft(status));
+}
+
+static void add_cb(struct raft_change *req, int status)
+{
+    struct rl_admin *a = req->data;
+    if (status != 0 || a->rl->raft_closing) {
+        admin_done(a, status != 0 ? kvp_rl_err_from_raft(status) : KVP_ERR_CLOSED);
+        return;
+    }
+    a->assign.data = a;
+    int rv = raft_assign(&a->rl->raft, &a->assign, a->id, RAFT_VOTER, assign_cb);
+    if (rv != 0)
+        admin_done(a, kvp_rl_err_from_raft(rv));
+}
+
+static void remove_cb(struct raft_change *req, int status)
+{
+    admin_done(req->data, kvp_rl_err_from_raft(status));
+}
+
+static void transfer_cb(struct raft_transfer *req)
+{
+    struct rl_admin *a = req->data;
+    struct kvp_raftlog *rl = a->rl;
+    raft_id lid = 0;
+    const char *addr = NULL;
+    raft_leader(&rl->raft, &lid, &addr);
+    bool ok = a->id != 0 ? lid == a->id : (lid != 0 && lid != rl->p.id);
+    admin_done(a, ok ? KVP_OK : KVP_ERR_TIMEOUT);
+}
+
+static void run_admin(struct kvp_raftlog *rl, struct rl_op *op)
+{
+    struct rl_admin *a = calloc(1, sizeof(*a));
+    if (a == NULL) {
+        ev_send(rl, KVP_RAFTLOG_EV_ADMIN, op->corr, KVP_ERR_NOMEM, NULL, 0);
+        return;
+    }
+    a->rl = rl;
+    a->kind = op->kind;
+    a->corr = op->corr;
+    a->id = op->id;
+    a->change.data = a;
+    a->transfer.data = a;
+    a->next = rl->admins;
+    rl->admins = a;
+    int rv;
+    if (op->kind == OP_ADD_VOTER)
+        rv = raft_add(&rl->raft, &a->change, op->id, op->addr, add_cb);
+    else if (op->kind == OP_REMOVE)
+        rv = raft_remove(&rl->raft, &a->change, op->id, remove_cb);
+    else
+        rv = raft_transfer(&rl->raft, &a->transfer, op->id, transfer_cb);
+    if (rv != 0) /* a call that returns an error never fires its callback */
+        admin_done(a, kvp_rl_err_from_raft(rv));
+}
+
+/* ---- loop callbacks ---- */
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void on_raft_closed(struct raft *r)
+{
+    struct kvp_raftlog *rl = r->data;
+    raft_uv_close(&rl->io);
+    raft_uv_tcp_close(&rl->transport);
+    if (rl->timer_inited)
+        uv_close((uv_handle_t *)&rl->timer, on_handle_closed);
+    if (rl->async_inited)
+        uv_close((uv_handle_t *)&rl->async, on_handle_closed);
+}
+
+static void begin_close(struct kvp_raftlog *rl)
+{
+    if (rl->raft_closing)
+        return;
+    rl->raft_closing = true;
+    kvp_log_info(rl->actor, "closing");
+    /* Queued work that never reached raft is dropped (stop destroys the events socket:
+     * nobody would read a KVP_ERR_CLOSED event). */
+    fail_pending(rl, 0);
+    flush_query_waiters(rl, KVP_ERR_CLOSED);
+    if (rl->timer_inited)
+        uv_timer_stop(&rl->timer);
+    raft_close(&rl->raft, on_raft_closed);
+}
+
+static void on_async(uv_async_t *h)
+{
+    struct kvp_raftlog *rl = h->data;
+    pthread_mutex_lock(&rl->mu);
+    struct rl_op *list = rl->q_head;
+    rl->q_head = rl->q_tail = NULL;
+    bool closing = rl->closing;
+    pthread_mutex_unlock(&rl->mu);
+    if (closing || rl->raft_closing) {
+        while (list != NULL) {
+            struct rl_op *n = list->next;
+            free(list);
+            list = n;
+        }
+        begin_close(rl);
+        return;
+    }
+    while (list != NULL) {
+        struct rl_op *op = list;
+        list = op->next;
+        op->next = NULL;
+        switch (op->kind) {
+        case OP_SUBMIT:
+            if (rl->pend_tail != NULL)
+                rl->pend_tail->next = op;
+            else
+                rl->pend_head = op;
+            rl->pend_tail = op;
+            continue; /* owned by the pending list now */
+        case OP_QUERY:
+            /* canonical raft steps a leader down once it has not heard from a majority for
+             * an election timeout, so RAFT_LEADER here means "led a quorum recently". */
+            if (raft_state(&rl->raft) != RAFT_LEADER) {
+                ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, KVP_ERR_NOT_LEADER, NULL, 0);
+            } else if (rl->ready_term != rl->raft.current_term) {
+                op->next = rl->qwait_head;
+                rl->qwait_head = op;
+                ensure_barrier(rl);
+                continue;
+            } else {
+                run_query(rl, op);
+            }
+            break;
+        default:
+            run_admin(rl, op);
+            break;
+        }
+        free(op);
+    }
+    pump(rl);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct kvp_raftlog *rl = t->data;
+    if (rl->raft_closing)
+        return;
+    check_leadership(rl);
+    update_info(rl);
+    pump(rl); /* fails queued submits promptly after a step-down */
+}
+
+/* ---- thread ---- */
+
+static void signal_start(struct kvp_raftlog *rl, int rc)
+{
+    pthread_mutex_lock(&rl->mu);
+    rl->start_rc = rc;
+    rl->start_done = true;
+    pthread_cond_broadcast(&rl->cv);
+    pthread_mutex_unlock(&rl->mu);
+}
+
+static int bootstrap(struct kvp_raftlog *rl)
+{
+    struct raft_configuration conf;
+    raft_configuration_init(&conf);
+    int rv = 0;
+    for (size_t i = 0; i < rl->p.n_members && rv == 0; i++)
+        rv = raft_configuration_add(&conf, rl->p.members[i].id, rl->p.members[i].raft_address,
+                                    RAFT_VOTER);
+    if (rv == 0) {
+        rv = raft_bootstrap(&rl->raft, &conf);
+        if (rv == RAFT_CANTBOOTSTRAP)
+            rv = 0; /* the data dir already holds state: restart, not a new cluster */
+        else if (rv == 0)
+            kvp_log_info(rl->actor, "bootstrapped with %zu members", rl->p.n_members);
+    }
+    raft_configuration_close(&conf);
+    return rv;
+}
+
+static void *thread_main(void *arg)
+{
+    struct kvp_raftlog *rl = arg;
+    int rv;
+    int stage = 0; /* 1 transport, 2 io, 3 raft */
+    if (uv_loop_init(&rl->loop) != 0) {
+        signal_start(rl, KVP_ERR_INTERNAL);
+        return NULL;
+    }
+    rv = raft_uv_tcp_init(&rl->transport, &rl->loop);
+    if (rv != 0)
+        goto fail;
+    stage = 1;
+    rv = raft_uv_init(&rl->io, &rl->loop, rl->p.data_dir, &rl->transport);
+    if (rv != 0)
+        goto fail;
+    stage = 2;
+    if (rl->p.segment_size_bytes > 0)
+        raft_uv_set_segment_size(&rl->io, rl->p.segment_size_bytes);
+    raft_uv_set_snapshot_compression(&rl->io, false); /* we LZ4-frame snapshots ourselves */
+    raft_uv_set_connect_retry_delay(&rl->io, 100);
+    rv = raft_init(&rl->raft, &rl->io, &rl->glue.fsm, rl->p.id, rl->p.raft_address);
+    if (rv != 0)
+        goto fail;
+    stage = 3;
+    rl->raft.data = rl;
+    rl->glue.raft = &rl->raft;
+    if (rl->p.election_timeout_ms > 0)
+        raft_set_election_timeout(&rl->raft, rl->p.election_timeout_ms);
+    if (rl->p.heartbeat_ms > 0)
+        raft_set_heartbeat_timeout(&rl->raft, rl->p.heartbeat_ms);
+    if (rl->p.snapshot_threshold > 0)
+        raft_set_snapshot_threshold(&rl->raft, (unsigned)rl->p.snapshot_threshold);
+    if (rl->p.snapshot_trailing > 0)
+        raft_set_snapshot_trailing(&rl->raft, (unsigned)rl->p.snapshot_trailing);
+    if (rl->p.fsm.snapshot == NULL || rl->p.fsm.restore == NULL)
+        raft_set_snapshot_threshold(&rl->raft, 0xFFFFFFFFu);
+    if (!rl->p.join) {
+        rv = bootstrap(rl);
+        if (rv != 0)
+            goto fail;
+    }
+    rv = raft_start(&rl->raft);
+    if (rv != 0)
+        goto fail;
+    uv_async_init(&rl->loop, &rl->async, on_async);
+    rl->async.data = rl;
+    rl->async_inited = true;
+    uv_timer_init(&rl->loop, &rl->timer);
+    rl->timer.data = rl;
+    rl->timer_inited = true;
+    uv_timer_start(&rl->timer, on_tick, RL_TICK_MS, RL_TICK_MS);
+    update_info(rl);
+    kvp_log_info(rl->actor, "started on %s, data dir %s", rl->p.raft_address, rl->p.data_dir);
+    signal_start(rl, KVP_OK);
+    /* stop may have been requested before the async handle existed */
+    uv_async_send(&rl->async);
+    uv_run(&rl->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&rl->loop);
+    return NULL;
+
+fail:
+    kvp_log_error(rl->actor, "start failed: %s (%s)", raft_strerror(rv),
+                  stage == 3 ? raft_errmsg(&rl->raft) : "");
+    {
+        int krc = kvp_rl_err_from_raft(rv);
+        if (krc == KVP_ERR_INTERNAL || krc == KVP_ERR_INVALID || krc == KVP_ERR_UNAVAILABLE)
+            krc = rv == RAFT_NOMEM ? KVP_ERR_NOMEM : KVP_ERR_IO;
+        if (stage == 3) {
+            rl->raft_closing = true;
+            raft_close(&rl->raft, on_raft_closed);
+        } else {
+            if (stage >= 2)
+                raft_uv_close(&rl->io);
+            if (stage >= 1)
+                raft_uv_tcp_close(&rl->transport);
+        }
+        uv_run(&rl->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&rl->loop);
+        signal_start(rl, krc);
+    }
+    return NULL;
+}
+
+/* ---- public API ---- */
+
+static int mkdir_p(const char *path)
+{
+    char tmp[1024];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof(tmp))
+        return -1;
+    memcpy(tmp, path, n + 1);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+static bool str_ok(const char *s, size_t cap)
+{
+    return memchr(s, 0, cap) != NULL && s[0] != 0;
+}
+
+static void rl_free(struct kvp_raftlog *rl)
+{
+    if (rl == NULL)
+        return;
+    fail_pending(rl, 0);
+    while (rl->qwait_head != NULL) {
+        struct rl_op *op = rl->qwait_head;
+        rl->qwait_head = op->next;
+        free(op);
+    }
+    while (rl->q_head != NULL) {
+        struct rl_op *op = rl->q_head;
+        rl->q_head = op->next;
+        free(op);
+    }
+    while (rl->admins != NULL) {
+        struct rl_admin *a = rl->admins;
+        rl->admins = a->next;
+        free(a);
+    }
+    kvp_rl_glue_fini(&rl->glue);
+    zsock_destroy(&rl->ev_writer);
+    zsock_destroy(&rl->ev_reader);
+    pthread_mutex_destroy(&rl->mu);
+    pthread_cond_destroy(&rl->cv);
+    free(rl);
+}
+
+int kvp_raftlog_start(struct kvp_raftlog **out, const struct kvp_raftlog_params *p)
+{
+    if (out == NULL || p == NULL)
+        return KVP_ERR_INVALID;
+    char actor[32];
+    snprintf(actor, sizeof(actor), "raftlog-%llu", (unsigned long long)p->id);
+    if (p->id == 0 || !str_ok(p->raft_address, sizeof(p->raft_address)) ||
+        strchr(p->raft_address, ':') == NULL || !str_ok(p->data_dir, sizeof(p->data_dir)) ||
+        p->fsm.apply == NULL || p->n_members > 9 || (!p->join && p->n_members == 0)) {
+        kvp_log_error(actor, "invalid parameters (id, raft_address host:port, data_dir, "
+                             "fsm.apply, 1..9 members unless join)");
+        return KVP_ERR_INVALID;
+    }
+    for (size_t i = 0; i < p->n_members; i++) {
+        if (p->members[i].id == 0 ||
+            !str_ok(p->members[i].raft_address, sizeof(p->members[i].raft_address))) {
+            kvp_log_error(actor, "member %zu: invalid id or address", i);
+            return KVP_ERR_INVALID;
+        }
+    }
+    if (mkdir_p(p->data_dir) != 0) {
+        kvp_log_error(actor, "data dir %s: %s", p->data_dir, strerror(errno));
+        return KVP_ERR_IO;
+    }
+    struct kvp_raftlog *rl = calloc(1, sizeof(*rl));
+    if (rl == NULL)
+        return KVP_ERR_NOMEM;
+    rl->p = *p;
+    memcpy(rl->actor, actor, sizeof(actor));
+    pthread_mutex_init(&rl->mu, NULL);
+    pthread_cond_init(&rl->cv, NULL);
+    rl->last_is_leader = -1;
+    rl->max_inflight = p->max_inflight_entries > 0 ? p->max_inflight_entries : RL_DEFAULT_INFLIGHT;
+    rl->group_max = p->group_commit_max > 0 ? p->group_commit_max : RL_DEFAULT_GROUP_MAX;
+    kvp_rl_glue_init(&rl->glue, &p->fsm, deliver_applied, rl, rl->actor);
+    rl->glue.on_done = on_slot_free;
+
+    char ep[96];
+    snprintf(ep, sizeof(ep), "inproc://kvp-raftlog-%llu-%u-%p", (unsigned long long)p->id,
+             atomic_fetch_add_explicit(&g_instance_seq, 1, memory_order_relaxed), (void *)rl);
+    rl->ev_reader = zsock_new(ZMQ_PAIR);
+    rl->ev_writer = zsock_new(ZMQ_PAIR);
+    if (rl->ev_reader == NULL || rl->ev_writer == NULL) {
+        rl_free(rl);
+        return KVP_ERR_NOMEM;
+    }
+    zsock_set_rcvhwm(rl->ev_reader, 0);
+    zsock_set_sndhwm(rl->ev_writer, 0);
+    if (zsock_bind(rl->ev_reader, "%s", ep) != 0 || zsock_connect(rl->ev_writer, "%s", ep) != 0) {
+        kvp_log_error(rl->actor, "events socket %s: %s", ep, zmq_strerror(zmq_errno()));
+        rl_free(rl);
+        return KVP_ERR_IO;
+    }
+    if (pthread_create(&rl->thread, NULL, thread_main, rl) != 0) {
+        rl_free(rl);
+        return KVP_ERR_NOMEM;
+    }
+    rl->thread_started = true;
+    pthread_mutex_lock(&rl->mu);
+    while (!rl->start_done)
+        pthread_cond_wait(&rl->cv, &rl->mu);
+    int rc = rl->start_rc;
+    pthread_mutex_unlock(&rl->mu);
+    if (rc != KVP_OK) {
+        pthread_join(rl->thread, NULL);
+        rl_free(rl);
+        return rc;
+    }
+    *out = rl;
+    return KVP_OK;
+}
+
+zsock_t *kvp_raftlog_events(struct kvp_raftlog *rl)
+{
+    return rl != NULL ? rl->ev_reader : NULL;
+}
+
+static int enqueue(struct kvp_raftlog *rl, enum op_kind kind, uint64_t corr, uint64_t id,
+                   const char *addr, const uint8_t *data, size_t len)
+{
+    if (rl == NULL || (data == NULL && len > 0))
+        return KVP_ERR_INVALID;
+    if (len > KVP_RL_ENTRY_MAX_CMD_BYTES)
+        return KVP_ERR_TOO_LARGE;
+    struct rl_op *op = malloc(sizeof(*op) + len);
+    if (op == NULL)
+        return KVP_ERR_NOMEM;
+    op->kind = kind;
+    op->corr = corr;
+    op->id = id;
+    op->addr[0] = 0;
+    if (addr != NULL)
+        snprintf(op->addr, sizeof(op->addr), "%s", addr);
+    op->len = len;
+    op->next = NULL;
+    if (len > 0)
+        memcpy(op->data, data, len);
+    pthread_mutex_lock(&rl->mu);
+    if (rl->closing) {
+        pthread_mutex_unlock(&rl->mu);
+        free(op);
+        return KVP_ERR_CLOSED;
+    }
+    bool wake = rl->q_head == NULL;
+    if (rl->q_tail != NULL)
+        rl->q_tail->next = op;
+    else
+        rl->q_head = op;
+    rl->q_tail = op;
+    /* uv_async_send is thread-safe; a wake-up already pending coalesces the new op. Sent
+     * under mu so stop cannot tear the handle down in between. */
+    if (wake)
+        uv_async_send(&rl->async);
+    pthread_mutex_unlock(&rl->mu);
+    return KVP_OK;
+}
+
+int kvp_raftlog_submit(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *cmd, size_t len)
+{
+    return enqueue(rl, OP_SUBMIT, corr, 0, NULL, cmd, len);
+}
+
+int kvp_raftlog_query(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *q, size_t len)
+{
+    return enqueue(rl, OP_QUERY, corr, 0, NULL, q, len);
+}
+
+int kvp_raftlog_add_voter(struct kvp_raftlog *rl, uint64_t corr, uint64_t id, const char *raft_address)
+{
+    if (id == 0 || raft_address == NULL || raft_address[0] == 0 || strlen(raft_address) >= 256)
+        return KVP_ERR_INVALID;
+    return enqueue(rl, OP_ADD_VOTER, corr, id, raft_address, NULL, 0);
+}
+
+int kvp_raftlog_remove(struct kvp_raftlog *rl, uint64_t corr, uint64_t id)
+{
+    if (id == 0)
+        return KVP_ERR_INVALID;
+    return enqueue(rl, OP_REMOVE, corr, id, NULL, NULL, 0);
+}
+
+int kvp_raftlog_transfer(struct kvp_raftlog *rl, uint64_t corr, uint64_t target_id)
+{
+    return enqueue(rl, OP_TRANSFER, corr, target_id, NULL, NULL, 0);
+}
+
+void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out)
+{
+    if (out == NULL)
+        return;
+    memset(out, 0, sizeof(*out));
+    if (rl == NULL)
+        return;
+    pthread_mutex_lock(&rl->mu);
+    *out = rl->info;
+    pthread_mutex_unlock(&rl->mu);
+}
+
+void kvp_raftlog_stop(struct kvp_raftlog **rlp)
+{
+    if (rlp == NULL || *rlp == NULL)
+        return;
+    struct kvp_raftlog *rl = *rlp;
+    *rlp = NULL;
+    pthread_mutex_lock(&rl->mu);
+    rl->closing = true;
+    uv_async_send(&rl->async);
+    pthread_mutex_unlock(&rl->mu);
+    pthread_join(rl->thread, NULL);
+    kvp_log_info(rl->actor, "stopped");
+    rl_free(rl);
+}

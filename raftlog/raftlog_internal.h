@@ -1,0 +1,87 @@
+/*
+ * raftlog_internal.h — the FSM glue between canonical raft and kvpool's opaque FSM callbacks,
+ * split out so that tests drive it on raft's in-memory fixture as well as on the libuv backend.
+ *
+ * The glue owns: the struct raft_fsm handed to raft_init (apply decodes one entry, see
+ * entry.h, and calls the user's apply once per command, in order), the snapshot framing
+ * (LZ4 frame + header) and the list of entries this node proposed and that are still in
+ * flight. It knows nothing of threads or sockets: results leave through `deliver`.
+ * Everything here runs on the thread that runs the raft instance.
+ */
+#ifndef KVP_RAFTLOG_INTERNAL_H
+#define KVP_RAFTLOG_INTERNAL_H
+
+#include <raft.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "raftlog/entry.h"
+#include "raftlog/raftlog.h"
+
+/* Snapshot header: [u32 magic 'KVPS'][u8 version = 1][u64 raw_len] then one LZ4 frame. */
+#define KVP_RL_SNAP_MAGIC 0x5350564Bu
+#define KVP_RL_SNAP_VERSION 1u
+#define KVP_RL_SNAP_HDR_BYTES 13u
+/* Restore refuses a snapshot claiming more than this many uncompressed bytes. */
+#define KVP_RL_SNAP_MAX_RAW_BYTES ((uint64_t)16 << 30)
+
+/**
+ * Result sink: one call per command of a locally proposed entry. `result` is borrowed for the
+ * duration of the call. status: the fsm's return value once applied, or KVP_ERR_NOT_LEADER /
+ * KVP_ERR_CLOSED / ... when the entry failed.
+ */
+typedef void (*kvp_rl_deliver_fn)(void *ctx, uint64_t corr, int status, const uint8_t *result,
+                                  size_t result_len);
+
+/** One entry this node proposed with raft_apply, awaiting its callback. */
+struct kvp_rl_inflight {
+    struct raft_apply req;          /* req.data = this record */
+    struct kvp_rl_glue *glue;
+    const void *entry_base;         /* payload handed to raft (raft owns it) */
+    uint32_t n;                     /* commands in the entry */
+    bool delivered;                 /* results already sent by fsm apply */
+    struct kvp_rl_inflight *next;
+    uint64_t corrs[];               /* n correlation ids, command order */
+};
+
+struct kvp_rl_glue {
+    struct raft_fsm fsm;            /* handed to raft_init/raft_fixture_grow; fsm.data = glue */
+    struct raft *raft;              /* set once raft is initialised (needed to know our index) */
+    struct kvp_raftlog_fsm user;    /* the caller's FSM */
+    kvp_rl_deliver_fn deliver;
+    void *deliver_ctx;
+    void (*on_done)(void *ctx);     /* an in-flight slot freed (may be NULL) */
+    const char *actor;              /* log prefix */
+    struct kvp_rl_inflight *inflight; /* oldest first */
+    unsigned n_inflight;
+    /* counters (raft thread only) */
+    uint64_t entries_proposed;
+    uint64_t cmds_proposed;
+    uint64_t entries_applied;
+    uint64_t cmds_applied;
+    uint64_t entries_malformed;
+    uint64_t snapshots_taken;
+    uint64_t snapshots_restored;
+};
+
+void kvp_rl_glue_init(struct kvp_rl_glue *g, const struct kvp_raftlog_fsm *user,
+                      kvp_rl_deliver_fn deliver, void *ctx, const char *actor);
+/** Free in-flight records without callbacks: only once raft is closed (no callback can come). */
+void kvp_rl_glue_fini(struct kvp_rl_glue *g);
+
+/**
+ * Encode cmds[0..n) as ONE entry and raft_apply it. On success the results arrive through
+ * deliver (one per corr). On error nothing is delivered and the caller still owns the
+ * commands: KVP_ERR_NOT_LEADER, KVP_ERR_INVALID, KVP_ERR_NOMEM, KVP_ERR_CLOSED, KVP_ERR_INTERNAL.
+ */
+int kvp_rl_glue_propose(struct kvp_rl_glue *g, const uint64_t *corrs, const struct kvp_rl_cmd *cmds,
+                        uint32_t n);
+
+/** Map a raft error code (RAFT_*) to a kvp_err. */
+int kvp_rl_err_from_raft(int rv);
+
+/** Snapshot framing, exposed for tests. *out is malloc'd (free()). */
+int kvp_rl_snap_pack(const uint8_t *raw, size_t raw_len, uint8_t **out, size_t *out_len);
+int kvp_rl_snap_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *raw_len);
+
+#endif
