@@ -1,0 +1,440 @@
+/*
+ * seg_server.c — the TCP data plane of one segment (see seg_server.h, docs/data-plane.md).
+ *
+ * Threads: one accept thread (poll over the listen sockets and a wake-up eventfd) and one
+ * thread per connection doing blocking I/O. A connection serves its requests one after the
+ * other, in order, so responses leave in request order. Payload bytes move straight between
+ * the socket and the region: WRITE payloads are received into base+offset, READ responses go
+ * out with one sendmsg of [header, region bytes].
+ *
+ * Stop: the accept thread is woken and joined, then every connection socket is shut down
+ * (which makes its blocking recv/send return) and every connection thread is joined.
+ */
+#define _GNU_SOURCE
+#include "actors/segment/seg_server.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "actors/segment/segment_internal.h"
+#include "kvpool.h"
+#include "runtime/log.h"
+#include "wire/envelope.h"
+
+#define ACTOR "seg-server"
+
+struct seg_conn {
+    struct kvp_seg_server *srv;
+    int fd;
+    pthread_t thread;
+    atomic_bool done; /* set by the connection thread as its last act; release/acquire with the reaper */
+    char peer[64];
+    struct seg_conn *next;
+};
+
+struct kvp_seg_server {
+    uint8_t *base;
+    uint64_t size;
+    /* The id requests must carry. Written by set_id from any thread, read by every connection
+     * thread before each request: relaxed is enough, the id is a single independent value and
+     * no other memory is published through it. */
+    _Atomic uint32_t segment_id;
+    uint32_t port;
+    int lfd[KVP_SEG_MAX_LISTEN];
+    int n_lfd;
+    int wake_fd;
+    pthread_t accept_thread;
+    atomic_bool stopping;
+    pthread_mutex_t mu; /* guards conns */
+    struct seg_conn *conns;
+};
+
+int kvp_seg_strip_brackets(const char *host, char *buf, size_t cap)
+{
+    size_t n = strlen(host);
+    if (n > 0 && host[0] == '[') {
+        if (n < 2 || host[n - 1] != ']')
+            return -1;
+        host++;
+        n -= 2;
+    }
+    if (n + 1 > cap)
+        return -1;
+    memcpy(buf, host, n);
+    buf[n] = '\0';
+    return 0;
+}
+
+int kvp_seg_format_endpoint(char *buf, size_t cap, const char *host, uint32_t port)
+{
+    if (strchr(host, ':') && host[0] != '[')
+        return snprintf(buf, cap, "[%s]:%u", host, port);
+    return snprintf(buf, cap, "%s:%u", host, port);
+}
+
+static void addr_to_string(const struct sockaddr *sa, char *buf, size_t cap)
+{
+    char h[INET6_ADDRSTRLEN + 8] = "?";
+    char p[16] = "?";
+    getnameinfo(sa, sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in),
+                h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV);
+    kvp_seg_format_endpoint(buf, cap, h, (uint32_t)atoi(p));
+}
+
+/* Receive exactly len bytes. Returns 0, or -1 on EOF/error (errno kept; 0 for EOF). */
+static int recv_all(int fd, void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t r = recv(fd, p, len, 0);
+        if (r == 0) {
+            errno = 0;
+            return -1;
+        }
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += r;
+        len -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Send an iovec completely (handles partial sends). Modifies iov. Returns 0 or -1. */
+static int send_iov_all(int fd, struct iovec *iov, int cnt)
+{
+    while (cnt > 0) {
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+        ssize_t r = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        size_t left = (size_t)r;
+        while (cnt > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+static int reply(int fd, uint8_t op, int status, const struct kvp_frame *req, uint64_t length,
+                 const void *payload)
+{
+    struct kvp_frame f = {.op = op,
+                          .status = (int16_t)status,
+                          .segment_id = req->segment_id,
+                          .req_id = req->req_id,
+                          .offset = req->offset,
+                          .length = length};
+    uint8_t hdr[KVP_FRAME_HEADER_BYTES];
+    kvp_frame_encode(&f, hdr);
+    struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, payload ? length : 0}};
+    return send_iov_all(fd, iov, payload && length ? 2 : 1);
+}
+
+/* 0 when the request may touch the region, else the error code for the reply. */
+static int check_request(const struct kvp_seg_server *s, const struct kvp_frame *f)
+{
+    uint32_t id = atomic_load_explicit(&s->segment_id, memory_order_relaxed);
+    if (id == 0 || f->segment_id != id)
+        return KVP_ERR_NOT_FOUND;
+    if (f->offset > s->size || f->length > s->size - f->offset)
+        return KVP_ERR_INVALID;
+    return KVP_OK;
+}
+
+static void *conn_main(void *arg)
+{
+    struct seg_conn *c = arg;
+    struct kvp_seg_server *s = c->srv;
+    uint8_t *scratch = NULL;
+    uint8_t hdr[KVP_FRAME_HEADER_BYTES];
+    for (;;) {
+        if (recv_all(c->fd, hdr, sizeof hdr) != 0) {
+            if (errno != 0 && !atomic_load(&s->stopping))
+                kvp_log_debug(ACTOR, "%s: recv: %s", c->peer, strerror(errno));
+            break;
+        }
+        struct kvp_frame f;
+        int rc = kvp_frame_decode(hdr, &f);
+        if (rc == KVP_OK && f.op != KVP_FRAME_READ && f.op != KVP_FRAME_WRITE && f.op != KVP_FRAME_PING)
+            rc = KVP_ERR_MALFORMED;
+        if (rc != KVP_OK) {
+            kvp_log_warn(ACTOR, "%s: bad frame header (%s, op %u): closing the connection", c->peer,
+                         kvp_errname(rc), hdr[5]);
+            break;
+        }
+        int st = check_request(s, &f);
+        if (f.op == KVP_FRAME_PING) {
+            if (reply(c->fd, KVP_FRAME_PONG, st == KVP_ERR_NOT_FOUND ? st : KVP_OK, &f, 0, NULL) != 0)
+                break;
+        } else if (f.op == KVP_FRAME_READ) {
+            if (st != KVP_OK)
+                kvp_log_debug(ACTOR, "%s: READ seg %u off %lu len %lu: %s", c->peer, f.segment_id,
+                              (unsigned long)f.offset, (unsigned long)f.length, kvp_errname(st));
+            if (reply(c->fd, KVP_FRAME_READ_RESP, st, &f, st == KVP_OK ? f.length : 0,
+                      st == KVP_OK ? s->base + f.offset : NULL) != 0)
+                break;
+        } else { /* WRITE */
+            if (st == KVP_OK) {
+                if (f.length > 0 && recv_all(c->fd, s->base + f.offset, f.length) != 0)
+                    break;
+            } else {
+                kvp_log_debug(ACTOR, "%s: WRITE seg %u off %lu len %lu: %s (payload drained)", c->peer,
+                              f.segment_id, (unsigned long)f.offset, (unsigned long)f.length,
+                              kvp_errname(st));
+                if (!scratch && !(scratch = malloc(KVP_SEG_SCRATCH_BYTES)))
+                    break;
+                uint64_t left = f.length;
+                bool ok = true;
+                while (left > 0 && ok) {
+                    size_t chunk = left > KVP_SEG_SCRATCH_BYTES ? KVP_SEG_SCRATCH_BYTES : (size_t)left;
+                    ok = recv_all(c->fd, scratch, chunk) == 0;
+                    left -= chunk;
+                }
+                if (!ok)
+                    break;
+            }
+            if (reply(c->fd, KVP_FRAME_WRITE_RESP, st, &f, 0, NULL) != 0)
+                break;
+        }
+    }
+    free(scratch);
+    atomic_store_explicit(&c->done, true, memory_order_release);
+    return NULL;
+}
+
+/* Join and free connections whose thread has finished. Caller holds s->mu. */
+static void reap_done(struct kvp_seg_server *s)
+{
+    struct seg_conn **pp = &s->conns;
+    while (*pp) {
+        struct seg_conn *c = *pp;
+        if (atomic_load_explicit(&c->done, memory_order_acquire)) {
+            *pp = c->next;
+            pthread_join(c->thread, NULL);
+            close(c->fd);
+            free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
+static void accept_one(struct kvp_seg_server *s, int lfd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+    if (fd < 0) {
+        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+            kvp_log_warn(ACTOR, "accept: %s", strerror(errno));
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct seg_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        return;
+    }
+    c->srv = s;
+    c->fd = fd;
+    addr_to_string((struct sockaddr *)&ss, c->peer, sizeof c->peer);
+    pthread_mutex_lock(&s->mu);
+    reap_done(s);
+    if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
+        pthread_mutex_unlock(&s->mu);
+        kvp_log_warn(ACTOR, "%s: cannot start a connection thread", c->peer);
+        close(fd);
+        free(c);
+        return;
+    }
+    c->next = s->conns;
+    s->conns = c;
+    pthread_mutex_unlock(&s->mu);
+    kvp_log_debug(ACTOR, "%s: connected", c->peer);
+}
+
+static void *accept_main(void *arg)
+{
+    struct kvp_seg_server *s = arg;
+    struct pollfd pf[KVP_SEG_MAX_LISTEN + 1];
+    for (int i = 0; i < s->n_lfd; i++)
+        pf[i] = (struct pollfd){.fd = s->lfd[i], .events = POLLIN};
+    pf[s->n_lfd] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+    while (!atomic_load(&s->stopping)) {
+        int r = poll(pf, (nfds_t)s->n_lfd + 1, -1);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            kvp_log_error(ACTOR, "poll: %s", strerror(errno));
+            break;
+        }
+        if (pf[s->n_lfd].revents)
+            break;
+        for (int i = 0; i < s->n_lfd; i++)
+            if (pf[i].revents & POLLIN)
+                accept_one(s, s->lfd[i]);
+    }
+    return NULL;
+}
+
+static int listen_on(struct kvp_seg_server *s, const char *host, uint32_t port)
+{
+    char h[256];
+    if (kvp_seg_strip_brackets(host ? host : "", h, sizeof h) != 0) {
+        kvp_log_error(ACTOR, "listen: bad host '%s'", host);
+        return KVP_ERR_INVALID;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    char ps[16];
+    snprintf(ps, sizeof ps, "%u", port);
+    struct addrinfo *ai = NULL;
+    int g = getaddrinfo(h[0] ? h : NULL, ps, &hints, &ai);
+    if (g != 0) {
+        kvp_log_error(ACTOR, "listen: cannot resolve '%s': %s", h, gai_strerror(g));
+        return KVP_ERR_INVALID;
+    }
+    int err = KVP_ERR_IO;
+    for (struct addrinfo *a = ai; a && s->n_lfd < KVP_SEG_MAX_LISTEN; a = a->ai_next) {
+        /* Every address after the first binds the port the first one got. */
+        if (s->n_lfd > 0) {
+            if (a->ai_family == AF_INET)
+                ((struct sockaddr_in *)a->ai_addr)->sin_port = htons((uint16_t)s->port);
+            else if (a->ai_family == AF_INET6)
+                ((struct sockaddr_in6 *)a->ai_addr)->sin6_port = htons((uint16_t)s->port);
+        }
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0)
+            continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (a->ai_family == AF_INET6)
+            setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+            int e = errno;
+            char as[96];
+            addr_to_string(a->ai_addr, as, sizeof as);
+            if (s->n_lfd == 0)
+                kvp_log_warn(ACTOR, "listen on %s: %s", as, strerror(e));
+            else
+                kvp_log_info(ACTOR, "listen on %s: %s (serving the other addresses)", as, strerror(e));
+            close(fd);
+            continue;
+        }
+        if (s->n_lfd == 0) {
+            struct sockaddr_storage ss;
+            socklen_t sl = sizeof ss;
+            getsockname(fd, (struct sockaddr *)&ss, &sl);
+            s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                     : ((struct sockaddr_in *)&ss)->sin_port);
+        }
+        s->lfd[s->n_lfd++] = fd;
+        err = KVP_OK;
+    }
+    freeaddrinfo(ai);
+    if (err != KVP_OK)
+        kvp_log_error(ACTOR, "cannot listen on %s port %u", h[0] ? h : "*", port);
+    return err;
+}
+
+int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t port, void *base,
+                         uint64_t size)
+{
+    if (!out || port > 65535 || (!base && size > 0)) {
+        kvp_log_error(ACTOR, "start: invalid arguments (port %u)", port);
+        return KVP_ERR_INVALID;
+    }
+    struct kvp_seg_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return KVP_ERR_NOMEM;
+    s->base = base;
+    s->size = size;
+    s->wake_fd = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    int rc = listen_on(s, host, port);
+    if (rc == KVP_OK) {
+        s->wake_fd = eventfd(0, EFD_CLOEXEC);
+        if (s->wake_fd < 0)
+            rc = KVP_ERR_IO;
+    }
+    if (rc == KVP_OK && pthread_create(&s->accept_thread, NULL, accept_main, s) != 0)
+        rc = KVP_ERR_NOMEM;
+    if (rc != KVP_OK) {
+        for (int i = 0; i < s->n_lfd; i++)
+            close(s->lfd[i]);
+        if (s->wake_fd >= 0)
+            close(s->wake_fd);
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return rc;
+    }
+    kvp_log_info(ACTOR, "listening on %s port %u (%d address%s), region %lu bytes",
+                 host && host[0] ? host : "*", s->port, s->n_lfd, s->n_lfd > 1 ? "es" : "",
+                 (unsigned long)size);
+    *out = s;
+    return KVP_OK;
+}
+
+uint32_t kvp_seg_server_port(const struct kvp_seg_server *s) { return s ? s->port : 0; }
+
+void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id)
+{
+    if (s)
+        atomic_store_explicit(&s->segment_id, segment_id, memory_order_relaxed);
+}
+
+void kvp_seg_server_stop(struct kvp_seg_server **sp)
+{
+    if (!sp || !*sp)
+        return;
+    struct kvp_seg_server *s = *sp;
+    *sp = NULL;
+    atomic_store(&s->stopping, true);
+    uint64_t one = 1;
+    if (write(s->wake_fd, &one, sizeof one) < 0)
+        kvp_log_warn(ACTOR, "stop: wake: %s", strerror(errno));
+    pthread_join(s->accept_thread, NULL);
+    for (int i = 0; i < s->n_lfd; i++)
+        close(s->lfd[i]);
+    close(s->wake_fd);
+    pthread_mutex_lock(&s->mu);
+    for (struct seg_conn *c = s->conns; c; c = c->next)
+        shutdown(c->fd, SHUT_RDWR);
+    while (s->conns) {
+        struct seg_conn *c = s->conns;
+        s->conns = c->next;
+        pthread_join(c->thread, NULL);
+        close(c->fd);
+        free(c);
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_destroy(&s->mu);
+    kvp_log_info(ACTOR, "port %u: stopped", s->port);
+    free(s);
+}

@@ -1,0 +1,915 @@
+/*
+ * xfer_engine.c — the transfer engine: batches of slices over TCP (one I/O thread, epoll,
+ * nonblocking sockets, several pipelined connections per endpoint) and the local memcpy
+ * transport. See transfer.h for the contract and docs/data-plane.md for the design.
+ *
+ * A batch is a small state machine hosted by the I/O thread (the "batch actor"): its pieces
+ * are queued on connections, each piece ends completed, failed or fenced, and when the last one
+ * is terminal the I/O thread marks the batch done and wakes its caller. Fencing happens on the
+ * I/O thread, which is also the only thread that touches caller memory for TCP slices, so once
+ * a piece is marked terminal (piece->batch = NULL) nothing reads or writes its memory again.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "actors/transfer/transfer_internal.h"
+#include "kvpool.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+#define ACTOR "xfer"
+
+/* ------------------------------------------------------------------ lists */
+
+static void list_push(struct xfer_list *l, struct xfer_piece *p)
+{
+    p->next = NULL;
+    p->prev = l->tail;
+    if (l->tail)
+        l->tail->next = p;
+    else
+        l->head = p;
+    l->tail = p;
+}
+
+static void list_unlink(struct xfer_list *l, struct xfer_piece *p)
+{
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        l->head = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    else
+        l->tail = p->prev;
+    p->prev = p->next = NULL;
+}
+
+static uint64_t piece_cost(const struct xfer_piece *p) { return p->length + XFER_PIECE_COST; }
+
+/* ------------------------------------------------------------------ batch completion */
+
+static void batch_complete(struct kvp_xfer_engine *e, struct xfer_batch *b)
+{
+    if (b->aprev)
+        b->aprev->anext = b->anext;
+    else if (e->active == b)
+        e->active = b->anext;
+    if (b->anext)
+        b->anext->aprev = b->aprev;
+    b->aprev = b->anext = NULL;
+    pthread_mutex_lock(&e->mu);
+    b->done = true;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&e->mu);
+    /* b belongs to its caller again: not touched after this point. */
+}
+
+/*
+ * Make p terminal with `status`. The piece itself is not freed (the caller of this function
+ * decides: a piece still on a connection's inflight list stays there to be drained).
+ * After this returns, p->local is never used again.
+ */
+static void piece_finish(struct kvp_xfer_engine *e, struct xfer_piece *p, int status)
+{
+    struct xfer_batch *b = p->batch;
+    if (!b)
+        return;
+    struct kvp_xfer_slice *s = &b->slices[p->slice];
+    if (status != KVP_OK && s->status == KVP_OK)
+        s->status = status;
+    p->batch = NULL;
+    p->local = NULL;
+    b->pieces[p->idx] = NULL;
+    if (--b->left == 0)
+        batch_complete(e, b);
+}
+
+/* ------------------------------------------------------------------ connections */
+
+static void conn_set_events(struct kvp_xfer_engine *e, struct xfer_conn *c, uint32_t ev)
+{
+    if (c->fd < 0 || c->events == ev)
+        return;
+    struct epoll_event ee = {.events = ev, .data.ptr = c};
+    if (epoll_ctl(e->ep, EPOLL_CTL_MOD, c->fd, &ee) == 0)
+        c->events = ev;
+}
+
+static void conn_want_out(struct kvp_xfer_engine *e, struct xfer_conn *c, bool out)
+{
+    conn_set_events(e, c, EPOLLIN | (out ? EPOLLOUT : 0));
+}
+
+static void drop_list(struct kvp_xfer_engine *e, struct xfer_list *l, int status)
+{
+    struct xfer_piece *p;
+    while ((p = l->head)) {
+        list_unlink(l, p);
+        piece_finish(e, p, status);
+        free(p);
+    }
+}
+
+/* Close the connection; every piece on it that is not terminal fails with `status`. */
+static void conn_fail(struct kvp_xfer_engine *e, struct xfer_conn *c, int status, const char *why)
+{
+    if (c->fd >= 0) {
+        bool busy = c->sendq.head || c->inflight.head || c->rpiece;
+        if (busy && status != KVP_ERR_CLOSED)
+            kvp_log_warn(ACTOR, "%s: connection closed: %s", c->peer->endpoint, why);
+        else
+            kvp_log_debug(ACTOR, "%s: connection closed: %s", c->peer->endpoint, why);
+        epoll_ctl(e->ep, EPOLL_CTL_DEL, c->fd, NULL);
+        close(c->fd);
+    }
+    c->fd = -1;
+    c->state = CONN_IDLE;
+    c->events = 0;
+    c->close_pending = false;
+    drop_list(e, &c->sendq, status);
+    drop_list(e, &c->inflight, status);
+    if (c->rpiece) {
+        piece_finish(e, c->rpiece, status);
+        free(c->rpiece);
+        c->rpiece = NULL;
+    }
+    c->rgot = 0;
+    c->rhdr_got = 0;
+    c->load = 0;
+}
+
+static void conn_connect(struct kvp_xfer_engine *e, struct xfer_conn *c)
+{
+    int fd = -1;
+    int rc = xfer_connect_start(&c->peer->addr, c->peer->addr_len, &fd);
+    if (rc < 0) {
+        char why[128];
+        snprintf(why, sizeof why, "connect: %s", strerror(-rc));
+        conn_fail(e, c, KVP_ERR_TRANSFER, why);
+        return;
+    }
+    c->fd = fd;
+    c->state = rc == 0 ? CONN_UP : CONN_CONNECTING;
+    c->events = rc == 0 ? EPOLLIN | EPOLLOUT : EPOLLOUT;
+    c->connect_deadline_ns = kvp_clock_now_ns() + (uint64_t)e->p.connect_timeout_ms * 1000000ull;
+    struct epoll_event ee = {.events = c->events, .data.ptr = c};
+    if (epoll_ctl(e->ep, EPOLL_CTL_ADD, fd, &ee) != 0) {
+        close(fd);
+        c->fd = -1;
+        conn_fail(e, c, KVP_ERR_TRANSFER, "epoll_ctl failed");
+    }
+}
+
+/* Send as much of the send queue as the socket takes. Returns false if the conn failed. */
+static bool conn_send(struct kvp_xfer_engine *e, struct xfer_conn *c)
+{
+    while (c->state == CONN_UP && c->sendq.head) {
+        struct iovec iov[XFER_MAX_IOV];
+        int cnt = 0;
+        for (struct xfer_piece *p = c->sendq.head; p && cnt + 2 <= XFER_MAX_IOV; p = p->next) {
+            /* Invariant: pieces on sendq are not terminal (fencing removes or closes them). */
+            uint64_t total = KVP_FRAME_HEADER_BYTES + (p->op == KVP_XFER_WRITE ? p->length : 0);
+            uint64_t off = p->sent;
+            if (off < KVP_FRAME_HEADER_BYTES) {
+                iov[cnt++] = (struct iovec){p->hdr + off, KVP_FRAME_HEADER_BYTES - off};
+                off = KVP_FRAME_HEADER_BYTES;
+            }
+            if (off < total)
+                iov[cnt++] = (struct iovec){p->local + (off - KVP_FRAME_HEADER_BYTES), total - off};
+        }
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+        ssize_t r = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                conn_want_out(e, c, true);
+                return true;
+            }
+            char why[128];
+            snprintf(why, sizeof why, "send: %s", strerror(errno));
+            conn_fail(e, c, KVP_ERR_TRANSFER, why);
+            return false;
+        }
+        uint64_t left = (uint64_t)r;
+        while (left > 0) {
+            struct xfer_piece *p = c->sendq.head;
+            uint64_t total = KVP_FRAME_HEADER_BYTES + (p->op == KVP_XFER_WRITE ? p->length : 0);
+            uint64_t take = total - p->sent < left ? total - p->sent : left;
+            p->sent += take;
+            left -= take;
+            if (p->sent == total) {
+                list_unlink(&c->sendq, p);
+                list_push(&c->inflight, p);
+                p->where = PIECE_INFLIGHT;
+            }
+        }
+    }
+    if (c->state == CONN_UP)
+        conn_want_out(e, c, false);
+    return c->state == CONN_UP;
+}
+
+/* A complete response header is in c->rhdr. Returns false if the conn failed. */
+static bool conn_on_header(struct kvp_xfer_engine *e, struct xfer_conn *c)
+{
+    struct kvp_frame f;
+    int rc = kvp_frame_decode(c->rhdr, &f);
+    c->rhdr_got = 0;
+    struct xfer_piece *p = c->inflight.head;
+    const char *bad = NULL;
+    if (rc != KVP_OK)
+        bad = "malformed response header";
+    else if (!p)
+        bad = "unsolicited response";
+    else if (f.req_id != p->req_id)
+        bad = "response out of order";
+    else if ((p->op == KVP_XFER_READ && f.op != KVP_FRAME_READ_RESP) ||
+             (p->op == KVP_XFER_WRITE && f.op != KVP_FRAME_WRITE_RESP))
+        bad = "response of the wrong type";
+    else if (f.status == 0 && p->op == KVP_XFER_READ && f.length != p->length)
+        bad = "READ response of the wrong length";
+    else if (f.op == KVP_FRAME_READ_RESP && f.status != 0 && f.length != 0)
+        bad = "error response with a payload";
+    if (bad) {
+        conn_fail(e, c, KVP_ERR_TRANSFER, bad);
+        return false;
+    }
+    list_unlink(&c->inflight, p);
+    c->load -= piece_cost(p);
+    if (p->op == KVP_XFER_READ && f.status == 0) {
+        p->where = PIECE_RECV;
+        c->rpiece = p;
+        c->rgot = 0;
+        return true;
+    }
+    int st = f.status;
+    if (st > 0 || st <= KVP_ERR__LAST)
+        st = KVP_ERR_TRANSFER;
+    if (st != 0)
+        kvp_log_debug(ACTOR, "%s: segment %u answered %s", c->peer->endpoint, f.segment_id,
+                      kvp_errname(st));
+    piece_finish(e, p, st);
+    free(p);
+    return true;
+}
+
+/* Read what the socket has. Returns false if the conn failed. */
+static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
+{
+    for (int rounds = 0; rounds < 64; rounds++) {
+        struct iovec iov[2];
+        int cnt = 0;
+        uint64_t pay_want = 0;
+        bool to_caller = false;
+        if (c->rpiece) {
+            struct xfer_piece *p = c->rpiece;
+            uint64_t rem = p->length - c->rgot;
+            /* The fence check: caller memory only while the piece is not terminal. */
+            if (p->batch) {
+                to_caller = true;
+                pay_want = rem;
+                iov[cnt++] = (struct iovec){p->local + c->rgot, rem};
+            } else {
+                pay_want = rem < XFER_SCRATCH_BYTES ? rem : XFER_SCRATCH_BYTES;
+                iov[cnt++] = (struct iovec){e->scratch, pay_want};
+            }
+            if (pay_want == rem)
+                iov[cnt++] = (struct iovec){c->rhdr, KVP_FRAME_HEADER_BYTES};
+        } else {
+            iov[cnt++] = (struct iovec){c->rhdr + c->rhdr_got, KVP_FRAME_HEADER_BYTES - c->rhdr_got};
+        }
+        ssize_t r = readv(c->fd, iov, cnt);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return true;
+            char why[128];
+            snprintf(why, sizeof why, "recv: %s", strerror(errno));
+            conn_fail(e, c, KVP_ERR_TRANSFER, why);
+            return false;
+        }
+        if (r == 0) {
+            conn_fail(e, c, KVP_ERR_TRANSFER, "closed by the segment");
+            return false;
+        }
+        uint64_t got = (uint64_t)r;
+        (void)to_caller;
+        if (c->rpiece) {
+            uint64_t pay = got < pay_want ? got : pay_want;
+            c->rgot += pay;
+            got -= pay;
+            c->rhdr_got = (size_t)got; /* header bytes read past the payload (rhdr_got was 0) */
+            if (c->rgot == c->rpiece->length) {
+                struct xfer_piece *p = c->rpiece;
+                c->rpiece = NULL;
+                c->rgot = 0;
+                piece_finish(e, p, KVP_OK); /* no-op if it was fenced */
+                free(p);
+            }
+        } else {
+            c->rhdr_got += (size_t)got;
+        }
+        if (!c->rpiece && c->rhdr_got == KVP_FRAME_HEADER_BYTES && !conn_on_header(e, c))
+            return false;
+    }
+    return true;
+}
+
+static void conn_on_event(struct kvp_xfer_engine *e, struct xfer_conn *c, uint32_t ev)
+{
+    if (c->state == CONN_CONNECTING) {
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
+            err = errno;
+        if (err != 0) {
+            char why[128];
+            snprintf(why, sizeof why, "connect: %s", strerror(err));
+            conn_fail(e, c, KVP_ERR_TRANSFER, why);
+            return;
+        }
+        if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+            return;
+        c->state = CONN_UP;
+        conn_set_events(e, c, EPOLLIN);
+        conn_send(e, c);
+        return;
+    }
+    if (c->state != CONN_UP)
+        return;
+    if ((ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) && !conn_recv(e, c))
+        return;
+    if ((ev & EPOLLOUT) && !conn_send(e, c))
+        return;
+    if ((ev & (EPOLLERR | EPOLLHUP)) && c->state == CONN_UP)
+        conn_fail(e, c, KVP_ERR_TRANSFER, "socket error");
+}
+
+/* ------------------------------------------------------------------ dispatch and fencing */
+
+static struct xfer_conn *pick_conn(struct kvp_xfer_engine *e, struct xfer_peer *peer)
+{
+    if (!peer->io_known) {
+        peer->io_known = true;
+        peer->io_next = e->io_peers;
+        e->io_peers = peer;
+    }
+    struct xfer_conn *best = &peer->conns[0];
+    for (uint32_t i = 1; i < e->p.conns_per_peer; i++)
+        if (peer->conns[i].load < best->load)
+            best = &peer->conns[i];
+    return best;
+}
+
+static void dispatch_batch(struct kvp_xfer_engine *e, struct xfer_batch *b)
+{
+    b->aprev = NULL;
+    b->anext = e->active;
+    if (e->active)
+        e->active->aprev = b;
+    e->active = b;
+    /* Queue every piece first; connect/send afterwards (a failing connect finishes pieces, and
+     * the batch must not complete while we are still walking its piece array). */
+    size_t n = b->n_pieces;
+    for (size_t i = 0; i < n; i++) {
+        struct xfer_piece *p = b->pieces[i];
+        struct xfer_conn *c = pick_conn(e, p->peer);
+        p->conn = c;
+        p->where = PIECE_SENDQ;
+        c->load += piece_cost(p);
+        list_push(&c->sendq, p);
+    }
+    /* From here b may complete (and be gone) at any call: do not touch b. */
+    for (struct xfer_peer *peer = e->io_peers; peer; peer = peer->io_next) {
+        for (uint32_t i = 0; i < e->p.conns_per_peer; i++) {
+            struct xfer_conn *c = &peer->conns[i];
+            if (!c->sendq.head)
+                continue;
+            if (c->state == CONN_IDLE)
+                conn_connect(e, c);
+            else if (c->state == CONN_UP && !(c->events & EPOLLOUT))
+                conn_send(e, c);
+        }
+    }
+}
+
+/* Fence every piece of b that is not terminal with `status` (TIMEOUT or CLOSED). */
+static void fence_batch(struct kvp_xfer_engine *e, struct xfer_batch *b, int status)
+{
+    size_t left = b->left;
+    size_t n = b->n_pieces;
+    struct xfer_conn *to_close[XFER_MAX_IOV];
+    size_t n_close = 0;
+    bool overflow = false;
+    kvp_log_info(ACTOR, "batch of %zu slices: %s; fencing %zu pieces", b->n, kvp_errname(status), left);
+    for (size_t i = 0; i < n && left > 0; i++) {
+        struct xfer_piece *p = b->pieces[i];
+        if (!p)
+            continue;
+        struct xfer_conn *c = p->conn;
+        left--;
+        switch (p->where) {
+        case PIECE_SENDQ:
+            if (p->sent == 0) { /* not started: dropped */
+                list_unlink(&c->sendq, p);
+                c->load -= piece_cost(p);
+                piece_finish(e, p, status);
+                free(p);
+            } else { /* mid-send from caller memory: the connection must go */
+                piece_finish(e, p, status);
+                if (!c->close_pending) {
+                    c->close_pending = true;
+                    if (n_close < XFER_MAX_IOV)
+                        to_close[n_close++] = c;
+                    else
+                        overflow = true;
+                }
+            }
+            break;
+        case PIECE_INFLIGHT: /* response not started: it will be drained into scratch */
+        case PIECE_RECV:     /* response mid-receive: the rest goes to scratch */
+            piece_finish(e, p, status);
+            break;
+        default: /* PIECE_NEW cannot happen after dispatch */
+            piece_finish(e, p, status);
+            free(p);
+            break;
+        }
+    }
+    /* b may be gone now. */
+    for (size_t i = 0; i < n_close; i++)
+        conn_fail(e, to_close[i], KVP_ERR_TRANSFER, "fenced a request mid-send");
+    if (overflow)
+        for (struct xfer_peer *peer = e->io_peers; peer; peer = peer->io_next)
+            for (uint32_t i = 0; i < e->p.conns_per_peer; i++)
+                if (peer->conns[i].close_pending)
+                    conn_fail(e, &peer->conns[i], KVP_ERR_TRANSFER, "fenced a request mid-send");
+}
+
+/* The epoll timeout until the next deadline, in ms (-1 none). Fences what is due. */
+static int handle_deadlines(struct kvp_xfer_engine *e)
+{
+    uint64_t now = kvp_clock_now_ns();
+    uint64_t next = UINT64_MAX;
+    /* Fencing one batch may close connections and so complete (unlink) other batches:
+     * restart the walk after every fence. */
+restart:
+    for (struct xfer_batch *b = e->active; b; b = b->anext) {
+        if (b->deadline_ns && b->deadline_ns <= now) {
+            fence_batch(e, b, KVP_ERR_TIMEOUT);
+            goto restart;
+        }
+        if (b->deadline_ns && b->deadline_ns < next)
+            next = b->deadline_ns;
+    }
+    for (struct xfer_peer *peer = e->io_peers; peer; peer = peer->io_next)
+        for (uint32_t i = 0; i < e->p.conns_per_peer; i++) {
+            struct xfer_conn *c = &peer->conns[i];
+            if (c->state != CONN_CONNECTING)
+                continue;
+            if (c->connect_deadline_ns <= now)
+                conn_fail(e, c, KVP_ERR_TRANSFER, "connect timeout");
+            else if (c->connect_deadline_ns < next)
+                next = c->connect_deadline_ns;
+        }
+    if (next == UINT64_MAX)
+        return -1;
+    uint64_t ms = (next - now + 999999ull) / 1000000ull;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+static void *io_main(void *arg)
+{
+    struct kvp_xfer_engine *e = arg;
+    struct epoll_event evs[64];
+    for (;;) {
+        int timeout = handle_deadlines(e);
+        int n = epoll_wait(e->ep, evs, 64, timeout);
+        if (n < 0 && errno != EINTR) {
+            kvp_log_error(ACTOR, "epoll_wait: %s", strerror(errno));
+            n = 0;
+        }
+        for (int i = 0; i < n; i++) {
+            if (!evs[i].data.ptr) {
+                uint64_t v;
+                if (read(e->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
+                    kvp_log_warn(ACTOR, "wake read: %s", strerror(errno));
+                continue;
+            }
+            conn_on_event(e, evs[i].data.ptr, evs[i].events);
+        }
+        pthread_mutex_lock(&e->mu);
+        struct xfer_batch *sub = e->submitted_head;
+        e->submitted_head = e->submitted_tail = NULL;
+        bool stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+        while (sub) {
+            struct xfer_batch *nb = sub->next;
+            sub->next = NULL;
+            dispatch_batch(e, sub);
+            sub = nb;
+        }
+        if (stopping)
+            break;
+    }
+    /* Stop: every batch is fenced with CLOSED, every connection closed. */
+    while (e->active)
+        fence_batch(e, e->active, KVP_ERR_CLOSED);
+    for (struct xfer_peer *peer = e->io_peers; peer; peer = peer->io_next)
+        for (uint32_t i = 0; i < e->p.conns_per_peer; i++)
+            conn_fail(e, &peer->conns[i], KVP_ERR_CLOSED, "engine stopped");
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ public API */
+
+int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_params *p)
+{
+    if (!out)
+        return KVP_ERR_INVALID;
+    struct kvp_xfer_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return KVP_ERR_NOMEM;
+    if (p)
+        e->p = *p;
+    if (e->p.conns_per_peer == 0)
+        e->p.conns_per_peer = XFER_DEFAULT_CONNS;
+    if (e->p.conns_per_peer > XFER_MAX_CONNS)
+        e->p.conns_per_peer = XFER_MAX_CONNS;
+    if (e->p.slice_bytes == 0)
+        e->p.slice_bytes = XFER_DEFAULT_SLICE_BYTES;
+    if (e->p.slice_bytes > KVP_FRAME_MAX_LENGTH)
+        e->p.slice_bytes = KVP_FRAME_MAX_LENGTH;
+    if (e->p.connect_timeout_ms == 0)
+        e->p.connect_timeout_ms = XFER_DEFAULT_CONNECT_MS;
+    e->ep = -1;
+    e->wake_fd = -1;
+    e->scratch = malloc(XFER_SCRATCH_BYTES);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->users_cv, NULL);
+    pthread_rwlock_init(&e->local_lock, NULL);
+    int rc = KVP_OK;
+    if (!e->scratch)
+        rc = KVP_ERR_NOMEM;
+    if (rc == KVP_OK && (e->ep = epoll_create1(EPOLL_CLOEXEC)) < 0)
+        rc = KVP_ERR_IO;
+    if (rc == KVP_OK && (e->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+        rc = KVP_ERR_IO;
+    if (rc == KVP_OK) {
+        struct epoll_event ee = {.events = EPOLLIN, .data.ptr = NULL};
+        if (epoll_ctl(e->ep, EPOLL_CTL_ADD, e->wake_fd, &ee) != 0)
+            rc = KVP_ERR_IO;
+    }
+    if (rc == KVP_OK && pthread_create(&e->io_thread, NULL, io_main, e) != 0)
+        rc = KVP_ERR_NOMEM;
+    if (rc != KVP_OK) {
+        if (e->ep >= 0)
+            close(e->ep);
+        if (e->wake_fd >= 0)
+            close(e->wake_fd);
+        pthread_rwlock_destroy(&e->local_lock);
+        pthread_cond_destroy(&e->users_cv);
+        pthread_mutex_destroy(&e->mu);
+        free(e->scratch);
+        free(e);
+        return rc;
+    }
+    *out = e;
+    return KVP_OK;
+}
+
+static void wake(struct kvp_xfer_engine *e)
+{
+    uint64_t one = 1;
+    if (write(e->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+        kvp_log_warn(ACTOR, "wake: %s", strerror(errno));
+}
+
+void kvp_xfer_engine_destroy(struct kvp_xfer_engine **ep)
+{
+    if (!ep || !*ep)
+        return;
+    struct kvp_xfer_engine *e = *ep;
+    *ep = NULL;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    pthread_mutex_unlock(&e->mu);
+    wake(e);
+    pthread_join(e->io_thread, NULL);
+    /* Batches submitted after the I/O thread's last look are completed here with CLOSED. */
+    pthread_mutex_lock(&e->mu);
+    struct xfer_batch *sub = e->submitted_head;
+    e->submitted_head = e->submitted_tail = NULL;
+    while (sub) {
+        struct xfer_batch *nb = sub->next;
+        for (size_t i = 0; i < sub->n_pieces; i++) {
+            struct xfer_piece *p = sub->pieces[i];
+            struct kvp_xfer_slice *s = &sub->slices[p->slice];
+            if (s->status == KVP_OK)
+                s->status = KVP_ERR_CLOSED;
+            sub->pieces[i] = NULL;
+            free(p);
+        }
+        sub->left = 0;
+        sub->done = true;
+        pthread_cond_signal(&sub->cv);
+        sub = nb;
+    }
+    while (e->users > 0)
+        pthread_cond_wait(&e->users_cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    struct xfer_peer *peer = e->peers;
+    while (peer) {
+        struct xfer_peer *np = peer->next;
+        free(peer->conns);
+        free(peer->endpoint);
+        free(peer);
+        peer = np;
+    }
+    close(e->ep);
+    close(e->wake_fd);
+    free(e->locals);
+    pthread_rwlock_destroy(&e->local_lock);
+    pthread_cond_destroy(&e->users_cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e->scratch);
+    free(e);
+}
+
+int kvp_xfer_register_local(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size)
+{
+    if (!e || segment_id == 0 || !base || size == 0)
+        return KVP_ERR_INVALID;
+    pthread_rwlock_wrlock(&e->local_lock);
+    int rc = KVP_OK;
+    size_t i;
+    for (i = 0; i < e->n_locals; i++)
+        if (e->locals[i].segment_id == segment_id)
+            break;
+    if (i == e->n_locals) {
+        if (e->n_locals == e->cap_locals) {
+            size_t nc = e->cap_locals ? e->cap_locals * 2 : 4;
+            struct xfer_local *nl = realloc(e->locals, nc * sizeof *nl);
+            if (!nl) {
+                rc = KVP_ERR_NOMEM;
+                goto out;
+            }
+            e->locals = nl;
+            e->cap_locals = nc;
+        }
+        e->n_locals++;
+    }
+    e->locals[i] = (struct xfer_local){segment_id, base, size};
+out:
+    pthread_rwlock_unlock(&e->local_lock);
+    return rc;
+}
+
+int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id)
+{
+    if (!e)
+        return KVP_ERR_INVALID;
+    /* The write lock waits for every batch doing local copies (they hold the read lock). */
+    pthread_rwlock_wrlock(&e->local_lock);
+    int rc = KVP_ERR_NOT_FOUND;
+    for (size_t i = 0; i < e->n_locals; i++)
+        if (e->locals[i].segment_id == segment_id) {
+            e->locals[i] = e->locals[--e->n_locals];
+            rc = KVP_OK;
+            break;
+        }
+    pthread_rwlock_unlock(&e->local_lock);
+    return rc;
+}
+
+/* Caller holds local_lock (read). */
+static const struct xfer_local *find_local(const struct kvp_xfer_engine *e, uint32_t id)
+{
+    for (size_t i = 0; i < e->n_locals; i++)
+        if (e->locals[i].segment_id == id)
+            return &e->locals[i];
+    return NULL;
+}
+
+/* Find or create the peer for an endpoint. Caller holds e->mu (it may be dropped to resolve). */
+static struct xfer_peer *get_peer(struct kvp_xfer_engine *e, const char *endpoint, int *err)
+{
+    for (struct xfer_peer *p = e->peers; p; p = p->next)
+        if (!strcmp(p->endpoint, endpoint))
+            return p;
+    struct sockaddr_storage sa;
+    unsigned sl = 0;
+    pthread_mutex_unlock(&e->mu);
+    int rc = kvp_xfer_resolve(endpoint, &sa, &sl);
+    pthread_mutex_lock(&e->mu);
+    if (rc != KVP_OK) {
+        *err = rc;
+        return NULL;
+    }
+    for (struct xfer_peer *p = e->peers; p; p = p->next)
+        if (!strcmp(p->endpoint, endpoint))
+            return p;
+    struct xfer_peer *p = calloc(1, sizeof *p);
+    if (p) {
+        p->endpoint = strdup(endpoint);
+        p->conns = calloc(e->p.conns_per_peer, sizeof *p->conns);
+    }
+    if (!p || !p->endpoint || !p->conns) {
+        if (p) {
+            free(p->endpoint);
+            free(p->conns);
+            free(p);
+        }
+        *err = KVP_ERR_NOMEM;
+        return NULL;
+    }
+    p->addr = sa;
+    p->addr_len = sl;
+    for (uint32_t i = 0; i < e->p.conns_per_peer; i++) {
+        p->conns[i].peer = p;
+        p->conns[i].fd = -1;
+    }
+    p->next = e->peers;
+    e->peers = p;
+    return p;
+}
+
+static bool slice_valid(const struct kvp_xfer_slice *s)
+{
+    if (!s->local || s->length == 0)
+        return false;
+    if (s->op != KVP_XFER_READ && s->op != KVP_XFER_WRITE)
+        return false;
+    if (s->remote_offset + s->length < s->remote_offset)
+        return false;
+    return true;
+}
+
+int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms)
+{
+    if (!e || (n > 0 && !slices))
+        return KVP_ERR_INVALID;
+    bool bad = false;
+    for (size_t i = 0; i < n; i++)
+        if (!slice_valid(&slices[i]))
+            bad = true;
+    if (bad) {
+        for (size_t i = 0; i < n; i++)
+            slices[i].status = slice_valid(&slices[i]) ? KVP_ERR_CANCELLED : KVP_ERR_INVALID;
+        kvp_log_warn(ACTOR, "run: invalid slice (NULL buffer, zero length, bad op or offset overflow)");
+        return KVP_ERR_INVALID;
+    }
+    uint64_t start_ns = kvp_clock_now_ns();
+    /* Which slices are local: decided once, under the read lock held until the copies are done. */
+    pthread_rwlock_rdlock(&e->local_lock);
+    size_t n_remote = 0;
+    uint8_t *is_local = n ? calloc(n, 1) : NULL;
+    if (n && !is_local) {
+        pthread_rwlock_unlock(&e->local_lock);
+        return KVP_ERR_NOMEM;
+    }
+    size_t n_pieces = 0;
+    for (size_t i = 0; i < n; i++) {
+        slices[i].status = KVP_OK;
+        if (e->n_locals && find_local(e, slices[i].segment_id)) {
+            is_local[i] = 1;
+            continue;
+        }
+        n_remote++;
+        n_pieces += (size_t)((slices[i].length + e->p.slice_bytes - 1) / e->p.slice_bytes);
+    }
+    struct xfer_batch b = {.slices = slices, .n = n};
+    pthread_cond_init(&b.cv, NULL);
+    int rc = KVP_OK;
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        for (size_t i = 0; i < n; i++)
+            slices[i].status = KVP_ERR_CLOSED;
+        rc = KVP_ERR_CLOSED;
+        goto out_unlocked;
+    }
+    e->users++;
+    if (n_remote > 0) {
+        b.pieces = calloc(n_pieces, sizeof *b.pieces);
+        if (!b.pieces) {
+            rc = KVP_ERR_NOMEM;
+        } else {
+            const char *last_ep = NULL;
+            struct xfer_peer *last_peer = NULL;
+            for (size_t i = 0; i < n && rc == KVP_OK; i++) {
+                struct kvp_xfer_slice *s = &slices[i];
+                if (is_local[i])
+                    continue;
+                struct xfer_peer *peer = last_peer;
+                if (!s->endpoint) {
+                    s->status = KVP_ERR_INVALID;
+                    continue;
+                }
+                if (!last_ep || strcmp(last_ep, s->endpoint)) {
+                    int err = KVP_ERR_INVALID;
+                    peer = get_peer(e, s->endpoint, &err);
+                    if (!peer) {
+                        s->status = err;
+                        continue;
+                    }
+                    last_ep = s->endpoint;
+                    last_peer = peer;
+                }
+                for (uint64_t off = 0; off < s->length; off += e->p.slice_bytes) {
+                    uint64_t len = s->length - off < e->p.slice_bytes ? s->length - off : e->p.slice_bytes;
+                    struct xfer_piece *p = calloc(1, sizeof *p);
+                    if (!p) {
+                        rc = KVP_ERR_NOMEM;
+                        break;
+                    }
+                    p->batch = &b;
+                    p->peer = peer;
+                    p->slice = i;
+                    p->idx = b.n_pieces;
+                    p->op = s->op;
+                    p->local = (uint8_t *)s->local + off;
+                    p->length = len;
+                    p->req_id = __atomic_add_fetch(&e->next_req_id, 1, __ATOMIC_RELAXED);
+                    struct kvp_frame f = {.op = s->op == KVP_XFER_READ ? KVP_FRAME_READ : KVP_FRAME_WRITE,
+                                          .segment_id = s->segment_id,
+                                          .req_id = p->req_id,
+                                          .offset = s->remote_offset + off,
+                                          .length = len};
+                    kvp_frame_encode(&f, p->hdr);
+                    b.pieces[b.n_pieces++] = p;
+                }
+            }
+        }
+        if (rc != KVP_OK) {
+            for (size_t i = 0; i < b.n_pieces; i++)
+                free(b.pieces[i]);
+            b.n_pieces = 0;
+            for (size_t i = 0; i < n; i++)
+                slices[i].status = rc;
+        }
+        b.left = b.n_pieces;
+        if (b.n_pieces > 0) {
+            b.deadline_ns = timeout_ms ? start_ns + (uint64_t)timeout_ms * 1000000ull : 0;
+            if (e->submitted_tail)
+                e->submitted_tail->next = &b;
+            else
+                e->submitted_head = &b;
+            e->submitted_tail = &b;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (b.n_pieces > 0)
+        wake(e);
+    /* Local slices: memcpy in this thread while the network works. */
+    if (rc == KVP_OK)
+        for (size_t i = 0; i < n; i++) {
+            if (!is_local[i])
+                continue;
+            struct kvp_xfer_slice *s = &slices[i];
+            const struct xfer_local *l = find_local(e, s->segment_id);
+            if (s->remote_offset > l->size || s->length > l->size - s->remote_offset) {
+                s->status = KVP_ERR_INVALID;
+                continue;
+            }
+            if (s->op == KVP_XFER_READ)
+                memcpy(s->local, l->base + s->remote_offset, s->length);
+            else
+                memcpy(l->base + s->remote_offset, s->local, s->length);
+        }
+    pthread_rwlock_unlock(&e->local_lock);
+    pthread_mutex_lock(&e->mu);
+    if (b.n_pieces > 0)
+        while (!b.done)
+            pthread_cond_wait(&b.cv, &e->mu);
+    if (--e->users == 0 && e->stopping)
+        pthread_cond_broadcast(&e->users_cv);
+    pthread_mutex_unlock(&e->mu);
+    free(b.pieces);
+    if (rc == KVP_OK)
+        for (size_t i = 0; i < n; i++)
+            if (slices[i].status != KVP_OK) {
+                rc = slices[i].status;
+                break;
+            }
+    goto out;
+out_unlocked:
+    pthread_rwlock_unlock(&e->local_lock);
+out:
+    pthread_cond_destroy(&b.cv);
+    free(is_local);
+    return rc;
+}
