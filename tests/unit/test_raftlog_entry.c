@@ -1,0 +1,218 @@
+/* test_raftlog_entry.c — Raft entry framing and snapshot framing: round trips, every truncated
+ * prefix, lying lengths, bad magic/version, oversized snapshot claims. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvpool.h"
+#include "raftlog/entry.h"
+#include "raftlog/raftlog_internal.h"
+
+static uint8_t *encode3(size_t *len)
+{
+    static const uint8_t a[] = {1, 2, 3}, c[] = "hello world";
+    struct kvp_rl_cmd cmds[3] = {{a, sizeof(a)}, {NULL, 0}, {c, sizeof(c)}};
+    size_t sz = kvp_rl_entry_size(cmds, 3);
+    assert_int_equal(sz, 9 + 4 * 3 + 3 + 0 + sizeof(c));
+    uint8_t *buf = malloc(sz);
+    assert_non_null(buf);
+    size_t w = 0;
+    assert_int_equal(kvp_rl_entry_encode(buf, sz, cmds, 3, &w), KVP_OK);
+    assert_int_equal(w, sz);
+    *len = sz;
+    return buf;
+}
+
+static void test_raftlog_entry_roundtrip_equal(void **state)
+{
+    (void)state;
+    size_t len;
+    uint8_t *buf = encode3(&len);
+    assert_memory_equal(buf, "KVPR", 4);
+    struct kvp_rl_entry_iter it;
+    assert_int_equal(kvp_rl_entry_decode(buf, len, &it), KVP_OK);
+    assert_int_equal(it.count, 3);
+    struct kvp_rl_cmd c;
+    assert_int_equal(kvp_rl_entry_next(&it, &c), 1);
+    assert_int_equal(c.len, 3);
+    assert_int_equal(c.data[2], 3);
+    assert_int_equal(kvp_rl_entry_next(&it, &c), 1);
+    assert_int_equal(c.len, 0);
+    assert_int_equal(kvp_rl_entry_next(&it, &c), 1);
+    assert_int_equal(c.len, 12);
+    assert_string_equal((const char *)c.data, "hello world");
+    assert_int_equal(kvp_rl_entry_next(&it, &c), 0);
+    free(buf);
+}
+
+static void test_raftlog_entry_every_prefix_malformed(void **state)
+{
+    (void)state;
+    size_t len;
+    uint8_t *buf = encode3(&len);
+    for (size_t n = 0; n < len; n++) {
+        uint8_t *copy = malloc(n > 0 ? n : 1); /* exact-size copy so ASan sees over-reads */
+        memcpy(copy, buf, n);
+        struct kvp_rl_entry_iter it;
+        assert_int_equal(kvp_rl_entry_decode(n > 0 ? copy : NULL, n, &it), KVP_ERR_MALFORMED);
+        free(copy);
+    }
+    free(buf);
+}
+
+static void test_raftlog_entry_trailing_bytes_malformed(void **state)
+{
+    (void)state;
+    size_t len;
+    uint8_t *buf = encode3(&len);
+    uint8_t *big = calloc(1, len + 1);
+    memcpy(big, buf, len);
+    struct kvp_rl_entry_iter it;
+    assert_int_equal(kvp_rl_entry_decode(big, len + 1, &it), KVP_ERR_MALFORMED);
+    free(big);
+    free(buf);
+}
+
+static void test_raftlog_entry_lying_lengths_malformed(void **state)
+{
+    (void)state;
+    size_t len;
+    uint8_t *buf = encode3(&len);
+    struct kvp_rl_entry_iter it;
+    /* count far beyond what the bytes hold */
+    uint8_t save = buf[8];
+    buf[8] = 0xff;
+    assert_int_equal(kvp_rl_entry_decode(buf, len, &it), KVP_ERR_MALFORMED);
+    buf[8] = save;
+    /* count 0 */
+    buf[5] = 0;
+    assert_int_equal(kvp_rl_entry_decode(buf, len, &it), KVP_ERR_MALFORMED);
+    buf[5] = 3;
+    /* first command length 0xffffffff */
+    memset(buf + 9, 0xff, 4);
+    assert_int_equal(kvp_rl_entry_decode(buf, len, &it), KVP_ERR_MALFORMED);
+    /* first command length one too long (swallows the next prefix partly) */
+    buf[9] = 4;
+    buf[10] = buf[11] = buf[12] = 0;
+    assert_int_equal(kvp_rl_entry_decode(buf, len, &it), KVP_ERR_MALFORMED);
+    free(buf);
+}
+
+static void test_raftlog_entry_bad_magic_version_rejected(void **state)
+{
+    (void)state;
+    size_t len;
+    uint8_t *buf = encode3(&len);
+    struct kvp_rl_entry_iter it;
+    buf[0] = 'X';
+    assert_int_equal(kvp_rl_entry_decode(buf, len, &it), KVP_ERR_MALFORMED);
+    buf[0] = 'K';
+    buf[4] = 2;
+    assert_int_equal(kvp_rl_entry_decode(buf, len, &it), KVP_ERR_VERSION);
+    buf[4] = 1;
+    assert_int_equal(kvp_rl_entry_decode(buf, len, &it), KVP_OK);
+    free(buf);
+}
+
+static void test_raftlog_entry_encode_errors_reported(void **state)
+{
+    (void)state;
+    uint8_t out[64];
+    size_t w;
+    static const uint8_t a[] = "abcdefgh";
+    struct kvp_rl_cmd cmds[2] = {{a, 8}, {a, 8}};
+    assert_int_equal(kvp_rl_entry_encode(out, sizeof(out), cmds, 0, &w), KVP_ERR_INVALID);
+    assert_int_equal(kvp_rl_entry_encode(out, 20, cmds, 2, &w), KVP_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(kvp_rl_entry_encode(NULL, 20, cmds, 2, &w), KVP_ERR_INVALID);
+    struct kvp_rl_cmd huge = {a, (size_t)KVP_RL_ENTRY_MAX_CMD_BYTES + 1};
+    assert_int_equal(kvp_rl_entry_size(&huge, 1), 0);
+    assert_int_equal(kvp_rl_entry_encode(out, sizeof(out), &huge, 1, &w), KVP_ERR_INVALID);
+}
+
+static void test_raftlog_snap_roundtrip_equal(void **state)
+{
+    (void)state;
+    size_t raw_len = 100000;
+    uint8_t *raw = malloc(raw_len);
+    for (size_t i = 0; i < raw_len; i++)
+        raw[i] = (uint8_t)(i % 251 < 200 ? 'a' : i);
+    uint8_t *packed = NULL, *back = NULL;
+    size_t packed_len = 0, back_len = 0;
+    assert_int_equal(kvp_rl_snap_pack(raw, raw_len, &packed, &packed_len), KVP_OK);
+    assert_true(packed_len < raw_len); /* compressible input does compress */
+    assert_int_equal(kvp_rl_snap_unpack(packed, packed_len, &back, &back_len), KVP_OK);
+    assert_int_equal(back_len, raw_len);
+    assert_memory_equal(back, raw, raw_len);
+    free(back);
+    /* every truncated prefix is refused */
+    for (size_t n = 0; n < packed_len; n += (n < 64 ? 1 : 97)) {
+        uint8_t *copy = malloc(n > 0 ? n : 1);
+        memcpy(copy, packed, n);
+        back = NULL;
+        assert_int_equal(kvp_rl_snap_unpack(copy, n, &back, &back_len), KVP_ERR_MALFORMED);
+        assert_null(back);
+        free(copy);
+    }
+    free(packed);
+    free(raw);
+}
+
+static void test_raftlog_snap_lying_size_malformed(void **state)
+{
+    (void)state;
+    static const uint8_t raw[] = "state-bytes-state-bytes";
+    uint8_t *packed = NULL, *back = NULL;
+    size_t packed_len = 0, back_len = 0;
+    assert_int_equal(kvp_rl_snap_pack(raw, sizeof(raw), &packed, &packed_len), KVP_OK);
+    /* claim one byte more / less than the frame holds */
+    packed[5] = (uint8_t)(sizeof(raw) + 1);
+    assert_int_equal(kvp_rl_snap_unpack(packed, packed_len, &back, &back_len), KVP_ERR_MALFORMED);
+    packed[5] = (uint8_t)(sizeof(raw) - 1);
+    assert_int_equal(kvp_rl_snap_unpack(packed, packed_len, &back, &back_len), KVP_ERR_MALFORMED);
+    /* a gigantic claim is refused before allocating */
+    memset(packed + 5, 0xff, 8);
+    assert_int_equal(kvp_rl_snap_unpack(packed, packed_len, &back, &back_len), KVP_ERR_MALFORMED);
+    packed[5] = (uint8_t)sizeof(raw);
+    memset(packed + 6, 0, 7);
+    packed[4] = 9;
+    assert_int_equal(kvp_rl_snap_unpack(packed, packed_len, &back, &back_len), KVP_ERR_VERSION);
+    packed[4] = 1;
+    assert_int_equal(kvp_rl_snap_unpack(packed, packed_len, &back, &back_len), KVP_OK);
+    assert_memory_equal(back, raw, sizeof(raw));
+    free(back);
+    free(packed);
+}
+
+static void test_raftlog_err_from_raft_mapped(void **state)
+{
+    (void)state;
+    assert_int_equal(kvp_rl_err_from_raft(0), KVP_OK);
+    assert_int_equal(kvp_rl_err_from_raft(RAFT_NOTLEADER), KVP_ERR_NOT_LEADER);
+    assert_int_equal(kvp_rl_err_from_raft(RAFT_LEADERSHIPLOST), KVP_ERR_NOT_LEADER);
+    assert_int_equal(kvp_rl_err_from_raft(RAFT_SHUTDOWN), KVP_ERR_CLOSED);
+    assert_int_equal(kvp_rl_err_from_raft(RAFT_CANTCHANGE), KVP_ERR_BUSY);
+    assert_int_equal(kvp_rl_err_from_raft(RAFT_BADID), KVP_ERR_INVALID);
+    assert_int_equal(kvp_rl_err_from_raft(RAFT_IOERR), KVP_ERR_IO);
+    assert_int_equal(kvp_rl_err_from_raft(9999), KVP_ERR_INTERNAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_raftlog_entry_roundtrip_equal),
+        cmocka_unit_test(test_raftlog_entry_every_prefix_malformed),
+        cmocka_unit_test(test_raftlog_entry_trailing_bytes_malformed),
+        cmocka_unit_test(test_raftlog_entry_lying_lengths_malformed),
+        cmocka_unit_test(test_raftlog_entry_bad_magic_version_rejected),
+        cmocka_unit_test(test_raftlog_entry_encode_errors_reported),
+        cmocka_unit_test(test_raftlog_snap_roundtrip_equal),
+        cmocka_unit_test(test_raftlog_snap_lying_size_malformed),
+        cmocka_unit_test(test_raftlog_err_from_raft_mapped),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
