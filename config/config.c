@@ -45,8 +45,12 @@ int kvp_cfg_parse_size(const char *s, uint64_t *out)
     const char *p = parse_dec(s, &v);
     if (!p)
         return KVP_ERR_INVALID;
-    while (*p == ' ')
-        p++;
+    if (*p == ' ') {
+        while (*p == ' ')
+            p++;
+        if (*p == '\0')
+            return KVP_ERR_INVALID; /* trailing blanks */
+    }
     static const struct {
         const char *suffix;
         unsigned shift;
@@ -74,8 +78,12 @@ int kvp_cfg_parse_duration_ms(const char *s, uint64_t *out)
     const char *p = parse_dec(s, &v);
     if (!p)
         return KVP_ERR_INVALID;
-    while (*p == ' ')
-        p++;
+    if (*p == ' ') {
+        while (*p == ' ')
+            p++;
+        if (*p == '\0')
+            return KVP_ERR_INVALID; /* trailing blanks */
+    }
     if (*p == '\0' || strcasecmp(p, "ms") == 0) {
         *out = v;
         return KVP_OK;
@@ -333,7 +341,7 @@ int kvp_cfg_set_key(const struct kvp_cfg_key *k, void *cfg, const char *value, c
         return KVP_ERR_INVALID;
     }
     if (!field)
-        kvp_log_info(ACTOR, "%s%s%s: accepted and ignored (%s)", source ? source : "", source ? ": " : "",
+        kvp_log_info(ACTOR, "%s%s%s: accepted, not used here: %s", source ? source : "", source ? ": " : "",
                      k->name, k->help);
     return KVP_OK;
 }

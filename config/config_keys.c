@@ -77,7 +77,7 @@ static const struct kvp_cfg_key segment_keys[] = {
         "longest wait for a drain on SIGTERM"),
     STR(S, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
     IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
-            "Mooncake transfer-engine metadata server; accepted and ignored (kvpool has none)"),
+            "Mooncake transfer-engine metadata server (kvpool has none)"),
 };
 #undef S
 
@@ -105,14 +105,14 @@ static const struct kvp_cfg_key client_keys[] = {
         "embedded segment heartbeat period"),
     STR(C, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
     IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
-            "Mooncake transfer-engine metadata server; accepted and ignored (kvpool has none)"),
+            "Mooncake transfer-engine metadata server (kvpool has none)"),
     IGNORED(KVP_CFG_T_DURATION_MS, "default_kv_lease_ttl", 1, 3600000,
-            "master setting; validated and ignored on a client"),
+            "a kvpool-master setting, validated only"),
     IGNORED(KVP_CFG_T_DURATION_MS, "client_ttl", 100, 86400000,
-            "master setting; validated and ignored on a client"),
-    IGNORED(KVP_CFG_T_DOUBLE, "eviction_ratio", 0.0, 1.0, "master setting; validated and ignored on a client"),
+            "a kvpool-master setting, validated only"),
+    IGNORED(KVP_CFG_T_DOUBLE, "eviction_ratio", 0.0, 1.0, "a kvpool-master setting, validated only"),
     IGNORED(KVP_CFG_T_DOUBLE, "eviction_high_watermark_ratio", 0.0, 1.0,
-            "master setting; validated and ignored on a client"),
+            "a kvpool-master setting, validated only"),
 };
 #undef C
 
