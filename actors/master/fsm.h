@@ -12,6 +12,7 @@
 #ifndef KVP_MASTER_FSM_H
 #define KVP_MASTER_FSM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,13 +43,25 @@ int kvp_master_fsm_apply(struct kvp_master_fsm *fsm, const Kvp__Command *cmd, Kv
  */
 int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *req, Kvp__Response **out);
 
+/**
+ * Free a Response from apply/query (NULL is fine). Responses are built from malloc'd parts
+ * only, so this is protobuf_c_message_free_unpacked(): callers may also free them that way.
+ */
 void kvp_master_fsm_response_free(Kvp__Response *resp);
 
 /** Serialize / replace the whole state (deterministic bytes for equal states). */
 int kvp_master_fsm_snapshot(const struct kvp_master_fsm *fsm, uint8_t **buf, size_t *len);
 int kvp_master_fsm_restore(struct kvp_master_fsm *fsm, const uint8_t *buf, size_t len);
 
-/** Byte adapters for raftlog (struct kvp_raftlog_fsm): decode → apply/query → encode. */
+/**
+ * Byte adapters for raftlog (struct kvp_raftlog_fsm): decode → apply/query → encode. Input is
+ * a raw protobuf-packed Kvp__Command (apply) or Kvp__Request (query), no envelope; *res is a
+ * new malloc'd raw packed Kvp__Response (free()). A buffer that does not decode: KVP_ERR_MALFORMED
+ * with a log line, state unchanged, *res NULL. Other errors as apply/query, *res NULL.
+ * restore: KVP_ERR_MALFORMED (or KVP_ERR_VERSION for an unknown snapshot format) with the state
+ * unchanged when the snapshot does not decode or is inconsistent (overlapping extents, replicas
+ * on unknown segments, duplicate keys).
+ */
 int kvp_master_fsm_apply_bytes(void *fsm, const uint8_t *cmd, size_t len, uint8_t **res, size_t *res_len);
 int kvp_master_fsm_query_bytes(void *fsm, const uint8_t *q, size_t len, uint8_t **res, size_t *res_len);
 int kvp_master_fsm_snapshot_bytes(void *fsm, uint8_t **buf, size_t *len);
@@ -60,5 +73,24 @@ struct kvp_master_fsm_stats {
     uint64_t capacity_bytes, used_bytes, quarantined_bytes, pinned_bytes;
 };
 void kvp_master_fsm_stats(const struct kvp_master_fsm *fsm, struct kvp_master_fsm_stats *out);
+
+/**
+ * Added: visit every COMPLETE object (key NUL-terminated, size in bytes, soft pin), in table
+ * order (not sorted). For the service's eviction choice: it pairs these with its leader-only
+ * last-access times. The callback must not modify the FSM. O(objects).
+ */
+void kvp_master_fsm_foreach_object(const struct kvp_master_fsm *fsm,
+                                   void (*cb)(void *ctx, const char *key, uint64_t size,
+                                              bool soft_pin),
+                                   void *ctx);
+
+/**
+ * Added, for tests: check every invariant of the state (per live segment: allocator tree valid,
+ * free + used + quarantined == capacity, no two replica/quarantine extents overlap, counters
+ * match; objects findable by key, pending list consistent, replicas on distinct live
+ * segments). Returns 0 when all hold, else a negative code naming the failed check.
+ * O(objects log objects).
+ */
+int kvp_master_fsm_check(const struct kvp_master_fsm *fsm);
 
 #endif

@@ -1,0 +1,565 @@
+/*
+ * fsm_cmd.c — one handler per Raft command (docs/internals.md, "Master state machine").
+ * Handlers put their result in the Response: single-target commands (mount, unmount, drain,
+ * segment state/lost) in Response.status; batch commands per item in the body with
+ * Response.status KVP_OK. A handler returns KVP_ERR_NOMEM only; every other outcome is a result.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/master/fsm_internal.h"
+#include "kvpool.h"
+#include "runtime/log.h"
+
+typedef struct kvp_master_fsm fsm_t;
+typedef struct kvp_fsm_seg seg_t;
+typedef struct kvp_fsm_obj obj_t;
+
+static int32_t *status_array(size_t n)
+{
+    return calloc(n ? n : 1, sizeof(int32_t));
+}
+
+static void seg_mark_lost(fsm_t *f, seg_t *s, uint64_t now_ms)
+{
+    uint64_t n = kvp_fsm_drop_segment_replicas(f, s, now_ms);
+    kvp_alloc_fini(&s->alloc);
+    free(s->q);
+    s->q = NULL;
+    s->q_head = s->q_len = s->q_cap = 0;
+    s->quarantined_bytes = 0;
+    s->used_bytes = 0;
+    s->state = KVP__SEGMENT_STATE__SEGMENT_LOST;
+    kvp_log_info(KVP_FSM_ACTOR, "segment %u (%s): lost; %llu objects removed or revoked", s->id,
+                 s->name, (unsigned long long)n);
+}
+
+/* ---------------------------------------------------------------- segments */
+
+static int on_mount(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    const Kvp__MountSegmentReq *m = c->mount;
+    if (!m->name || !m->name[0])
+        return kvp_fsm_resp_error(r, KVP_ERR_INVALID, "mount: empty segment name"), KVP_OK;
+    if (m->size < KVP_FSM_ALIGN)
+        return kvp_fsm_resp_error(r, KVP_ERR_INVALID, "mount %s: size %llu below %u bytes",
+                                  m->name, (unsigned long long)m->size, KVP_FSM_ALIGN),
+               KVP_OK;
+    if (f->n_segs_ids == UINT32_MAX)
+        return kvp_fsm_resp_error(r, KVP_ERR_NO_SPACE, "mount %s: segment ids exhausted",
+                                  m->name),
+               KVP_OK;
+    Kvp__MountSegmentResp *body = malloc(sizeof(*body));
+    seg_t *s = calloc(1, sizeof(*s));
+    if (!body || !s)
+        goto nomem;
+    kvp__mount_segment_resp__init(body);
+    s->name = kvp_fsm_strdup(m->name);
+    s->host = kvp_fsm_strdup(m->host);
+    s->endpoint = kvp_fsm_strdup(m->endpoint);
+    if (!s->name || !s->host || !s->endpoint || kvp_alloc_init(&s->alloc, m->size))
+        goto nomem;
+    if (f->n_segs_ids == f->segs_cap) {
+        uint32_t cap = f->segs_cap ? f->segs_cap * 2 : 16;
+        seg_t **a = realloc(f->segs, cap * sizeof(*a));
+        if (!a)
+            goto nomem;
+        f->segs = a;
+        f->segs_cap = cap;
+    }
+    seg_t *old = kvp_fsm_seg_by_name(f, m->name);
+    if (old) {
+        kvp_log_info(KVP_FSM_ACTOR, "segment %u (%s): remounted, the old one is lost", old->id,
+                     old->name);
+        seg_mark_lost(f, old, c->now_wall_ms);
+    }
+    s->id = ++f->n_segs_ids;
+    s->size = m->size;
+    s->owner_pid = m->owner_pid;
+    s->state = KVP__SEGMENT_STATE__SEGMENT_ACTIVE;
+    f->segs[s->id - 1] = s;
+    body->segment_id = s->id;
+    r->body_case = KVP__RESPONSE__BODY_MOUNT;
+    r->mount = body;
+    kvp_log_info(KVP_FSM_ACTOR, "segment %u (%s, host %s, %s): mounted, %llu bytes", s->id,
+                 s->name, s->host, s->endpoint, (unsigned long long)s->size);
+    return KVP_OK;
+nomem:
+    free(body);
+    kvp_fsm_seg_free(s);
+    return KVP_ERR_NOMEM;
+}
+
+static int on_unmount(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    uint32_t id = c->unmount->segment_id;
+    seg_t *s = kvp_fsm_seg_get(f, id);
+    if (!s)
+        return kvp_fsm_resp_error(r, KVP_ERR_NOT_FOUND, "unmount: no segment %u", id), KVP_OK;
+    uint64_t n = 0;
+    if (s->state != KVP__SEGMENT_STATE__SEGMENT_LOST)
+        n = kvp_fsm_drop_segment_replicas(f, s, c->now_wall_ms);
+    kvp_log_info(KVP_FSM_ACTOR, "segment %u (%s): unmounted; %llu objects removed or revoked",
+                 s->id, s->name, (unsigned long long)n);
+    f->segs[id - 1] = NULL;
+    kvp_fsm_seg_free(s);
+    return KVP_OK;
+}
+
+static int on_drain(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    const Kvp__DrainSegmentReq *d = c->drain;
+    seg_t *s = d->segment_id ? kvp_fsm_seg_get(f, d->segment_id)
+                             : (d->name && d->name[0] ? kvp_fsm_seg_by_name(f, d->name) : NULL);
+    if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+        return kvp_fsm_resp_error(r, KVP_ERR_NOT_FOUND, "drain: no live segment %u '%s'",
+                                  d->segment_id, d->name ? d->name : ""),
+               KVP_OK;
+    Kvp__DrainSegmentResp *body = malloc(sizeof(*body));
+    if (!body)
+        return KVP_ERR_NOMEM;
+    kvp__drain_segment_resp__init(body);
+    body->segment_id = s->id;
+    r->body_case = KVP__RESPONSE__BODY_DRAIN;
+    r->drain = body;
+    if (s->state != KVP__SEGMENT_STATE__SEGMENT_DRAINING)
+        kvp_log_info(KVP_FSM_ACTOR, "segment %u (%s): draining", s->id, s->name);
+    s->state = KVP__SEGMENT_STATE__SEGMENT_DRAINING;
+    return KVP_OK;
+}
+
+static int on_segment_lost(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    uint32_t id = c->segment_lost->segment_id;
+    seg_t *s = kvp_fsm_seg_get(f, id);
+    if (!s)
+        return kvp_fsm_resp_error(r, KVP_ERR_NOT_FOUND, "segment lost: no segment %u", id),
+               KVP_OK;
+    if (s->state != KVP__SEGMENT_STATE__SEGMENT_LOST)
+        seg_mark_lost(f, s, c->now_wall_ms);
+    return KVP_OK;
+}
+
+static int on_segment_state(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    uint32_t id = c->segment_state->segment_id;
+    int st = c->segment_state->state;
+    seg_t *s = kvp_fsm_seg_get(f, id);
+    if (!s)
+        return kvp_fsm_resp_error(r, KVP_ERR_NOT_FOUND, "segment state: no segment %u", id),
+               KVP_OK;
+    switch (st) {
+    case KVP__SEGMENT_STATE__SEGMENT_LOST:
+        if (s->state != KVP__SEGMENT_STATE__SEGMENT_LOST)
+            seg_mark_lost(f, s, c->now_wall_ms);
+        return KVP_OK;
+    case KVP__SEGMENT_STATE__SEGMENT_ACTIVE:
+    case KVP__SEGMENT_STATE__SEGMENT_DRAINING:
+        if (s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+            return kvp_fsm_resp_error(r, KVP_ERR_INVALID,
+                                      "segment %u is lost: it must mount again", id),
+                   KVP_OK;
+        s->state = st;
+        return KVP_OK;
+    default:
+        return kvp_fsm_resp_error(r, KVP_ERR_INVALID, "segment state: bad state %d", st),
+               KVP_OK;
+    }
+}
+
+/* ---------------------------------------------------------------- PutStart */
+
+struct cand {
+    seg_t *s;
+    bool preferred;
+};
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->preferred != y->preferred)
+        return x->preferred ? -1 : 1;
+    if (x->s->alloc.free_bytes != y->s->alloc.free_bytes)
+        return x->s->alloc.free_bytes > y->s->alloc.free_bytes ? -1 : 1;
+    return x->s->id < y->s->id ? -1 : (x->s->id > y->s->id);
+}
+
+static int fill_replicas(const fsm_t *f, const obj_t *o, Kvp__PutStartResult *res)
+{
+    res->replicas = calloc(o->n_replicas ? o->n_replicas : 1, sizeof(*res->replicas));
+    if (!res->replicas)
+        return KVP_ERR_NOMEM;
+    for (unsigned i = 0; i < o->n_replicas; i++) {
+        const seg_t *s = kvp_fsm_seg_get(f, o->rep[i].segment_id);
+        res->replicas[i] = kvp_fsm_replica_msg(s, &o->rep[i]);
+        if (!res->replicas[i])
+            return KVP_ERR_NOMEM;
+        res->n_replicas++;
+    }
+    return KVP_OK;
+}
+
+/* Returns KVP_ERR_NOMEM or KVP_OK with res->status set. cands: scratch of n_segs_ids. */
+static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadline,
+                          uint64_t term, struct cand *cands, Kvp__PutStartResult *res)
+{
+    size_t klen;
+    if (!kvp_fsm_key_valid(it->key, &klen) || it->size == 0 ||
+        it->replica_num > KVP_FSM_MAX_REPLICAS) {
+        res->status = KVP_ERR_INVALID;
+        return KVP_OK;
+    }
+    obj_t *o = kvp_fsm_obj_find(f, it->key, klen);
+    if (o) {
+        if (o->state == KVP_FSM_OBJ_PENDING && o->op_id == it->op_id) {
+            res->status = KVP_OK;
+            return fill_replicas(f, o, res);
+        }
+        res->status = KVP_ERR_EXISTS;
+        return KVP_OK;
+    }
+    uint64_t need = kvp_alloc_round(it->size);
+    unsigned want = it->replica_num ? it->replica_num : 1;
+    size_t n = 0;
+    bool any_active = false, any_big = false;
+    for (uint32_t i = 0; i < f->n_segs_ids; i++) {
+        seg_t *s = f->segs[i];
+        if (!s || s->state != KVP__SEGMENT_STATE__SEGMENT_ACTIVE)
+            continue;
+        any_active = true;
+        if (need && s->alloc.capacity >= need)
+            any_big = true;
+        if (need && kvp_alloc_largest_free(&s->alloc) >= need) {
+            cands[n].s = s;
+            cands[n].preferred = it->preferred_segment && it->preferred_segment[0] &&
+                                 strcmp(s->name, it->preferred_segment) == 0;
+            n++;
+        }
+    }
+    if (any_active && !any_big) {
+        res->status = KVP_ERR_TOO_LARGE;
+        return KVP_OK;
+    }
+    if (n == 0) {
+        res->status = KVP_ERR_NO_SPACE;
+        return KVP_OK;
+    }
+    qsort(cands, n, sizeof(*cands), cand_cmp);
+    /* Pass 1: one per host; pass 2: fill up with other segments (distinct by construction). */
+    seg_t *chosen[KVP_FSM_MAX_REPLICAS];
+    bool taken[n];
+    memset(taken, 0, sizeof(taken));
+    unsigned k = 0;
+    for (size_t i = 0; i < n && k < want; i++) {
+        bool dup = false;
+        for (unsigned j = 0; j < k && !dup; j++)
+            dup = strcmp(chosen[j]->host, cands[i].s->host) == 0;
+        if (!dup) {
+            chosen[k++] = cands[i].s;
+            taken[i] = true;
+        }
+    }
+    for (size_t i = 0; i < n && k < want; i++)
+        if (!taken[i])
+            chosen[k++] = cands[i].s;
+    o = kvp_fsm_obj_alloc(it->key, klen, k);
+    if (!o)
+        return KVP_ERR_NOMEM;
+    o->size = it->size;
+    o->op_id = it->op_id;
+    o->term = term;
+    o->u.deadline_ms = deadline;
+    o->soft_pin = it->soft_pin;
+    o->state = KVP_FSM_OBJ_PENDING;
+    for (unsigned i = 0; i < k; i++) {
+        uint64_t off = 0;
+        int rc = kvp_alloc_alloc(&chosen[i]->alloc, need, &off);
+        if (rc != KVP_OK) { /* cannot happen: largest_free >= need was checked */
+            kvp_log_error(KVP_FSM_ACTOR, "segment %u: alloc %llu: %d after a fit check",
+                          chosen[i]->id, (unsigned long long)need, rc);
+            for (unsigned j = 0; j < i; j++)
+                kvp_alloc_free(&chosen[j]->alloc, o->rep[j].offset, need);
+            free(o);
+            res->status = KVP_ERR_INTERNAL;
+            return KVP_OK;
+        }
+        o->rep[i] = (struct kvp_fsm_replica){.segment_id = chosen[i]->id,
+                                             .state = KVP__REPLICA_STATE__REPLICA_PENDING,
+                                             .offset = off};
+    }
+    if (kvp_fsm_obj_insert(f, o) != KVP_OK) {
+        for (unsigned j = 0; j < k; j++)
+            kvp_alloc_free(&chosen[j]->alloc, o->rep[j].offset, need);
+        free(o);
+        return KVP_ERR_NOMEM;
+    }
+    if (kvp_fsm_pending_add(f, o) != KVP_OK) {
+        kvp_fsm_obj_unlink(f, o);
+        for (unsigned j = 0; j < k; j++)
+            kvp_alloc_free(&chosen[j]->alloc, o->rep[j].offset, need);
+        free(o);
+        return KVP_ERR_NOMEM;
+    }
+    for (unsigned j = 0; j < k; j++) {
+        chosen[j]->used_bytes += need;
+        chosen[j]->n_replicas++;
+    }
+    res->status = KVP_OK;
+    return fill_replicas(f, o, res);
+}
+
+static int on_put_start(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    const Kvp__PutStartReq *q = c->put_start;
+    uint64_t ttl = q->ttl_ms ? q->ttl_ms : f->params.put_ttl_ms;
+    uint64_t deadline = c->now_wall_ms > UINT64_MAX - ttl ? UINT64_MAX : c->now_wall_ms + ttl;
+    Kvp__PutStartResp *body = malloc(sizeof(*body));
+    if (!body)
+        return KVP_ERR_NOMEM;
+    kvp__put_start_resp__init(body);
+    r->body_case = KVP__RESPONSE__BODY_PUT_START;
+    r->put_start = body;
+    body->results = calloc(q->n_items ? q->n_items : 1, sizeof(*body->results));
+    struct cand *cands = malloc((f->n_segs_ids ? f->n_segs_ids : 1) * sizeof(*cands));
+    int rc = KVP_OK;
+    if (!body->results || !cands) {
+        free(cands);
+        return KVP_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < q->n_items && rc == KVP_OK; i++) {
+        Kvp__PutStartResult *res = malloc(sizeof(*res));
+        if (!res) {
+            rc = KVP_ERR_NOMEM;
+            break;
+        }
+        kvp__put_start_result__init(res);
+        body->results[body->n_results++] = res;
+        rc = put_start_item(f, q->items[i], deadline, c->term, cands, res);
+    }
+    free(cands);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- PutEnd / PutRevoke */
+
+static int on_put_end(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    const Kvp__PutEndReq *q = c->put_end;
+    Kvp__PutEndResp *body = malloc(sizeof(*body));
+    if (!body)
+        return KVP_ERR_NOMEM;
+    kvp__put_end_resp__init(body);
+    r->body_case = KVP__RESPONSE__BODY_PUT_END;
+    r->put_end = body;
+    if (!(body->status = status_array(q->n_items)))
+        return KVP_ERR_NOMEM;
+    body->n_status = q->n_items;
+    for (size_t i = 0; i < q->n_items; i++) {
+        const Kvp__PutEndItem *it = q->items[i];
+        size_t klen;
+        if (!kvp_fsm_key_valid(it->key, &klen)) {
+            body->status[i] = KVP_ERR_INVALID;
+            continue;
+        }
+        obj_t *o = kvp_fsm_obj_find(f, it->key, klen);
+        if (!o) {
+            body->status[i] = KVP_ERR_NOT_FOUND;
+        } else if (o->op_id != it->op_id) {
+            body->status[i] = KVP_ERR_EXISTS;
+        } else if (o->state == KVP_FSM_OBJ_COMPLETE) {
+            body->status[i] = KVP_OK; /* retried PutEnd */
+        } else {
+            kvp_fsm_pending_del(f, o);
+            o->state = KVP_FSM_OBJ_COMPLETE;
+            o->u.checksum = it->checksum;
+            for (unsigned k = 0; k < o->n_replicas; k++)
+                o->rep[k].state = KVP__REPLICA_STATE__REPLICA_COMPLETE;
+            if (o->soft_pin)
+                f->pinned_bytes += o->size;
+            body->status[i] = KVP_OK;
+        }
+    }
+    return KVP_OK;
+}
+
+static int on_put_revoke(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    const Kvp__PutRevokeReq *q = c->put_revoke;
+    Kvp__PutRevokeResp *body = malloc(sizeof(*body));
+    if (!body)
+        return KVP_ERR_NOMEM;
+    kvp__put_revoke_resp__init(body);
+    r->body_case = KVP__RESPONSE__BODY_PUT_REVOKE;
+    r->put_revoke = body;
+    if (!(body->status = status_array(q->n_items)))
+        return KVP_ERR_NOMEM;
+    body->n_status = q->n_items;
+    for (size_t i = 0; i < q->n_items; i++) {
+        const Kvp__PutRevokeItem *it = q->items[i];
+        size_t klen;
+        if (!kvp_fsm_key_valid(it->key, &klen)) {
+            body->status[i] = KVP_ERR_INVALID;
+            continue;
+        }
+        obj_t *o = kvp_fsm_obj_find(f, it->key, klen);
+        if (!o || o->state != KVP_FSM_OBJ_PENDING || o->op_id != it->op_id) {
+            body->status[i] = KVP_ERR_NOT_FOUND;
+            continue;
+        }
+        kvp_fsm_obj_destroy(f, o, c->now_wall_ms);
+        body->status[i] = KVP_OK;
+    }
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- Remove / Evict */
+
+/* Remove (and Evict, which is Remove chosen by the service): complete → quarantined. */
+static int remove_keys(fsm_t *f, char **keys, size_t n, uint64_t now_ms, Kvp__Response *r)
+{
+    Kvp__RemoveResp *body = malloc(sizeof(*body));
+    if (!body)
+        return KVP_ERR_NOMEM;
+    kvp__remove_resp__init(body);
+    r->body_case = KVP__RESPONSE__BODY_REMOVE;
+    r->remove = body;
+    if (!(body->status = status_array(n)))
+        return KVP_ERR_NOMEM;
+    body->n_status = n;
+    for (size_t i = 0; i < n; i++) {
+        size_t klen;
+        if (!kvp_fsm_key_valid(keys[i], &klen)) {
+            body->status[i] = KVP_ERR_INVALID;
+            continue;
+        }
+        obj_t *o = kvp_fsm_obj_find(f, keys[i], klen);
+        if (!o) {
+            body->status[i] = KVP_ERR_NOT_FOUND;
+        } else if (o->state == KVP_FSM_OBJ_PENDING) {
+            body->status[i] = KVP_ERR_BUSY;
+        } else {
+            kvp_fsm_obj_destroy(f, o, now_ms);
+            body->status[i] = KVP_OK;
+        }
+    }
+    return KVP_OK;
+}
+
+static int count_body(Kvp__Response *r, uint64_t n)
+{
+    Kvp__RemoveAllResp *body = malloc(sizeof(*body));
+    if (!body)
+        return KVP_ERR_NOMEM;
+    kvp__remove_all_resp__init(body);
+    body->removed = n;
+    r->body_case = KVP__RESPONSE__BODY_REMOVE_ALL;
+    r->remove_all = body;
+    return KVP_OK;
+}
+
+static int on_remove_all(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    uint64_t n = 0, cap = f->n_objects - f->n_pending;
+    obj_t **v = malloc((cap ? cap : 1) * sizeof(*v));
+    if (!v)
+        return KVP_ERR_NOMEM;
+    for (uint64_t i = 0; i < f->tab_cap && n < cap; i++)
+        if (f->tab[i] && f->tab[i]->state == KVP_FSM_OBJ_COMPLETE)
+            v[n++] = f->tab[i];
+    for (uint64_t i = 0; i < n; i++)
+        kvp_fsm_obj_destroy(f, v[i], c->now_wall_ms);
+    free(v);
+    if (n)
+        kvp_log_info(KVP_FSM_ACTOR, "remove all: %llu objects", (unsigned long long)n);
+    return count_body(r, n);
+}
+
+/* ---------------------------------------------------------------- timers' commands */
+
+static int on_revoke_expired(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < f->n_pending;) {
+        obj_t *o = f->pending[i];
+        if (o->u.deadline_ms < c->now_wall_ms) {
+            kvp_fsm_obj_destroy(f, o, c->now_wall_ms); /* swaps the last one into i */
+            n++;
+        } else {
+            i++;
+        }
+    }
+    if (n)
+        kvp_log_info(KVP_FSM_ACTOR, "revoked %llu expired pending puts", (unsigned long long)n);
+    return count_body(r, n);
+}
+
+static int on_quarantine_release(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    uint64_t n = 0, grace = f->params.fence_grace_ms, now = c->now_wall_ms;
+    if (now >= grace) {
+        uint64_t limit = now - grace; /* freed_at + grace <= now */
+        for (uint32_t i = 0; i < f->n_segs_ids; i++) {
+            seg_t *s = f->segs[i];
+            if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+                continue;
+            while (s->q_head < s->q_len && s->q[s->q_head].freed_at_ms <= limit) {
+                struct kvp_fsm_quar *e = &s->q[s->q_head];
+                int rc = kvp_alloc_free(&s->alloc, e->offset, e->len);
+                if (rc == KVP_ERR_NOMEM)
+                    return KVP_ERR_NOMEM; /* entry stays; the next release retries */
+                if (rc != KVP_OK)
+                    kvp_log_error(KVP_FSM_ACTOR, "segment %u: release %llu+%llu: %d", s->id,
+                                  (unsigned long long)e->offset, (unsigned long long)e->len,
+                                  rc);
+                s->quarantined_bytes -= e->len;
+                s->q_head++;
+                n++;
+            }
+            if (s->q_head == s->q_len)
+                s->q_head = s->q_len = 0;
+        }
+    }
+    return count_body(r, n);
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    /* The oneof members share one union: a set case with a NULL member is a caller bug. */
+    if (c->body_case != KVP__COMMAND__BODY__NOT_SET && !c->mount) {
+        kvp_log_warn(KVP_FSM_ACTOR, "apply: command body %d without a message", (int)c->body_case);
+        return KVP_ERR_INVALID;
+    }
+    switch (c->body_case) {
+    case KVP__COMMAND__BODY_MOUNT:
+        return on_mount(f, c, r);
+    case KVP__COMMAND__BODY_UNMOUNT:
+        return on_unmount(f, c, r);
+    case KVP__COMMAND__BODY_PUT_START:
+        return on_put_start(f, c, r);
+    case KVP__COMMAND__BODY_PUT_END:
+        return on_put_end(f, c, r);
+    case KVP__COMMAND__BODY_PUT_REVOKE:
+        return on_put_revoke(f, c, r);
+    case KVP__COMMAND__BODY_REMOVE:
+        return remove_keys(f, c->remove->keys, c->remove->n_keys, c->now_wall_ms, r);
+    case KVP__COMMAND__BODY_REMOVE_ALL:
+        return on_remove_all(f, c, r);
+    case KVP__COMMAND__BODY_DRAIN:
+        return on_drain(f, c, r);
+    case KVP__COMMAND__BODY_SEGMENT_LOST:
+        return on_segment_lost(f, c, r);
+    case KVP__COMMAND__BODY_SEGMENT_STATE:
+        return on_segment_state(f, c, r);
+    case KVP__COMMAND__BODY_REVOKE_EXPIRED:
+        return on_revoke_expired(f, c, r);
+    case KVP__COMMAND__BODY_EVICT:
+        return remove_keys(f, c->evict->keys, c->evict->n_keys, c->now_wall_ms, r);
+    case KVP__COMMAND__BODY_QUARANTINE_RELEASE:
+        return on_quarantine_release(f, c, r);
+    default:
+        kvp_log_warn(KVP_FSM_ACTOR, "apply: unknown command body %d: ignored", (int)c->body_case);
+        return KVP_ERR_INVALID;
+    }
+}
