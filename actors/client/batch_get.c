@@ -1,0 +1,371 @@
+/*
+ * batch_get.c — kvp_get, kvp_batch_get, kvp_batch_get_iov (DESIGN.md "Core flows", Get;
+ * docs/internals.md "Client flows").
+ *
+ * One call: validate → one GetReplicaList for the distinct valid keys → rounds of one
+ * transfer batch each: every slot still pending reads from its current replica; a slot whose
+ * read failed (transfer error or checksum mismatch) moves on to its next replica in the next
+ * round; a slot whose replicas are exhausted fails (TRANSFER, or CORRUPT when a replica
+ * returned wrong bytes). Each slot is read on its own, so a key present twice in one batch
+ * fills both slots. Segments that failed with a transfer error are reported
+ * (ReportUnreachable) at the end of the call.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "actors/client/client.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+/* Per-slot state of one get call. */
+struct get_slot {
+    const Kvp__ObjectInfo *info; /* borrowed from the reply; NULL when the slot is done */
+    size_t order[16];           /* replica indexes, best first */
+    size_t n_order;
+    size_t cursor;              /* index into order[] of the replica being tried */
+    int last_err;               /* TRANSFER or CORRUPT: what exhausted replicas report */
+    bool pending;
+    bool retry;                 /* this round failed on the current replica: try the next one */
+};
+
+static int cmp_keys(const void *a, const void *b, void *arg)
+{
+    const char *const *keys = arg;
+    return strcmp(keys[*(const size_t *)a], keys[*(const size_t *)b]);
+}
+
+static uint64_t cap_of(const struct kvp_client_obj *o)
+{
+    uint64_t cap = 0;
+    for (size_t k = 0; k < o->iovcnt; k++)
+        cap += o->iov[k].len;
+    return cap;
+}
+
+static int check_obj(const struct kvp_client_obj *o)
+{
+    if (kvp_client_check_key(o->key) != KVP_OK || (!o->iov && o->iovcnt > 0))
+        return KVP_ERR_INVALID;
+    for (size_t k = 0; k < o->iovcnt; k++)
+        if (o->iov[k].len > 0 && !o->iov[k].base)
+            return KVP_ERR_INVALID;
+    return KVP_OK;
+}
+
+static size_t count_pieces(const struct kvp_client_obj *o, uint64_t size)
+{
+    size_t n = 0;
+    uint64_t left = size;
+    for (size_t k = 0; k < o->iovcnt && left > 0; k++) {
+        if (o->iov[k].len == 0)
+            continue;
+        n++;
+        left -= o->iov[k].len < left ? o->iov[k].len : left;
+    }
+    return n;
+}
+
+static void report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (kvp_client_remaining(deadline) == 0)
+            return;
+        Kvp__Request req;
+        Kvp__ReportUnreachableReq ru;
+        kvp__request__init(&req);
+        kvp__report_unreachable_req__init(&ru);
+        ru.segment_id = segs[i];
+        req.body_case = KVP__REQUEST__BODY_REPORT_UNREACHABLE;
+        req.report_unreachable = &ru;
+        Kvp__Response *resp = NULL;
+        /* The body of the reply does not matter: any answer (or none) is fine. */
+        uint32_t t = kvp_client_remaining(deadline);
+        kvp_msession_call(c->ms, &req, t < 500 ? t : 500, &resp);
+        kvp_msession_response_free(resp);
+        kvp_log_info(c->name, "segment %u reported unreachable", segs[i]);
+    }
+}
+
+void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
+                         uint32_t timeout_ms, int64_t results[])
+{
+    uint64_t deadline = kvp_client_deadline(c, timeout_ms);
+    const char **keyv = calloc(n, sizeof *keyv);
+    size_t *sorted = calloc(n, sizeof *sorted);
+    size_t *uidx = calloc(n, sizeof *uidx);   /* slot → index of its key in the request */
+    char **ukeys = calloc(n, sizeof *ukeys);
+    struct get_slot *sl = calloc(n, sizeof *sl);
+    uint32_t *bad = calloc(n, sizeof *bad);   /* segments that failed with a transfer error */
+    size_t n_bad = 0;
+    struct kvp_xfer_slice *slices = NULL;
+    size_t *slice_slot = NULL;
+    Kvp__Response *resp = NULL;
+
+    if (!keyv || !sorted || !uidx || !ukeys || !sl || !bad) {
+        for (size_t i = 0; i < n; i++)
+            results[i] = KVP_ERR_NOMEM;
+        goto out;
+    }
+
+    /* 1. validate; distinct keys for the request */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = check_obj(&objs[i]);
+        keyv[i] = objs[i].key;
+        if (results[i] == KVP_OK)
+            sorted[m++] = i;
+    }
+    if (m == 0)
+        goto out;
+    qsort_r(sorted, m, sizeof *sorted, cmp_keys, keyv);
+    size_t nu = 0;
+    for (size_t j = 0; j < m; j++) {
+        if (j == 0 || strcmp(keyv[sorted[j]], keyv[sorted[j - 1]]) != 0)
+            ukeys[nu++] = (char *)keyv[sorted[j]];
+        uidx[sorted[j]] = nu - 1;
+    }
+
+    /* 2. one GetReplicaList */
+    Kvp__Request req;
+    Kvp__GetReplicaListReq gr;
+    kvp__request__init(&req);
+    kvp__get_replica_list_req__init(&gr);
+    gr.n_keys = nu;
+    gr.keys = ukeys;
+    gr.client_host = c->cfg.local_hostname;
+    req.body_case = KVP__REQUEST__BODY_GET_REPLICAS;
+    req.get_replicas = &gr;
+    int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_GET_REPLICAS, &resp);
+    uint64_t reply_ms = kvp_clock_now_ms();
+    if (rc == KVP_OK && resp->get_replicas->n_objects != nu) {
+        kvp_log_warn(c->name, "GetReplicaList: %zu objects for %zu keys", resp->get_replicas->n_objects, nu);
+        rc = KVP_ERR_MALFORMED;
+    }
+    if (rc != KVP_OK) {
+        for (size_t j = 0; j < m; j++)
+            results[sorted[j]] = rc;
+        goto out;
+    }
+
+    /* 3. per slot: status, size check, replica order */
+    uint32_t local_seg = atomic_load(&c->local_seg_id);
+    uint64_t pid = (uint64_t)getpid();
+    uint64_t lease_ms = UINT64_MAX;
+    size_t pending = 0;
+    for (size_t j = 0; j < m; j++) {
+        size_t i = sorted[j];
+        const Kvp__ObjectInfo *info = resp->get_replicas->objects[uidx[i]];
+        if (info->status != KVP_OK) {
+            results[i] = info->status < 0 ? info->status : KVP_ERR_INTERNAL;
+            continue;
+        }
+        if (info->n_replicas == 0 || info->size == 0) {
+            results[i] = KVP_ERR_NOT_FOUND;
+            continue;
+        }
+        if (info->size > cap_of(&objs[i])) {
+            results[i] = KVP_ERR_BUFFER_TOO_SMALL; /* nothing transferred */
+            continue;
+        }
+        if (info->lease_ttl_ms && info->lease_ttl_ms < lease_ms)
+            lease_ms = info->lease_ttl_ms;
+        struct get_slot *s = &sl[i];
+        s->info = info;
+        s->last_err = KVP_ERR_TRANSFER;
+        size_t lim = info->n_replicas < 16 ? info->n_replicas : 16;
+        /* the same process first (local transport), then the master's order */
+        for (size_t r = 0; r < lim; r++) {
+            const Kvp__Replica *rep = info->replicas[r];
+            if (local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
+                strcmp(rep->host, c->cfg.local_hostname) == 0)
+                s->order[s->n_order++] = r;
+        }
+        for (size_t r = 0; r < lim; r++) {
+            const Kvp__Replica *rep = info->replicas[r];
+            if (!(local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
+                  strcmp(rep->host, c->cfg.local_hostname) == 0))
+                s->order[s->n_order++] = r;
+        }
+        s->pending = true;
+        pending++;
+    }
+
+    /* 4. rounds of transfers */
+    size_t max_slices = 0;
+    for (size_t i = 0; i < n; i++)
+        if (sl[i].pending)
+            max_slices += count_pieces(&objs[i], sl[i].info->size);
+    if (max_slices > 0) {
+        slices = calloc(max_slices, sizeof *slices);
+        slice_slot = calloc(max_slices, sizeof *slice_slot);
+        if (!slices || !slice_slot) {
+            for (size_t i = 0; i < n; i++)
+                if (sl[i].pending) {
+                    sl[i].pending = false;
+                    results[i] = KVP_ERR_NOMEM;
+                }
+            pending = 0;
+        }
+    }
+    while (pending > 0) {
+        uint32_t left = kvp_client_remaining(deadline);
+        bool lease_over = lease_ms != UINT64_MAX && kvp_clock_now_ms() >= reply_ms + lease_ms;
+        if (left == 0 || lease_over) {
+            for (size_t i = 0; i < n; i++)
+                if (sl[i].pending) {
+                    sl[i].pending = false;
+                    results[i] = left == 0 ? KVP_ERR_TIMEOUT : KVP_ERR_LEASE_EXPIRED;
+                }
+            break;
+        }
+        size_t ns = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!sl[i].pending)
+                continue;
+            const Kvp__Replica *rep = sl[i].info->replicas[sl[i].order[sl[i].cursor]];
+            const struct kvp_client_obj *o = &objs[i];
+            uint64_t off = 0, size = sl[i].info->size;
+            for (size_t k = 0; k < o->iovcnt && off < size; k++) {
+                if (o->iov[k].len == 0)
+                    continue;
+                uint64_t l = o->iov[k].len < size - off ? o->iov[k].len : size - off;
+                slices[ns] = (struct kvp_xfer_slice){
+                    .local = o->iov[k].base,
+                    .length = l,
+                    .segment_id = rep->segment_id,
+                    .endpoint = rep->endpoint,
+                    .remote_offset = rep->offset + off,
+                    .op = KVP_XFER_READ,
+                    .status = KVP_ERR_TIMEOUT,
+                };
+                slice_slot[ns++] = i;
+                off += l;
+            }
+        }
+        kvp_xfer_run(c->xfer, slices, ns, left); /* returns when every slice is terminal */
+
+        /* first failing slice per slot */
+        for (size_t q = 0; q < ns; q++) {
+            size_t i = slice_slot[q];
+            if (slices[q].status == KVP_OK || !sl[i].pending)
+                continue;
+            int st = slices[q].status;
+            sl[i].pending = false; /* decided below */
+            if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM) {
+                results[i] = st;
+                pending--;
+                continue;
+            }
+            bool known = false;
+            for (size_t b = 0; b < n_bad; b++)
+                known |= bad[b] == slices[q].segment_id;
+            if (!known && n_bad < n)
+                bad[n_bad++] = slices[q].segment_id;
+            kvp_log_debug(c->name, "get %s: segment %u: %s", objs[i].key, slices[q].segment_id,
+                          kvp_errname(st));
+            sl[i].last_err = KVP_ERR_TRANSFER;
+            sl[i].retry = true;
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (!sl[i].info || (!sl[i].pending && !sl[i].retry))
+                continue;
+            sl[i].retry = false;
+            if (sl[i].pending) {
+                /* every slice completed: verify */
+                const struct kvp_client_obj *o = &objs[i];
+                uint64_t h = kvp_client_checksum(o->iov, o->iovcnt, sl[i].info->size);
+                if (h == sl[i].info->checksum) {
+                    results[i] = (int64_t)sl[i].info->size;
+                    sl[i].pending = false;
+                    pending--;
+                    continue;
+                }
+                kvp_log_warn(c->name, "get %s: segment %u: checksum mismatch", o->key,
+                             sl[i].info->replicas[sl[i].order[sl[i].cursor]]->segment_id);
+                sl[i].last_err = KVP_ERR_CORRUPT;
+            }
+            /* next replica, if any */
+            if (++sl[i].cursor < sl[i].n_order) {
+                sl[i].pending = true;
+            } else {
+                sl[i].pending = false;
+                results[i] = sl[i].last_err;
+                pending--;
+            }
+        }
+    }
+    report_unreachable(c, bad, n_bad, deadline);
+
+out:
+    kvp_msession_response_free(resp);
+    free(slices);
+    free(slice_slot);
+    free(keyv);
+    free(sorted);
+    free(uidx);
+    free(ukeys);
+    free(sl);
+    free(bad);
+}
+
+/* ------------------------------------------------------------------ public entry points */
+
+int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                      const size_t iovcnt[], uint32_t timeout_ms, int64_t results[])
+{
+    if (!c || (n > 0 && (!keys || !iovs || !iovcnt || !results)))
+        return KVP_ERR_INVALID;
+    if (n == 0)
+        return KVP_OK;
+    int rc = kvp_client_enter(c);
+    if (rc != KVP_OK)
+        return rc;
+    struct kvp_client_obj *objs = calloc(n, sizeof *objs);
+    if (!objs) {
+        kvp_client_leave(c);
+        return KVP_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++)
+        objs[i] = (struct kvp_client_obj){.key = keys[i], .iov = iovs[i], .iovcnt = iovcnt[i]};
+    kvp_client_get_objs(c, n, objs, timeout_ms, results);
+    free(objs);
+    kvp_client_leave(c);
+    return KVP_OK;
+}
+
+int kvp_batch_get(kvp_client *c, size_t n, const char *const keys[], void *const bufs[],
+                  const size_t caps[], uint32_t timeout_ms, int64_t results[])
+{
+    if (!c || (n > 0 && (!keys || !bufs || !caps || !results)))
+        return KVP_ERR_INVALID;
+    if (n == 0)
+        return KVP_OK;
+    kvp_iov *iov = calloc(n, sizeof *iov);
+    const kvp_iov **iovp = calloc(n, sizeof *iovp);
+    size_t *cnt = calloc(n, sizeof *cnt);
+    int rc = KVP_ERR_NOMEM;
+    if (iov && iovp && cnt) {
+        for (size_t i = 0; i < n; i++) {
+            iov[i] = (kvp_iov){.base = bufs[i], .len = caps[i]};
+            iovp[i] = &iov[i];
+            cnt[i] = 1;
+        }
+        rc = kvp_batch_get_iov(c, n, keys, iovp, cnt, timeout_ms, results);
+    }
+    free(iov);
+    free(iovp);
+    free(cnt);
+    return rc;
+}
+
+int64_t kvp_get(kvp_client *c, const char *key, void *buf, size_t cap, uint32_t timeout_ms)
+{
+    int64_t r = KVP_ERR_INTERNAL;
+    const char *keys[1] = {key};
+    void *bufs[1] = {buf};
+    size_t caps[1] = {cap};
+    int rc = kvp_batch_get(c, 1, keys, bufs, caps, timeout_ms, &r);
+    return rc != KVP_OK ? rc : r;
+}

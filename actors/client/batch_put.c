@@ -1,0 +1,362 @@
+/*
+ * batch_put.c — kvp_put, kvp_batch_put, kvp_batch_put_iov (DESIGN.md "Core flows", Put;
+ * docs/internals.md "Client flows").
+ *
+ * One call: validate → one PutStart for every valid item → one transfer batch writing every
+ * replica of every started item (a slice per replica per iov piece) → one PutEnd (XXH3-64) for
+ * the items whose slices all completed → one PutRevoke for the rest. An item becomes visible
+ * only through PutEnd, after all of its bytes are written: a put never leaves a key visible
+ * without its bytes.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/client/client.h"
+#include "runtime/log.h"
+
+/* Per-item state of one put call. */
+struct put_item {
+    size_t obj;           /* index into objs/results */
+    uint64_t size;        /* object bytes */
+    uint64_t op_id;
+    int status;           /* running status of the item */
+    const Kvp__PutStartResult *start; /* PutStart result (borrowed from the response) */
+};
+
+static uint64_t obj_size(const struct kvp_client_obj *o, int *rc)
+{
+    uint64_t size = 0;
+    *rc = KVP_OK;
+    if (!o->iov && o->iovcnt > 0) {
+        *rc = KVP_ERR_INVALID;
+        return 0;
+    }
+    for (size_t k = 0; k < o->iovcnt; k++) {
+        if (o->iov[k].len > 0 && !o->iov[k].base)
+            *rc = KVP_ERR_INVALID;
+        size += o->iov[k].len;
+    }
+    if (size == 0)
+        *rc = KVP_ERR_INVALID;
+    return size;
+}
+
+/* Map a slice's terminal status to the put's per-key error. */
+static int slice_error(int st)
+{
+    if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM)
+        return st;
+    return KVP_ERR_TRANSFER;
+}
+
+/* Best-effort PutRevoke of the items with revoke[j] set. The pending put's deadline revokes
+ * anything this does not reach. */
+static void send_revoke(struct kvp_client *c, struct put_item *it, size_t m, const bool *revoke,
+                        const struct kvp_client_obj *objs, uint64_t deadline)
+{
+    Kvp__PutRevokeItem *ri = calloc(m, sizeof *ri);
+    Kvp__PutRevokeItem **rp = calloc(m, sizeof *rp);
+    size_t k = 0;
+    if (!ri || !rp)
+        goto out;
+    for (size_t j = 0; j < m; j++) {
+        if (!revoke[j])
+            continue;
+        kvp__put_revoke_item__init(&ri[k]);
+        ri[k].key = (char *)objs[it[j].obj].key;
+        ri[k].op_id = it[j].op_id;
+        rp[k] = &ri[k];
+        k++;
+    }
+    if (k > 0) {
+        Kvp__Request req;
+        Kvp__PutRevokeReq pr;
+        kvp__request__init(&req);
+        kvp__put_revoke_req__init(&pr);
+        pr.n_items = k;
+        pr.items = rp;
+        req.body_case = KVP__REQUEST__BODY_PUT_REVOKE;
+        req.put_revoke = &pr;
+        Kvp__Response *resp = NULL;
+        int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_REVOKE, &resp);
+        if (rc != KVP_OK)
+            kvp_log_warn(c->name, "put revoke of %zu item(s): %s (their deadline will revoke them)", k,
+                         kvp_errname(rc));
+        kvp_msession_response_free(resp);
+    }
+out:
+    free(ri);
+    free(rp);
+}
+
+void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
+                         const kvp_put_opts *opts, int results[])
+{
+    uint64_t deadline = kvp_client_deadline(c, opts ? opts->timeout_ms : 0);
+    uint32_t replica_num = opts && opts->replica_num ? opts->replica_num : c->cfg.replica_num;
+    if (replica_num == 0)
+        replica_num = 1;
+
+    struct put_item *it = calloc(n, sizeof *it);
+    Kvp__PutStartItem *si = calloc(n, sizeof *si);
+    Kvp__PutStartItem **sp = calloc(n, sizeof *sp);
+    bool *revoke = calloc(n, sizeof *revoke);
+    Kvp__PutEndItem *ei = calloc(n, sizeof *ei);
+    Kvp__PutEndItem **ep = calloc(n, sizeof *ep);
+    size_t *epos = calloc(n, sizeof *epos);
+    struct kvp_xfer_slice *slices = NULL;
+    size_t *slice_item = NULL;
+    Kvp__Response *start_resp = NULL, *end_resp = NULL;
+    size_t m = 0;
+
+    if (!it || !si || !sp || !revoke || !ei || !ep || !epos) {
+        for (size_t i = 0; i < n; i++)
+            results[i] = KVP_ERR_NOMEM;
+        goto out;
+    }
+
+    /* 1. validate, build PutStart items */
+    for (size_t i = 0; i < n; i++) {
+        int rc = kvp_client_check_key(objs[i].key);
+        uint64_t size = 0;
+        if (rc == KVP_OK)
+            size = obj_size(&objs[i], &rc);
+        results[i] = rc;
+        if (rc != KVP_OK)
+            continue;
+        it[m] = (struct put_item){
+            .obj = i,
+            .size = size,
+            .op_id = c->client_id ^ (atomic_fetch_add(&c->op_counter, 1) + 1),
+            .status = KVP_OK,
+        };
+        kvp__put_start_item__init(&si[m]);
+        si[m].key = (char *)objs[i].key;
+        si[m].size = size;
+        si[m].replica_num = replica_num;
+        si[m].soft_pin = opts ? opts->soft_pin : false;
+        si[m].preferred_segment = (char *)(opts && opts->preferred_segment ? opts->preferred_segment : "");
+        si[m].op_id = it[m].op_id;
+        si[m].client_host = c->cfg.local_hostname;
+        sp[m] = &si[m];
+        m++;
+    }
+    if (m == 0)
+        goto out;
+
+    /* 2. PutStart for the whole batch */
+    {
+        Kvp__Request req;
+        Kvp__PutStartReq ps;
+        kvp__request__init(&req);
+        kvp__put_start_req__init(&ps);
+        ps.n_items = m;
+        ps.items = sp;
+        req.body_case = KVP__REQUEST__BODY_PUT_START;
+        req.put_start = &ps;
+        int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_START, &start_resp);
+        if (rc == KVP_OK && start_resp->put_start->n_results != m) {
+            kvp_log_warn(c->name, "PutStart: %zu results for %zu items", start_resp->put_start->n_results, m);
+            rc = KVP_ERR_MALFORMED;
+        }
+        if (rc != KVP_OK) {
+            /* The master may have started some items: revoke all (idempotent, by op id). */
+            for (size_t j = 0; j < m; j++) {
+                results[it[j].obj] = rc;
+                revoke[j] = rc != KVP_ERR_INVALID;
+            }
+            send_revoke(c, it, m, revoke, objs, deadline);
+            goto out;
+        }
+    }
+
+    /* 3. one transfer batch: every replica × every iov piece of every started item */
+    size_t ns = 0;
+    for (size_t j = 0; j < m; j++) {
+        const Kvp__PutStartResult *r = start_resp->put_start->results[j];
+        it[j].start = r;
+        it[j].status = r->status;
+        if (r->status == KVP_OK && r->n_replicas == 0) {
+            it[j].status = KVP_ERR_INTERNAL;
+            revoke[j] = true;
+        }
+        if (it[j].status != KVP_OK)
+            continue;
+        const struct kvp_client_obj *o = &objs[it[j].obj];
+        size_t pieces = 0;
+        for (size_t k = 0; k < o->iovcnt; k++)
+            pieces += o->iov[k].len > 0;
+        ns += pieces * r->n_replicas;
+    }
+    if (ns > 0) {
+        slices = calloc(ns, sizeof *slices);
+        slice_item = calloc(ns, sizeof *slice_item);
+        if (!slices || !slice_item) {
+            for (size_t j = 0; j < m; j++)
+                if (it[j].status == KVP_OK) {
+                    it[j].status = KVP_ERR_NOMEM;
+                    revoke[j] = true;
+                }
+            ns = 0;
+        }
+        size_t s = 0;
+        for (size_t j = 0; j < m && ns > 0; j++) {
+            if (it[j].status != KVP_OK)
+                continue;
+            const struct kvp_client_obj *o = &objs[it[j].obj];
+            for (size_t r = 0; r < it[j].start->n_replicas; r++) {
+                const Kvp__Replica *rep = it[j].start->replicas[r];
+                uint64_t off = 0;
+                for (size_t k = 0; k < o->iovcnt; k++) {
+                    if (o->iov[k].len == 0)
+                        continue;
+                    slices[s] = (struct kvp_xfer_slice){
+                        .local = o->iov[k].base,
+                        .length = o->iov[k].len,
+                        .segment_id = rep->segment_id,
+                        .endpoint = rep->endpoint,
+                        .remote_offset = rep->offset + off,
+                        .op = KVP_XFER_WRITE,
+                        .status = KVP_ERR_TIMEOUT,
+                    };
+                    slice_item[s++] = j;
+                    off += o->iov[k].len;
+                }
+            }
+        }
+        if (ns > 0) {
+            uint32_t left = kvp_client_remaining(deadline);
+            if (left == 0) {
+                for (size_t q = 0; q < ns; q++)
+                    slices[q].status = KVP_ERR_TIMEOUT;
+            } else {
+                kvp_xfer_run(c->xfer, slices, ns, left); /* per-slice status is authoritative */
+            }
+            for (size_t q = 0; q < ns; q++) {
+                size_t j = slice_item[q];
+                if (slices[q].status != KVP_OK && it[j].status == KVP_OK) {
+                    it[j].status = slice_error(slices[q].status);
+                    revoke[j] = true;
+                    kvp_log_debug(c->name, "put %s: slice to segment %u: %s", objs[it[j].obj].key,
+                                  slices[q].segment_id, kvp_errname(slices[q].status));
+                }
+            }
+        }
+    }
+
+    /* 4. PutEnd for the items whose bytes are all written */
+    size_t ne = 0;
+    for (size_t j = 0; j < m; j++) {
+        if (it[j].status != KVP_OK)
+            continue;
+        const struct kvp_client_obj *o = &objs[it[j].obj];
+        kvp__put_end_item__init(&ei[ne]);
+        ei[ne].key = (char *)o->key;
+        ei[ne].op_id = it[j].op_id;
+        ei[ne].checksum = kvp_client_checksum(o->iov, o->iovcnt, it[j].size);
+        ep[ne] = &ei[ne];
+        epos[ne++] = j;
+    }
+    if (ne > 0) {
+        Kvp__Request req;
+        Kvp__PutEndReq pe;
+        kvp__request__init(&req);
+        kvp__put_end_req__init(&pe);
+        pe.n_items = ne;
+        pe.items = ep;
+        req.body_case = KVP__REQUEST__BODY_PUT_END;
+        req.put_end = &pe;
+        int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_END, &end_resp);
+        if (rc == KVP_OK && end_resp->put_end->n_status != ne)
+            rc = KVP_ERR_MALFORMED;
+        for (size_t e = 0; e < ne; e++) {
+            size_t j = epos[e];
+            int st = rc == KVP_OK ? end_resp->put_end->status[e] : rc;
+            if (st == KVP_ERR_NOT_FOUND)
+                st = KVP_ERR_TIMEOUT; /* the pending put passed its deadline and was revoked */
+            it[j].status = st;
+            if (st != KVP_OK && rc != KVP_OK)
+                revoke[j] = true; /* outcome unknown: PutRevoke removes the put only if it is still
+                                     pending; if PutEnd did commit, the object is complete (its
+                                     bytes are all written) and stays */
+        }
+    }
+
+    /* 5. PutRevoke for the items that started but failed */
+    send_revoke(c, it, m, revoke, objs, deadline);
+    for (size_t j = 0; j < m; j++)
+        results[it[j].obj] = it[j].status;
+
+out:
+    kvp_msession_response_free(start_resp);
+    kvp_msession_response_free(end_resp);
+    free(slices);
+    free(slice_item);
+    free(it);
+    free(si);
+    free(sp);
+    free(revoke);
+    free(ei);
+    free(ep);
+    free(epos);
+}
+
+/* ------------------------------------------------------------------ public entry points */
+
+int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                      const size_t iovcnt[], const kvp_put_opts *opts, int results[])
+{
+    if (!c || (n > 0 && (!keys || !iovs || !iovcnt || !results)))
+        return KVP_ERR_INVALID;
+    if (n == 0)
+        return KVP_OK;
+    int rc = kvp_client_enter(c);
+    if (rc != KVP_OK)
+        return rc;
+    struct kvp_client_obj *objs = calloc(n, sizeof *objs);
+    if (!objs) {
+        kvp_client_leave(c);
+        return KVP_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++)
+        objs[i] = (struct kvp_client_obj){.key = keys[i], .iov = iovs[i], .iovcnt = iovcnt[i]};
+    kvp_client_put_objs(c, n, objs, opts, results);
+    free(objs);
+    kvp_client_leave(c);
+    return KVP_OK;
+}
+
+int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void *const bufs[],
+                  const size_t lens[], const kvp_put_opts *opts, int results[])
+{
+    if (!c || (n > 0 && (!keys || !bufs || !lens || !results)))
+        return KVP_ERR_INVALID;
+    if (n == 0)
+        return KVP_OK;
+    kvp_iov *iov = calloc(n, sizeof *iov);
+    const kvp_iov **iovp = calloc(n, sizeof *iovp);
+    size_t *cnt = calloc(n, sizeof *cnt);
+    int rc = KVP_ERR_NOMEM;
+    if (iov && iovp && cnt) {
+        for (size_t i = 0; i < n; i++) {
+            iov[i] = (kvp_iov){.base = (void *)bufs[i], .len = lens[i]};
+            iovp[i] = &iov[i];
+            cnt[i] = 1;
+        }
+        rc = kvp_batch_put_iov(c, n, keys, iovp, cnt, opts, results);
+    }
+    free(iov);
+    free(iovp);
+    free(cnt);
+    return rc;
+}
+
+int kvp_put(kvp_client *c, const char *key, const void *buf, size_t len, const kvp_put_opts *opts)
+{
+    int r = KVP_ERR_INTERNAL;
+    const char *keys[1] = {key};
+    const void *bufs[1] = {buf};
+    size_t lens[1] = {len};
+    int rc = kvp_batch_put(c, 1, keys, bufs, lens, opts, &r);
+    return rc != KVP_OK ? rc : r;
+}

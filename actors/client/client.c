@@ -1,0 +1,421 @@
+/*
+ * client.c — the public client API: open/close (embedded segment included), the calls that
+ * are one RPC (exists, remove, get_size), buffer registration, and the helpers of client.h.
+ * Puts are in batch_put.c, gets in batch_get.c. Behaviour: docs/client.md.
+ */
+#include "actors/client/client.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "actors/client/api_config.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+/* ------------------------------------------------------------------ helpers (client.h) */
+
+int kvp_client_enter(struct kvp_client *c)
+{
+    int rc = KVP_OK;
+    pthread_mutex_lock(&c->mu);
+    if (c->closed)
+        rc = KVP_ERR_CLOSED;
+    else
+        c->inflight++;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void kvp_client_leave(struct kvp_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (--c->inflight == 0)
+        pthread_cond_broadcast(&c->idle_cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+uint64_t kvp_client_deadline(const struct kvp_client *c, uint32_t timeout_ms)
+{
+    if (timeout_ms == 0)
+        timeout_ms = c->cfg.transfer_timeout_ms ? c->cfg.transfer_timeout_ms : 10000;
+    return kvp_clock_now_ms() + timeout_ms;
+}
+
+uint32_t kvp_client_remaining(uint64_t deadline_ms)
+{
+    uint64_t now = kvp_clock_now_ms();
+    return deadline_ms > now ? (uint32_t)(deadline_ms - now) : 0;
+}
+
+int kvp_client_check_key(const char *key)
+{
+    if (!key)
+        return KVP_ERR_INVALID;
+    size_t l = strnlen(key, KVP_MAX_KEY_BYTES + 1);
+    return (l >= 1 && l <= KVP_MAX_KEY_BYTES) ? KVP_OK : KVP_ERR_INVALID;
+}
+
+int kvp_client_rpc(struct kvp_client *c, Kvp__Request *req, uint64_t deadline_ms,
+                   Kvp__Response__BodyCase expect, Kvp__Response **out)
+{
+    *out = NULL;
+    uint32_t t = kvp_client_remaining(deadline_ms);
+    if (t == 0)
+        return KVP_ERR_TIMEOUT;
+    if (c->cfg.rpc_timeout_ms && t > c->cfg.rpc_timeout_ms)
+        t = c->cfg.rpc_timeout_ms;
+    Kvp__Response *resp = NULL;
+    int rc = kvp_msession_call(c->ms, req, t, &resp);
+    if (rc != KVP_OK)
+        return rc;
+    if (resp->status != KVP_OK) {
+        rc = resp->status;
+        kvp_log_debug(c->name, "rpc %d: %s (%s)", (int)req->body_case, kvp_errname(rc),
+                      resp->error ? resp->error : "");
+        kvp_msession_response_free(resp);
+        return rc < 0 && rc > KVP_ERR__LAST ? rc : KVP_ERR_INTERNAL;
+    }
+    if (resp->body_case != expect) {
+        kvp_log_warn(c->name, "rpc %d: reply body %d, expected %d", (int)req->body_case,
+                     (int)resp->body_case, (int)expect);
+        kvp_msession_response_free(resp);
+        return KVP_ERR_MALFORMED;
+    }
+    *out = resp;
+    return KVP_OK;
+}
+
+uint64_t kvp_client_checksum(const kvp_iov *iov, size_t iovcnt, uint64_t size)
+{
+    if (iovcnt == 1 && iov[0].len >= size)
+        return XXH3_64bits(iov[0].base, size);
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return 0; /* out of memory: a mismatch is reported as CORRUPT, never wrong bytes as OK */
+    XXH3_64bits_reset(st);
+    uint64_t left = size;
+    for (size_t i = 0; i < iovcnt && left > 0; i++) {
+        size_t l = iov[i].len < left ? iov[i].len : (size_t)left;
+        if (l)
+            XXH3_64bits_update(st, iov[i].base, l);
+        left -= l;
+    }
+    uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h;
+}
+
+/* ------------------------------------------------------------------ open / close */
+
+/* Segment hook (segment thread): (re)register the embedded region with the local transport. */
+static void on_segment_mount(void *ctx, uint32_t old_id, uint32_t new_id, void *base, uint64_t size)
+{
+    struct kvp_client *c = ctx;
+    atomic_store(&c->local_seg_id, 0u);
+    if (old_id)
+        kvp_xfer_unregister_local(c->xfer, old_id);
+    if (new_id && base) {
+        int rc = kvp_xfer_register_local(c->xfer, new_id, base, size);
+        if (rc == KVP_OK)
+            atomic_store(&c->local_seg_id, new_id);
+        else
+            kvp_log_warn(c->name, "segment %u: local transport: %s (reads go over TCP)", new_id,
+                         kvp_errname(rc));
+    }
+    kvp_log_info(c->name, "embedded segment mounted as %u (was %u)", new_id, old_id);
+}
+
+static int probe_leader(struct kvp_client *c)
+{
+    Kvp__Request req;
+    Kvp__ExistsReq ex;
+    kvp__request__init(&req);
+    kvp__exists_req__init(&ex);
+    req.body_case = KVP__REQUEST__BODY_EXISTS;
+    req.exists = &ex;
+    Kvp__Response *resp = NULL;
+    uint32_t t = c->cfg.rpc_timeout_ms ? c->cfg.rpc_timeout_ms : 5000;
+    int rc = kvp_msession_call(c->ms, &req, t, &resp);
+    kvp_msession_response_free(resp);
+    return rc;
+}
+
+static void client_free(struct kvp_client *c)
+{
+    kvp_segment_stop(&c->seg);
+    kvp_xfer_engine_destroy(&c->xfer);
+    kvp_msession_destroy(&c->ms);
+    free(c->bufs);
+    pthread_cond_destroy(&c->idle_cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+int kvp_client_open(const kvp_config *cfg, kvp_client **out)
+{
+    if (!cfg || !out)
+        return KVP_ERR_INVALID;
+    *out = NULL;
+    struct kvp_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return KVP_ERR_NOMEM;
+    c->cfg = cfg->c;
+    snprintf(c->name, sizeof c->name, "client-%d", (int)getpid());
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->idle_cv, NULL);
+    if (getrandom(&c->client_id, sizeof c->client_id, 0) != sizeof c->client_id)
+        c->client_id = kvp_clock_now_ns() ^ ((uint64_t)getpid() << 32);
+    c->client_id &= ~0xffffffffull; /* the counter fills the low half: op ids never repeat within a client */
+
+    int rc;
+    if (strcmp(c->cfg.protocol, "tcp") != 0 && c->cfg.protocol[0]) {
+        kvp_log_error(c->name, "protocol=%s: only tcp is available in this build", c->cfg.protocol);
+        rc = KVP_ERR_UNSUPPORTED;
+        goto fail;
+    }
+    char *masters[KVP_CFG_MAX_MASTERS];
+    size_t n_masters = 0;
+    rc = kvp_cfg_masters(c->cfg.master_server_address, c->cfg.cluster_file, masters,
+                         KVP_CFG_MAX_MASTERS, &n_masters);
+    if (rc != KVP_OK) {
+        kvp_log_error(c->name, "no master list (master_server_address or cluster_file): %s",
+                      kvp_errname(rc));
+        goto fail;
+    }
+    rc = kvp_msession_new(&c->ms, (const char *const *)masters, n_masters, c->name);
+    kvp_cfg_free_masters(masters, n_masters);
+    if (rc != KVP_OK)
+        goto fail;
+
+    struct kvp_xfer_params xp = {
+        .conns_per_peer = c->cfg.conns_per_peer ? c->cfg.conns_per_peer : 4,
+        .slice_bytes = c->cfg.slice_bytes ? c->cfg.slice_bytes : (1u << 20),
+        .connect_timeout_ms = 1000,
+    };
+    rc = kvp_xfer_engine_new(&c->xfer, &xp);
+    if (rc != KVP_OK)
+        goto fail;
+
+    rc = probe_leader(c);
+    if (rc != KVP_OK) {
+        kvp_log_error(c->name, "no master leader reachable: %s", kvp_errname(rc));
+        rc = KVP_ERR_UNAVAILABLE;
+        goto fail;
+    }
+
+    if (c->cfg.global_segment_size > 0) {
+        struct kvp_cfg_segment sc;
+        kvp_cfg_defaults(KVP_CFG_SEGMENT, &sc);
+        snprintf(sc.name, sizeof sc.name, "client-%.60s-%d-%04x", c->cfg.local_hostname, (int)getpid(),
+                 (unsigned)(c->client_id >> 48));
+        snprintf(sc.local_hostname, sizeof sc.local_hostname, "%s", c->cfg.local_hostname);
+        sc.port = 0;
+        sc.global_segment_size = c->cfg.global_segment_size;
+        snprintf(sc.master_server_address, sizeof sc.master_server_address, "%s",
+                 c->cfg.master_server_address);
+        snprintf(sc.cluster_file, sizeof sc.cluster_file, "%s", c->cfg.cluster_file);
+        if (c->cfg.heartbeat_ms)
+            sc.heartbeat_ms = c->cfg.heartbeat_ms;
+        snprintf(sc.log_level, sizeof sc.log_level, "%s", c->cfg.log_level);
+        struct kvp_segment_hooks hooks = {.ctx = c, .on_mount = on_segment_mount};
+        rc = kvp_segment_start(&c->seg, &sc, c->ms, &hooks);
+        if (rc != KVP_OK) {
+            kvp_log_error(c->name, "embedded segment (%llu bytes): %s",
+                          (unsigned long long)sc.global_segment_size, kvp_errname(rc));
+            goto fail;
+        }
+    }
+    kvp_log_info(c->name, "open (%s%s)", c->cfg.master_server_address[0] ? c->cfg.master_server_address
+                                                                          : c->cfg.cluster_file,
+                 c->seg ? ", embedded segment" : "");
+    *out = c;
+    return KVP_OK;
+
+fail:
+    client_free(c);
+    return rc;
+}
+
+void kvp_client_close(kvp_client **cp)
+{
+    if (!cp || !*cp)
+        return;
+    struct kvp_client *c = *cp;
+    *cp = NULL;
+    pthread_mutex_lock(&c->mu);
+    c->closed = true;
+    while (c->inflight > 0) /* each call returns only after its slices are terminal */
+        pthread_cond_wait(&c->idle_cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    kvp_log_info(c->name, "closing");
+    client_free(c); /* segment (unmount) → engine → session */
+}
+
+/* ------------------------------------------------------------------ exists / remove / size */
+
+int kvp_batch_exists(kvp_client *c, size_t n, const char *const keys[], int results[])
+{
+    if (!c || (n > 0 && (!keys || !results)))
+        return KVP_ERR_INVALID;
+    if (n == 0)
+        return KVP_OK;
+    int rc = kvp_client_enter(c);
+    if (rc != KVP_OK)
+        return rc;
+    char **valid = calloc(n, sizeof *valid);
+    size_t *pos = calloc(n, sizeof *pos);
+    if (!valid || !pos) {
+        rc = KVP_ERR_NOMEM;
+        goto out;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = kvp_client_check_key(keys[i]);
+        if (results[i] == KVP_OK) {
+            pos[m] = i;
+            valid[m++] = (char *)keys[i];
+        }
+    }
+    if (m > 0) {
+        Kvp__Request req;
+        Kvp__ExistsReq ex;
+        kvp__request__init(&req);
+        kvp__exists_req__init(&ex);
+        ex.n_keys = m;
+        ex.keys = valid;
+        req.body_case = KVP__REQUEST__BODY_EXISTS;
+        req.exists = &ex;
+        Kvp__Response *resp = NULL;
+        int r = kvp_client_rpc(c, &req, kvp_client_deadline(c, 0), KVP__RESPONSE__BODY_EXISTS, &resp);
+        if (r == KVP_OK && resp->exists->n_results != m)
+            r = KVP_ERR_MALFORMED;
+        for (size_t j = 0; j < m; j++)
+            results[pos[j]] = r == KVP_OK ? resp->exists->results[j] : r;
+        kvp_msession_response_free(resp);
+    }
+out:
+    free(valid);
+    free(pos);
+    kvp_client_leave(c);
+    return rc;
+}
+
+int kvp_exists(kvp_client *c, const char *key)
+{
+    int r = 0;
+    const char *keys[1] = {key};
+    int rc = kvp_batch_exists(c, 1, keys, &r);
+    return rc != KVP_OK ? rc : r;
+}
+
+int kvp_remove(kvp_client *c, const char *key, bool force)
+{
+    if (!c || kvp_client_check_key(key) != KVP_OK)
+        return KVP_ERR_INVALID;
+    int rc = kvp_client_enter(c);
+    if (rc != KVP_OK)
+        return rc;
+    Kvp__Request req;
+    Kvp__RemoveReq rm;
+    kvp__request__init(&req);
+    kvp__remove_req__init(&rm);
+    char *keys[1] = {(char *)key};
+    rm.n_keys = 1;
+    rm.keys = keys;
+    rm.force = force;
+    req.body_case = KVP__REQUEST__BODY_REMOVE;
+    req.remove = &rm;
+    Kvp__Response *resp = NULL;
+    rc = kvp_client_rpc(c, &req, kvp_client_deadline(c, 0), KVP__RESPONSE__BODY_REMOVE, &resp);
+    if (rc == KVP_OK)
+        rc = resp->remove->n_status == 1 ? resp->remove->status[0] : KVP_ERR_MALFORMED;
+    kvp_msession_response_free(resp);
+    kvp_client_leave(c);
+    return rc;
+}
+
+int64_t kvp_get_size(kvp_client *c, const char *key)
+{
+    if (!c || kvp_client_check_key(key) != KVP_OK)
+        return KVP_ERR_INVALID;
+    int rc = kvp_client_enter(c);
+    if (rc != KVP_OK)
+        return rc;
+    Kvp__Request req;
+    Kvp__GetSizeReq gs;
+    kvp__request__init(&req);
+    kvp__get_size_req__init(&gs);
+    char *keys[1] = {(char *)key};
+    gs.n_keys = 1;
+    gs.keys = keys;
+    req.body_case = KVP__REQUEST__BODY_GET_SIZE;
+    req.get_size = &gs;
+    Kvp__Response *resp = NULL;
+    int64_t r = kvp_client_rpc(c, &req, kvp_client_deadline(c, 0), KVP__RESPONSE__BODY_GET_SIZE, &resp);
+    if (r == KVP_OK)
+        r = resp->get_size->n_sizes == 1 ? resp->get_size->sizes[0] : KVP_ERR_MALFORMED;
+    kvp_msession_response_free(resp);
+    kvp_client_leave(c);
+    return r;
+}
+
+/* ------------------------------------------------------------------ registered buffers */
+
+int kvp_register_buffer(kvp_client *c, void *addr, size_t len)
+{
+    if (!c || !addr || len == 0 || (uintptr_t)addr + len < (uintptr_t)addr)
+        return KVP_ERR_INVALID;
+    int rc = kvp_client_enter(c);
+    if (rc != KVP_OK)
+        return rc;
+    uintptr_t a = (uintptr_t)addr;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n_bufs; i++) {
+        if (a < c->bufs[i].addr + c->bufs[i].len && c->bufs[i].addr < a + len) {
+            kvp_log_warn(c->name, "register_buffer %p+%zu overlaps a registered buffer", addr, len);
+            rc = KVP_ERR_INVALID;
+            goto out;
+        }
+    }
+    if (c->n_bufs == c->cap_bufs) {
+        size_t cap = c->cap_bufs ? c->cap_bufs * 2 : 8;
+        struct kvp_client_buf *nb = realloc(c->bufs, cap * sizeof *nb);
+        if (!nb) {
+            rc = KVP_ERR_NOMEM;
+            goto out;
+        }
+        c->bufs = nb;
+        c->cap_bufs = cap;
+    }
+    c->bufs[c->n_bufs++] = (struct kvp_client_buf){.addr = a, .len = len};
+out:
+    pthread_mutex_unlock(&c->mu);
+    kvp_client_leave(c);
+    return rc;
+}
+
+int kvp_unregister_buffer(kvp_client *c, void *addr)
+{
+    if (!c || !addr)
+        return KVP_ERR_INVALID;
+    int rc = kvp_client_enter(c);
+    if (rc != KVP_OK)
+        return rc;
+    rc = KVP_ERR_NOT_FOUND;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n_bufs; i++) {
+        if (c->bufs[i].addr == (uintptr_t)addr) {
+            c->bufs[i] = c->bufs[--c->n_bufs];
+            rc = KVP_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    kvp_client_leave(c);
+    return rc;
+}

@@ -1,0 +1,54 @@
+/*
+ * client.h — helpers shared by the client's files (client.c: lifecycle and small calls;
+ * batch_put.c: put flows; batch_get.c: get flows). Not part of the public API.
+ */
+#ifndef KVP_CLIENT_CLIENT_H
+#define KVP_CLIENT_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/client/client_state.h"
+#include "kvpool.h"
+#include "wire/kvpool.pb-c.h"
+
+/** One object of a batch: the concatenation of iov[0..iovcnt-1]. */
+struct kvp_client_obj {
+    const char *key;
+    const kvp_iov *iov;
+    size_t iovcnt;
+};
+
+/** Start an API call: KVP_ERR_CLOSED when the client is closing, else counts it in flight. */
+int kvp_client_enter(struct kvp_client *c);
+/** End an API call started with kvp_client_enter(). */
+void kvp_client_leave(struct kvp_client *c);
+
+/** Monotonic deadline (ms) of a call given its timeout_ms (0 = transfer_timeout). */
+uint64_t kvp_client_deadline(const struct kvp_client *c, uint32_t timeout_ms);
+/** Milliseconds left until deadline_ms (0 when passed). */
+uint32_t kvp_client_remaining(uint64_t deadline_ms);
+
+/** KVP_OK when key is 1..KVP_MAX_KEY_BYTES bytes, else KVP_ERR_INVALID. */
+int kvp_client_check_key(const char *key);
+
+/**
+ * One master RPC within the call's deadline (and at most rpc_timeout_ms). On KVP_OK *out is a
+ * Response with status OK and the body `expect`; otherwise the error (the call-level status of
+ * the reply, KVP_ERR_UNAVAILABLE, KVP_ERR_TIMEOUT when the deadline had passed,
+ * KVP_ERR_MALFORMED for a wrong body).
+ */
+int kvp_client_rpc(struct kvp_client *c, Kvp__Request *req, uint64_t deadline_ms,
+                   Kvp__Response__BodyCase expect, Kvp__Response **out);
+
+/** XXH3-64 of the first `size` bytes of the concatenation of iov[0..iovcnt-1]. */
+uint64_t kvp_client_checksum(const kvp_iov *iov, size_t iovcnt, uint64_t size);
+
+/** Put flows (batch_put.c): results[i] per object. */
+void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
+                         const kvp_put_opts *opts, int results[]);
+/** Get flows (batch_get.c): results[i] = size or negative code. */
+void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
+                         uint32_t timeout_ms, int64_t results[]);
+
+#endif

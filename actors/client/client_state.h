@@ -1,0 +1,47 @@
+/*
+ * client_state.h — all mutable state of an open client (struct kvp_client of include/kvpool.h).
+ *
+ * Thread-safety: the session (msession) and the transfer engine are thread-safe on their own;
+ * `mu` guards only the lifecycle fields (closed, inflight) and the registered-buffer table.
+ * Atomics use sequentially consistent order (the default): they are read once per call, not on
+ * a hot per-byte path, so the simplest order is chosen.
+ */
+#ifndef KVP_CLIENT_STATE_H
+#define KVP_CLIENT_STATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/client/msession.h"
+#include "actors/segment/segment.h"
+#include "actors/transfer/transfer.h"
+#include "config/config.h"
+
+/** One range registered with kvp_register_buffer(). */
+struct kvp_client_buf {
+    uintptr_t addr; /* first byte */
+    size_t len;     /* bytes, >= 1 */
+};
+
+struct kvp_client {
+    char name[64];                  /* "client-<pid>" for log lines */
+    struct kvp_cfg_client cfg;      /* copy of the caller's config */
+    struct kvp_msession *ms;        /* session with the master quorum (owned) */
+    struct kvp_xfer_engine *xfer;   /* transfer engine (owned) */
+    struct kvp_segment *seg;        /* embedded segment, NULL when global_segment_size == 0 (owned) */
+    uint64_t client_id;             /* random; op ids are client_id ^ counter */
+    atomic_uint_fast64_t op_counter;/* per-put counter for op ids */
+    atomic_uint local_seg_id;       /* embedded segment id registered with the local transport; 0 = none */
+
+    pthread_mutex_t mu;             /* guards closed, inflight, bufs */
+    pthread_cond_t idle_cv;         /* signalled when inflight drops to 0 */
+    bool closed;                    /* kvp_client_close started: new calls get KVP_ERR_CLOSED */
+    uint32_t inflight;              /* API calls running */
+    struct kvp_client_buf *bufs;    /* registered buffers (unsorted) */
+    size_t n_bufs, cap_bufs;
+};
+
+#endif
