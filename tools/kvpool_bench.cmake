@@ -1,0 +1,13 @@
+# kvpool-bench: trace replay (main job), offline bounds, kv / metadata benchmarks. docs/bench.md.
+# Sources listed explicitly: tools/bench_runtime.c belongs to another target.
+set(KVP_BENCH_SRC
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_main.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_trace.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_tracefile.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_bounds.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_util.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_cluster.c)
+add_executable(kvpool-bench ${KVP_BENCH_SRC})
+target_compile_options(kvpool-bench PRIVATE ${KVP_WARN})
+target_link_libraries(kvpool-bench kvpool_static ${KVP_DEP_LIBS})
+add_dependencies(kvpool-bench kvp_wire_gen)
