@@ -31,7 +31,10 @@ size_t kvp_rl_entry_size(const struct kvp_rl_cmd *cmds, size_t n)
             return 0;
         total += add;
     }
-    return total;
+    size_t pad = (8 - total % 8) % 8;
+    if (total > SIZE_MAX - pad)
+        return 0;
+    return total + pad;
 }
 
 int kvp_rl_entry_encode(uint8_t *buf, size_t cap, const struct kvp_rl_cmd *cmds, size_t n,
@@ -56,6 +59,7 @@ int kvp_rl_entry_encode(uint8_t *buf, size_t cap, const struct kvp_rl_cmd *cmds,
             memcpy(p, cmds[i].data, cmds[i].len);
         p += cmds[i].len;
     }
+    memset(p, 0, need - (size_t)(p - buf)); /* padding to a multiple of 8 */
     *written = need;
     return KVP_OK;
 }
@@ -87,8 +91,13 @@ int kvp_rl_entry_decode(const uint8_t *buf, size_t len, struct kvp_rl_entry_iter
             return KVP_ERR_MALFORMED;
         p += l;
     }
-    if (p != end)
-        return KVP_ERR_MALFORMED; /* trailing bytes */
+    /* Only the zero padding up to the next multiple of 8 may follow the last command. */
+    size_t tail = (size_t)(end - p);
+    if (tail >= 8 || len % 8 != 0)
+        return KVP_ERR_MALFORMED;
+    for (size_t i = 0; i < tail; i++)
+        if (p[i] != 0)
+            return KVP_ERR_MALFORMED;
     it->p = buf + KVP_RL_ENTRY_HDR_BYTES;
     it->end = end;
     it->count = count;

@@ -3,10 +3,13 @@
  *
  * Layout, all integers little-endian:
  *   [u32 magic 'KVPR' (bytes 'K','V','P','R')][u8 version = 1][u32 count]
- *   then count × ([u32 len][len bytes])
+ *   then count × ([u32 len][len bytes]), then 0..7 zero bytes so the total is a multiple of 8.
+ * The padding is required by raft 0.15's libuv transport: a follower decodes a multi-entry
+ * AppendEntries payload assuming every entry is padded to 8 bytes while the leader sends them
+ * unpadded, so any entry whose length is not a multiple of 8 corrupts the entries after it.
  * The decoder trusts nothing: a short header, a count larger than the bytes could hold, a
- * length past the end, a count of 0 or trailing bytes after the last command are all
- * KVP_ERR_MALFORMED; a bad magic is KVP_ERR_MALFORMED; an unknown version is KVP_ERR_VERSION.
+ * length past the end, a count of 0, or anything after the last command other than the
+ * 0..7 zero bytes that reach the next multiple of 8 are all KVP_ERR_MALFORMED; a bad magic is KVP_ERR_MALFORMED; an unknown version is KVP_ERR_VERSION.
  * Pure code: no I/O, no allocation, no raft types; safe from any thread.
  */
 #ifndef KVP_RAFTLOG_ENTRY_H
@@ -28,7 +31,7 @@ struct kvp_rl_cmd {
 };
 
 /**
- * Encoded size of an entry holding cmds[0..n). Returns 0 when n == 0, when a command is
+ * Encoded size (padding included) of an entry holding cmds[0..n). Returns 0 when n == 0, when a command is
  * larger than KVP_RL_ENTRY_MAX_CMD_BYTES, or when the total overflows.
  */
 size_t kvp_rl_entry_size(const struct kvp_rl_cmd *cmds, size_t n);

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <raft.h>
 #include <raft/uv.h>
 #include <stdatomic.h>
@@ -495,6 +496,12 @@ static void *thread_main(void *arg)
     struct kvp_raftlog *rl = arg;
     int rv;
     int stage = 0; /* 1 transport, 2 io, 3 raft */
+    /* A peer closing its Raft connection must not kill the process: raft_uv writes with
+     * write(2), so block SIGPIPE on this thread only (writes then fail with EPIPE). */
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     if (uv_loop_init(&rl->loop) != 0) {
         signal_start(rl, KVP_ERR_INTERNAL);
         return NULL;

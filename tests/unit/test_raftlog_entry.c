@@ -18,7 +18,8 @@ static uint8_t *encode3(size_t *len)
     static const uint8_t a[] = {1, 2, 3}, c[] = "hello world";
     struct kvp_rl_cmd cmds[3] = {{a, sizeof(a)}, {NULL, 0}, {c, sizeof(c)}};
     size_t sz = kvp_rl_entry_size(cmds, 3);
-    assert_int_equal(sz, 9 + 4 * 3 + 3 + 0 + sizeof(c));
+    assert_int_equal(sz, 40); /* 9 + 12 + 3 + 0 + 12 = 36, padded to 40 */
+    assert_int_equal(sz % 8, 0);
     uint8_t *buf = malloc(sz);
     assert_non_null(buf);
     size_t w = 0;
@@ -74,6 +75,14 @@ static void test_raftlog_entry_trailing_bytes_malformed(void **state)
     memcpy(big, buf, len);
     struct kvp_rl_entry_iter it;
     assert_int_equal(kvp_rl_entry_decode(big, len + 1, &it), KVP_ERR_MALFORMED);
+    free(big);
+    /* padding must be zero, and never a whole extra 8 bytes */
+    big = calloc(1, len + 8);
+    memcpy(big, buf, len);
+    assert_int_equal(kvp_rl_entry_decode(big, len, &it), KVP_OK);
+    assert_int_equal(kvp_rl_entry_decode(big, len + 8, &it), KVP_ERR_MALFORMED);
+    big[len - 1] = 1;
+    assert_int_equal(kvp_rl_entry_decode(big, len, &it), KVP_ERR_MALFORMED);
     free(big);
     free(buf);
 }
