@@ -608,6 +608,21 @@ int kvp_rt_recv(struct kvp_rt_actor *sink, uint32_t timeout_ms, struct kvp_rt_ms
     return rc;
 }
 
+int kvp_rt_request_from(struct kvp_rt_actor *sink, struct kvp_rt_actor *to, uint64_t hid,
+                        uint32_t type, uint64_t arg, void **payload, kvp_rt_free_fn free_fn,
+                        uint64_t corr_id)
+{
+    if (!sink || !to || sink->mode != RT_SINK)
+        return KVP_ERR_INVALID;
+    struct kvp_rt_msg *m = rt_msg_new(KVP_RT_REQUEST, type, arg);
+    if (!m)
+        return KVP_ERR_NOMEM;
+    m->to_hid = hid;
+    m->from = kvp_rt_ref(sink);
+    m->from_corr = corr_id;
+    return send_msg(to, m, payload, free_fn);
+}
+
 int kvp_rt_call(struct kvp_rt_actor *to, uint64_t hid, uint32_t type, uint64_t arg,
                 void **payload, kvp_rt_free_fn free_fn, uint32_t timeout_ms,
                 struct kvp_rt_msg **reply)
@@ -618,20 +633,9 @@ int kvp_rt_call(struct kvp_rt_actor *to, uint64_t hid, uint32_t type, uint64_t a
     int rc = kvp_rt_sink_new(&sink, "call");
     if (rc)
         return rc;
-    struct kvp_rt_msg *m = rt_msg_new(KVP_RT_REQUEST, type, arg);
-    if (!m) {
-        kvp_rt_destroy(&sink);
-        return KVP_ERR_NOMEM;
-    }
-    m->to_hid = hid;
-    m->from = kvp_rt_ref(sink);
-    m->from_corr = 1;
-    rc = send_msg(to, m, payload, free_fn);
-    if (rc) {
-        kvp_rt_destroy(&sink);
-        return rc;
-    }
-    rc = kvp_rt_recv(sink, timeout_ms ? timeout_ms : UINT32_MAX, reply);
+    rc = kvp_rt_request_from(sink, to, hid, type, arg, payload, free_fn, 1);
+    if (rc == KVP_OK)
+        rc = kvp_rt_recv(sink, timeout_ms ? timeout_ms : UINT32_MAX, reply);
     kvp_rt_destroy(&sink); /* a late reply now fails to push and is freed by the replier */
     return rc;
 }

@@ -211,6 +211,17 @@ int kvp_rt_call(struct kvp_rt_actor *to, uint64_t hid, uint32_t type, uint64_t a
                 struct kvp_rt_msg **reply);
 
 /**
+ * Asynchronous request from a non-actor thread: the reply (kind KVP_RT_REPLY, corr_id ==
+ * `corr_id`, chosen by the caller) will be pushed into `sink` (see kvp_rt_sink_new); there is
+ * no deadline: the caller waits with kvp_rt_recv's timeout. If the target closes first, the
+ * reply has status KVP_ERR_CLOSED. Payload rules as kvp_rt_send.
+ * Errors: KVP_ERR_INVALID (sink not a sink), KVP_ERR_NOMEM, KVP_ERR_CLOSED (target closed).
+ */
+int kvp_rt_request_from(struct kvp_rt_actor *sink, struct kvp_rt_actor *to, uint64_t hid,
+                        uint32_t type, uint64_t arg, void **payload, kvp_rt_free_fn free_fn,
+                        uint64_t corr_id);
+
+/**
  * Sinks: take the oldest message, waiting up to timeout_ms (0 = do not wait, UINT32_MAX =
  * forever). On KVP_OK *msg is the caller's (kvp_rt_msg_destroy). Errors: KVP_ERR_TIMEOUT
  * (nothing arrived), KVP_ERR_CLOSED, KVP_ERR_INVALID (not a sink).
