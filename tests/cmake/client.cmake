@@ -1,2 +1,5 @@
 # Client module tests: the master session (actor) and the client library (integration).
 kvp_add_test(test_msession SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_msession.c LABEL actor TIMEOUT 60)
+# The client library against the real master FSM behind an in-process fake master service and
+# three real segment data-plane servers (no Raft, no processes).
+kvp_add_test(test_client_fakemaster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_fakemaster.c LABEL actor TIMEOUT 90)

@@ -1,0 +1,765 @@
+/*
+ * test_client_fakemaster.c — the client library's flows against the real master state
+ * machine (actors/master/fsm.h) behind a one-thread fake master service (a ROUTER in this
+ * process: no Raft, every mutation applied directly) and three real segment data-plane servers
+ * (actors/segment/seg_server.h) over loopback TCP.
+ *
+ * Covers: sizes, replica_num 1..3, batches, scatter-gather, exists/size/remove, the batch
+ * semantics of issue 4 item 4 (duplicate key in batch_get, one existing key in batch_put, two
+ * clients racing on one key, dead-only replica fails fast then exists says no once the segment
+ * is lost, buffer too small), replica failover, checksum mismatch → CORRUPT, many threads,
+ * register_buffer, closed client. Every payload derives from its key; every read buffer is
+ * poisoned first.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zmq.h>
+
+#include "actors/client/api_config.h"
+#include "actors/client/msession.h"
+#include "actors/master/fsm.h"
+#include "actors/segment/seg_server.h"
+#include "kvpool.h"
+#include "runtime/clock.h"
+#include "wire/envelope.h"
+
+#define NSEG 3
+#define SEG_BYTES (96ull << 20)
+#define POISON 0xA5
+
+/* ------------------------------------------------------------------ fake master */
+
+static struct {
+    void *ctx, *router;
+    char addr[64];
+    pthread_mutex_t mu; /* guards fsm */
+    struct kvp_master_fsm *fsm;
+    atomic_bool stop;
+    atomic_int unreachable_reports;
+    pthread_t thread;
+} M;
+
+static struct {
+    struct kvp_seg_server *srv;
+    void *base;
+    uint32_t id;
+    char endpoint[64];
+} S[NSEG];
+
+static Kvp__Response *fake_handle(const Kvp__Request *req)
+{
+    Kvp__Response *resp = NULL;
+    Kvp__Command cmd;
+    kvp__command__init(&cmd);
+    cmd.now_wall_ms = kvp_clock_wall_ms();
+    cmd.term = 1;
+    switch (req->body_case) {
+#define CMD(REQ, FIELD)                                                                            \
+    case KVP__REQUEST__BODY_##REQ:                                                                 \
+        cmd.body_case = KVP__COMMAND__BODY_##REQ;                                                  \
+        cmd.FIELD = req->FIELD;                                                                    \
+        pthread_mutex_lock(&M.mu);                                                                 \
+        kvp_master_fsm_apply(M.fsm, &cmd, &resp);                                                  \
+        pthread_mutex_unlock(&M.mu);                                                               \
+        break;
+        CMD(MOUNT, mount)
+        CMD(UNMOUNT, unmount)
+        CMD(PUT_START, put_start)
+        CMD(PUT_END, put_end)
+        CMD(PUT_REVOKE, put_revoke)
+        CMD(REMOVE, remove)
+#undef CMD
+    case KVP__REQUEST__BODY_GET_REPLICAS:
+    case KVP__REQUEST__BODY_EXISTS:
+    case KVP__REQUEST__BODY_GET_SIZE:
+        pthread_mutex_lock(&M.mu);
+        kvp_master_fsm_query(M.fsm, req, &resp);
+        pthread_mutex_unlock(&M.mu);
+        if (resp && resp->body_case == KVP__RESPONSE__BODY_GET_REPLICAS)
+            for (size_t i = 0; i < resp->get_replicas->n_objects; i++)
+                resp->get_replicas->objects[i]->lease_ttl_ms = 5000;
+        break;
+    case KVP__REQUEST__BODY_REPORT_UNREACHABLE:
+        atomic_fetch_add(&M.unreachable_reports, 1);
+        /* fall through */
+    default:
+        resp = calloc(1, sizeof *resp);
+        kvp__response__init(resp);
+        resp->body_case = KVP__RESPONSE__BODY_EMPTY;
+        resp->empty = calloc(1, sizeof *resp->empty);
+        kvp__empty__init(resp->empty);
+        break;
+    }
+    return resp;
+}
+
+static void *fake_main(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&M.stop)) {
+        zmq_pollitem_t it = {.socket = M.router, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 20) <= 0)
+            continue;
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        zmq_msg_init(&body);
+        zmq_msg_recv(&id, M.router, 0);
+        zmq_msg_recv(&body, M.router, 0);
+        Kvp__Request *req = NULL;
+        if (kvp_wire_decode_request(zmq_msg_data(&body), zmq_msg_size(&body), &req) == KVP_OK) {
+            Kvp__Response *resp = fake_handle(req);
+            if (resp) {
+                resp->req_id = req->req_id;
+                uint8_t *buf;
+                size_t len;
+                if (kvp_wire_encode_response(resp, &buf, &len) == KVP_OK) {
+                    zmq_send(M.router, zmq_msg_data(&id), zmq_msg_size(&id), ZMQ_SNDMORE);
+                    zmq_send(M.router, buf, len, 0);
+                    free(buf);
+                }
+                protobuf_c_message_free_unpacked(&resp->base, NULL);
+            }
+            kvp__request__free_unpacked(req, NULL);
+        }
+        zmq_msg_close(&id);
+        zmq_msg_close(&body);
+    }
+    return NULL;
+}
+
+/* Mount segment i through a session (as a segment daemon would). */
+static void mount_segment(int i)
+{
+    const char *masters[1] = {M.addr};
+    struct kvp_msession *ms = NULL;
+    assert_int_equal(kvp_msession_new(&ms, masters, 1, "test-seg"), KVP_OK);
+    Kvp__Request req;
+    Kvp__MountSegmentReq mr;
+    kvp__request__init(&req);
+    kvp__mount_segment_req__init(&mr);
+    char name[32];
+    snprintf(name, sizeof name, "seg-%d", i);
+    mr.name = name;
+    mr.host = "127.0.0.1";
+    mr.endpoint = S[i].endpoint;
+    mr.size = SEG_BYTES;
+    mr.owner_pid = 1; /* not this process: reads go over TCP */
+    req.body_case = KVP__REQUEST__BODY_MOUNT;
+    req.mount = &mr;
+    Kvp__Response *resp = NULL;
+    assert_int_equal(kvp_msession_call(ms, &req, 3000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    S[i].id = resp->mount->segment_id;
+    kvp_seg_server_set_id(S[i].srv, S[i].id);
+    kvp_msession_response_free(resp);
+    kvp_msession_destroy(&ms);
+}
+
+static void start_segment(int i)
+{
+    S[i].base = calloc(1, SEG_BYTES);
+    assert_non_null(S[i].base);
+    assert_int_equal(kvp_seg_server_start(&S[i].srv, "127.0.0.1", 0, S[i].base, SEG_BYTES), KVP_OK);
+    snprintf(S[i].endpoint, sizeof S[i].endpoint, "127.0.0.1:%u", kvp_seg_server_port(S[i].srv));
+    mount_segment(i);
+}
+
+/* Apply SegmentLost for segment i (what the master does after client_ttl). */
+static void declare_lost(int i)
+{
+    Kvp__Command cmd;
+    Kvp__SegmentLostCmd sl;
+    kvp__command__init(&cmd);
+    kvp__segment_lost_cmd__init(&sl);
+    sl.segment_id = S[i].id;
+    cmd.now_wall_ms = kvp_clock_wall_ms();
+    cmd.term = 1;
+    cmd.body_case = KVP__COMMAND__BODY_SEGMENT_LOST;
+    cmd.segment_lost = &sl;
+    Kvp__Response *resp = NULL;
+    pthread_mutex_lock(&M.mu);
+    assert_int_equal(kvp_master_fsm_apply(M.fsm, &cmd, &resp), KVP_OK);
+    pthread_mutex_unlock(&M.mu);
+    kvp_master_fsm_response_free(resp);
+}
+
+/* Segment indexes holding replicas of key (asks the FSM directly). */
+static size_t replica_segments(const char *key, int *idx, uint64_t *offsets)
+{
+    Kvp__Request req;
+    Kvp__GetReplicaListReq gr;
+    kvp__request__init(&req);
+    kvp__get_replica_list_req__init(&gr);
+    char *keys[1] = {(char *)key};
+    gr.n_keys = 1;
+    gr.keys = keys;
+    gr.client_host = "127.0.0.1";
+    req.body_case = KVP__REQUEST__BODY_GET_REPLICAS;
+    req.get_replicas = &gr;
+    Kvp__Response *resp = NULL;
+    pthread_mutex_lock(&M.mu);
+    kvp_master_fsm_query(M.fsm, &req, &resp);
+    pthread_mutex_unlock(&M.mu);
+    size_t n = 0;
+    const Kvp__ObjectInfo *o = resp->get_replicas->objects[0];
+    for (size_t r = 0; o->status == KVP_OK && r < o->n_replicas; r++)
+        for (int i = 0; i < NSEG; i++)
+            if (S[i].id == o->replicas[r]->segment_id) {
+                idx[n] = i;
+                offsets[n++] = o->replicas[r]->offset;
+            }
+    kvp_master_fsm_response_free(resp);
+    return n;
+}
+
+/* ------------------------------------------------------------------ payloads */
+
+static void fill(const char *key, uint8_t *buf, size_t len)
+{
+    uint64_t x = XXH3_64bits(key, strlen(key)) | 1;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(buf + i, &x, 8);
+    }
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    for (; i < len; i++)
+        buf[i] = (uint8_t)(x >> (8 * (i & 7)));
+}
+
+static bool check(const char *key, const uint8_t *buf, size_t len)
+{
+    uint8_t *want = malloc(len ? len : 1);
+    fill(key, want, len);
+    bool ok = memcmp(want, buf, len) == 0;
+    free(want);
+    return ok;
+}
+
+static bool all_poison(const uint8_t *buf, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] != POISON)
+            return false;
+    return true;
+}
+
+static kvp_client *open_client(uint32_t timeout_ms)
+{
+    kvp_config *cfg = NULL;
+    assert_int_equal(kvp_config_new(&cfg), KVP_OK);
+    assert_int_equal(kvp_config_set(cfg, "master_server_address", M.addr), KVP_OK);
+    char t[32];
+    snprintf(t, sizeof t, "%u", timeout_ms);
+    assert_int_equal(kvp_config_set(cfg, "transfer_timeout", t), KVP_OK);
+    kvp_client *c = NULL;
+    assert_int_equal(kvp_client_open(cfg, &c), KVP_OK);
+    kvp_config_destroy(&cfg);
+    return c;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    memset(&M, 0, sizeof M);
+    pthread_mutex_init(&M.mu, NULL);
+    struct kvp_master_fsm_params p = {.fence_grace_ms = 5000, .put_ttl_ms = 30000};
+    if (kvp_master_fsm_new(&M.fsm, &p) != KVP_OK)
+        return -1;
+    M.ctx = zmq_ctx_new();
+    M.router = zmq_socket(M.ctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(M.router, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_bind(M.router, "tcp://127.0.0.1:*") != 0)
+        return -1;
+    char ep[128];
+    size_t len = sizeof ep;
+    zmq_getsockopt(M.router, ZMQ_LAST_ENDPOINT, ep, &len);
+    snprintf(M.addr, sizeof M.addr, "%s", ep + 6);
+    pthread_create(&M.thread, NULL, fake_main, NULL);
+    for (int i = 0; i < NSEG; i++)
+        start_segment(i);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    atomic_store(&M.stop, true);
+    pthread_join(M.thread, NULL);
+    zmq_close(M.router);
+    zmq_ctx_term(M.ctx);
+    for (int i = 0; i < NSEG; i++) {
+        kvp_seg_server_stop(&S[i].srv);
+        free(S[i].base);
+    }
+    kvp_master_fsm_destroy(&M.fsm);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void roundtrip(kvp_client *c, const char *key, size_t len, uint32_t replicas)
+{
+    uint8_t *src = malloc(len), *dst = malloc(len + 64);
+    fill(key, src, len);
+    kvp_put_opts o = {.replica_num = replicas};
+    assert_int_equal(kvp_put(c, key, src, len, &o), KVP_OK);
+    memset(dst, POISON, len + 64);
+    assert_int_equal(kvp_get(c, key, dst, len + 64, 0), (int64_t)len);
+    assert_true(check(key, dst, len));
+    assert_true(all_poison(dst + len, 64)); /* nothing past the object */
+    assert_int_equal(kvp_exists(c, key), 1);
+    assert_int_equal(kvp_get_size(c, key), (int64_t)len);
+    int idx[NSEG];
+    uint64_t off[NSEG];
+    assert_int_equal(replica_segments(key, idx, off), replicas);
+    for (uint32_t r = 0; r < replicas; r++) /* every replica holds the bytes */
+        assert_memory_equal((uint8_t *)S[idx[r]].base + off[r], src, len);
+    free(src);
+    free(dst);
+}
+
+static void test_client_sizes_and_replicas_roundtrip(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(20000);
+    const size_t sizes[] = {1, 4096, 1u << 20, 32u << 20};
+    char key[64];
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (uint32_t r = 1; r <= 3; r++) {
+            snprintf(key, sizeof key, "size-%zu-r%u", sizes[s], r);
+            roundtrip(c, key, sizes[s], r);
+        }
+    /* A longest key works, one byte more does not. */
+    char big[KVP_MAX_KEY_BYTES + 2];
+    memset(big, 'k', sizeof big);
+    big[KVP_MAX_KEY_BYTES] = '\0';
+    roundtrip(c, big, 100, 1);
+    big[KVP_MAX_KEY_BYTES] = 'k';
+    big[KVP_MAX_KEY_BYTES + 1] = '\0';
+    uint8_t b = 1;
+    assert_int_equal(kvp_put(c, big, &b, 1, NULL), KVP_ERR_INVALID);
+    assert_int_equal(kvp_put(c, "", &b, 1, NULL), KVP_ERR_INVALID);
+    assert_int_equal(kvp_put(c, "zero", &b, 0, NULL), KVP_ERR_INVALID);
+    assert_int_equal(kvp_put(c, NULL, &b, 1, NULL), KVP_ERR_INVALID);
+    assert_int_equal(kvp_get(c, "", &b, 1, 0), KVP_ERR_INVALID);
+    assert_int_equal(kvp_get(c, "never-put", &b, 1, 0), KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_exists(c, "never-put"), 0);
+    assert_int_equal(kvp_get_size(c, "never-put"), KVP_ERR_NOT_FOUND);
+    kvp_client_close(&c);
+    assert_null(c);
+}
+
+static void batch_roundtrip(kvp_client *c, size_t n, size_t len, uint32_t replicas, const char *tag)
+{
+    char **keys = calloc(n, sizeof *keys);
+    void **bufs = calloc(n, sizeof *bufs);
+    size_t *lens = calloc(n, sizeof *lens);
+    int *res = calloc(n, sizeof *res);
+    int64_t *gres = calloc(n, sizeof *gres);
+    for (size_t i = 0; i < n; i++) {
+        keys[i] = malloc(64);
+        snprintf(keys[i], 64, "%s-%zu", tag, i);
+        lens[i] = len + i % 7;
+        bufs[i] = malloc(lens[i]);
+        fill(keys[i], bufs[i], lens[i]);
+    }
+    kvp_put_opts o = {.replica_num = replicas};
+    assert_int_equal(kvp_batch_put(c, n, (const char *const *)keys, (const void *const *)bufs, lens, &o, res),
+                     KVP_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(res[i], KVP_OK);
+    for (size_t i = 0; i < n; i++)
+        memset(bufs[i], POISON, lens[i]);
+    assert_int_equal(kvp_batch_get(c, n, (const char *const *)keys, bufs, lens, 0, gres), KVP_OK);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(gres[i], (int64_t)lens[i]);
+        assert_true(check(keys[i], bufs[i], lens[i]));
+    }
+    int *ex = calloc(n, sizeof *ex);
+    assert_int_equal(kvp_batch_exists(c, n, (const char *const *)keys, ex), KVP_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(ex[i], 1);
+    for (size_t i = 0; i < n; i++) {
+        free(keys[i]);
+        free(bufs[i]);
+    }
+    free(ex);
+    free(keys);
+    free(bufs);
+    free(lens);
+    free(res);
+    free(gres);
+}
+
+static void test_client_batches_roundtrip(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(20000);
+    batch_roundtrip(c, 1, 4096, 1, "b1");
+    batch_roundtrip(c, 32, 4096, 2, "b32");
+    batch_roundtrip(c, 1024, 4096, 3, "b1024");
+    batch_roundtrip(c, 1024, 1, 1, "b1024-tiny");
+    kvp_client_close(&c);
+}
+
+static void test_client_iov_scatter_gather_roundtrip(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(10000);
+    /* object "iov-0" = 3 pieces (one empty); read back into 4 pieces of other sizes */
+    uint8_t whole[10000];
+    fill("iov-0", whole, sizeof whole);
+    kvp_iov put_iov[4] = {{whole, 3000}, {whole + 3000, 0}, {whole + 3000, 6999}, {whole + 9999, 1}};
+    const kvp_iov *piov[1] = {put_iov};
+    size_t pcnt[1] = {4};
+    const char *keys[1] = {"iov-0"};
+    int res[1];
+    assert_int_equal(kvp_batch_put_iov(c, 1, keys, piov, pcnt, NULL, res), KVP_OK);
+    assert_int_equal(res[0], KVP_OK);
+    uint8_t a[1], b[5000], d[7000];
+    memset(a, POISON, sizeof a);
+    memset(b, POISON, sizeof b);
+    memset(d, POISON, sizeof d);
+    kvp_iov get_iov[3] = {{a, 1}, {b, 5000}, {d, 7000}};
+    const kvp_iov *giov[1] = {get_iov};
+    size_t gcnt[1] = {3};
+    int64_t gres[1];
+    assert_int_equal(kvp_batch_get_iov(c, 1, keys, giov, gcnt, 0, gres), KVP_OK);
+    assert_int_equal(gres[0], 10000);
+    assert_memory_equal(a, whole, 1);
+    assert_memory_equal(b, whole + 1, 5000);
+    assert_memory_equal(d, whole + 5001, 4999);
+    assert_true(all_poison(d + 4999, 7000 - 4999));
+    /* pieces too small in total: BUFFER_TOO_SMALL, nothing written */
+    memset(b, POISON, sizeof b);
+    kvp_iov small_iov[1] = {{b, 5000}};
+    const kvp_iov *siov[1] = {small_iov};
+    size_t scnt[1] = {1};
+    assert_int_equal(kvp_batch_get_iov(c, 1, keys, siov, scnt, 0, gres), KVP_OK);
+    assert_int_equal(gres[0], KVP_ERR_BUFFER_TOO_SMALL);
+    assert_true(all_poison(b, sizeof b));
+    kvp_client_close(&c);
+}
+
+static void test_client_batch_get_duplicate_key_both_filled(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(10000);
+    uint8_t src[8192];
+    fill("dup", src, sizeof src);
+    kvp_put_opts o = {.replica_num = 2};
+    assert_int_equal(kvp_put(c, "dup", src, sizeof src, &o), KVP_OK);
+    uint8_t b0[8192], b1[8192], b2[100];
+    memset(b0, POISON, sizeof b0);
+    memset(b1, POISON, sizeof b1);
+    memset(b2, POISON, sizeof b2);
+    const char *keys[4] = {"dup", "missing", "dup", "dup"};
+    void *bufs[4] = {b0, b2, b1, b2};
+    size_t caps[4] = {sizeof b0, sizeof b2, sizeof b1, sizeof b2};
+    int64_t res[4];
+    assert_int_equal(kvp_batch_get(c, 4, keys, bufs, caps, 0, res), KVP_OK);
+    assert_int_equal(res[0], 8192);
+    assert_int_equal(res[1], KVP_ERR_NOT_FOUND);
+    assert_int_equal(res[2], 8192);
+    assert_int_equal(res[3], KVP_ERR_BUFFER_TOO_SMALL);
+    assert_true(check("dup", b0, sizeof b0));
+    assert_true(check("dup", b1, sizeof b1));
+    assert_true(all_poison(b2, sizeof b2));
+    kvp_client_close(&c);
+}
+
+static void test_client_batch_put_one_existing_key_exists_only(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(10000);
+    uint8_t old[300], v[5][1000];
+    fill("bp-old", old, sizeof old);
+    assert_int_equal(kvp_put(c, "bp-2", old, sizeof old, NULL), KVP_OK);
+    const char *keys[5] = {"bp-0", "bp-1", "bp-2", "bp-3", "bp-1"}; /* bp-2 exists; bp-1 twice */
+    const void *bufs[5];
+    size_t lens[5];
+    for (int i = 0; i < 5; i++) {
+        fill(keys[i], v[i], sizeof v[i]);
+        bufs[i] = v[i];
+        lens[i] = sizeof v[i];
+    }
+    int res[5];
+    assert_int_equal(kvp_batch_put(c, 5, keys, bufs, lens, NULL, res), KVP_OK);
+    assert_int_equal(res[0], KVP_OK);
+    assert_int_equal(res[1], KVP_OK);
+    assert_int_equal(res[2], KVP_ERR_EXISTS);
+    assert_int_equal(res[3], KVP_OK);
+    assert_int_equal(res[4], KVP_ERR_EXISTS); /* the second bp-1 of the batch loses */
+    uint8_t buf[1000];
+    for (int i = 0; i < 4; i++) {
+        memset(buf, POISON, sizeof buf);
+        int64_t r = kvp_get(c, keys[i], buf, sizeof buf, 0);
+        if (i == 2) {
+            assert_int_equal(r, sizeof old); /* the old object is untouched */
+            uint8_t want[300];
+            fill("bp-old", want, sizeof want);
+            assert_memory_equal(buf, want, sizeof want);
+        } else {
+            assert_int_equal(r, sizeof buf);
+            assert_true(check(keys[i], buf, sizeof buf));
+        }
+    }
+    kvp_client_close(&c);
+}
+
+struct racer {
+    kvp_client *c;
+    const char *key;
+    uint8_t *buf;
+    size_t len;
+    atomic_int *go;
+    int rc;
+};
+
+static void *racer_main(void *arg)
+{
+    struct racer *r = arg;
+    while (!atomic_load(r->go))
+        ;
+    r->rc = kvp_put(r->c, r->key, r->buf, r->len, NULL);
+    return NULL;
+}
+
+static void test_client_two_clients_race_one_stores(void **state)
+{
+    (void)state;
+    kvp_client *c1 = open_client(10000), *c2 = open_client(10000);
+    for (int round = 0; round < 10; round++) {
+        char key[32];
+        snprintf(key, sizeof key, "race-%d", round);
+        size_t len = 256 << 10;
+        uint8_t *b1 = malloc(len), *b2 = malloc(len);
+        fill(key, b1, len);
+        fill(key, b2, len);
+        atomic_int go = 0;
+        struct racer r1 = {c1, key, b1, len, &go, 1}, r2 = {c2, key, b2, len, &go, 1};
+        pthread_t t1, t2;
+        pthread_create(&t1, NULL, racer_main, &r1);
+        pthread_create(&t2, NULL, racer_main, &r2);
+        atomic_store(&go, 1);
+        pthread_join(t1, NULL);
+        pthread_join(t2, NULL);
+        assert_true((r1.rc == KVP_OK && r2.rc == KVP_ERR_EXISTS) ||
+                    (r1.rc == KVP_ERR_EXISTS && r2.rc == KVP_OK));
+        memset(b1, POISON, len);
+        assert_int_equal(kvp_get(c2, key, b1, len, 0), (int64_t)len);
+        assert_true(check(key, b1, len));
+        free(b1);
+        free(b2);
+    }
+    kvp_client_close(&c1);
+    kvp_client_close(&c2);
+}
+
+static void test_client_remove_then_not_found(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(10000);
+    uint8_t v[64];
+    fill("rm", v, sizeof v);
+    assert_int_equal(kvp_put(c, "rm", v, sizeof v, NULL), KVP_OK);
+    assert_int_equal(kvp_put(c, "rm", v, sizeof v, NULL), KVP_ERR_EXISTS);
+    assert_int_equal(kvp_remove(c, "rm", true), KVP_OK);
+    assert_int_equal(kvp_exists(c, "rm"), 0);
+    assert_int_equal(kvp_get(c, "rm", v, sizeof v, 0), KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_remove(c, "rm", false), KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_remove(c, "", false), KVP_ERR_INVALID);
+    kvp_client_close(&c);
+}
+
+static void test_client_corrupt_replica_corrupt_or_next(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(10000);
+    uint8_t v[4096], buf[4096];
+    fill("corrupt-1", v, sizeof v);
+    assert_int_equal(kvp_put(c, "corrupt-1", v, sizeof v, NULL), KVP_OK);
+    int idx[NSEG];
+    uint64_t off[NSEG];
+    assert_int_equal(replica_segments("corrupt-1", idx, off), 1);
+    ((uint8_t *)S[idx[0]].base)[off[0] + 100] ^= 0xff; /* flip one byte of the only replica */
+    memset(buf, POISON, sizeof buf);
+    assert_int_equal(kvp_get(c, "corrupt-1", buf, sizeof buf, 0), KVP_ERR_CORRUPT);
+    ((uint8_t *)S[idx[0]].base)[off[0] + 100] ^= 0xff;
+
+    /* two replicas, the first corrupt: the read moves on to the good one */
+    fill("corrupt-2", v, sizeof v);
+    kvp_put_opts o = {.replica_num = 2};
+    assert_int_equal(kvp_put(c, "corrupt-2", v, sizeof v, &o), KVP_OK);
+    assert_int_equal(replica_segments("corrupt-2", idx, off), 2);
+    ((uint8_t *)S[idx[0]].base)[off[0]] ^= 0x01;
+    memset(buf, POISON, sizeof buf);
+    assert_int_equal(kvp_get(c, "corrupt-2", buf, sizeof buf, 0), (int64_t)sizeof buf);
+    assert_true(check("corrupt-2", buf, sizeof buf));
+    ((uint8_t *)S[idx[0]].base)[off[0]] ^= 0x01;
+    kvp_client_close(&c);
+}
+
+struct worker {
+    kvp_client *c;
+    int id;
+    int failures;
+};
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    for (int i = 0; i < 40; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "thr-%d-%d", w->id, i);
+        size_t len = 1000 + (size_t)i * 97;
+        uint8_t *b = malloc(len);
+        fill(key, b, len);
+        if (kvp_put(w->c, key, b, len, NULL) != KVP_OK)
+            w->failures++;
+        memset(b, POISON, len);
+        if (kvp_get(w->c, key, b, len, 0) != (int64_t)len || !check(key, b, len))
+            w->failures++;
+        free(b);
+    }
+    return NULL;
+}
+
+static void test_client_many_threads_one_client_ok(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(20000);
+    struct worker w[6];
+    pthread_t t[6];
+    for (int i = 0; i < 6; i++) {
+        w[i] = (struct worker){.c = c, .id = i};
+        pthread_create(&t[i], NULL, worker_main, &w[i]);
+    }
+    for (int i = 0; i < 6; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(w[i].failures, 0);
+    }
+    kvp_client_close(&c);
+}
+
+static void test_client_register_buffer_overlap_invalid(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(10000);
+    static uint8_t region[8192];
+    assert_int_equal(kvp_register_buffer(c, region, 4096), KVP_OK);
+    assert_int_equal(kvp_register_buffer(c, region + 4095, 10), KVP_ERR_INVALID);
+    assert_int_equal(kvp_register_buffer(c, region + 4096, 4096), KVP_OK);
+    assert_int_equal(kvp_register_buffer(c, NULL, 10), KVP_ERR_INVALID);
+    assert_int_equal(kvp_register_buffer(c, region, 0), KVP_ERR_INVALID);
+    assert_int_equal(kvp_unregister_buffer(c, region + 1), KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_unregister_buffer(c, region), KVP_OK);
+    assert_int_equal(kvp_unregister_buffer(c, region), KVP_ERR_NOT_FOUND);
+    kvp_client_close(&c);
+    kvp_client_close(&c); /* NULL */
+    kvp_client_close(NULL);
+}
+
+/* Must run last: stops segments. */
+static void test_client_dead_replica_failover_then_dead_only_fails_fast(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(4000);
+    /* replica_num 2 objects, and one single-replica object per segment */
+    enum { N = 16 };
+    char keys[N][32];
+    const char *kp[N];
+    void *bufs[N];
+    size_t caps[N];
+    int64_t res[N];
+    kvp_put_opts o2 = {.replica_num = 2};
+    for (int i = 0; i < N; i++) {
+        snprintf(keys[i], sizeof keys[i], "fo-%d", i);
+        kp[i] = keys[i];
+        caps[i] = 65536;
+        bufs[i] = malloc(caps[i]);
+        fill(keys[i], bufs[i], caps[i]);
+        assert_int_equal(kvp_put(c, keys[i], bufs[i], caps[i], &o2), KVP_OK);
+    }
+    /* find a single-replica key on segment 0 */
+    char solo[32] = "";
+    uint8_t sv[2048];
+    kvp_put_opts o1 = {.replica_num = 1, .preferred_segment = "seg-0"};
+    for (int i = 0; i < 20 && !solo[0]; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "solo-%d", i);
+        fill(k, sv, sizeof sv);
+        assert_int_equal(kvp_put(c, k, sv, sizeof sv, &o1), KVP_OK);
+        int idx[NSEG];
+        uint64_t off[NSEG];
+        if (replica_segments(k, idx, off) == 1 && idx[0] == 0)
+            snprintf(solo, sizeof solo, "%s", k);
+    }
+    assert_true(solo[0] != '\0');
+
+    kvp_seg_server_stop(&S[0].srv); /* segment 0 dies (its bytes stay in S[0].base, unserved) */
+    int before = atomic_load(&M.unreachable_reports);
+    for (int i = 0; i < N; i++)
+        memset(bufs[i], POISON, caps[i]);
+    assert_int_equal(kvp_batch_get(c, N, kp, bufs, caps, 0, res), KVP_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(res[i], (int64_t)caps[i]);
+        assert_true(check(keys[i], bufs[i], caps[i]));
+    }
+    /* at least one object had a replica on segment 0 listed first, or none did: either way the
+     * dead-only read below must be reported */
+    memset(sv, POISON, sizeof sv);
+    uint64_t t0 = kvp_clock_now_ms();
+    assert_int_equal(kvp_get(c, solo, sv, sizeof sv, 0), KVP_ERR_TRANSFER);
+    assert_true(kvp_clock_now_ms() - t0 <= 4000 + 1000); /* within the call's timeout */
+    assert_true(all_poison(sv, sizeof sv));
+    assert_true(atomic_load(&M.unreachable_reports) > before);
+    assert_int_equal(kvp_exists(c, solo), 1); /* not yet declared lost */
+    declare_lost(0);
+    assert_int_equal(kvp_exists(c, solo), 0);
+    assert_int_equal(kvp_get(c, solo, sv, sizeof sv, 0), KVP_ERR_NOT_FOUND);
+    /* a put now lands on the live segments only */
+    fill("after-loss", sv, sizeof sv);
+    kvp_put_opts o3 = {.replica_num = 3};
+    assert_int_equal(kvp_put(c, "after-loss", sv, sizeof sv, &o3), KVP_OK);
+    memset(sv, POISON, sizeof sv);
+    assert_int_equal(kvp_get(c, "after-loss", sv, sizeof sv, 0), (int64_t)sizeof sv);
+    assert_true(check("after-loss", sv, sizeof sv));
+    for (int i = 0; i < N; i++)
+        free(bufs[i]);
+    kvp_client_close(&c);
+    /* closed client */
+    assert_int_equal(kvp_put(NULL, "x", sv, 1, NULL), KVP_ERR_INVALID);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_client_sizes_and_replicas_roundtrip),
+        cmocka_unit_test(test_client_batches_roundtrip),
+        cmocka_unit_test(test_client_iov_scatter_gather_roundtrip),
+        cmocka_unit_test(test_client_batch_get_duplicate_key_both_filled),
+        cmocka_unit_test(test_client_batch_put_one_existing_key_exists_only),
+        cmocka_unit_test(test_client_two_clients_race_one_stores),
+        cmocka_unit_test(test_client_remove_then_not_found),
+        cmocka_unit_test(test_client_corrupt_replica_corrupt_or_next),
+        cmocka_unit_test(test_client_many_threads_one_client_ok),
+        cmocka_unit_test(test_client_register_buffer_overlap_invalid),
+        cmocka_unit_test(test_client_dead_replica_failover_then_dead_only_fails_fast),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
