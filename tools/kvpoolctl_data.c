@@ -165,7 +165,7 @@ static int parse(int argc, char **argv, kvp_config *cfg, struct data_args *a)
         }
         v = flag_value(argc, argv, &i, eq);
         if (!v) {
-            fprintf(stderr, "kvpoolctl %s: %s needs a value\n", a->cmd, s);
+            fprintf(stderr, "kvpoolctl %s: %s: unknown flag or missing value\n", a->cmd, s);
             return EXIT_USAGE;
         }
         if (is_flag(name, "o", len) || is_flag(name, "output", len)) {
