@@ -36,6 +36,12 @@ int main(int argc, char **argv)
         return bench_bounds_main(argc, argv);
     if (!strcmp(mode, "models"))
         return bench_models_main();
+    if (!strcmp(mode, "put") || !strcmp(mode, "get") || !strcmp(mode, "mixed"))
+        return bench_kv_main(mode, argc, argv);
+    if (!strcmp(mode, "meta"))
+        return bench_meta_main(argc, argv);
+    if (!strcmp(mode, "baseline-tcp"))
+        return bench_baseline_tcp_main(argc, argv);
     fprintf(stderr, "kvpool-bench: unknown mode '%s'\n", mode);
     usage();
     return 2;
