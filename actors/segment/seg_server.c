@@ -223,6 +223,8 @@ static void *conn_main(void *arg)
         }
     }
     free(scratch);
+    /* The peer sees the end now; the descriptor itself is closed when the thread is reaped. */
+    shutdown(c->fd, SHUT_RDWR);
     atomic_store_explicit(&c->done, true, memory_order_release);
     return NULL;
 }

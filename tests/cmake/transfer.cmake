@@ -1,0 +1,3 @@
+# Transfer engine, segment data-plane server and segment runtime tests (actors/transfer, actors/segment).
+kvp_add_test(test_xfer_resolve SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_xfer_resolve.c LABEL unit TIMEOUT 30)
+kvp_add_test(test_xfer_tcp SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_tcp.c LABEL actor TIMEOUT 120)
