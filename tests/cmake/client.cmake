@@ -3,3 +3,6 @@ kvp_add_test(test_msession SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_msession
 # The client library against the real master FSM behind an in-process fake master service and
 # three real segment data-plane servers (no Raft, no processes).
 kvp_add_test(test_client_fakemaster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_fakemaster.c LABEL actor TIMEOUT 90)
+# Real processes: 3 kvpool-master + 3 kvpool-segment via `kvpoolctl cluster up` (needs the tools built).
+kvp_add_test(test_client_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_cluster.c LABEL integration TIMEOUT 120)
+kvp_add_test(test_client_cluster_loss SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_cluster_loss.c LABEL integration TIMEOUT 90)

@@ -1,0 +1,156 @@
+/*
+ * test_client_util.h — helpers of the client integration tests (test_client_cluster*.c):
+ * start/stop a real local cluster with `kvpoolctl cluster up/down`, read cluster.json,
+ * self-checking payloads derived from the key, poisoned read buffers.
+ * Header-only (static functions): each test binary is one file.
+ */
+#ifndef KVP_TEST_CLIENT_UTIL_H
+#define KVP_TEST_CLIENT_UTIL_H
+
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "actors/client/api_config.h"
+#include "kvpool.h"
+
+#define TC_POISON 0xA5
+
+struct tc_cluster {
+    char dir[256];
+    char file[300]; /* DIR/cluster.json */
+    char ctl[512];  /* path of kvpoolctl */
+    bool up;
+};
+
+/* Run argv (NULL-terminated), wait; returns the exit status or -1. */
+static int tc_run(char *const argv[])
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* `kvpoolctl cluster up --dir <tmp> --masters 3 --segments N --segment-size SIZE --base-port P`.
+ * The environment (KVPOOL_*) is inherited by the processes it starts. */
+static int tc_cluster_up(struct tc_cluster *c, int segments, const char *segment_size)
+{
+    memset(c, 0, sizeof *c);
+    const char *bd = getenv("KVP_BUILD_DIR");
+    snprintf(c->ctl, sizeof c->ctl, "%s/tools/kvpoolctl", bd ? bd : ".");
+    snprintf(c->dir, sizeof c->dir, "/tmp/kvp-client-test-XXXXXX");
+    if (!mkdtemp(c->dir))
+        return -1;
+    snprintf(c->file, sizeof c->file, "%s/cluster.json", c->dir);
+    char segs[16], port[16];
+    snprintf(segs, sizeof segs, "%d", segments);
+    /* a port base derived from the pid so parallel tests do not collide */
+    snprintf(port, sizeof port, "%d", 20000 + (int)(getpid() % 400) * 100);
+    char *argv[] = {c->ctl, "cluster", "up", "--dir", c->dir, "--masters", "3", "--segments", segs,
+                    "--segment-size", (char *)segment_size, "--base-port", port, NULL};
+    int rc = tc_run(argv);
+    c->up = true; /* even on failure: down kills whatever started */
+    return rc;
+}
+
+static void tc_cluster_down(struct tc_cluster *c)
+{
+    if (!c->up)
+        return;
+    char *argv[] = {c->ctl, "cluster", "down", "--dir", c->dir, NULL};
+    tc_run(argv);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", c->dir);
+    c->up = false;
+}
+
+/* pid and name of segment i (0-based) from cluster.json; returns pid or -1. */
+static int tc_segment(const struct tc_cluster *c, size_t i, char *name, size_t cap)
+{
+    json_error_t e;
+    json_t *j = json_load_file(c->file, 0, &e);
+    if (!j)
+        return -1;
+    json_t *s = json_array_get(json_object_get(j, "segments"), i);
+    int pid = -1;
+    if (s) {
+        pid = (int)json_integer_value(json_object_get(s, "pid"));
+        const char *n = json_string_value(json_object_get(s, "name"));
+        snprintf(name, cap, "%s", n ? n : "");
+    }
+    json_decref(j);
+    return pid;
+}
+
+static kvp_client *tc_open(const struct tc_cluster *c, uint32_t timeout_ms)
+{
+    kvp_config *cfg = NULL;
+    if (kvp_config_new(&cfg) != KVP_OK)
+        return NULL;
+    char t[32];
+    snprintf(t, sizeof t, "%u", timeout_ms);
+    kvp_client *cl = NULL;
+    if (kvp_config_set(cfg, "cluster_file", c->file) != KVP_OK ||
+        kvp_config_set(cfg, "transfer_timeout", t) != KVP_OK || kvp_client_open(cfg, &cl) != KVP_OK)
+        cl = NULL;
+    kvp_config_destroy(&cfg);
+    return cl;
+}
+
+static void tc_fill(const char *key, uint8_t *buf, size_t len)
+{
+    uint64_t x = XXH3_64bits(key, strlen(key)) | 1;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(buf + i, &x, 8);
+    }
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    for (; i < len; i++)
+        buf[i] = (uint8_t)(x >> (8 * (i & 7)));
+}
+
+/* true when buf holds exactly the payload of key (len bytes) */
+static bool tc_check(const char *key, const uint8_t *buf, size_t len)
+{
+    uint64_t x = XXH3_64bits(key, strlen(key)) | 1;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        if (memcmp(buf + i, &x, 8) != 0)
+            return false;
+    }
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    for (; i < len; i++)
+        if (buf[i] != (uint8_t)(x >> (8 * (i & 7))))
+            return false;
+    return true;
+}
+
+static bool tc_all_poison(const uint8_t *buf, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] != TC_POISON)
+            return false;
+    return true;
+}
+
+#endif
