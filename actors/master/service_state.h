@@ -1,0 +1,185 @@
+/*
+ * service_state.h — all mutable state of the master service actor (service.h), field by field,
+ * and the functions the service_*.c files share. Owned by the service's thread only: nothing
+ * here is touched by the raft thread (that one owns the FSM and talks to us through the
+ * raftlog events socket).
+ */
+#ifndef KVP_MASTER_SERVICE_STATE_H
+#define KVP_MASTER_SERVICE_STATE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <czmq.h>
+
+#include "actors/master/fsm.h"
+#include "actors/master/service.h"
+#include "config/config.h"
+#include "raftlog/raftlog.h"
+#include "wire/kvpool.pb-c.h"
+
+/* ------------------------------------------------------------------ u64 → u64 map
+ * Open addressing, linear probing, backward-shift deletion. Key 0 is reserved (never stored):
+ * corr ids start at 1, segment ids start at 1, key hashes map 0 to 1. Used for every soft-state
+ * table so that a million leased keys cost 16 bytes each, not a strdup'd string. */
+struct svc_map {
+    uint64_t *keys; /* 0 = empty slot */
+    uint64_t *vals;
+    size_t cap;     /* power of two, or 0 before the first put */
+    size_t n;
+};
+
+void svc_map_init(struct svc_map *m);
+void svc_map_fini(struct svc_map *m);
+void svc_map_clear(struct svc_map *m);
+/** Insert or overwrite. Returns KVP_OK or KVP_ERR_NOMEM / KVP_ERR_INVALID (key 0). */
+int svc_map_put(struct svc_map *m, uint64_t key, uint64_t val);
+/** true and *val when present. val may be NULL. */
+bool svc_map_get(const struct svc_map *m, uint64_t key, uint64_t *val);
+/** Remove; true if it was present (and *val its value, val may be NULL). */
+bool svc_map_del(struct svc_map *m, uint64_t key, uint64_t *val);
+/** Keep only the entries for which keep(key, val, ctx) is true. */
+void svc_map_filter(struct svc_map *m, bool (*keep)(uint64_t key, uint64_t val, void *ctx), void *ctx);
+/** Iterate: *pos starts at 0; returns false at the end. Do not modify the map while iterating. */
+bool svc_map_next(const struct svc_map *m, size_t *pos, uint64_t *key, uint64_t *val);
+
+/** The soft-state key of an object key: XXH3-64 of its bytes (0 mapped to 1). A collision only
+ * makes a lease look held longer: the safe direction. */
+uint64_t svc_key_hash(const char *key);
+
+/* ------------------------------------------------------------------ pending work */
+
+enum svc_internal_kind {
+    SVC_INT_NONE = 0,
+    SVC_INT_REVOKE_EXPIRED,
+    SVC_INT_QUARANTINE_RELEASE,
+    SVC_INT_SEGMENT_LOST,
+    SVC_INT_STATUS_REFRESH,
+};
+
+/** One request waiting for a raftlog result (APPLIED, QUERY or ADMIN event), keyed by corr. */
+struct svc_pending {
+    uint64_t corr;
+    zframe_t *identity;        /* ROUTER identity of the caller; NULL for internal work */
+    uint64_t req_id;           /* echoed in the Response */
+    uint64_t deadline_ms;      /* monotonic; 0 = none. Replies after it are dropped. */
+    int body_case;             /* Kvp__Request__BodyCase of the request, or 0 */
+    int internal;              /* enum svc_internal_kind for timer-driven work */
+    uint32_t segment_id;       /* SEGMENT_LOST / UNMOUNT: the segment concerned */
+    /* GetReplicaList / PutEnd: hashes of the keys, in request order (leases, last access). */
+    uint64_t *key_hashes;
+    size_t n_keys;
+    /* Remove: per original key, the status decided here (KVP_ERR_LEASED), or 1 = forwarded to
+     * the FSM (its status comes from the FSM's reply, in forwarded order). */
+    int32_t *remove_status;
+    size_t n_remove;
+};
+
+/** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
+struct svc_hb_waiter {
+    zframe_t *identity;
+    uint64_t req_id;
+    uint64_t deadline_ms;
+    uint32_t segment_id;
+};
+
+/* ------------------------------------------------------------------ the actor state */
+
+struct kvp_master_service {
+    struct kvp_cfg_master cfg;             /* settings in force (copied at new) */
+    char actor[32];                        /* log name, "master-<id>" */
+    struct kvp_master_member members[KVP_CFG_MAX_MASTERS]; /* id → control/raft address */
+    int n_members;
+
+    zsock_t *router;                       /* ROUTER bound at tcp://cfg.listen */
+    zloop_t *loop;                         /* zloop of run() */
+    struct kvp_raftlog *rl;                /* raft thread; owns `fsm` while running */
+    struct kvp_master_fsm *fsm;            /* created here, destroyed after rl stops */
+    atomic_bool stop;                      /* request_stop() flag, checked by a timer */
+
+    /* Leadership, from KVP_RAFTLOG_EV_LEADER events and kvp_raftlog_get_info(). */
+    bool is_leader;
+    uint64_t leader_id;                    /* 0 = unknown */
+    uint64_t term;
+    uint64_t leader_since_ms;              /* monotonic time this node became leader */
+    int last_logged_role;                  /* -1 unknown, 0 follower, 1 leader: one INFO per change */
+    uint64_t last_logged_leader;
+
+    /* Requests in flight towards the raftlog: corr → struct svc_pending *. */
+    struct svc_map pending;
+    uint64_t next_corr;                    /* starts at 1 */
+
+    /* Leader-only soft state (cleared on every leadership change). */
+    struct svc_map leases;                 /* key hash → lease expiry (monotonic ms) */
+    struct svc_map last_access;            /* key hash → last read/write (monotonic ms), for LRU */
+    struct svc_map last_hb;                /* segment id → last heartbeat or mount (monotonic ms) */
+    struct svc_map unreachable;            /* segment id → last ReportUnreachable (monotonic ms) */
+    struct svc_map segments;               /* segment id → Kvp__SegmentState + 1 (FSM's view) */
+    struct svc_map lost_sent;              /* segment id → time a SegmentLost was submitted */
+    uint64_t segments_fresh_ms;            /* when `segments` was last refreshed; 0 = never as leader */
+    bool status_refresh_inflight;
+    uint64_t fsm_pending_puts;             /* from the last refresh: RevokeExpired only when > 0 */
+    uint64_t fsm_quarantined_bytes;        /* from the last refresh: QuarantineRelease only when > 0 */
+    zlist_t *hb_waiters;                   /* struct svc_hb_waiter *, answered at the next refresh */
+    bool revoke_inflight;                  /* one RevokeExpired at a time */
+    bool release_inflight;                 /* one QuarantineRelease at a time */
+
+    /* Bad-frame log rate limit. */
+    uint64_t bad_window_ms;
+    unsigned bad_in_window;
+    uint64_t bad_total;
+};
+
+/* ------------------------------------------------------------------ shared helpers */
+
+uint64_t svc_now_ms(void);
+
+/** The control address of `id` ("" when unknown). */
+const char *svc_member_address(const struct kvp_master_service *s, uint64_t id);
+
+/** Encode `resp` (req_id set from req_id) and send it to identity. Does not take ownership. */
+void svc_reply(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id, Kvp__Response *resp);
+/** Reply with a status and an error string, no body (NOT_LEADER adds the leader hint). */
+void svc_reply_status(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id, int status,
+                      const char *error);
+void svc_reply_empty(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id);
+
+/** New pending entry for a request (identity duplicated) or internal work (identity NULL). */
+struct svc_pending *svc_pending_new(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+void svc_pending_free(struct svc_pending *p);
+
+/** Pack cmd_body into a Command (now_wall_ms, term) and submit it under p->corr. On error the
+ * pending entry is freed and, for a request, answered with the error. */
+int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command *cmd);
+/** Pack req as a raw Request and run it as a raftlog query under p->corr (same error rule). */
+int svc_query(struct kvp_master_service *s, struct svc_pending *p, const Kvp__Request *req);
+
+/* service_rpc.c: one handler per request type; dispatch. */
+void svc_dispatch(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req);
+/* service_rpc.c: a raftlog result for a pending request or internal work. */
+void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind, int status,
+                   const uint8_t *data, size_t len);
+
+/* service_soft.c: soft state and timers. */
+void svc_soft_reset(struct kvp_master_service *s);
+bool svc_in_election_grace(const struct kvp_master_service *s);
+bool svc_key_leased(const struct kvp_master_service *s, uint64_t key_hash);
+void svc_grant_lease(struct kvp_master_service *s, uint64_t key_hash);
+void svc_touch(struct kvp_master_service *s, uint64_t key_hash);
+void svc_on_heartbeat_req(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp);
+void svc_request_status_refresh(struct kvp_master_service *s);
+int svc_timers_start(struct kvp_master_service *s);
+/** Parse an FSM ClusterStatus JSON document into s->segments. Returns KVP_OK or KVP_ERR_MALFORMED. */
+int svc_segments_from_json(struct kvp_master_service *s, const char *json);
+
+/* service_status.c: the ClusterStatus document and Members. */
+char *svc_status_json(struct kvp_master_service *s, const char *fsm_json);
+void svc_fill_members(struct kvp_master_service *s, Kvp__MembersResp *mr, Kvp__Member *storage,
+                      Kvp__Member **ptrs, size_t cap);
+void svc_refresh_leadership(struct kvp_master_service *s);
+void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t leader_id, uint64_t term);
+
+#endif

@@ -1,0 +1,148 @@
+/*
+ * service_status.c — leadership tracking (one INFO line per change) and the ClusterStatus
+ * document: the FSM's JSON merged with leader, term, members, this node and the settings in
+ * force (docs/master.md "ClusterStatus").
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "actors/master/service_state.h"
+#include "kvpool.h"
+#include "runtime/log.h"
+
+void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t leader_id, uint64_t term)
+{
+    bool was = s->is_leader;
+    uint64_t old_term = s->term;
+    s->leader_id = leader_id;
+    s->term = term;
+    if (is_leader && (!was || term != old_term)) {
+        s->is_leader = true;
+        s->leader_since_ms = svc_now_ms();
+        svc_soft_reset(s);
+        svc_request_status_refresh(s);
+    } else if (!is_leader && was) {
+        s->is_leader = false;
+        svc_soft_reset(s);
+    }
+    int role = is_leader ? 1 : 0;
+    if (role != s->last_logged_role || (!is_leader && leader_id != s->last_logged_leader)) {
+        if (is_leader)
+            kvp_log_info(s->actor, "became leader (term %llu); every object counts as leased for %llu ms",
+                         (unsigned long long)term, (unsigned long long)s->cfg.default_kv_lease_ttl_ms);
+        else if (leader_id)
+            kvp_log_info(s->actor, "follower (term %llu), leader is %llu at %s", (unsigned long long)term,
+                         (unsigned long long)leader_id, svc_member_address(s, leader_id));
+        else
+            kvp_log_info(s->actor, "follower (term %llu), no leader known", (unsigned long long)term);
+        s->last_logged_role = role;
+        s->last_logged_leader = leader_id;
+    }
+}
+
+void svc_refresh_leadership(struct kvp_master_service *s)
+{
+    struct kvp_raftlog_info info;
+    memset(&info, 0, sizeof info);
+    kvp_raftlog_get_info(s->rl, &info);
+    svc_set_leadership(s, info.is_leader, info.leader_id, info.term);
+}
+
+void svc_fill_members(struct kvp_master_service *s, Kvp__MembersResp *mr, Kvp__Member *storage,
+                      Kvp__Member **ptrs, size_t cap)
+{
+    struct kvp_raftlog_info info;
+    memset(&info, 0, sizeof info);
+    kvp_raftlog_get_info(s->rl, &info);
+    size_t n = 0;
+    for (size_t i = 0; i < info.n_members && i < 9 && n < cap; i++) {
+        Kvp__Member *m = &storage[n];
+        kvp__member__init(m);
+        m->id = info.members[i].id;
+        m->address = (char *)svc_member_address(s, m->id);
+        m->raft_address = info.members[i].raft_address;
+        m->role = 0;
+        ptrs[n++] = m;
+    }
+    mr->members = ptrs;
+    mr->n_members = n;
+    mr->leader_id = info.leader_id;
+    mr->term = info.term;
+}
+
+char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
+{
+    json_error_t err;
+    json_t *doc = json_loads(fsm_json, 0, &err);
+    if (!json_is_object(doc)) {
+        json_decref(doc);
+        doc = json_object();
+        if (!doc)
+            return NULL;
+        json_object_set_new(doc, "fsm_raw", json_string(fsm_json));
+    }
+    struct kvp_raftlog_info info;
+    memset(&info, 0, sizeof info);
+    kvp_raftlog_get_info(s->rl, &info);
+    const struct kvp_cfg_master *c = &s->cfg;
+
+    json_object_set_new(doc, "leader_id", json_integer((json_int_t)info.leader_id));
+    json_object_set_new(doc, "leader_address", json_string(svc_member_address(s, info.leader_id)));
+    json_object_set_new(doc, "term", json_integer((json_int_t)info.term));
+    json_object_set_new(doc, "commit_index", json_integer((json_int_t)info.commit_index));
+    json_object_set_new(doc, "last_applied", json_integer((json_int_t)info.last_applied));
+
+    json_t *members = json_array();
+    for (size_t i = 0; i < info.n_members && i < 9; i++) {
+        json_t *m = json_object();
+        json_object_set_new(m, "id", json_integer((json_int_t)info.members[i].id));
+        json_object_set_new(m, "address", json_string(svc_member_address(s, info.members[i].id)));
+        json_object_set_new(m, "raft_address", json_string(info.members[i].raft_address));
+        json_object_set_new(m, "leader", json_boolean(info.members[i].id == info.leader_id));
+        json_array_append_new(members, m);
+    }
+    json_object_set_new(doc, "members", members);
+
+    json_t *node = json_object();
+    json_object_set_new(node, "id", json_integer((json_int_t)c->id));
+    json_object_set_new(node, "pid", json_integer((json_int_t)getpid()));
+    json_object_set_new(node, "address", json_string(c->listen));
+    json_object_set_new(node, "raft_address", json_string(c->raft_address));
+    json_object_set_new(node, "data_dir", json_string(c->data_dir));
+    json_object_set_new(node, "is_leader", json_boolean(s->is_leader));
+    uint64_t now = svc_now_ms();
+    json_object_set_new(node, "leader_for_ms", json_integer(s->is_leader ? (json_int_t)(now - s->leader_since_ms) : 0));
+    json_object_set_new(node, "in_election_grace", json_boolean(svc_in_election_grace(s)));
+    json_object_set_new(doc, "node", node);
+
+    json_t *soft = json_object();
+    json_object_set_new(soft, "leases", json_integer((json_int_t)s->leases.n));
+    json_object_set_new(soft, "tracked_access", json_integer((json_int_t)s->last_access.n));
+    json_object_set_new(soft, "heartbeating_segments", json_integer((json_int_t)s->last_hb.n));
+    json_object_set_new(soft, "pending_requests", json_integer((json_int_t)s->pending.n));
+    json_object_set_new(soft, "bad_frames", json_integer((json_int_t)s->bad_total));
+    json_object_set_new(doc, "soft_state", soft);
+
+    json_t *set = json_object();
+    json_object_set_new(set, "election_timeout_ms", json_integer(c->election_timeout_ms));
+    json_object_set_new(set, "raft_heartbeat_ms", json_integer(c->raft_heartbeat_ms));
+    json_object_set_new(set, "snapshot_threshold", json_integer((json_int_t)c->snapshot_threshold));
+    json_object_set_new(set, "snapshot_trailing", json_integer((json_int_t)c->snapshot_trailing));
+    json_object_set_new(set, "group_commit_max", json_integer(c->group_commit_max));
+    json_object_set_new(set, "default_kv_lease_ttl", json_integer((json_int_t)c->default_kv_lease_ttl_ms));
+    json_object_set_new(set, "client_ttl", json_integer((json_int_t)c->client_ttl_ms));
+    json_object_set_new(set, "put_ttl", json_integer((json_int_t)c->put_ttl_ms));
+    json_object_set_new(set, "fence_grace_ms", json_integer((json_int_t)c->fence_grace_ms));
+    json_object_set_new(set, "eviction_ratio", json_real(c->eviction_ratio));
+    json_object_set_new(set, "eviction_high_watermark_ratio", json_real(c->eviction_high_watermark_ratio));
+    json_object_set_new(set, "probe_timeout_ms", json_integer(c->probe_timeout_ms));
+    json_object_set_new(doc, "settings", set);
+
+    char *out = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    return out;
+}

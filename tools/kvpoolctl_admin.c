@@ -1,0 +1,287 @@
+/*
+ * kvpoolctl_admin.c — kvpoolctl's cluster administration commands: status, leader, members,
+ * segments, transfer-leader, add-member, remove-member. Each prints a short human form, or
+ * with --json one JSON document on stdout. docs/operations.md.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvpool.h"
+#include "tools/kvpoolctl_ctl.h"
+
+static int no_args(struct ctl *c, int argc, char **argv)
+{
+    if (argc > 1) {
+        fprintf(stderr, "kvpoolctl %s: unexpected argument '%s'\n", argv[0], argv[1]);
+        return 2;
+    }
+    return 0;
+}
+
+static bool parse_id(const char *s, uint64_t *out)
+{
+    char *end = NULL;
+    if (!s || !*s || *s == '-')
+        return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!end || *end || v == 0)
+        return false;
+    *out = v;
+    return true;
+}
+
+static json_int_t jint(json_t *o, const char *k)
+{
+    return json_integer_value(json_object_get(o, k));
+}
+
+static const char *jstr(json_t *o, const char *k)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+static void human_bytes(uint64_t b, char *buf, size_t cap)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    snprintf(buf, cap, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+}
+
+static void print_segments(json_t *segs)
+{
+    size_t i;
+    json_t *s;
+    printf("%-4s %-20s %-22s %-9s %10s %10s %8s %6s\n", "ID", "NAME", "ENDPOINT", "STATE", "SIZE", "USED",
+           "OBJECTS", "FREEX");
+    json_array_foreach(segs, i, s) {
+        char sz[32], used[32];
+        human_bytes((uint64_t)jint(s, "size"), sz, sizeof sz);
+        human_bytes((uint64_t)jint(s, "used"), used, sizeof used);
+        printf("%-4lld %-20s %-22s %-9s %10s %10s %8lld %6lld\n", (long long)jint(s, "id"), jstr(s, "name"),
+               jstr(s, "endpoint"), jstr(s, "state"), sz, used, (long long)jint(s, "objects"),
+               (long long)jint(s, "free_extents"));
+    }
+}
+
+int ctl_cmd_status(struct ctl *c, int argc, char **argv)
+{
+    int rc = no_args(c, argc, argv);
+    if (rc)
+        return rc;
+    int err;
+    json_t *st = ctl_status(c, 0, &err);
+    if (!st)
+        return ctl_fail(c, "status", err, NULL);
+    if (c->json) {
+        ctl_print_json(st);
+        json_decref(st);
+        return 0;
+    }
+    json_t *node = json_object_get(st, "node");
+    printf("leader   %lld at %s (pid %lld), term %lld, commit index %lld\n", (long long)jint(st, "leader_id"),
+           jstr(st, "leader_address"), (long long)jint(node, "pid"), (long long)jint(st, "term"),
+           (long long)jint(st, "commit_index"));
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(st, "members"), i, m)
+        printf("member   %lld  control %-22s raft %-22s%s\n", (long long)jint(m, "id"), jstr(m, "address"),
+               jstr(m, "raft_address"), json_is_true(json_object_get(m, "leader")) ? "  leader" : "");
+    char cap[32], used[32], quar[32];
+    human_bytes((uint64_t)jint(st, "capacity_bytes"), cap, sizeof cap);
+    human_bytes((uint64_t)jint(st, "used_bytes"), used, sizeof used);
+    human_bytes((uint64_t)jint(st, "quarantined_bytes"), quar, sizeof quar);
+    printf("objects  %lld complete, %lld pending puts\n", (long long)jint(st, "objects"),
+           (long long)jint(st, "pending_puts"));
+    printf("pool     %s capacity, %s used, %s quarantined\n", cap, used, quar);
+    json_t *segs = json_object_get(st, "segments");
+    printf("segments %zu\n", json_array_size(segs));
+    if (json_array_size(segs))
+        print_segments(segs);
+    json_t *set = json_object_get(st, "settings");
+    const char *k;
+    json_t *v;
+    printf("settings");
+    json_object_foreach(set, k, v) {
+        if (json_is_real(v))
+            printf(" %s=%g", k, json_real_value(v));
+        else
+            printf(" %s=%lld", k, (long long)json_integer_value(v));
+    }
+    printf("\n");
+    json_decref(st);
+    return 0;
+}
+
+int ctl_cmd_leader(struct ctl *c, int argc, char **argv)
+{
+    int rc = no_args(c, argc, argv);
+    if (rc)
+        return rc;
+    int err;
+    json_t *st = ctl_status(c, 0, &err);
+    if (!st)
+        return ctl_fail(c, "leader", err, "no leader answered");
+    /* ClusterStatus is answered by the leader itself, so its "node" is the leader. */
+    json_t *node = json_object_get(st, "node");
+    json_int_t id = jint(st, "leader_id");
+    if (!id)
+        id = jint(node, "id");
+    const char *addr = jstr(st, "leader_address");
+    if (!*addr)
+        addr = jstr(node, "address");
+    json_int_t pid = jint(node, "pid");
+    if (c->json) {
+        json_t *j = json_pack("{s:I, s:s, s:I, s:I}", "id", id, "address", addr, "pid", pid, "term",
+                              jint(st, "term"));
+        ctl_print_json(j);
+        json_decref(j);
+    } else {
+        printf("leader %lld at %s (pid %lld, term %lld)\n", (long long)id, addr, (long long)pid,
+               (long long)jint(st, "term"));
+    }
+    json_decref(st);
+    return 0;
+}
+
+int ctl_cmd_members(struct ctl *c, int argc, char **argv)
+{
+    int rc = no_args(c, argc, argv);
+    if (rc)
+        return rc;
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__MembersReq mr = KVP__MEMBERS_REQ__INIT;
+    req.body_case = KVP__REQUEST__BODY_MEMBERS;
+    req.members = &mr;
+    Kvp__Response *resp = NULL;
+    int err = ctl_call(c, &req, 0, &resp);
+    if (err == KVP_OK && resp->status != KVP_OK)
+        err = resp->status;
+    if (err == KVP_OK && !resp->members)
+        err = KVP_ERR_MALFORMED;
+    if (err != KVP_OK) {
+        ctl_response_free(resp);
+        return ctl_fail(c, "members", err, NULL);
+    }
+    Kvp__MembersResp *m = resp->members;
+    if (c->json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < m->n_members; i++)
+            json_array_append_new(arr, json_pack("{s:I, s:s, s:s, s:b}", "id", (json_int_t)m->members[i]->id,
+                                                 "address", m->members[i]->address, "raft_address",
+                                                 m->members[i]->raft_address, "leader",
+                                                 m->members[i]->id == m->leader_id));
+        json_t *j = json_pack("{s:I, s:I, s:o}", "leader_id", (json_int_t)m->leader_id, "term",
+                              (json_int_t)m->term, "members", arr);
+        ctl_print_json(j);
+        json_decref(j);
+    } else {
+        printf("%-4s %-22s %-22s %s\n", "ID", "CONTROL", "RAFT", "ROLE");
+        for (size_t i = 0; i < m->n_members; i++)
+            printf("%-4llu %-22s %-22s %s\n", (unsigned long long)m->members[i]->id,
+                   *m->members[i]->address ? m->members[i]->address : "?", m->members[i]->raft_address,
+                   m->members[i]->id == m->leader_id ? "leader" : "voter");
+        printf("term %llu\n", (unsigned long long)m->term);
+    }
+    ctl_response_free(resp);
+    return 0;
+}
+
+int ctl_cmd_segments(struct ctl *c, int argc, char **argv)
+{
+    int rc = no_args(c, argc, argv);
+    if (rc)
+        return rc;
+    int err;
+    json_t *st = ctl_status(c, 0, &err);
+    if (!st)
+        return ctl_fail(c, "segments", err, NULL);
+    json_t *segs = json_object_get(st, "segments");
+    if (c->json)
+        ctl_print_json(segs ? segs : json_array());
+    else
+        print_segments(segs);
+    json_decref(st);
+    return 0;
+}
+
+static int simple_call(struct ctl *c, const char *cmd, Kvp__Request *req, const char *done)
+{
+    Kvp__Response *resp = NULL;
+    int err = ctl_call(c, req, 0, &resp);
+    const char *ctx = NULL;
+    if (err == KVP_OK && resp->status != KVP_OK) {
+        err = resp->status;
+        ctx = resp->error;
+    }
+    int rc;
+    if (err != KVP_OK) {
+        rc = ctl_fail(c, cmd, err, ctx);
+    } else {
+        if (c->json) {
+            json_t *j = json_pack("{s:s}", "result", "ok");
+            ctl_print_json(j);
+            json_decref(j);
+        } else {
+            printf("%s\n", done);
+        }
+        rc = 0;
+    }
+    ctl_response_free(resp);
+    return rc;
+}
+
+int ctl_cmd_transfer_leader(struct ctl *c, int argc, char **argv)
+{
+    uint64_t target = 0;
+    if (argc > 2 || (argc == 2 && !parse_id(argv[1], &target))) {
+        fprintf(stderr, "usage: kvpoolctl transfer-leader [ID]   (ID >= 1; none = any other member)\n");
+        return 2;
+    }
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__TransferLeaderReq tl = KVP__TRANSFER_LEADER_REQ__INIT;
+    tl.target_id = target;
+    req.body_case = KVP__REQUEST__BODY_TRANSFER_LEADER;
+    req.transfer_leader = &tl;
+    return simple_call(c, "transfer-leader", &req, "leadership transfer done");
+}
+
+int ctl_cmd_add_member(struct ctl *c, int argc, char **argv)
+{
+    uint64_t id = 0;
+    if (argc != 4 || !parse_id(argv[1], &id) || !strchr(argv[2], ':') || !strchr(argv[3], ':')) {
+        fprintf(stderr, "usage: kvpoolctl add-member ID CTRL_HOST:PORT RAFT_HOST:PORT\n");
+        return 2;
+    }
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__AddMemberReq am = KVP__ADD_MEMBER_REQ__INIT;
+    Kvp__Member m = KVP__MEMBER__INIT;
+    m.id = id;
+    m.address = argv[2];
+    m.raft_address = argv[3];
+    am.member = &m;
+    req.body_case = KVP__REQUEST__BODY_ADD_MEMBER;
+    req.add_member = &am;
+    return simple_call(c, "add-member", &req, "member added");
+}
+
+int ctl_cmd_remove_member(struct ctl *c, int argc, char **argv)
+{
+    uint64_t id = 0;
+    if (argc != 2 || !parse_id(argv[1], &id)) {
+        fprintf(stderr, "usage: kvpoolctl remove-member ID\n");
+        return 2;
+    }
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__RemoveMemberReq rm = KVP__REMOVE_MEMBER_REQ__INIT;
+    rm.id = id;
+    req.body_case = KVP__REQUEST__BODY_REMOVE_MEMBER;
+    req.remove_member = &rm;
+    return simple_call(c, "remove-member", &req, "member removed");
+}
