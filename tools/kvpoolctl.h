@@ -10,7 +10,7 @@
 /**
  * The data commands, over the public client API (include/kvpool.h):
  *   put KEY FILE|-        store the bytes of FILE (or stdin)
- *   get KEY [-o FILE]     write the object to stdout or FILE (written whole, then renamed)
+ *   get KEY [-o FILE|FILE] write the object to stdout or FILE (written whole, then renamed)
  *   exists KEY            exit 0 when the key exists, 1 when it does not, 2 on error
  *   rm KEY [--force]      remove (--force: also when under a read lease)
  *   size KEY              print the object's size in bytes

@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "actors/client/api_config.h" /* kvp_config_load_env: proposed for kvpool.h */
 #include "kvpool.h"
 #include "tools/kvpoolctl.h"
@@ -27,6 +29,7 @@ struct data_args {
     bool soft_pin;          /* put */
     const char *preferred;  /* put */
     bool help;
+    bool json;              /* --json: one JSON object on stdout per command */
 };
 
 void kvpctl_data_usage(FILE *out)
@@ -34,12 +37,13 @@ void kvpctl_data_usage(FILE *out)
     fprintf(out,
             "  kvpoolctl put KEY FILE|-        store FILE (or stdin) under KEY\n"
             "                                  [--replica-num N] [--soft-pin] [--preferred-segment NAME]\n"
-            "  kvpoolctl get KEY [-o FILE]     write the object to stdout or FILE\n"
+            "  kvpoolctl get KEY [-o FILE|FILE] write the object to stdout or FILE\n"
             "  kvpoolctl exists KEY            exit 0 if KEY exists, 1 if not, 2 on error\n"
             "  kvpoolctl rm KEY [--force]      remove KEY (--force: even under a read lease)\n"
             "  kvpoolctl size KEY              print the object's size in bytes\n"
             "  data command flags: --masters host:port,... | --cluster DIR[/cluster.json],\n"
-            "    --config FILE (client JSON), any client key as --key=value (docs/config.md);\n"
+            "    --config FILE (client JSON), --timeout MS, --json (a JSON object on stdout),\n"
+            "    any client key as --key=value (docs/config.md);\n"
             "    environment KVPOOL_MASTER_SERVER_ADDRESS etc. (flags > env > file > defaults)\n");
 }
 
@@ -47,6 +51,36 @@ static void errmsg(const char *cmd, const char *key, const char *what, int err)
 {
     fprintf(stderr, "kvpoolctl %s%s%s: %s%s%s (%s)\n", cmd, key ? " " : "", key ? key : "", what ? what : "",
             what ? ": " : "", kvp_strerror(err), kvp_errname(err));
+}
+
+/* --json: print {"command", "key", <field>: <value>} on stdout; takes ownership of value. */
+static void json_result(const struct data_args *a, const char *field, json_t *value)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "command", json_string(a->cmd));
+    json_object_set_new(o, "key", json_string(a->key));
+    if (field)
+        json_object_set_new(o, field, value);
+    else
+        json_decref(value);
+    char *js = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (js)
+        printf("%s\n", js);
+    free(js);
+    json_decref(o);
+}
+
+/* An operation failed: text on stderr, and with --json an error object on stdout. */
+static void op_error(const struct data_args *a, const char *what, int err)
+{
+    errmsg(a->cmd, a->key, what, err);
+    if (a->json) {
+        json_t *e = json_object();
+        json_object_set_new(e, "code", json_integer(err));
+        json_object_set_new(e, "name", json_string(kvp_errname(err)));
+        json_object_set_new(e, "message", json_string(kvp_strerror(err)));
+        json_result(a, "error", e);
+    }
 }
 
 /* "--name=value" / "--name value" / "-o value": value of a flag or NULL (usage error). */
@@ -152,11 +186,15 @@ static int parse(int argc, char **argv, kvp_config *cfg, struct data_args *a)
             a->force = true;
             continue;
         }
+        if (is_flag(name, "json", len) && !eq) {
+            a->json = true;
+            continue;
+        }
         if (is_flag(name, "soft-pin", len) && !eq) {
             a->soft_pin = true;
             continue;
         }
-        bool needs_value = is_flag(name, "o", len) || is_flag(name, "output", len) ||
+        bool needs_value = is_flag(name, "o", len) || is_flag(name, "output", len) || is_flag(name, "timeout", len) ||
                            is_flag(name, "masters", len) || is_flag(name, "cluster", len) ||
                            is_flag(name, "preferred-segment", len);
         if (!needs_value && s[1] != '-') {
@@ -174,6 +212,15 @@ static int parse(int argc, char **argv, kvp_config *cfg, struct data_args *a)
             a->preferred = v;
         } else if (is_flag(name, "cluster", len)) {
             cluster = v;
+        } else if (is_flag(name, "timeout", len)) {
+            /* kvpoolctl's global --timeout MS: the call timeout and the master RPC timeout */
+            rc = kvp_config_set(cfg, "transfer_timeout", v);
+            if (rc == KVP_OK)
+                rc = kvp_config_set(cfg, "rpc_timeout_ms", v);
+            if (rc != KVP_OK) {
+                errmsg(a->cmd, NULL, s, rc);
+                return EXIT_USAGE;
+            }
         } else {
             /* --masters, or any client config key (--replica-num 2, --transfer-timeout=30s) */
             char key[128];
@@ -200,9 +247,15 @@ static int parse(int argc, char **argv, kvp_config *cfg, struct data_args *a)
     if (a->help)
         return EXIT_OK;
 
-    int want = strcmp(a->cmd, "put") == 0 ? 2 : 1;
+    bool is_put = strcmp(a->cmd, "put") == 0, is_get = strcmp(a->cmd, "get") == 0;
+    if (is_get && npos == 2 && !a->output) {
+        a->output = pos[1]; /* get KEY FILE, same as get KEY -o FILE */
+        npos = 1;
+    }
+    int want = is_put ? 2 : 1;
     if (npos != want) {
-        fprintf(stderr, "kvpoolctl %s: expected %s\n", a->cmd, want == 2 ? "KEY FILE|-" : "KEY");
+        fprintf(stderr, "kvpoolctl %s: expected %s\n", a->cmd,
+                is_put ? "KEY FILE|-" : is_get ? "KEY [-o FILE]" : "KEY");
         return EXIT_USAGE;
     }
     a->key = pos[0];
@@ -291,7 +344,7 @@ static int cmd_put(kvp_client *cl, const struct data_args *a)
     if (fd != STDIN_FILENO)
         close(fd);
     if (rc != KVP_OK) {
-        errmsg("put", a->key, a->file, rc);
+        op_error(a, a->file, rc);
         return EXIT_FAIL;
     }
     if (len == 0) {
@@ -304,10 +357,13 @@ static int cmd_put(kvp_client *cl, const struct data_args *a)
     rc = kvp_put(cl, a->key, buf, len, &opts);
     free(buf);
     if (rc != KVP_OK) {
-        errmsg("put", a->key, NULL, rc);
+        op_error(a, NULL, rc);
         return EXIT_FAIL;
     }
-    printf("put %s: %zu bytes\n", a->key, len);
+    if (a->json)
+        json_result(a, "bytes", json_integer((json_int_t)len));
+    else
+        printf("put %s: %zu bytes\n", a->key, len);
     return EXIT_OK;
 }
 
@@ -319,7 +375,7 @@ static int cmd_get(kvp_client *cl, const struct data_args *a)
     for (int attempt = 0; attempt < 3 && got == KVP_ERR_BUFFER_TOO_SMALL; attempt++) {
         int64_t size = kvp_get_size(cl, a->key);
         if (size < 0) {
-            errmsg("get", a->key, NULL, (int)size);
+            op_error(a, NULL, (int)size);
             return EXIT_FAIL;
         }
         free(buf);
@@ -332,7 +388,7 @@ static int cmd_get(kvp_client *cl, const struct data_args *a)
     }
     if (got < 0) {
         free(buf);
-        errmsg("get", a->key, NULL, (int)got);
+        op_error(a, NULL, (int)got);
         return EXIT_FAIL;
     }
     int status = EXIT_OK;
@@ -353,7 +409,10 @@ static int cmd_get(kvp_client *cl, const struct data_args *a)
                 unlink(tmp);
             status = EXIT_FAIL;
         } else {
-            fprintf(stderr, "get %s: %lld bytes -> %s\n", a->key, (long long)got, a->output);
+            if (a->json)
+                json_result(a, "bytes", json_integer((json_int_t)got));
+            else
+                fprintf(stderr, "get %s: %lld bytes -> %s\n", a->key, (long long)got, a->output);
         }
     }
     free(buf);
@@ -403,28 +462,37 @@ int kvpctl_data_main(int argc, char **argv)
     } else if (strcmp(cmd, "exists") == 0) {
         int r = kvp_exists(cl, a.key);
         if (r < 0) {
-            errmsg(cmd, a.key, NULL, r);
+            op_error(&a, NULL, r);
             status = EXIT_USAGE;
         } else {
-            printf("%s: %s\n", a.key, r ? "exists" : "not found");
+            if (a.json)
+                json_result(&a, "exists", json_boolean(r == 1));
+            else
+                printf("%s: %s\n", a.key, r ? "exists" : "not found");
             status = r ? EXIT_OK : EXIT_FAIL;
         }
     } else if (strcmp(cmd, "rm") == 0) {
         rc = kvp_remove(cl, a.key, a.force);
         if (rc != KVP_OK) {
-            errmsg(cmd, a.key, rc == KVP_ERR_LEASED ? "under a read lease, retry or use --force" : NULL, rc);
+            op_error(&a, rc == KVP_ERR_LEASED ? "under a read lease, retry or use --force" : NULL, rc);
             status = EXIT_FAIL;
         } else {
-            printf("rm %s: removed\n", a.key);
+            if (a.json)
+                json_result(&a, "removed", json_true());
+            else
+                printf("rm %s: removed\n", a.key);
             status = EXIT_OK;
         }
     } else { /* size */
         int64_t sz = kvp_get_size(cl, a.key);
         if (sz < 0) {
-            errmsg(cmd, a.key, NULL, (int)sz);
+            op_error(&a, NULL, (int)sz);
             status = EXIT_FAIL;
         } else {
-            printf("%lld\n", (long long)sz);
+            if (a.json)
+                json_result(&a, "size", json_integer((json_int_t)sz));
+            else
+                printf("%lld\n", (long long)sz);
             status = EXIT_OK;
         }
     }
