@@ -147,6 +147,10 @@ static int probe_leader(struct kvp_client *c)
 
 static void client_free(struct kvp_client *c)
 {
+    /* No call is in flight: drop the local registration before the region is unmapped. */
+    uint32_t local = c->xfer ? atomic_exchange(&c->local_seg_id, 0u) : 0;
+    if (local)
+        kvp_xfer_unregister_local(c->xfer, local);
     kvp_segment_stop(&c->seg);
     kvp_xfer_engine_destroy(&c->xfer);
     kvp_msession_destroy(&c->ms);
