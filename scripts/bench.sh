@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Benchmarks of issues 3 and 4 against a local cluster, with their baselines, printing ratios.
+# Figures are printed, never asserted. Needs a build (scripts/build.sh) and redis-server,
+# redis-benchmark, iperf3 (scripts/install-deps.sh installs them).
+#  - kv: 4 MiB put and get (batch 1, 1 thread) vs one loopback TCP stream (kvpool-bench
+#    baseline-tcp, and iperf3 when present): target >= 0.9x;
+#  - kv: 4 KiB batch_get of 32 keys vs redis-benchmark GET -P 16 -d 4096 at the same number of
+#    clients (KVP_BENCH_CLIENTS, default 4): target >= 1.0x;
+#  - meta: PutStart+PutEnd pairs/s at 1, 16, 64 callers, GetReplicaList/s, leader RSS per object
+#    (KVP_BENCH_OBJECTS, default 200000), failover over KVP_BENCH_KILLS (default 10) leader kills.
+# The cluster's data dir is on the ordinary disk (KVP_BENCH_DIR, default ./bench-run-<pid>).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${KVP_BUILD_DIR:-build}
+CTL=$B/tools/kvpoolctl
+BENCH=$B/tools/kvpool-bench
+CLIENTS=${KVP_BENCH_CLIENTS:-4}
+KILLS=${KVP_BENCH_KILLS:-10}
+OBJECTS=${KVP_BENCH_OBJECTS:-200000}
+SEGSIZE=${KVP_BENCH_SEGMENT_SIZE:-1G}
+DIR=${KVP_BENCH_DIR:-$(pwd)/bench-run-$$}
+mkdir -p "$DIR"
+OUT=$DIR/results
+mkdir -p "$OUT"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  "$CTL" cluster down --dir "$DIR" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+jget() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {"d": d}))' "$@"; }
+
+echo "== cluster up in $DIR (3 masters, 3 segments of $SEGSIZE)"
+"$CTL" cluster up --dir "$DIR" --masters 3 --segments 3 --segment-size "$SEGSIZE" >"$OUT/up.log"
+C=$DIR/cluster.json
+
+echo "== baselines: one loopback TCP stream"
+"$BENCH" baseline-tcp --value-size 4M --json | tee "$OUT/tcp.json"
+IPERF=0
+if command -v iperf3 >/dev/null; then
+  P=$(free_port)
+  iperf3 -s -1 -p "$P" >/dev/null 2>&1 & PIDS+=($!)
+  sleep 0.5
+  if iperf3 -c 127.0.0.1 -p "$P" -t 3 -J >"$OUT/iperf3.json" 2>/dev/null; then
+    IPERF=$(jget "$OUT/iperf3.json" 'd["end"]["sum_received"]["bits_per_second"]/8')
+    echo "iperf3: $(python3 -c "print('%.0f MB/s' % ($IPERF/1e6))")"
+  fi
+fi
+
+echo "== kv: 4 MiB put / get, batch 1, 1 thread, replicas 1"
+"$BENCH" put --cluster "$C" --value-size 4M --count 200 --batch 1 --threads 1 --replicas 1 --json | tee "$OUT/put4m.json"
+"$BENCH" get --cluster "$C" --value-size 4M --count 200 --batch 1 --threads 1 --replicas 1 --json | tee "$OUT/get4m.json"
+
+echo "== kv: 4 KiB batch_get of 32 keys, $CLIENTS threads"
+"$BENCH" get --cluster "$C" --value-size 4K --count 64000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/get4k.json"
+"$BENCH" put --cluster "$C" --value-size 4K --count 64000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/put4k.json"
+
+echo "== redis-benchmark GET -P 16 -d 4096 -c $CLIENTS"
+REDIS=0
+if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+  P=$(free_port)
+  redis-server --port "$P" --save '' --appendonly no --bind 127.0.0.1 >"$OUT/redis.log" 2>&1 & PIDS+=($!)
+  sleep 0.5
+  redis-benchmark -p "$P" -t set,get -P 16 -d 4096 -c "$CLIENTS" -n 400000 --csv >"$OUT/redis.csv" 2>/dev/null || true
+  cat "$OUT/redis.csv"
+  REDIS=$(python3 -c 'import csv,sys
+for row in csv.reader(open(sys.argv[1])):
+    if row and row[0] == "GET": print(row[1]); break
+else: print(0)' "$OUT/redis.csv")
+fi
+
+echo "== meta: callers 1,16,64; $OBJECTS objects; $KILLS failovers"
+"$BENCH" meta --cluster "$C" --callers 1,16,64 --seconds 3 --objects "$OBJECTS" --failover-kills "$KILLS" | tee "$OUT/meta.txt"
+
+echo
+echo "== ratios (targets from issue 4)"
+python3 - "$OUT" "$IPERF" "$REDIS" <<'PY'
+import json, sys, os
+out, iperf, redis = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+j = lambda n: json.load(open(os.path.join(out, n)))
+tcp = j("tcp.json")["bytes_per_second"]
+ref = max(tcp, iperf) if iperf else tcp
+for name in ("put4m", "get4m"):
+    r = j(name + ".json")
+    print("%-30s %8.0f MB/s  vs single TCP stream %8.0f MB/s: %.2fx (target >= 0.9x)"
+          % ("4 MiB " + r["mode"], r["bytes_per_second"] / 1e6, ref / 1e6, r["bytes_per_second"] / ref))
+g = j("get4k.json")
+if redis:
+    print("%-30s %8.0f keys/s vs redis GET -P 16  %8.0f ops/s:  %.2fx (target >= 1.0x)"
+          % ("4 KiB batch_get(32)", g["ops_per_second"], redis, g["ops_per_second"] / redis))
+else:
+    print("4 KiB batch_get(32): %.0f keys/s (redis-benchmark not available)" % g["ops_per_second"])
+PY
