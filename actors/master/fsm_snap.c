@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "actors/master/fsm_internal.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -20,7 +22,7 @@ typedef struct kvp_master_fsm fsm_t;
 #define SNAP_FORMAT 1u
 #define SNAP_MAX_SEGMENT_IDS (1u << 24)
 
-enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4 };
+enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_CHECKSUM = 15 };
 
 /* ------------------------------------------------------------------ output buffer */
 
@@ -181,6 +183,14 @@ int kvp_master_fsm_snapshot(const fsm_t *f, uint8_t **buf, size_t *len)
     for (uint64_t i = 0; i < n && !o.err; i++)
         put_object(&o, v[i]);
     free(v);
+    if (!o.err) {
+        uint64_t sum = XXH3_64bits(o.p, o.len);
+        uint8_t le[8];
+        for (int i = 0; i < 8; i++)
+            le[i] = (uint8_t)(sum >> (8 * i));
+        put_varint(&o, F_CHECKSUM << 3 | 1u);
+        obuf_append(&o.base, sizeof(le), le);
+    }
     if (o.err) {
         free(o.p);
         return KVP_ERR_NOMEM;
@@ -318,7 +328,16 @@ static int restore_object(fsm_t *t, const Kvp__SnapObject *m)
 
 static int restore_into(fsm_t *t, const uint8_t *buf, size_t len)
 {
-    struct ibuf in = {buf, buf + len};
+    /* The checksum field (tag + fixed64) ends the buffer; check it before parsing anything. */
+    const size_t trailer = 9;
+    if (len < trailer || buf[len - trailer] != (F_CHECKSUM << 3 | 1u))
+        return KVP_ERR_MALFORMED;
+    uint64_t sum = 0;
+    for (int i = 0; i < 8; i++)
+        sum |= (uint64_t)buf[len - 8 + i] << (8 * i);
+    if (sum != XXH3_64bits(buf, len - trailer))
+        return KVP_ERR_MALFORMED;
+    struct ibuf in = {buf, buf + len - trailer};
     bool have_format = false;
     bool seen_seg = false, seen_obj = false;
     while (in.p < in.end) {
