@@ -1,0 +1,419 @@
+/*
+ * segment.c — one contributed segment: region (mmap), data-plane server, mount, heartbeat,
+ * drain, unmount. See segment.h and docs/data-plane.md.
+ *
+ * Threads: the caller of kvp_segment_start/drain/stop, and one heartbeat thread. The segment
+ * id is an atomic (relaxed: a single independent value; the server keeps its own copy).
+ */
+#define _GNU_SOURCE
+#include "actors/segment/segment.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "actors/segment/seg_server.h"
+#include "actors/segment/segment_internal.h"
+#include "kvpool.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+#define HUGE_PAGE_BYTES (2ull << 20)
+#define MOUNT_TIMEOUT_MS 10000u
+#define UNMOUNT_TIMEOUT_MS 3000u
+#define DRAIN_POLL_MS 200u
+
+struct kvp_segment {
+    struct kvp_cfg_segment cfg;
+    struct kvp_msession *ms;
+    struct kvp_segment_hooks hooks;
+    void *base;
+    size_t map_bytes;
+    uint64_t size;
+    bool huge;
+    struct kvp_seg_server *srv;
+    _Atomic uint32_t id;
+    char name[128];
+    char endpoint[300];
+    char actor[160];
+    pthread_t hb_thread;
+    bool hb_started;
+    pthread_mutex_t mu; /* guards stopping */
+    pthread_cond_t cv;
+    bool stopping;
+};
+
+static int call(struct kvp_segment *s, Kvp__Request *req, uint32_t timeout_ms, Kvp__Response **out)
+{
+    *out = NULL;
+    int rc = kvp_msession_call(s->ms, req, timeout_ms, out);
+    if (rc != KVP_OK)
+        return rc;
+    return (*out)->status;
+}
+
+/* MountSegment; on success the new id is stored and the server accepts it. */
+static int do_mount(struct kvp_segment *s, uint32_t timeout_ms)
+{
+    Kvp__Request req;
+    Kvp__MountSegmentReq m;
+    kvp__request__init(&req);
+    kvp__mount_segment_req__init(&m);
+    m.name = s->name;
+    m.host = s->cfg.local_hostname;
+    m.endpoint = s->endpoint;
+    m.size = s->size;
+    m.owner_pid = (uint64_t)getpid();
+    req.body_case = KVP__REQUEST__BODY_MOUNT;
+    req.mount = &m;
+    Kvp__Response *resp = NULL;
+    int rc = call(s, &req, timeout_ms, &resp);
+    if (rc == KVP_OK && (resp->body_case != KVP__RESPONSE__BODY_MOUNT || !resp->mount ||
+                         resp->mount->segment_id == 0))
+        rc = KVP_ERR_MALFORMED;
+    if (rc != KVP_OK) {
+        kvp_log_error(s->actor, "mount (%lu bytes at %s): %s%s%s", (unsigned long)s->size, s->endpoint,
+                      kvp_errname(rc), resp && resp->error && resp->error[0] ? ": " : "",
+                      resp && resp->error ? resp->error : "");
+        kvp_msession_response_free(resp);
+        return rc;
+    }
+    uint32_t old = atomic_load_explicit(&s->id, memory_order_relaxed);
+    uint32_t id = resp->mount->segment_id;
+    kvp_msession_response_free(resp);
+    atomic_store_explicit(&s->id, id, memory_order_relaxed);
+    kvp_seg_server_set_id(s->srv, id);
+    kvp_log_info(s->actor, "mounted as segment %u (%lu bytes, endpoint %s)", id, (unsigned long)s->size,
+                 s->endpoint);
+    if (s->hooks.on_mount)
+        s->hooks.on_mount(s->hooks.ctx, old, id, s->base, s->size);
+    return KVP_OK;
+}
+
+/* Wait up to ms on the stop condition. Returns true when stopping. */
+static bool wait_stop(struct kvp_segment *s, uint32_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT)
+            break;
+    bool st = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+static void *hb_main(void *arg)
+{
+    struct kvp_segment *s = arg;
+    uint32_t period = s->cfg.heartbeat_ms ? s->cfg.heartbeat_ms : 1000;
+    uint32_t timeout = period < 1000 ? 1000 : period;
+    bool failing = false;
+    while (!wait_stop(s, period)) {
+        uint32_t id = atomic_load_explicit(&s->id, memory_order_relaxed);
+        int rc;
+        if (id == 0) {
+            rc = KVP_ERR_NOT_FOUND; /* a remount failed earlier: try again */
+        } else {
+            Kvp__Request req;
+            Kvp__HeartbeatReq hb;
+            kvp__request__init(&req);
+            kvp__heartbeat_req__init(&hb);
+            hb.segment_id = id;
+            req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
+            req.heartbeat = &hb;
+            Kvp__Response *resp = NULL;
+            rc = call(s, &req, timeout, &resp);
+            kvp_msession_response_free(resp);
+        }
+        if (rc == KVP_ERR_NOT_FOUND) {
+            /* The master declared us lost: the bytes we held are gone from its view. Remount as
+             * a new segment; memory is considered empty (nothing references the old id). */
+            kvp_log_warn(s->actor, "segment %u unknown to the master: remounting as a new segment", id);
+            kvp_seg_server_set_id(s->srv, 0);
+            if (do_mount(s, timeout) != KVP_OK) {
+                uint32_t old = atomic_exchange_explicit(&s->id, 0, memory_order_relaxed);
+                if (old && s->hooks.on_mount)
+                    s->hooks.on_mount(s->hooks.ctx, old, 0, NULL, 0);
+            }
+            failing = false;
+            continue;
+        }
+        if (rc != KVP_OK) {
+            if (!failing)
+                kvp_log_warn(s->actor, "segment %u: heartbeat: %s (retrying every %u ms)", id,
+                             kvp_errname(rc), period);
+            failing = true;
+        } else if (failing) {
+            kvp_log_info(s->actor, "segment %u: heartbeat answered again", id);
+            failing = false;
+        }
+    }
+    return NULL;
+}
+
+static int map_region(struct kvp_segment *s)
+{
+    s->size = s->cfg.global_segment_size;
+    if (s->cfg.hugepages) {
+        size_t len = (size_t)((s->size + HUGE_PAGE_BYTES - 1) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES);
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+        if (p != MAP_FAILED) {
+            s->base = p;
+            s->map_bytes = len;
+            s->huge = true;
+            return KVP_OK;
+        }
+        kvp_log_info(s->actor, "hugepages: mmap MAP_HUGETLB of %zu bytes: %s; using normal pages", len,
+                     strerror(errno));
+    }
+    void *p = mmap(NULL, (size_t)s->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+        kvp_log_error(s->actor, "mmap of %lu bytes: %s", (unsigned long)s->size, strerror(errno));
+        return KVP_ERR_NOMEM;
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(p, (size_t)s->size, MADV_HUGEPAGE); /* transparent huge pages where enabled */
+#endif
+    s->base = p;
+    s->map_bytes = (size_t)s->size;
+    return KVP_OK;
+}
+
+static void segment_free(struct kvp_segment *s)
+{
+    kvp_seg_server_stop(&s->srv);
+    if (s->base)
+        munmap(s->base, s->map_bytes);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cfg,
+                      struct kvp_msession *ms, const struct kvp_segment_hooks *hooks)
+{
+    if (!out || !cfg || !ms) {
+        kvp_log_error("segment", "start: NULL argument");
+        return KVP_ERR_INVALID;
+    }
+    if (cfg->global_segment_size == 0 || cfg->port > 65535 || !cfg->local_hostname[0]) {
+        kvp_log_error("segment", "start: global_segment_size=%lu port=%u local_hostname='%s': size must be "
+                      "> 0, port <= 65535, host set",
+                      (unsigned long)cfg->global_segment_size, cfg->port, cfg->local_hostname);
+        return KVP_ERR_INVALID;
+    }
+    struct kvp_segment *s = calloc(1, sizeof *s);
+    if (!s)
+        return KVP_ERR_NOMEM;
+    s->cfg = *cfg;
+    s->ms = ms;
+    if (hooks)
+        s->hooks = *hooks;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    snprintf(s->actor, sizeof s->actor, "segment %.120s", cfg->name[0] ? cfg->name : cfg->local_hostname);
+
+    int rc = map_region(s);
+    if (rc != KVP_OK)
+        goto fail;
+    rc = kvp_seg_server_start(&s->srv, cfg->local_hostname, cfg->port, s->base, s->size);
+    if (rc != KVP_OK) {
+        if (rc == KVP_ERR_INVALID && cfg->local_hostname[0])
+            rc = KVP_ERR_IO; /* host did not resolve to anything we can bind */
+        goto fail;
+    }
+    uint32_t port = kvp_seg_server_port(s->srv);
+    char host[256];
+    if (kvp_seg_strip_brackets(cfg->local_hostname, host, sizeof host) != 0) {
+        rc = KVP_ERR_INVALID;
+        goto fail;
+    }
+    if (cfg->name[0])
+        snprintf(s->name, sizeof s->name, "%s", cfg->name);
+    else
+        snprintf(s->name, sizeof s->name, "%.100s-%u", host, port);
+    kvp_seg_format_endpoint(s->endpoint, sizeof s->endpoint, host, port);
+    snprintf(s->actor, sizeof s->actor, "segment %.120s", s->name);
+    kvp_log_info(s->actor, "region %lu bytes (%s pages), data plane on %s", (unsigned long)s->size,
+                 s->huge ? "huge" : "normal", s->endpoint);
+
+    rc = do_mount(s, MOUNT_TIMEOUT_MS);
+    if (rc != KVP_OK)
+        goto fail;
+    if (pthread_create(&s->hb_thread, NULL, hb_main, s) != 0) {
+        rc = KVP_ERR_NOMEM;
+        goto fail_mounted;
+    }
+    s->hb_started = true;
+    *out = s;
+    return KVP_OK;
+
+fail_mounted:;
+    Kvp__Request req;
+    Kvp__UnmountSegmentReq um;
+    kvp__request__init(&req);
+    kvp__unmount_segment_req__init(&um);
+    um.segment_id = atomic_load(&s->id);
+    req.body_case = KVP__REQUEST__BODY_UNMOUNT;
+    req.unmount = &um;
+    Kvp__Response *resp = NULL;
+    call(s, &req, UNMOUNT_TIMEOUT_MS, &resp);
+    kvp_msession_response_free(resp);
+    if (s->hooks.on_mount)
+        s->hooks.on_mount(s->hooks.ctx, atomic_load(&s->id), 0, NULL, 0);
+fail:
+    segment_free(s);
+    return rc;
+}
+
+uint32_t kvp_segment_id(const struct kvp_segment *s)
+{
+    return s ? atomic_load_explicit(&((struct kvp_segment *)s)->id, memory_order_relaxed) : 0;
+}
+
+const char *kvp_segment_name(const struct kvp_segment *s) { return s ? s->name : ""; }
+const char *kvp_segment_endpoint(const struct kvp_segment *s) { return s ? s->endpoint : ""; }
+
+/* Replicas the master counts on our segment: >= 0, -1 when the segment is not listed, or an
+ * error code (< -1 is impossible: errors are returned through *err). */
+static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err)
+{
+    Kvp__Request req;
+    Kvp__ClusterStatusReq cs;
+    kvp__request__init(&req);
+    kvp__cluster_status_req__init(&cs);
+    req.body_case = KVP__REQUEST__BODY_CLUSTER_STATUS;
+    req.cluster_status = &cs;
+    Kvp__Response *resp = NULL;
+    *err = call(s, &req, 2000, &resp);
+    if (*err != KVP_OK || resp->body_case != KVP__RESPONSE__BODY_CLUSTER_STATUS || !resp->cluster_status) {
+        if (*err == KVP_OK)
+            *err = KVP_ERR_MALFORMED;
+        kvp_msession_response_free(resp);
+        return 0;
+    }
+    json_error_t je;
+    json_t *root = json_loads(resp->cluster_status->json, 0, &je);
+    kvp_msession_response_free(resp);
+    if (!root) {
+        *err = KVP_ERR_MALFORMED;
+        return 0;
+    }
+    int64_t n = -1;
+    size_t i;
+    json_t *seg;
+    json_array_foreach(json_object_get(root, "segments"), i, seg)
+    {
+        json_t *jid = json_object_get(seg, "id");
+        if (!json_is_integer(jid) || (uint32_t)json_integer_value(jid) != id)
+            continue;
+        json_t *o = json_object_get(seg, "objects");
+        n = json_is_integer(o) ? (int64_t)json_integer_value(o) : 0;
+        break;
+    }
+    json_decref(root);
+    return n;
+}
+
+int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
+{
+    if (!s)
+        return KVP_ERR_INVALID;
+    uint32_t id = kvp_segment_id(s);
+    if (id == 0)
+        return KVP_ERR_NOT_FOUND;
+    uint64_t deadline = kvp_clock_now_ms() + timeout_ms;
+    Kvp__Request req;
+    Kvp__DrainSegmentReq d;
+    kvp__request__init(&req);
+    kvp__drain_segment_req__init(&d);
+    d.segment_id = id;
+    req.body_case = KVP__REQUEST__BODY_DRAIN;
+    req.drain = &d;
+    Kvp__Response *resp = NULL;
+    int rc = call(s, &req, timeout_ms ? timeout_ms : 5000, &resp);
+    kvp_msession_response_free(resp);
+    if (rc != KVP_OK) {
+        kvp_log_error(s->actor, "segment %u: drain request: %s", id, kvp_errname(rc));
+        return rc;
+    }
+    kvp_log_info(s->actor, "segment %u: draining (waiting up to %u ms for its replicas to move)", id,
+                 timeout_ms);
+    int64_t last = -2;
+    for (;;) {
+        int err = KVP_OK;
+        int64_t n = objects_on_segment(s, id, &err);
+        if (err == KVP_OK && n <= 0) {
+            kvp_log_info(s->actor, "segment %u: drained (%s)", id, n < 0 ? "no longer listed" : "0 objects");
+            return KVP_OK;
+        }
+        if (err == KVP_OK && n != last) {
+            kvp_log_info(s->actor, "segment %u: drain: %ld replicas left", id, (long)n);
+            last = n;
+        }
+        uint64_t now = kvp_clock_now_ms();
+        if (now >= deadline) {
+            kvp_log_warn(s->actor, "segment %u: drain: %ld replicas still here after %u ms", id, (long)last,
+                         timeout_ms);
+            return KVP_ERR_TIMEOUT;
+        }
+        uint64_t left = deadline - now;
+        if (wait_stop(s, left < DRAIN_POLL_MS ? (uint32_t)left : DRAIN_POLL_MS))
+            return KVP_ERR_CLOSED;
+    }
+}
+
+void kvp_segment_stop(struct kvp_segment **sp)
+{
+    if (!sp || !*sp)
+        return;
+    struct kvp_segment *s = *sp;
+    *sp = NULL;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->hb_started)
+        pthread_join(s->hb_thread, NULL);
+    uint32_t id = atomic_load(&s->id);
+    kvp_seg_server_set_id(s->srv, 0);
+    if (id) {
+        Kvp__Request req;
+        Kvp__UnmountSegmentReq um;
+        kvp__request__init(&req);
+        kvp__unmount_segment_req__init(&um);
+        um.segment_id = id;
+        req.body_case = KVP__REQUEST__BODY_UNMOUNT;
+        req.unmount = &um;
+        Kvp__Response *resp = NULL;
+        int rc = call(s, &req, UNMOUNT_TIMEOUT_MS, &resp);
+        kvp_msession_response_free(resp);
+        if (rc == KVP_OK)
+            kvp_log_info(s->actor, "segment %u: unmounted", id);
+        else
+            kvp_log_warn(s->actor, "segment %u: unmount: %s (the master will declare it lost)", id,
+                         kvp_errname(rc));
+        /* The region goes away below: the owner unregisters it from its local transport now. */
+        if (s->hooks.on_mount)
+            s->hooks.on_mount(s->hooks.ctx, id, 0, NULL, 0);
+    }
+    segment_free(s);
+}

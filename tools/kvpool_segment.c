@@ -1,0 +1,119 @@
+/*
+ * kvpool_segment.c — the `kvpool-segment` daemon: contributes one memory region to the pool.
+ *
+ *   kvpool-segment --master-server-address 127.0.0.1:7101,127.0.0.1:7102 \
+ *                  --global-segment-size 4G --local-hostname 10.0.0.5 --port 7301 [--name seg-a]
+ *   kvpool-segment --cluster-file DIR/cluster.json --global-segment-size 1G
+ *
+ * Settings: defaults < --config FILE (JSON) < KVPOOL_* environment < flags (config/config.h,
+ * docs/config.md); --print-config prints the effective settings and exits.
+ * Once mounted it prints one line on stdout:
+ *   kvpool-segment: <name> id <id> endpoint <endpoint> size <bytes>
+ * SIGINT: unmount and exit 0. SIGTERM: drain (DrainSegment, wait up to drain_timeout_ms for the
+ * master to report no replica left here), then unmount and exit 0. docs/data-plane.md.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/client/msession.h"
+#include "actors/segment/segment.h"
+#include "config/config.h"
+#include "kvpool.h"
+#include "runtime/log.h"
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: kvpool-segment [--config FILE] [--key value ...] [--print-config] [--help]\n");
+    char *h = kvp_cfg_help(KVP_CFG_SEGMENT);
+    if (h) {
+        fputs(h, stderr);
+        free(h);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage();
+            return 0;
+        }
+    /* Signals are taken synchronously by main (sigwait): block them before any thread starts,
+     * so every thread inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct kvp_cfg_segment cfg;
+    bool print = false;
+    int pos[4], npos = 0;
+    if (kvp_cfg_from_args(KVP_CFG_SEGMENT, &cfg, argc, argv, &print, pos, 4, &npos) != KVP_OK) {
+        fprintf(stderr, "kvpool-segment: bad settings (see the line above; --help lists them)\n");
+        return 2;
+    }
+    if (npos > 0) {
+        fprintf(stderr, "kvpool-segment: unexpected argument '%s'\n", argv[pos[0]]);
+        return 2;
+    }
+    if (print) {
+        char *j = kvp_cfg_to_json(KVP_CFG_SEGMENT, &cfg);
+        if (!j)
+            return 1;
+        printf("%s\n", j);
+        free(j);
+        return 0;
+    }
+    int lvl = kvp_log_parse_level(cfg.log_level);
+    if (lvl >= 0)
+        kvp_log_set_level(lvl);
+
+    char *masters[KVP_CFG_MAX_MASTERS];
+    size_t n_masters = 0;
+    int rc = kvp_cfg_masters(cfg.master_server_address, cfg.cluster_file, masters, KVP_CFG_MAX_MASTERS,
+                             &n_masters);
+    if (rc != KVP_OK) {
+        fprintf(stderr, "kvpool-segment: no masters: set master_server_address or cluster_file (%s)\n",
+                kvp_strerror(rc));
+        return 2;
+    }
+    struct kvp_msession *ms = NULL;
+    rc = kvp_msession_new(&ms, (const char *const *)masters, n_masters,
+                          cfg.name[0] ? cfg.name : "kvpool-segment");
+    kvp_cfg_free_masters(masters, n_masters);
+    if (rc != KVP_OK) {
+        fprintf(stderr, "kvpool-segment: master session: %s\n", kvp_strerror(rc));
+        return 1;
+    }
+    struct kvp_segment *seg = NULL;
+    rc = kvp_segment_start(&seg, &cfg, ms, NULL);
+    if (rc != KVP_OK) {
+        fprintf(stderr, "kvpool-segment: cannot start: %s\n", kvp_strerror(rc));
+        kvp_msession_destroy(&ms);
+        return 1;
+    }
+    printf("kvpool-segment: %s id %u endpoint %s size %llu\n", kvp_segment_name(seg), kvp_segment_id(seg),
+           kvp_segment_endpoint(seg), (unsigned long long)cfg.global_segment_size);
+    fflush(stdout);
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0)
+        ;
+    if (sig == SIGTERM) {
+        kvp_log_info("kvpool-segment", "SIGTERM: draining (up to %u ms)", cfg.drain_timeout_ms);
+        rc = kvp_segment_drain(seg, cfg.drain_timeout_ms);
+        if (rc != KVP_OK)
+            kvp_log_warn("kvpool-segment", "drain: %s; unmounting anyway", kvp_errname(rc));
+    } else {
+        kvp_log_info("kvpool-segment", "SIGINT: unmounting");
+    }
+    kvp_segment_stop(&seg);
+    kvp_msession_destroy(&ms);
+    return 0;
+}
