@@ -3,8 +3,10 @@
  * metadata benchmarks, a loopback TCP baseline. docs/bench.md describes every mode and figure.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "runtime/log.h"
 #include "tools/bench_internal.h"
 
 static void usage(void)
@@ -26,6 +28,9 @@ int main(int argc, char **argv)
         usage();
         return argc < 2 ? 2 : 0;
     }
+    /* The library's INFO lines (leader changes, ...) would bury the report: WARN unless asked. */
+    if (!getenv("KVPOOL_LOG_LEVEL"))
+        kvp_log_set_level(KVP_LOG_WARN);
     const char *mode = argv[1];
     argv[1] = argv[0];
     argc--;

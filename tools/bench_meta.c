@@ -10,6 +10,7 @@
  * The fake segment is unmounted at the end, which drops every object it stored.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <libgen.h>
@@ -249,7 +250,9 @@ static int run_capture(char *const argv[], char *out, size_t cap)
     if (pid < 0)
         return -1;
     if (pid == 0) {
-        dup2(p[1], 1);
+        int fd = out ? p[1] : open("/dev/null", O_WRONLY);
+        if (fd >= 0)
+            dup2(fd, 1);
         close(p[0]);
         close(p[1]);
         execvp(argv[0], argv);
