@@ -8,13 +8,17 @@
  *
  * Group commit: commands submitted while the raft thread is busy are packed into one Raft entry
  * (up to group_commit_max), so throughput is not bound by one fsync per request. The entry's
- * payload is a sequence of [u32 len][bytes] commands; apply calls fsm.apply once per command, in
- * order, and each submitter gets its own result.
+ * payload is a sequence of [u32 len][bytes] commands (raftlog/entry.h); apply calls fsm.apply
+ * once per command, in order, and each submitter gets its own result. One entry per raft_apply;
+ * up to max_inflight_entries (default 4) entries are in flight at once, the rest of the queue
+ * waits and is packed into the next entry.
  *
  * Results and events are delivered as ZeroMQ messages on the `events` socket returned by
- * kvp_raftlog_events() (a PAIR the caller polls; only the raft thread writes to it). Frames:
+ * kvp_raftlog_events() (a PAIR the caller polls; only the raft thread writes to it). Its high
+ * water marks are 0 (unlimited) so the raft thread never blocks on it: the caller must keep
+ * reading. Frames (integers little-endian):
  *   frame 0: u8 kind (enum kvp_raftlog_event)
- *   frame 1: u64 corr (the id given at submit/query; 0 for leadership events)
+ *   frame 1: u64 corr (the id given at submit/query/admin call; leader id for EV_LEADER)
  *   frame 2: i32 status (KVP_OK, KVP_ERR_NOT_LEADER, KVP_ERR_UNAVAILABLE, ...)
  *   frame 3: result bytes (may be empty)
  * For KVP_RAFTLOG_EV_LEADER: corr = new leader's id (0 = unknown), status = 1 if this node
@@ -79,7 +83,11 @@ struct kvp_raftlog;
 /**
  * Start the raft thread: open/create data_dir, bootstrap if empty and not join, load snapshot
  * + log, start the libuv loop. Synchronous: returns once the thread runs (or failed).
- * Errors: KVP_ERR_IO (data dir, bind), KVP_ERR_INVALID, KVP_ERR_NOMEM.
+ * Bootstrap is attempted whenever !join; a data dir that already holds state is simply
+ * restarted. The params are copied (fsm.ctx must outlive the instance). SIGPIPE is blocked on
+ * the raft thread (peers closing Raft connections). Errors: KVP_ERR_IO (data dir, bind,
+ * corrupt log), KVP_ERR_INVALID (id 0, address not host:port, no fsm.apply, 0 or > 9 members
+ * without join), KVP_ERR_NOMEM. On error *out is untouched and nothing is left running.
  */
 int kvp_raftlog_start(struct kvp_raftlog **out, const struct kvp_raftlog_params *p);
 
@@ -88,19 +96,35 @@ zsock_t *kvp_raftlog_events(struct kvp_raftlog *rl);
 
 /**
  * Submit one encoded command (copied). Thread-safe, never blocks on I/O. The result arrives as
- * KVP_RAFTLOG_EV_APPLIED with `corr`: status KVP_OK + fsm result once committed and applied on
- * this node, or KVP_ERR_NOT_LEADER (not leader / lost leadership before commit; the command
- * may or may not have been committed — callers make commands idempotent).
+ * KVP_RAFTLOG_EV_APPLIED with `corr`: status = fsm.apply's return + its result once committed
+ * and applied on this node, or KVP_ERR_NOT_LEADER (not leader / lost leadership before commit;
+ * the command may or may not have been committed — callers make commands idempotent).
+ * Exactly one APPLIED event per accepted submit, except after kvp_raftlog_stop (see there).
+ * Returns KVP_OK (queued), KVP_ERR_INVALID, KVP_ERR_TOO_LARGE (> 64 MiB), KVP_ERR_NOMEM,
+ * KVP_ERR_CLOSED (stop has begun); on error no event follows.
  */
 int kvp_raftlog_submit(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *cmd, size_t len);
 
 /**
  * Run fsm.query on the raft thread if this node is leader and has heard from a quorum within
  * the election timeout; else KVP_ERR_NOT_LEADER. Result as KVP_RAFTLOG_EV_QUERY.
+ * "Heard from a quorum": canonical raft makes a leader step down once it has not had contact
+ * with a majority for one election timeout, so raft_state() == RAFT_LEADER is the check.
+ * A newly elected leader first commits a barrier entry of its own term (so every entry
+ * committed by earlier leaders is applied); queries arriving before that wait for it.
+ * Queries are not ordered after earlier submits: wait for a submit's APPLIED event before
+ * querying if the query must see it. fsm.query NULL → KVP_ERR_UNSUPPORTED.
  */
 int kvp_raftlog_query(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *q, size_t len);
 
-/** Admin operations (leader only); results as KVP_RAFTLOG_EV_ADMIN with corr. */
+/**
+ * Admin operations (leader only); results as KVP_RAFTLOG_EV_ADMIN with corr.
+ * add_voter: raft_add then raft_assign(RAFT_VOTER) (status after the promotion commits).
+ * remove: raft_remove. transfer: raft_transfer; KVP_OK if the target (any other voter for 0)
+ * leads when raft reports the transfer finished, else KVP_ERR_TIMEOUT.
+ * Errors in the event: KVP_ERR_NOT_LEADER, KVP_ERR_INVALID (unknown/duplicate id, bad role),
+ * KVP_ERR_BUSY (another configuration change in progress), KVP_ERR_CLOSED.
+ */
 int kvp_raftlog_add_voter(struct kvp_raftlog *rl, uint64_t corr, uint64_t id, const char *raft_address);
 int kvp_raftlog_remove(struct kvp_raftlog *rl, uint64_t corr, uint64_t id);
 int kvp_raftlog_transfer(struct kvp_raftlog *rl, uint64_t corr, uint64_t target_id /* 0 = any */);
@@ -124,7 +148,15 @@ struct kvp_raftlog_info {
 };
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 
-/** Stop the raft thread (close → stop → fini) and free. Accepts NULL; sets *rl to NULL. */
+/**
+ * Stop the raft thread (raft_close → the uv loop drains → join → free). Accepts NULL; sets *rl
+ * to NULL. Blocks until the thread has exited. Safe with submissions pending: commands still
+ * queued are dropped; entries in flight may still be committed by the cluster. No event is
+ * delivered after (or during) stop — the events socket is destroyed with the instance — so the
+ * caller fails its own outstanding corrs (KVP_ERR_CLOSED). The caller must make sure no other
+ * thread calls into the instance once stop is called (the memory is freed when it returns).
+ * Must not be called from an FSM callback.
+ */
 void kvp_raftlog_stop(struct kvp_raftlog **rl);
 
 #endif
