@@ -1,0 +1,359 @@
+/*
+ * test_seg_runtime.c — the segment runtime (segment.h) against a scripted fake master (a
+ * ZeroMQ ROUTER answering Mount/Heartbeat/Unmount/Drain/ClusterStatus), with its real
+ * data-plane server checked through the transfer engine and the PING probe.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "actors/client/msession.h"
+#include "actors/segment/segment.h"
+#include "actors/transfer/transfer.h"
+#include "config/config.h"
+#include "kvpool.h"
+#include "wire/envelope.h"
+
+struct fake_master {
+    void *zctx, *router;
+    char addr[64];
+    pthread_t thread;
+    atomic_bool stop;
+    _Atomic uint32_t next_id;
+    _Atomic uint32_t lost_id;    /* heartbeats for this id answer NOT_FOUND */
+    _Atomic int mounts, heartbeats, unmounts, drains, statuses;
+    _Atomic uint32_t unmounted_id, drained_id;
+    _Atomic int64_t objects;     /* reported for the drained segment; -1 decrements stop */
+    atomic_bool objects_stuck;
+    char mount_name[128], mount_endpoint[128]; /* written before `mounts` is incremented */
+    uint64_t mount_pid;
+};
+
+static void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request *req)
+{
+    Kvp__Response resp;
+    kvp__response__init(&resp);
+    resp.req_id = req->req_id;
+    Kvp__MountSegmentResp mr;
+    Kvp__HeartbeatResp hr;
+    Kvp__Empty em;
+    Kvp__DrainSegmentResp dr;
+    Kvp__ClusterStatusResp cr;
+    char json[256];
+    switch (req->body_case) {
+    case KVP__REQUEST__BODY_MOUNT:
+        kvp__mount_segment_resp__init(&mr);
+        mr.segment_id = atomic_fetch_add(&fm->next_id, 1);
+        snprintf(fm->mount_name, sizeof fm->mount_name, "%s", req->mount->name);
+        snprintf(fm->mount_endpoint, sizeof fm->mount_endpoint, "%s", req->mount->endpoint);
+        fm->mount_pid = req->mount->owner_pid;
+        atomic_fetch_add(&fm->mounts, 1);
+        resp.body_case = KVP__RESPONSE__BODY_MOUNT;
+        resp.mount = &mr;
+        break;
+    case KVP__REQUEST__BODY_HEARTBEAT:
+        atomic_fetch_add(&fm->heartbeats, 1);
+        if (req->heartbeat->segment_id == atomic_load(&fm->lost_id)) {
+            resp.status = KVP_ERR_NOT_FOUND;
+            break;
+        }
+        kvp__heartbeat_resp__init(&hr);
+        resp.body_case = KVP__RESPONSE__BODY_HEARTBEAT;
+        resp.heartbeat = &hr;
+        break;
+    case KVP__REQUEST__BODY_UNMOUNT:
+        atomic_store(&fm->unmounted_id, req->unmount->segment_id);
+        atomic_fetch_add(&fm->unmounts, 1);
+        kvp__empty__init(&em);
+        resp.body_case = KVP__RESPONSE__BODY_EMPTY;
+        resp.empty = &em;
+        break;
+    case KVP__REQUEST__BODY_DRAIN:
+        atomic_store(&fm->drained_id, req->drain->segment_id);
+        atomic_fetch_add(&fm->drains, 1);
+        kvp__drain_segment_resp__init(&dr);
+        dr.segment_id = req->drain->segment_id;
+        resp.body_case = KVP__RESPONSE__BODY_DRAIN;
+        resp.drain = &dr;
+        break;
+    case KVP__REQUEST__BODY_CLUSTER_STATUS: {
+        atomic_fetch_add(&fm->statuses, 1);
+        int64_t n = atomic_load(&fm->objects);
+        if (n > 0 && !atomic_load(&fm->objects_stuck))
+            atomic_fetch_sub(&fm->objects, 1);
+        snprintf(json, sizeof json,
+                 "{\"segments\":[{\"id\":999,\"objects\":5},{\"id\":%u,\"name\":\"x\",\"objects\":%lld}],"
+                 "\"objects\":%lld}",
+                 atomic_load(&fm->drained_id), (long long)n, (long long)n);
+        kvp__cluster_status_resp__init(&cr);
+        cr.json = json;
+        resp.body_case = KVP__RESPONSE__BODY_CLUSTER_STATUS;
+        resp.cluster_status = &cr;
+        break;
+    }
+    default:
+        resp.status = KVP_ERR_INVALID;
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (kvp_wire_encode_response(&resp, &buf, &len) != KVP_OK)
+        return;
+    zmq_msg_send(id, fm->router, ZMQ_SNDMORE);
+    zmq_send(fm->router, buf, len, 0);
+    free(buf);
+}
+
+static void *fm_main(void *arg)
+{
+    struct fake_master *fm = arg;
+    while (!atomic_load(&fm->stop)) {
+        zmq_pollitem_t it = {.socket = fm->router, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 20) <= 0)
+            continue;
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        zmq_msg_init(&body);
+        if (zmq_msg_recv(&id, fm->router, 0) >= 0 && zmq_msg_recv(&body, fm->router, 0) >= 0) {
+            Kvp__Request *req = NULL;
+            if (kvp_wire_decode_request(zmq_msg_data(&body), zmq_msg_size(&body), &req) == KVP_OK) {
+                fm_reply(fm, &id, req);
+                kvp__request__free_unpacked(req, NULL);
+            }
+        }
+        zmq_msg_close(&id);
+        zmq_msg_close(&body);
+    }
+    return NULL;
+}
+
+static void fm_start(struct fake_master *fm)
+{
+    memset(fm, 0, sizeof *fm);
+    atomic_store(&fm->next_id, 1);
+    fm->zctx = zmq_ctx_new();
+    fm->router = zmq_socket(fm->zctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(fm->router, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_bind(fm->router, "tcp://127.0.0.1:*"), 0);
+    char ep[128];
+    size_t l = sizeof ep;
+    zmq_getsockopt(fm->router, ZMQ_LAST_ENDPOINT, ep, &l);
+    snprintf(fm->addr, sizeof fm->addr, "%s", ep + 6); /* strip tcp:// */
+    pthread_create(&fm->thread, NULL, fm_main, fm);
+}
+
+static void fm_stop(struct fake_master *fm)
+{
+    atomic_store(&fm->stop, true);
+    pthread_join(fm->thread, NULL);
+    zmq_close(fm->router);
+    zmq_ctx_term(fm->zctx);
+}
+
+struct hook_log {
+    pthread_mutex_t mu;
+    int calls;
+    uint32_t old_id[16], new_id[16];
+    void *base[16];
+    uint64_t size[16];
+};
+
+static void on_mount(void *ctx, uint32_t old_id, uint32_t new_id, void *base, uint64_t size)
+{
+    struct hook_log *h = ctx;
+    pthread_mutex_lock(&h->mu);
+    if (h->calls < 16) {
+        h->old_id[h->calls] = old_id;
+        h->new_id[h->calls] = new_id;
+        h->base[h->calls] = base;
+        h->size[h->calls] = size;
+    }
+    h->calls++;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int hook_calls(struct hook_log *h)
+{
+    pthread_mutex_lock(&h->mu);
+    int n = h->calls;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+struct fx {
+    struct fake_master fm;
+    struct kvp_msession *ms;
+    struct kvp_cfg_segment cfg;
+    struct hook_log hooks;
+};
+
+static int setup(void **state)
+{
+    struct fx *f = calloc(1, sizeof *f);
+    fm_start(&f->fm);
+    const char *m[1] = {f->fm.addr};
+    if (kvp_msession_new(&f->ms, m, 1, "test-seg") != KVP_OK)
+        return -1;
+    kvp_cfg_defaults(KVP_CFG_SEGMENT, &f->cfg);
+    snprintf(f->cfg.local_hostname, sizeof f->cfg.local_hostname, "127.0.0.1");
+    f->cfg.global_segment_size = 4 << 20;
+    f->cfg.heartbeat_ms = 30;
+    f->cfg.hugepages = true; /* exercises the fallback where no huge pages are reserved */
+    pthread_mutex_init(&f->hooks.mu, NULL);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fx *f = *state;
+    kvp_msession_destroy(&f->ms);
+    fm_stop(&f->fm);
+    pthread_mutex_destroy(&f->hooks.mu);
+    free(f);
+    return 0;
+}
+
+static void wait_for(_Atomic int *v, int at_least)
+{
+    for (int i = 0; i < 5000 && atomic_load(v) < at_least; i++)
+        usleep(1000);
+}
+
+static void test_seg_mount_heartbeat_unmount_ok(void **state)
+{
+    struct fx *f = *state;
+    struct kvp_segment *s = NULL;
+    struct kvp_segment_hooks h = {.ctx = &f->hooks, .on_mount = on_mount};
+    assert_int_equal(kvp_segment_start(&s, &f->cfg, f->ms, &h), KVP_OK);
+    assert_int_equal(kvp_segment_id(s), 1);
+    const char *ep = kvp_segment_endpoint(s);
+    unsigned port = 0;
+    assert_int_equal(sscanf(ep, "127.0.0.1:%u", &port), 1);
+    char want[64];
+    snprintf(want, sizeof want, "127.0.0.1-%u", port);
+    assert_string_equal(kvp_segment_name(s), want); /* default name */
+    wait_for(&f->fm.mounts, 1); /* orders the fake master's writes before our reads */
+    assert_string_equal(f->fm.mount_name, want);
+    assert_string_equal(f->fm.mount_endpoint, ep);
+    assert_int_equal(f->fm.mount_pid, (uint64_t)getpid());
+    assert_int_equal(hook_calls(&f->hooks), 1);
+    assert_int_equal(f->hooks.old_id[0], 0);
+    assert_int_equal(f->hooks.new_id[0], 1);
+    assert_int_equal(f->hooks.size[0], 4 << 20);
+    uint8_t *base = f->hooks.base[0];
+    assert_non_null(base);
+
+    /* The data plane serves the region under the mounted id. */
+    assert_int_equal(kvp_xfer_probe(ep, 1, 1000), KVP_OK);
+    assert_int_equal(kvp_xfer_probe(ep, 2, 1000), KVP_ERR_NOT_FOUND);
+    struct kvp_xfer_engine *e;
+    assert_int_equal(kvp_xfer_engine_new(&e, NULL), KVP_OK);
+    char msg[] = "hello segment";
+    struct kvp_xfer_slice sl = {.local = msg, .length = sizeof msg, .segment_id = 1, .endpoint = ep,
+                                .remote_offset = (4 << 20) - sizeof msg, .op = KVP_XFER_WRITE};
+    assert_int_equal(kvp_xfer_run(e, &sl, 1, 5000), KVP_OK);
+    assert_memory_equal(base + (4 << 20) - sizeof msg, msg, sizeof msg);
+    kvp_xfer_engine_destroy(&e);
+
+    wait_for(&f->fm.heartbeats, 3);
+    assert_true(atomic_load(&f->fm.heartbeats) >= 3);
+    kvp_segment_stop(&s);
+    assert_null(s);
+    assert_int_equal(atomic_load(&f->fm.unmounts), 1);
+    assert_int_equal(atomic_load(&f->fm.unmounted_id), 1);
+    assert_int_equal(hook_calls(&f->hooks), 2); /* unmount: (1 -> 0) so the owner unregisters */
+    assert_int_equal(f->hooks.old_id[1], 1);
+    assert_int_equal(f->hooks.new_id[1], 0);
+    assert_int_equal(kvp_xfer_probe(ep, 1, 1000), KVP_ERR_TRANSFER); /* nobody listens */
+}
+
+static void test_seg_heartbeat_not_found_remounts(void **state)
+{
+    struct fx *f = *state;
+    snprintf(f->cfg.name, sizeof f->cfg.name, "seg-remount");
+    struct kvp_segment *s = NULL;
+    struct kvp_segment_hooks h = {.ctx = &f->hooks, .on_mount = on_mount};
+    assert_int_equal(kvp_segment_start(&s, &f->cfg, f->ms, &h), KVP_OK);
+    assert_string_equal(kvp_segment_name(s), "seg-remount");
+    assert_int_equal(kvp_segment_id(s), 1);
+    atomic_store(&f->fm.lost_id, 1); /* the master declared segment 1 lost */
+    wait_for(&f->fm.mounts, 2);
+    for (int i = 0; i < 5000 && hook_calls(&f->hooks) < 2; i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&f->fm.mounts), 2);
+    assert_int_equal(kvp_segment_id(s), 2);
+    assert_int_equal(hook_calls(&f->hooks), 2);
+    assert_int_equal(f->hooks.old_id[1], 1);
+    assert_int_equal(f->hooks.new_id[1], 2);
+    assert_string_equal(f->fm.mount_name, "seg-remount");
+    const char *ep = kvp_segment_endpoint(s);
+    assert_int_equal(kvp_xfer_probe(ep, 2, 1000), KVP_OK);
+    assert_int_equal(kvp_xfer_probe(ep, 1, 1000), KVP_ERR_NOT_FOUND); /* old id refused */
+    kvp_segment_stop(&s);
+    assert_int_equal(atomic_load(&f->fm.unmounted_id), 2);
+}
+
+static void test_seg_drain_waits_for_zero_objects_ok(void **state)
+{
+    struct fx *f = *state;
+    struct kvp_segment *s = NULL;
+    assert_int_equal(kvp_segment_start(&s, &f->cfg, f->ms, NULL), KVP_OK);
+    atomic_store(&f->fm.objects, 3);
+    assert_int_equal(kvp_segment_drain(s, 10000), KVP_OK);
+    assert_int_equal(atomic_load(&f->fm.drains), 1);
+    assert_int_equal(atomic_load(&f->fm.drained_id), 1);
+    assert_true(atomic_load(&f->fm.statuses) >= 3);
+    assert_int_equal(atomic_load(&f->fm.objects), 0);
+    kvp_segment_stop(&s);
+}
+
+static void test_seg_drain_stuck_timeout(void **state)
+{
+    struct fx *f = *state;
+    struct kvp_segment *s = NULL;
+    assert_int_equal(kvp_segment_start(&s, &f->cfg, f->ms, NULL), KVP_OK);
+    atomic_store(&f->fm.objects, 2);
+    atomic_store(&f->fm.objects_stuck, true);
+    assert_int_equal(kvp_segment_drain(s, 500), KVP_ERR_TIMEOUT);
+    kvp_segment_stop(&s);
+    assert_int_equal(atomic_load(&f->fm.unmounts), 1);
+}
+
+static void test_seg_bad_config_invalid(void **state)
+{
+    struct fx *f = *state;
+    struct kvp_segment *s = NULL;
+    f->cfg.global_segment_size = 0;
+    assert_int_equal(kvp_segment_start(&s, &f->cfg, f->ms, NULL), KVP_ERR_INVALID);
+    assert_null(s);
+    f->cfg.global_segment_size = 1 << 20;
+    assert_int_equal(kvp_segment_start(&s, &f->cfg, NULL, NULL), KVP_ERR_INVALID);
+    snprintf(f->cfg.local_hostname, sizeof f->cfg.local_hostname, "[::1");
+    assert_int_not_equal(kvp_segment_start(&s, &f->cfg, f->ms, NULL), KVP_OK);
+    assert_null(s);
+    assert_int_equal(atomic_load(&f->fm.mounts), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_seg_mount_heartbeat_unmount_ok, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_seg_heartbeat_not_found_remounts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_seg_drain_waits_for_zero_objects_ok, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_seg_drain_stuck_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_seg_bad_config_invalid, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
