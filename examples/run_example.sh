@@ -53,7 +53,8 @@ printf 'hello kvpool\n' | "$CTL" put "ex-$$-b" - $C >/dev/null || fail "put -"
 [ "$("$CTL" get "ex-$$-b" $C)" = "hello kvpool" ] || fail "get of stdin put"
 J=$("$CTL" size "ex-$$-b" $C --json)
 [ "$J" = "{\"command\":\"size\",\"key\":\"ex-$$-b\",\"size\":13}" ] || fail "--json: $J"
-expect 0 "$CTL" rm "$K" $C
+expect 1 "$CTL" rm "$K" $C                                    # just read: under a read lease
+expect 0 "$CTL" rm "$K" --force $C
 expect 1 "$CTL" exists "$K" $C
 expect 1 "$CTL" get "$K" $C
 expect 1 "$CTL" rm "$K" $C
