@@ -1,0 +1,237 @@
+/*
+ * test_master_quorum.c — the master without a quorum, and bad input, on three real
+ * kvpool-master processes (loopback, free ports, `kvpoolctl cluster up`):
+ *  (b) two of three SIGKILLed: calls get KVP_ERR_UNAVAILABLE within their deadline (no hang, no
+ *      wrong answer); one brought back: service resumes with every committed object;
+ *  (d) random, truncated, oversized-length and multi-frame messages sent to the leader and to a
+ *      follower: dropped with a log line, both keep serving (contract C6);
+ *  (e) a leader isolated by `kill -STOP` of the other two stops acknowledging writes and
+ *      serving reads; after SIGCONT the cluster serves again.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "tests/integration/test_master_util.h"
+
+static int setup(void **state)
+{
+    struct tm_cluster *c = calloc(1, sizeof *c);
+    *state = c;
+    setenv("KVPOOL_CLIENT_TTL", "600000", 1);
+    return c ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    tm_cluster_down(*state);
+    free(*state);
+    return 0;
+}
+
+static void put_n(struct tm_cluster *c, const char *prefix, unsigned n, char **keys)
+{
+    for (unsigned i = 0; i < n; i++) {
+        char key[64];
+        tm_key(key, sizeof key, prefix, i);
+        assert_int_equal(tm_put(c, key, 5000), KVP_OK);
+        keys[i] = strdup(key);
+    }
+}
+
+static void free_keys(char **keys, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        free(keys[i]);
+}
+
+static void test_master_two_of_three_killed_unavailable_then_resumes(void **state)
+{
+    struct tm_cluster *c = *state;
+    assert_int_equal(tm_cluster_up(c), 0);
+    char *keys[20];
+    put_n(c, "b", 20, keys);
+    int leader = tm_leader(c, 5000);
+    assert_true(leader >= 1);
+    int other = leader % TM_MASTERS + 1;
+    tm_kill(c, leader);
+    tm_kill(c, other);
+
+    /* No quorum: a read and a write both end with UNAVAILABLE, within their deadline. */
+    uint64_t t0 = tm_now_ms();
+    int rc = tm_count_existing(c, keys, 20, 1500);
+    uint64_t took = tm_now_ms() - t0;
+    print_message("no quorum: Exists -> %s after %llu ms (deadline 1500 ms)\n", kvp_errname(rc),
+                  (unsigned long long)took);
+    assert_int_equal(rc, KVP_ERR_UNAVAILABLE);
+    assert_true(took < 1500 + 2000); /* generous: the call must end, not hang */
+    t0 = tm_now_ms();
+    rc = tm_put(c, "b-no-quorum", 1500);
+    took = tm_now_ms() - t0;
+    print_message("no quorum: put -> %s after %llu ms\n", kvp_errname(rc), (unsigned long long)took);
+    assert_int_equal(rc, KVP_ERR_UNAVAILABLE);
+    assert_true(took < 1500 + 2000);
+
+    /* One member back: a quorum again; everything committed is there. */
+    assert_int_equal(tm_restart(c, other), 0);
+    int n = tm_count_existing(c, keys, 20, 15000);
+    assert_int_equal(n, 20);
+    assert_int_equal(tm_put(c, "b-after", 5000), KVP_OK);
+    free_keys(keys, 20);
+}
+
+/* Send raw frames (possibly multi-part) from a DEALER. */
+static void send_raw(zsock_t *d, const uint8_t *buf, size_t len, bool more_frames)
+{
+    zframe_t *f = zframe_new(buf, len);
+    zframe_send(&f, d, more_frames ? ZFRAME_MORE : 0);
+    if (more_frames) {
+        zframe_t *g = zframe_new("x", 1);
+        zframe_send(&g, d, 0);
+    }
+}
+
+static void garbage_to(const char *addr, unsigned seed)
+{
+    zsock_t *d = tm_dealer(addr);
+    assert_non_null(d);
+    srand(seed);
+    uint8_t buf[512];
+    /* Random bytes of random lengths, including empty frames. */
+    for (int i = 0; i < 200; i++) {
+        size_t len = (size_t)(rand() % (int)sizeof buf);
+        for (size_t k = 0; k < len; k++)
+            buf[k] = (uint8_t)rand();
+        send_raw(d, buf, len, i % 17 == 0);
+    }
+    /* Every truncated prefix of a valid request, and the valid request with flipped bytes. */
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__ExistsReq ex = KVP__EXISTS_REQ__INIT;
+    char *keys[1] = {"some-key"};
+    ex.keys = keys;
+    ex.n_keys = 1;
+    req.req_id = 77;
+    req.timeout_ms = 1000;
+    req.body_case = KVP__REQUEST__BODY_EXISTS;
+    req.exists = &ex;
+    uint8_t *enc = NULL;
+    size_t enc_len = 0;
+    assert_int_equal(kvp_wire_encode_request(&req, &enc, &enc_len), KVP_OK);
+    for (size_t cut = 0; cut < enc_len; cut++)
+        send_raw(d, enc, cut, false);
+    for (size_t k = 0; k < enc_len; k++) {
+        memcpy(buf, enc, enc_len);
+        buf[k] ^= 0xff;
+        send_raw(d, buf, enc_len, false);
+    }
+    /* A header claiming a huge body, and a wrong version. */
+    memcpy(buf, enc, enc_len);
+    uint32_t huge = 0xfffffff0u;
+    memcpy(buf + 8, &huge, 4);
+    send_raw(d, buf, enc_len, false);
+    memcpy(buf, enc, enc_len);
+    buf[4] = 99;
+    send_raw(d, buf, enc_len, false);
+    /* A valid envelope around a body that is not a Request. */
+    memcpy(buf, enc, KVP_WIRE_HEADER_BYTES);
+    uint32_t blen = 40;
+    memcpy(buf + 8, &blen, 4);
+    memset(buf + KVP_WIRE_HEADER_BYTES, 0xff, blen);
+    send_raw(d, buf, KVP_WIRE_HEADER_BYTES + blen, false);
+    free(enc);
+    /* Then a good request on the same connection gets its answer (NOT_LEADER on a follower). */
+    Kvp__Response *resp = NULL;
+    int rc = tm_raw_call(d, &req, 5000, &resp);
+    assert_true(rc == KVP_OK || rc == KVP_ERR_NOT_LEADER);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    zsock_destroy(&d);
+}
+
+static void test_master_bad_frames_dropped_keeps_serving(void **state)
+{
+    struct tm_cluster *c = *state;
+    assert_int_equal(tm_cluster_up(c), 0);
+    char *keys[5];
+    put_n(c, "d", 5, keys);
+    int leader = tm_leader(c, 5000);
+    assert_true(leader >= 1);
+    int follower = leader % TM_MASTERS + 1;
+    garbage_to(c->addr[leader], 1);
+    garbage_to(c->addr[follower], 2);
+    for (int id = 1; id <= TM_MASTERS; id++)
+        assert_true(tm_alive(c->pids[id]));
+    assert_int_equal(tm_count_existing(c, keys, 5, 5000), 5);
+    assert_int_equal(tm_put(c, "d-after", 5000), KVP_OK);
+    /* The drops were logged, naming the peer. */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "grep -q 'bad frame from' %s/master-%d.log", c->dir, leader);
+    assert_int_equal(system(cmd), 0);
+    free_keys(keys, 5);
+}
+
+static void test_master_isolated_leader_stops_acknowledging(void **state)
+{
+    struct tm_cluster *c = *state;
+    assert_int_equal(tm_cluster_up(c), 0);
+    char *keys[5];
+    put_n(c, "e", 5, keys);
+    int leader = tm_leader(c, 5000);
+    assert_true(leader >= 1);
+    zsock_t *d = tm_dealer(c->addr[leader]);
+    assert_non_null(d);
+    for (int id = 1; id <= TM_MASTERS; id++)
+        if (id != leader)
+            tm_signal(c, id, SIGSTOP);
+    tm_sleep_ms(1000); /* > election timeout: the old leader has not heard from a quorum */
+
+    /* A write straight to the old leader: never acknowledged OK. */
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__PutStartReq ps = KVP__PUT_START_REQ__INIT;
+    Kvp__PutStartItem it = KVP__PUT_START_ITEM__INIT, *items[1] = {&it};
+    it.key = "e-isolated";
+    it.size = 4096;
+    it.replica_num = 1;
+    it.op_id = 999;
+    ps.items = items;
+    ps.n_items = 1;
+    req.req_id = 1;
+    req.timeout_ms = 3000;
+    req.body_case = KVP__REQUEST__BODY_PUT_START;
+    req.put_start = &ps;
+    int rc = tm_raw_call(d, &req, 3000, NULL);
+    print_message("isolated leader %d: PutStart -> %s\n", leader, rc == 1 ? "no reply" : kvp_errname(rc));
+    assert_int_not_equal(rc, KVP_OK);
+    /* A read straight to it: not served either. */
+    Kvp__Request rq = KVP__REQUEST__INIT;
+    Kvp__ExistsReq ex = KVP__EXISTS_REQ__INIT;
+    ex.keys = keys;
+    ex.n_keys = 5;
+    rq.req_id = 2;
+    rq.timeout_ms = 2000;
+    rq.body_case = KVP__REQUEST__BODY_EXISTS;
+    rq.exists = &ex;
+    rc = tm_raw_call(d, &rq, 2000, NULL);
+    print_message("isolated leader %d: Exists -> %s\n", leader, rc == 1 ? "no reply" : kvp_errname(rc));
+    assert_int_not_equal(rc, KVP_OK);
+    zsock_destroy(&d);
+
+    for (int id = 1; id <= TM_MASTERS; id++)
+        if (id != leader)
+            tm_signal(c, id, SIGCONT);
+    assert_int_equal(tm_count_existing(c, keys, 5, 15000), 5);
+    assert_int_equal(tm_put(c, "e-after", 10000), KVP_OK);
+    free_keys(keys, 5);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_master_two_of_three_killed_unavailable_then_resumes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_master_bad_frames_dropped_keeps_serving, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_master_isolated_leader_stops_acknowledging, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
