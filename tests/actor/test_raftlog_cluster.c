@@ -108,6 +108,7 @@ static void node_start(struct cluster *c, int i)
 }
 
 static struct cluster *g_cluster; /* for the teardown after a failed assertion */
+static struct kvp_raftlog *g_joiner;
 
 static struct cluster *cluster_new(void)
 {
@@ -163,6 +164,7 @@ static void cluster_free(struct cluster *c)
 static int teardown(void **state)
 {
     (void)state;
+    kvp_raftlog_stop(&g_joiner);
     if (g_cluster != NULL)
         cluster_free(g_cluster);
     return 0;
@@ -362,6 +364,62 @@ static void test_raftlog_cluster_stop_with_pending_safe(void **state)
     cluster_free(c);
 }
 
+static void test_raftlog_cluster_add_remove_voter_applied(void **state)
+{
+    (void)state;
+    kvp_log_set_level(KVP_LOG_WARN);
+    struct cluster *c = cluster_new();
+    int l = wait_leader(c, 0, 10000);
+    assert_true(l >= 0);
+    submit_all(c->rl[l], 1, 20, 20);
+
+    /* a fourth node starts empty with join = true and is added as a voter */
+    static struct counter fsm4;
+    memset(&fsm4, 0, sizeof(fsm4));
+    struct kvp_raftlog_params p = c->p[0];
+    p.id = 4;
+    p.join = true;
+    p.n_members = 0;
+    snprintf(p.raft_address, sizeof(p.raft_address), "127.0.0.1:%d", free_port());
+    char dir[64];
+    memcpy(dir, c->dir, sizeof(dir));
+    snprintf(p.data_dir, sizeof(p.data_dir), "%s/n4", dir);
+    p.fsm.ctx = &fsm4;
+    assert_int_equal(kvp_raftlog_start(&g_joiner, &p), KVP_OK);
+    struct ev e;
+    assert_int_equal(kvp_raftlog_add_voter(c->rl[l], 40, 4, p.raft_address), KVP_OK);
+    assert_true(wait_ev(c->rl[l], KVP_RAFTLOG_EV_ADMIN, 40, &e, 15000));
+    assert_int_equal(e.status, KVP_OK);
+    /* adding it again is refused */
+    assert_int_equal(kvp_raftlog_add_voter(c->rl[l], 41, 4, p.raft_address), KVP_OK);
+    assert_true(wait_ev(c->rl[l], KVP_RAFTLOG_EV_ADMIN, 41, &e, 5000));
+    assert_int_not_equal(e.status, KVP_OK);
+    submit_all(c->rl[l], 100, 10, 10);
+    assert_true(wait_count(&fsm4, 30, 10000));
+    struct kvp_raftlog_info in;
+    kvp_raftlog_get_info(c->rl[l], &in);
+    usleep(50000);
+    kvp_raftlog_get_info(c->rl[l], &in);
+    assert_int_equal(in.n_members, 4);
+
+    /* remove it again; removing an unknown id is INVALID; admin on a follower NOT_LEADER */
+    assert_int_equal(kvp_raftlog_remove(c->rl[l], 42, 4), KVP_OK);
+    assert_true(wait_ev(c->rl[l], KVP_RAFTLOG_EV_ADMIN, 42, &e, 10000));
+    assert_int_equal(e.status, KVP_OK);
+    assert_int_equal(kvp_raftlog_remove(c->rl[l], 43, 99), KVP_OK);
+    assert_true(wait_ev(c->rl[l], KVP_RAFTLOG_EV_ADMIN, 43, &e, 5000));
+    assert_int_equal(e.status, KVP_ERR_INVALID);
+    int f = (l + 1) % N;
+    assert_int_equal(kvp_raftlog_transfer(c->rl[f], 44, 0), KVP_OK);
+    assert_true(wait_ev(c->rl[f], KVP_RAFTLOG_EV_ADMIN, 44, &e, 5000));
+    assert_int_equal(e.status, KVP_ERR_NOT_LEADER);
+    usleep(50000);
+    kvp_raftlog_get_info(c->rl[l], &in);
+    assert_int_equal(in.n_members, 3);
+    kvp_raftlog_stop(&g_joiner);
+    cluster_free(c);
+}
+
 static void test_raftlog_cluster_bad_params_invalid(void **state)
 {
     (void)state;
@@ -391,6 +449,7 @@ int main(void)
         cmocka_unit_test(test_raftlog_cluster_bad_params_invalid),
         cmocka_unit_test_teardown(test_raftlog_cluster_stop_with_pending_safe, teardown),
         cmocka_unit_test_teardown(test_raftlog_cluster_failover_restart_catches_up, teardown),
+        cmocka_unit_test_teardown(test_raftlog_cluster_add_remove_voter_applied, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
