@@ -32,7 +32,7 @@ struct tc_cluster {
 };
 
 /* Run argv (NULL-terminated), wait; returns the exit status or -1. */
-static int tc_run(char *const argv[])
+static inline int tc_run(char *const argv[])
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -49,7 +49,7 @@ static int tc_run(char *const argv[])
 
 /* `kvpoolctl cluster up --dir <tmp> --masters 3 --segments N --segment-size SIZE --base-port P`.
  * The environment (KVPOOL_*) is inherited by the processes it starts. */
-static int tc_cluster_up(struct tc_cluster *c, int segments, const char *segment_size)
+static inline int tc_cluster_up(struct tc_cluster *c, int segments, const char *segment_size)
 {
     memset(c, 0, sizeof *c);
     const char *bd = getenv("KVP_BUILD_DIR");
@@ -69,7 +69,7 @@ static int tc_cluster_up(struct tc_cluster *c, int segments, const char *segment
     return rc;
 }
 
-static void tc_cluster_down(struct tc_cluster *c)
+static inline void tc_cluster_down(struct tc_cluster *c)
 {
     if (!c->up)
         return;
@@ -83,7 +83,7 @@ static void tc_cluster_down(struct tc_cluster *c)
 }
 
 /* pid and name of segment i (0-based) from cluster.json; returns pid or -1. */
-static int tc_segment(const struct tc_cluster *c, size_t i, char *name, size_t cap)
+static inline int tc_segment(const struct tc_cluster *c, size_t i, char *name, size_t cap)
 {
     json_error_t e;
     json_t *j = json_load_file(c->file, 0, &e);
@@ -100,7 +100,7 @@ static int tc_segment(const struct tc_cluster *c, size_t i, char *name, size_t c
     return pid;
 }
 
-static kvp_client *tc_open(const struct tc_cluster *c, uint32_t timeout_ms)
+static inline kvp_client *tc_open(const struct tc_cluster *c, uint32_t timeout_ms)
 {
     kvp_config *cfg = NULL;
     if (kvp_config_new(&cfg) != KVP_OK)
@@ -115,7 +115,7 @@ static kvp_client *tc_open(const struct tc_cluster *c, uint32_t timeout_ms)
     return cl;
 }
 
-static void tc_fill(const char *key, uint8_t *buf, size_t len)
+static inline void tc_fill(const char *key, uint8_t *buf, size_t len)
 {
     uint64_t x = XXH3_64bits(key, strlen(key)) | 1;
     size_t i = 0;
@@ -129,7 +129,7 @@ static void tc_fill(const char *key, uint8_t *buf, size_t len)
 }
 
 /* true when buf holds exactly the payload of key (len bytes) */
-static bool tc_check(const char *key, const uint8_t *buf, size_t len)
+static inline bool tc_check(const char *key, const uint8_t *buf, size_t len)
 {
     uint64_t x = XXH3_64bits(key, strlen(key)) | 1;
     size_t i = 0;
@@ -145,7 +145,7 @@ static bool tc_check(const char *key, const uint8_t *buf, size_t len)
     return true;
 }
 
-static bool tc_all_poison(const uint8_t *buf, size_t len)
+static inline bool tc_all_poison(const uint8_t *buf, size_t len)
 {
     for (size_t i = 0; i < len; i++)
         if (buf[i] != TC_POISON)
