@@ -2,3 +2,4 @@
 kvp_add_test(test_alloc SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_alloc.c LABEL unit TIMEOUT 60)
 kvp_add_test(test_fsm SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm.c LABEL unit TIMEOUT 60)
 kvp_add_test(test_fsm_snap SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_snap.c LABEL unit TIMEOUT 60)
+kvp_add_test(test_fsm_random SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_random.c LABEL unit TIMEOUT 120)
