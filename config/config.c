@@ -737,7 +737,7 @@ char *kvp_cfg_to_json(enum kvp_cfg_kind kind, const void *cfg)
             return NULL;
         }
     }
-    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     json_decref(o);
     return s;
 }

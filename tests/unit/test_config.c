@@ -668,6 +668,8 @@ static void test_config_to_json_typed_and_round_trips(void **state)
         }
         char *js = kvp_cfg_to_json((enum kvp_cfg_kind)kind, a);
         assert_non_null(js);
+        if (kind == KVP_CFG_MASTER) /* readable doubles, one key per line */
+            assert_non_null(strstr(js, "\n  \"eviction_ratio\": 0.05,\n"));
         json_error_t err;
         json_t *o = json_loads(js, 0, &err);
         assert_non_null(o);
