@@ -21,7 +21,9 @@ struct kvp_segment;
 struct kvp_segment_hooks {
     void *ctx;
     /* Called (from the segment's thread) whenever the segment gets an id: old_id 0 at the
-     * first mount. The client uses it to register the region with its local transport. */
+     * first mount. The client uses it to register the region with its local transport.
+     * It is also called with new_id 0 (base NULL, size 0) when the segment stops or a remount
+     * fails, before the region is unmapped: the owner must stop using the old id's memory. */
     void (*on_mount)(void *ctx, uint32_t old_id, uint32_t new_id, void *base, uint64_t size);
 };
 

@@ -62,8 +62,10 @@ int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id);
 int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms);
 
 /**
- * Probe a segment's data plane (PING/PONG) within timeout_ms. KVP_OK when it answers for
- * segment_id, KVP_ERR_TRANSFER / KVP_ERR_TIMEOUT otherwise. Used by the master's lost-segment probe.
+ * Probe a segment's data plane (PING/PONG) within timeout_ms (0 = 1000). KVP_OK when it answers
+ * for segment_id; KVP_ERR_NOT_FOUND when a server answers there but for another id (restarted or
+ * remounted segment); KVP_ERR_TIMEOUT / KVP_ERR_TRANSFER otherwise. Blocks the caller; any thread.
+ * Used by the master's lost-segment probe.
  */
 int kvp_xfer_probe(const char *endpoint, uint32_t segment_id, uint32_t timeout_ms);
 
