@@ -19,6 +19,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "actors/client/msession.h"
+#include "config/config.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
 
@@ -169,10 +171,72 @@ static void test_client_cluster_segment_killed_gets_survive_then_lost(void **sta
     kvp_client_close(&c);
 }
 
+/* The leader master is SIGKILLed: puts and gets go on (the session finds the new leader). */
+static void test_client_cluster_leader_killed_calls_continue(void **state)
+{
+    (void)state;
+    kvp_client *c = tc_open(&CL, 15000);
+    assert_non_null(c);
+    enum { M = 16, SZ = 65536 };
+    uint8_t *buf = malloc(SZ);
+    kvp_put_opts o2 = {.replica_num = 2};
+    char key[32];
+    for (int i = 0; i < M; i++) {
+        snprintf(key, sizeof key, "pre-failover-%d", i);
+        tc_fill(key, buf, SZ);
+        assert_int_equal(kvp_put(c, key, buf, SZ, &o2), KVP_OK);
+    }
+    /* who leads? ask through a session of our own */
+    char *masters[KVP_CFG_MAX_MASTERS];
+    size_t nm = 0;
+    assert_int_equal(kvp_cfg_masters(NULL, CL.file, masters, KVP_CFG_MAX_MASTERS, &nm), KVP_OK);
+    struct kvp_msession *ms = NULL;
+    assert_int_equal(kvp_msession_new(&ms, (const char *const *)masters, nm, "test"), KVP_OK);
+    kvp_cfg_free_masters(masters, nm);
+    Kvp__Request req;
+    Kvp__ExistsReq ex;
+    kvp__request__init(&req);
+    kvp__exists_req__init(&ex);
+    req.body_case = KVP__REQUEST__BODY_EXISTS;
+    req.exists = &ex;
+    Kvp__Response *resp = NULL;
+    assert_int_equal(kvp_msession_call(ms, &req, 5000, &resp), KVP_OK);
+    kvp_msession_response_free(resp);
+    char leader[128];
+    kvp_msession_leader(ms, leader, sizeof leader);
+    kvp_msession_destroy(&ms);
+    int lpid = tc_master_pid(&CL, leader);
+    fprintf(stderr, "leader %s pid %d: SIGKILL\n", leader, lpid);
+    assert_true(lpid > 0);
+    assert_int_equal(kill(lpid, SIGKILL), 0);
+
+    for (int i = 0; i < M; i++) {
+        snprintf(key, sizeof key, "pre-failover-%d", i);
+        memset(buf, TC_POISON, SZ);
+        int64_t g = kvp_get(c, key, buf, SZ, 0);
+        if (g != SZ)
+            fprintf(stderr, "get %s after failover: %s\n", key, kvp_errname((int)g));
+        assert_int_equal(g, SZ);
+        assert_true(tc_check(key, buf, SZ));
+        snprintf(key, sizeof key, "post-failover-%d", i);
+        tc_fill(key, buf, SZ);
+        int p = kvp_put(c, key, buf, SZ, &o2);
+        if (p != KVP_OK)
+            fprintf(stderr, "put %s after failover: %s\n", key, kvp_errname(p));
+        assert_int_equal(p, KVP_OK);
+        memset(buf, TC_POISON, SZ);
+        assert_int_equal(kvp_get(c, key, buf, SZ, 0), SZ);
+        assert_true(tc_check(key, buf, SZ));
+    }
+    free(buf);
+    kvp_client_close(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_client_cluster_segment_killed_gets_survive_then_lost),
+        cmocka_unit_test(test_client_cluster_leader_killed_calls_continue),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

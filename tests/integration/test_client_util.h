@@ -100,6 +100,27 @@ static inline int tc_segment(const struct tc_cluster *c, size_t i, char *name, s
     return pid;
 }
 
+/* pid of the master whose control address is addr ("host:port"), or -1. */
+static inline int tc_master_pid(const struct tc_cluster *c, const char *addr)
+{
+    json_error_t e;
+    json_t *j = json_load_file(c->file, 0, &e);
+    if (!j)
+        return -1;
+    int pid = -1;
+    json_t *ms = json_object_get(j, "masters");
+    for (size_t i = 0; i < json_array_size(ms); i++) {
+        json_t *m = json_array_get(ms, i);
+        const char *a = json_string_value(json_object_get(m, "address"));
+        if (a && strncmp(a, "tcp://", 6) == 0)
+            a += 6;
+        if (a && strcmp(a, addr) == 0)
+            pid = (int)json_integer_value(json_object_get(m, "pid"));
+    }
+    json_decref(j);
+    return pid;
+}
+
 static inline kvp_client *tc_open(const struct tc_cluster *c, uint32_t timeout_ms)
 {
     kvp_config *cfg = NULL;
