@@ -159,6 +159,11 @@ static void on_remove(struct kvp_master_service *s, zframe_t *id, Kvp__Request *
         return;
     }
     p->n_remove = n;
+    if (!key_hashes(p, rr->keys, n)) {
+        svc_pending_free(p);
+        svc_reply_status(s, id, req->req_id, KVP_ERR_NOMEM, "out of memory");
+        return;
+    }
     char **fwd = calloc(n ? n : 1, sizeof(char *));
     if (!fwd) {
         svc_pending_free(p);
@@ -414,7 +419,7 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
     }
 }
 
-static void merge_remove(struct svc_pending *p, Kvp__Response *resp)
+static void merge_remove(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
 {
     if (!resp->remove || !p->remove_status)
         return;
@@ -431,21 +436,27 @@ static void merge_remove(struct svc_pending *p, Kvp__Response *resp)
     free(resp->remove->status);
     resp->remove->status = merged;
     resp->remove->n_status = p->n_remove;
+    for (size_t i = 0; i < p->n_remove && i < p->n_keys; i++)
+        if (merged[i] == KVP_OK) { /* gone: forget its soft state */
+            svc_map_del(&s->last_access, p->key_hashes[i], NULL);
+            svc_map_del(&s->leases, p->key_hashes[i], NULL);
+        }
 }
 
 void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind, int status,
                    const uint8_t *data, size_t len)
 {
     Kvp__Response *resp = NULL;
-    if (status == KVP_OK && kind != KVP_RAFTLOG_EV_ADMIN && data && len) {
-        resp = kvp__response__unpack(NULL, len, data);
+    if (status == KVP_OK && kind != KVP_RAFTLOG_EV_ADMIN && kind != 0) {
+        /* A Response with every field at its default packs to zero bytes: that is a valid
+         * "OK, no body" result, not a missing one. */
+        static const uint8_t none[1];
+        resp = kvp__response__unpack(NULL, len, data && len ? data : none);
         if (!resp) {
             kvp_log_error(s->actor, "corr %llu: state machine result failed to decode (%zu bytes)",
                           (unsigned long long)p->corr, len);
             status = KVP_ERR_INTERNAL;
         }
-    } else if (status == KVP_OK && kind != KVP_RAFTLOG_EV_ADMIN && kind != 0) {
-        status = KVP_ERR_INTERNAL; /* a command or query must produce a Response */
     }
 
     if (p->internal) {
@@ -486,8 +497,12 @@ void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind
     case KVP__REQUEST__BODY_PUT_START:
         s->fsm_pending_puts++; /* until the next refresh: lets RevokeExpired run */
         break;
-    case KVP__REQUEST__BODY_PUT_REVOKE:
     case KVP__REQUEST__BODY_REMOVE_ALL:
+        if (resp->status == KVP_OK) {
+            svc_map_clear(&s->last_access);
+        }
+        /* fall through */
+    case KVP__REQUEST__BODY_PUT_REVOKE:
         s->fsm_quarantined_bytes++; /* until the next refresh: lets QuarantineRelease run */
         break;
     case KVP__REQUEST__BODY_MOUNT:
@@ -513,7 +528,7 @@ void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind
                         (uint64_t)KVP__SEGMENT_STATE__SEGMENT_DRAINING + 1);
         break;
     case KVP__REQUEST__BODY_REMOVE:
-        merge_remove(p, resp);
+        merge_remove(s, p, resp);
         s->fsm_quarantined_bytes++;
         break;
     case KVP__REQUEST__BODY_CLUSTER_STATUS:
