@@ -346,6 +346,56 @@ static void test_msession_destroy_inflight_closed(void **state)
     fakes_stop();
 }
 
+struct hammer {
+    struct kvp_msession *s;
+    int ok, bad;
+};
+
+static void *hammer_main(void *arg)
+{
+    struct hammer *h = arg;
+    for (int i = 0; i < 200; i++) {
+        Kvp__Request req;
+        Kvp__ExistsReq ex;
+        char *keys[1];
+        make_exists(&req, &ex, keys);
+        Kvp__Response *resp = NULL;
+        int rc = kvp_msession_call(h->s, &req, 5000, &resp);
+        if (rc == KVP_OK && resp->req_id == req.req_id && resp->body_case == KVP__RESPONSE__BODY_EXISTS)
+            h->ok++;
+        else
+            h->bad++;
+        kvp_msession_response_free(resp);
+    }
+    return NULL;
+}
+
+/* Many threads on one session: every call gets its own reply. */
+static void test_msession_many_threads_each_own_reply(void **state)
+{
+    (void)state;
+    enum fake_mode modes[2] = {FAKE_HINT, FAKE_OK};
+    fakes_start(2, modes);
+    snprintf(F.m[0].hint, sizeof F.m[0].hint, "%s", F.m[1].addr);
+    fakes_run();
+    const char *masters[2] = {F.m[0].addr, F.m[1].addr};
+    struct kvp_msession *s = NULL;
+    assert_int_equal(kvp_msession_new(&s, masters, 2, "test"), KVP_OK);
+    struct hammer h[8];
+    pthread_t t[8];
+    for (int i = 0; i < 8; i++) {
+        h[i] = (struct hammer){.s = s};
+        assert_int_equal(pthread_create(&t[i], NULL, hammer_main, &h[i]), 0);
+    }
+    for (int i = 0; i < 8; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(h[i].ok, 200);
+        assert_int_equal(h[i].bad, 0);
+    }
+    kvp_msession_destroy(&s);
+    fakes_stop();
+}
+
 static void test_msession_bad_args_invalid(void **state)
 {
     (void)state;
@@ -373,6 +423,7 @@ int main(void)
         cmocka_unit_test(test_msession_unknown_req_id_dropped),
         cmocka_unit_test(test_msession_no_master_unavailable),
         cmocka_unit_test(test_msession_destroy_inflight_closed),
+        cmocka_unit_test(test_msession_many_threads_each_own_reply),
         cmocka_unit_test(test_msession_bad_args_invalid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
