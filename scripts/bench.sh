@@ -54,8 +54,8 @@ echo "== kv: 4 MiB put / get, batch 1, 1 thread, replicas 1"
 "$BENCH" get --cluster "$C" --value-size 4M --count 200 --batch 1 --threads 1 --replicas 1 --json | tee "$OUT/get4m.json"
 
 echo "== kv: 4 KiB batch_get of 32 keys, $CLIENTS threads"
-"$BENCH" get --cluster "$C" --value-size 4K --count 64000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/get4k.json"
-"$BENCH" put --cluster "$C" --value-size 4K --count 64000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/put4k.json"
+"$BENCH" get --cluster "$C" --value-size 4K --count 32000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/get4k.json"
+"$BENCH" put --cluster "$C" --value-size 4K --count 32000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/put4k.json"
 
 echo "== redis-benchmark GET -P 16 -d 4096 -c $CLIENTS"
 REDIS=0

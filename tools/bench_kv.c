@@ -168,6 +168,40 @@ static void usage_kv(void)
             "         [--verify] [--keep] [--timeout-ms MS] [--json]\n");
 }
 
+struct rm_job {
+    kvp_client *c;
+    uint64_t first, n;
+    pthread_t th;
+};
+
+static void *rm_main(void *arg)
+{
+    struct rm_job *j = arg;
+    for (uint64_t i = j->first; i < j->first + j->n; i++) {
+        char k[48];
+        kv_key(k, sizeof k, i);
+        kvp_remove(j->c, k, true);
+    }
+    return NULL;
+}
+
+/* Remove every key the run may have stored (untimed), with 8 threads: one RPC per key. */
+static void remove_keys(kvp_client *c, const struct kv_opts *o, uint64_t per)
+{
+    uint64_t top = !strcmp(o->mode, "mixed") ? o->count + (uint64_t)o->threads * per : o->count;
+    enum { NRM = 8 };
+    struct rm_job j[NRM];
+    uint64_t chunk = (top + NRM - 1) / NRM;
+    for (int i = 0; i < NRM; i++) {
+        j[i].c = c;
+        j[i].first = (uint64_t)i * chunk;
+        j[i].n = j[i].first >= top ? 0 : (top - j[i].first < chunk ? top - j[i].first : chunk);
+        pthread_create(&j[i].th, NULL, rm_main, &j[i]);
+    }
+    for (int i = 0; i < NRM; i++)
+        pthread_join(j[i].th, NULL);
+}
+
 static int run_phase(struct kv_thread *ts, unsigned n, int phase, bool timed, double *secs)
 {
     for (unsigned i = 0; i < n; i++) {
@@ -311,14 +345,9 @@ int bench_kv_main(const char *mode, int argc, char **argv)
     if (corrupt)
         rc = 1;
     bench_lat_free(&lat);
-    if (!o.keep) {
-        uint64_t top = !strcmp(mode, "mixed") ? o.count + (uint64_t)o.threads * per * 2 : o.count;
-        for (uint64_t i = 0; i < top; i++) {
-            char k[48];
-            kv_key(k, sizeof k, i);
-            kvp_remove(c, k, true);
-        }
-    }
+    fflush(stdout);
+    if (!o.keep)
+        remove_keys(c, &o, per);
 out:
     for (unsigned i = 0; i < o.threads; i++) {
         if (ts[i].buf)
