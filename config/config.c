@@ -540,6 +540,18 @@ static bool is_extra(const char *const *extra, const char *name, size_t len, boo
     return false;
 }
 
+
+static int add_positional(int idx, int *positional, int max_positional, int *n_positional,
+                          const char *arg)
+{
+    if (!n_positional || !positional || *n_positional >= max_positional) {
+        kvp_log_error(ACTOR, "unexpected argument '%.128s'", arg);
+        return KVP_ERR_INVALID;
+    }
+    positional[(*n_positional)++] = idx;
+    return KVP_OK;
+}
+
 static bool name_is(const char *name, size_t len, const char *want)
 {
     size_t wl = strlen(want);
@@ -551,17 +563,6 @@ static bool name_is(const char *name, size_t len, const char *want)
             return false;
     }
     return true;
-}
-
-static int add_positional(int idx, int *positional, int max_positional, int *n_positional,
-                          const char *arg)
-{
-    if (!n_positional || !positional || *n_positional >= max_positional) {
-        kvp_log_error(ACTOR, "unexpected argument '%.128s'", arg);
-        return KVP_ERR_INVALID;
-    }
-    positional[(*n_positional)++] = idx;
-    return KVP_OK;
 }
 
 int kvp_cfg_from_args_ex(enum kvp_cfg_kind kind, void *cfg, int argc, char **argv,
@@ -588,9 +589,13 @@ int kvp_cfg_from_args_ex(enum kvp_cfg_kind kind, void *cfg, int argc, char **arg
         const char *a = argv[i];
         if (!a || strcmp(a, "--") == 0)
             break;
-        if (strncmp(a, "--config", 8) != 0 || (a[8] != '\0' && a[8] != '='))
+        if (a[0] != '-' || a[1] == '\0')
             continue;
-        const char *path = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
+        const char *name = a + (a[1] == '-' ? 2 : 1);
+        const char *eq = strchr(name, '=');
+        if (!name_is(name, eq ? (size_t)(eq - name) : strlen(name), "config"))
+            continue;
+        const char *path = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!path || !*path) {
             kvp_log_error(ACTOR, "flag --config: needs a file name");
             rc = KVP_ERR_INVALID;

@@ -132,8 +132,12 @@ static int parse(int argc, char **argv, kvp_config *cfg, struct data_args *a)
         const char *s = argv[i];
         if (strcmp(s, "--") == 0)
             break;
-        if (strncmp(s, "--config", 8) == 0 && (s[8] == '\0' || s[8] == '=')) {
-            const char *v = flag_value(argc, argv, &i, s[8] == '=' ? s + 8 : NULL);
+        if (s[0] != '-' || s[1] == '\0')
+            continue;
+        const char *name = s + (s[1] == '-' ? 2 : 1);
+        const char *eq = strchr(name, '=');
+        if (is_flag(name, "config", eq ? (size_t)(eq - name) : strlen(name))) {
+            const char *v = flag_value(argc, argv, &i, eq);
             if (!v) {
                 fprintf(stderr, "kvpoolctl %s: --config needs a file\n", a->cmd);
                 return EXIT_USAGE;

@@ -545,6 +545,18 @@ static void test_config_layering_defaults_file_env_flags(void **state)
     assert_int_equal(pos[0], 6);
     assert_int_equal(pos[1], 7);
     clear_kvpool_env();
+
+    /* --config=FILE and -config FILE are the same as --config FILE */
+    char eqform[600];
+    snprintf(eqform, sizeof eqform, "--config=%s", path);
+    char *argv2[] = {"prog", eqform, NULL};
+    assert_int_equal(kvp_cfg_from_args(KVP_CFG_CLIENT, &c, 2, argv2, NULL, NULL, 0, NULL), KVP_OK);
+    assert_int_equal(c.replica_num, 2);
+    assert_int_equal(c.transfer_timeout_ms, 20000);
+    char *argv3[] = {"prog", "-config", path, NULL};
+    kvp_cfg_defaults(KVP_CFG_CLIENT, &c);
+    assert_int_equal(kvp_cfg_from_args(KVP_CFG_CLIENT, &c, 3, argv3, NULL, NULL, 0, NULL), KVP_OK);
+    assert_int_equal(c.conns_per_peer, 8);
 }
 
 static void test_config_from_args_forms_and_print_config(void **state)
