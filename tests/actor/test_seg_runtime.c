@@ -238,7 +238,8 @@ static void test_seg_mount_heartbeat_unmount_ok(void **state)
     struct kvp_segment_hooks h = {.ctx = &f->hooks, .on_mount = on_mount};
     assert_int_equal(kvp_segment_start(&s, &f->cfg, f->ms, &h), KVP_OK);
     assert_int_equal(kvp_segment_id(s), 1);
-    const char *ep = kvp_segment_endpoint(s);
+    char ep[128]; /* copied: the segment's string goes away at stop */
+    snprintf(ep, sizeof ep, "%s", kvp_segment_endpoint(s));
     unsigned port = 0;
     assert_int_equal(sscanf(ep, "127.0.0.1:%u", &port), 1);
     char want[64];
