@@ -484,6 +484,12 @@ static void test_config_load_file_errors_unchanged(void **state)
     assert_int_equal(rc, KVP_ERR_IO);
     assert_non_null(strstr(log, "/nonexistent/kvpool.json"));
     free(log);
+    cap_start();
+    rc = kvp_cfg_load_file(KVP_CFG_CLIENT, &c, tmpdir); /* a directory: opens, cannot be read */
+    log = cap_end();
+    assert_int_equal(rc, KVP_ERR_IO);
+    assert_non_null(strstr(log, "read error"));
+    free(log);
 }
 
 /* ------------------------------------------------------------------ environment */
