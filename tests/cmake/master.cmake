@@ -6,3 +6,5 @@ foreach(T test_master_failover test_master_quorum)
     add_dependencies(${T} kvpool-master kvpoolctl)
   endif()
 endforeach()
+# Pure parts of the service (soft-state map, members parser).
+kvp_add_test(test_master_service SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_service.c LABEL unit TIMEOUT 30)
