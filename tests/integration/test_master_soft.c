@@ -1,0 +1,171 @@
+/*
+ * test_master_soft.c — the leader's soft state and timers on three real kvpool-master
+ * processes (short TTLs through KVPOOL_* variables):
+ *  - a new leader refuses un-forced Remove for one lease TTL (election grace), forced Remove works;
+ *  - GetReplicaList grants a lease: un-forced Remove of that key is KVP_ERR_LEASED until it ends;
+ *  - a pending put past its deadline is revoked by the leader's RevokeExpired timer;
+ *  - a segment that stops heartbeating is declared lost after client_ttl, and its heartbeat is
+ *    then answered NOT_FOUND; an unknown segment's heartbeat is NOT_FOUND.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "tests/integration/test_master_util.h"
+
+static int setup(void **state)
+{
+    struct tm_cluster *c = calloc(1, sizeof *c);
+    *state = c;
+    setenv("KVPOOL_CLIENT_TTL", "2500", 1);
+    setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "1500", 1);
+    return c ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    tm_cluster_down(*state);
+    free(*state);
+    return 0;
+}
+
+static int remove_one(struct tm_cluster *c, const char *key, bool force)
+{
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__RemoveReq rr = KVP__REMOVE_REQ__INIT;
+    char *keys[1] = {(char *)key};
+    rr.keys = keys;
+    rr.n_keys = 1;
+    rr.force = force;
+    req.body_case = KVP__REQUEST__BODY_REMOVE;
+    req.remove = &rr;
+    Kvp__Response *resp = NULL;
+    int rc = kvp_msession_call(c->ms, &req, 5000, &resp);
+    if (rc == KVP_OK)
+        rc = resp->status ? resp->status
+             : (resp->remove && resp->remove->n_status == 1) ? resp->remove->status[0]
+                                                            : KVP_ERR_MALFORMED;
+    kvp_msession_response_free(resp);
+    return rc;
+}
+
+/* Wait ms while heartbeating the main fake segment (client_ttl is short here). */
+static void wait_heartbeating(struct tm_cluster *c, unsigned ms)
+{
+    uint64_t end = tm_now_ms() + ms;
+    while (tm_now_ms() < end) {
+        assert_int_equal(tm_heartbeat(c, 3000), KVP_OK);
+        tm_sleep_ms(200);
+    }
+}
+
+static int heartbeat_id(struct tm_cluster *c, uint32_t seg)
+{
+    uint32_t keep = c->segment_id;
+    c->segment_id = seg;
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
+    hb.segment_id = seg;
+    req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    Kvp__Response *resp = NULL;
+    int rc = kvp_msession_call(c->ms, &req, 3000, &resp);
+    if (rc == KVP_OK)
+        rc = resp->status;
+    kvp_msession_response_free(resp);
+    c->segment_id = keep;
+    return rc;
+}
+
+static void test_master_soft_state_leases_revoke_liveness(void **state)
+{
+    struct tm_cluster *c = *state;
+    assert_int_equal(tm_cluster_up(c), 0);
+    uint64_t elected = tm_now_ms();
+    assert_int_equal(tm_put(c, "s-1", 5000), KVP_OK);
+    assert_int_equal(tm_put(c, "s-2", 5000), KVP_OK);
+    assert_int_equal(tm_put(c, "s-3", 5000), KVP_OK);
+
+    /* Election grace: the new leader refuses un-forced removes; forced ones pass. */
+    if (tm_now_ms() - elected < 1000)
+        assert_int_equal(remove_one(c, "s-1", false), KVP_ERR_LEASED);
+    assert_int_equal(remove_one(c, "s-2", true), KVP_OK);
+    assert_int_equal(remove_one(c, "s-2", true), KVP_ERR_NOT_FOUND);
+
+    /* A second fake segment that never heartbeats. */
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
+    m.name = "silent-seg";
+    m.host = "127.0.0.1";
+    m.endpoint = "127.0.0.1:10";
+    m.size = 1ull << 30;
+    req.body_case = KVP__REQUEST__BODY_MOUNT;
+    req.mount = &m;
+    Kvp__Response *resp = NULL;
+    assert_int_equal(kvp_msession_call(c->ms, &req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    uint32_t silent = resp->mount->segment_id;
+    kvp_msession_response_free(resp);
+    assert_int_equal(heartbeat_id(c, silent), KVP_OK);
+    assert_int_equal(heartbeat_id(c, 999999), KVP_ERR_NOT_FOUND);
+
+    /* A pending put with a 300 ms deadline that never ends. */
+    Kvp__Request ps_req = KVP__REQUEST__INIT;
+    Kvp__PutStartReq ps = KVP__PUT_START_REQ__INIT;
+    Kvp__PutStartItem it = KVP__PUT_START_ITEM__INIT, *items[1] = {&it};
+    it.key = "s-abandoned";
+    it.size = 4096;
+    it.replica_num = 1;
+    it.op_id = 4242;
+    it.preferred_segment = "fake-seg";
+    ps.items = items;
+    ps.n_items = 1;
+    ps.ttl_ms = 300;
+    ps_req.body_case = KVP__REQUEST__BODY_PUT_START;
+    ps_req.put_start = &ps;
+    resp = NULL;
+    assert_int_equal(kvp_msession_call(c->ms, &ps_req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    assert_int_equal(resp->put_start->results[0]->status, KVP_OK);
+    kvp_msession_response_free(resp);
+
+    /* Past the grace (1.5 s) and past client_ttl (2.5 s) of the silent segment. */
+    wait_heartbeating(c, 3500);
+
+    /* The abandoned put was revoked by the leader: its PutEnd finds nothing. */
+    Kvp__Request pe_req = KVP__REQUEST__INIT;
+    Kvp__PutEndReq pe = KVP__PUT_END_REQ__INIT;
+    Kvp__PutEndItem e = KVP__PUT_END_ITEM__INIT, *eitems[1] = {&e};
+    e.key = "s-abandoned";
+    e.op_id = 4242;
+    pe.items = eitems;
+    pe.n_items = 1;
+    pe_req.body_case = KVP__REQUEST__BODY_PUT_END;
+    pe_req.put_end = &pe;
+    resp = NULL;
+    assert_int_equal(kvp_msession_call(c->ms, &pe_req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->put_end->status[0], KVP_ERR_NOT_FOUND);
+    kvp_msession_response_free(resp);
+
+    /* The silent segment was declared lost; the heartbeating one was not. */
+    assert_int_equal(heartbeat_id(c, silent), KVP_ERR_NOT_FOUND);
+    assert_int_equal(tm_heartbeat(c, 3000), KVP_OK);
+
+    /* Leases: a read lease blocks un-forced Remove until it ends; an unread key is removable. */
+    assert_int_equal(remove_one(c, "s-3", false), KVP_OK);
+    assert_int_equal(tm_get_replicas(c, "s-1", 5000), KVP_OK);
+    assert_int_equal(remove_one(c, "s-1", false), KVP_ERR_LEASED);
+    wait_heartbeating(c, 1800);
+    assert_int_equal(remove_one(c, "s-1", false), KVP_OK);
+    assert_int_equal(remove_one(c, "s-1", false), KVP_ERR_NOT_FOUND);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_master_soft_state_leases_revoke_liveness, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
