@@ -172,6 +172,7 @@ static int on_segment_state(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
 struct cand {
     seg_t *s;
     bool preferred;
+    bool taken;
 };
 
 static int cand_cmp(const void *a, const void *b)
@@ -231,6 +232,7 @@ static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadli
             any_big = true;
         if (need && kvp_alloc_largest_free(&s->alloc) >= need) {
             cands[n].s = s;
+            cands[n].taken = false;
             cands[n].preferred = it->preferred_segment && it->preferred_segment[0] &&
                                  strcmp(s->name, it->preferred_segment) == 0;
             n++;
@@ -247,8 +249,6 @@ static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadli
     qsort(cands, n, sizeof(*cands), cand_cmp);
     /* Pass 1: one per host; pass 2: fill up with other segments (distinct by construction). */
     seg_t *chosen[KVP_FSM_MAX_REPLICAS];
-    bool taken[n];
-    memset(taken, 0, sizeof(taken));
     unsigned k = 0;
     for (size_t i = 0; i < n && k < want; i++) {
         bool dup = false;
@@ -256,11 +256,11 @@ static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadli
             dup = strcmp(chosen[j]->host, cands[i].s->host) == 0;
         if (!dup) {
             chosen[k++] = cands[i].s;
-            taken[i] = true;
+            cands[i].taken = true;
         }
     }
     for (size_t i = 0; i < n && k < want; i++)
-        if (!taken[i])
+        if (!cands[i].taken)
             chosen[k++] = cands[i].s;
     o = kvp_fsm_obj_alloc(it->key, klen, k);
     if (!o)
