@@ -212,11 +212,13 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
     while (pending > 0) {
         uint32_t left = kvp_client_remaining(deadline);
         bool lease_over = lease_ms != UINT64_MAX && kvp_clock_now_ms() >= reply_ms + lease_ms;
-        if (left == 0 || lease_over) {
+        bool closing = kvp_client_closing(c);
+        if (left == 0 || lease_over || closing) {
+            int why = closing ? KVP_ERR_CLOSED : left == 0 ? KVP_ERR_TIMEOUT : KVP_ERR_LEASE_EXPIRED;
             for (size_t i = 0; i < n; i++)
                 if (sl[i].pending) {
                     sl[i].pending = false;
-                    results[i] = left == 0 ? KVP_ERR_TIMEOUT : KVP_ERR_LEASE_EXPIRED;
+                    results[i] = why;
                 }
             break;
         }

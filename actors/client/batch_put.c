@@ -171,11 +171,16 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
     }
 
     /* 3. one transfer batch: every replica × every iov piece of every started item */
+    bool closing = kvp_client_closing(c);
     size_t ns = 0;
     for (size_t j = 0; j < m; j++) {
         const Kvp__PutStartResult *r = start_resp->put_start->results[j];
         it[j].start = r;
         it[j].status = r->status;
+        if (r->status == KVP_OK && closing) {
+            it[j].status = KVP_ERR_CLOSED;
+            revoke[j] = true;
+        }
         if (r->status == KVP_OK && r->n_replicas == 0) {
             it[j].status = KVP_ERR_INTERNAL;
             revoke[j] = true;
@@ -245,8 +250,13 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
     }
 
     /* 4. PutEnd for the items whose bytes are all written */
+    closing = kvp_client_closing(c);
     size_t ne = 0;
     for (size_t j = 0; j < m; j++) {
+        if (it[j].status == KVP_OK && closing) {
+            it[j].status = KVP_ERR_CLOSED;
+            revoke[j] = true;
+        }
         if (it[j].status != KVP_OK)
             continue;
         const struct kvp_client_obj *o = &objs[it[j].obj];

@@ -39,6 +39,14 @@ void kvp_client_leave(struct kvp_client *c)
     pthread_mutex_unlock(&c->mu);
 }
 
+bool kvp_client_closing(struct kvp_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    bool closed = c->closed;
+    pthread_mutex_unlock(&c->mu);
+    return closed;
+}
+
 uint64_t kvp_client_deadline(const struct kvp_client *c, uint32_t timeout_ms)
 {
     if (timeout_ms == 0)

@@ -5,6 +5,7 @@
 #ifndef KVP_CLIENT_CLIENT_H
 #define KVP_CLIENT_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,10 @@ struct kvp_client_obj {
 int kvp_client_enter(struct kvp_client *c);
 /** End an API call started with kvp_client_enter(). */
 void kvp_client_leave(struct kvp_client *c);
+
+/** true once kvp_client_close started: calls in flight stop at their next phase with
+ * KVP_ERR_CLOSED (after revoking what they started). */
+bool kvp_client_closing(struct kvp_client *c);
 
 /** Monotonic deadline (ms) of a call given its timeout_ms (0 = transfer_timeout). */
 uint64_t kvp_client_deadline(const struct kvp_client *c, uint32_t timeout_ms);

@@ -28,6 +28,7 @@
 #include <zmq.h>
 
 #include "actors/client/api_config.h"
+#include "actors/client/client_state.h"
 #include "actors/client/msession.h"
 #include "actors/master/fsm.h"
 #include "actors/segment/seg_server.h"
@@ -674,6 +675,49 @@ static void test_client_register_buffer_overlap_invalid(void **state)
     kvp_client_close(NULL);
 }
 
+struct closer_put {
+    kvp_client *c;
+    uint8_t *buf;
+    size_t len;
+    int rc;
+};
+
+static void *closer_put_main(void *arg)
+{
+    struct closer_put *p = arg;
+    kvp_put_opts o = {.replica_num = 3};
+    p->rc = kvp_put(p->c, "close-race", p->buf, p->len, &o);
+    return NULL;
+}
+
+/* kvp_client_close while a put runs on another thread: the put ends (OK, or CLOSED with nothing
+ * visible), close returns after it. */
+static void test_client_close_during_put_returns(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(20000);
+    struct closer_put p = {.c = c, .len = 16u << 20, .rc = 1};
+    p.buf = malloc(p.len);
+    fill("close-race", p.buf, p.len);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, closer_put_main, &p), 0);
+    for (;;) { /* wait until the put is inside the client */
+        pthread_mutex_lock(&c->mu);
+        uint32_t n = c->inflight;
+        pthread_mutex_unlock(&c->mu);
+        if (n > 0)
+            break;
+        usleep(100);
+    }
+    kvp_client_close(&c);
+    pthread_join(t, NULL);
+    assert_true(p.rc == KVP_OK || p.rc == KVP_ERR_CLOSED);
+    kvp_client *c2 = open_client(10000);
+    assert_int_equal(kvp_exists(c2, "close-race"), p.rc == KVP_OK ? 1 : 0);
+    kvp_client_close(&c2);
+    free(p.buf);
+}
+
 /* Must run last: stops segments. */
 static void test_client_dead_replica_failover_then_dead_only_fails_fast(void **state)
 {
@@ -759,6 +803,7 @@ int main(void)
         cmocka_unit_test(test_client_corrupt_replica_corrupt_or_next),
         cmocka_unit_test(test_client_many_threads_one_client_ok),
         cmocka_unit_test(test_client_register_buffer_overlap_invalid),
+        cmocka_unit_test(test_client_close_during_put_returns),
         cmocka_unit_test(test_client_dead_replica_failover_then_dead_only_fails_fast),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
