@@ -313,6 +313,8 @@ size_t kvp_rt_hosted_count(struct kvp_rt_ctx *ctx);
  * return fails the actor. Threaded actors only. Errors: KVP_ERR_INVALID (manual actor or sink,
  * NULL argument), KVP_ERR_EXISTS (already watched), KVP_ERR_NOMEM, KVP_ERR_CLOSED.
  */
+int kvp_rt_watch(struct kvp_rt_ctx *ctx, void *handle,
+                 int (*fn)(struct kvp_rt_ctx *ctx, void *handle));
 /** Stop watching. Errors: KVP_ERR_NOT_FOUND. */
 int kvp_rt_unwatch(struct kvp_rt_ctx *ctx, void *handle);
 

@@ -626,6 +626,13 @@ void rt_core_close(struct kvp_rt_actor *a)
         }
         free(p);
     }
+    /* A closed actor reads no more input: drop the watches so the loop stops polling them. */
+    while (c->watches) {
+        struct rt_watch *w = c->watches;
+        c->watches = w->next;
+        free(w);
+        c->watches_changed = true;
+    }
     kvp_log_debug(a->name, "closed");
 }
 
