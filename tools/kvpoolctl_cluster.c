@@ -221,6 +221,70 @@ static void print_log_tail(const char *log)
         fprintf(stderr, "  %s", ring[i % 8]);
 }
 
+/* --config FILE given to `up` is meant for every process, but a process rejects keys of another
+ * kind. Split it: DIR/<kind>.config.json gets the keys that kind accepts; a key no kind accepts
+ * (unknown, or a bad value) goes to every file, so the process reports it. */
+static int split_config(const char *src, const char *dir, char *master_out, char *seg_out, size_t cap)
+{
+    json_error_t err;
+    json_t *root = json_load_file(src, 0, &err);
+    if (!json_is_object(root)) {
+        fprintf(stderr, "kvpoolctl cluster up: --config %s: %s\n", src, root ? "not a JSON object" : err.text);
+        json_decref(root);
+        return -1;
+    }
+    json_t *out[2] = {json_object(), json_object()};
+    enum kvp_cfg_kind kinds[2] = {KVP_CFG_MASTER, KVP_CFG_SEGMENT};
+    union {
+        struct kvp_cfg_master m;
+        struct kvp_cfg_segment s;
+    } scratch;
+    /* Probing: the process that gets the key logs the real error, not us. */
+    fflush(stderr);
+    int saved = dup(2), nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (nul >= 0)
+        dup2(nul, 2);
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        char buf[64];
+        const char *str = NULL;
+        if (json_is_string(v))
+            str = json_string_value(v);
+        else if (json_is_integer(v))
+            snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v)), str = buf;
+        else if (json_is_real(v))
+            snprintf(buf, sizeof buf, "%.17g", json_real_value(v)), str = buf;
+        else if (json_is_boolean(v))
+            str = json_is_true(v) ? "true" : "false";
+        bool ok[2] = {false, false};
+        for (int k = 0; k < 2 && str; k++) {
+            kvp_cfg_defaults(kinds[k], &scratch);
+            ok[k] = kvp_cfg_set(kinds[k], &scratch, key, str) == KVP_OK;
+        }
+        for (int k = 0; k < 2; k++)
+            if (ok[k] || (!ok[0] && !ok[1]))
+                json_object_set(out[k], key, v);
+    }
+    if (saved >= 0) {
+        dup2(saved, 2);
+        close(saved);
+    }
+    if (nul >= 0)
+        close(nul);
+    json_decref(root);
+    snprintf(master_out, cap, "%s/master.config.json", dir);
+    snprintf(seg_out, cap, "%s/segment.config.json", dir);
+    int rc = 0;
+    if (json_dump_file(out[0], master_out, JSON_INDENT(2)) != 0 || json_dump_file(out[1], seg_out, JSON_INDENT(2)) != 0) {
+        fprintf(stderr, "kvpoolctl cluster up: cannot write the split config in %s\n", dir);
+        rc = -1;
+    }
+    json_decref(out[0]);
+    json_decref(out[1]);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ options */
 
 struct up_opts {
@@ -415,10 +479,13 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         fprintf(stderr, "kvpoolctl cluster up: cannot resolve paths: %s\n", strerror(errno));
         return 1;
     }
+    char master_config[PATH_MAX + 32], seg_config[PATH_MAX + 32];
     if (o.config && !realpath(o.config, config)) {
         fprintf(stderr, "kvpoolctl cluster up: --config %s: %s\n", o.config, strerror(errno));
         return 2;
     }
+    if (o.config && split_config(config, dir, master_config, seg_config, sizeof master_config) != 0)
+        return 2;
     snprintf(master_exe, sizeof master_exe, "%s/kvpool-master", exe_dir);
     snprintf(seg_exe, sizeof seg_exe, "%s/kvpool-segment", exe_dir);
     if (access(master_exe, X_OK) != 0) {
@@ -489,6 +556,8 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
     json_t *cl = json_object();
     json_object_set_new(cl, "master_server_address", json_string(masters_list));
     json_object_set_new(cl, "dir", json_string(dir));
+    if (o.config)
+        json_object_set_new(cl, "config", json_string(config));
     json_t *jm = json_array(), *js = json_array();
     json_object_set_new(cl, "masters", jm);
     json_object_set_new(cl, "segments", js);
@@ -507,7 +576,7 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         }
         unlink(log);
         const char *cmd[] = {master_exe, "--id", id, "--listen", listen, "--raft-address", raddr,
-                             "--data-dir", data, "--members", members, "--config", config};
+                             "--data-dir", data, "--members", members, "--config", master_config};
         size_t ncmd = o.config ? 13 : 11;
         json_t *m = json_object();
         json_object_set_new(m, "id", json_integer(i + 1));
@@ -549,7 +618,7 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         snprintf(log, sizeof log, "%s/%s.log", dir, name);
         unlink(log);
         const char *cmd[] = {seg_exe, "--name", name, "--global-segment-size", o.segment_size,
-                             "--master-server-address", masters_list, "--config", config};
+                             "--master-server-address", masters_list, "--config", seg_config};
         size_t ncmd = o.config ? 9 : 7;
         json_t *s = json_object();
         uint64_t size = 0;
