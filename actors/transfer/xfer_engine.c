@@ -178,7 +178,8 @@ static bool conn_send(struct kvp_xfer_engine *e, struct xfer_conn *c)
         struct iovec iov[XFER_MAX_IOV];
         int cnt = 0;
         for (struct xfer_piece *p = c->sendq.head; p && cnt + 2 <= XFER_MAX_IOV; p = p->next) {
-            /* Invariant: pieces on sendq are not terminal (fencing removes or closes them). */
+            /* Pieces on sendq are not terminal, except a fenced READ whose header is partly
+             * sent: its iovec is the header only, never caller memory. */
             uint64_t total = KVP_FRAME_HEADER_BYTES + (p->op == KVP_XFER_WRITE ? p->length : 0);
             uint64_t off = p->sent;
             if (off < KVP_FRAME_HEADER_BYTES) {
@@ -428,7 +429,11 @@ static void fence_batch(struct kvp_xfer_engine *e, struct xfer_batch *b, int sta
                 c->load -= piece_cost(p);
                 piece_finish(e, p, status);
                 free(p);
-            } else { /* mid-send from caller memory: the connection must go */
+            } else if (p->op == KVP_XFER_READ) {
+                /* Only its header is partly sent (engine memory): finish sending it and drain
+                 * the response into scratch like any fenced in-flight READ. */
+                piece_finish(e, p, status);
+            } else { /* WRITE mid-send from caller memory: the connection must go */
                 piece_finish(e, p, status);
                 if (!c->close_pending) {
                     c->close_pending = true;

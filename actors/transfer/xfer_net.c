@@ -100,6 +100,10 @@ int xfer_connect_start(const struct sockaddr_storage *addr, unsigned len, int *f
         return -errno;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* A peer that vanished (no RST) fails the connection once sent data stays unacknowledged
+     * this long, instead of after the kernel's ~15 minutes of retransmissions. */
+    unsigned user_timeout_ms = 30000;
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
     *fd_out = fd;
     if (connect(fd, (const struct sockaddr *)addr, len) == 0)
         return 0;

@@ -4,7 +4,7 @@
  * server, and in the same run a raw single TCP stream (one sender thread, one receiver thread,
  * 4 MiB send()/recv() calls) as the baseline. The asserts only check the bytes.
  *
- * KVP_XFER_BENCH_MIB (default 512) sets the bytes moved per measurement.
+ * KVP_XFER_BENCH_MIB (default 256) sets the bytes moved per measurement.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,7 +24,7 @@
 static uint64_t total_bytes(void)
 {
     const char *s = getenv("KVP_XFER_BENCH_MIB");
-    uint64_t mib = s ? strtoull(s, NULL, 10) : 512;
+    uint64_t mib = s ? strtoull(s, NULL, 10) : 256;
     if (mib < 8)
         mib = 8;
     return mib << 20;
