@@ -11,6 +11,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "runtime/log.h"
 #include "test_fsm_helpers.h"
 
 #define MB (1024ull * 1024)
@@ -602,8 +603,49 @@ static void test_fsm_batch_put_start_per_item_status(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+struct visit {
+    int n, pinned;
+    uint64_t bytes;
+};
+
+static void visit_cb(void *ctx, const char *key, uint64_t size, bool soft_pin)
+{
+    struct visit *v = ctx;
+    assert_true(strncmp(key, "v", 1) == 0);
+    v->n++;
+    v->pinned += soft_pin;
+    v->bytes += size;
+}
+
+static void test_fsm_foreach_object_visits_complete_only(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(1000, 5000);
+    assert_int_equal(tf_mount(f, "s1", "h", MB, 1, NULL), KVP_OK);
+    char k[16];
+    for (int i = 0; i < 30; i++) {
+        snprintf(k, sizeof(k), "v%d", i);
+        struct tf_put p = {.key = k, .size = 10 + (uint64_t)i, .replica_num = 1,
+                           .op_id = (uint64_t)i + 1, .soft_pin = i % 3 == 0};
+        int st;
+        kvp_master_fsm_response_free(tf_put_start_r(f, &p, 1, 0, &st));
+        if (i < 20)
+            assert_int_equal(tf_put_end(f, k, (uint64_t)i + 1, 0, 1), KVP_OK);
+    }
+    struct visit v = {0};
+    kvp_master_fsm_foreach_object(f, visit_cb, &v);
+    assert_int_equal(v.n, 20);
+    assert_int_equal(v.pinned, 7);
+    assert_int_equal(v.bytes, 20 * 10 + 19 * 20 / 2);
+    struct kvp_master_fsm_stats st;
+    kvp_master_fsm_stats(f, &st);
+    assert_int_equal(st.pinned_bytes, 10 + 13 + 16 + 19 + 22 + 25 + 28);
+    kvp_master_fsm_destroy(&f);
+}
+
 int main(void)
 {
+    kvp_log_set_level(KVP_LOG_WARN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fsm_mount_ids_monotonic_never_reused),
         cmocka_unit_test(test_fsm_remount_same_name_old_lost),
@@ -623,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_fsm_queries_exists_size_status),
         cmocka_unit_test(test_fsm_unknown_bodies_invalid),
         cmocka_unit_test(test_fsm_batch_put_start_per_item_status),
+        cmocka_unit_test(test_fsm_foreach_object_visits_complete_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,7 @@
 /*
  * test_fsm_memory.c — master memory per object (issue 3 target at one million objects: under
- * ~200 bytes per object with one replica). Puts 200k complete objects by default (1e6 with
- * KVP_FSM_MEMORY_OBJECTS=1000000; 200k keeps ctest short) (40-byte keys, 1 replica)
+ * ~200 bytes per object with one replica). Puts 100k complete objects by default (1e6 with
+ * KVP_FSM_MEMORY_OBJECTS=1000000; 100k keeps ctest short) (40-byte keys, 1 replica)
  * in batches of 1000, then prints heap bytes (mallinfo2) and RSS growth per object. The heap
  * figure is asserted below a loose 256-byte bound so a regression fails; the RSS figure is only
  * printed. Under ASan (whose allocator mallinfo does not see) it runs 100k objects, prints, and
@@ -112,7 +112,7 @@ static void test_fsm_memory_million_objects_under_bound(void **state)
 #ifdef KVP_ASAN
     uint64_t n = 100000;
 #else
-    uint64_t n = 200000; /* 1e6: KVP_FSM_MEMORY_OBJECTS=1000000 (about 7 s of CPU) */
+    uint64_t n = 100000; /* 1e6: KVP_FSM_MEMORY_OBJECTS=1000000 (about 7 s of CPU) */
 #endif
     const char *e = getenv("KVP_FSM_MEMORY_OBJECTS");
     if (e)
