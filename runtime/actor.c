@@ -322,11 +322,10 @@ static void actor_main(zsock_t *pipe, void *arg)
             items[1].events = ZMQ_POLLIN;
             size_t i = 2;
             for (struct rt_watch *w = a->core.watches; w; w = w->next, i++) {
-                void *s = zsock_resolve(w->handle);
-                if (s)
-                    items[i].socket = s;
+                if (w->fd >= 0)
+                    items[i].fd = w->fd;
                 else
-                    items[i].fd = *(int *)w->handle;
+                    items[i].socket = zsock_resolve(w->handle);
                 items[i].events = ZMQ_POLLIN;
             }
             nitems = n;

@@ -307,15 +307,20 @@ int kvp_rt_hosted_finish(struct kvp_rt_ctx *ctx, uint64_t hid);
 size_t kvp_rt_hosted_count(struct kvp_rt_ctx *ctx);
 
 /**
- * Watch for input: `handle` is a czmq zsock_t / zactor_t, a libzmq socket, or a pointer to an
- * int file descriptor (which must stay valid until unwatched). fn runs on the actor's thread
- * whenever the handle is readable; it should read what is there without blocking; a negative
- * return fails the actor. Threaded actors only. Errors: KVP_ERR_INVALID (manual actor or sink,
- * NULL argument), KVP_ERR_EXISTS (already watched), KVP_ERR_NOMEM, KVP_ERR_CLOSED.
+ * Watch a socket for input: `sock` is a czmq zsock_t or zactor_t, or a libzmq socket. fn runs on
+ * the actor's thread (with handle == sock) whenever it is readable; it should read what is there
+ * without blocking; a negative return fails the actor. The socket stays the caller's; it must
+ * outlive the watch (unwatch, or close/stop, which drop every watch). Threaded actors only.
+ * Errors: KVP_ERR_INVALID (manual actor or sink, NULL argument), KVP_ERR_EXISTS (already
+ * watched), KVP_ERR_NOMEM, KVP_ERR_CLOSED.
  */
-int kvp_rt_watch(struct kvp_rt_ctx *ctx, void *handle,
+int kvp_rt_watch(struct kvp_rt_ctx *ctx, void *sock,
                  int (*fn)(struct kvp_rt_ctx *ctx, void *handle));
-/** Stop watching. Errors: KVP_ERR_NOT_FOUND. */
-int kvp_rt_unwatch(struct kvp_rt_ctx *ctx, void *handle);
+/** As kvp_rt_watch for a file descriptor; fn gets handle pointing to an int holding fd. */
+int kvp_rt_watch_fd(struct kvp_rt_ctx *ctx, int fd,
+                    int (*fn)(struct kvp_rt_ctx *ctx, void *handle));
+/** Stop watching a socket / an fd. Errors: KVP_ERR_NOT_FOUND. */
+int kvp_rt_unwatch(struct kvp_rt_ctx *ctx, void *sock);
+int kvp_rt_unwatch_fd(struct kvp_rt_ctx *ctx, int fd);
 
 #endif

@@ -89,7 +89,8 @@ struct rt_owed { /* a request this actor received and has not answered */
 };
 
 struct rt_watch {
-    void *handle;
+    void *handle; /* the socket, or &fd */
+    int fd;       /* -1 for sockets */
     int (*fn)(struct kvp_rt_ctx *ctx, void *handle);
     struct rt_watch *next;
 };

@@ -472,21 +472,22 @@ size_t kvp_rt_hosted_count(struct kvp_rt_ctx *ctx)
 
 /* ------------------------------------------------------------------ watches */
 
-int kvp_rt_watch(struct kvp_rt_ctx *ctx, void *handle,
-                 int (*fn)(struct kvp_rt_ctx *ctx, void *handle))
+static int watch_add(struct kvp_rt_ctx *ctx, void *sock, int fd,
+                     int (*fn)(struct kvp_rt_ctx *ctx, void *handle))
 {
-    if (!ctx || !handle || !fn || ctx->a->mode != RT_THREAD)
+    if (!ctx || !fn || ctx->a->mode != RT_THREAD || (fd < 0 && !sock))
         return KVP_ERR_INVALID;
     struct rt_core *c = &ctx->a->core;
     if (c->closed)
         return KVP_ERR_CLOSED;
     for (struct rt_watch *w = c->watches; w; w = w->next)
-        if (w->handle == handle)
+        if (fd >= 0 ? w->fd == fd : (w->fd < 0 && w->handle == sock))
             return KVP_ERR_EXISTS;
     struct rt_watch *w = calloc(1, sizeof(*w));
     if (!w)
         return KVP_ERR_NOMEM;
-    w->handle = handle;
+    w->fd = fd;
+    w->handle = fd >= 0 ? (void *)&w->fd : sock;
     w->fn = fn;
     w->next = c->watches;
     c->watches = w;
@@ -494,14 +495,14 @@ int kvp_rt_watch(struct kvp_rt_ctx *ctx, void *handle,
     return KVP_OK;
 }
 
-int kvp_rt_unwatch(struct kvp_rt_ctx *ctx, void *handle)
+static int watch_del(struct kvp_rt_ctx *ctx, void *sock, int fd)
 {
     if (!ctx)
         return KVP_ERR_INVALID;
     struct rt_core *c = &ctx->a->core;
     for (struct rt_watch **pp = &c->watches; *pp; pp = &(*pp)->next) {
-        if ((*pp)->handle == handle) {
-            struct rt_watch *w = *pp;
+        struct rt_watch *w = *pp;
+        if (fd >= 0 ? w->fd == fd : (w->fd < 0 && w->handle == sock)) {
             *pp = w->next;
             free(w);
             c->watches_changed = true;
@@ -509,6 +510,28 @@ int kvp_rt_unwatch(struct kvp_rt_ctx *ctx, void *handle)
         }
     }
     return KVP_ERR_NOT_FOUND;
+}
+
+int kvp_rt_watch(struct kvp_rt_ctx *ctx, void *sock,
+                 int (*fn)(struct kvp_rt_ctx *ctx, void *handle))
+{
+    return sock ? watch_add(ctx, sock, -1, fn) : KVP_ERR_INVALID;
+}
+
+int kvp_rt_watch_fd(struct kvp_rt_ctx *ctx, int fd,
+                    int (*fn)(struct kvp_rt_ctx *ctx, void *handle))
+{
+    return fd >= 0 ? watch_add(ctx, NULL, fd, fn) : KVP_ERR_INVALID;
+}
+
+int kvp_rt_unwatch(struct kvp_rt_ctx *ctx, void *sock)
+{
+    return sock ? watch_del(ctx, sock, -1) : KVP_ERR_NOT_FOUND;
+}
+
+int kvp_rt_unwatch_fd(struct kvp_rt_ctx *ctx, int fd)
+{
+    return fd >= 0 ? watch_del(ctx, NULL, fd) : KVP_ERR_NOT_FOUND;
 }
 
 /* ------------------------------------------------------------------ supervision and close */

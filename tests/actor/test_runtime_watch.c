@@ -50,7 +50,7 @@ static int watch_init(struct kvp_rt_ctx *ctx)
         return KVP_ERR_IO;
     int rc = kvp_rt_watch(ctx, s->pull, on_sock);
     if (rc == KVP_OK)
-        rc = kvp_rt_watch(ctx, &s->fd, on_fd);
+        rc = kvp_rt_watch_fd(ctx, s->fd, on_fd);
     if (rc == KVP_OK && kvp_rt_watch(ctx, s->pull, on_sock) != KVP_ERR_EXISTS)
         rc = KVP_ERR_INTERNAL;
     return rc;
@@ -60,7 +60,7 @@ static int on_msg(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
 {
     struct watch_state *s = kvp_rt_state(ctx);
     if (msg->kind == KVP_RT_REQUEST && msg->type == MSG_UNWATCH_FD) {
-        int rc = kvp_rt_unwatch(ctx, &s->fd);
+        int rc = kvp_rt_unwatch_fd(ctx, s->fd);
         return kvp_rt_reply(ctx, msg->corr_id, rc, 0, NULL, NULL);
     }
     return KVP_OK;
@@ -90,7 +90,7 @@ static void test_runtime_watch_socket_and_fd_runs_callbacks(void **unused)
     struct watch_state st = {.observer = observer, .fd = p[0]};
     struct kvp_rt_spec spec = {.name = "watcher", .init = watch_init, .handle = on_msg,
                                .fini = watch_fini, .state = &st};
-    assert_int_equal(kvp_rt_spawn(&a, &spec, NULL), KVP_OK);
+    assert_int_equal(kvp_rt_spawn(&a, &spec, observer), KVP_OK);
     zsock_t *push = zsock_new_push(">inproc://kvp-test-watch");
     assert_non_null(push);
 
@@ -109,12 +109,14 @@ static void test_runtime_watch_socket_and_fd_runs_callbacks(void **unused)
     assert_int_equal(zstr_send(push, "19"), 0);
     expect(observer, MSG_FROM_SOCK, 19); /* the socket is still watched, the fd byte ignored */
 
-    /* A failing watch callback fails the actor like a failing handler. */
+    /* A failing watch callback fails the actor like a failing handler: the parent hears. */
     assert_int_equal(zstr_send(push, "666"), 0);
-    assert_int_equal(kvp_rt_call(a, 0, MSG_UNWATCH_FD, 0, NULL, NULL, 10000, &r) == KVP_ERR_CLOSED ||
-                         (r && r->status == KVP_ERR_CLOSED),
-                     1);
-    kvp_rt_msg_destroy(&r);
+    struct kvp_rt_msg *m = NULL;
+    assert_int_equal(kvp_rt_recv(observer, 10000, &m), KVP_OK);
+    assert_int_equal(m->kind, KVP_RT_FAILED);
+    assert_int_equal(((struct kvp_rt_failure *)m->payload)->err, KVP_ERR_CORRUPT);
+    kvp_rt_msg_destroy(&m);
+    assert_int_equal(kvp_rt_call(a, 0, MSG_UNWATCH_FD, 0, NULL, NULL, 0, &r), KVP_ERR_CLOSED);
     assert_int_equal(kvp_rt_stop(a), KVP_ERR_CORRUPT);
     kvp_rt_destroy(&a);
     zsock_destroy(&push);
