@@ -267,7 +267,8 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
                 bad[n_bad++] = slices[q].segment_id;
             kvp_log_debug(c->name, "get %s: segment %u: %s", objs[i].key, slices[q].segment_id,
                           kvp_errname(st));
-            sl[i].last_err = KVP_ERR_TRANSFER;
+            if (sl[i].last_err != KVP_ERR_CORRUPT) /* a corrupt replica seen earlier stays reported */
+                sl[i].last_err = KVP_ERR_TRANSFER;
             sl[i].retry = true;
         }
         for (size_t i = 0; i < n; i++) {
