@@ -19,9 +19,11 @@
 
 #include "kvpool.h"
 #include "raftlog/raftlog_internal.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 #define RL_TICK_MS 20
+#define RL_MIN_UPTIME_MS 1000
 #define RL_DEFAULT_GROUP_MAX 256
 #define RL_DEFAULT_INFLIGHT 4
 #define RL_ENTRY_SOFT_BYTES (4u << 20) /* stop adding commands to an entry past this size */
@@ -84,7 +86,10 @@ struct kvp_raftlog {
     uint64_t last_leader;
     uint64_t last_term;
     int last_is_leader;
-    bool raft_closing;
+    bool raft_closing;        /* stop begun: nothing new is proposed */
+    bool raft_closed_called;  /* raft_close issued */
+    uint64_t close_deadline_ms;
+    uint64_t started_ms;
     unsigned max_inflight;
     uint32_t group_max;
 
@@ -284,9 +289,18 @@ static void pump(struct kvp_raftlog *rl)
     }
 }
 
+static void finish_close(struct kvp_raftlog *rl);
+static bool drained(struct kvp_raftlog *rl);
+
 static void on_slot_free(void *ctx)
 {
-    pump(ctx);
+    struct kvp_raftlog *rl = ctx;
+    if (rl->raft_closing) {
+        if (drained(rl))
+            finish_close(rl);
+        return;
+    }
+    pump(rl);
 }
 
 /* ---- admin (raft thread) ---- */
@@ -384,19 +398,50 @@ static void on_raft_closed(struct raft *r)
         uv_close((uv_handle_t *)&rl->async, on_handle_closed);
 }
 
+/* Phase 2 of stop: raft_close, once drained() (below). raft 0.15 was seen to crash inside
+ * raft_close (its log reference table) and in its uv writer when closed with appends in
+ * flight or right after start, so stop waits until our entries are settled and the node
+ * has run for RL_MIN_UPTIME_MS, bounded by two election timeouts. */
+static void finish_close(struct kvp_raftlog *rl)
+{
+    if (rl->raft_closed_called)
+        return;
+    rl->raft_closed_called = true;
+    if (rl->timer_inited)
+        uv_timer_stop(&rl->timer);
+    raft_close(&rl->raft, on_raft_closed);
+}
+
+static bool drained(struct kvp_raftlog *rl)
+{
+    uint64_t now = kvp_clock_now_ms();
+    /* raft_uv prepares its open segments in the libuv thread pool after raft_start; closing
+     * before that settles trips an assertion in raft 0.15's writer (uv_poll_stop on a closing
+     * handle). Seen only when stopping within ~0.5 s of start; 1 s is the margin. */
+    if (now < rl->started_ms + RL_MIN_UPTIME_MS)
+        return false;
+    if (now >= rl->close_deadline_ms)
+        return true;
+    return rl->glue.n_inflight == 0 && !rl->barrier_pending && rl->admins == NULL &&
+           rl->raft.last_stored >= raft_last_index(&rl->raft);
+}
+
 static void begin_close(struct kvp_raftlog *rl)
 {
     if (rl->raft_closing)
         return;
     rl->raft_closing = true;
-    kvp_log_info(rl->actor, "closing");
+    uint32_t et = rl->p.election_timeout_ms > 0 ? rl->p.election_timeout_ms : 1000;
+    rl->close_deadline_ms = kvp_clock_now_ms() + 2u * et;
+    kvp_log_info(rl->actor, "closing (state %d, %u entries in flight, barrier %d)",
+                 raft_state(&rl->raft), rl->glue.n_inflight, rl->barrier_pending);
     /* Queued work that never reached raft is dropped (stop destroys the events socket:
      * nobody would read a KVP_ERR_CLOSED event). */
     fail_pending(rl, 0);
     flush_query_waiters(rl, KVP_ERR_CLOSED);
-    if (rl->timer_inited)
-        uv_timer_stop(&rl->timer);
-    raft_close(&rl->raft, on_raft_closed);
+    if (drained(rl))
+        finish_close(rl);
+    /* else the tick (or the last apply callback) finishes it */
 }
 
 static void on_async(uv_async_t *h)
@@ -454,8 +499,11 @@ static void on_async(uv_async_t *h)
 static void on_tick(uv_timer_t *t)
 {
     struct kvp_raftlog *rl = t->data;
-    if (rl->raft_closing)
+    if (rl->raft_closing) {
+        if (drained(rl))
+            finish_close(rl);
         return;
+    }
     check_leadership(rl);
     update_info(rl);
     pump(rl); /* fails queued submits promptly after a step-down */
@@ -550,6 +598,7 @@ static void *thread_main(void *arg)
     rl->timer_inited = true;
     uv_timer_start(&rl->timer, on_tick, RL_TICK_MS, RL_TICK_MS);
     update_info(rl);
+    rl->started_ms = kvp_clock_now_ms();
     kvp_log_info(rl->actor, "started on %s, data dir %s", rl->p.raft_address, rl->p.data_dir);
     signal_start(rl, KVP_OK);
     /* stop may have been requested before the async handle existed */
@@ -567,6 +616,7 @@ fail:
             krc = rv == RAFT_NOMEM ? KVP_ERR_NOMEM : KVP_ERR_IO;
         if (stage == 3) {
             rl->raft_closing = true;
+            rl->raft_closed_called = true;
             raft_close(&rl->raft, on_raft_closed);
         } else {
             if (stage >= 2)

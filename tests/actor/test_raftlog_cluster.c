@@ -420,6 +420,80 @@ static void test_raftlog_cluster_add_remove_voter_applied(void **state)
     cluster_free(c);
 }
 
+/* Leadership moves away while 64 commands are in flight: every submit still gets exactly one
+ * APPLIED event, KVP_OK or KVP_ERR_NOT_LEADER, and every OK command is in every FSM. */
+static void test_raftlog_cluster_leadership_loss_one_event_each(void **state)
+{
+    (void)state;
+    kvp_log_set_level(KVP_LOG_WARN);
+    struct cluster *c = cluster_new();
+    int l = wait_leader(c, 0, 10000);
+    assert_true(l >= 0);
+    enum { TOTAL = 600, WINDOW = 64 };
+    static uint8_t seen[TOTAL + 1];
+    memset(seen, 0, sizeof(seen));
+    unsigned sent = 0, done = 0, ok = 0, not_leader = 0;
+    bool transferred = false, moved = false;
+    uint64_t end = kvp_clock_now_ms() + 30000;
+    while (done < TOTAL) {
+        assert_true(kvp_clock_now_ms() < end);
+        /* between the transfer request and its result, send nothing new: once it has moved,
+         * the rest goes to a node that no longer leads */
+        while (sent < TOTAL && sent - done < WINDOW && (!transferred || moved)) {
+            uint64_t v = ++sent;
+            assert_int_equal(kvp_raftlog_submit(c->rl[l], v, (const uint8_t *)&v, 8), KVP_OK);
+        }
+        if (!transferred && done >= 100) {
+            assert_int_equal(kvp_raftlog_transfer(c->rl[l], 1000000, 0), KVP_OK);
+            transferred = true;
+        }
+        struct ev e;
+        if (!read_ev(c->rl[l], &e, 200))
+            continue;
+        if (e.kind == KVP_RAFTLOG_EV_ADMIN) {
+            assert_int_equal(e.corr, 1000000);
+            assert_int_equal(e.status, KVP_OK);
+            moved = true;
+        }
+        if (e.kind != KVP_RAFTLOG_EV_APPLIED)
+            continue;
+        assert_true(e.corr >= 1 && e.corr <= TOTAL);
+        assert_int_equal(seen[e.corr], 0); /* exactly one event per submit */
+        seen[e.corr] = 1;
+        assert_true(e.status == KVP_OK || e.status == KVP_ERR_NOT_LEADER);
+        if (e.status == KVP_OK)
+            ok++;
+        else
+            not_leader++;
+        done++;
+    }
+    assert_int_equal(ok + not_leader, TOTAL);
+    assert_true(not_leader > 0); /* the old leader did refuse work once it stopped leading */
+    /* whatever was acknowledged is applied everywhere; NOT_LEADER ones may or may not be */
+    int nl = -1;
+    for (uint64_t t_end = kvp_clock_now_ms() + 10000; nl < 0 && kvp_clock_now_ms() < t_end;) {
+        for (int i = 0; i < N; i++) {
+            struct kvp_raftlog_info in;
+            kvp_raftlog_get_info(c->rl[i], &in);
+            if (i != l && in.is_leader)
+                nl = i;
+        }
+        if (nl < 0)
+            usleep(10000);
+    }
+    assert_true(nl >= 0);
+    uint64_t extra = 7;
+    assert_int_equal(kvp_raftlog_submit(c->rl[nl], 999999, (const uint8_t *)&extra, 8), KVP_OK);
+    struct ev e;
+    assert_true(wait_ev(c->rl[nl], KVP_RAFTLOG_EV_APPLIED, 999999, &e, 10000));
+    assert_int_equal(e.status, KVP_OK);
+    uint64_t applied = atomic_load(&c->fsm[nl].count);
+    assert_true(applied >= (uint64_t)ok + 1 && applied <= TOTAL + 1);
+    for (int i = 0; i < N; i++)
+        assert_true(wait_count(&c->fsm[i], applied, 10000));
+    cluster_free(c);
+}
+
 static void test_raftlog_cluster_bad_params_invalid(void **state)
 {
     (void)state;
@@ -450,6 +524,9 @@ int main(void)
         cmocka_unit_test_teardown(test_raftlog_cluster_stop_with_pending_safe, teardown),
         cmocka_unit_test_teardown(test_raftlog_cluster_failover_restart_catches_up, teardown),
         cmocka_unit_test_teardown(test_raftlog_cluster_add_remove_voter_applied, teardown),
+        cmocka_unit_test_teardown(test_raftlog_cluster_leadership_loss_one_event_each, teardown),
     };
+    if (getenv("KVP_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("KVP_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

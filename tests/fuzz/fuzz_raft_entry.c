@@ -90,7 +90,7 @@ static void run_with_mutations(const uint8_t *buf, size_t len, unsigned *runs)
         free(p);
         (*runs)++;
     }
-    for (int m = 0; m < 300; m++) { /* random byte flips and small length changes */
+    for (int m = 0; m < 150; m++) { /* random byte flips and small length changes */
         memcpy(copy, buf, len);
         size_t l = len;
         int flips = 1 + (int)(rnd() % 4);
