@@ -150,8 +150,10 @@ void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 
 /**
  * Stop the raft thread (raft_close → the uv loop drains → join → free). Accepts NULL; sets *rl
- * to NULL. Blocks until the thread has exited. Safe with submissions pending: commands still
- * queued are dropped; entries in flight may still be committed by the cluster. No event is
+ * to NULL. Blocks until the thread has exited: first the entries already in flight settle
+ * (bounded by two election timeouts; and never before 1 s after start — raft 0.15 crashes when
+ * closed earlier, see docs/raftlog.md). Safe with submissions pending: commands still queued
+ * are dropped; entries in flight may still be committed by the cluster. No event is
  * delivered after (or during) stop — the events socket is destroyed with the instance — so the
  * caller fails its own outstanding corrs (KVP_ERR_CLOSED). The caller must make sure no other
  * thread calls into the instance once stop is called (the memory is freed when it returns).
