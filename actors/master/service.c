@@ -352,6 +352,7 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     svc_map_init(&s->unreachable);
     svc_map_init(&s->segments);
     svc_map_init(&s->lost_sent);
+    svc_map_init(&s->probing);
     s->hb_waiters = zlist_new();
     int rc = KVP_OK;
     if (!s->hb_waiters) {
@@ -471,7 +472,8 @@ int kvp_master_service_run(struct kvp_master_service *s)
     int rc = KVP_OK;
     if (zloop_reader(s->loop, s->router, on_router_readable, s) != 0 ||
         zloop_reader(s->loop, kvp_raftlog_events(s->rl), on_raftlog_event, s) != 0 ||
-        zloop_timer(s->loop, 50, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK) {
+        zloop_timer(s->loop, 50, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
+        svc_prober_start(s) != KVP_OK) {
         rc = KVP_ERR_NOMEM;
     } else {
         svc_refresh_leadership(s);
@@ -479,6 +481,8 @@ int kvp_master_service_run(struct kvp_master_service *s)
         kvp_log_info(s->actor, "stopping (%s)", zsys_interrupted ? "signal" : "requested");
     }
     zloop_destroy(&s->loop);
+    zactor_destroy(&s->prober); /* waits for a probe in progress (bounded by probe_timeout_ms) */
+    zhashx_destroy(&s->endpoints);
     return rc;
 }
 
@@ -514,6 +518,9 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->unreachable);
     svc_map_fini(&s->segments);
     svc_map_fini(&s->lost_sent);
+    svc_map_fini(&s->probing);
+    zactor_destroy(&s->prober);
+    zhashx_destroy(&s->endpoints);
     zsock_destroy(&s->router);
     free(s);
     *sp = NULL;

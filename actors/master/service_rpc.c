@@ -241,6 +241,7 @@ static void on_report_unreachable(struct kvp_master_service *s, zframe_t *id, Kv
     kvp_log_warn(s->actor, "segment %u reported unreachable by a client (last heartbeat %lld ms ago)",
                  seg, known ? (long long)(svc_now_ms() - last) : -1LL);
     svc_map_put(&s->unreachable, seg, svc_now_ms());
+    svc_probe_segment(s, seg);
     svc_reply_empty(s, id, req->req_id);
 }
 

@@ -9,6 +9,7 @@
  * None of it is replicated: a new leader starts empty and is conservative for one lease TTL.
  */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,7 @@
 #include <xxhash.h>
 
 #include "actors/master/service_state.h"
+#include "actors/transfer/transfer.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 
@@ -191,6 +193,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     svc_map_clear(&s->unreachable);
     svc_map_clear(&s->segments);
     svc_map_clear(&s->lost_sent);
+    svc_map_clear(&s->probing);
     s->segments_fresh_ms = 0;
     s->status_refresh_inflight = false;
     s->revoke_inflight = false;
@@ -247,18 +250,32 @@ int svc_segments_from_json(struct kvp_master_service *s, const char *json)
         return KVP_ERR_MALFORMED;
     }
     svc_map_clear(&s->segments);
+    if (s->endpoints)
+        zhashx_purge(s->endpoints);
     size_t i;
     json_t *seg;
     json_array_foreach(segs, i, seg) {
         json_int_t id = json_integer_value(json_object_get(seg, "id"));
         if (id <= 0)
             continue;
-        svc_map_put(&s->segments, (uint64_t)id, (uint64_t)state_from_json(json_object_get(seg, "state")) + 1);
+        int st = state_from_json(json_object_get(seg, "state"));
+        svc_map_put(&s->segments, (uint64_t)id, (uint64_t)st + 1);
+        const char *ep = json_string_value(json_object_get(seg, "endpoint"));
+        if (s->endpoints && ep && *ep && st != KVP__SEGMENT_STATE__SEGMENT_LOST) {
+            char idbuf[24];
+            snprintf(idbuf, sizeof idbuf, "%lld", (long long)id);
+            zhashx_insert(s->endpoints, idbuf, (void *)ep); /* duplicated (strdup) */
+        }
     }
     s->fsm_pending_puts = (uint64_t)json_integer_value(json_object_get(root, "pending_puts"));
     s->fsm_quarantined_bytes = (uint64_t)json_integer_value(json_object_get(root, "quarantined_bytes"));
     json_decref(root);
     s->segments_fresh_ms = svc_now_ms();
+    /* Reports that arrived before the segment's endpoint was known get their probe now. */
+    size_t pos = 0;
+    uint64_t rk, rv;
+    while (svc_map_next(&s->unreachable, &pos, &rk, &rv))
+        svc_probe_segment(s, (uint32_t)rk);
     return KVP_OK;
 }
 
@@ -474,6 +491,7 @@ static int on_slow_timer(zloop_t *loop, int timer_id, void *arg)
     svc_map_filter(&s->unreachable, keep_recent, a);
     uint64_t b[2] = {now, 60000};
     svc_map_filter(&s->lost_sent, keep_recent, b);
+    svc_map_filter(&s->probing, keep_recent, b);
     return 0;
 }
 
@@ -484,4 +502,92 @@ int svc_timers_start(struct kvp_master_service *s)
         zloop_timer(s->loop, 1000, 0, on_slow_timer, s) < 0)
         return KVP_ERR_NOMEM;
     return KVP_OK;
+}
+
+/* ------------------------------------------------------------------ data-plane probe */
+
+/* The prober actor: receives [u32 segment_id][endpoint][u32 timeout_ms], runs the blocking
+ * kvp_xfer_probe, answers [u32 segment_id][i32 status]. One probe at a time. */
+static void prober_actor(zsock_t *pipe, void *arg)
+{
+    zsock_signal(pipe, 0);
+    for (;;) {
+        zmsg_t *msg = zmsg_recv(pipe);
+        if (!msg)
+            break;
+        char *cmd = zmsg_popstr(msg);
+        bool term = !cmd || strcmp(cmd, "$TERM") == 0;
+        zframe_t *fid = zmsg_pop(msg);
+        char *ep = zmsg_popstr(msg);
+        zframe_t *fto = zmsg_pop(msg);
+        if (!term && fid && zframe_size(fid) == 4 && ep && fto && zframe_size(fto) == 4) {
+            uint32_t seg, to;
+            memcpy(&seg, zframe_data(fid), 4);
+            memcpy(&to, zframe_data(fto), 4);
+            int32_t rc = kvp_xfer_probe(ep, seg, to);
+            zsock_send(pipe, "bb", &seg, sizeof seg, &rc, sizeof rc);
+        }
+        zframe_destroy(&fid);
+        zframe_destroy(&fto);
+        free(ep);
+        free(cmd);
+        zmsg_destroy(&msg);
+        if (term)
+            break;
+    }
+}
+
+static int on_probe_result(zloop_t *loop, zsock_t *sock, void *arg)
+{
+    struct kvp_master_service *s = arg;
+    zframe_t *fid = zframe_recv(sock);
+    zframe_t *frc = fid && zframe_more(fid) ? zframe_recv(sock) : NULL;
+    if (fid && frc && zframe_size(fid) == 4 && zframe_size(frc) == 4) {
+        uint32_t seg;
+        int32_t rc;
+        memcpy(&seg, zframe_data(fid), 4);
+        memcpy(&rc, zframe_data(frc), 4);
+        if (rc == KVP_OK) {
+            /* The data plane answers: the client's trouble was its own or transient. */
+            svc_map_del(&s->unreachable, seg, NULL);
+            kvp_log_info(s->actor, "segment %u: probe answered: unreachable report cleared", seg);
+        } else {
+            kvp_log_warn(s->actor, "segment %u: probe failed (%s): lost if its heartbeats stop too", seg,
+                         kvp_strerror(rc));
+        }
+    }
+    zframe_destroy(&fid);
+    zframe_destroy(&frc);
+    return 0;
+}
+
+int svc_prober_start(struct kvp_master_service *s)
+{
+    s->endpoints = zhashx_new();
+    if (!s->endpoints)
+        return KVP_ERR_NOMEM;
+    zhashx_set_duplicator(s->endpoints, (zhashx_duplicator_fn *)strdup);
+    zhashx_set_destructor(s->endpoints, (zhashx_destructor_fn *)zstr_free);
+    s->prober = zactor_new(prober_actor, NULL);
+    if (!s->prober)
+        return KVP_ERR_NOMEM;
+    if (zloop_reader(s->loop, zactor_sock(s->prober), on_probe_result, s) != 0)
+        return KVP_ERR_NOMEM;
+    return KVP_OK;
+}
+
+void svc_probe_segment(struct kvp_master_service *s, uint32_t seg)
+{
+    uint64_t started = 0;
+    if (!s->prober || !s->endpoints ||
+        (svc_map_get(&s->probing, seg, &started) && svc_now_ms() - started < 2000))
+        return; /* at most one probe per segment every 2 s */
+    char idbuf[24];
+    snprintf(idbuf, sizeof idbuf, "%u", seg);
+    const char *ep = zhashx_lookup(s->endpoints, idbuf);
+    if (!ep)
+        return;
+    uint32_t to = s->cfg.probe_timeout_ms ? s->cfg.probe_timeout_ms : 500;
+    if (zsock_send(zactor_sock(s->prober), "sbsb", "PROBE", &seg, sizeof seg, ep, &to, sizeof to) == 0)
+        svc_map_put(&s->probing, seg, svc_now_ms());
 }

@@ -126,6 +126,11 @@ struct kvp_master_service {
     bool revoke_inflight;                  /* one RevokeExpired at a time */
     bool release_inflight;                 /* one QuarantineRelease at a time */
 
+    /* Data-plane probe of reported segments (ReportUnreachable), off the loop thread. */
+    zactor_t *prober;                      /* runs kvp_xfer_probe; pipe read by the zloop */
+    zhashx_t *endpoints;                    /* "segment id" → data-plane endpoint (from refreshes) */
+    struct svc_map probing;                /* segment id → time the last probe started (one per 2 s) */
+
     /* Bad-frame log rate limit. */
     uint64_t bad_window_ms;
     unsigned bad_in_window;
@@ -172,6 +177,9 @@ void svc_on_heartbeat_req(struct kvp_master_service *s, zframe_t *identity, cons
 void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp);
 void svc_request_status_refresh(struct kvp_master_service *s);
 int svc_timers_start(struct kvp_master_service *s);
+/* service_soft.c: start the prober actor; ask it to probe a reported segment. */
+int svc_prober_start(struct kvp_master_service *s);
+void svc_probe_segment(struct kvp_master_service *s, uint32_t segment_id);
 /** Parse an FSM ClusterStatus JSON document into s->segments. Returns KVP_OK or KVP_ERR_MALFORMED. */
 int svc_segments_from_json(struct kvp_master_service *s, const char *json);
 

@@ -5,7 +5,9 @@
  *  - GetReplicaList grants a lease: un-forced Remove of that key is KVP_ERR_LEASED until it ends;
  *  - a pending put past its deadline is revoked by the leader's RevokeExpired timer;
  *  - a segment that stops heartbeating is declared lost after client_ttl, and its heartbeat is
- *    then answered NOT_FOUND; an unknown segment's heartbeat is NOT_FOUND.
+ *    then answered NOT_FOUND; an unknown segment's heartbeat is NOT_FOUND;
+ *  - a segment reported unreachable is probed (the failed probe is logged) but kept while it
+ *    heartbeats.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -131,8 +133,24 @@ static void test_master_soft_state_leases_revoke_liveness(void **state)
     assert_int_equal(resp->put_start->results[0]->status, KVP_OK);
     kvp_msession_response_free(resp);
 
+    /* A client reports the heartbeating fake segment unreachable: the leader probes its data
+     * plane (nothing listens there: the probe fails, logged) but keeps it while it heartbeats. */
+    Kvp__Request ru_req = KVP__REQUEST__INIT;
+    Kvp__ReportUnreachableReq ru = KVP__REPORT_UNREACHABLE_REQ__INIT;
+    ru.segment_id = c->segment_id;
+    ru_req.body_case = KVP__REQUEST__BODY_REPORT_UNREACHABLE;
+    ru_req.report_unreachable = &ru;
+    resp = NULL;
+    assert_int_equal(kvp_msession_call(c->ms, &ru_req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    kvp_msession_response_free(resp);
+
     /* Past the grace (1.5 s) and past client_ttl (2.5 s) of the silent segment. */
     wait_heartbeating(c, 3500);
+    int leader = tm_leader(c, 5000);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "grep -q 'segment %u: probe failed' %s/master-%d.log", c->segment_id, c->dir, leader);
+    assert_int_equal(system(cmd), 0);
 
     /* The abandoned put was revoked by the leader: its PutEnd finds nothing. */
     Kvp__Request pe_req = KVP__REQUEST__INIT;
