@@ -19,11 +19,12 @@ foreach(T ${KVP_WIRE_FUZZ_TARGETS})
     LABEL fuzz TIMEOUT 120)
   target_compile_definitions(${T}_replay PRIVATE KVP_FUZZ_NAME="${T}")
   if(KVP_FUZZ)
-    # The wire sources are compiled into the fuzzer itself so libFuzzer gets coverage of the
-    # decoders (libkvpool is not built with -fsanitize=fuzzer-no-link); nothing else is linked
-    # but libprotobuf-c, so other modules need not build with clang for these targets.
+    # wire/envelope.c is compiled into the fuzzer itself so libFuzzer gets coverage of the
+    # envelope checks (libkvpool is not built with -fsanitize=fuzzer-no-link); the generated
+    # descriptors come from kvp_wire_pb; nothing else but libprotobuf-c is linked, so other
+    # modules need not build with clang for these targets.
     add_executable(${T} ${CMAKE_SOURCE_DIR}/tests/fuzz/${T}.c ${CMAKE_SOURCE_DIR}/wire/envelope.c
-                        ${CMAKE_BINARY_DIR}/wire/kvpool.pb-c.c)
+                        $<TARGET_OBJECTS:kvp_wire_pb>)
     add_dependencies(${T} kvp_wire_gen)
     target_compile_options(${T} PRIVATE -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer)
     target_link_options(${T} PRIVATE -fsanitize=fuzzer,address,undefined)
