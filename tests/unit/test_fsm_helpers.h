@@ -41,6 +41,8 @@ static inline int tf_mount(struct kvp_master_fsm *f, const char *name, const cha
     Kvp__Command c = KVP__COMMAND__INIT;
     Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
     char ep[128];
+    if (id)
+        *id = 0;
     snprintf(ep, sizeof(ep), "%s:7000", host);
     m.name = (char *)name;
     m.host = (char *)host;
