@@ -503,6 +503,13 @@ static void test_fsm_queries_exists_size_status(void **state)
     assert_int_equal(tf_get_size(f, "pin"), 300);
     assert_int_equal(tf_get_size(f, "pend"), KVP_ERR_NOT_FOUND);
     assert_int_equal(tf_get_size(f, "none"), KVP_ERR_NOT_FOUND);
+    assert_int_equal(tf_get_size(f, ""), KVP_ERR_INVALID);
+    Kvp__Response *bad = tf_get_replicas(f, "", NULL);
+    assert_int_equal(bad->get_replicas->objects[0]->status, KVP_ERR_INVALID);
+    kvp_master_fsm_response_free(bad);
+    bad = tf_get_replicas(f, "none", NULL);
+    assert_int_equal(bad->get_replicas->objects[0]->status, KVP_ERR_NOT_FOUND);
+    kvp_master_fsm_response_free(bad);
     Kvp__Response *r = tf_get_replicas(f, "pend", NULL);
     assert_int_equal(r->get_replicas->objects[0]->status, KVP_ERR_NOT_FOUND);
     kvp_master_fsm_response_free(r);
