@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -90,15 +91,28 @@ struct cluster {
     struct kvp_raftlog_params p[N];
 };
 
+/* A loopback port that is free now, below the ephemeral range (so outgoing connections of
+ * this or other tests do not take it between the probe and raft's bind): a pid-derived start,
+ * probed upwards. */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    socklen_t l = sizeof(a);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &l), 0);
-    close(fd);
-    return ntohs(a.sin_port);
+    static int next;
+    if (next == 0)
+        next = 20000 + (int)(((unsigned)getpid() * 37u) % 10000u);
+    for (int tries = 0; tries < 2000; tries++) {
+        int port = next++;
+        if (next >= 32000)
+            next = 20000;
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                                .sin_port = htons((uint16_t)port)};
+        int ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+        close(fd);
+        if (ok)
+            return port;
+    }
+    fail_msg("no free port");
+    return -1;
 }
 
 static void node_start(struct cluster *c, int i)
@@ -108,7 +122,10 @@ static void node_start(struct cluster *c, int i)
 }
 
 static struct cluster *g_cluster; /* for the teardown after a failed assertion */
+static bool cluster_try_start(struct cluster *c);
 static struct kvp_raftlog *g_joiner;
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw);
 
 static struct cluster *cluster_new(void)
 {
@@ -116,8 +133,23 @@ static struct cluster *cluster_new(void)
     g_cluster = c;
     snprintf(c->dir, sizeof(c->dir), "/tmp/kvp-raftlog-XXXXXX");
     assert_non_null(mkdtemp(c->dir));
-    for (int i = 0; i < N; i++)
-        c->ports[i] = free_port();
+    for (int attempt = 0;; attempt++) {
+        for (int i = 0; i < N; i++)
+            c->ports[i] = free_port();
+        if (cluster_try_start(c))
+            break;
+        /* a port was taken between the probe and the bind: start over with fresh ports */
+        for (int i = 0; i < N; i++)
+            kvp_raftlog_stop(&c->rl[i]);
+        nftw(c->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+        assert_int_equal(mkdir(c->dir, 0700), 0);
+        assert_true(attempt < 5);
+    }
+    return c;
+}
+
+static bool cluster_try_start(struct cluster *c)
+{
     char dir[64];
     memcpy(dir, c->dir, sizeof(dir));
     for (int i = 0; i < N; i++) {
@@ -140,9 +172,12 @@ static struct cluster *cluster_new(void)
         p->fsm = (struct kvp_raftlog_fsm){.ctx = &c->fsm[i], .apply = c_apply, .query = c_query,
                                           .snapshot = c_snapshot, .restore = c_restore};
     }
-    for (int i = 0; i < N; i++)
-        node_start(c, i);
-    return c;
+    for (int i = 0; i < N; i++) {
+        memset(&c->fsm[i], 0, sizeof(c->fsm[i]));
+        if (kvp_raftlog_start(&c->rl[i], &c->p[i]) != KVP_OK)
+            return false;
+    }
+    return true;
 }
 
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
