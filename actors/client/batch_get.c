@@ -91,6 +91,8 @@ static void report_unreachable(struct kvp_client *c, const uint32_t *segs, size_
 void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
                          uint32_t timeout_ms, int64_t results[])
 {
+    uint64_t t_start = kvp_clock_now_us();
+    unsigned rounds = 0;
     uint64_t deadline = kvp_client_deadline(c, timeout_ms);
     const char **keyv = calloc(n, sizeof *keyv);
     size_t *sorted = calloc(n, sizeof *sorted);
@@ -139,6 +141,7 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
     req.get_replicas = &gr;
     int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_GET_REPLICAS, &resp);
     uint64_t reply_ms = kvp_clock_now_ms();
+    uint64_t t_listed = kvp_clock_now_us();
     if (rc == KVP_OK && resp->get_replicas->n_objects != nu) {
         kvp_log_warn(c->name, "GetReplicaList: %zu objects for %zu keys", resp->get_replicas->n_objects, nu);
         rc = KVP_ERR_MALFORMED;
@@ -247,6 +250,7 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
             }
         }
         kvp_xfer_run(c->xfer, slices, ns, left); /* returns when every slice is terminal */
+        rounds++;
 
         /* first failing slice per slot */
         for (size_t q = 0; q < ns; q++) {
@@ -299,6 +303,9 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
             }
         }
     }
+    kvp_log_debug(c->name, "get of %zu key(s): GetReplicaList %llu us, %u transfer round(s) %llu us",
+                  m, (unsigned long long)(t_listed - t_start), rounds,
+                  (unsigned long long)(kvp_clock_now_us() - t_listed));
     report_unreachable(c, bad, n_bad, deadline);
 
 out:

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "actors/client/client.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 /* Per-item state of one put call. */
@@ -92,6 +93,8 @@ out:
 void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
                          const kvp_put_opts *opts, int results[])
 {
+    uint64_t t_start = kvp_clock_now_us();
+    uint64_t t_started = 0, t_written = 0;
     uint64_t deadline = kvp_client_deadline(c, opts ? opts->timeout_ms : 0);
     uint32_t replica_num = opts && opts->replica_num ? opts->replica_num : c->cfg.replica_num;
     if (replica_num == 0)
@@ -171,6 +174,7 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
     }
 
     /* 3. one transfer batch: every replica × every iov piece of every started item */
+    t_started = kvp_clock_now_us();
     bool closing = kvp_client_closing(c);
     size_t ns = 0;
     for (size_t j = 0; j < m; j++) {
@@ -250,6 +254,7 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
     }
 
     /* 4. PutEnd for the items whose bytes are all written */
+    t_written = kvp_clock_now_us();
     closing = kvp_client_closing(c);
     size_t ne = 0;
     for (size_t j = 0; j < m; j++) {
@@ -296,6 +301,9 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
     send_revoke(c, it, m, revoke, objs, deadline);
     for (size_t j = 0; j < m; j++)
         results[it[j].obj] = it[j].status;
+    kvp_log_debug(c->name, "put of %zu item(s): PutStart %llu us, transfer %llu us (%zu slices), PutEnd+revoke %llu us",
+                  m, (unsigned long long)(t_started - t_start), (unsigned long long)(t_written - t_started), ns,
+                  (unsigned long long)(kvp_clock_now_us() - t_written));
 
 out:
     kvp_msession_response_free(start_resp);
