@@ -5,3 +5,8 @@ foreach(T order timeout close supervision hosted watch)
                  LABEL actor TIMEOUT 60)
   endif()
 endforeach()
+# Pure runtime pieces and API misuse: label `unit`.
+foreach(T containers api)
+  kvp_add_test(test_runtime_${T} SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_runtime_${T}.c
+               LABEL unit TIMEOUT 60)
+endforeach()
