@@ -675,6 +675,57 @@ static void test_client_register_buffer_overlap_invalid(void **state)
     kvp_client_close(NULL);
 }
 
+static void test_client_bad_arguments_invalid(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(10000);
+    uint8_t v[16] = {1, 2, 3};
+    const char *keys[4] = {"args-ok", NULL, "", "args-null-buf"};
+    const void *bufs[4] = {v, v, v, NULL};
+    size_t lens[4] = {sizeof v, sizeof v, sizeof v, 8};
+    int res[4];
+    /* whole-call errors */
+    assert_int_equal(kvp_batch_put(NULL, 4, keys, bufs, lens, NULL, res), KVP_ERR_INVALID);
+    assert_int_equal(kvp_batch_put(c, 4, NULL, bufs, lens, NULL, res), KVP_ERR_INVALID);
+    assert_int_equal(kvp_batch_put(c, 4, keys, bufs, lens, NULL, NULL), KVP_ERR_INVALID);
+    assert_int_equal(kvp_batch_put(c, 0, NULL, NULL, NULL, NULL, NULL), KVP_OK);
+    int64_t gres[4];
+    assert_int_equal(kvp_batch_get(c, 4, keys, NULL, lens, 0, gres), KVP_ERR_INVALID);
+    assert_int_equal(kvp_batch_exists(c, 4, keys, NULL), KVP_ERR_INVALID);
+    /* per-key errors; the valid key is stored */
+    assert_int_equal(kvp_batch_put(c, 4, keys, bufs, lens, NULL, res), KVP_OK);
+    assert_int_equal(res[0], KVP_OK);
+    assert_int_equal(res[1], KVP_ERR_INVALID);
+    assert_int_equal(res[2], KVP_ERR_INVALID);
+    assert_int_equal(res[3], KVP_ERR_INVALID);
+    uint8_t b0[16], b3[8];
+    memset(b0, POISON, sizeof b0);
+    void *gb[4] = {b0, b0, b0, NULL};
+    size_t gc[4] = {sizeof b0, sizeof b0, sizeof b0, sizeof b3};
+    assert_int_equal(kvp_batch_get(c, 4, keys, gb, gc, 0, gres), KVP_OK);
+    assert_int_equal(gres[0], sizeof v);
+    assert_memory_equal(b0, v, sizeof v);
+    assert_int_equal(gres[1], KVP_ERR_INVALID);
+    assert_int_equal(gres[2], KVP_ERR_INVALID);
+    assert_int_equal(gres[3], KVP_ERR_INVALID);
+    int ex[4];
+    assert_int_equal(kvp_batch_exists(c, 4, keys, ex), KVP_OK);
+    assert_int_equal(ex[0], 1);
+    assert_int_equal(ex[1], KVP_ERR_INVALID);
+    assert_int_equal(ex[2], KVP_ERR_INVALID);
+    assert_int_equal(ex[3], 0);
+    assert_int_equal(kvp_get_size(c, NULL), KVP_ERR_INVALID);
+    assert_int_equal(kvp_exists(c, ""), KVP_ERR_INVALID);
+    kvp_client *none = NULL;
+    assert_int_equal(kvp_client_open(NULL, &none), KVP_ERR_INVALID);
+    kvp_config *cfg = NULL;
+    assert_int_equal(kvp_config_new(&cfg), KVP_OK);
+    assert_int_equal(kvp_client_open(cfg, &none), KVP_ERR_INVALID); /* no master list */
+    assert_null(none);
+    kvp_config_destroy(&cfg);
+    kvp_client_close(&c);
+}
+
 struct closer_put {
     kvp_client *c;
     uint8_t *buf;
@@ -803,6 +854,7 @@ int main(void)
         cmocka_unit_test(test_client_corrupt_replica_corrupt_or_next),
         cmocka_unit_test(test_client_many_threads_one_client_ok),
         cmocka_unit_test(test_client_register_buffer_overlap_invalid),
+        cmocka_unit_test(test_client_bad_arguments_invalid),
         cmocka_unit_test(test_client_close_during_put_returns),
         cmocka_unit_test(test_client_dead_replica_failover_then_dead_only_fails_fast),
     };
