@@ -256,7 +256,8 @@ static void on_members(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     Kvp__MembersResp mr = KVP__MEMBERS_RESP__INIT;
     Kvp__Member storage[KVP_CFG_MAX_MASTERS];
     Kvp__Member *ptrs[KVP_CFG_MAX_MASTERS];
-    svc_fill_members(s, &mr, storage, ptrs, KVP_CFG_MAX_MASTERS);
+    struct kvp_raftlog_info info;
+    svc_fill_members(s, &info, &mr, storage, ptrs, KVP_CFG_MAX_MASTERS);
     resp.body_case = KVP__RESPONSE__BODY_MEMBERS;
     resp.members = &mr;
     svc_reply(s, id, req->req_id, &resp);

@@ -185,8 +185,9 @@ int svc_segments_from_json(struct kvp_master_service *s, const char *json);
 
 /* service_status.c: the ClusterStatus document and Members. */
 char *svc_status_json(struct kvp_master_service *s, const char *fsm_json);
-void svc_fill_members(struct kvp_master_service *s, Kvp__MembersResp *mr, Kvp__Member *storage,
-                      Kvp__Member **ptrs, size_t cap);
+/* Fill mr from kvp_raftlog_get_info() into *info; mr's strings point into *info and s. */
+void svc_fill_members(struct kvp_master_service *s, struct kvp_raftlog_info *info, Kvp__MembersResp *mr,
+                      Kvp__Member *storage, Kvp__Member **ptrs, size_t cap);
 void svc_refresh_leadership(struct kvp_master_service *s);
 void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t leader_id, uint64_t term);
 

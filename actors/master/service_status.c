@@ -52,26 +52,25 @@ void svc_refresh_leadership(struct kvp_master_service *s)
     svc_set_leadership(s, info.is_leader, info.leader_id, info.term);
 }
 
-void svc_fill_members(struct kvp_master_service *s, Kvp__MembersResp *mr, Kvp__Member *storage,
-                      Kvp__Member **ptrs, size_t cap)
+void svc_fill_members(struct kvp_master_service *s, struct kvp_raftlog_info *info, Kvp__MembersResp *mr,
+                      Kvp__Member *storage, Kvp__Member **ptrs, size_t cap)
 {
-    struct kvp_raftlog_info info;
-    memset(&info, 0, sizeof info);
-    kvp_raftlog_get_info(s->rl, &info);
+    memset(info, 0, sizeof *info);
+    kvp_raftlog_get_info(s->rl, info);
     size_t n = 0;
-    for (size_t i = 0; i < info.n_members && i < 9 && n < cap; i++) {
+    for (size_t i = 0; i < info->n_members && i < 9 && n < cap; i++) {
         Kvp__Member *m = &storage[n];
         kvp__member__init(m);
-        m->id = info.members[i].id;
+        m->id = info->members[i].id;
         m->address = (char *)svc_member_address(s, m->id);
-        m->raft_address = info.members[i].raft_address;
+        m->raft_address = info->members[i].raft_address; /* points into *info: the caller's */
         m->role = 0;
         ptrs[n++] = m;
     }
     mr->members = ptrs;
     mr->n_members = n;
-    mr->leader_id = info.leader_id;
-    mr->term = info.term;
+    mr->leader_id = info->leader_id;
+    mr->term = info->term;
 }
 
 char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)

@@ -114,7 +114,9 @@ static void tm_cluster_down(struct tm_cluster *c)
     tm_run(argv, true);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
-    if (system(cmd) != 0)
+    if (getenv("KVP_TEST_KEEP")) /* keep logs and data for a post-mortem */
+        fprintf(stderr, "kept %s\n", c->dir);
+    else if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", c->dir);
     c->up = false;
     tm_current = NULL;
