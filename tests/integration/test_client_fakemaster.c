@@ -824,6 +824,21 @@ static void test_client_dead_replica_failover_then_dead_only_fails_fast(void **s
     assert_true(all_poison(sv, sizeof sv));
     assert_true(atomic_load(&M.unreachable_reports) > before);
     assert_int_equal(kvp_exists(c, solo), 1); /* not yet declared lost */
+
+    /* a put with a replica on the dead segment fails as a whole and leaves nothing visible;
+     * its pending put is revoked at once */
+    uint8_t *big = malloc(1 << 20);
+    fill("half-written", big, 1 << 20);
+    kvp_put_opts o3d = {.replica_num = 3};
+    assert_int_equal(kvp_put(c, "half-written", big, 1 << 20, &o3d), KVP_ERR_TRANSFER);
+    assert_int_equal(kvp_exists(c, "half-written"), 0);
+    assert_int_equal(kvp_get(c, "half-written", big, 1 << 20, 0), KVP_ERR_NOT_FOUND);
+    struct kvp_master_fsm_stats st;
+    pthread_mutex_lock(&M.mu);
+    kvp_master_fsm_stats(M.fsm, &st);
+    pthread_mutex_unlock(&M.mu);
+    assert_int_equal(st.pending_puts, 0);
+    free(big);
     declare_lost(0);
     assert_int_equal(kvp_exists(c, solo), 0);
     assert_int_equal(kvp_get(c, solo, sv, sizeof sv, 0), KVP_ERR_NOT_FOUND);
