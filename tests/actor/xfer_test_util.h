@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -59,6 +60,7 @@ enum fake_mode {
     FAKE_STALL = 1,      /* read requests (and WRITE payloads) but answer nothing until released */
     FAKE_NO_READ = 2,    /* do not even read the socket until released */
     FAKE_HALF_CLOSE = 3, /* answer a READ with its header and half its payload, then close */
+    FAKE_DELAY = 4,      /* answer one request in four after a random delay of 0..delay_us */
 };
 
 struct fake_server {
@@ -74,6 +76,8 @@ struct fake_server {
     _Atomic uint64_t write_bytes;  /* WRITE payload bytes received */
     _Atomic uint64_t write_bad;    /* WRITE payload bytes that were not pattern(seed 5) */
     _Atomic uint64_t late_replies; /* responses sent after a release */
+    unsigned delay_us;             /* FAKE_DELAY: upper bound of the delay */
+    unsigned seed;                 /* FAKE_DELAY: rand_r state (fake thread only) */
 };
 
 static inline int fake_read_full(int fd, void *buf, size_t len)
@@ -139,6 +143,8 @@ static inline void *fake_main(void *arg)
         int fd = accept(fs->lfd, NULL, NULL);
         if (fd < 0)
             break;
+        int one = 1; /* small responses back to back: no Nagle delay */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         atomic_store(&fs->cur_fd, fd);
         if (atomic_load(&fs->stop))
             shutdown(fd, SHUT_RDWR);
@@ -201,6 +207,8 @@ static inline void *fake_main(void *arg)
                 }
                 continue;
             }
+            if (mode == FAKE_DELAY && fs->delay_us && rand_r(&fs->seed) % 4 == 0)
+                usleep((useconds_t)(rand_r(&fs->seed) % fs->delay_us)); /* one request in four */
             if (mode == FAKE_HALF_CLOSE && f.op == KVP_FRAME_READ) {
                 fake_answer(fs, fd, &f, f.length / 2 ? f.length / 2 : 1);
                 break;

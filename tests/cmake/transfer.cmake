@@ -3,3 +3,4 @@ kvp_add_test(test_xfer_resolve SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_xfer_
 kvp_add_test(test_xfer_tcp SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_tcp.c LABEL actor TIMEOUT 120)
 kvp_add_test(test_seg_runtime SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_seg_runtime.c LABEL actor TIMEOUT 60)
 kvp_add_test(test_xfer_throughput SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_throughput.c LABEL actor TIMEOUT 120)
+kvp_add_test(test_xfer_fence SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_fence.c LABEL actor TIMEOUT 120)
