@@ -252,9 +252,11 @@ static void *conn_main(void *arg)
     return NULL;
 }
 
-/* Join and free connections whose thread has finished. Caller holds s->mu. */
-static void reap_done(struct kvp_seg_server *s)
+/* Join and free connections whose thread has finished; returns how many are left.
+ * Caller holds s->mu. */
+static unsigned reap_done(struct kvp_seg_server *s)
 {
+    unsigned live = 0;
     struct seg_conn **pp = &s->conns;
     while (*pp) {
         struct seg_conn *c = *pp;
@@ -265,8 +267,10 @@ static void reap_done(struct kvp_seg_server *s)
             free(c);
         } else {
             pp = &c->next;
+            live++;
         }
     }
+    return live;
 }
 
 static void accept_one(struct kvp_seg_server *s, int lfd)
@@ -281,6 +285,13 @@ static void accept_one(struct kvp_seg_server *s, int lfd)
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* A client host that vanished (no FIN/RST) is detected in about a minute, so its
+     * connection thread does not wait in recv forever. */
+    int idle = 30, intvl = 10, cnt = 3;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
     struct seg_conn *c = calloc(1, sizeof *c);
     if (!c) {
         close(fd);
@@ -290,8 +301,19 @@ static void accept_one(struct kvp_seg_server *s, int lfd)
     c->fd = fd;
     addr_to_string((struct sockaddr *)&ss, c->peer, sizeof c->peer);
     pthread_mutex_lock(&s->mu);
-    reap_done(s);
-    if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
+    if (reap_done(s) >= KVP_SEG_MAX_CONNS) {
+        pthread_mutex_unlock(&s->mu);
+        kvp_log_warn(ACTOR, "%s: refused: already %u connections", c->peer, KVP_SEG_MAX_CONNS);
+        close(fd);
+        free(c);
+        return;
+    }
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, KVP_SEG_THREAD_STACK_BYTES);
+    int prc = pthread_create(&c->thread, &attr, conn_main, c);
+    pthread_attr_destroy(&attr);
+    if (prc != 0) {
         pthread_mutex_unlock(&s->mu);
         kvp_log_warn(ACTOR, "%s: cannot start a connection thread", c->peer);
         close(fd);

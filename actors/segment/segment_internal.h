@@ -10,6 +10,12 @@
 /* Largest number of addresses one server listens on (a host name may resolve to several). */
 #define KVP_SEG_MAX_LISTEN 8
 
+/* Most connections one server serves at once (one thread each); more are refused with a WARN. */
+#define KVP_SEG_MAX_CONNS 4096u
+
+/* Stack of a connection thread (it needs little: a 40-byte header and a few locals). */
+#define KVP_SEG_THREAD_STACK_BYTES (512u * 1024u)
+
 /* Bytes of the per-connection scratch buffer that drains the payload of a refused WRITE. */
 #define KVP_SEG_SCRATCH_BYTES (64u * 1024u)
 
