@@ -157,21 +157,6 @@ static int send_iov_all(int fd, struct iovec *iov, int cnt)
     return 0;
 }
 
-static int reply(int fd, uint8_t op, int status, const struct kvp_frame *req, uint64_t length,
-                 const void *payload)
-{
-    struct kvp_frame f = {.op = op,
-                          .status = (int16_t)status,
-                          .segment_id = req->segment_id,
-                          .req_id = req->req_id,
-                          .offset = req->offset,
-                          .length = length};
-    uint8_t hdr[KVP_FRAME_HEADER_BYTES];
-    kvp_frame_encode(&f, hdr);
-    struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, payload ? length : 0}};
-    return send_iov_all(fd, iov, payload && length ? 2 : 1);
-}
-
 /* 0 when the request may touch the region, else the error code for the reply. */
 static int check_request(const struct kvp_seg_server *s, const struct kvp_frame *f)
 {
@@ -183,14 +168,103 @@ static int check_request(const struct kvp_seg_server *s, const struct kvp_frame 
     return KVP_OK;
 }
 
+/*
+ * Responses of one connection waiting to go out in one sendmsg. A client pipelines many
+ * requests; while the next request header is already in the socket, the server answers into
+ * this list instead of sending at once, and flushes when no header is waiting, before it
+ * receives a WRITE payload, or when the list is full. READ payloads stay in the region until
+ * the sendmsg (no copy). Flushing before a WRITE payload keeps a READ on the same connection
+ * from seeing a later WRITE.
+ */
+#define OUT_MAX 32
+#define OUT_MAX_BYTES (1u << 20)
+
+struct out_batch {
+    uint8_t hdr[OUT_MAX][KVP_FRAME_HEADER_BYTES];
+    struct iovec iov[2 * OUT_MAX];
+    int n;      /* responses queued */
+    int iovcnt;
+    uint64_t bytes;
+    bool region; /* some iovec points into the region (TSan annotation) */
+};
+
+static int out_flush(struct kvp_seg_server *s, int fd, struct out_batch *o)
+{
+    if (o->n == 0)
+        return 0;
+    int rc = send_iov_all(fd, o->iov, o->iovcnt);
+    if (o->region)
+        REGION_RELEASE(s);
+    o->n = o->iovcnt = 0;
+    o->bytes = 0;
+    o->region = false;
+    return rc;
+}
+
+/* Queue a response; the payload (READ) points into the region. Flushes when full. */
+static int out_add(struct kvp_seg_server *s, int fd, struct out_batch *o, uint8_t op, int status,
+                   const struct kvp_frame *req, uint64_t length, const void *payload)
+{
+    struct kvp_frame f = {.op = op,
+                          .status = (int16_t)status,
+                          .segment_id = req->segment_id,
+                          .req_id = req->req_id,
+                          .offset = req->offset,
+                          .length = length};
+    kvp_frame_encode(&f, o->hdr[o->n]);
+    o->iov[o->iovcnt++] = (struct iovec){o->hdr[o->n], KVP_FRAME_HEADER_BYTES};
+    o->bytes += KVP_FRAME_HEADER_BYTES;
+    if (payload && length) {
+        if (!o->region)
+            REGION_ACQUIRE(s);
+        o->region = true;
+        o->iov[o->iovcnt++] = (struct iovec){(void *)payload, length};
+        o->bytes += length;
+    }
+    o->n++;
+    if (o->n == OUT_MAX || o->bytes >= OUT_MAX_BYTES)
+        return out_flush(s, fd, o);
+    return 0;
+}
+
+/*
+ * Read the next request header. With responses queued, first try without blocking: if the
+ * header is not (all) there yet, flush and then wait. Returns 0 or -1 (EOF/error; errno 0 = EOF).
+ */
+static int next_header(struct kvp_seg_server *s, int fd, struct out_batch *o, uint8_t *hdr)
+{
+    size_t got = 0;
+    if (o->n > 0) {
+        ssize_t r;
+        do
+            r = recv(fd, hdr, KVP_FRAME_HEADER_BYTES, MSG_DONTWAIT);
+        while (r < 0 && errno == EINTR);
+        if (r == 0) {
+            errno = 0;
+            return -1;
+        }
+        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        got = r > 0 ? (size_t)r : 0;
+        if (got == KVP_FRAME_HEADER_BYTES)
+            return 0;
+        if (out_flush(s, fd, o) != 0)
+            return -1;
+    }
+    return recv_all(fd, hdr + got, KVP_FRAME_HEADER_BYTES - got);
+}
+
 static void *conn_main(void *arg)
 {
     struct seg_conn *c = arg;
     struct kvp_seg_server *s = c->srv;
     uint8_t *scratch = NULL;
     uint8_t hdr[KVP_FRAME_HEADER_BYTES];
+    struct out_batch *o = calloc(1, sizeof *o);
+    if (!o)
+        goto out;
     for (;;) {
-        if (recv_all(c->fd, hdr, sizeof hdr) != 0) {
+        if (next_header(s, c->fd, o, hdr) != 0) {
             if (errno != 0 && !atomic_load(&s->stopping))
                 kvp_log_debug(ACTOR, "%s: recv: %s", c->peer, strerror(errno));
             break;
@@ -202,23 +276,23 @@ static void *conn_main(void *arg)
         if (rc != KVP_OK) {
             kvp_log_warn(ACTOR, "%s: bad frame header (%s, op %u): closing the connection", c->peer,
                          kvp_errname(rc), hdr[5]);
+            out_flush(s, c->fd, o); /* the requests before it are answered */
             break;
         }
         int st = check_request(s, &f);
         if (f.op == KVP_FRAME_PING) {
-            if (reply(c->fd, KVP_FRAME_PONG, st == KVP_ERR_NOT_FOUND ? st : KVP_OK, &f, 0, NULL) != 0)
+            if (out_add(s, c->fd, o, KVP_FRAME_PONG, st == KVP_ERR_NOT_FOUND ? st : KVP_OK, &f, 0, NULL) != 0)
                 break;
         } else if (f.op == KVP_FRAME_READ) {
             if (st != KVP_OK)
                 kvp_log_debug(ACTOR, "%s: READ seg %u off %lu len %lu: %s", c->peer, f.segment_id,
                               (unsigned long)f.offset, (unsigned long)f.length, kvp_errname(st));
-            REGION_ACQUIRE(s);
-            int sent = reply(c->fd, KVP_FRAME_READ_RESP, st, &f, st == KVP_OK ? f.length : 0,
-                             st == KVP_OK ? s->base + f.offset : NULL);
-            REGION_RELEASE(s);
-            if (sent != 0)
+            if (out_add(s, c->fd, o, KVP_FRAME_READ_RESP, st, &f, st == KVP_OK ? f.length : 0,
+                        st == KVP_OK ? s->base + f.offset : NULL) != 0)
                 break;
         } else { /* WRITE */
+            if (out_flush(s, c->fd, o) != 0)
+                break;
             if (st == KVP_OK) {
                 REGION_ACQUIRE(s);
                 int got = f.length > 0 ? recv_all(c->fd, s->base + f.offset, f.length) : 0;
@@ -241,10 +315,14 @@ static void *conn_main(void *arg)
                 if (!ok)
                     break;
             }
-            if (reply(c->fd, KVP_FRAME_WRITE_RESP, st, &f, 0, NULL) != 0)
+            if (out_add(s, c->fd, o, KVP_FRAME_WRITE_RESP, st, &f, 0, NULL) != 0)
                 break;
         }
     }
+    if (o && o->region)
+        REGION_RELEASE(s);
+out:
+    free(o);
     free(scratch);
     /* The peer sees the end now; the descriptor itself is closed when the thread is reaped. */
     shutdown(c->fd, SHUT_RDWR);
