@@ -57,7 +57,10 @@ int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id);
  * thread until every slice is terminal. On timeout_ms (> 0) the outstanding slices are fenced
  * and get KVP_ERR_TIMEOUT. Thread-safe: many threads may run batches at once.
  * Returns KVP_OK when every slice completed, else the first error code seen (the per-slice
- * status is authoritative). Errors before running: KVP_ERR_INVALID, KVP_ERR_CLOSED.
+ * status is authoritative). Errors before running: KVP_ERR_INVALID (a slice with NULL local,
+ * length 0, bad op or offset overflow: nothing runs; such slices get KVP_ERR_INVALID, the others
+ * KVP_ERR_CANCELLED), KVP_ERR_CLOSED. A slice whose endpoint does not parse or resolve gets
+ * KVP_ERR_INVALID while the other slices run. timeout_ms 0 = no timeout.
  */
 int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms);
 
