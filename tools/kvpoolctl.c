@@ -45,6 +45,7 @@ static void usage(FILE *f)
             "  transfer-leader [ID]        hand leadership to member ID (or any other member)\n"
             "  add-member ID CTRL RAFT     add a voter (start it first with kvpool-master --join)\n"
             "  remove-member ID            remove a member from the configuration\n"
+            "  drain SEGMENT               mark a segment (id or name) DRAINING\n"
             "  put KEY FILE|- , get KEY [FILE], exists KEY, rm KEY [--force], size KEY\n"
             "  cluster up --dir DIR --masters N [--segments N --segment-size SIZE] [--base-port P] [--config FILE]\n"
             "  cluster down --dir DIR [--grace-ms MS]\n"
@@ -176,6 +177,7 @@ static const struct ctl_cmd CMDS[] = {
     {"transfer-leader", ctl_cmd_transfer_leader},
     {"add-member", ctl_cmd_add_member},
     {"remove-member", ctl_cmd_remove_member},
+    {"drain", ctl_cmd_drain},
 };
 
 static bool is_data_cmd(const char *s)

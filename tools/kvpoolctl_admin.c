@@ -285,3 +285,21 @@ int ctl_cmd_remove_member(struct ctl *c, int argc, char **argv)
     req.remove_member = &rm;
     return simple_call(c, "remove-member", &req, "member removed");
 }
+
+int ctl_cmd_drain(struct ctl *c, int argc, char **argv)
+{
+    if (argc != 2 || !argv[1][0]) {
+        fprintf(stderr, "usage: kvpoolctl drain SEGMENT   (segment id or name)\n");
+        return 2;
+    }
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__DrainSegmentReq dr = KVP__DRAIN_SEGMENT_REQ__INIT;
+    uint64_t id = 0;
+    if (parse_id(argv[1], &id) && id <= UINT32_MAX)
+        dr.segment_id = (uint32_t)id;
+    else
+        dr.name = argv[1];
+    req.body_case = KVP__REQUEST__BODY_DRAIN;
+    req.drain = &dr;
+    return simple_call(c, "drain", &req, "segment marked DRAINING (no new allocations; readers steered away)");
+}

@@ -50,6 +50,7 @@ int ctl_cmd_segments(struct ctl *c, int argc, char **argv);
 int ctl_cmd_transfer_leader(struct ctl *c, int argc, char **argv);
 int ctl_cmd_add_member(struct ctl *c, int argc, char **argv);
 int ctl_cmd_remove_member(struct ctl *c, int argc, char **argv);
+int ctl_cmd_drain(struct ctl *c, int argc, char **argv);
 int ctl_cmd_cluster(struct ctl *c, int argc, char **argv);
 
 #endif
