@@ -180,7 +180,9 @@ const char *kvp_rt_name(const struct kvp_rt_actor *a);
 
 /**
  * Manual actors: run every queued message and every due timer on the calling thread, until
- * the mailbox is empty. Returns the number of messages handled, or KVP_ERR_CLOSED once closed.
+ * the mailbox is empty (an actor that always sends itself another message keeps it running).
+ * Returns the number of messages and timers handled, KVP_ERR_CLOSED once closed, KVP_ERR_INVALID
+ * if `a` is not a manual actor.
  */
 int kvp_rt_poll(struct kvp_rt_actor *a);
 
@@ -274,7 +276,9 @@ int kvp_rt_request(struct kvp_rt_ctx *ctx, struct kvp_rt_actor *to, uint64_t hid
  * Answer the request whose token is `token` (msg->corr_id of the KVP_RT_REQUEST), now or in
  * a later callback. `status` is a kvp_err for the requester. Payload rules as kvp_rt_send.
  * Errors: KVP_ERR_NOT_FOUND (unknown or already answered token), KVP_ERR_CLOSED (the requester
- * is gone or gave up: its token is consumed, payload still the caller's), KVP_ERR_NOMEM.
+ * is closed, e.g. a kvp_rt_call that timed out: the token is consumed, the payload is still the
+ * caller's), KVP_ERR_NOMEM. A requester whose deadline already passed is still open: the reply
+ * is accepted (KVP_OK) and dropped on arrival, its payload freed there.
  */
 int kvp_rt_reply(struct kvp_rt_ctx *ctx, uint64_t token, int status, uint64_t arg,
                  void **payload, kvp_rt_free_fn free_fn);
