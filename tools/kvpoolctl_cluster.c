@@ -425,7 +425,7 @@ static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t dea
                                                                           : "member");
                     if (log)
                         print_log_tail(log);
-                    return KVP_ERR_UNAVAILABLE;
+                    return KVP_ERR_IO;
                 }
             }
         }
@@ -448,6 +448,18 @@ static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t dea
                 active++;
         }
         if (active >= want_segments) {
+            /* A member that died while we waited (a port taken at bind) fails the start even
+             * though the others formed a quorum. */
+            bool all_alive = true;
+            for (int g = 0; g < 2; g++) {
+                size_t k;
+                json_t *m;
+                json_array_foreach(json_object_get(cl, groups[g]), k, m) all_alive &= member_alive(m);
+            }
+            if (!all_alive) {
+                json_decref(st);
+                continue; /* the check at the top of the loop reports it */
+            }
             *status_out = st;
             return KVP_OK;
         }
@@ -519,98 +531,127 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         json_decref(old);
     }
 
-    /* Ports. */
+    /* Ports, masters, a leader. A chosen free port can be taken by another process before the
+     * master binds it: then that master exits, and the whole start is retried on new ports. */
     int n = o.masters;
-    int ctrl[KVP_CFG_MAX_MASTERS], raft[KVP_CFG_MAX_MASTERS], fds[2 * KVP_CFG_MAX_MASTERS];
-    int nfds = 0;
-    for (int i = 0; i < n; i++) {
-        if (o.base_port) {
-            ctrl[i] = o.base_port + 2 * i;
-            raft[i] = o.base_port + 2 * i + 1;
-            continue;
-        }
-        ctrl[i] = free_port(&fds[nfds]);
-        if (ctrl[i] > 0)
-            nfds++;
-        raft[i] = free_port(&fds[nfds]);
-        if (raft[i] > 0)
-            nfds++;
-        if (ctrl[i] <= 0 || raft[i] <= 0) {
-            fprintf(stderr, "kvpoolctl cluster up: no free port: %s\n", strerror(errno));
-            for (int k = 0; k < nfds; k++)
-                close(fds[k]);
-            return 1;
-        }
-    }
-    for (int k = 0; k < nfds; k++)
-        close(fds[k]);
-
-    char members[2048] = "", masters_list[1024] = "";
-    for (int i = 0; i < n; i++) {
-        size_t ml = strlen(members), al = strlen(masters_list);
-        snprintf(members + ml, sizeof members - ml, "%s%d@127.0.0.1:%d@127.0.0.1:%d", i ? "," : "", i + 1, ctrl[i],
-                 raft[i]);
-        snprintf(masters_list + al, sizeof masters_list - al, "%s127.0.0.1:%d", i ? "," : "", ctrl[i]);
-    }
-
-    json_t *cl = json_object();
-    json_object_set_new(cl, "master_server_address", json_string(masters_list));
-    json_object_set_new(cl, "dir", json_string(dir));
-    if (o.config)
-        json_object_set_new(cl, "config", json_string(config));
-    json_t *jm = json_array(), *js = json_array();
-    json_object_set_new(cl, "masters", jm);
-    json_object_set_new(cl, "segments", js);
-    for (int i = 0; i < n; i++) {
-        char id[16], listen[64], raddr[64], data[PATH_MAX + 32], log[PATH_MAX + 32], name[32];
-        snprintf(id, sizeof id, "%d", i + 1);
-        snprintf(name, sizeof name, "master-%d", i + 1);
-        snprintf(listen, sizeof listen, "127.0.0.1:%d", ctrl[i]);
-        snprintf(raddr, sizeof raddr, "127.0.0.1:%d", raft[i]);
-        snprintf(data, sizeof data, "%s/master-%d", dir, i + 1);
-        snprintf(log, sizeof log, "%s/master-%d.log", dir, i + 1);
-        struct stat sb;
-        if (stat(data, &sb) == 0) {
-            fprintf(stderr, "kvpoolctl cluster up: removing the old data dir %s\n", data);
-            nftw(data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-        }
-        unlink(log);
-        const char *cmd[] = {master_exe, "--id", id, "--listen", listen, "--raft-address", raddr,
-                             "--data-dir", data, "--members", members, "--config", master_config};
-        size_t ncmd = o.config ? 13 : 11;
-        json_t *m = json_object();
-        json_object_set_new(m, "id", json_integer(i + 1));
-        json_object_set_new(m, "name", json_string(name));
-        json_object_set_new(m, "role", json_string("master"));
-        json_object_set_new(m, "address", json_string(listen));
-        json_object_set_new(m, "raft_address", json_string(raddr));
-        json_object_set_new(m, "data_dir", json_string(data));
-        json_object_set_new(m, "log", json_string(log));
-        json_object_set_new(m, "cmdline", str_array(cmd, ncmd));
-        pid_t pid = spawn(json_object_get(m, "cmdline"), log);
-        json_object_set_new(m, "pid", json_integer(pid));
-        json_array_append_new(jm, m);
-        if (pid <= 0) {
-            fprintf(stderr, "kvpoolctl cluster up: cannot start %s: %s\n", name, strerror(errno));
-            cluster_save(dir, cl);
-            json_decref(cl);
-            return 1;
-        }
-    }
-    cluster_save(dir, cl);
-    ctl_set_masters(c, masters_list);
-
+    char members[2048], masters_list[1024];
+    json_t *cl = NULL;
     uint64_t deadline = mono_ms() + o.wait_ms;
     json_t *st = NULL;
-    rc = wait_ready(c, cl, 0, deadline, &st);
-    if (rc != KVP_OK) {
-        fprintf(stderr, "kvpoolctl cluster up: no leader within %u ms (%s); logs in %s/master-*.log\n", o.wait_ms,
-                kvp_errname(rc), dir);
+    for (int attempt = 1;; attempt++) {
+        int ctrl[KVP_CFG_MAX_MASTERS], raft[KVP_CFG_MAX_MASTERS], fds[2 * KVP_CFG_MAX_MASTERS];
+        int nfds = 0;
+        for (int i = 0; i < n; i++) {
+            if (o.base_port) {
+                ctrl[i] = o.base_port + 2 * i;
+                raft[i] = o.base_port + 2 * i + 1;
+                continue;
+            }
+            ctrl[i] = free_port(&fds[nfds]);
+            if (ctrl[i] > 0)
+                nfds++;
+            raft[i] = free_port(&fds[nfds]);
+            if (raft[i] > 0)
+                nfds++;
+            if (ctrl[i] <= 0 || raft[i] <= 0) {
+                fprintf(stderr, "kvpoolctl cluster up: no free port: %s\n", strerror(errno));
+                for (int k = 0; k < nfds; k++)
+                    close(fds[k]);
+                return 1;
+            }
+        }
+        for (int k = 0; k < nfds; k++)
+            close(fds[k]);
+
+        members[0] = masters_list[0] = '\0';
+        for (int i = 0; i < n; i++) {
+            size_t ml = strlen(members), al = strlen(masters_list);
+            snprintf(members + ml, sizeof members - ml, "%s%d@127.0.0.1:%d@127.0.0.1:%d", i ? "," : "", i + 1, ctrl[i],
+                     raft[i]);
+            snprintf(masters_list + al, sizeof masters_list - al, "%s127.0.0.1:%d", i ? "," : "", ctrl[i]);
+        }
+
+        cl = json_object();
+        json_object_set_new(cl, "master_server_address", json_string(masters_list));
+        json_object_set_new(cl, "dir", json_string(dir));
+        if (o.config)
+            json_object_set_new(cl, "config", json_string(config));
+        json_t *jm = json_array(), *js = json_array();
+        json_object_set_new(cl, "masters", jm);
+        json_object_set_new(cl, "segments", js);
+        for (int i = 0; i < n; i++) {
+            char id[16], listen[64], raddr[64], data[PATH_MAX + 32], log[PATH_MAX + 32], name[32];
+            snprintf(id, sizeof id, "%d", i + 1);
+            snprintf(name, sizeof name, "master-%d", i + 1);
+            snprintf(listen, sizeof listen, "127.0.0.1:%d", ctrl[i]);
+            snprintf(raddr, sizeof raddr, "127.0.0.1:%d", raft[i]);
+            snprintf(data, sizeof data, "%s/master-%d", dir, i + 1);
+            snprintf(log, sizeof log, "%s/master-%d.log", dir, i + 1);
+            struct stat sb;
+            if (stat(data, &sb) == 0) {
+                fprintf(stderr, "kvpoolctl cluster up: removing the old data dir %s\n", data);
+                nftw(data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+            }
+            unlink(log);
+            const char *cmd[] = {master_exe, "--id", id, "--listen", listen, "--raft-address", raddr,
+                                 "--data-dir", data, "--members", members, "--config", master_config};
+            size_t ncmd = o.config ? 13 : 11;
+            json_t *m = json_object();
+            json_object_set_new(m, "id", json_integer(i + 1));
+            json_object_set_new(m, "name", json_string(name));
+            json_object_set_new(m, "role", json_string("master"));
+            json_object_set_new(m, "address", json_string(listen));
+            json_object_set_new(m, "raft_address", json_string(raddr));
+            json_object_set_new(m, "data_dir", json_string(data));
+            json_object_set_new(m, "log", json_string(log));
+            json_object_set_new(m, "cmdline", str_array(cmd, ncmd));
+            pid_t pid = spawn(json_object_get(m, "cmdline"), log);
+            json_object_set_new(m, "pid", json_integer(pid));
+            json_array_append_new(jm, m);
+            if (pid <= 0) {
+                fprintf(stderr, "kvpoolctl cluster up: cannot start %s: %s\n", name, strerror(errno));
+                cluster_save(dir, cl);
+                json_decref(cl);
+                return 1;
+            }
+        }
+        cluster_save(dir, cl);
+        ctl_set_masters(c, masters_list);
+
+        rc = wait_ready(c, cl, 0, deadline, &st);
+        if (rc == KVP_OK)
+            break;
+        if (rc == KVP_ERR_IO && !o.base_port && attempt < 3) {
+            fprintf(stderr, "kvpoolctl cluster up: a master exited during start-up (port taken?): "
+                            "retrying on other ports (attempt %d)\n", attempt + 1);
+            size_t i;
+            json_t *m;
+            json_array_foreach(jm, i, m) if (member_alive(m)) kill((pid_t)json_integer_value(json_object_get(m, "pid")), SIGKILL);
+            uint64_t d2 = mono_ms() + 3000;
+            bool any = true;
+            while (any && mono_ms() < d2) {
+                any = false;
+                json_array_foreach(jm, i, m) any |= member_alive(m);
+                if (any)
+                    sleep_ms(20);
+            }
+            json_decref(cl);
+            cl = NULL;
+            deadline = mono_ms() + o.wait_ms;
+            continue;
+        }
+        if (rc == KVP_ERR_IO)
+            fprintf(stderr, "kvpoolctl cluster up: a master exited during start-up; logs in %s/master-*.log\n", dir);
+        else
+            fprintf(stderr, "kvpoolctl cluster up: no leader within %u ms (%s); logs in %s/master-*.log\n",
+                    o.wait_ms, kvp_errname(rc), dir);
         json_decref(cl);
         return 1;
     }
+    json_int_t leader = json_integer_value(json_object_get(st, "leader_id"));
     json_decref(st);
     st = NULL;
+    json_t *js = json_object_get(cl, "segments");
 
     for (int i = 0; i < o.segments; i++) {
         char name[32], log[PATH_MAX + 64];
@@ -641,11 +682,9 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
             json_decref(cl);
             return 1;
         }
-    } else {
-        rc = wait_ready(c, cl, 0, deadline, &st);
+        leader = json_integer_value(json_object_get(st, "leader_id"));
+        json_decref(st);
     }
-    json_int_t leader = st ? json_integer_value(json_object_get(st, "leader_id")) : 0;
-    json_decref(st);
     if (c->json) {
         json_object_set_new(cl, "leader_id", json_integer(leader));
         ctl_print_json(cl);
