@@ -420,9 +420,8 @@ static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t dea
             json_array_foreach(json_object_get(cl, groups[g]), i, m) {
                 if (!member_alive(m)) {
                     const char *log = json_string_value(json_object_get(m, "log"));
-                    fprintf(stderr, "kvpoolctl cluster: %s %s exited during start-up\n", groups[g],
-                            json_string_value(json_object_get(m, "name")) ? json_string_value(json_object_get(m, "name"))
-                                                                          : "member");
+                    const char *name = json_string_value(json_object_get(m, "name"));
+                    fprintf(stderr, "kvpoolctl cluster up: %s exited during start-up\n", name ? name : groups[g]);
                     if (log)
                         print_log_tail(log);
                     return KVP_ERR_IO;
