@@ -28,7 +28,7 @@ static void run_rounds(uint8_t op, int rounds, unsigned seed)
 {
     struct fake_server fs;
     assert_int_equal(fake_server_start(&fs, FAKE_DELAY), 0);
-    fs.delay_us = 4000;
+    atomic_store(&fs.delay_us, 4000);
     fs.seed = seed;
     char ep[64];
     snprintf(ep, sizeof ep, "127.0.0.1:%u", fs.port);
@@ -71,7 +71,7 @@ static void run_rounds(uint8_t op, int rounds, unsigned seed)
         }
     }
     /* Sync: on the single connection this answer comes after every late one. */
-    fs.delay_us = 0;
+    atomic_store(&fs.delay_us, 0);
     uint8_t tail[4096];
     struct kvp_xfer_slice t = {.local = tail, .length = sizeof tail, .segment_id = 1, .endpoint = ep,
                                .remote_offset = 0, .op = KVP_XFER_READ};

@@ -76,7 +76,7 @@ struct fake_server {
     _Atomic uint64_t write_bytes;  /* WRITE payload bytes received */
     _Atomic uint64_t write_bad;    /* WRITE payload bytes that were not pattern(seed 5) */
     _Atomic uint64_t late_replies; /* responses sent after a release */
-    unsigned delay_us;             /* FAKE_DELAY: upper bound of the delay */
+    _Atomic unsigned delay_us;     /* FAKE_DELAY: upper bound of the delay (the test may change it) */
     unsigned seed;                 /* FAKE_DELAY: rand_r state (fake thread only) */
 };
 
@@ -207,8 +207,9 @@ static inline void *fake_main(void *arg)
                 }
                 continue;
             }
-            if (mode == FAKE_DELAY && fs->delay_us && rand_r(&fs->seed) % 4 == 0)
-                usleep((useconds_t)(rand_r(&fs->seed) % fs->delay_us)); /* one request in four */
+            unsigned dmax = atomic_load(&fs->delay_us);
+            if (mode == FAKE_DELAY && dmax && rand_r(&fs->seed) % 4 == 0)
+                usleep((useconds_t)(rand_r(&fs->seed) % dmax)); /* one request in four */
             if (mode == FAKE_HALF_CLOSE && f.op == KVP_FRAME_READ) {
                 fake_answer(fs, fd, &f, f.length / 2 ? f.length / 2 : 1);
                 break;
