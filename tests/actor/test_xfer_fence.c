@@ -27,9 +27,7 @@ struct kept {
 static void run_rounds(uint8_t op, int rounds, unsigned seed)
 {
     struct fake_server fs;
-    assert_int_equal(fake_server_start(&fs, FAKE_DELAY), 0);
-    atomic_store(&fs.delay_us, 4000);
-    fs.seed = seed;
+    assert_int_equal(fake_server_start_seeded(&fs, FAKE_DELAY, 4000, seed), 0);
     char ep[64];
     snprintf(ep, sizeof ep, "127.0.0.1:%u", fs.port);
     struct kvp_xfer_engine *e;

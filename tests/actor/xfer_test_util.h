@@ -224,9 +224,12 @@ static inline void *fake_main(void *arg)
     return NULL;
 }
 
-static inline int fake_server_start(struct fake_server *fs, int mode)
+static inline int fake_server_start_seeded(struct fake_server *fs, int mode, unsigned delay_us,
+                                           unsigned seed)
 {
     memset(fs, 0, sizeof *fs);
+    atomic_store(&fs->delay_us, delay_us);
+    fs->seed = seed; /* before the thread starts: it owns the seed afterwards */
     atomic_store(&fs->cur_fd, -1);
     atomic_store(&fs->mode, mode);
     fs->lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -237,6 +240,11 @@ static inline int fake_server_start(struct fake_server *fs, int mode)
         return -1;
     fs->port = ntohs(a.sin_port);
     return pthread_create(&fs->thread, NULL, fake_main, fs);
+}
+
+static inline int fake_server_start(struct fake_server *fs, int mode)
+{
+    return fake_server_start_seeded(fs, mode, 0, 1);
 }
 
 static inline void fake_server_stop(struct fake_server *fs)
