@@ -87,6 +87,7 @@ struct xfer_peer {
     unsigned addr_len;
     struct xfer_conn *conns;    /* conns_per_peer of them; I/O thread only */
     bool io_known;              /* on the I/O thread's peer list (I/O thread only) */
+    bool down_logged;           /* a connection failure was logged at WARN; reset on connect (I/O thread) */
     struct xfer_peer *next;     /* e->peers, guarded by e->mu */
     struct xfer_peer *io_next;  /* e->io_peers, I/O thread only */
 };

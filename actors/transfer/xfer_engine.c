@@ -126,10 +126,14 @@ static void conn_fail(struct kvp_xfer_engine *e, struct xfer_conn *c, int status
 {
     if (c->fd >= 0) {
         bool busy = c->sendq.head || c->inflight.head || c->rpiece;
-        if (busy && status != KVP_ERR_CLOSED)
+        /* One WARN per peer until a connection to it succeeds again (a dead segment with
+         * several connections and many batches would otherwise flood the log). */
+        if (busy && status != KVP_ERR_CLOSED && !c->peer->down_logged) {
             kvp_log_warn(ACTOR, "%s: connection closed: %s", c->peer->endpoint, why);
-        else
+            c->peer->down_logged = true;
+        } else {
             kvp_log_debug(ACTOR, "%s: connection closed: %s", c->peer->endpoint, why);
+        }
         epoll_ctl(e->ep, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
     }
@@ -345,6 +349,10 @@ static void conn_on_event(struct kvp_xfer_engine *e, struct xfer_conn *c, uint32
         if (!(ev & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
             return;
         c->state = CONN_UP;
+        if (c->peer->down_logged) {
+            kvp_log_info(ACTOR, "%s: connected again", c->peer->endpoint);
+            c->peer->down_logged = false;
+        }
         conn_set_events(e, c, EPOLLIN);
         conn_send(e, c);
         return;
