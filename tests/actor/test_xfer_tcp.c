@@ -233,6 +233,53 @@ static void test_xfer_server_stopped_transfer(void **state)
     kvp_seg_server_set_id(f->srv, SEG_ID);
 }
 
+struct loop_arg {
+    struct kvp_xfer_engine *e;
+    const char *ep;
+    uint8_t *buf;
+    atomic_int runs;
+    atomic_int transfer_errors;
+    atomic_int other_errors;
+    atomic_bool stop;
+};
+
+static void *loop_reads(void *arg)
+{
+    struct loop_arg *a = arg;
+    while (!atomic_load(&a->stop)) {
+        struct kvp_xfer_slice s = mk(a->buf, 16 << 20, SEG_ID, a->ep, 0, KVP_XFER_READ);
+        int rc = kvp_xfer_run(a->e, &s, 1, 20000);
+        atomic_fetch_add(&a->runs, 1);
+        if (rc == KVP_ERR_TRANSFER)
+            atomic_fetch_add(&a->transfer_errors, 1);
+        else if (rc != KVP_OK)
+            atomic_fetch_add(&a->other_errors, 1);
+    }
+    return NULL;
+}
+
+/* The real server stopped while 16 MiB reads stream: the batches fail with TRANSFER, none hangs. */
+static void test_xfer_server_killed_mid_batch_transfer(void **state)
+{
+    struct fixture *f = *state;
+    struct loop_arg a = {.e = f->eng, .ep = f->endpoint, .buf = malloc(16 << 20)};
+    pthread_t th;
+    pthread_create(&th, NULL, loop_reads, &a);
+    for (int i = 0; i < 5000 && atomic_load(&a.runs) < 2; i++)
+        usleep(1000);
+    kvp_seg_server_stop(&f->srv);
+    int before = atomic_load(&a.runs);
+    for (int i = 0; i < 10000 && atomic_load(&a.runs) < before + 3; i++)
+        usleep(1000);
+    atomic_store(&a.stop, true);
+    pthread_join(th, NULL);
+    assert_true(atomic_load(&a.runs) >= before + 3); /* calls keep returning */
+    assert_true(atomic_load(&a.transfer_errors) >= 3);
+    assert_int_equal(atomic_load(&a.other_errors), 0);
+    free(a.buf);
+    assert_int_equal(kvp_seg_server_start(&f->srv, "127.0.0.1", 0, f->region, REGION_BYTES), KVP_OK);
+}
+
 static void test_xfer_peer_dies_mid_response_transfer(void **state)
 {
     (void)state;
@@ -485,6 +532,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_xfer_wrong_segment_id_not_found, setup, teardown),
         cmocka_unit_test_setup_teardown(test_xfer_out_of_bounds_invalid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_xfer_server_stopped_transfer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_xfer_server_killed_mid_batch_transfer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_xfer_local_transport_ok, setup, teardown),
         cmocka_unit_test_setup_teardown(test_seg_server_malformed_header_closes_connection, setup, teardown),
         cmocka_unit_test(test_xfer_peer_dies_mid_response_transfer),
