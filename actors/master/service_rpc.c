@@ -294,8 +294,10 @@ static void on_transfer_leader(struct kvp_master_service *s, zframe_t *id, Kvp__
     struct svc_pending *p = admin_pending(s, id, req);
     if (!p)
         return;
-    kvp_log_info(s->actor, "transferring leadership to %s%llu", target ? "member " : "any member (",
-                 (unsigned long long)target);
+    if (target)
+        kvp_log_info(s->actor, "transferring leadership to member %llu", (unsigned long long)target);
+    else
+        kvp_log_info(s->actor, "transferring leadership to any other member");
     admin_done(s, p, kvp_raftlog_transfer(s->rl, p->corr, target), "leadership transfer refused");
 }
 
@@ -372,13 +374,11 @@ void svc_dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
     case KVP__REQUEST__BODY_TRANSFER_LEADER: on_transfer_leader(s, id, req); break;
     case KVP__REQUEST__BODY_ADD_MEMBER: on_add_member(s, id, req); break;
     case KVP__REQUEST__BODY_REMOVE_MEMBER: on_remove_member(s, id, req); break;
-    default: {
-        const char *peer = NULL;
-        kvp_log_warn(s->actor, "request %llu from %s: no or unknown body (%d): answered INVALID",
-                     (unsigned long long)req->req_id, peer ? peer : "a client", (int)req->body_case);
+    default:
+        kvp_log_warn(s->actor, "request %llu: no or unknown body (%d): answered INVALID",
+                     (unsigned long long)req->req_id, (int)req->body_case);
         svc_reply_status(s, id, req->req_id, KVP_ERR_INVALID, "unknown or empty request body");
         break;
-    }
     }
 }
 
