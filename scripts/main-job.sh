@@ -51,6 +51,7 @@ fi
 DIR=${KVP_MAIN_DIR:-$(mktemp -d /tmp/kvpool-main.XXXXXX)}
 mkdir -p "$DIR"
 CLUSTER=$DIR/cluster.json
+rm -f "$DIR/bench.done" "$DIR/progress" "$DIR/kills.log"
 BENCH_PID=""
 KILLER_PID=""
 CLUSTER_UP=0
@@ -82,6 +83,7 @@ kill_leader_halfway() {
   local total done_ line
   while :; do
     sleep 0.2
+    [ -e "$DIR/bench.done" ] && return   # the replay ended (or was interrupted) before halfway
     [ -r "$DIR/progress" ] || continue
     read -r done_ total <"$DIR/progress" || continue
     [ -n "${total:-}" ] && [ "$total" -gt 0 ] && [ $((done_ * 2)) -ge "$total" ] && break
@@ -116,6 +118,7 @@ BENCH_PID=$!
 wait "$BENCH_PID"
 BRC=$?
 BENCH_PID=""
+touch "$DIR/bench.done"
 set -e
 if [ -n "$KILLER_PID" ]; then wait "$KILLER_PID" 2>/dev/null || true; KILLER_PID=""; fi
 
