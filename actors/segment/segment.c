@@ -136,6 +136,9 @@ static void *hb_main(void *arg)
             req.heartbeat = &hb;
             Kvp__Response *resp = NULL;
             rc = call(s, &req, timeout, &resp);
+            if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
+                resp->heartbeat->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+                rc = KVP_ERR_NOT_FOUND; /* same meaning: the master dropped our replicas */
             kvp_msession_response_free(resp);
         }
         if (rc == KVP_ERR_NOT_FOUND) {
