@@ -11,6 +11,7 @@
  * add-member`). SIGINT/SIGTERM stop it cleanly. docs/operations.md.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvpool-master: cannot create data dir %s: %s\n", cfg.data_dir, strerror(errno));
         return 1;
     }
+    signal(SIGPIPE, SIG_IGN); /* a peer that vanished is an error return, never a crash */
     zsys_init();
     zsys_set_linger(0);
     struct kvp_master_service *svc = NULL;
