@@ -51,7 +51,7 @@ fi
 DIR=${KVP_MAIN_DIR:-$(mktemp -d /tmp/kvpool-main.XXXXXX)}
 mkdir -p "$DIR"
 CLUSTER=$DIR/cluster.json
-rm -f "$DIR/bench.done" "$DIR/progress" "$DIR/kills.log"
+rm -f "$DIR/bench.done" "$DIR/progress" "$DIR/kills.log" "$DIR/events"
 BENCH_PID=""
 KILLER_PID=""
 CLUSTER_UP=0
@@ -97,6 +97,7 @@ kill_leader_halfway() {
   echo "main-job: request $done_ of $total: SIGKILL leader master-$id (pid $pid)" >&2
   kill -KILL "$pid"
   echo "$(date -u +%H:%M:%S.%N) killed master $id pid $pid at request $done_" >>"$DIR/kills.log"
+  echo "$done_ leader-kill" >>"$DIR/events"
   sleep 3
   if "$CTL" cluster restart --dir "$DIR" "$id" >/dev/null 2>&1; then
     echo "$(date -u +%H:%M:%S.%N) restarted master $id" >>"$DIR/kills.log"
@@ -113,7 +114,7 @@ echo "== main-job: replay $REQUESTS requests, $INSTANCES instances, replicas $RE
 set +e
 "$BENCH" trace "$TRACE" --cluster "$CLUSTER" --requests "$REQUESTS" --instances "$INSTANCES" \
   --replicas "$REPLICAS" --kv-bytes-per-token "$KVBPT" --speedup max \
-  --json "$DIR/report.json" --plot "$DIR/plots" --progress-file "$DIR/progress" &
+  --json "$DIR/report.json" --plot "$DIR/plots" --events "$DIR/events" --progress-file "$DIR/progress" &
 BENCH_PID=$!
 wait "$BENCH_PID"
 BRC=$?

@@ -57,6 +57,7 @@ struct opts {
     const char *json;
     const char *plot;
     const char *progress_file;
+    const char *events;
     bool quiet;
     struct bench_target target;
 };
@@ -65,6 +66,7 @@ struct opts {
 struct req_rec {
     uint32_t hit_blocks;
     uint32_t hit_tokens;
+    uint64_t start_us, end_us; /* relative to the replay's start */
     uint8_t done, failed;
 };
 
@@ -293,7 +295,9 @@ static void *inst_main(void *arg)
             while (bench_now_us() < at && !atomic_load(&g_interrupted))
                 sleep_until_us(at);
         }
+        sh->rec[i].start_us = bench_now_us() - sh->start_us;
         bool f = run_request(in, q, &sh->rec[i]);
+        sh->rec[i].end_us = bench_now_us() - sh->start_us;
         sh->rec[i].failed = f;
         sh->rec[i].done = 1;
         if (f) {
@@ -324,7 +328,8 @@ static void usage_trace(void)
             "         [--instances N] [--requests N] [--speedup X|max] [--replicas R]\n"
             "         [--kv-bytes-per-token N | --model NAME] [--block-tokens 512]\n"
             "         [--pool-bytes SIZE] [--lru-capacity-tokens N] [--timeout-ms MS]\n"
-            "         [--max-buffer SIZE] [--json FILE|-] [--plot DIR] [--progress-file FILE] [--quiet]\n"
+            "         [--max-buffer SIZE] [--json FILE|-] [--plot DIR [--events FILE]] [--progress-file FILE]\n"
+            "         [--quiet]\n"
             "       kvpool-bench bounds [FILE] [--requests N] [--capacity-tokens N,...]\n"
             "       kvpool-bench models\n"
             "See docs/bench.md.\n");
@@ -504,9 +509,32 @@ static bool has_pngcairo(void)
 }
 
 /* Writes DIR/hit_rate.png and DIR/latency_cdf.png (and their .dat/.gp); returns 0 on success. */
+/* --events FILE: lines "REQUEST_INDEX LABEL" (e.g. "1508 leader-kill"), drawn as vertical lines. */
+static void plot_events(FILE *f, const char *events, size_t n, const struct req_rec *rec, bool by_time)
+{
+    FILE *e = events ? fopen(events, "r") : NULL;
+    char line[256];
+    int k = 0;
+    while (e && fgets(line, sizeof line, e) && k < 20) {
+        unsigned long long idx;
+        char label[64] = "event";
+        if (sscanf(line, "%llu %63s", &idx, label) < 1 || idx >= n)
+            continue;
+        for (char *c = label; *c; c++)
+            if (*c == '\'' || *c == '_')
+                *c = '-';
+        double x = by_time ? (double)rec[idx].start_us / 1e6 : (double)idx;
+        fprintf(f, "set arrow %d from %.3f, graph 0 to %.3f, graph 1 nohead lc rgb 'red' dt 4\n", k + 1, x, x);
+        fprintf(f, "set label %d '%s' at %.3f, graph 0.97 right offset -0.5,0 tc rgb 'red'\n", k + 1, label, x);
+        k++;
+    }
+    if (e)
+        fclose(e);
+}
+
 static int make_plots(const char *dir, size_t n, const struct req_rec *rec, const struct bench_trace *t,
                       const struct bench_bound *inf, const struct bench_bound *lru,
-                      const struct bench_lat *lg, const struct bench_lat *lp, json_t *paths)
+                      const struct bench_lat *lg, const struct bench_lat *lp, const char *events, json_t *paths)
 {
     mkdir(dir, 0755);
     char p[4096];
@@ -534,6 +562,17 @@ static int make_plots(const char *dir, size_t n, const struct req_rec *rec, cons
     }
     free(wb), free(wm), free(wi), free(wl);
     fclose(f);
+    snprintf(p, sizeof p, "%s/requests.dat", dir);
+    f = fopen(p, "w");
+    if (!f)
+        return -1;
+    /* Columns: request, start s, duration ms, hit blocks, blocks, failed. */
+    for (size_t i = 0; i < n; i++)
+        if (rec[i].done)
+            fprintf(f, "%zu %.4f %.3f %u %u %u\n", i, (double)rec[i].start_us / 1e6,
+                    (double)(rec[i].end_us - rec[i].start_us) / 1e3, rec[i].hit_blocks, t->reqs[i].nblocks,
+                    rec[i].failed);
+    fclose(f);
     snprintf(p, sizeof p, "%s/batch_get_cdf.dat", dir);
     write_cdf(p, lg);
     snprintf(p, sizeof p, "%s/batch_put_cdf.dat", dir);
@@ -548,15 +587,28 @@ static int make_plots(const char *dir, size_t n, const struct req_rec *rec, cons
             "set output '%s/hit_rate.png'\n"
             "set title 'Prefix hit rate (blocks) over the replay'\n"
             "set xlabel 'requests replayed (arrival order)'\nset ylabel 'hit rate'\n"
-            "set yrange [0:1]\nset key left top\nset grid\n"
+            "set yrange [0:1]\nset key left top\nset grid\n",
+            term, dir);
+    plot_events(f, events, n, rec, false);
+    fprintf(f,
             "plot '%s/hit_rate.dat' u 1:2 w l lw 2 t 'measured (cumulative)', "
             "'' u 1:3 w l lw 2 dt 2 t 'infinite cache (cumulative)', "
             "'' u 1:4 w l lw 2 dt 3 t 'LRU same capacity (cumulative)', "
             "'' u 1:5 w l lw 1 lc rgb '#80a0a0a0' t 'measured (window of %zu)'\n"
+            "unset arrow\nunset label\n"
+            "set output '%s/request_latency.png'\n"
+            "set title 'Request latency (exists + get + put) over the replay'\n"
+            "set xlabel 'time since start (s)'\nset ylabel 'request latency (ms, log scale)'\n"
+            "set autoscale y\nset logscale y\nset key right top\n",
+            dir, win, dir);
+    plot_events(f, events, n, rec, true);
+    fprintf(f,
+            "plot '%s/requests.dat' u 2:3 w p pt 7 ps 0.3 t 'one request'\n"
+            "unset arrow\nunset label\nunset logscale y\n"
             "set output '%s/latency_cdf.png'\n"
             "set title 'Latency CDF'\nset xlabel 'latency (ms, log scale)'\nset ylabel 'fraction of calls'\n"
             "set logscale x\nset key right bottom\nset yrange [0:1]\n",
-            term, dir, dir, win, dir);
+            dir, dir);
     int have_get = lg->n > 0, have_put = lp->n > 0;
     if (have_get || have_put) {
         fprintf(f, "plot ");
@@ -574,6 +626,8 @@ static int make_plots(const char *dir, size_t n, const struct req_rec *rec, cons
     }
     snprintf(p, sizeof p, "%s/hit_rate.png", dir);
     json_array_append_new(paths, json_string(p));
+    snprintf(p, sizeof p, "%s/request_latency.png", dir);
+    json_array_append_new(paths, json_string(p));
     if (have_get || have_put) {
         snprintf(p, sizeof p, "%s/latency_cdf.png", dir);
         json_array_append_new(paths, json_string(p));
@@ -590,7 +644,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         {"pool-bytes", 1, 0, 'P'},     {"lru-capacity-tokens", 1, 0, 'L'}, {"json", 1, 0, 'j'},
         {"plot", 1, 0, 'p'},           {"progress-file", 1, 0, 'F'}, {"quiet", 0, 0, 'q'},
         {"cluster", 1, 0, 'c'},        {"masters", 1, 0, 'M'},       {"config", 1, 0, 'C'},
-        {"max-buffer", 1, 0, 'B'},     {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+        {"max-buffer", 1, 0, 'B'},     {"events", 1, 0, 'E'},        {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -629,6 +684,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case 'j': o->json = optarg; break;
         case 'p': o->plot = optarg; break;
         case 'F': o->progress_file = optarg; break;
+        case 'E': o->events = optarg; break;
         case 'q': o->quiet = true; break;
         case 'c': o->target.cluster_file = optarg; break;
         case 'M': o->target.masters = optarg; break;
@@ -810,7 +866,7 @@ int bench_trace_main(int argc, char **argv)
 
     json_t *plots = json_array();
     if (o.plot && nb > 0 && inf.req_hit_blocks && lru.req_hit_blocks)
-        make_plots(o.plot, nb, sh.rec, &t, &inf, &lru, &tot.lat_get, &tot.lat_put, plots);
+        make_plots(o.plot, nb, sh.rec, &t, &inf, &lru, &tot.lat_get, &tot.lat_put, o.events, plots);
 
     FILE *out = stdout;
     if (o.json && !strcmp(o.json, "-"))
