@@ -150,6 +150,7 @@ struct svc_pending *svc_pending_new(struct kvp_master_service *s, zframe_t *iden
     if (!p)
         return NULL;
     p->corr = s->next_corr++;
+    p->created_ms = svc_now_ms();
     if (identity) {
         p->identity = zframe_dup(identity);
         if (!p->identity) {
@@ -222,6 +223,34 @@ int svc_query(struct kvp_master_service *s, struct svc_pending *p, const Kvp__Re
     if (rc != KVP_OK)
         pending_fail(s, p, rc, "query to raft log failed");
     return rc;
+}
+
+void svc_pending_sweep(struct kvp_master_service *s)
+{
+    /* raftlog answers every submit and query (APPLIED/QUERY/ADMIN, NOT_LEADER on leadership
+     * loss); an entry still here long after its deadline means a result was lost. Free it so
+     * memory and the one-in-flight timer flags do not stay stuck. */
+    uint64_t now = svc_now_ms();
+    uint64_t stale[256];
+    size_t n = 0, pos = 0;
+    uint64_t k, v;
+    while (n < 256 && svc_map_next(&s->pending, &pos, &k, &v)) {
+        struct svc_pending *p = (struct svc_pending *)(uintptr_t)v;
+        uint64_t limit = p->deadline_ms ? p->deadline_ms + 30000 : p->created_ms + 120000;
+        if (now > limit)
+            stale[n++] = k;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!svc_map_del(&s->pending, stale[i], &v))
+            continue;
+        struct svc_pending *p = (struct svc_pending *)(uintptr_t)v;
+        kvp_log_error(s->actor, "corr %llu (request %llu): no raft log result after %llu ms: dropped",
+                      (unsigned long long)p->corr, (unsigned long long)p->req_id,
+                      (unsigned long long)(now - p->created_ms));
+        if (p->internal)
+            svc_on_result(s, p, 0, KVP_ERR_TIMEOUT, NULL, 0); /* clears its in-flight flag */
+        svc_pending_free(p);
+    }
 }
 
 /* ------------------------------------------------------------------ zloop handlers */

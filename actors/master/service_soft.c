@@ -484,6 +484,7 @@ static bool keep_recent(uint64_t key, uint64_t at, void *ctx)
 static int on_slow_timer(zloop_t *loop, int timer_id, void *arg)
 {
     struct kvp_master_service *s = arg;
+    svc_pending_sweep(s); /* on followers too: entries from before a leadership loss */
     if (!s->is_leader)
         return 0;
     svc_request_status_refresh(s);

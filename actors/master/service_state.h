@@ -65,6 +65,7 @@ struct svc_pending {
     zframe_t *identity;        /* ROUTER identity of the caller; NULL for internal work */
     uint64_t req_id;           /* echoed in the Response */
     uint64_t deadline_ms;      /* monotonic; 0 = none. Replies after it are dropped. */
+    uint64_t created_ms;       /* monotonic; the sweep drops entries raftlog never answered */
     int body_case;             /* Kvp__Request__BodyCase of the request, or 0 */
     int internal;              /* enum svc_internal_kind for timer-driven work */
     uint32_t segment_id;       /* SEGMENT_LOST / UNMOUNT: the segment concerned */
@@ -166,6 +167,9 @@ void svc_dispatch(struct kvp_master_service *s, zframe_t *identity, Kvp__Request
 /* service_rpc.c: a raftlog result for a pending request or internal work. */
 void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind, int status,
                    const uint8_t *data, size_t len);
+
+/* service.c: drop pending entries that raftlog never answered (a bug guard; logged). */
+void svc_pending_sweep(struct kvp_master_service *s);
 
 /* service_soft.c: soft state and timers. */
 void svc_soft_reset(struct kvp_master_service *s);
