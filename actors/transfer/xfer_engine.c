@@ -573,7 +573,13 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
     e->scratch = malloc(XFER_SCRATCH_BYTES);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->users_cv, NULL);
-    pthread_rwlock_init(&e->local_lock, NULL);
+    /* Writer preference: an unregister (segment remount/stop) must not starve behind a steady
+     * stream of batches holding the read lock. */
+    pthread_rwlockattr_t rwa;
+    pthread_rwlockattr_init(&rwa);
+    pthread_rwlockattr_setkind_np(&rwa, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&e->local_lock, &rwa);
+    pthread_rwlockattr_destroy(&rwa);
     int rc = KVP_OK;
     if (!e->scratch)
         rc = KVP_ERR_NOMEM;
