@@ -501,7 +501,7 @@ int kvp_master_service_run(struct kvp_master_service *s)
     int rc = KVP_OK;
     if (zloop_reader(s->loop, s->router, on_router_readable, s) != 0 ||
         zloop_reader(s->loop, kvp_raftlog_events(s->rl), on_raftlog_event, s) != 0 ||
-        zloop_timer(s->loop, 50, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
+        zloop_timer(s->loop, 10, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
         svc_prober_start(s) != KVP_OK) {
         rc = KVP_ERR_NOMEM;
     } else {
