@@ -576,6 +576,9 @@ static void *thread_main(void *arg)
         raft_set_election_timeout(&rl->raft, rl->p.election_timeout_ms);
     if (rl->p.heartbeat_ms > 0)
         raft_set_heartbeat_timeout(&rl->raft, rl->p.heartbeat_ms);
+    /* Pre-vote (Raft thesis 9.6): a member that restarts or was cut off asks first whether it
+     * could win before it bumps its term, so it cannot depose a healthy leader on rejoining. */
+    raft_set_pre_vote(&rl->raft, true);
     if (rl->p.snapshot_threshold > 0)
         raft_set_snapshot_threshold(&rl->raft, (unsigned)rl->p.snapshot_threshold);
     if (rl->p.snapshot_trailing > 0)
