@@ -278,7 +278,10 @@ uint64_t kvp_fsm_drop_segment_replicas(struct kvp_master_fsm *f, struct kvp_fsm_
                 r++;
             }
         }
-        if (o->state == KVP_FSM_OBJ_PENDING || o->n_replicas == 0) {
+        bool any_complete = false; /* a PENDING repair replica alone holds no data */
+        for (unsigned r = 0; r < o->n_replicas; r++)
+            any_complete |= o->rep[r].state == KVP__REPLICA_STATE__REPLICA_COMPLETE;
+        if (o->state == KVP_FSM_OBJ_PENDING || !any_complete) {
             kvp_fsm_obj_destroy(f, o, now_ms);
             affected++;
         }

@@ -270,6 +270,7 @@ static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadli
     o->term = term;
     o->u.deadline_ms = deadline;
     o->soft_pin = it->soft_pin;
+    o->pad[0] = (uint8_t)want;
     o->state = KVP_FSM_OBJ_PENDING;
     for (unsigned i = 0; i < k; i++) {
         uint64_t off = 0;
@@ -556,6 +557,12 @@ int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
         return on_revoke_expired(f, c, r);
     case KVP__COMMAND__BODY_EVICT:
         return remove_keys(f, c->evict->keys, c->evict->n_keys, c->now_wall_ms, r);
+    case KVP__COMMAND__BODY_REPAIR_START:
+        return kvp_fsm_repair_start(f, c, r);
+    case KVP__COMMAND__BODY_REPAIR_END:
+        return kvp_fsm_repair_end(f, c, r);
+    case KVP__COMMAND__BODY_REPLICA_DROP:
+        return kvp_fsm_replica_drop(f, c, r);
     case KVP__COMMAND__BODY_QUARANTINE_RELEASE:
         return on_quarantine_release(f, c, r);
     default:

@@ -112,6 +112,14 @@ void kvp_fsm_state_clear(struct kvp_master_fsm *f);
 /* fsm_cmd.c */
 int kvp_fsm_apply_cmd(struct kvp_master_fsm *f, const Kvp__Command *cmd, Kvp__Response *r);
 
+/* fsm_repair.c (drain and repair, docs/drain-repair.md). The wanted replica count of an
+ * object is kept in pad[0] (PutStart's replica_num, 0 → 1). */
+#define KVP_FSM_OBJ_WANT(o) ((o)->pad[0] ? (unsigned)(o)->pad[0] : (unsigned)(o)->n_replicas)
+int kvp_fsm_repair_start(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+int kvp_fsm_repair_end(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+int kvp_fsm_replica_drop(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+int kvp_fsm_repair_scan(const struct kvp_master_fsm *f, const Kvp__RepairScanReq *q, Kvp__Response *r);
+
 /* fsm_query.c */
 int kvp_fsm_query_req(const struct kvp_master_fsm *f, const Kvp__Request *req, Kvp__Response *r);
 

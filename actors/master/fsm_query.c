@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 
+#include "actors/master/evict_policy.h"
 #include "actors/master/fsm_internal.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -51,7 +52,15 @@ static int object_info(const fsm_t *f, const char *key, const char *client_host,
     info->replicas = calloc(o->n_replicas ? o->n_replicas : 1, sizeof(*info->replicas));
     if (!info->replicas)
         return KVP_ERR_NOMEM;
-    for (int rank = 0; rank < 4; rank++) {
+    /* DRAINING replicas are listed only when no ACTIVE complete replica exists (C4). */
+    int max_rank = 4;
+    for (unsigned i = 0; i < o->n_replicas && max_rank == 4; i++) {
+        const struct kvp_fsm_seg *s = kvp_fsm_seg_get(f, o->rep[i].segment_id);
+        if (s && s->state == KVP__SEGMENT_STATE__SEGMENT_ACTIVE &&
+            o->rep[i].state == KVP__REPLICA_STATE__REPLICA_COMPLETE)
+            max_rank = 2;
+    }
+    for (int rank = 0; rank < max_rank; rank++) {
         for (unsigned i = 0; i < o->n_replicas; i++) {
             const struct kvp_fsm_seg *s = kvp_fsm_seg_get(f, o->rep[i].segment_id);
             if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST ||
@@ -260,8 +269,12 @@ int kvp_fsm_query_req(const fsm_t *f, const Kvp__Request *req, Kvp__Response *r)
         return q_get_size(f, req->get_size, r);
     case KVP__REQUEST__BODY_CLUSTER_STATUS:
         return q_cluster_status(f, r);
+    case KVP__REQUEST__BODY_REPAIR_SCAN:
+        return kvp_fsm_repair_scan(f, req->repair_scan, r);
     case KVP__REQUEST__BODY_HEARTBEAT:
         return q_heartbeat(f, req->heartbeat, r);
+    case KVP__REQUEST__BODY_EVICT_SCAN: /* the leader's own eviction scan (evict_policy.c) */
+        return kvp_evict_scan(f, req->evict_scan, r);
     default:
         kvp_log_warn(KVP_FSM_ACTOR, "query: request body %d is not a query", (int)req->body_case);
         return KVP_ERR_INVALID;

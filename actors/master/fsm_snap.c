@@ -146,6 +146,7 @@ static void put_object(struct obuf *o, const struct kvp_fsm_obj *ob)
     else
         m.deadline_wall_ms = ob->u.deadline_ms;
     m.soft_pin = ob->soft_pin;
+    m.replica_num = ob->pad[0];
     for (unsigned i = 0; i < ob->n_replicas; i++) {
         kvp__snap_replica__init(&rm[i]);
         rm[i].segment_id = ob->rep[i].segment_id;
@@ -289,6 +290,7 @@ static int restore_object(fsm_t *t, const Kvp__SnapObject *m)
     o->op_id = m->op_id;
     o->term = m->term;
     o->soft_pin = m->soft_pin;
+    o->pad[0] = (uint8_t)(m->replica_num <= KVP_FSM_MAX_REPLICAS ? m->replica_num : KVP_FSM_MAX_REPLICAS);
     o->state = m->complete ? KVP_FSM_OBJ_COMPLETE : KVP_FSM_OBJ_PENDING;
     if (m->complete)
         o->u.checksum = m->checksum;
