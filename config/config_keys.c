@@ -54,6 +54,8 @@ static const struct kvp_cfg_key master_keys[] = {
         "share of the pool evicted when above the high watermark"),
     NUM(M, KVP_CFG_T_DOUBLE, "eviction_high_watermark_ratio", eviction_high_watermark_ratio, 0.0, 1.0,
         "0.95", "pool usage ratio that starts eviction"),
+    STR(M, "eviction_policy", eviction_policy, "lru|prefix", 0, "lru",
+        "eviction order: lru, or prefix (later blocks of a prefix before its head; docs/eviction.md)"),
     NUM(M, KVP_CFG_T_DURATION_MS, "probe_timeout_ms", probe_timeout_ms, 1, 600000, "500",
         "data-plane probe of a segment that a client reported unreachable"),
     STR(M, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "actors/master/service_evict.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
@@ -382,6 +383,10 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     svc_map_init(&s->segments);
     svc_map_init(&s->lost_sent);
     svc_map_init(&s->probing);
+    if (svc_evict_new(s) != KVP_OK) {
+        kvp_master_service_destroy(&s);
+        return KVP_ERR_NOMEM;
+    }
     s->hb_waiters = zlist_new();
     int rc = KVP_OK;
     if (!s->hb_waiters) {
@@ -502,6 +507,7 @@ int kvp_master_service_run(struct kvp_master_service *s)
     if (zloop_reader(s->loop, s->router, on_router_readable, s) != 0 ||
         zloop_reader(s->loop, kvp_raftlog_events(s->rl), on_raftlog_event, s) != 0 ||
         zloop_timer(s->loop, 10, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
+        svc_evict_timer_start(s) != KVP_OK ||
         svc_prober_start(s) != KVP_OK) {
         rc = KVP_ERR_NOMEM;
     } else {
@@ -548,6 +554,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->segments);
     svc_map_fini(&s->lost_sent);
     svc_map_fini(&s->probing);
+    svc_evict_destroy(s);
     zactor_destroy(&s->prober);
     zhashx_destroy(&s->endpoints);
     zsock_destroy(&s->router);

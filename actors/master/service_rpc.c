@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/master/service_evict.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -106,6 +107,7 @@ static void on_put_start(struct kvp_master_service *s, zframe_t *id, Kvp__Reques
         svc_reply_status(s, id, req->req_id, KVP_ERR_INVALID, "PutStart with no items");
         return;
     }
+    svc_evict_on_put_start_req(s, req->put_start);
     mutate(s, id, req, KVP__COMMAND__BODY_PUT_START, req->put_start);
 }
 
@@ -178,6 +180,8 @@ static void on_remove(struct kvp_master_service *s, zframe_t *id, Kvp__Request *
         } else {
             p->remove_status[i] = 1;
             fwd[nf++] = rr->keys[i];
+            if (rr->force)
+                svc_evict_note_forced_remove(s, svc_key_hash(rr->keys[i]));
         }
     }
     if (nf == 0) {
@@ -416,6 +420,10 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
     case SVC_INT_STATUS_REFRESH:
         svc_on_status_refresh(s, status, resp);
         break;
+    case SVC_INT_EVICT_SCAN:
+    case SVC_INT_EVICT:
+        svc_evict_on_internal(s, p, status, resp);
+        break;
     default:
         break;
     }
@@ -484,6 +492,10 @@ void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind
                 Kvp__ObjectInfo *oi = resp->get_replicas->objects[i];
                 if (oi->status != KVP_OK)
                     continue;
+                if (svc_evict_hides(s, p->key_hashes[i])) { /* being evicted: no new lease */
+                    oi->status = KVP_ERR_NOT_FOUND;
+                    continue;
+                }
                 oi->lease_ttl_ms = s->cfg.default_kv_lease_ttl_ms;
                 svc_grant_lease(s, p->key_hashes[i]);
                 svc_touch(s, p->key_hashes[i]);
@@ -498,10 +510,12 @@ void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind
         break;
     case KVP__REQUEST__BODY_PUT_START:
         s->fsm_pending_puts++; /* until the next refresh: lets RevokeExpired run */
+        svc_evict_on_put_start_result(s, resp); /* NO_SPACE: reason, retry flag, eviction */
         break;
     case KVP__REQUEST__BODY_REMOVE_ALL:
         if (resp->status == KVP_OK) {
             svc_map_clear(&s->last_access);
+            svc_evict_on_remove_all(s);
         }
         /* fall through */
     case KVP__REQUEST__BODY_PUT_REVOKE:

@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <xxhash.h>
 
+#include "actors/master/service_evict.h"
 #include "actors/master/service_state.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
@@ -200,6 +201,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     s->status_refresh_inflight = false;
     s->revoke_inflight = false;
     s->release_inflight = false;
+    svc_evict_reset(s);
     if (!s->is_leader)
         answer_hb_waiters(s, KVP_ERR_NOT_LEADER);
 }
@@ -459,7 +461,7 @@ static int on_release_timer(zloop_t *loop, int timer_id, void *arg)
     struct kvp_master_service *s = arg;
     if (!s->is_leader)
         return 0;
-    if (!s->release_inflight && !svc_in_election_grace(s) &&
+    if (!s->release_inflight && !svc_in_election_grace(s) && svc_evict_release_allowed(s) &&
         (!s->segments_fresh_ms || s->fsm_quarantined_bytes > 0)) {
         Kvp__QuarantineReleaseCmd body = KVP__QUARANTINE_RELEASE_CMD__INIT;
         s->release_inflight = true;

@@ -57,6 +57,8 @@ enum svc_internal_kind {
     SVC_INT_QUARANTINE_RELEASE,
     SVC_INT_SEGMENT_LOST,
     SVC_INT_STATUS_REFRESH,
+    SVC_INT_EVICT_SCAN,        /* service_evict.c: usage / candidates query */
+    SVC_INT_EVICT,             /* service_evict.c: EvictCmd */
 };
 
 /** One request waiting for a raftlog result (APPLIED, QUERY or ADMIN event), keyed by corr. */
@@ -131,6 +133,9 @@ struct kvp_master_service {
     zactor_t *prober;                      /* runs kvp_xfer_probe; pipe read by the zloop */
     zhashx_t *endpoints;                    /* "segment id" → data-plane endpoint (from refreshes) */
     struct svc_map probing;                /* segment id → time the last probe started (one per 2 s) */
+
+    /* Memory pressure: watermark eviction, prefix hints, release holds (service_evict.c). */
+    struct svc_evict *evict;
 
     /* Bad-frame log rate limit. */
     uint64_t bad_window_ms;

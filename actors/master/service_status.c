@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "actors/master/service_evict.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -125,6 +126,7 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(soft, "pending_requests", json_integer((json_int_t)s->pending.n));
     json_object_set_new(soft, "bad_frames", json_integer((json_int_t)s->bad_total));
     json_object_set_new(doc, "soft_state", soft);
+    svc_evict_status(s, doc);
 
     json_t *set = json_object();
     json_object_set_new(set, "election_timeout_ms", json_integer(c->election_timeout_ms));

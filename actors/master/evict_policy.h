@@ -1,0 +1,71 @@
+/*
+ * evict_policy.h — the pure eviction choice of the master (docs/eviction.md). No I/O, no clock,
+ * no global state: the leader's service (service_evict.c) builds one candidate per complete
+ * object from the FSM's object list and its own soft state (last access, leases, prefix hints)
+ * and asks which objects to evict to free `target` bytes.
+ *
+ * Rules, both policies:
+ *   - a leased candidate is never chosen;
+ *   - soft-pinned candidates are chosen only when the unpinned ones cannot reach the target;
+ *   - ties are broken by key hash, so the choice is deterministic.
+ * KVP_EVICT_LRU: least recently used first.
+ * KVP_EVICT_PREFIX: leaf first. A candidate whose hash is named as `parent` by another present
+ *   candidate is not evicted while that child is present; among the leaves the least recently
+ *   used goes first, and a parent becomes a leaf once all its children are chosen. When the
+ *   leaves (including those freed up this way) cannot reach the target — children that are
+ *   leased or pinned keep their parents — the rest is taken in LRU order.
+ */
+#ifndef KVP_MASTER_EVICT_POLICY_H
+#define KVP_MASTER_EVICT_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire/kvpool.pb-c.h"
+
+enum kvp_evict_policy {
+    KVP_EVICT_LRU = 0,
+    KVP_EVICT_PREFIX = 1,
+};
+
+struct kvp_evict_cand {
+    uint64_t hash;        /* key identity (non-zero, unique among candidates) */
+    uint64_t parent;      /* hash of the block before it in its prefix, 0 = none */
+    uint64_t last_access; /* any monotonic unit; 0 = never seen (oldest) */
+    uint64_t size;        /* bytes freed by evicting it (all replicas) */
+    bool pinned;
+    bool leased;
+};
+
+struct kvp_evict_summary {
+    size_t n_chosen;
+    uint64_t chosen_bytes;
+    uint64_t pinned_chosen_bytes; /* part of chosen_bytes that was soft-pinned */
+    uint64_t leased_bytes;        /* candidates skipped because leased */
+    uint64_t pinned_bytes;        /* all pinned candidates (chosen or not) */
+    uint64_t evictable_bytes;     /* unleased candidates (pinned included) */
+};
+
+/** "lru" or "prefix" → the policy; -1 for anything else (NULL included). */
+int kvp_evict_policy_parse(const char *name);
+const char *kvp_evict_policy_name(int policy);
+
+/**
+ * Choose victims until at least `target` bytes are chosen or nothing else may go. Writes the
+ * indexes (into c) of the chosen candidates, in eviction order, to chosen[] (room for n) and
+ * returns their count. sum may be NULL. Returns 0 for n == 0 or target == 0. On allocation
+ * failure returns 0 with sum->n_chosen = 0 (the caller retries later).
+ */
+size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t target, int policy,
+                        size_t *chosen, struct kvp_evict_summary *sum);
+
+/**
+ * The FSM side of the leader's EvictScanReq (called by fsm_query.c on the raft thread): pool
+ * usage and, when (used + quarantined) / capacity >= high_watermark or need_bytes > 0, every
+ * complete object. Fills r's body. Returns KVP_OK or KVP_ERR_NOMEM.
+ */
+struct kvp_master_fsm;
+int kvp_evict_scan(const struct kvp_master_fsm *f, const Kvp__EvictScanReq *q, Kvp__Response *r);
+
+#endif

@@ -1,0 +1,389 @@
+/*
+ * service_evict.c — the leader's memory-pressure loop (service_evict.h, docs/eviction.md).
+ *
+ * 1. Every 50 ms (leader only, outside the election grace window), when puts happened since the
+ *    last look or a PutStart found no space, an EvictScanReq runs as a raftlog query. The FSM
+ *    answers with usage and, at or above the high watermark (or on demand), every complete object.
+ * 2. The service pairs each object with its soft state (last access, lease, prefix hint) and
+ *    asks evict_policy.c for victims worth max(eviction_ratio × capacity, usage above
+ *    (high − ratio) × capacity, the largest recent put that found no space).
+ * 3. The victims go to the FSM as one EvictCmd (a Raft command); their extents are quarantined
+ *    there and released by QuarantineRelease after fence_grace_ms, like any freed space. Until
+ *    the command's result arrives, GetReplicaList answers NOT_FOUND for them (no new lease on an
+ *    object that is going away).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "actors/master/evict_policy.h"
+#include "actors/master/service_evict.h"
+#include "kvpool.h"
+#include "runtime/log.h"
+
+struct svc_evict {
+    int policy;
+    bool scan_inflight, evict_inflight;
+    bool dirty;                /* PutStart results since the last scan */
+    bool need;                 /* a PutStart found no space */
+    uint64_t need_bytes;       /* largest object × replicas that found no space */
+    uint64_t max_put_bytes;    /* largest size × replicas asked since the last scan */
+    /* From the last scan. */
+    uint64_t cap, used, quar, pinned;
+    uint64_t scan_ms;          /* monotonic time of the last listed scan, 0 = none */
+    bool blocked;              /* last listed scan: nothing could be evicted */
+    char blocked_why[160];
+    /* Hints and holds. */
+    struct svc_map parents;    /* key hash → parent key hash (prefix hint) */
+    struct svc_map evicting;   /* key hash → 1 while an EvictCmd naming it is in flight */
+    uint64_t release_hold_until; /* no QuarantineRelease before this (forced removes of leased keys) */
+    /* Counters (since this node became leader). */
+    uint64_t rounds, objects, bytes, pinned_bytes_evicted, blocked_rounds;
+};
+
+int svc_evict_new(struct kvp_master_service *s)
+{
+    struct svc_evict *e = calloc(1, sizeof *e);
+    if (!e)
+        return KVP_ERR_NOMEM;
+    svc_map_init(&e->parents);
+    svc_map_init(&e->evicting);
+    int p = kvp_evict_policy_parse(s->cfg.eviction_policy);
+    e->policy = p < 0 ? KVP_EVICT_LRU : p;
+    s->evict = e;
+    return KVP_OK;
+}
+
+void svc_evict_destroy(struct kvp_master_service *s)
+{
+    struct svc_evict *e = s->evict;
+    if (!e)
+        return;
+    svc_map_fini(&e->parents);
+    svc_map_fini(&e->evicting);
+    free(e);
+    s->evict = NULL;
+}
+
+void svc_evict_reset(struct kvp_master_service *s)
+{
+    struct svc_evict *e = s->evict;
+    if (!e)
+        return;
+    svc_map_clear(&e->parents);
+    svc_map_clear(&e->evicting);
+    int policy = e->policy;
+    struct svc_map parents = e->parents, evicting = e->evicting;
+    memset(e, 0, sizeof *e);
+    e->policy = policy;
+    e->parents = parents;
+    e->evicting = evicting;
+    e->dirty = true; /* look once the grace window is over */
+}
+
+bool svc_evict_hides(const struct kvp_master_service *s, uint64_t key_hash)
+{
+    return s->evict && s->evict->evicting.n > 0 && svc_map_get(&s->evict->evicting, key_hash, NULL);
+}
+
+void svc_evict_note_forced_remove(struct kvp_master_service *s, uint64_t key_hash)
+{
+    uint64_t exp = 0;
+    if (!s->evict || !svc_map_get(&s->leases, key_hash, &exp) || exp <= svc_now_ms())
+        return;
+    if (exp > s->evict->release_hold_until) {
+        s->evict->release_hold_until = exp;
+        kvp_log_info(s->actor, "forced remove of a leased object: no quarantine release for %llu ms",
+                     (unsigned long long)(exp - svc_now_ms()));
+    }
+}
+
+bool svc_evict_release_allowed(const struct kvp_master_service *s)
+{
+    return !s->evict || svc_now_ms() >= s->evict->release_hold_until;
+}
+
+void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStartReq *ps)
+{
+    struct svc_evict *e = s->evict;
+    if (!e)
+        return;
+    for (size_t i = 0; i < ps->n_items; i++) {
+        const Kvp__PutStartItem *it = ps->items[i];
+        if (!it->key)
+            continue;
+        uint64_t want = it->size * (it->replica_num ? it->replica_num : 1);
+        if (want > e->max_put_bytes)
+            e->max_put_bytes = want;
+        if (it->parent_key && it->parent_key[0])
+            svc_map_put(&e->parents, svc_key_hash(it->key), svc_key_hash(it->parent_key));
+    }
+}
+
+/* Ask the FSM for usage (and the object list when needed). */
+static void start_scan(struct kvp_master_service *s)
+{
+    struct svc_evict *e = s->evict;
+    struct svc_pending *p = svc_pending_new(s, NULL, NULL);
+    if (!p)
+        return;
+    p->internal = SVC_INT_EVICT_SCAN;
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__EvictScanReq q = KVP__EVICT_SCAN_REQ__INIT;
+    q.high_watermark = s->cfg.eviction_high_watermark_ratio;
+    q.need_bytes = e->need ? (e->need_bytes ? e->need_bytes : 1) : 0;
+    req.body_case = KVP__REQUEST__BODY_EVICT_SCAN;
+    req.evict_scan = &q;
+    e->scan_inflight = true;
+    e->dirty = false;
+    svc_query(s, p, &req); /* on error the result path runs and clears the flag */
+}
+
+static void maybe_scan(struct kvp_master_service *s)
+{
+    struct svc_evict *e = s->evict;
+    if (!e || !s->is_leader || e->scan_inflight || e->evict_inflight || svc_in_election_grace(s))
+        return;
+    if (e->dirty || e->need)
+        start_scan(s);
+}
+
+static int on_evict_timer(zloop_t *loop, int timer_id, void *arg)
+{
+    (void)loop;
+    (void)timer_id;
+    maybe_scan(arg);
+    return 0;
+}
+
+int svc_evict_timer_start(struct kvp_master_service *s)
+{
+    return zloop_timer(s->loop, 50, 0, on_evict_timer, s) < 0 ? KVP_ERR_NOMEM : KVP_OK;
+}
+
+void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *resp)
+{
+    struct svc_evict *e = s->evict;
+    if (!e)
+        return;
+    e->dirty = true;
+    if (!resp || !resp->put_start)
+        return;
+    bool grace = svc_in_election_grace(s);
+    for (size_t i = 0; i < resp->put_start->n_results; i++) {
+        Kvp__PutStartResult *r = resp->put_start->results[i];
+        if (r->status != KVP_ERR_NO_SPACE)
+            continue;
+        const char *why;
+        bool evicting = true;
+        if (grace) {
+            why = "no space; this leader is new and evicts nothing for one lease TTL: retry";
+        } else if (e->blocked && e->quar == 0 && !e->evict_inflight && svc_now_ms() - e->scan_ms < 1000) {
+            why = e->blocked_why;
+            evicting = false;
+        } else {
+            why = "no space; eviction is making room: retry";
+        }
+        if (evicting) {
+            e->need = true;
+            if (e->max_put_bytes > e->need_bytes)
+                e->need_bytes = e->max_put_bytes;
+        }
+        free(r->reason);
+        r->reason = strdup(why);
+        r->evicting = evicting;
+    }
+    maybe_scan(s);
+}
+
+void svc_evict_on_remove_all(struct kvp_master_service *s)
+{
+    if (s->evict)
+        svc_map_clear(&s->evict->parents);
+}
+
+static void submit_evict(struct kvp_master_service *s, char **keys, uint64_t *hashes, size_t n)
+{
+    struct svc_evict *e = s->evict;
+    struct svc_pending *p = svc_pending_new(s, NULL, NULL);
+    if (!p) {
+        free(hashes);
+        return;
+    }
+    p->internal = SVC_INT_EVICT;
+    p->key_hashes = hashes;
+    p->n_keys = n;
+    for (size_t i = 0; i < n; i++)
+        svc_map_put(&e->evicting, hashes[i], 1);
+    Kvp__EvictCmd body = KVP__EVICT_CMD__INIT;
+    body.keys = keys;
+    body.n_keys = n;
+    Kvp__Command cmd = KVP__COMMAND__INIT;
+    cmd.body_case = KVP__COMMAND__BODY_EVICT;
+    cmd.evict = &body;
+    e->evict_inflight = true;
+    svc_submit(s, p, &cmd); /* on error the result path runs and clears the flag */
+}
+
+static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
+{
+    struct svc_evict *e = s->evict;
+    e->cap = r->capacity_bytes;
+    e->used = r->used_bytes;
+    e->quar = r->quarantined_bytes;
+    e->pinned = r->pinned_bytes;
+    if (!r->listed)
+        return;
+    e->scan_ms = svc_now_ms();
+    double high = s->cfg.eviction_high_watermark_ratio, ratio = s->cfg.eviction_ratio;
+    double lowmark = high - ratio > 0 ? high - ratio : 0;
+    uint64_t usage = e->used + e->quar;
+    uint64_t target = (uint64_t)(ratio * (double)e->cap);
+    if ((double)usage > lowmark * (double)e->cap && usage - (uint64_t)(lowmark * (double)e->cap) > target)
+        target = usage - (uint64_t)(lowmark * (double)e->cap);
+    if (e->need && e->need_bytes > target)
+        target = e->need_bytes;
+    /* Quarantined bytes come back by themselves: count them as already freed. */
+    target = target > e->quar ? target - e->quar : (e->need ? 1 : 0);
+    if (target == 0 && !e->need)
+        return;
+    if (target == 0)
+        target = 1;
+
+    size_t n = r->n_objects;
+    struct kvp_evict_cand *c = calloc(n ? n : 1, sizeof *c);
+    size_t *chosen = calloc(n ? n : 1, sizeof *chosen);
+    if (!c || !chosen) {
+        free(c);
+        free(chosen);
+        return;
+    }
+    struct svc_map present;
+    svc_map_init(&present);
+    for (size_t i = 0; i < n; i++) {
+        const Kvp__EvictCandidate *o = r->objects[i];
+        uint64_t h = svc_key_hash(o->key);
+        c[i].hash = h;
+        c[i].size = o->size;
+        c[i].pinned = o->soft_pin;
+        c[i].leased = svc_key_leased(s, h);
+        uint64_t at = 0, parent = 0;
+        svc_map_get(&s->last_access, h, &at);
+        svc_map_get(&e->parents, h, &parent);
+        c[i].last_access = at;
+        c[i].parent = parent;
+        svc_map_put(&present, h, 1);
+    }
+    struct kvp_evict_summary sum;
+    size_t k = kvp_evict_choose(c, n, target, e->policy, chosen, &sum);
+    e->need = false;
+    e->need_bytes = 0;
+    e->max_put_bytes = 0;
+    e->blocked = k == 0 && e->quar == 0;
+    if (k == 0) {
+        e->blocked_rounds++;
+        snprintf(e->blocked_why, sizeof e->blocked_why,
+                 "no space; eviction cannot help: %llu of %llu object bytes are under read leases, "
+                 "%llu pinned, none evictable",
+                 (unsigned long long)sum.leased_bytes,
+                 (unsigned long long)(sum.leased_bytes + sum.evictable_bytes), (unsigned long long)sum.pinned_bytes);
+        if (n > 0 || e->quar == 0)
+            kvp_log_warn(s->actor, "eviction: %s", e->blocked_why);
+    }
+    /* Drop hints of objects that no longer exist (keeps the table bounded). */
+    size_t pos = 0;
+    uint64_t key, val;
+    struct svc_map keep;
+    svc_map_init(&keep);
+    while (svc_map_next(&e->parents, &pos, &key, &val))
+        if (svc_map_get(&present, key, NULL))
+            svc_map_put(&keep, key, val);
+    svc_map_fini(&e->parents);
+    e->parents = keep;
+    svc_map_fini(&present);
+
+    if (k > 0) {
+        char **keys = calloc(k, sizeof *keys);
+        uint64_t *hashes = calloc(k, sizeof *hashes);
+        if (keys && hashes) {
+            for (size_t j = 0; j < k; j++) {
+                keys[j] = r->objects[chosen[j]]->key;
+                hashes[j] = c[chosen[j]].hash;
+            }
+            e->rounds++;
+            kvp_log_info(s->actor,
+                         "eviction (%s): usage %llu of %llu bytes (%llu quarantined): evicting %zu objects, "
+                         "%llu bytes (%llu pinned); %llu bytes leased",
+                         kvp_evict_policy_name(e->policy), (unsigned long long)usage, (unsigned long long)e->cap,
+                         (unsigned long long)e->quar, k, (unsigned long long)sum.chosen_bytes,
+                         (unsigned long long)sum.pinned_chosen_bytes, (unsigned long long)sum.leased_bytes);
+            e->pinned_bytes_evicted += sum.pinned_chosen_bytes;
+            e->bytes += sum.chosen_bytes; /* counted at choice time: the FSM's result has no sizes */
+            submit_evict(s, keys, hashes, k);
+            hashes = NULL;
+        }
+        free(keys);
+        free(hashes);
+    }
+    free(c);
+    free(chosen);
+}
+
+void svc_evict_on_internal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)
+{
+    struct svc_evict *e = s->evict;
+    if (!e)
+        return;
+    int st = status != KVP_OK ? status : (resp ? resp->status : KVP_ERR_INTERNAL);
+    if (p->internal == SVC_INT_EVICT_SCAN) {
+        e->scan_inflight = false;
+        if (st == KVP_OK && resp->evict_scan && s->is_leader)
+            on_scan(s, resp->evict_scan);
+        else if (st != KVP_ERR_NOT_LEADER)
+            kvp_log_debug(s->actor, "eviction scan: %s", kvp_strerror(st));
+        return;
+    }
+    if (p->internal != SVC_INT_EVICT)
+        return;
+    e->evict_inflight = false;
+    for (size_t i = 0; i < p->n_keys; i++)
+        svc_map_del(&e->evicting, p->key_hashes[i], NULL);
+    if (st != KVP_OK || !resp->remove) {
+        if (st != KVP_ERR_NOT_LEADER)
+            kvp_log_warn(s->actor, "eviction of %zu objects not committed: %s", p->n_keys, kvp_strerror(st));
+        return;
+    }
+    uint64_t gone = 0;
+    for (size_t i = 0; i < p->n_keys && i < resp->remove->n_status; i++)
+        if (resp->remove->status[i] == KVP_OK) {
+            gone++;
+            svc_map_del(&s->last_access, p->key_hashes[i], NULL);
+            svc_map_del(&e->parents, p->key_hashes[i], NULL);
+        }
+    e->objects += gone;
+    s->fsm_quarantined_bytes++; /* let QuarantineRelease run */
+    e->dirty = true;          /* look again: one round may not have been enough */
+}
+
+void svc_evict_status(struct kvp_master_service *s, void *json_doc)
+{
+    struct svc_evict *e = s->evict;
+    json_t *doc = json_doc;
+    if (!e || !doc)
+        return;
+    json_t *ev = json_object();
+    if (!ev)
+        return;
+    json_object_set_new(ev, "policy", json_string(kvp_evict_policy_name(e->policy)));
+    json_object_set_new(ev, "rounds", json_integer((json_int_t)e->rounds));
+    json_object_set_new(ev, "objects_evicted", json_integer((json_int_t)e->objects));
+    json_object_set_new(ev, "bytes_chosen", json_integer((json_int_t)e->bytes));
+    json_object_set_new(ev, "pinned_bytes_evicted", json_integer((json_int_t)e->pinned_bytes_evicted));
+    json_object_set_new(ev, "blocked_rounds", json_integer((json_int_t)e->blocked_rounds));
+    json_object_set_new(ev, "blocked", json_boolean(e->blocked));
+    json_object_set_new(ev, "prefix_hints", json_integer((json_int_t)e->parents.n));
+    json_object_set_new(ev, "in_flight", json_integer((json_int_t)e->evicting.n));
+    json_object_set_new(doc, "eviction", ev);
+}

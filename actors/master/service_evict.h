@@ -1,0 +1,41 @@
+/*
+ * service_evict.h — the leader's memory-pressure loop (docs/eviction.md): watch pool usage, pick
+ * victims with evict_policy.h, evict them as Raft EvictCmd commands (their space goes through the
+ * FSM's quarantine), and annotate NO_SPACE PutStart results with a reason and whether the client
+ * should wait and retry. Leader-only soft state, owned by the service thread.
+ */
+#ifndef KVP_MASTER_SERVICE_EVICT_H
+#define KVP_MASTER_SERVICE_EVICT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/master/service_state.h"
+
+struct svc_evict;
+
+/** Create / destroy (s->evict). new returns KVP_OK or KVP_ERR_NOMEM. */
+int svc_evict_new(struct kvp_master_service *s);
+void svc_evict_destroy(struct kvp_master_service *s);
+/** Leadership change: forget hints, counters in flight, the last scan. */
+void svc_evict_reset(struct kvp_master_service *s);
+/** zloop timer (every 50 ms, leader only): start a scan when usage may be above the watermark. */
+int svc_evict_timer_start(struct kvp_master_service *s);
+/** PutStart request seen: record prefix hints (parent keys) and the largest size asked. */
+void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStartReq *ps);
+/** PutStart result: mark usage dirty; NO_SPACE items get reason/evicting and start eviction. */
+void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *resp);
+/** RemoveAll committed: forget every hint. */
+void svc_evict_on_remove_all(struct kvp_master_service *s);
+/** Results of SVC_INT_EVICT_SCAN / SVC_INT_EVICT internal work. */
+void svc_evict_on_internal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp);
+/** GetReplicaList: true while an EvictCmd naming this key is in flight (answer NOT_FOUND). */
+bool svc_evict_hides(const struct kvp_master_service *s, uint64_t key_hash);
+/** A forced Remove of a key that may be leased: hold QuarantineRelease until its lease expires. */
+void svc_evict_note_forced_remove(struct kvp_master_service *s, uint64_t key_hash);
+/** false while a forced remove's lease may still be read from (QuarantineRelease waits). */
+bool svc_evict_release_allowed(const struct kvp_master_service *s);
+/** Add the "eviction" object to the ClusterStatus document (a json_t * object). */
+void svc_evict_status(struct kvp_master_service *s, void *json_doc);
+
+#endif
