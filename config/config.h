@@ -44,6 +44,7 @@ struct kvp_cfg_master {
     char eviction_policy[16];         /* `eviction_policy`: lru|prefix (default lru; docs/eviction.md) */
     uint32_t probe_timeout_ms;        /* `probe_timeout_ms`: data-plane probe of a reported segment (default 500) */
     char log_level[16];               /* `log_level`: error|warn|info|debug (default info) */
+    uint64_t repair_bandwidth_bytes_per_s; /* `repair_bandwidth_bytes_per_s`: drain/repair copy cap, 0 = none (default 256 MiB) */
 };
 
 /** Settings of a kvpool-segment process. */

@@ -59,6 +59,8 @@ static const struct kvp_cfg_key master_keys[] = {
     NUM(M, KVP_CFG_T_DURATION_MS, "probe_timeout_ms", probe_timeout_ms, 1, 600000, "500",
         "data-plane probe of a segment that a client reported unreachable"),
     STR(M, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
+    NUM(M, KVP_CFG_T_SIZE, "repair_bandwidth_bytes_per_s", repair_bandwidth_bytes_per_s, 0, 64 * TIB,
+        "256MiB", "bytes per second the leader hands to movers for drain and repair copies; 0 = no cap"),
 };
 #undef M
 

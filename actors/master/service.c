@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "actors/master/service_evict.h"
+#include "actors/master/service_repair.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
@@ -554,6 +555,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->segments);
     svc_map_fini(&s->lost_sent);
     svc_map_fini(&s->probing);
+    svc_repair_free(s);
     svc_evict_destroy(s);
     zactor_destroy(&s->prober);
     zhashx_destroy(&s->endpoints);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "actors/master/service_evict.h"
+#include "actors/master/service_repair.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -378,6 +379,7 @@ void svc_dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
     case KVP__REQUEST__BODY_TRANSFER_LEADER: on_transfer_leader(s, id, req); break;
     case KVP__REQUEST__BODY_ADD_MEMBER: on_add_member(s, id, req); break;
     case KVP__REQUEST__BODY_REMOVE_MEMBER: on_remove_member(s, id, req); break;
+    case KVP__REQUEST__BODY_MOVER_POLL: svc_repair_on_mover_poll(s, id, req); break;
     default:
         kvp_log_warn(s->actor, "request %llu: no or unknown body (%d): answered INVALID",
                      (unsigned long long)req->req_id, (int)req->body_case);
@@ -419,6 +421,12 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
         break;
     case SVC_INT_STATUS_REFRESH:
         svc_on_status_refresh(s, status, resp);
+        break;
+    case SVC_INT_REPAIR_SCAN:
+    case SVC_INT_REPAIR_START:
+    case SVC_INT_REPAIR_END:
+    case SVC_INT_REPLICA_DROP:
+        svc_repair_on_result(s, p, status, resp);
         break;
     case SVC_INT_EVICT_SCAN:
     case SVC_INT_EVICT:

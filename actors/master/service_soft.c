@@ -17,6 +17,7 @@
 #include <xxhash.h>
 
 #include "actors/master/service_evict.h"
+#include "actors/master/service_repair.h"
 #include "actors/master/service_state.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
@@ -197,6 +198,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     svc_map_clear(&s->segments);
     svc_map_clear(&s->lost_sent);
     svc_map_clear(&s->probing);
+    svc_repair_reset(s);
     s->segments_fresh_ms = 0;
     s->status_refresh_inflight = false;
     s->revoke_inflight = false;
@@ -440,6 +442,10 @@ static void check_liveness(struct kvp_master_service *s)
             kvp_log_warn(s->actor, "segment %llu: no heartbeat for %llu ms (client_ttl %llu ms): declaring it lost",
                          (unsigned long long)seg, (unsigned long long)silent, (unsigned long long)ttl);
             lost[n_lost++] = (uint32_t)seg;
+        } else if (reported && svc_repair_probe_failed(s, (uint32_t)seg) && silent > (ttl < 1000 ? ttl : 1000)) {
+            kvp_log_warn(s->actor, "segment %llu: probe failed and no heartbeat for %llu ms: declaring it lost",
+                         (unsigned long long)seg, (unsigned long long)silent);
+            lost[n_lost++] = (uint32_t)seg;
         } else if (reported && silent > unreachable_silence) {
             kvp_log_warn(s->actor, "segment %llu: reported unreachable and no heartbeat for %llu ms: declaring it lost",
                          (unsigned long long)seg, (unsigned long long)silent);
@@ -504,7 +510,7 @@ int svc_timers_start(struct kvp_master_service *s)
 {
     if (zloop_timer(s->loop, 200, 0, on_revoke_timer, s) < 0 ||
         zloop_timer(s->loop, 500, 0, on_release_timer, s) < 0 ||
-        zloop_timer(s->loop, 1000, 0, on_slow_timer, s) < 0)
+        zloop_timer(s->loop, 1000, 0, on_slow_timer, s) < 0 || svc_repair_start(s) != KVP_OK)
         return KVP_ERR_NOMEM;
     return KVP_OK;
 }
@@ -555,8 +561,10 @@ static int on_probe_result(zloop_t *loop, zsock_t *sock, void *arg)
         if (rc == KVP_OK) {
             /* The data plane answers: the client's trouble was its own or transient. */
             svc_map_del(&s->unreachable, seg, NULL);
+            svc_repair_note_probe(s, seg, rc);
             kvp_log_info(s->actor, "segment %u: probe answered: unreachable report cleared", seg);
         } else {
+            svc_repair_note_probe(s, seg, rc);
             kvp_log_warn(s->actor, "segment %u: probe failed (%s): lost if its heartbeats stop too", seg,
                          kvp_strerror(rc));
         }

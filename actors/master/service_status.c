@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "actors/master/service_evict.h"
+#include "actors/master/service_repair.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -126,6 +127,7 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(soft, "pending_requests", json_integer((json_int_t)s->pending.n));
     json_object_set_new(soft, "bad_frames", json_integer((json_int_t)s->bad_total));
     json_object_set_new(doc, "soft_state", soft);
+    json_object_set_new(doc, "repair", svc_repair_status(s));
     svc_evict_status(s, doc);
 
     json_t *set = json_object();
