@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "actors/segment/mover.h"
 #include "actors/segment/seg_server.h"
 #include "actors/segment/segment_internal.h"
 #include "kvpool.h"
@@ -46,6 +47,7 @@ struct kvp_segment {
     char actor[160];
     pthread_t hb_thread;
     bool hb_started;
+    struct kvp_mover *mover; /* drain/repair copies from this segment (mover.h) */
     pthread_mutex_t mu; /* guards stopping */
     pthread_cond_t cv;
     bool stopping;
@@ -120,10 +122,21 @@ static void *hb_main(void *arg)
     struct kvp_segment *s = arg;
     uint32_t period = s->cfg.heartbeat_ms ? s->cfg.heartbeat_ms : 1000;
     uint32_t timeout = period < 1000 ? 1000 : period;
-    bool failing = false;
+    bool failing = false, fenced = false;
+    uint64_t last_wake = kvp_clock_now_ms();
     while (!wait_stop(s, period)) {
         uint32_t id = atomic_load_explicit(&s->id, memory_order_relaxed);
         int rc;
+        uint64_t woke = kvp_clock_now_ms();
+        if (id && woke - last_wake > 3ull * period + 1000u) {
+            /* We were stopped (SIGSTOP, VM pause): the master may have declared us lost and
+             * dropped our replicas. Refuse data until a heartbeat confirms the id. */
+            kvp_log_warn(s->actor, "segment %u: stalled for %llu ms: refusing data until the master "
+                         "confirms this segment", id, (unsigned long long)(woke - last_wake));
+            kvp_seg_server_set_id(s->srv, 0);
+            fenced = true;
+        }
+        last_wake = woke;
         if (id == 0) {
             rc = KVP_ERR_NOT_FOUND; /* a remount failed earlier: try again */
         } else {
@@ -152,6 +165,7 @@ static void *hb_main(void *arg)
                     s->hooks.on_mount(s->hooks.ctx, old, 0, NULL, 0);
             }
             failing = false;
+            fenced = false;
             continue;
         }
         if (rc != KVP_OK) {
@@ -162,6 +176,11 @@ static void *hb_main(void *arg)
         } else if (failing) {
             kvp_log_info(s->actor, "segment %u: heartbeat answered again", id);
             failing = false;
+        }
+        if (rc == KVP_OK && fenced) {
+            kvp_seg_server_set_id(s->srv, id);
+            kvp_log_info(s->actor, "segment %u: confirmed by the master: serving again", id);
+            fenced = false;
         }
     }
     return NULL;
@@ -266,6 +285,8 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
         goto fail_mounted;
     }
     s->hb_started = true;
+    if (kvp_mover_start(&s->mover, s->ms, &s->id, s->base, s->size, s->actor) != KVP_OK)
+        kvp_log_warn(s->actor, "mover did not start: replicas here cannot be moved by a drain");
     *out = s;
     return KVP_OK;
 
@@ -374,8 +395,9 @@ int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
         }
         uint64_t now = kvp_clock_now_ms();
         if (now >= deadline) {
-            kvp_log_warn(s->actor, "segment %u: drain: %ld replicas still here after %u ms", id, (long)last,
-                         timeout_ms);
+            kvp_log_warn(s->actor, "segment %u: drain timed out after %u ms: %ld replicas still here; objects "
+                         "whose only copy is here are lost when it unmounts (kvpoolctl status: 'repair')", id,
+                         timeout_ms, (long)last);
             return KVP_ERR_TIMEOUT;
         }
         uint64_t left = deadline - now;
@@ -396,6 +418,7 @@ void kvp_segment_stop(struct kvp_segment **sp)
     pthread_mutex_unlock(&s->mu);
     if (s->hb_started)
         pthread_join(s->hb_thread, NULL);
+    kvp_mover_stop(&s->mover);
     uint32_t id = atomic_load(&s->id);
     kvp_seg_server_set_id(s->srv, 0);
     if (id) {
