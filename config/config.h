@@ -42,6 +42,7 @@ struct kvp_cfg_master {
     double eviction_ratio;            /* `eviction_ratio` (default 0.05) */
     double eviction_high_watermark_ratio; /* `eviction_high_watermark_ratio` (default 0.95) */
     char eviction_policy[16];         /* `eviction_policy`: lru|prefix (default lru; docs/eviction.md) */
+    bool allow_evict_soft_pinned_objects; /* `allow_evict_soft_pinned_objects` (default true, as Mooncake) */
     uint32_t probe_timeout_ms;        /* `probe_timeout_ms`: data-plane probe of a reported segment (default 500) */
     char log_level[16];               /* `log_level`: error|warn|info|debug (default info) */
     uint64_t repair_bandwidth_bytes_per_s; /* `repair_bandwidth_bytes_per_s`: drain/repair copy cap, 0 = none (default 256 MiB) */

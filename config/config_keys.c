@@ -56,6 +56,8 @@ static const struct kvp_cfg_key master_keys[] = {
         "0.95", "pool usage ratio that starts eviction"),
     STR(M, "eviction_policy", eviction_policy, "lru|prefix", 0, "lru",
         "eviction order: lru, or prefix (later blocks of a prefix before its head; docs/eviction.md)"),
+    BOOL(M, "allow_evict_soft_pinned_objects", allow_evict_soft_pinned_objects, "true",
+         "soft-pinned objects may be evicted when nothing else can go (Mooncake's name)"),
     NUM(M, KVP_CFG_T_DURATION_MS, "probe_timeout_ms", probe_timeout_ms, 1, 600000, "500",
         "data-plane probe of a segment that a client reported unreachable"),
     STR(M, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),

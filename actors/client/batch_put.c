@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "actors/client/client.h"
+#include "actors/client/put_retry.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -111,6 +112,11 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
     size_t *slice_item = NULL;
     Kvp__Response *start_resp = NULL, *end_resp = NULL;
     size_t m = 0;
+    /* NO_SPACE retries while the master evicts (put_retry.c): latest result per item. */
+    const Kvp__PutStartResult **res = NULL;
+    int *rpc_st = NULL;
+    Kvp__Response **extra = NULL;
+    size_t n_extra = 0;
 
     if (!it || !si || !sp || !revoke || !ei || !ep || !epos) {
         for (size_t i = 0; i < n; i++)
@@ -141,6 +147,7 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
         si[m].preferred_segment = (char *)(opts && opts->preferred_segment ? opts->preferred_segment : "");
         si[m].op_id = it[m].op_id;
         si[m].client_host = c->cfg.local_hostname;
+        si[m].parent_key = (char *)kvp_client_put_parent(i); /* kvp_batch_put_hinted, else "" */
         sp[m] = &si[m];
         m++;
     }
@@ -173,12 +180,28 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
         }
     }
 
+    /* 2b. items that found no space while the master evicts: wait and retry (put_retry.c) */
+    res = calloc(m, sizeof *res);
+    rpc_st = calloc(m, sizeof *rpc_st);
+    if (res && rpc_st) {
+        for (size_t j = 0; j < m; j++)
+            res[j] = start_resp->put_start->results[j];
+        kvp_client_put_start_retry(c, sp, m, res, rpc_st, deadline, &extra, &n_extra);
+        for (size_t j = 0; j < m; j++)
+            it[j].op_id = si[j].op_id;
+    }
+
     /* 3. one transfer batch: every replica × every iov piece of every started item */
     t_started = kvp_clock_now_us();
     bool closing = kvp_client_closing(c);
     size_t ns = 0;
     for (size_t j = 0; j < m; j++) {
-        const Kvp__PutStartResult *r = start_resp->put_start->results[j];
+        const Kvp__PutStartResult *r = res && rpc_st ? res[j] : start_resp->put_start->results[j];
+        if (!r) { /* its retry RPC failed: the master may have started it */
+            it[j].status = rpc_st[j];
+            revoke[j] = true;
+            continue;
+        }
         it[j].start = r;
         it[j].status = r->status;
         if (r->status == KVP_OK && closing) {
@@ -306,6 +329,11 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
                   (unsigned long long)(kvp_clock_now_us() - t_written));
 
 out:
+    for (size_t q = 0; q < n_extra; q++)
+        kvp_msession_response_free(extra[q]);
+    free(extra);
+    free(res);
+    free(rpc_st);
     kvp_msession_response_free(start_resp);
     kvp_msession_response_free(end_resp);
     free(slices);

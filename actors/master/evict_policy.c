@@ -116,7 +116,7 @@ static bool may_take(const struct kvp_evict_cand *x, bool allow_pinned)
 }
 
 size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t target, int policy,
-                        size_t *chosen, struct kvp_evict_summary *sum)
+                        bool allow_pinned, size_t *chosen, struct kvp_evict_summary *sum)
 {
     struct kvp_evict_summary local;
     if (!sum)
@@ -125,7 +125,7 @@ size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t targe
     for (size_t i = 0; i < n; i++) {
         if (c[i].leased)
             sum->leased_bytes += c[i].size;
-        else
+        else if (allow_pinned || !c[i].pinned)
             sum->evictable_bytes += c[i].size;
         if (c[i].pinned)
             sum->pinned_bytes += c[i].size;
@@ -162,7 +162,7 @@ size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t targe
                 children[parent_of[i]]++;
         }
         /* Leaf-first: unpinned pass, then pinned allowed. A chosen child releases its parent. */
-        for (int pass = 0; pass < 2 && bytes < target; pass++) {
+        for (int pass = 0; pass < (allow_pinned ? 2 : 1) && bytes < target; pass++) {
             h.n = 0;
             for (size_t i = 0; i < n; i++)
                 if (!taken[i] && children[i] == 0 && may_take(&c[i], pass == 1))
@@ -183,7 +183,7 @@ size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t targe
         }
     }
     /* LRU (and the prefix policy's fallback): unpinned first, then pinned. */
-    for (int pass = 0; pass < 2 && bytes < target; pass++)
+    for (int pass = 0; pass < (allow_pinned ? 2 : 1) && bytes < target; pass++)
         for (size_t r = 0; r < n && bytes < target; r++) {
             size_t x = lru[r];
             if (taken[x] || !may_take(&c[x], pass == 1))

@@ -6,7 +6,8 @@
  *
  * Rules, both policies:
  *   - a leased candidate is never chosen;
- *   - soft-pinned candidates are chosen only when the unpinned ones cannot reach the target;
+ *   - soft-pinned candidates are chosen only when the unpinned ones cannot reach the target, and
+ *     never when allow_pinned is false (`allow_evict_soft_pinned_objects`);
  *   - ties are broken by key hash, so the choice is deterministic.
  * KVP_EVICT_LRU: least recently used first.
  * KVP_EVICT_PREFIX: leaf first. A candidate whose hash is named as `parent` by another present
@@ -44,7 +45,7 @@ struct kvp_evict_summary {
     uint64_t pinned_chosen_bytes; /* part of chosen_bytes that was soft-pinned */
     uint64_t leased_bytes;        /* candidates skipped because leased */
     uint64_t pinned_bytes;        /* all pinned candidates (chosen or not) */
-    uint64_t evictable_bytes;     /* unleased candidates (pinned included) */
+    uint64_t evictable_bytes;     /* candidates that may go (unleased; pinned only if allowed) */
 };
 
 /** "lru" or "prefix" → the policy; -1 for anything else (NULL included). */
@@ -58,7 +59,7 @@ const char *kvp_evict_policy_name(int policy);
  * failure returns 0 with sum->n_chosen = 0 (the caller retries later).
  */
 size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t target, int policy,
-                        size_t *chosen, struct kvp_evict_summary *sum);
+                        bool allow_pinned, size_t *chosen, struct kvp_evict_summary *sum);
 
 /**
  * The FSM side of the leader's EvictScanReq (called by fsm_query.c on the raft thread): pool

@@ -277,7 +277,7 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
         svc_map_put(&present, h, 1);
     }
     struct kvp_evict_summary sum;
-    size_t k = kvp_evict_choose(c, n, target, e->policy, chosen, &sum);
+    size_t k = kvp_evict_choose(c, n, target, e->policy, s->cfg.allow_evict_soft_pinned_objects, chosen, &sum);
     e->need = false;
     e->need_bytes = 0;
     e->max_put_bytes = 0;
@@ -285,10 +285,10 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
     if (k == 0) {
         e->blocked_rounds++;
         snprintf(e->blocked_why, sizeof e->blocked_why,
-                 "no space; eviction cannot help: %llu of %llu object bytes are under read leases, "
-                 "%llu pinned, none evictable",
-                 (unsigned long long)sum.leased_bytes,
-                 (unsigned long long)(sum.leased_bytes + sum.evictable_bytes), (unsigned long long)sum.pinned_bytes);
+                 "no space; eviction cannot help: every object is under a read lease or soft-pinned "
+                 "(%llu bytes leased, %llu bytes pinned%s)",
+                 (unsigned long long)sum.leased_bytes, (unsigned long long)sum.pinned_bytes,
+                 s->cfg.allow_evict_soft_pinned_objects ? "" : ", allow_evict_soft_pinned_objects=false");
         if (n > 0 || e->quar == 0)
             kvp_log_warn(s->actor, "eviction: %s", e->blocked_why);
     }

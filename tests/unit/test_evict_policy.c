@@ -1,0 +1,196 @@
+/*
+ * test_evict_policy.c — the pure eviction choice (actors/master/evict_policy.h): LRU order,
+ * leases never chosen, soft pins only when nothing else can go (and never when not allowed),
+ * the prefix policy's leaf-first order, determinism, edge cases.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "actors/master/evict_policy.h"
+
+static struct kvp_evict_cand cand(uint64_t hash, uint64_t parent, uint64_t at, uint64_t size)
+{
+    return (struct kvp_evict_cand){.hash = hash, .parent = parent, .last_access = at, .size = size};
+}
+
+static void test_evict_policy_lru_oldest_first(void **state)
+{
+    (void)state;
+    struct kvp_evict_cand c[4] = {cand(1, 0, 40, 10), cand(2, 0, 10, 10), cand(3, 0, 30, 10), cand(4, 0, 20, 10)};
+    size_t ch[4];
+    struct kvp_evict_summary sum;
+    size_t k = kvp_evict_choose(c, 4, 25, KVP_EVICT_LRU, true, ch, &sum);
+    assert_int_equal(k, 3);
+    assert_int_equal(c[ch[0]].hash, 2);
+    assert_int_equal(c[ch[1]].hash, 4);
+    assert_int_equal(c[ch[2]].hash, 3);
+    assert_int_equal(sum.chosen_bytes, 30);
+    assert_int_equal(sum.n_chosen, 3);
+}
+
+static void test_evict_policy_leased_never_chosen(void **state)
+{
+    (void)state;
+    struct kvp_evict_cand c[3] = {cand(1, 0, 1, 100), cand(2, 0, 2, 100), cand(3, 0, 3, 100)};
+    c[0].leased = true; /* the oldest */
+    size_t ch[3];
+    struct kvp_evict_summary sum;
+    size_t k = kvp_evict_choose(c, 3, 1000, KVP_EVICT_LRU, true, ch, &sum);
+    assert_int_equal(k, 2); /* target unreachable: everything else, never the leased one */
+    for (size_t i = 0; i < k; i++)
+        assert_int_not_equal(c[ch[i]].hash, 1);
+    assert_int_equal(sum.leased_bytes, 100);
+    assert_int_equal(sum.evictable_bytes, 200);
+    /* all leased: nothing */
+    c[1].leased = c[2].leased = true;
+    assert_int_equal(kvp_evict_choose(c, 3, 1, KVP_EVICT_PREFIX, true, ch, &sum), 0);
+    assert_int_equal(sum.evictable_bytes, 0);
+    assert_int_equal(sum.leased_bytes, 300);
+}
+
+static void test_evict_policy_pinned_last_or_never(void **state)
+{
+    (void)state;
+    struct kvp_evict_cand c[4] = {cand(1, 0, 1, 10), cand(2, 0, 2, 10), cand(3, 0, 3, 10), cand(4, 0, 4, 10)};
+    c[0].pinned = c[1].pinned = true; /* the two oldest */
+    size_t ch[4];
+    struct kvp_evict_summary sum;
+    /* unpinned suffice: pinned untouched */
+    size_t k = kvp_evict_choose(c, 4, 20, KVP_EVICT_LRU, true, ch, &sum);
+    assert_int_equal(k, 2);
+    assert_int_equal(c[ch[0]].hash, 3);
+    assert_int_equal(c[ch[1]].hash, 4);
+    assert_int_equal(sum.pinned_chosen_bytes, 0);
+    /* more needed: the pinned go last, oldest first */
+    k = kvp_evict_choose(c, 4, 30, KVP_EVICT_LRU, true, ch, &sum);
+    assert_int_equal(k, 3);
+    assert_int_equal(c[ch[2]].hash, 1);
+    assert_int_equal(sum.pinned_chosen_bytes, 10);
+    /* not allowed: never */
+    k = kvp_evict_choose(c, 4, 40, KVP_EVICT_LRU, false, ch, &sum);
+    assert_int_equal(k, 2);
+    assert_int_equal(sum.evictable_bytes, 20);
+    assert_int_equal(sum.pinned_bytes, 20);
+    k = kvp_evict_choose(c, 4, 40, KVP_EVICT_PREFIX, false, ch, &sum);
+    assert_int_equal(k, 2);
+    assert_int_equal(sum.pinned_chosen_bytes, 0);
+}
+
+/* Two chains: warm A (a0←a1←a2) and cold B (b0←b1←b2). A lookup touches a chain's blocks head
+ * first, so under LRU the head of a chain is its oldest block. */
+static void test_evict_policy_prefix_tail_of_cold_before_head_of_warm(void **state)
+{
+    (void)state;
+    struct kvp_evict_cand c[6] = {
+        cand(10, 0, 100, 1), cand(11, 10, 101, 1), cand(12, 11, 102, 1), /* A, warm */
+        cand(20, 0, 50, 1),  cand(21, 20, 51, 1),  cand(22, 21, 52, 1),  /* B, cold */
+    };
+    size_t ch[6];
+    /* LRU takes b0 first: the head, which makes b1 and b2 worthless */
+    assert_int_equal(kvp_evict_choose(c, 6, 1, KVP_EVICT_LRU, true, ch, NULL), 1);
+    assert_int_equal(c[ch[0]].hash, 20);
+    /* prefix: B's tail first, then back to its head, and only then A's tail */
+    size_t k = kvp_evict_choose(c, 6, 4, KVP_EVICT_PREFIX, true, ch, NULL);
+    assert_int_equal(k, 4);
+    assert_int_equal(c[ch[0]].hash, 22);
+    assert_int_equal(c[ch[1]].hash, 21);
+    assert_int_equal(c[ch[2]].hash, 20);
+    assert_int_equal(c[ch[3]].hash, 12);
+    /* a block is never chosen before a stored child of it while leaves remain */
+    k = kvp_evict_choose(c, 6, 6, KVP_EVICT_PREFIX, true, ch, NULL);
+    assert_int_equal(k, 6);
+    for (size_t i = 0; i < k; i++)
+        for (size_t j = i + 1; j < k; j++)
+            assert_int_not_equal(c[ch[j]].parent, c[ch[i]].hash);
+}
+
+/* A leased child keeps its parent; the fallback takes such parents only when needed. */
+static void test_evict_policy_prefix_leased_child_fallback(void **state)
+{
+    (void)state;
+    struct kvp_evict_cand c[3] = {cand(1, 0, 1, 5), cand(2, 1, 2, 5), cand(3, 0, 9, 5)};
+    c[1].leased = true;
+    size_t ch[3];
+    size_t k = kvp_evict_choose(c, 3, 5, KVP_EVICT_PREFIX, true, ch, NULL);
+    assert_int_equal(k, 1);
+    assert_int_equal(c[ch[0]].hash, 3); /* the leaf, although younger than the blocked head */
+    k = kvp_evict_choose(c, 3, 10, KVP_EVICT_PREFIX, true, ch, NULL);
+    assert_int_equal(k, 2);
+    assert_int_equal(c[ch[1]].hash, 1); /* fallback */
+}
+
+static void test_evict_policy_edges_and_parse(void **state)
+{
+    (void)state;
+    size_t ch[2];
+    struct kvp_evict_summary sum;
+    assert_int_equal(kvp_evict_choose(NULL, 0, 10, KVP_EVICT_LRU, true, ch, &sum), 0);
+    struct kvp_evict_cand c[2] = {cand(1, 1, 5, 3), cand(2, 99, 5, 3)}; /* self-parent, unknown parent */
+    assert_int_equal(kvp_evict_choose(c, 2, 0, KVP_EVICT_PREFIX, true, ch, &sum), 0);
+    assert_int_equal(kvp_evict_choose(c, 2, 100, KVP_EVICT_PREFIX, true, ch, &sum), 2);
+    assert_int_equal(c[ch[0]].hash, 1); /* same age: hash order */
+    assert_int_equal(kvp_evict_policy_parse("lru"), KVP_EVICT_LRU);
+    assert_int_equal(kvp_evict_policy_parse("prefix"), KVP_EVICT_PREFIX);
+    assert_int_equal(kvp_evict_policy_parse("LRU2"), -1);
+    assert_int_equal(kvp_evict_policy_parse(NULL), -1);
+    assert_string_equal(kvp_evict_policy_name(KVP_EVICT_PREFIX), "prefix");
+}
+
+/* Larger random case: both policies reach the target, choose distinct unleased candidates, and
+ * give the same answer twice. */
+static void test_evict_policy_random_consistent(void **state)
+{
+    (void)state;
+    enum { N = 5000 };
+    struct kvp_evict_cand *c = calloc(N, sizeof *c);
+    size_t *ch = calloc(N, sizeof *ch), *ch2 = calloc(N, sizeof *ch2);
+    assert_non_null(c);
+    uint64_t x = 88172645463325252ull, total = 0, leased = 0;
+    for (size_t i = 0; i < N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        c[i] = cand(i + 1, i % 8 ? i : 0, x % 1000, 1 + x % 64);
+        c[i].leased = x % 17 == 0;
+        c[i].pinned = x % 13 == 0;
+        total += c[i].size;
+        leased += c[i].leased ? c[i].size : 0;
+    }
+    for (int pol = 0; pol < 2; pol++) {
+        struct kvp_evict_summary sum;
+        uint64_t target = total / 3;
+        size_t k = kvp_evict_choose(c, N, target, pol, true, ch, &sum);
+        assert_true(sum.chosen_bytes >= target);
+        assert_int_equal(sum.leased_bytes, leased);
+        char *seen = calloc(N, 1);
+        for (size_t i = 0; i < k; i++) {
+            assert_false(c[ch[i]].leased);
+            assert_int_equal(seen[ch[i]], 0);
+            seen[ch[i]] = 1;
+        }
+        free(seen);
+        assert_int_equal(kvp_evict_choose(c, N, target, pol, true, ch2, NULL), k);
+        assert_memory_equal(ch, ch2, k * sizeof *ch);
+    }
+    free(c);
+    free(ch);
+    free(ch2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_evict_policy_lru_oldest_first),
+        cmocka_unit_test(test_evict_policy_leased_never_chosen),
+        cmocka_unit_test(test_evict_policy_pinned_last_or_never),
+        cmocka_unit_test(test_evict_policy_prefix_tail_of_cold_before_head_of_warm),
+        cmocka_unit_test(test_evict_policy_prefix_leased_child_fallback),
+        cmocka_unit_test(test_evict_policy_edges_and_parse),
+        cmocka_unit_test(test_evict_policy_random_consistent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
