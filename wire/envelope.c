@@ -134,7 +134,7 @@ void kvp_frame_encode(const struct kvp_frame *f, uint8_t buf[KVP_FRAME_HEADER_BY
     buf[5] = f->op;
     put_u16(buf + 6, (uint16_t)f->status);
     put_u32(buf + 8, f->segment_id);
-    put_u32(buf + 12, 0);
+    put_u32(buf + 12, f->op == KVP_FRAME_WRITE ? f->deadline : 0);
     put_u64(buf + 16, f->req_id);
     put_u64(buf + 24, f->offset);
     put_u64(buf + 32, f->length);
@@ -149,7 +149,8 @@ int kvp_frame_decode(const uint8_t buf[KVP_FRAME_HEADER_BYTES], struct kvp_frame
     uint8_t op = buf[5];
     if (op < KVP_FRAME_READ || op > KVP_FRAME_PONG)
         return KVP_ERR_MALFORMED;
-    if (get_u32(buf + 12) != 0)
+    uint32_t deadline = get_u32(buf + 12);
+    if (deadline != 0 && op != KVP_FRAME_WRITE)
         return KVP_ERR_MALFORMED;
     uint64_t length = get_u64(buf + 32);
     if (length > KVP_FRAME_MAX_LENGTH)
@@ -160,5 +161,6 @@ int kvp_frame_decode(const uint8_t buf[KVP_FRAME_HEADER_BYTES], struct kvp_frame
     out->req_id = get_u64(buf + 16);
     out->offset = get_u64(buf + 24);
     out->length = length;
+    out->deadline = deadline;
     return KVP_OK;
 }

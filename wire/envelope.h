@@ -65,12 +65,17 @@ int kvp_wire_decode_command_batch(const uint8_t *buf, size_t len, Kvp__CommandBa
  *   u8  op         = enum kvp_frame_op
  *   i16 status     = kvp_err (responses)
  *   u32 segment_id = the segment the request addresses (a restarted segment has a new id)
- *   u32 reserved   = 0
+ *   u32 deadline   = WRITE requests: the client's write deadline, wall-clock ms since the
+ *                    epoch modulo 2^32 (0 = none; see kvp_frame_deadline_*); 0 in other frames
  *   u64 req_id     = correlation id, echoed
  *   u64 offset     = byte offset inside the segment
  *   u64 length     = payload bytes (WRITE request, READ response) or bytes wanted (READ request)
  * WRITE request: header + `length` payload bytes; reply: header with status, no payload.
  * READ request: header; reply: header with status and, if status is 0, `length` payload bytes.
+ * A segment server receives no WRITE payload byte into its region once the frame's deadline has
+ * passed on its own clock: it drains the rest and answers KVP_ERR_TIMEOUT (contract C3,
+ * docs/fencing.md). The deadline field was the reserved word of the first version; a zero there
+ * still means "no deadline".
  */
 #define KVP_FRAME_MAGIC 0x4450564bu /* "KVPD" */
 #define KVP_FRAME_HEADER_BYTES 40u
@@ -92,14 +97,31 @@ struct kvp_frame {
     uint64_t req_id;
     uint64_t offset;
     uint64_t length;
+    uint32_t deadline;   /* WRITE: kvp_frame_deadline_make(wall ms), else 0 */
 };
+
+/** The 32-bit deadline word for a wall-clock time in ms (never 0: 0 means none). */
+static inline uint32_t kvp_frame_deadline_make(uint64_t wall_ms)
+{
+    uint32_t d = (uint32_t)wall_ms;
+    return d ? d : 1u;
+}
+
+/**
+ * True when deadline d (not 0) is before now_wall_ms. Serial-number arithmetic on 32 bits: exact
+ * while the deadline is within ±24 days of now, which every transfer timeout is.
+ */
+static inline int kvp_frame_deadline_passed(uint32_t d, uint64_t now_wall_ms)
+{
+    return d != 0 && (int32_t)((uint32_t)now_wall_ms - d) > 0;
+}
 
 /** Write the 40-byte header of `f` into buf (KVP_FRAME_HEADER_BYTES bytes). */
 void kvp_frame_encode(const struct kvp_frame *f, uint8_t buf[KVP_FRAME_HEADER_BYTES]);
 
 /**
- * Parse a 40-byte header. Errors: KVP_ERR_MALFORMED (bad magic, unknown op, reserved != 0,
- * length > KVP_FRAME_MAX_LENGTH), KVP_ERR_VERSION.
+ * Parse a 40-byte header. Errors: KVP_ERR_MALFORMED (bad magic, unknown op, a deadline on a
+ * frame other than WRITE, length > KVP_FRAME_MAX_LENGTH), KVP_ERR_VERSION.
  */
 int kvp_frame_decode(const uint8_t buf[KVP_FRAME_HEADER_BYTES], struct kvp_frame *out);
 

@@ -139,8 +139,10 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
     gr.client_host = c->cfg.local_hostname;
     req.body_case = KVP__REQUEST__BODY_GET_REPLICAS;
     req.get_replicas = &gr;
-    int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_GET_REPLICAS, &resp);
+    /* The lease runs from the master's reply; timing it from before the request is the safe
+     * side (docs/eviction.md). */
     uint64_t reply_ms = kvp_clock_now_ms();
+    int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_GET_REPLICAS, &resp);
     uint64_t t_listed = kvp_clock_now_us();
     if (rc == KVP_OK && resp->get_replicas->n_objects != nu) {
         kvp_log_warn(c->name, "GetReplicaList: %zu objects for %zu keys", resp->get_replicas->n_objects, nu);
@@ -251,6 +253,16 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
         }
         kvp_xfer_run(c->xfer, slices, ns, left); /* returns when every slice is terminal */
         rounds++;
+        /* A transfer that ended after the lease may have read an extent already reused by
+         * another put: its bytes are never returned (docs/eviction.md). */
+        if (lease_ms != UINT64_MAX && kvp_clock_now_ms() >= reply_ms + lease_ms) {
+            for (size_t i = 0; i < n; i++)
+                if (sl[i].pending) {
+                    sl[i].pending = false;
+                    results[i] = KVP_ERR_LEASE_EXPIRED;
+                }
+            break;
+        }
 
         /* first failing slice per slot */
         for (size_t q = 0; q < ns; q++) {
@@ -259,7 +271,8 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
                 continue;
             int st = slices[q].status;
             sl[i].pending = false; /* decided below */
-            if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM) {
+            if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM ||
+                st == KVP_ERR_FENCE_FAILED) { /* fence failure: reported, not retried (C2 item 3) */
                 results[i] = st;
                 pending--;
                 continue;

@@ -46,7 +46,7 @@ static uint64_t obj_size(const struct kvp_client_obj *o, int *rc)
 /* Map a slice's terminal status to the put's per-key error. */
 static int slice_error(int st)
 {
-    if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM)
+    if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM || st == KVP_ERR_FENCE_FAILED)
         return st;
     return KVP_ERR_TRANSFER;
 }
@@ -90,6 +90,9 @@ out:
     free(ri);
     free(rp);
 }
+
+/* PutStart ttl = the call's remaining time + this (clock-skew and apply-delay margin). */
+#define KVP_CLIENT_PUT_TTL_MARGIN_MS 2000u
 
 void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
                          const kvp_put_opts *opts, int results[])
@@ -162,6 +165,10 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
         kvp__put_start_req__init(&ps);
         ps.n_items = m;
         ps.items = sp;
+        /* The pending put outlives this call's write deadline (the segment lands no byte after
+         * it): the master revokes it at ttl, then quarantines the space fence_grace_ms more
+         * (contract C3, docs/fencing.md). */
+        ps.ttl_ms = (uint64_t)kvp_client_remaining(deadline) + KVP_CLIENT_PUT_TTL_MARGIN_MS;
         req.body_case = KVP__REQUEST__BODY_PUT_START;
         req.put_start = &ps;
         int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_START, &start_resp);

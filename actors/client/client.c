@@ -261,6 +261,12 @@ void kvp_client_close(kvp_client **cp)
     *cp = NULL;
     pthread_mutex_lock(&c->mu);
     c->closed = true;
+    pthread_mutex_unlock(&c->mu);
+    /* Fence the transfers of the calls in flight now (their slices end KVP_ERR_CLOSED) instead
+     * of waiting for their timeouts; each call still returns only once its slices are terminal. */
+    if (c->xfer)
+        kvp_xfer_engine_stop(c->xfer);
+    pthread_mutex_lock(&c->mu);
     while (c->inflight > 0) /* each call returns only after its slices are terminal */
         pthread_cond_wait(&c->idle_cv, &c->mu);
     pthread_mutex_unlock(&c->mu);

@@ -31,6 +31,7 @@
 
 #include "actors/segment/segment_internal.h"
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 #include "wire/envelope.h"
 
@@ -254,6 +255,57 @@ static int next_header(struct kvp_seg_server *s, int fd, struct out_batch *o, ui
     return recv_all(fd, hdr + got, KVP_FRAME_HEADER_BYTES - got);
 }
 
+/* Drain len bytes into scratch. Returns 0, or -1 on EOF/error. */
+static int drain(int fd, uint8_t **scratch, uint64_t left)
+{
+    if (!*scratch && !(*scratch = malloc(KVP_SEG_SCRATCH_BYTES)))
+        return -1;
+    while (left > 0) {
+        size_t chunk = left > KVP_SEG_SCRATCH_BYTES ? KVP_SEG_SCRATCH_BYTES : (size_t)left;
+        if (recv_all(fd, *scratch, chunk) != 0)
+            return -1;
+        left -= chunk;
+    }
+    return 0;
+}
+
+/*
+ * Receive a WRITE payload into the region, enforcing the frame's write deadline (contract C3,
+ * docs/fencing.md): the clock is read before every recv into the region, and the recv itself
+ * never waits (MSG_DONTWAIT; poll waits instead), so no byte lands in the region after the
+ * deadline — give or take the one recv call that copies bytes already queued. Past the
+ * deadline the rest is drained into scratch. Returns 0 (all landed), 1 (deadline passed,
+ * drained), -1 (EOF/error).
+ */
+static int recv_region(int fd, uint8_t *dst, uint64_t len, uint32_t deadline, uint8_t **scratch,
+                       uint64_t *landed)
+{
+    *landed = 0;
+    if (deadline == 0)
+        return recv_all(fd, dst, len) == 0 ? (*landed = len, 0) : -1;
+    while (*landed < len) {
+        if (kvp_frame_deadline_passed(deadline, kvp_clock_wall_ms()))
+            return drain(fd, scratch, len - *landed) == 0 ? 1 : -1;
+        ssize_t r = recv(fd, dst + *landed, len - *landed, MSG_DONTWAIT);
+        if (r > 0) {
+            *landed += (uint64_t)r;
+            continue;
+        }
+        if (r == 0) {
+            errno = 0;
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 50) < 0 && errno != EINTR)
+            return -1;
+    }
+    return 0;
+}
+
 static void *conn_main(void *arg)
 {
     struct seg_conn *c = arg;
@@ -294,25 +346,28 @@ static void *conn_main(void *arg)
             if (out_flush(s, c->fd, o) != 0)
                 break;
             if (st == KVP_OK) {
+                uint64_t landed = 0;
                 REGION_ACQUIRE(s);
-                int got = f.length > 0 ? recv_all(c->fd, s->base + f.offset, f.length) : 0;
+                int got = f.length > 0 ? recv_region(c->fd, s->base + f.offset, f.length, f.deadline,
+                                                     &scratch, &landed)
+                                       : 0;
                 REGION_RELEASE(s);
-                if (got != 0)
+                if (got < 0)
                     break;
+                if (got == 1) {
+                    /* The writer's call is over; the master may have given this space to
+                     * another object. Late bytes land nowhere (C3). */
+                    kvp_log_warn(ACTOR, "%s: WRITE seg %u off %lu len %lu arrived past its deadline: "
+                                 "%lu bytes landed before it, the rest drained",
+                                 c->peer, f.segment_id, (unsigned long)f.offset, (unsigned long)f.length,
+                                 (unsigned long)landed);
+                    st = KVP_ERR_TIMEOUT;
+                }
             } else {
                 kvp_log_debug(ACTOR, "%s: WRITE seg %u off %lu len %lu: %s (payload drained)", c->peer,
                               f.segment_id, (unsigned long)f.offset, (unsigned long)f.length,
                               kvp_errname(st));
-                if (!scratch && !(scratch = malloc(KVP_SEG_SCRATCH_BYTES)))
-                    break;
-                uint64_t left = f.length;
-                bool ok = true;
-                while (left > 0 && ok) {
-                    size_t chunk = left > KVP_SEG_SCRATCH_BYTES ? KVP_SEG_SCRATCH_BYTES : (size_t)left;
-                    ok = recv_all(c->fd, scratch, chunk) == 0;
-                    left -= chunk;
-                }
-                if (!ok)
+                if (drain(c->fd, &scratch, f.length) != 0)
                     break;
             }
             if (out_add(s, c->fd, o, KVP_FRAME_WRITE_RESP, st, &f, 0, NULL) != 0)

@@ -32,7 +32,31 @@ struct kvp_xfer_params {
     uint32_t conns_per_peer;   /* TCP connections per endpoint (default 4) */
     uint64_t slice_bytes;      /* engine splits larger slices into pieces of this size (default 1 MiB) */
     uint32_t connect_timeout_ms; /* default 1000 */
+    uint32_t fence_bound_ms;   /* how long a timed-out batch waits for a transport that cannot fence
+                                  at once (wedged) before it is torn down: default 2000
+                                  (docs/fencing.md) */
 };
+
+/* Engine counters (monotonic since the engine started). */
+struct kvp_xfer_stats {
+    uint64_t batches;       /* kvp_xfer_run calls with at least one slice */
+    uint64_t slices;        /* slices run */
+    uint64_t timeouts;      /* batches that hit their timeout */
+    uint64_t fenced;        /* pieces fenced (timeout or close) before they completed */
+    uint64_t fence_failed;  /* pieces a transport could not fence within fence_bound_ms */
+    uint64_t stray_bytes;   /* bytes that arrived for fenced READs and were drained into scratch */
+};
+
+struct kvp_xfer_engine;
+
+/** Copy the engine's counters. Any thread. */
+void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out);
+
+/**
+ * Stop accepting batches and fence every batch in flight with KVP_ERR_CLOSED, without freeing the
+ * engine (kvp_client_close uses it so calls in flight return at once; destroy still follows).
+ */
+void kvp_xfer_engine_stop(struct kvp_xfer_engine *e);
 
 struct kvp_xfer_engine;
 
@@ -61,6 +85,10 @@ int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id);
  * length 0, bad op or offset overflow: nothing runs; such slices get KVP_ERR_INVALID, the others
  * KVP_ERR_CANCELLED), KVP_ERR_CLOSED. A slice whose endpoint does not parse or resolve gets
  * KVP_ERR_INVALID while the other slices run. timeout_ms 0 = no timeout.
+ * WRITE requests carry the write deadline now + timeout_ms (wall clock): the segment server lands
+ * no byte after it. A slice the transport could not fence within fence_bound_ms after the
+ * timeout gets KVP_ERR_FENCE_FAILED, and only once that transport was torn down (closed), so
+ * even then nothing touches the slice's memory after this returns.
  */
 int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms);
 

@@ -36,6 +36,7 @@ enum xfer_piece_where {
     PIECE_SENDQ = 1,    /* on conn->sendq; p->sent bytes of header+payload already sent */
     PIECE_INFLIGHT = 2, /* request sent; on conn->inflight waiting for its response */
     PIECE_RECV = 3,     /* its response payload is being received (conn->rpiece) */
+    PIECE_HELD = 4,     /* held back by a fault rule (e->held), not on a connection */
 };
 
 struct xfer_batch;
@@ -56,7 +57,12 @@ struct xfer_piece {
     uint64_t req_id;
     uint64_t sent;            /* bytes of hdr + payload sent */
     uint8_t hdr[KVP_FRAME_HEADER_BYTES];
-    struct xfer_piece *prev, *next; /* links in conn->sendq or conn->inflight */
+    uint32_t segment_id;      /* for logs (the slice may be gone once the piece is terminal) */
+    uint8_t fault;            /* fault action hit (0 none; fault.h) */
+    uint32_t fault_ms;
+    uint64_t fault_until_ns;  /* end of the stall / late delay (UINT64_MAX: until released) */
+    unsigned long fault_gen;  /* release generation when hit */
+    struct xfer_piece *prev, *next; /* links in conn->sendq, conn->inflight or e->held */
 };
 
 struct xfer_list {
@@ -79,6 +85,9 @@ struct xfer_conn {
     uint8_t rhdr[KVP_FRAME_HEADER_BYTES];
     size_t rhdr_got;
     bool close_pending;         /* fencing found a piece mid-send: close after the fence pass */
+    bool paused;                /* fault LATE: not reading until pause_until_ns / release */
+    uint64_t pause_until_ns;
+    unsigned long pause_gen;
 };
 
 struct xfer_peer {
@@ -99,6 +108,8 @@ struct xfer_batch {
     size_t n_pieces;
     size_t left;                /* pieces not terminal (I/O thread only) */
     uint64_t deadline_ns;       /* 0 = no timeout */
+    bool fenced;                /* the timeout fenced it (I/O thread) */
+    uint64_t fence_deadline_ns; /* pieces a transport could not fence yet: torn down at this time */
     bool done;                  /* guarded by e->mu; the caller waits for it */
     pthread_cond_t cv;
     struct xfer_batch *next;    /* e->submitted (under e->mu) */
@@ -128,6 +139,10 @@ struct kvp_xfer_engine {
     struct xfer_batch *active;
     struct xfer_peer *io_peers;
     uint8_t *scratch;
+    struct xfer_list held;      /* pieces held by fault rules */
+
+    /* counters (relaxed atomics) */
+    uint64_t st_batches, st_slices, st_timeouts, st_fenced, st_fence_failed, st_stray;
 
     /* local transport */
     pthread_rwlock_t local_lock;

@@ -22,12 +22,26 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "actors/transfer/fault.h"
 #include "actors/transfer/transfer_internal.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
 #define ACTOR "xfer"
+#define XFER_DEFAULT_FENCE_BOUND_MS 2000u
+#define STAT_ADD(e, f, n) __atomic_add_fetch(&(e)->f, (uint64_t)(n), __ATOMIC_RELAXED)
+
+static void wake(struct kvp_xfer_engine *e)
+{
+    uint64_t one = 1;
+    if (write(e->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+        kvp_log_warn(ACTOR, "wake: %s", strerror(errno));
+}
+
+#ifdef KVP_FAULT_INJECTION
+static void wake_cb(void *arg) { wake(arg); }
+#endif
 
 /* ------------------------------------------------------------------ lists */
 
@@ -56,6 +70,15 @@ static void list_unlink(struct xfer_list *l, struct xfer_piece *p)
 }
 
 static uint64_t piece_cost(const struct xfer_piece *p) { return p->length + XFER_PIECE_COST; }
+
+static void piece_free(struct xfer_piece *p)
+{
+#ifdef KVP_FAULT_INJECTION
+    if (p && p->fault && p->fault != KVP_FAULT_FAIL)
+        xfer_fault_outstanding_add(-1);
+#endif
+    free(p);
+}
 
 /* ------------------------------------------------------------------ batch completion */
 
@@ -108,7 +131,7 @@ static void conn_set_events(struct kvp_xfer_engine *e, struct xfer_conn *c, uint
 
 static void conn_want_out(struct kvp_xfer_engine *e, struct xfer_conn *c, bool out)
 {
-    conn_set_events(e, c, EPOLLIN | (out ? EPOLLOUT : 0));
+    conn_set_events(e, c, (c->paused ? 0 : EPOLLIN) | (out ? EPOLLOUT : 0));
 }
 
 static void drop_list(struct kvp_xfer_engine *e, struct xfer_list *l, int status)
@@ -117,8 +140,19 @@ static void drop_list(struct kvp_xfer_engine *e, struct xfer_list *l, int status
     while ((p = l->head)) {
         list_unlink(l, p);
         piece_finish(e, p, status);
-        free(p);
+        piece_free(p);
     }
+}
+
+static bool conn_has_write(const struct xfer_conn *c)
+{
+    for (const struct xfer_piece *p = c->sendq.head; p; p = p->next)
+        if (p->op == KVP_XFER_WRITE)
+            return true;
+    for (const struct xfer_piece *p = c->inflight.head; p; p = p->next)
+        if (p->op == KVP_XFER_WRITE)
+            return true;
+    return false;
 }
 
 /* Close the connection; every piece on it that is not terminal fails with `status`. */
@@ -135,17 +169,24 @@ static void conn_fail(struct kvp_xfer_engine *e, struct xfer_conn *c, int status
             kvp_log_debug(ACTOR, "%s: connection closed: %s", c->peer->endpoint, why);
         }
         epoll_ctl(e->ep, EPOLL_CTL_DEL, c->fd, NULL);
+        if (status != KVP_OK && conn_has_write(c)) {
+            /* Abortive close (RST): the kernel drops WRITE bytes still queued on this socket
+             * instead of delivering them after the call returned (C3; docs/fencing.md). */
+            struct linger lg = {.l_onoff = 1, .l_linger = 0};
+            setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        }
         close(c->fd);
     }
     c->fd = -1;
     c->state = CONN_IDLE;
     c->events = 0;
     c->close_pending = false;
+    c->paused = false;
     drop_list(e, &c->sendq, status);
     drop_list(e, &c->inflight, status);
     if (c->rpiece) {
         piece_finish(e, c->rpiece, status);
-        free(c->rpiece);
+        piece_free(c->rpiece);
         c->rpiece = NULL;
     }
     c->rgot = 0;
@@ -266,7 +307,7 @@ static bool conn_on_header(struct kvp_xfer_engine *e, struct xfer_conn *c)
         kvp_log_debug(ACTOR, "%s: segment %u answered %s", c->peer->endpoint, f.segment_id,
                       kvp_errname(st));
     piece_finish(e, p, st);
-    free(p);
+    piece_free(p);
     return true;
 }
 
@@ -293,6 +334,21 @@ static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
             if (pay_want == rem)
                 iov[cnt++] = (struct iovec){c->rhdr, KVP_FRAME_HEADER_BYTES};
         } else {
+#ifdef KVP_FAULT_INJECTION
+            /* Fault LATE on a READ: its response waits in the socket (as a delayed completion
+             * would) until the delay passes or the test releases it, fenced or not. */
+            struct xfer_piece *h = c->inflight.head;
+            if (c->rhdr_got == 0 && h && h->fault == KVP_FAULT_LATE && h->op == KVP_XFER_READ) {
+                if (kvp_clock_now_ns() < h->fault_until_ns && xfer_fault_generation() == h->fault_gen) {
+                    c->paused = true;
+                    c->pause_until_ns = h->fault_until_ns;
+                    c->pause_gen = h->fault_gen;
+                    conn_set_events(e, c, c->events & ~(uint32_t)EPOLLIN);
+                    return true;
+                }
+                h->fault_until_ns = 0; /* delay over: read it (into scratch if it was fenced) */
+            }
+#endif
             iov[cnt++] = (struct iovec){c->rhdr + c->rhdr_got, KVP_FRAME_HEADER_BYTES - c->rhdr_got};
         }
         ssize_t r = readv(c->fd, iov, cnt);
@@ -311,9 +367,10 @@ static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
             return false;
         }
         uint64_t got = (uint64_t)r;
-        (void)to_caller;
         if (c->rpiece) {
             uint64_t pay = got < pay_want ? got : pay_want;
+            if (!to_caller)
+                STAT_ADD(e, st_stray, pay);
             c->rgot += pay;
             got -= pay;
             c->rhdr_got = (size_t)got; /* header bytes read past the payload (rhdr_got was 0) */
@@ -322,7 +379,7 @@ static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
                 c->rpiece = NULL;
                 c->rgot = 0;
                 piece_finish(e, p, KVP_OK); /* no-op if it was fenced */
-                free(p);
+                piece_free(p);
             }
         } else {
             c->rhdr_got += (size_t)got;
@@ -359,7 +416,7 @@ static void conn_on_event(struct kvp_xfer_engine *e, struct xfer_conn *c, uint32
     }
     if (c->state != CONN_UP)
         return;
-    if ((ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) && !conn_recv(e, c))
+    if ((ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) && !c->paused && !conn_recv(e, c))
         return;
     if ((ev & EPOLLOUT) && !conn_send(e, c))
         return;
@@ -393,14 +450,48 @@ static void dispatch_batch(struct kvp_xfer_engine *e, struct xfer_batch *b)
     /* Queue every piece first; connect/send afterwards (a failing connect finishes pieces, and
      * the batch must not complete while we are still walking its piece array). */
     size_t n = b->n_pieces;
+    bool any_fail = false;
     for (size_t i = 0; i < n; i++) {
         struct xfer_piece *p = b->pieces[i];
+#ifdef KVP_FAULT_INJECTION
+        if (p->fault) {
+            uint64_t now = kvp_clock_now_ns();
+            p->fault_gen = xfer_fault_generation();
+            p->fault_until_ns = now + (uint64_t)p->fault_ms * 1000000ull;
+            if (p->fault == KVP_FAULT_FAIL) {
+                any_fail = true;
+                continue;
+            }
+            if (p->fault == KVP_FAULT_LATE && p->op == KVP_XFER_WRITE)
+                xfer_fault_late_write(&p->peer->addr, p->peer->addr_len, p->hdr, p->local, p->length,
+                                      p->fault_ms);
+            if (p->fault != KVP_FAULT_LATE || p->op == KVP_XFER_WRITE) {
+                if (p->fault == KVP_FAULT_DROP || p->fault == KVP_FAULT_WEDGE)
+                    p->fault_until_ns = UINT64_MAX;
+                (void)pick_conn(e, p->peer); /* the peer is known to the I/O thread */
+                p->where = PIECE_HELD;
+                list_push(&e->held, p);
+                continue;
+            }
+        }
+#endif
         struct xfer_conn *c = pick_conn(e, p->peer);
         p->conn = c;
         p->where = PIECE_SENDQ;
         c->load += piece_cost(p);
         list_push(&c->sendq, p);
     }
+    if (any_fail) /* fault FAIL: those pieces fail now (none is on a connection yet) */
+        for (size_t i = 0; i < n; i++) {
+            struct xfer_piece *p = b->pieces[i];
+            if (p && p->fault == KVP_FAULT_FAIL && p->where == PIECE_NEW) {
+                bool last = b->left == 1;
+                piece_finish(e, p, KVP_ERR_TRANSFER);
+                piece_free(p);
+                if (last)
+                    return;
+            }
+        }
     /* From here b may complete (and be gone) at any call: do not touch b. */
     for (struct xfer_peer *peer = e->io_peers; peer; peer = peer->io_next) {
         for (uint32_t i = 0; i < e->p.conns_per_peer; i++) {
@@ -415,9 +506,59 @@ static void dispatch_batch(struct kvp_xfer_engine *e, struct xfer_batch *b)
     }
 }
 
-/* Fence every piece of b that is not terminal with `status` (TIMEOUT or CLOSED). */
-static void fence_batch(struct kvp_xfer_engine *e, struct xfer_batch *b, int status)
+/* Tear down what holds b's pieces that could not be fenced: their transport is closed, so they
+ * are fenced for sure now, and they end with KVP_ERR_FENCE_FAILED (logged, counted). */
+static void fence_teardown(struct kvp_xfer_engine *e, struct xfer_batch *b, const char *why)
 {
+    char owners[256];
+    size_t olen = 0, count = 0;
+    owners[0] = 0;
+    for (size_t i = 0; i < b->n_pieces; i++) {
+        struct xfer_piece *p = b->pieces[i];
+        if (!p)
+            continue;
+        count++;
+        if (olen < sizeof owners - 64) {
+            char one[96];
+            snprintf(one, sizeof one, "%sseg %u@%s", olen ? ", " : "", p->segment_id, p->peer->endpoint);
+            if (!strstr(owners, one + (olen ? 2 : 0))) {
+                snprintf(owners + olen, sizeof owners - olen, "%s", one);
+                olen = strlen(owners);
+            }
+        }
+    }
+    kvp_log_error(ACTOR, "batch of %zu slices: %zu pieces could not be fenced (%s); tearing down "
+                  "their transport: %s", b->n, count, why, owners);
+    STAT_ADD(e, st_fence_failed, count);
+    size_t n = b->n_pieces;
+    for (size_t i = 0; i < n; i++) {
+        struct xfer_piece *p = b->pieces[i];
+        if (!p)
+            continue;
+        /* The whole peer's transport goes (for RDMA: the QP to error, CQ drained). */
+        for (uint32_t k = 0; k < e->p.conns_per_peer; k++)
+            if (p->peer->conns[k].fd >= 0)
+                conn_fail(e, &p->peer->conns[k], KVP_ERR_TRANSFER, "torn down: a piece could not be fenced");
+        p = b->pieces[i];
+        if (!p)
+            continue;
+        if (p->where == PIECE_HELD)
+            list_unlink(&e->held, p);
+        b->slices[p->slice].status = KVP_ERR_FENCE_FAILED;
+        bool last = b->left == 1;
+        piece_finish(e, p, KVP_ERR_FENCE_FAILED);
+        piece_free(p);
+        if (last)
+            return; /* b is gone */
+    }
+}
+
+/* Fence every piece of b that is not terminal with `status` (TIMEOUT or CLOSED). `now`: a
+ * stopping engine tears down a wedged piece at once instead of waiting for the bound. */
+static void fence_batch(struct kvp_xfer_engine *e, struct xfer_batch *b, int status, bool now)
+{
+    b->fenced = true;
+    size_t wedged = 0;
     size_t left = b->left;
     size_t n = b->n_pieces;
     struct xfer_conn *to_close[XFER_MAX_IOV];
@@ -431,12 +572,23 @@ static void fence_batch(struct kvp_xfer_engine *e, struct xfer_batch *b, int sta
         struct xfer_conn *c = p->conn;
         left--;
         switch (p->where) {
+        case PIECE_HELD:
+            if (p->fault == KVP_FAULT_WEDGE) { /* this transport cannot fence it now */
+                wedged++;
+                break;
+            }
+            list_unlink(&e->held, p);
+            STAT_ADD(e, st_fenced, 1);
+            piece_finish(e, p, status);
+            piece_free(p);
+            break;
         case PIECE_SENDQ:
+            STAT_ADD(e, st_fenced, 1);
             if (p->sent == 0) { /* not started: dropped */
                 list_unlink(&c->sendq, p);
                 c->load -= piece_cost(p);
                 piece_finish(e, p, status);
-                free(p);
+                piece_free(p);
             } else if (p->op == KVP_XFER_READ) {
                 /* Only its header is partly sent (engine memory): finish sending it and drain
                  * the response into scratch like any fenced in-flight READ. */
@@ -454,15 +606,22 @@ static void fence_batch(struct kvp_xfer_engine *e, struct xfer_batch *b, int sta
             break;
         case PIECE_INFLIGHT: /* response not started: it will be drained into scratch */
         case PIECE_RECV:     /* response mid-receive: the rest goes to scratch */
+            STAT_ADD(e, st_fenced, 1);
             piece_finish(e, p, status);
             break;
         default: /* PIECE_NEW cannot happen after dispatch */
             piece_finish(e, p, status);
-            free(p);
+            piece_free(p);
             break;
         }
     }
-    /* b may be gone now. */
+    /* b may be gone now, unless pieces are wedged (then it is still active). */
+    if (wedged > 0) {
+        if (now)
+            fence_teardown(e, b, "engine stopping");
+        else
+            b->fence_deadline_ns = kvp_clock_now_ns() + (uint64_t)e->p.fence_bound_ms * 1000000ull;
+    }
     for (size_t i = 0; i < n_close; i++)
         conn_fail(e, to_close[i], KVP_ERR_TRANSFER, "fenced a request mid-send");
     if (overflow)
@@ -481,13 +640,66 @@ static int handle_deadlines(struct kvp_xfer_engine *e)
      * restart the walk after every fence. */
 restart:
     for (struct xfer_batch *b = e->active; b; b = b->anext) {
+        if (b->fenced) {
+            if (b->fence_deadline_ns && b->fence_deadline_ns <= now) {
+                fence_teardown(e, b, "fence bound passed");
+                goto restart;
+            }
+            if (b->fence_deadline_ns && b->fence_deadline_ns < next)
+                next = b->fence_deadline_ns;
+            continue;
+        }
         if (b->deadline_ns && b->deadline_ns <= now) {
-            fence_batch(e, b, KVP_ERR_TIMEOUT);
+            STAT_ADD(e, st_timeouts, 1);
+            fence_batch(e, b, KVP_ERR_TIMEOUT, false);
             goto restart;
         }
         if (b->deadline_ns && b->deadline_ns < next)
             next = b->deadline_ns;
     }
+#ifdef KVP_FAULT_INJECTION
+    /* Held pieces whose stall is over (or released): out on the wire, or freed if fenced. */
+    unsigned long gen = xfer_fault_generation();
+    for (struct xfer_piece *p = e->held.head, *np; p; p = np) {
+        np = p->next;
+        if (now < p->fault_until_ns && gen == p->fault_gen) {
+            if (p->fault_until_ns < next)
+                next = p->fault_until_ns;
+            continue;
+        }
+        list_unlink(&e->held, p);
+        if (!p->batch) {
+            piece_free(p);
+            continue;
+        }
+        p->fault = p->fault == KVP_FAULT_WEDGE ? KVP_FAULT_STALL : p->fault; /* fenceable now */
+        struct xfer_conn *c = pick_conn(e, p->peer);
+        p->conn = c;
+        p->where = PIECE_SENDQ;
+        c->load += piece_cost(p);
+        list_push(&c->sendq, p);
+        if (c->state == CONN_IDLE)
+            conn_connect(e, c);
+        else if (c->state == CONN_UP && !(c->events & EPOLLOUT))
+            conn_send(e, c);
+        goto restart; /* sending may have failed pieces and completed batches */
+    }
+    for (struct xfer_peer *peer = e->io_peers; peer; peer = peer->io_next)
+        for (uint32_t i = 0; i < e->p.conns_per_peer; i++) {
+            struct xfer_conn *c = &peer->conns[i];
+            if (!c->paused)
+                continue;
+            if (now < c->pause_until_ns && gen == c->pause_gen) {
+                if (c->pause_until_ns < next)
+                    next = c->pause_until_ns;
+                continue;
+            }
+            c->paused = false;
+            conn_set_events(e, c, c->events | EPOLLIN);
+            conn_recv(e, c);
+            goto restart;
+        }
+#endif
     for (struct xfer_peer *peer = e->io_peers; peer; peer = peer->io_next)
         for (uint32_t i = 0; i < e->p.conns_per_peer; i++) {
             struct xfer_conn *c = &peer->conns[i];
@@ -540,7 +752,12 @@ static void *io_main(void *arg)
     }
     /* Stop: every batch is fenced with CLOSED, every connection closed. */
     while (e->active)
-        fence_batch(e, e->active, KVP_ERR_CLOSED);
+        fence_batch(e, e->active, KVP_ERR_CLOSED, true);
+    struct xfer_piece *hp;
+    while ((hp = e->held.head)) { /* held pieces of fenced batches */
+        list_unlink(&e->held, hp);
+        piece_free(hp);
+    }
     for (struct xfer_peer *peer = e->io_peers; peer; peer = peer->io_next)
         for (uint32_t i = 0; i < e->p.conns_per_peer; i++)
             conn_fail(e, &peer->conns[i], KVP_ERR_CLOSED, "engine stopped");
@@ -568,6 +785,8 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
         e->p.slice_bytes = KVP_FRAME_MAX_LENGTH;
     if (e->p.connect_timeout_ms == 0)
         e->p.connect_timeout_ms = XFER_DEFAULT_CONNECT_MS;
+    if (e->p.fence_bound_ms == 0)
+        e->p.fence_bound_ms = XFER_DEFAULT_FENCE_BOUND_MS;
     e->ep = -1;
     e->wake_fd = -1;
     e->scratch = malloc(XFER_SCRATCH_BYTES);
@@ -606,15 +825,37 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
         free(e);
         return rc;
     }
+#ifdef KVP_FAULT_INJECTION
+    xfer_fault_env_once();
+    xfer_fault_register_engine(wake_cb, e);
+#endif
     *out = e;
     return KVP_OK;
 }
 
-static void wake(struct kvp_xfer_engine *e)
+void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out)
 {
-    uint64_t one = 1;
-    if (write(e->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
-        kvp_log_warn(ACTOR, "wake: %s", strerror(errno));
+    if (!out)
+        return;
+    *out = (struct kvp_xfer_stats){0};
+    if (!e)
+        return;
+    out->batches = __atomic_load_n(&e->st_batches, __ATOMIC_RELAXED);
+    out->slices = __atomic_load_n(&e->st_slices, __ATOMIC_RELAXED);
+    out->timeouts = __atomic_load_n(&e->st_timeouts, __ATOMIC_RELAXED);
+    out->fenced = __atomic_load_n(&e->st_fenced, __ATOMIC_RELAXED);
+    out->fence_failed = __atomic_load_n(&e->st_fence_failed, __ATOMIC_RELAXED);
+    out->stray_bytes = __atomic_load_n(&e->st_stray, __ATOMIC_RELAXED);
+}
+
+void kvp_xfer_engine_stop(struct kvp_xfer_engine *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    pthread_mutex_unlock(&e->mu);
+    wake(e);
 }
 
 void kvp_xfer_engine_destroy(struct kvp_xfer_engine **ep)
@@ -623,6 +864,9 @@ void kvp_xfer_engine_destroy(struct kvp_xfer_engine **ep)
         return;
     struct kvp_xfer_engine *e = *ep;
     *ep = NULL;
+#ifdef KVP_FAULT_INJECTION
+    xfer_fault_unregister_engine(e);
+#endif
     pthread_mutex_lock(&e->mu);
     e->stopping = true;
     pthread_mutex_unlock(&e->mu);
@@ -640,7 +884,7 @@ void kvp_xfer_engine_destroy(struct kvp_xfer_engine **ep)
             if (s->status == KVP_OK)
                 s->status = KVP_ERR_CLOSED;
             sub->pieces[i] = NULL;
-            free(p);
+            piece_free(p);
         }
         sub->left = 0;
         sub->done = true;
@@ -792,6 +1036,12 @@ int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_
         return KVP_ERR_INVALID;
     }
     uint64_t start_ns = kvp_clock_now_ns();
+    /* The write deadline the segment server enforces (C3): no later than this call's end. */
+    uint32_t wdeadline = timeout_ms ? kvp_frame_deadline_make(kvp_clock_wall_ms() + timeout_ms) : 0;
+    if (n > 0) {
+        STAT_ADD(e, st_batches, 1);
+        STAT_ADD(e, st_slices, n);
+    }
     /* Which slices are local: decided once, under the read lock held until the copies are done. */
     pthread_rwlock_rdlock(&e->local_lock);
     size_t n_remote = 0;
@@ -867,15 +1117,26 @@ int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_
                                           .segment_id = s->segment_id,
                                           .req_id = p->req_id,
                                           .offset = s->remote_offset + off,
-                                          .length = len};
+                                          .length = len,
+                                          .deadline = s->op == KVP_XFER_WRITE ? wdeadline : 0};
                     kvp_frame_encode(&f, p->hdr);
+                    p->segment_id = s->segment_id;
+                    struct xfer_fault_hit hit;
+                    if (xfer_fault_match(KVP_FAULT_TCP, s->op, s->segment_id, s->endpoint, &hit)) {
+                        p->fault = hit.action;
+                        p->fault_ms = hit.ms;
+#ifdef KVP_FAULT_INJECTION
+                        if (hit.action != KVP_FAULT_FAIL)
+                            xfer_fault_outstanding_add(1);
+#endif
+                    }
                     b.pieces[b.n_pieces++] = p;
                 }
             }
         }
         if (rc != KVP_OK) {
             for (size_t i = 0; i < b.n_pieces; i++)
-                free(b.pieces[i]);
+                piece_free(b.pieces[i]);
             b.n_pieces = 0;
             for (size_t i = 0; i < n; i++)
                 slices[i].status = rc;
@@ -903,6 +1164,39 @@ int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_
             if (s->remote_offset > l->size || s->length > l->size - s->remote_offset) {
                 s->status = KVP_ERR_INVALID;
                 continue;
+            }
+            struct xfer_fault_hit hit;
+            if (xfer_fault_match(KVP_FAULT_LOCAL, s->op, s->segment_id, s->endpoint, &hit)) {
+                /* The local copy runs in this thread, so it cannot outlive the call: a fault only
+                 * delays it, fails it or (WEDGE) keeps it past the fence bound. */
+                uint64_t now = kvp_clock_now_ns();
+                uint64_t dl = timeout_ms ? start_ns + (uint64_t)timeout_ms * 1000000ull : UINT64_MAX;
+                uint64_t until = now + (uint64_t)hit.ms * 1000000ull;
+                if (hit.action == KVP_FAULT_FAIL) {
+                    s->status = KVP_ERR_TRANSFER;
+                    continue;
+                }
+                if (hit.action == KVP_FAULT_DROP || hit.action == KVP_FAULT_WEDGE)
+                    until = UINT64_MAX;
+                if (hit.action == KVP_FAULT_WEDGE && dl != UINT64_MAX)
+                    until = dl + (uint64_t)e->p.fence_bound_ms * 1000000ull;
+                uint64_t stop = until < dl ? until : dl;
+                if (stop == UINT64_MAX)
+                    stop = now + (uint64_t)e->p.fence_bound_ms * 1000000ull; /* DROP without timeout */
+                while (kvp_clock_now_ns() < stop)
+                    usleep(1000);
+                if (hit.action == KVP_FAULT_WEDGE) {
+                    kvp_log_error(ACTOR, "local copy to segment %u could not be fenced within %u ms",
+                                  s->segment_id, e->p.fence_bound_ms);
+                    STAT_ADD(e, st_fence_failed, 1);
+                    s->status = KVP_ERR_FENCE_FAILED;
+                    continue;
+                }
+                if (until > dl || hit.action == KVP_FAULT_DROP) { /* never started: fenced */
+                    STAT_ADD(e, st_fenced, 1);
+                    s->status = KVP_ERR_TIMEOUT;
+                    continue;
+                }
             }
             if (s->op == KVP_XFER_READ)
                 memcpy(s->local, l->base + s->remote_offset, s->length);

@@ -297,6 +297,7 @@ static void frames(void)
         {.op = KVP_FRAME_WRITE_RESP, .segment_id = 5, .req_id = 2},
         {.op = KVP_FRAME_PING, .req_id = 99},
         {.op = KVP_FRAME_READ, .segment_id = 1, .req_id = 3, .length = KVP_FRAME_MAX_LENGTH},
+        {.op = KVP_FRAME_WRITE, .segment_id = 5, .req_id = 4, .length = 4096, .deadline = 0x9abcdef0u},
     };
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
         uint8_t hdr[KVP_FRAME_HEADER_BYTES];

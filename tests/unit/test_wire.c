@@ -124,8 +124,27 @@ static void test_wire_frame_roundtrip_and_rejects(void **state)
     h[39] = 0xff; /* length beyond the cap */
     assert_int_equal(kvp_frame_decode(h, &g), KVP_ERR_MALFORMED);
     kvp_frame_encode(&f, h);
-    h[12] = 1; /* reserved */
+    h[12] = 1; /* a deadline on a WRITE: carried */
+    assert_int_equal(kvp_frame_decode(h, &g), KVP_OK);
+    assert_int_equal(g.deadline, 1);
+    f.op = KVP_FRAME_READ;
+    kvp_frame_encode(&f, h);
+    h[12] = 1; /* a deadline on anything but a WRITE is malformed */
     assert_int_equal(kvp_frame_decode(h, &g), KVP_ERR_MALFORMED);
+    /* the deadline word: never 0, serial arithmetic across the 2^32 wrap */
+    f.op = KVP_FRAME_WRITE;
+    f.deadline = kvp_frame_deadline_make(1ull << 32);
+    assert_int_equal(f.deadline, 1);
+    kvp_frame_encode(&f, h);
+    assert_int_equal(kvp_frame_decode(h, &g), KVP_OK);
+    assert_int_equal(g.deadline, 1);
+    uint64_t now = (1ull << 40) + 0xfffffff0ull; /* just before a wrap */
+    uint32_t d = kvp_frame_deadline_make(now + 100); /* wraps to a small number */
+    assert_false(kvp_frame_deadline_passed(d, now));
+    assert_false(kvp_frame_deadline_passed(d, now + 100));
+    assert_true(kvp_frame_deadline_passed(d, now + 101));
+    assert_true(kvp_frame_deadline_passed(kvp_frame_deadline_make(now - 5000), now));
+    assert_false(kvp_frame_deadline_passed(0, now)); /* no deadline */
 }
 
 static void test_err_strerror_every_code_named(void **state)
