@@ -10,19 +10,32 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 J=$(nproc)
 stage() { echo; echo "== $*"; }
+# Every ctest stage appends its summary here; the last line of the run adds them up.
+SUMMARY=$(mktemp)
+trap 'rm -f "$SUMMARY"' EXIT
+run_ctest() { # dir, ctest args...
+  local d=$1; shift
+  (cd "$d" && ctest --output-on-failure -j"$J" "$@") 2>&1 | tee -a "$SUMMARY"
+  return "${PIPESTATUS[0]}"
+}
 stage "build (RelWithDebInfo, fault injection on)"
 KVP_BUILD_DIR=build scripts/build.sh
 stage "tests: all labels"
-(cd build && ctest --output-on-failure -j"$J" --timeout 600)
+run_ctest build --timeout 600
 if [ "${KVP_TEST_QUICK:-0}" != 1 ]; then
   stage "ASan+UBSan build: unit and actor tests"
   KVP_BUILD_DIR=build-asan scripts/build.sh -DKVP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$J" -L 'unit|actor')
+  ASAN_OPTIONS=detect_leaks=1 run_ctest build-asan -L 'unit|actor'
   stage "TSan build: actor runtime tests"
   KVP_BUILD_DIR=build-tsan scripts/build.sh -DKVP_TSAN=ON -DCMAKE_BUILD_TYPE=Debug
-  (cd build-tsan && ctest --output-on-failure -j"$J" -R '^test_runtime_')
+  run_ctest build-tsan -R '^test_runtime_'
   stage "libFuzzer: every decoder target, ${KVP_FUZZ_SECONDS:-10} s each"
   scripts/fuzz.sh "${KVP_FUZZ_SECONDS:-10}"
 fi
 echo
 echo "== all test stages passed"
+# The plain closing line: the tests run in every ctest stage, added up.
+awk '/tests passed, [0-9]+ tests failed out of/ {
+       for (i = 1; i <= NF; i++) if ($i == "of") total += $(i + 1);
+       for (i = 1; i <= NF; i++) if ($i == "failed") failed += $(i - 2) }
+     END { printf "%d passed, %d failed\n", total - failed, failed }' "$SUMMARY"
