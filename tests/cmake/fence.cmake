@@ -3,3 +3,8 @@
 if(KVP_FAULT_INJECTION)
   kvp_add_test(test_fence_client SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_fence_client.c LABEL integration TIMEOUT 120)
 endif()
+# A frozen (SIGSTOP) and a killed (SIGKILL) segment process under the transfer engine.
+kvp_add_test(test_fence_peer SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_fence_peer.c LABEL integration TIMEOUT 90)
+# Client and segment in two network namespaces joined by veth, nftables drops the data traffic
+# past the timeout (root; skips with a message otherwise).
+kvp_add_test(test_fence_netns SOURCES ${CMAKE_SOURCE_DIR}/tests/netns/test_fence_netns.c LABEL netns TIMEOUT 120)
