@@ -8,3 +8,5 @@ kvp_add_test(test_fence_peer SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_
 # Client and segment in two network namespaces joined by veth, nftables drops the data traffic
 # past the timeout (root; skips with a message otherwise).
 kvp_add_test(test_fence_netns SOURCES ${CMAKE_SOURCE_DIR}/tests/netns/test_fence_netns.c LABEL netns TIMEOUT 120)
+# Hot-path cost: READ throughput printed (compare a -DKVP_FAULT_INJECTION=ON and an OFF build).
+kvp_add_test(test_fence_hotpath SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_fence_hotpath.c LABEL actor TIMEOUT 120)
