@@ -99,7 +99,15 @@ int ctl_cmd_status(struct ctl *c, int argc, char **argv)
     human_bytes((uint64_t)jint(st, "quarantined_bytes"), quar, sizeof quar);
     printf("objects  %lld complete, %lld pending puts\n", (long long)jint(st, "objects"),
            (long long)jint(st, "pending_puts"));
-    printf("pool     %s capacity, %s used, %s quarantined\n", cap, used, quar);
+    char pinned[32];
+    human_bytes((uint64_t)jint(st, "pinned_bytes"), pinned, sizeof pinned);
+    printf("pool     %s capacity, %s used, %s quarantined, %s soft-pinned\n", cap, used, quar, pinned);
+    json_t *ev = json_object_get(st, "eviction"); /* docs/eviction.md */
+    if (ev)
+        printf("eviction policy %s, %lld rounds, %lld objects evicted, %lld blocked rounds%s\n",
+               jstr(ev, "policy"), (long long)jint(ev, "rounds"), (long long)jint(ev, "objects_evicted"),
+               (long long)jint(ev, "blocked_rounds"),
+               json_is_true(json_object_get(ev, "blocked")) ? " (blocked: everything leased or pinned)" : "");
     json_t *segs = json_object_get(st, "segments");
     printf("segments %zu\n", json_array_size(segs));
     if (json_array_size(segs))

@@ -191,8 +191,13 @@ void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *
             if (e->max_put_bytes > e->need_bytes)
                 e->need_bytes = e->max_put_bytes;
         }
-        free(r->reason);
-        r->reason = strdup(why);
+        char *dup = strdup(why);
+        if (!dup)
+            continue;
+        /* an unset string of an unpacked message is protobuf-c's shared empty string: never free it */
+        if (r->reason && r->reason != protobuf_c_empty_string)
+            free(r->reason);
+        r->reason = dup;
         r->evicting = evicting;
     }
     maybe_scan(s);

@@ -1,0 +1,368 @@
+/*
+ * test_evict_cluster.c — memory pressure on a real local cluster (docs/eviction.md): 3 masters +
+ * 3 segments of 4 MiB (12 MiB pool), high watermark 0.8, eviction ratio 0.1, fence grace 200 ms.
+ *
+ *  1. three client processes write 3.2× the pool (64 KiB self-checking objects, a few soft-pinned
+ *     first): every put succeeds, every read returns the exact bytes or NOT_FOUND, the pinned
+ *     objects all survive, and the parent, polling `kvpoolctl status`, never sees the used bytes
+ *     above (high + ratio) × capacity + the objects in flight;
+ *  2. objects under read leases are never evicted: with every object leased, a put that needs
+ *     room gets NO_SPACE at once with the "cannot help" reason, the objects stay; once the leases
+ *     expire the same put succeeds (eviction makes room within its timeout);
+ *  3. a failover while the pool is under pressure: the new leader evicts nothing and releases no
+ *     quarantine for one lease TTL after its election.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "runtime/clock.h"
+#include "tests/integration/test_client_util.h"
+
+#define SEG_SIZE_STR "4M"
+#define POOL_BYTES (12ull << 20)
+#define HIGH 0.8
+#define RATIO 0.1
+#define OBJ (64u << 10)
+#define N_CLIENTS 3
+#define PER_CLIENT 200
+#define PINNED 4
+#define LEASE_MS 5000
+
+static struct tc_cluster CL;
+
+static int setup(void **state)
+{
+    (void)state;
+    setenv("KVPOOL_EVICTION_HIGH_WATERMARK_RATIO", "0.8", 1);
+    setenv("KVPOOL_EVICTION_RATIO", "0.1", 1);
+    setenv("KVPOOL_FENCE_GRACE_MS", "200", 1);
+    setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "5000", 1);
+    if (tc_cluster_up(&CL, 3, SEG_SIZE_STR) != 0) {
+        fprintf(stderr, "kvpoolctl cluster up failed (dir %s)\n", CL.dir);
+        tc_cluster_down(&CL);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tc_cluster_down(&CL);
+    return 0;
+}
+
+/* `kvpoolctl --cluster FILE --json status`, parsed; NULL on failure. */
+static json_t *status(void)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s --cluster %s --json --timeout 3000 status 2>/dev/null", CL.ctl, CL.file);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return NULL;
+    json_error_t e;
+    json_t *j = json_loadf(p, 0, &e);
+    pclose(p);
+    return j;
+}
+
+static long long jget(json_t *o, const char *k)
+{
+    return (long long)json_integer_value(json_object_get(o, k));
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait until the leader is out of its election grace window (it evicts nothing before). */
+static void wait_no_grace(void)
+{
+    for (int i = 0; i < 200; i++) {
+        json_t *st = status();
+        bool grace = !st || json_is_true(json_object_get(json_object_get(st, "node"), "in_election_grace"));
+        json_decref(st);
+        if (!grace)
+            return;
+        sleep_ms(100);
+    }
+    fail_msg("leader still in its election grace window");
+}
+
+/* One writer process: PINNED soft-pinned objects, then PER_CLIENT plain ones; after each put
+ * reads back a random earlier key (exact bytes or NOT_FOUND). Exit code = number of failures. */
+static int writer(int id)
+{
+    kvp_client *c = tc_open(&CL, 20000);
+    if (!c)
+        return 100;
+    int bad = 0;
+    uint8_t *buf = malloc(OBJ), *rd = malloc(OBJ);
+    char key[64];
+    uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)(id + 1);
+    for (int i = 0; i < PINNED + PER_CLIENT; i++) {
+        bool pin = i < PINNED;
+        snprintf(key, sizeof key, "w%d-%s-%d", id, pin ? "pin" : "obj", i);
+        tc_fill(key, buf, OBJ);
+        kvp_put_opts o = {.soft_pin = pin};
+        int rc = kvp_put(c, key, buf, OBJ, &o);
+        if (rc != KVP_OK) {
+            fprintf(stderr, "writer %d: put %s: %s\n", id, key, kvp_errname(rc));
+            bad++;
+        }
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int j = (int)(x % (uint64_t)(i + 1));
+        snprintf(key, sizeof key, "w%d-%s-%d", id, j < PINNED ? "pin" : "obj", j);
+        memset(rd, TC_POISON, OBJ);
+        int64_t g = kvp_get(c, key, rd, OBJ, 0);
+        if (g == KVP_ERR_NOT_FOUND && j >= PINNED)
+            continue;
+        if (g != (int64_t)OBJ || !tc_check(key, rd, OBJ)) {
+            fprintf(stderr, "writer %d: get %s: %lld (%s)\n", id, key, (long long)g,
+                    g < 0 ? kvp_errname((int)g) : "wrong bytes");
+            bad++;
+        }
+    }
+    /* every pinned object survived while unpinned ones could go */
+    for (int i = 0; i < PINNED; i++) {
+        snprintf(key, sizeof key, "w%d-pin-%d", id, i);
+        memset(rd, TC_POISON, OBJ);
+        int64_t g = kvp_get(c, key, rd, OBJ, 0);
+        if (g != (int64_t)OBJ || !tc_check(key, rd, OBJ)) {
+            fprintf(stderr, "writer %d: pinned %s lost: %lld\n", id, key, (long long)g);
+            bad++;
+        }
+    }
+    free(buf);
+    free(rd);
+    kvp_client_close(&c);
+    return bad;
+}
+
+static void test_evict_fill_three_times_capacity_all_puts_succeed(void **state)
+{
+    (void)state;
+    wait_no_grace();
+    pid_t pids[N_CLIENTS];
+    for (int i = 0; i < N_CLIENTS; i++) {
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0)
+            _exit(writer(i));
+    }
+    long long max_used = 0, cap = 0;
+    int running = N_CLIENTS, failures = 0, samples = 0;
+    while (running > 0) {
+        json_t *st = status();
+        if (st) {
+            long long u = jget(st, "used_bytes");
+            cap = jget(st, "capacity_bytes");
+            if (u > max_used)
+                max_used = u;
+            samples++;
+            json_decref(st);
+        }
+        for (int i = 0; i < N_CLIENTS; i++) {
+            int ws = 0;
+            if (pids[i] > 0 && waitpid(pids[i], &ws, WNOHANG) == pids[i]) {
+                pids[i] = 0;
+                running--;
+                int code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 255;
+                if (code)
+                    fprintf(stderr, "writer %d: %d failures\n", i, code);
+                failures += code;
+            }
+        }
+        sleep_ms(20);
+    }
+    assert_int_equal(failures, 0);
+    json_t *st = status();
+    assert_non_null(st);
+    json_t *ev = json_object_get(st, "eviction");
+    fprintf(stderr, "fill: %d status samples, max used %lld of %lld bytes (%.3f), %lld rounds, %lld objects evicted, "
+            "pinned %lld bytes\n", samples, max_used, cap, cap ? (double)max_used / (double)cap : 0.0,
+            jget(ev, "rounds"), jget(ev, "objects_evicted"), jget(st, "pinned_bytes"));
+    assert_int_equal(cap, (long long)POOL_BYTES);
+    assert_true(jget(ev, "objects_evicted") > 0);
+    assert_int_equal(jget(st, "pinned_bytes"), (long long)N_CLIENTS * PINNED * OBJ);
+    /* high watermark plus one eviction step, plus the puts in flight (one per writer) */
+    assert_true(max_used <= (long long)((HIGH + RATIO) * (double)POOL_BYTES) + N_CLIENTS * (long long)OBJ);
+    json_decref(st);
+}
+
+/* Everything stored is under a read lease: a put that needs room is refused at once, with the
+ * reason; nothing leased is evicted; after the leases expire the put succeeds. */
+static void test_evict_all_leased_no_space_at_once_then_succeeds(void **state)
+{
+    (void)state;
+    kvp_client *c = tc_open(&CL, 20000);
+    assert_non_null(c);
+    char k0[64];
+    for (int w = 0; w < N_CLIENTS; w++) /* forget test 1's objects (pinned ones included) */
+        for (int i = 0; i < PINNED + PER_CLIENT; i++) {
+            snprintf(k0, sizeof k0, "w%d-%s-%d", w, i < PINNED ? "pin" : "obj", i);
+            int r = kvp_remove(c, k0, true);
+            assert_true(r == KVP_OK || r == KVP_ERR_NOT_FOUND);
+        }
+    sleep_ms(1000); /* quarantine (200 ms) released */
+    enum { N = 8, BIG = 1u << 20 };
+    char keys[N][32];
+    const char *kp[N];
+    const void *bp[N];
+    size_t lens[N];
+    int res[N];
+    uint8_t *bufs = malloc((size_t)N * BIG);
+    for (int i = 0; i < N; i++) {
+        snprintf(keys[i], sizeof keys[i], "leased-%d", i);
+        tc_fill(keys[i], bufs + (size_t)i * BIG, BIG);
+        kp[i] = keys[i];
+        bp[i] = bufs + (size_t)i * BIG;
+        lens[i] = BIG;
+    }
+    assert_int_equal(kvp_batch_put(c, N, kp, bp, lens, NULL, res), KVP_OK);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(res[i], KVP_OK);
+    /* 8 MiB of 12 MiB: below the watermark, nothing evicted. Lease all of them. */
+    void *rb[N];
+    size_t caps[N];
+    int64_t gres[N];
+    uint8_t *rbufs = malloc((size_t)N * BIG);
+    for (int i = 0; i < N; i++) {
+        rb[i] = rbufs + (size_t)i * BIG;
+        caps[i] = BIG;
+    }
+    assert_int_equal(kvp_batch_get(c, N, kp, rb, caps, 0, gres), KVP_OK);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(gres[i], (int64_t)BIG);
+    uint64_t t0 = kvp_clock_now_ms();
+    /* 3 MiB fits on no segment (each has at most 2 MiB free) */
+    size_t big = 3u << 20;
+    uint8_t *b = malloc(big);
+    tc_fill("needs-room", b, big);
+    int rc = kvp_put(c, "needs-room", b, big, NULL);
+    uint64_t took = kvp_clock_now_ms() - t0;
+    fprintf(stderr, "all leased: put needing room -> %s after %llu ms\n", kvp_errname(rc), (unsigned long long)took);
+    assert_int_equal(rc, KVP_ERR_NO_SPACE);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(kvp_exists(c, kp[i]), 1); /* nothing leased was evicted */
+    json_t *st = status();
+    assert_non_null(st);
+    assert_true(jget(json_object_get(st, "eviction"), "blocked_rounds") > 0);
+    json_decref(st);
+    if (took < LEASE_MS) {
+        /* refused before the leases ran out: "at once", not after waiting for them */
+        sleep_ms((unsigned)(LEASE_MS - took) + 300);
+    }
+    /* leases over: eviction makes room inside the put's timeout */
+    rc = kvp_put(c, "needs-room", b, big, NULL);
+    assert_int_equal(rc, KVP_OK);
+    memset(b, 0, big);
+    assert_int_equal(kvp_get(c, "needs-room", b, big, 0), (int64_t)big);
+    assert_true(tc_check("needs-room", b, big));
+    free(b);
+    free(bufs);
+    free(rbufs);
+    kvp_client_close(&c);
+}
+
+/* Kill the leader while the pool is above the watermark: the new leader's eviction counters and
+ * the quarantine stay untouched for one lease TTL, then eviction resumes. */
+static void test_evict_failover_new_leader_frees_nothing_for_lease_ttl(void **state)
+{
+    (void)state;
+    kvp_client *c = tc_open(&CL, 20000);
+    assert_non_null(c);
+    /* fill to above the watermark with small objects (eviction brings it back down) */
+    uint8_t *buf = malloc(OBJ);
+    char key[64];
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof key, "fo-%d", i);
+        tc_fill(key, buf, OBJ);
+        assert_int_equal(kvp_put(c, key, buf, OBJ, NULL), KVP_OK);
+    }
+    json_t *st = status();
+    assert_non_null(st);
+    const char *addr = json_string_value(json_object_get(st, "leader_address"));
+    assert_non_null(addr);
+    int pid = tc_master_pid(&CL, strncmp(addr, "tcp://", 6) == 0 ? addr + 6 : addr);
+    json_decref(st);
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    /* a writer keeps the pool under pressure while the new leader is in its grace window: its
+     * puts wait (NO_SPACE, evicting) and succeed once eviction resumes */
+    pid_t w = fork();
+    assert_true(w >= 0);
+    if (w == 0) {
+        kvp_client *wc = tc_open(&CL, 30000);
+        int bad = wc ? 0 : 1;
+        for (int i = 200; wc && i < 260; i++) {
+            snprintf(key, sizeof key, "fo-%d", i);
+            tc_fill(key, buf, OBJ);
+            int rc = kvp_put(wc, key, buf, OBJ, NULL);
+            if (rc != KVP_OK) {
+                fprintf(stderr, "failover writer: put %s: %s\n", key, kvp_errname(rc));
+                bad++;
+            }
+        }
+        kvp_client_close(&wc);
+        _exit(bad);
+    }
+    int in_grace = 0, after = 0;
+    long long q_first = -1;
+    for (int i = 0; i < 300; i++) {
+        st = status();
+        if (!st) {
+            sleep_ms(20);
+            continue;
+        }
+        json_t *node = json_object_get(st, "node");
+        bool grace = json_is_true(json_object_get(node, "in_election_grace"));
+        long long rounds = jget(json_object_get(st, "eviction"), "rounds");
+        long long quar = jget(st, "quarantined_bytes");
+        if (grace) {
+            in_grace++;
+            assert_int_equal(rounds, 0); /* the new leader has evicted nothing */
+            if (q_first < 0)
+                q_first = quar;
+            assert_true(quar >= q_first); /* and released no quarantine */
+        } else {
+            after++;
+        }
+        json_decref(st);
+        if (!grace && after > 3)
+            break;
+        sleep_ms(50);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(w, &ws, 0), w);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    st = status();
+    assert_non_null(st);
+    assert_true(jget(json_object_get(st, "eviction"), "rounds") > 0); /* it evicts after the window */
+    json_decref(st);
+    fprintf(stderr, "failover: %d samples inside the grace window, %d after\n", in_grace, after);
+    assert_true(in_grace > 0);
+    assert_true(after > 0);
+    free(buf);
+    kvp_client_close(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_evict_fill_three_times_capacity_all_puts_succeed),
+        cmocka_unit_test(test_evict_all_leased_no_space_at_once_then_succeeds),
+        cmocka_unit_test(test_evict_failover_new_leader_frees_nothing_for_lease_ttl),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
