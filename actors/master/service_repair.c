@@ -24,10 +24,10 @@
 #define START_BATCH 64u
 #define TASK_RESEND_MS 15000u  /* a handed task not reported on is handed again */
 #define TASK_ABORT_MS 40000u   /* ... and abandoned (its replica freed) after this */
-#define STALE_PENDING_MS 30000u /* a PENDING repair replica no task of ours covers */
+#define STALE_PENDING_MS 12000u /* a PENDING repair replica no task of ours covers (a new leader's orphans; > the mover's 8 s copy timeout) */
 #define POLL_MAX_TASKS 16u
 #define LOG_EVERY_MS 2000u
-#define RATE_WINDOW_MS 5000u
+#define RATE_WINDOW_MS 2000u
 
 struct rtask {
     uint64_t id;
@@ -256,8 +256,11 @@ static bool has_task(const struct svc_repair *r, const char *key, uint32_t seg, 
     return false;
 }
 
+static void account_rate(struct svc_repair *r, uint64_t now);
+
 static void log_progress(struct kvp_master_service *s, struct svc_repair *r, uint64_t now)
 {
+    account_rate(r, now);
     const Kvp__RepairScanResp *b = &r->last;
     bool work = b->draining_objects || (b->under_replicated && b->n_needs) || r->n_tasks;
     if (!work) {

@@ -20,7 +20,7 @@
 
 #define MOVER_IDLE_MS 250u
 #define MOVER_MAX_TASKS 16u
-#define MOVER_COPY_TIMEOUT_MS 10000u
+#define MOVER_COPY_TIMEOUT_MS 8000u
 #define MOVER_RPC_TIMEOUT_MS 2000u
 
 struct kvp_mover {

@@ -357,6 +357,33 @@ static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err)
     return n;
 }
 
+/* The leader's drain/repair counters (status "repair"), for the drain timeout report. */
+static void drain_report(struct kvp_segment *s, uint32_t id, int64_t left)
+{
+    Kvp__Request req;
+    Kvp__ClusterStatusReq cs;
+    kvp__request__init(&req);
+    kvp__cluster_status_req__init(&cs);
+    req.body_case = KVP__REQUEST__BODY_CLUSTER_STATUS;
+    req.cluster_status = &cs;
+    Kvp__Response *resp = NULL;
+    json_t *root = NULL;
+    if (call(s, &req, 2000, &resp) == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_CLUSTER_STATUS &&
+        resp->cluster_status) {
+        json_error_t je;
+        root = json_loads(resp->cluster_status->json, 0, &je);
+    }
+    kvp_msession_response_free(resp);
+    json_t *rep = json_object_get(root, "repair");
+    long long only = (long long)json_integer_value(json_object_get(rep, "only_on_draining"));
+    long long nospace = (long long)json_integer_value(json_object_get(rep, "no_space"));
+    long long bytes = (long long)json_integer_value(json_object_get(rep, "draining_bytes"));
+    kvp_log_warn(s->actor, "segment %u: drain report: %ld replicas (%lld bytes on draining segments) not moved; "
+                 "%lld objects have no copy elsewhere and are lost with this unmount; %lld objects found no room",
+                 id, (long)left, bytes, only, nospace);
+    json_decref(root);
+}
+
 int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
 {
     if (!s)
@@ -398,6 +425,7 @@ int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
             kvp_log_warn(s->actor, "segment %u: drain timed out after %u ms: %ld replicas still here; objects "
                          "whose only copy is here are lost when it unmounts (kvpoolctl status: 'repair')", id,
                          timeout_ms, (long)last);
+            drain_report(s, id, last);
             return KVP_ERR_TIMEOUT;
         }
         uint64_t left = deadline - now;

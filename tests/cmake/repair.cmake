@@ -2,3 +2,4 @@
 # (needs kvpool-master, kvpool-segment, kvpoolctl built).
 kvp_add_test(test_drain_load SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_drain_load.c LABEL integration TIMEOUT 90)
 kvp_add_test(test_repair_crash SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_repair_crash.c LABEL integration TIMEOUT 90)
+kvp_add_test(test_drain_edge SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_drain_edge.c LABEL integration TIMEOUT 90)
