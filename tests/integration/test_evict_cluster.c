@@ -9,7 +9,11 @@
  *  2. objects under read leases are never evicted: with every object leased, a put that needs
  *     room gets NO_SPACE at once with the "cannot help" reason, the objects stay; once the leases
  *     expire the same put succeeds (eviction makes room within its timeout);
- *  3. a failover while the pool is under pressure: the new leader evicts nothing and releases no
+ *  3. a reader whose transfer is stalled (fault injection) past its lease gets LEASE_EXPIRED and
+ *     no bytes; Exists/GetSize grant no lease, GetReplicaList (kvp_get) does; a forced remove of a
+ *     leased object keeps its space quarantined until the lease expires, although fence grace
+ *     is shorter;
+ *  4. a failover while the pool is under pressure: the new leader evicts nothing and releases no
  *     quarantine for one lease TTL after its election.
  */
 #include <setjmp.h>
@@ -22,6 +26,8 @@
 
 #include <cmocka.h>
 
+#include "actors/transfer/fault.h"
+#include "actors/transfer/transfer.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
 
@@ -274,6 +280,86 @@ static void test_evict_all_leased_no_space_at_once_then_succeeds(void **state)
     kvp_client_close(&c);
 }
 
+/* A get whose transfer is held past its lease returns LEASE_EXPIRED, never the bytes. */
+static void test_evict_lease_expired_mid_transfer_returns_lease_expired(void **state)
+{
+    (void)state;
+    kvp_client *c = tc_open(&CL, 30000);
+    assert_non_null(c);
+    size_t len = 256u << 10;
+    uint8_t *b = malloc(len);
+    tc_fill("slow-read", b, len);
+    assert_int_equal(kvp_put(c, "slow-read", b, len, NULL), KVP_OK);
+    struct kvp_xfer_fault_rule r = {.action = KVP_FAULT_STALL, .op = KVP_XFER_READ, .ms = LEASE_MS + 1500};
+    int frc = kvp_xfer_fault_add(&r);
+    if (frc == KVP_ERR_UNSUPPORTED) {
+        free(b);
+        kvp_client_close(&c);
+        skip(); /* a build without KVP_FAULT_INJECTION */
+    }
+    assert_int_equal(frc, KVP_OK);
+    memset(b, TC_POISON, len);
+    int64_t g = kvp_get(c, "slow-read", b, len, 30000);
+    kvp_xfer_fault_clear();
+    kvp_xfer_fault_release();
+    fprintf(stderr, "stalled read: %s\n", g < 0 ? kvp_errname((int)g) : "bytes");
+    assert_int_equal(g, KVP_ERR_LEASE_EXPIRED);
+    /* without the stall the same get returns the exact bytes */
+    memset(b, TC_POISON, len);
+    assert_int_equal(kvp_get(c, "slow-read", b, len, 0), (int64_t)len);
+    assert_true(tc_check("slow-read", b, len));
+    free(b);
+    kvp_client_close(&c);
+}
+
+/* Which calls lease: GetReplicaList (every get) does, Exists and GetSize do not. A forced remove
+ * of a leased object keeps its space in quarantine until the lease expires. */
+static void test_evict_leases_granted_by_get_only_forced_remove_quarantined(void **state)
+{
+    (void)state;
+    kvp_client *c = tc_open(&CL, 20000);
+    assert_non_null(c);
+    size_t len = 512u << 10;
+    uint8_t *b = malloc(len);
+    tc_fill("lease-a", b, len);
+    assert_int_equal(kvp_put(c, "lease-a", b, len, NULL), KVP_OK);
+    assert_int_equal(kvp_put(c, "lease-b", b, len, NULL), KVP_OK);
+    assert_int_equal(kvp_exists(c, "lease-a"), 1);
+    assert_int_equal(kvp_get_size(c, "lease-a"), (int64_t)len);
+    assert_int_equal(kvp_remove(c, "lease-a", false), KVP_OK); /* no lease from Exists/GetSize */
+    assert_int_equal(kvp_get(c, "lease-b", b, len, 0), (int64_t)len);
+    assert_int_equal(kvp_remove(c, "lease-b", false), KVP_ERR_LEASED);
+    sleep_ms(1000); /* lease-a's quarantine (fence grace 200 ms) is released */
+    json_t *st = status();
+    assert_non_null(st);
+    long long q0 = jget(st, "quarantined_bytes");
+    json_decref(st);
+    uint64_t t0 = kvp_clock_now_ms();
+    assert_int_equal(kvp_remove(c, "lease-b", true), KVP_OK);
+    assert_int_equal(kvp_exists(c, "lease-b"), 0);
+    sleep_ms(1000); /* > fence grace, < the lease */
+    st = status();
+    assert_non_null(st);
+    long long q1 = jget(st, "quarantined_bytes");
+    json_decref(st);
+    fprintf(stderr, "forced remove of a leased object: quarantined %lld -> %lld bytes after %llu ms\n", q0, q1,
+            (unsigned long long)(kvp_clock_now_ms() - t0));
+    if (kvp_clock_now_ms() - t0 < LEASE_MS - 500)
+        assert_true(q1 >= q0 + (long long)len);
+    /* after the lease the space is released */
+    long long q2 = q1;
+    for (int i = 0; i < 100 && q2 >= (long long)len; i++) {
+        sleep_ms(100);
+        st = status();
+        if (st)
+            q2 = jget(st, "quarantined_bytes");
+        json_decref(st);
+    }
+    assert_true(q2 < (long long)len);
+    free(b);
+    kvp_client_close(&c);
+}
+
 /* Kill the leader while the pool is above the watermark: the new leader's eviction counters and
  * the quarantine stay untouched for one lease TTL, then eviction resumes. */
 static void test_evict_failover_new_leader_frees_nothing_for_lease_ttl(void **state)
@@ -362,6 +448,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_evict_fill_three_times_capacity_all_puts_succeed),
         cmocka_unit_test(test_evict_all_leased_no_space_at_once_then_succeeds),
+        cmocka_unit_test(test_evict_lease_expired_mid_transfer_returns_lease_expired),
+        cmocka_unit_test(test_evict_leases_granted_by_get_only_forced_remove_quarantined),
         cmocka_unit_test(test_evict_failover_new_leader_frees_nothing_for_lease_ttl),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
