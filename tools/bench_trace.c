@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvpool_hint.h"
 #include "tools/bench_internal.h"
 
 /* KV bytes per token = layers x 2 (K and V) x kv_heads x head_dim x bytes per element (bf16 = 2).
@@ -233,17 +234,20 @@ static bool run_request(struct inst *in, const struct bench_req *q, struct req_r
     rec->hit_blocks = hit;
     rec->hit_tokens = hit_tok;
 
-    /* 3. Store what had to be computed (prefill of blocks hit..n-1). */
+    /* 3. Store what had to be computed (prefill of blocks hit..n-1). Each block names the block
+     * before it as its parent (kvpool_hint.h; used by eviction_policy = prefix). */
     kvp_put_opts po = {.replica_num = o->replicas, .timeout_ms = o->timeout_ms};
     for (uint32_t c0 = hit; c0 < n; c0 += (uint32_t)in->slots) {
         uint32_t cn = n - c0 < in->slots ? n - c0 : (uint32_t)in->slots;
         const void *pb[cn];
+        const char *parents[cn];
         for (uint32_t j = 0; j < cn; j++) {
             bench_pattern_fill(in->buf + (size_t)j * bb, lens[c0 + j], q->hash_ids[c0 + j]);
             pb[j] = in->buf + (size_t)j * bb;
+            parents[j] = c0 + j > 0 ? kp[c0 + j - 1] : NULL;
         }
         t0 = bench_now_us();
-        rc = kvp_batch_put(in->c, cn, kp + c0, pb, lens + c0, &po, pres + c0);
+        rc = kvp_batch_put_hinted(in->c, cn, kp + c0, pb, lens + c0, parents, &po, pres + c0);
         bench_lat_add(&in->lat_put, bench_now_us() - t0);
         if (rc < 0) {
             bench_errs_add(&in->err_put, rc);
