@@ -6,7 +6,8 @@
  *    answers with usage and, at or above the high watermark (or on demand), every complete object.
  * 2. The service pairs each object with its soft state (last access, lease, prefix hint) and
  *    asks evict_policy.c for victims worth max(eviction_ratio × capacity, usage above
- *    (high − ratio) × capacity, the largest recent put that found no space).
+ *    (high − ratio) × capacity, the bytes asked by PutStarts since the last scan when one of them
+ *    found no space), less what is already quarantined (it comes back by itself).
  * 3. The victims go to the FSM as one EvictCmd (a Raft command); their extents are quarantined
  *    there and released by QuarantineRelease after fence_grace_ms, like any freed space. Until
  *    the command's result arrives, GetReplicaList answers NOT_FOUND for them (no new lease on an
@@ -29,7 +30,7 @@ struct svc_evict {
     bool dirty;                /* PutStart results since the last scan */
     bool need;                 /* a PutStart found no space */
     uint64_t need_bytes;       /* largest object × replicas that found no space */
-    uint64_t max_put_bytes;    /* largest size × replicas asked since the last scan */
+    uint64_t max_put_bytes;    /* bytes (size × replicas) asked by PutStarts since the last scan */
     /* From the last scan. */
     uint64_t cap, used, quar, pinned;
     uint64_t scan_ms;          /* monotonic time of the last listed scan, 0 = none */
@@ -114,9 +115,7 @@ void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStar
         const Kvp__PutStartItem *it = ps->items[i];
         if (!it->key)
             continue;
-        uint64_t want = it->size * (it->replica_num ? it->replica_num : 1);
-        if (want > e->max_put_bytes)
-            e->max_put_bytes = want;
+        e->max_put_bytes += it->size * (it->replica_num ? it->replica_num : 1);
         if (it->parent_key && it->parent_key[0])
             svc_map_put(&e->parents, svc_key_hash(it->key), svc_key_hash(it->parent_key));
     }
@@ -138,6 +137,7 @@ static void start_scan(struct kvp_master_service *s)
     req.evict_scan = &q;
     e->scan_inflight = true;
     e->dirty = false;
+    e->max_put_bytes = 0; /* demand seen from now on */
     svc_query(s, p, &req); /* on error the result path runs and clears the flag */
 }
 
@@ -285,7 +285,6 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
     size_t k = kvp_evict_choose(c, n, target, e->policy, s->cfg.allow_evict_soft_pinned_objects, chosen, &sum);
     e->need = false;
     e->need_bytes = 0;
-    e->max_put_bytes = 0;
     e->blocked = k == 0 && e->quar == 0;
     if (k == 0) {
         e->blocked_rounds++;
