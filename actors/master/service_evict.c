@@ -288,11 +288,16 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
     e->blocked = k == 0 && e->quar == 0;
     if (k == 0) {
         e->blocked_rounds++;
-        snprintf(e->blocked_why, sizeof e->blocked_why,
-                 "no space; eviction cannot help: every object is under a read lease or soft-pinned "
-                 "(%llu bytes leased, %llu bytes pinned%s)",
-                 (unsigned long long)sum.leased_bytes, (unsigned long long)sum.pinned_bytes,
-                 s->cfg.allow_evict_soft_pinned_objects ? "" : ", allow_evict_soft_pinned_objects=false");
+        if (n == 0)
+            snprintf(e->blocked_why, sizeof e->blocked_why,
+                     "no space; eviction cannot help: no complete object is stored (the space is held by "
+                     "puts in progress, or no segment is mounted)");
+        else
+            snprintf(e->blocked_why, sizeof e->blocked_why,
+                     "no space; eviction cannot help: every object is under a read lease or soft-pinned "
+                     "(%llu bytes leased, %llu bytes pinned%s)",
+                     (unsigned long long)sum.leased_bytes, (unsigned long long)sum.pinned_bytes,
+                     s->cfg.allow_evict_soft_pinned_objects ? "" : ", allow_evict_soft_pinned_objects=false");
         if (n > 0 || e->quar == 0)
             kvp_log_warn(s->actor, "eviction: %s", e->blocked_why);
     }
