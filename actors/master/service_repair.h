@@ -46,8 +46,9 @@ void svc_repair_on_result(struct kvp_master_service *s, struct svc_pending *p, i
                           const Kvp__Response *resp);
 /** The prober's verdict on a reported segment (KVP_OK or the probe's error). */
 void svc_repair_note_probe(struct kvp_master_service *s, uint32_t segment_id, int rc);
-/** true when a probe of segment_id failed within the last client_ttl and none answered since. */
-bool svc_repair_probe_failed(struct kvp_master_service *s, uint32_t segment_id);
+/** true when a probe of segment_id failed after after_ms (monotonic; e.g. its last heartbeat),
+ * within the last client_ttl, and none answered since. */
+bool svc_repair_probe_failed(struct kvp_master_service *s, uint32_t segment_id, uint64_t after_ms);
 /** The "repair" object of the status document (new reference). */
 json_t *svc_repair_status(struct kvp_master_service *s);
 

@@ -442,7 +442,7 @@ static void check_liveness(struct kvp_master_service *s)
             kvp_log_warn(s->actor, "segment %llu: no heartbeat for %llu ms (client_ttl %llu ms): declaring it lost",
                          (unsigned long long)seg, (unsigned long long)silent, (unsigned long long)ttl);
             lost[n_lost++] = (uint32_t)seg;
-        } else if (reported && svc_repair_probe_failed(s, (uint32_t)seg) && silent > (ttl < 1000 ? ttl : 1000)) {
+        } else if (reported && svc_repair_probe_failed(s, (uint32_t)seg, last) && silent > (ttl < 1000 ? ttl : 1000)) {
             kvp_log_warn(s->actor, "segment %llu: probe failed and no heartbeat for %llu ms: declaring it lost",
                          (unsigned long long)seg, (unsigned long long)silent);
             lost[n_lost++] = (uint32_t)seg;
