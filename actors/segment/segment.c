@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -48,6 +49,7 @@ struct kvp_segment {
     pthread_t hb_thread;
     bool hb_started;
     struct kvp_mover *mover; /* drain/repair copies from this segment (mover.h) */
+    bool drain_signalled;    /* heartbeat thread only */
     pthread_mutex_t mu; /* guards stopping */
     pthread_cond_t cv;
     bool stopping;
@@ -152,6 +154,15 @@ static void *hb_main(void *arg)
             if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
                 resp->heartbeat->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
                 rc = KVP_ERR_NOT_FOUND; /* same meaning: the master dropped our replicas */
+            if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
+                resp->heartbeat->state == KVP__SEGMENT_STATE__SEGMENT_DRAINING && !s->hooks.on_mount &&
+                !s->drain_signalled) {
+                /* `kvpoolctl drain` of a kvpool-segment daemon (no hooks): take its SIGTERM path
+                 * (drain until empty, unmount, exit 0). Embedded segments keep running. */
+                s->drain_signalled = true;
+                kvp_log_info(s->actor, "segment %u: the master marked it DRAINING: draining, then exiting", id);
+                kill(getpid(), SIGTERM);
+            }
             kvp_msession_response_free(resp);
         }
         if (rc == KVP_ERR_NOT_FOUND) {

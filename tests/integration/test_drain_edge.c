@@ -251,10 +251,31 @@ static void test_drain_pool_full_reports_no_room_and_ends_at_timeout(void **stat
     assert_int_equal(after_small, 20);
 }
 
+/* `kvpoolctl drain NAME` of a kvpool-segment: the data moves, the process unmounts and exits 0. */
+static void test_drain_kvpoolctl_drain_moves_then_process_exits0(void **state)
+{
+    (void)state;
+    pid_t p = spawn_mounted("ctl", "8M");
+    assert_true(p > 0);
+    assert_int_equal(put_many("ctl", 20, 32 << 10, 1, "ctl"), 20);
+    char *argv[] = {CL.ctl, "--cluster", CL.file, "drain", "ctl", NULL};
+    uint64_t t0 = kvp_clock_now_ms();
+    assert_int_equal(tc_run(argv), 0);
+    int code = td_wait_exit(p, 30000);
+    if (code == -2)
+        kill(p, SIGKILL), waitpid(p, NULL, 0);
+    int ok = get_many("ctl", 20, 32 << 10);
+    printf("kvpoolctl drain: exit %d after %llu ms, %d/20 readable after\n", code,
+           (unsigned long long)(kvp_clock_now_ms() - t0), ok);
+    assert_int_equal(code, 0);
+    assert_int_equal(ok, 20);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drain_replica_num1_objects_readable_after_drain),
+        cmocka_unit_test(test_drain_kvpoolctl_drain_moves_then_process_exits0),
         cmocka_unit_test(test_drain_leader_killed_mid_drain_completes_under_new_leader),
         cmocka_unit_test(test_drain_pool_full_reports_no_room_and_ends_at_timeout),
     };
