@@ -487,8 +487,9 @@ static void *get_thread(void *arg)
         bufs[i] = g->arena + g->off[i];
         caps[i] = g_size[i];
     }
+    kvp_client *c = g->c; /* read before the main thread may close (and clear) it */
     atomic_store(&g->started, true);
-    kvp_batch_get(g->c, g->n, keys, bufs, caps, 30000, g->res);
+    kvp_batch_get(c, g->n, keys, bufs, caps, 30000, g->res);
     atomic_store(&g->returned, true);
     return NULL;
 }
