@@ -285,21 +285,22 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
     size_t k = kvp_evict_choose(c, n, target, e->policy, s->cfg.allow_evict_soft_pinned_objects, chosen, &sum);
     e->need = false;
     e->need_bytes = 0;
-    e->blocked = k == 0 && e->quar == 0;
-    if (k == 0) {
+    /* Blocked: nothing may go and nothing comes back from quarantine. With no complete object
+     * but capacity, the space is held by puts in progress: they complete (then evictable) or
+     * are revoked, so clients keep waiting. */
+    e->blocked = k == 0 && e->quar == 0 && (n > 0 || e->cap == 0);
+    if (e->blocked) {
         e->blocked_rounds++;
         if (n == 0)
             snprintf(e->blocked_why, sizeof e->blocked_why,
-                     "no space; eviction cannot help: no complete object is stored (the space is held by "
-                     "puts in progress, or no segment is mounted)");
+                     "no space; eviction cannot help: no segment is mounted");
         else
             snprintf(e->blocked_why, sizeof e->blocked_why,
                      "no space; eviction cannot help: every object is under a read lease or soft-pinned "
                      "(%llu bytes leased, %llu bytes pinned%s)",
                      (unsigned long long)sum.leased_bytes, (unsigned long long)sum.pinned_bytes,
                      s->cfg.allow_evict_soft_pinned_objects ? "" : ", allow_evict_soft_pinned_objects=false");
-        if (n > 0 || e->quar == 0)
-            kvp_log_warn(s->actor, "eviction: %s", e->blocked_why);
+        kvp_log_warn(s->actor, "eviction: %s", e->blocked_why);
     }
     /* Drop hints of objects that no longer exist (keeps the table bounded). */
     size_t pos = 0;

@@ -43,6 +43,26 @@
 
 static struct tc_cluster CL;
 
+/* tc_cluster_up with the port base moved by `attempt`. */
+static int cluster_up(struct tc_cluster *c, int segments, const char *segment_size, int attempt)
+{
+    memset(c, 0, sizeof *c);
+    const char *bd = getenv("KVP_BUILD_DIR");
+    snprintf(c->ctl, sizeof c->ctl, "%s/tools/kvpoolctl", bd ? bd : ".");
+    snprintf(c->dir, sizeof c->dir, "/tmp/kvp-evict-test-XXXXXX");
+    if (!mkdtemp(c->dir))
+        return -1;
+    snprintf(c->file, sizeof c->file, "%s/cluster.json", c->dir);
+    char segs[16], port[16];
+    snprintf(segs, sizeof segs, "%d", segments);
+    snprintf(port, sizeof port, "%d", 20000 + (int)((getpid() + 97 * attempt) % 400) * 100 + 50);
+    char *argv[] = {c->ctl, "cluster", "up", "--dir", c->dir, "--masters", "3", "--segments", segs,
+                    "--segment-size", (char *)segment_size, "--base-port", port, NULL};
+    int rc = tc_run(argv);
+    c->up = true; /* even on failure: down kills whatever started */
+    return rc;
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -50,12 +70,15 @@ static int setup(void **state)
     setenv("KVPOOL_EVICTION_RATIO", "0.1", 1);
     setenv("KVPOOL_FENCE_GRACE_MS", "200", 1);
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "5000", 1);
-    if (tc_cluster_up(&CL, 3, SEG_SIZE_STR) != 0) {
-        fprintf(stderr, "kvpoolctl cluster up failed (dir %s)\n", CL.dir);
+    /* The port base derives from the pid; on a shared machine another test may hold it: try
+     * up to 4 bases. */
+    for (int attempt = 0; attempt < 4; attempt++) {
+        if (cluster_up(&CL, 3, SEG_SIZE_STR, attempt) == 0)
+            return 0;
+        fprintf(stderr, "kvpoolctl cluster up failed (dir %s), attempt %d\n", CL.dir, attempt + 1);
         tc_cluster_down(&CL);
-        return -1;
     }
-    return 0;
+    return -1;
 }
 
 static int teardown(void **state)
