@@ -31,7 +31,7 @@ static int setup(void **state)
     setenv("KVPOOL_CLIENT_TTL", "3000", 1);
     setenv("KVPOOL_HEARTBEAT_MS", "300", 1);
     setenv("KVPOOL_REPAIR_BANDWIDTH_BYTES_PER_S", "4M", 1);
-    int rc = tc_cluster_up(&CL, 2, "16M");
+    int rc = td_cluster_up(&CL, 2, "16M");
     if (rc != 0) {
         fprintf(stderr, "kvpoolctl cluster up failed (dir %s)\n", CL.dir);
         tc_cluster_down(&CL);

@@ -26,7 +26,7 @@ static int setup(void **state)
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "2000", 1); /* inherited by the masters */
     setenv("KVPOOL_CLIENT_TTL", "3000", 1);
     setenv("KVPOOL_HEARTBEAT_MS", "300", 1);
-    int rc = tc_cluster_up(&CL, 3, "64M");
+    int rc = td_cluster_up(&CL, 3, "64M");
     if (rc != 0) {
         fprintf(stderr, "kvpoolctl cluster up failed (dir %s)\n", CL.dir);
         tc_cluster_down(&CL);

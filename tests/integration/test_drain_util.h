@@ -200,6 +200,26 @@ static inline int td_load_stop(struct td_load *l)
 
 /* ------------------------------------------------------------------ cluster access */
 
+/* Like tc_cluster_up, without --base-port: kvpoolctl picks free ports and retries on new ones
+ * when a port is taken meanwhile (a pid-derived base collides on a busy shared machine). */
+static inline int td_cluster_up(struct tc_cluster *c, int segments, const char *segment_size)
+{
+    memset(c, 0, sizeof *c);
+    const char *bd = getenv("KVP_BUILD_DIR");
+    snprintf(c->ctl, sizeof c->ctl, "%s/tools/kvpoolctl", bd ? bd : ".");
+    snprintf(c->dir, sizeof c->dir, "/tmp/kvp-drain-test-XXXXXX");
+    if (!mkdtemp(c->dir))
+        return -1;
+    snprintf(c->file, sizeof c->file, "%s/cluster.json", c->dir);
+    char segs[16];
+    snprintf(segs, sizeof segs, "%d", segments);
+    char *argv[] = {c->ctl, "cluster", "up", "--dir", c->dir, "--masters", "3", "--segments", segs,
+                    "--segment-size", (char *)segment_size, NULL};
+    int rc = tc_run(argv);
+    c->up = true; /* even on failure: down kills whatever started */
+    return rc;
+}
+
 static inline struct kvp_msession *td_session(const struct tc_cluster *cl)
 {
     json_error_t e;
