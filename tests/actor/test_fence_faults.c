@@ -3,7 +3,8 @@
  * against a real segment server over loopback or the local transport: FAIL → TRANSFER at once,
  * DROP → TIMEOUT, a short STALL completes, a whole-peer STALL past the timeout fences READs and
  * WRITEs (the region and the buffers untouched afterwards), count limits the hits, the local
- * transport's FAIL / STALL / WEDGE, and the KVP_XFER_FAULT syntax (a bad spec adds nothing).
+ * transport's FAIL / STALL / WEDGE, the KVP_XFER_FAULT syntax (a bad spec adds nothing) and the
+ * variable read at engine start (in a child process).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "actors/segment/seg_server.h"
 #include "actors/transfer/fault.h"
@@ -177,13 +180,48 @@ static void test_fence_faults_env_syntax(void **state)
     assert_int_equal(kvp_xfer_fault_add(&bad), KVP_ERR_INVALID);
 }
 
-int main(void)
+/* Child mode: the rules come from KVP_XFER_FAULT, read when the engine starts. Exit 0 when a
+ * READ failed with TRANSFER (rule "fail,op=read") and a WRITE still worked. */
+static int env_child(void)
 {
+    if (setup(NULL) != 0)
+        return 2;
+    uint8_t buf[512];
+    struct kvp_xfer_slice s = sl(buf, sizeof buf, 0, KVP_XFER_READ, 1);
+    int a = kvp_xfer_run(T.e, &s, 1, 5000);
+    s.op = KVP_XFER_WRITE;
+    memcpy(buf, T.region, sizeof buf);
+    int b = kvp_xfer_run(T.e, &s, 1, 5000);
+    teardown(NULL);
+    return a == KVP_ERR_TRANSFER && b == KVP_OK ? 0 : 1;
+}
+
+static void test_fence_faults_env_rules_read_at_engine_start(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("KVP_XFER_FAULT", "fail,transport=tcp,op=read", 1);
+        execl("/proc/self/exe", "test_fence_faults", "--env-child", (char *)NULL);
+        _exit(3);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--env-child"))
+        return env_child();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fence_faults_fail_drop_stall_count),
         cmocka_unit_test(test_fence_faults_peer_stall_fences_reads_and_writes),
         cmocka_unit_test(test_fence_faults_local_transport),
         cmocka_unit_test(test_fence_faults_env_syntax),
+        cmocka_unit_test(test_fence_faults_env_rules_read_at_engine_start),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
