@@ -215,13 +215,20 @@ int kvp_fsm_quarantine_push(struct kvp_fsm_seg *s, uint64_t off, uint64_t len, u
 void kvp_fsm_obj_destroy(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t now_ms)
 {
     uint64_t len = kvp_alloc_round(o->size);
+    /* A pending put's writer may still have WRITE frames in flight until its deadline (the
+     * segment refuses payload after the frame's write deadline, which the client sets no later
+     * than the put's deadline; docs/fencing.md). So its space counts as freed at the deadline,
+     * not now: reuse waits for deadline + fence_grace_ms (contract C3). */
+    uint64_t freed_at = now_ms;
+    if (o->state == KVP_FSM_OBJ_PENDING && o->u.deadline_ms > freed_at)
+        freed_at = o->u.deadline_ms;
     for (unsigned i = 0; i < o->n_replicas; i++) {
         struct kvp_fsm_seg *s = kvp_fsm_seg_get(f, o->rep[i].segment_id);
         if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
             continue;
         s->used_bytes -= len;
         s->n_replicas--;
-        if (kvp_fsm_quarantine_push(s, o->rep[i].offset, len, now_ms) != KVP_OK)
+        if (kvp_fsm_quarantine_push(s, o->rep[i].offset, len, freed_at) != KVP_OK)
             kvp_log_error(KVP_FSM_ACTOR, "segment %u: quarantine %llu bytes at %llu: no memory, "
                           "extent leaked until restore", s->id, (unsigned long long)len,
                           (unsigned long long)o->rep[i].offset);

@@ -454,6 +454,28 @@ static void test_fsm_quarantine_no_reuse_before_grace(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+/* A revoked pending put's space is reused only after its deadline + grace: its writer's
+ * frames may land until the write deadline (C3). */
+static void test_fsm_revoked_pending_quarantined_until_deadline(void **state)
+{
+    (void)state;
+    const uint64_t grace = 500;
+    struct kvp_master_fsm *f = tf_new(grace, 5000);
+    assert_int_equal(tf_mount(f, "s1", "h", 64, 1, NULL), KVP_OK); /* one 64-byte block */
+    struct tf_put p = {.key = "a", .size = 64, .replica_num = 1, .op_id = 1};
+    int st;
+    kvp_master_fsm_response_free(tf_put_start_r(f, &p, 1000, 10000, &st)); /* deadline 11000 */
+    assert_int_equal(st, KVP_OK);
+    assert_int_equal(tf_revoke(f, "a", 1, 1100), KVP_OK);
+    assert_int_equal(tf_release(f, 1100 + grace + 1), 0);
+    assert_int_equal(tf_release(f, 11000 + grace - 1), 0);
+    assert_int_equal(tf_put_start(f, "b", 64, 1, 2, 11000 + grace - 1), KVP_ERR_NO_SPACE);
+    assert_int_equal(tf_release(f, 11000 + grace), 1);
+    assert_int_equal(tf_put_start(f, "b", 64, 1, 2, 11000 + grace), KVP_OK);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    kvp_master_fsm_destroy(&f);
+}
+
 static void test_fsm_revoke_expired_after_deadline(void **state)
 {
     (void)state;
@@ -667,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_fsm_segment_lost_drops_replicas_revokes_pending),
         cmocka_unit_test(test_fsm_unmount_drops_replicas),
         cmocka_unit_test(test_fsm_quarantine_no_reuse_before_grace),
+        cmocka_unit_test(test_fsm_revoked_pending_quarantined_until_deadline),
         cmocka_unit_test(test_fsm_revoke_expired_after_deadline),
         cmocka_unit_test(test_fsm_queries_exists_size_status),
         cmocka_unit_test(test_fsm_unknown_bodies_invalid),
