@@ -4,8 +4,8 @@
  * processes when that binary sits next to kvpoolctl) on free ports, writes DIR/cluster.json
  * (layout: docs/internals.md "Config") and waits until a leader serves and every segment is
  * mounted. Processes log to DIR/<name>.log, inherit the KVPOOL_* environment and get the
- * --config FILE given to `up`. `down` stops every process of cluster.json (SIGTERM, then SIGKILL
- * after a grace period); `restart` starts one stopped or killed member again with its data.
+ * --config FILE given to `up`. `down` stops every process of cluster.json (segments SIGINT,
+ * masters SIGTERM, then SIGKILL after a grace period); `restart` starts one stopped or killed member again with its data.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -698,11 +698,11 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
 
 /* ------------------------------------------------------------------ down */
 
-static int stop_members(json_t **list, size_t n, uint32_t grace_ms)
+static int stop_members(json_t **list, size_t n, uint32_t grace_ms, int sig)
 {
     for (size_t i = 0; i < n; i++)
         if (member_alive(list[i]))
-            kill((pid_t)json_integer_value(json_object_get(list[i], "pid")), SIGTERM);
+            kill((pid_t)json_integer_value(json_object_get(list[i], "pid")), sig);
     uint64_t deadline = mono_ms() + grace_ms;
     for (;;) {
         size_t alive = 0;
@@ -754,13 +754,15 @@ static int cluster_down(struct ctl *c, int argc, char **argv)
     json_t *list[KVP_CFG_MAX_MASTERS + CLUSTER_MAX_SEGMENTS];
     size_t n = 0, i;
     json_t *m;
-    /* Segments first (they unmount from the masters), then the masters. */
+    /* Segments first (they unmount from the masters), then the masters. Segments get SIGINT
+     * (unmount and exit), not SIGTERM (drain: migrate replicas elsewhere), since the whole
+     * cluster is going away. */
     json_array_foreach(json_object_get(cl, "segments"), i, m) if (n < CLUSTER_MAX_SEGMENTS) list[n++] = m;
-    int left = stop_members(list, n, o.grace_ms);
+    int left = stop_members(list, n, o.grace_ms, SIGINT);
     size_t nseg = n;
     n = 0;
     json_array_foreach(json_object_get(cl, "masters"), i, m) if (n < KVP_CFG_MAX_MASTERS) list[n++] = m;
-    left += stop_members(list, n, o.grace_ms);
+    left += stop_members(list, n, o.grace_ms, SIGTERM);
     cluster_save(o.dir, cl);
     json_decref(cl);
     if (c->json) {
