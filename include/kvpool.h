@@ -98,6 +98,14 @@ int kvp_config_set(kvp_config *cfg, const char *key, const char *value);
 /** Load a JSON object of key → value (string, number or bool). Errors: KVP_ERR_IO, KVP_ERR_INVALID. */
 int kvp_config_load_file(kvp_config *cfg, const char *path);
 
+/**
+ * Apply every KVPOOL_<KEY> environment variable that names a client key (e.g.
+ * KVPOOL_MASTER_SERVER_ADDRESS, KVPOOL_REPLICA_NUM). Not done implicitly, so that an embedding
+ * program decides the order: the usual one is defaults < file < environment < its own sets.
+ * Errors: KVP_ERR_INVALID (a bad value; logged, the config is unchanged).
+ */
+int kvp_config_load_env(kvp_config *cfg);
+
 /** Free a config; accepts NULL and *cfg == NULL; sets *cfg to NULL. */
 void kvp_config_destroy(kvp_config **cfg);
 
