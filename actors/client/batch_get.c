@@ -9,6 +9,22 @@
  * returned wrong bytes). Each slot is read on its own, so a key present twice in one batch
  * fills both slots. Segments that failed with a transfer error are reported
  * (ReportUnreachable) at the end of the call.
+ *
+ * Silent peers (contract C4): a replica behind a frozen process or a dead host link keeps its
+ * TCP connection open and never answers, so a round given the whole remaining time would spend
+ * it all there. Rule: while some pending slot still has an untried replica after its current
+ * one, a round's transfer time is capped at
+ *     min(remaining / (most_untried + 1), budget),  budget = max(200 ms, transfer_timeout / 4)
+ * (most_untried: the largest number of untried replicas after the current one over the pending
+ * slots; transfer_timeout the client's configured call timeout, 10 s when unset). The engine
+ * fences what is outstanding when the round's time runs out (a fenced READ's late bytes go to
+ * engine scratch, never to the caller's buffer: docs/fencing.md), so the next round may reuse
+ * the same destination for the next replica. A slot that timed out in a capped round moves to
+ * its next replica; on its last replica it stays there and is tried again in the next round.
+ * A round where no pending slot has another replica gets the full remaining time, and a
+ * timeout then is the call's KVP_ERR_TIMEOUT. A segment whose slices timed out in a capped round
+ * is reported unreachable unless another slice of the same round completed on it (it answers,
+ * it is only slow).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -28,7 +44,29 @@ struct get_slot {
     int last_err;               /* TRANSFER or CORRUPT: what exhausted replicas report */
     bool pending;
     bool retry;                 /* this round failed on the current replica: try the next one */
+    bool again;                 /* timed out in a capped round on its last replica: same one again */
 };
+
+/* Floor of the per-replica round budget of the silent-peer rule (file comment). */
+#define GET_REPLICA_BUDGET_MIN_MS 200u
+
+/* Transfer time of one round: left, or the capped share when some pending slot has another
+ * untried replica (file comment). */
+static uint32_t round_budget(const struct kvp_client *c, const struct get_slot *sl, size_t n,
+                             uint32_t left)
+{
+    size_t most = 0;
+    for (size_t i = 0; i < n; i++)
+        if (sl[i].pending && sl[i].n_order - sl[i].cursor - 1 > most)
+            most = sl[i].n_order - sl[i].cursor - 1;
+    if (most == 0)
+        return left;
+    uint32_t tt = c->cfg.transfer_timeout_ms ? c->cfg.transfer_timeout_ms : 10000;
+    uint32_t budget = tt / 4 > GET_REPLICA_BUDGET_MIN_MS ? tt / 4 : GET_REPLICA_BUDGET_MIN_MS;
+    uint32_t share = (uint32_t)(left / (most + 1));
+    uint32_t r = share < budget ? share : budget;
+    return r > 0 ? r : 1;
+}
 
 static int cmp_keys(const void *a, const void *b, void *arg)
 {
@@ -251,7 +289,10 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
                 off += l;
             }
         }
-        kvp_xfer_run(c->xfer, slices, ns, left); /* returns when every slice is terminal */
+        uint32_t round_ms = round_budget(c, sl, n, left);
+        bool capped = round_ms < left;
+        /* returns when every slice is terminal: completed, failed or fenced (C2) */
+        kvp_xfer_run(c->xfer, slices, ns, round_ms);
         rounds++;
         /* A transfer that ended after the lease may have read an extent already reused by
          * another put: its bytes are never returned (docs/eviction.md). */
@@ -265,12 +306,33 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
         }
 
         /* first failing slice per slot */
+        size_t n_capped_to = 0; /* slots fenced by the capped round */
         for (size_t q = 0; q < ns; q++) {
             size_t i = slice_slot[q];
             if (slices[q].status == KVP_OK || !sl[i].pending)
                 continue;
             int st = slices[q].status;
             sl[i].pending = false; /* decided below */
+            if (capped && st == KVP_ERR_TIMEOUT) {
+                /* the replica did not answer within its share: fenced; next replica, or this
+                 * one again with the full time once no slot has another replica */
+                n_capped_to++;
+                if (sl[i].cursor + 1 >= sl[i].n_order) {
+                    sl[i].again = true;
+                    continue;
+                }
+                bool alive = false, known = false;
+                for (size_t b = 0; b < n_bad; b++)
+                    known |= bad[b] == slices[q].segment_id;
+                for (size_t p = 0; p < ns && !alive && !known; p++)
+                    alive = slices[p].segment_id == slices[q].segment_id && slices[p].status == KVP_OK;
+                if (!alive && !known && n_bad < n)
+                    bad[n_bad++] = slices[q].segment_id;
+                kvp_log_debug(c->name, "get %s: segment %u: no answer within %u ms, next replica",
+                              objs[i].key, slices[q].segment_id, round_ms);
+                sl[i].retry = true;
+                continue;
+            }
             if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM ||
                 st == KVP_ERR_FENCE_FAILED) { /* fence failure: reported, not retried (C2 item 3) */
                 results[i] = st;
@@ -288,7 +350,15 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
                 sl[i].last_err = KVP_ERR_TRANSFER;
             sl[i].retry = true;
         }
+        if (n_capped_to > 0)
+            kvp_log_info(c->name, "get: %zu key(s) not answered within the %u ms round share, "
+                         "retrying them", n_capped_to, round_ms);
         for (size_t i = 0; i < n; i++) {
+            if (sl[i].again) { /* same replica, next round */
+                sl[i].again = false;
+                sl[i].pending = true;
+                continue;
+            }
             if (!sl[i].info || (!sl[i].pending && !sl[i].retry))
                 continue;
             sl[i].retry = false;
