@@ -65,13 +65,15 @@ static int test_teardown(void **state)
 
 /* Segment id of segment `name` (a replica_num 1 object placed there), and how many of keys[] have
  * their first listed replica on it. */
-static uint32_t first_on(kvp_client *c, const char *name, char keys[][32], size_t n, size_t *count)
+static uint32_t first_on(kvp_client *c, const char *name, char keys[][32], size_t n, size_t *count,
+                         bool *is_first)
 {
     uint8_t b[64];
     memset(b, 1, sizeof b);
     kvp_put_opts o1 = {.replica_num = 1, .preferred_segment = name};
+    static int probes;
     char probe[64];
-    snprintf(probe, sizeof probe, "probe-%s", name);
+    snprintf(probe, sizeof probe, "probe-%s-%d", name, probes++);
     assert_int_equal(kvp_put(c, probe, b, sizeof b, &o1), KVP_OK);
 
     char *masters[KVP_CFG_MAX_MASTERS];
@@ -103,6 +105,8 @@ static uint32_t first_on(kvp_client *c, const char *name, char keys[][32], size_
     for (size_t i = 0; i < n; i++) {
         const Kvp__ObjectInfo *o = resp->get_replicas->objects[i + 1];
         assert_int_equal(o->n_replicas, 2);
+        if (is_first)
+            is_first[i] = o->replicas[0]->segment_id == id;
         if (o->replicas[0]->segment_id == id)
             (*count)++;
     }
@@ -216,7 +220,7 @@ static void test_get_silent_peer_sigstop_next_replica_in_time(void **state)
     static char keys[N][32];
     put_keys(c, "stop", keys, seg0);
     size_t first = 0;
-    uint32_t id0 = first_on(c, seg0, keys, N, &first);
+    uint32_t id0 = first_on(c, seg0, keys, N, &first, NULL);
     fprintf(stderr, "segment %s (id %u, pid %d): first replica of %zu/%d keys; SIGSTOP\n", seg0, id0,
             pid0, first, N);
     assert_true(first > 0);
@@ -244,7 +248,7 @@ static void test_get_silent_peer_fault_drop_next_replica_in_time(void **state)
     static char keys[N][32];
     put_keys(c, "drop", keys, seg0);
     size_t first = 0;
-    uint32_t id0 = first_on(c, seg0, keys, N, &first);
+    uint32_t id0 = first_on(c, seg0, keys, N, &first, NULL);
     fprintf(stderr, "segment %s (id %u): first replica of %zu/%d keys; READs to it dropped\n", seg0,
             id0, first, N);
     assert_true(first > 0);
@@ -260,11 +264,87 @@ static void test_get_silent_peer_fault_drop_next_replica_in_time(void **state)
     kvp_client_close(&c);
 }
 
+/* A key on its last replica in a round capped for the others: the capped round fences it
+ * (its segment answers late), it stays on that replica and is read again with the full time in
+ * the next round. Batch: the keys whose first replica is on seg0 (every READ to seg0 dropped)
+ * plus a replica_num 1 key on seg1 (its first READ answered 1500 ms late). */
+static void test_get_silent_peer_last_replica_capped_round_read_again(void **state)
+{
+    (void)state;
+    char seg0[128] = "", seg1[128] = "";
+    assert_true(tc_segment(&CL, 0, seg0, sizeof seg0) > 0);
+    assert_true(tc_segment(&CL, 1, seg1, sizeof seg1) > 0);
+    kvp_client *c = tc_open(&CL, TIMEOUT_MS);
+    assert_non_null(c);
+    static char keys[N][32];
+    put_keys(c, "mix", keys, seg0);
+    bool is_first[N];
+    size_t first = 0, unused = 0;
+    uint32_t id0 = first_on(c, seg0, keys, N, &first, is_first);
+    uint32_t id1 = first_on(c, seg1, keys, 0, &unused, NULL);
+    assert_true(first > 0);
+    const char *solo = "mix-solo";
+    uint8_t *b = malloc(LEN);
+    tc_fill(solo, b, LEN);
+    kvp_put_opts o1 = {.replica_num = 1, .preferred_segment = seg1};
+    assert_int_equal(kvp_put(c, solo, b, LEN, &o1), KVP_OK);
+    free(b);
+
+    struct kvp_xfer_fault_rule drop = {.action = KVP_FAULT_DROP, .transport = KVP_FAULT_TCP,
+                                       .op = KVP_XFER_READ, .segment_id = id0};
+    struct kvp_xfer_fault_rule late = {.action = KVP_FAULT_LATE, .transport = KVP_FAULT_TCP,
+                                       .op = KVP_XFER_READ, .segment_id = id1, .ms = 1500, .count = 1};
+    int rc = kvp_xfer_fault_add(&drop);
+    if (rc == KVP_ERR_UNSUPPORTED) {
+        kvp_client_close(&c);
+        skip();
+    }
+    assert_int_equal(rc, KVP_OK);
+    assert_int_equal(kvp_xfer_fault_add(&late), KVP_OK);
+
+    const char *kp[N + 1];
+    void *bp[N + 1];
+    size_t caps[N + 1];
+    int64_t res[N + 1];
+    size_t nb = 0;
+    for (int i = 0; i < N; i++)
+        if (is_first[i])
+            kp[nb++] = keys[i];
+    kp[nb++] = solo;
+    for (size_t i = 0; i < nb; i++) {
+        bp[i] = malloc(LEN);
+        memset(bp[i], TC_POISON, LEN);
+        caps[i] = LEN;
+    }
+    uint64_t t0 = kvp_clock_now_us();
+    assert_int_equal(kvp_batch_get(c, nb, kp, bp, caps, TIMEOUT_MS, res), KVP_OK);
+    uint64_t took = kvp_clock_now_us() - t0;
+    fprintf(stderr, "batch_get of %zu keys (last one replica_num 1, answered late): %.1f ms\n", nb,
+            took / 1000.0);
+    for (size_t i = 0; i < nb; i++) {
+        if (res[i] != LEN)
+            fprintf(stderr, "batch slot %zu (%s): %s\n", i, kp[i], kvp_errname((int)res[i]));
+        assert_int_equal(res[i], LEN);
+        assert_true(tc_check(kp[i], bp[i], LEN));
+    }
+    /* the late answer of the fenced first read goes to scratch, never to the buffer */
+    for (size_t i = 0; i < nb; i++)
+        memset(bp[i], TC_POISON, LEN);
+    release_faults();
+    assert_int_equal(kvp_xfer_fault_quiesce(10000), KVP_OK);
+    for (size_t i = 0; i < nb; i++) {
+        assert_true(tc_all_poison(bp[i], LEN));
+        free(bp[i]);
+    }
+    kvp_client_close(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_get_silent_peer_sigstop_next_replica_in_time, test_teardown),
         cmocka_unit_test_teardown(test_get_silent_peer_fault_drop_next_replica_in_time, test_teardown),
+        cmocka_unit_test_teardown(test_get_silent_peer_last_replica_capped_round_read_again, test_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
