@@ -171,8 +171,10 @@ static void *mover_main(void *arg)
         /* delivered: drop the reports sent */
         for (size_t i = 0; i < nd; i++)
             free(m->done[i].key);
-        memmove(m->done, m->done + nd, (m->n_done - nd) * sizeof *m->done);
-        m->n_done -= nd;
+        if (nd > 0) { /* m->done may be NULL when nothing was reported */
+            memmove(m->done, m->done + nd, (m->n_done - nd) * sizeof *m->done);
+            m->n_done -= nd;
+        }
         if (resp->body_case == KVP__RESPONSE__BODY_MOVER_POLL && resp->mover_poll &&
             resp->mover_poll->n_tasks) {
             run_tasks(m, id, resp->mover_poll->tasks, resp->mover_poll->n_tasks);

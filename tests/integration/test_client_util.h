@@ -47,7 +47,9 @@ static inline int tc_run(char *const argv[])
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* `kvpoolctl cluster up --dir <tmp> --masters 3 --segments N --segment-size SIZE --base-port P`.
+/* `kvpoolctl cluster up --dir <tmp> --masters 3 --segments N --segment-size SIZE`: kvpoolctl
+ * picks free ports itself and retries on new ones if one is taken meanwhile (a pid-derived port
+ * base collided with other tests and ephemeral ports on the shared machine).
  * The environment (KVPOOL_*) is inherited by the processes it starts. */
 static inline int tc_cluster_up(struct tc_cluster *c, int segments, const char *segment_size)
 {
@@ -58,12 +60,10 @@ static inline int tc_cluster_up(struct tc_cluster *c, int segments, const char *
     if (!mkdtemp(c->dir))
         return -1;
     snprintf(c->file, sizeof c->file, "%s/cluster.json", c->dir);
-    char segs[16], port[16];
+    char segs[16];
     snprintf(segs, sizeof segs, "%d", segments);
-    /* a port base derived from the pid so parallel tests do not collide */
-    snprintf(port, sizeof port, "%d", 20000 + (int)(getpid() % 400) * 100);
     char *argv[] = {c->ctl, "cluster", "up", "--dir", c->dir, "--masters", "3", "--segments", segs,
-                    "--segment-size", (char *)segment_size, "--base-port", port, NULL};
+                    "--segment-size", (char *)segment_size, NULL};
     int rc = tc_run(argv);
     c->up = true; /* even on failure: down kills whatever started */
     return rc;

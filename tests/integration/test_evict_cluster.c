@@ -43,7 +43,7 @@
 
 static struct tc_cluster CL;
 
-/* tc_cluster_up with the port base moved by `attempt`. */
+/* tc_cluster_up; `attempt` only numbers retries (kvpoolctl picks free ports each time). */
 static int cluster_up(struct tc_cluster *c, int segments, const char *segment_size, int attempt)
 {
     memset(c, 0, sizeof *c);
@@ -53,11 +53,11 @@ static int cluster_up(struct tc_cluster *c, int segments, const char *segment_si
     if (!mkdtemp(c->dir))
         return -1;
     snprintf(c->file, sizeof c->file, "%s/cluster.json", c->dir);
-    char segs[16], port[16];
+    char segs[16];
+    (void)attempt; /* kvpoolctl picks free ports; a retry gets new ones */
     snprintf(segs, sizeof segs, "%d", segments);
-    snprintf(port, sizeof port, "%d", 20000 + (int)((getpid() + 97 * attempt) % 400) * 100 + 50);
     char *argv[] = {c->ctl, "cluster", "up", "--dir", c->dir, "--masters", "3", "--segments", segs,
-                    "--segment-size", (char *)segment_size, "--base-port", port, NULL};
+                    "--segment-size", (char *)segment_size, NULL};
     int rc = tc_run(argv);
     c->up = true; /* even on failure: down kills whatever started */
     return rc;
@@ -70,8 +70,7 @@ static int setup(void **state)
     setenv("KVPOOL_EVICTION_RATIO", "0.1", 1);
     setenv("KVPOOL_FENCE_GRACE_MS", "200", 1);
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "5000", 1);
-    /* The port base derives from the pid; on a shared machine another test may hold it: try
-     * up to 4 bases. */
+    /* A port chosen free may be taken before a process binds it: try up to 4 times. */
     for (int attempt = 0; attempt < 4; attempt++) {
         if (cluster_up(&CL, 3, SEG_SIZE_STR, attempt) == 0)
             return 0;
