@@ -370,9 +370,22 @@ static void run_admin(struct kvp_raftlog *rl, struct rl_op *op)
     a->next = rl->admins;
     rl->admins = a;
     int rv;
-    if (op->kind == OP_ADD_VOTER)
+    if (op->kind == OP_ADD_VOTER) {
         rv = raft_add(&rl->raft, &a->change, op->id, op->addr, add_cb);
-    else if (op->kind == OP_REMOVE)
+        if (rv == RAFT_DUPLICATEID) {
+            /* A retried add whose first attempt added the server but did not finish promoting
+             * it (catch-up too slow): promote it now. A server that is a voter already stays
+             * a duplicate (KVP_ERR_INVALID). */
+            const struct raft_configuration *cf = &rl->raft.configuration;
+            for (unsigned i = 0; i < cf->n; i++) {
+                if (cf->servers[i].id == op->id && cf->servers[i].role != RAFT_VOTER) {
+                    a->assign.data = a;
+                    rv = raft_assign(&rl->raft, &a->assign, op->id, RAFT_VOTER, assign_cb);
+                    break;
+                }
+            }
+        }
+    } else if (op->kind == OP_REMOVE)
         rv = raft_remove(&rl->raft, &a->change, op->id, remove_cb);
     else
         rv = raft_transfer(&rl->raft, &a->transfer, op->id, transfer_cb);

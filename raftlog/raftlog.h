@@ -119,7 +119,9 @@ int kvp_raftlog_query(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *q, s
 
 /**
  * Admin operations (leader only); results as KVP_RAFTLOG_EV_ADMIN with corr.
- * add_voter: raft_add then raft_assign(RAFT_VOTER) (status after the promotion commits).
+ * add_voter: raft_add then raft_assign(RAFT_VOTER) (status after the promotion commits); when
+ * the id is in the configuration but not a voter (an earlier add whose promotion failed), it
+ * only promotes, so a failed add can be retried.
  * remove: raft_remove. transfer: raft_transfer; KVP_OK if the target (any other voter for 0)
  * leads when raft reports the transfer finished, else KVP_ERR_TIMEOUT.
  * Errors in the event: KVP_ERR_NOT_LEADER, KVP_ERR_INVALID (unknown/duplicate id, bad role),
