@@ -36,6 +36,26 @@ static void seg_mark_lost(fsm_t *f, seg_t *s, uint64_t now_ms)
 
 /* ---------------------------------------------------------------- segments */
 
+#define KVP_FSM_MAX_SEGMENT_BYTES (64ull << 40) /* as config's global_segment_size bound */
+
+/* "host:port", "[v6]:port", "[v6%scope]:port": a non-empty host and a port in 1..65535. */
+static bool endpoint_ok(const char *ep)
+{
+    if (!ep || !ep[0])
+        return false;
+    const char *colon = strrchr(ep, ':');
+    if (!colon || colon == ep || !colon[1] || strlen(colon + 1) > 5)
+        return false;
+    unsigned long port = 0;
+    for (const char *p = colon + 1; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return false;
+        port = port * 10 + (unsigned long)(*p - '0');
+    }
+    return port >= 1 && port <= 65535;
+}
+#define KVP_FSM_MAX_PUT_TTL_MS (2ull * 3600 * 1000) /* above the 1 h transfer_timeout cap */
+
 static int on_mount(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
 {
     const Kvp__MountSegmentReq *m = c->mount;
@@ -45,9 +65,29 @@ static int on_mount(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
         return kvp_fsm_resp_error(r, KVP_ERR_INVALID, "mount %s: size %llu below %u bytes",
                                   m->name, (unsigned long long)m->size, KVP_FSM_ALIGN),
                KVP_OK;
+    if (m->size > KVP_FSM_MAX_SEGMENT_BYTES)
+        return kvp_fsm_resp_error(r, KVP_ERR_INVALID, "mount %s: size %llu above %llu bytes (64 TiB)",
+                                  m->name, (unsigned long long)m->size,
+                                  (unsigned long long)KVP_FSM_MAX_SEGMENT_BYTES),
+               KVP_OK;
+    if (!endpoint_ok(m->endpoint))
+        return kvp_fsm_resp_error(r, KVP_ERR_INVALID, "mount %s: endpoint '%.200s' is not host:port",
+                                  m->name, m->endpoint ? m->endpoint : ""),
+               KVP_OK;
     if (f->n_segs_ids == UINT32_MAX)
         return kvp_fsm_resp_error(r, KVP_ERR_NO_SPACE, "mount %s: segment ids exhausted",
                                   m->name),
+               KVP_OK;
+    /* A live segment of the same name: the same host and endpoint means it restarted (the new
+     * process holds its address), so the old one is lost; another address means a second
+     * process claims a name in use, which must not wipe the live segment's objects. */
+    const seg_t *same = kvp_fsm_seg_by_name(f, m->name);
+    if (same && same->state != KVP__SEGMENT_STATE__SEGMENT_LOST &&
+        (strcmp(same->endpoint, m->endpoint) != 0 || strcmp(same->host, m->host ? m->host : "") != 0))
+        return kvp_fsm_resp_error(r, KVP_ERR_EXISTS,
+                                  "mount %s: name in use by segment %u at %s (host %s); it is free "
+                                  "again once that segment unmounts or is declared lost",
+                                  m->name, same->id, same->endpoint, same->host),
                KVP_OK;
     Kvp__MountSegmentResp *body = malloc(sizeof(*body));
     seg_t *s = calloc(1, sizeof(*s));
@@ -312,7 +352,11 @@ static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadli
 static int on_put_start(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
 {
     const Kvp__PutStartReq *q = c->put_start;
+    /* A client's ttl covers its call timeout (transfer_timeout is at most 1 h) plus a margin;
+     * anything longer would pin space and the key for good, so it is capped. */
     uint64_t ttl = q->ttl_ms ? q->ttl_ms : f->params.put_ttl_ms;
+    if (ttl > KVP_FSM_MAX_PUT_TTL_MS)
+        ttl = KVP_FSM_MAX_PUT_TTL_MS;
     uint64_t deadline = c->now_wall_ms > UINT64_MAX - ttl ? UINT64_MAX : c->now_wall_ms + ttl;
     Kvp__PutStartResp *body = malloc(sizeof(*body));
     if (!body)

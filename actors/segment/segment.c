@@ -64,6 +64,8 @@ static int call(struct kvp_segment *s, Kvp__Request *req, uint32_t timeout_ms, K
     return (*out)->status;
 }
 
+#define MOUNT_EXISTS_RETRIES 30 /* seconds: above the default client_ttl (10 s) */
+
 /* MountSegment; on success the new id is stored and the server accepts it. */
 static int do_mount(struct kvp_segment *s, uint32_t timeout_ms)
 {
@@ -289,6 +291,17 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
                  s->huge ? "huge" : "normal", s->endpoint);
 
     rc = do_mount(s, MOUNT_TIMEOUT_MS);
+    /* EXISTS: the name is still held by a segment the master thinks is alive at another
+     * address (this process restarted on a new port before the old one was declared lost).
+     * That resolves within client_ttl (about a second when a client reported it): retry. */
+    for (int i = 0; rc == KVP_ERR_EXISTS && i < MOUNT_EXISTS_RETRIES; i++) {
+        if (i == 0)
+            kvp_log_warn(s->actor, "name %s still held by a live segment; retrying the mount for up to %d s",
+                         s->name, MOUNT_EXISTS_RETRIES);
+        struct timespec ts = {.tv_sec = 1, .tv_nsec = 0};
+        nanosleep(&ts, NULL);
+        rc = do_mount(s, MOUNT_TIMEOUT_MS);
+    }
     if (rc != KVP_OK)
         goto fail;
     if (pthread_create(&s->hb_thread, NULL, hb_main, s) != 0) {

@@ -76,6 +76,55 @@ static void test_fsm_remount_same_name_old_lost(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+/* A second process claiming a live segment's name from another address is refused; the live
+ * segment keeps its objects. Bad sizes and endpoints are refused. */
+static void test_fsm_mount_name_in_use_elsewhere_exists(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(1000, 5000);
+    uint32_t a, b;
+    assert_int_equal(tf_mount(f, "seg-a", "h1", MB, 1, &a), KVP_OK);
+    assert_int_equal(tf_put(f, "k1", 100, 1, 7, 2), KVP_OK);
+    assert_int_equal(tf_mount(f, "seg-a", "h2", MB, 3, &b), KVP_ERR_EXISTS); /* h2:7000 */
+    assert_int_equal(tf_exists(f, "k1"), 1);
+    assert_int_equal(tf_seg_lost(f, a, 4), KVP_OK);
+    assert_int_equal(tf_mount(f, "seg-a", "h2", MB, 5, &b), KVP_OK); /* free once lost */
+    assert_int_equal(tf_mount(f, "huge", "h3", (64ull << 40) + 64, 6, NULL), KVP_ERR_INVALID);
+    Kvp__Command c = KVP__COMMAND__INIT;
+    Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
+    m.name = "bad-ep";
+    m.host = "h4";
+    m.size = MB;
+    c.now_wall_ms = 7;
+    c.body_case = KVP__COMMAND__BODY_MOUNT;
+    c.mount = &m;
+    const char *bad[] = {"", "h4", "h4:", ":7000", "h4:0", "h4:65536", "h4:70x0", "h4:1234567"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        m.endpoint = (char *)bad[i];
+        assert_int_equal(tf_apply_status(f, &c), KVP_ERR_INVALID);
+    }
+    m.endpoint = "[fe80::1%eth0]:7001";
+    assert_int_equal(tf_apply_status(f, &c), KVP_OK);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    kvp_master_fsm_destroy(&f);
+}
+
+/* A client's pending-put ttl is capped (2 h): a huge ttl cannot pin space for good. */
+static void test_fsm_put_start_huge_ttl_capped(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(100, 5000);
+    assert_int_equal(tf_mount(f, "s1", "h", MB, 1, NULL), KVP_OK);
+    struct tf_put p = {.key = "t", .size = 64, .replica_num = 1, .op_id = 1};
+    int st;
+    kvp_master_fsm_response_free(tf_put_start_r(f, &p, 1000, UINT64_MAX, &st));
+    assert_int_equal(st, KVP_OK);
+    assert_int_equal(tf_revoke_expired(f, 1000 + 2ull * 3600 * 1000 - 1), 0);
+    assert_int_equal(tf_revoke_expired(f, 1000 + 2ull * 3600 * 1000 + 1), 1);
+    assert_int_equal(tf_put_start(f, "t", 64, 1, 2, 1000 + 2ull * 3600 * 1000 + 2), KVP_OK);
+    kvp_master_fsm_destroy(&f);
+}
+
 static void test_fsm_put_start_bad_items_invalid(void **state)
 {
     (void)state;
@@ -677,6 +726,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fsm_mount_ids_monotonic_never_reused),
         cmocka_unit_test(test_fsm_remount_same_name_old_lost),
+        cmocka_unit_test(test_fsm_mount_name_in_use_elsewhere_exists),
+        cmocka_unit_test(test_fsm_put_start_huge_ttl_capped),
         cmocka_unit_test(test_fsm_put_start_bad_items_invalid),
         cmocka_unit_test(test_fsm_put_start_no_room_no_space),
         cmocka_unit_test(test_fsm_put_start_retry_same_op_same_replicas),
