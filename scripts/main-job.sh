@@ -58,7 +58,10 @@ CLUSTER_UP=0
 
 cleanup() {
   local rc=$?
-  trap - INT TERM EXIT
+  # Ignore further Ctrl-C / TERM while cleaning up (a second Ctrl-C, or `timeout` sending
+  # SIGINT twice, must not cut `cluster down` short and leave the cluster running).
+  trap '' INT TERM
+  trap - EXIT
   if [ -n "$KILLER_PID" ]; then kill "$KILLER_PID" 2>/dev/null || true; wait "$KILLER_PID" 2>/dev/null || true; fi
   if [ -n "$BENCH_PID" ] && kill -0 "$BENCH_PID" 2>/dev/null; then
     kill -INT "$BENCH_PID" 2>/dev/null || true   # the bench stops and prints a partial report

@@ -85,10 +85,10 @@ static uint64_t cap_of(const struct kvp_client_obj *o)
 static int check_obj(const struct kvp_client_obj *o)
 {
     if (kvp_client_check_key(o->key) != KVP_OK || (!o->iov && o->iovcnt > 0))
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "bad key (NULL, empty or over 512 bytes), or a NULL iov array with iovcnt > 0");
     for (size_t k = 0; k < o->iovcnt; k++)
         if (o->iov[k].len > 0 && !o->iov[k].base)
-            return KVP_ERR_INVALID;
+            return kvp_client_invalid(__func__, "an iov piece of non-zero length has a NULL base");
     return KVP_OK;
 }
 
@@ -409,7 +409,7 @@ int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const k
                       const size_t iovcnt[], uint32_t timeout_ms, int64_t results[])
 {
     if (!c || (n > 0 && (!keys || !iovs || !iovcnt || !results)))
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "client NULL, or a NULL keys/iovs/iovcnt/results array with n > 0");
     if (n == 0)
         return KVP_OK;
     int rc = kvp_client_enter(c);
@@ -432,7 +432,7 @@ int kvp_batch_get(kvp_client *c, size_t n, const char *const keys[], void *const
                   const size_t caps[], uint32_t timeout_ms, int64_t results[])
 {
     if (!c || (n > 0 && (!keys || !bufs || !caps || !results)))
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "client NULL, or a NULL keys/bufs/caps/results array with n > 0");
     if (n == 0)
         return KVP_OK;
     kvp_iov *iov = calloc(n, sizeof *iov);

@@ -30,16 +30,16 @@ static uint64_t obj_size(const struct kvp_client_obj *o, int *rc)
     uint64_t size = 0;
     *rc = KVP_OK;
     if (!o->iov && o->iovcnt > 0) {
-        *rc = KVP_ERR_INVALID;
+        *rc = kvp_client_invalid(__func__, "a NULL iov array with iovcnt > 0");
         return 0;
     }
     for (size_t k = 0; k < o->iovcnt; k++) {
         if (o->iov[k].len > 0 && !o->iov[k].base)
-            *rc = KVP_ERR_INVALID;
+            *rc = kvp_client_invalid(__func__, "an iov piece of non-zero length has a NULL base");
         size += o->iov[k].len;
     }
     if (size == 0)
-        *rc = KVP_ERR_INVALID;
+        *rc = kvp_client_invalid(__func__, "an object of 0 bytes (objects are 1 byte or larger)");
     return size;
 }
 
@@ -360,7 +360,7 @@ int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const k
                       const size_t iovcnt[], const kvp_put_opts *opts, int results[])
 {
     if (!c || (n > 0 && (!keys || !iovs || !iovcnt || !results)))
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "client NULL, or a NULL keys/iovs/iovcnt/results array with n > 0");
     if (n == 0)
         return KVP_OK;
     int rc = kvp_client_enter(c);
@@ -383,7 +383,7 @@ int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void 
                   const size_t lens[], const kvp_put_opts *opts, int results[])
 {
     if (!c || (n > 0 && (!keys || !bufs || !lens || !results)))
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "client NULL, or a NULL keys/bufs/lens/results array with n > 0");
     if (n == 0)
         return KVP_OK;
     kvp_iov *iov = calloc(n, sizeof *iov);

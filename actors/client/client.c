@@ -63,9 +63,19 @@ uint32_t kvp_client_remaining(uint64_t deadline_ms)
 int kvp_client_check_key(const char *key)
 {
     if (!key)
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "key is NULL");
     size_t l = strnlen(key, KVP_MAX_KEY_BYTES + 1);
-    return (l >= 1 && l <= KVP_MAX_KEY_BYTES) ? KVP_OK : KVP_ERR_INVALID;
+    if (l == 0)
+        return kvp_client_invalid(__func__, "empty key");
+    if (l > KVP_MAX_KEY_BYTES)
+        return kvp_client_invalid(__func__, "key longer than 512 bytes");
+    return KVP_OK;
+}
+
+int kvp_client_invalid(const char *fn, const char *what)
+{
+    kvp_log_warn("client", "%s: invalid argument: %s (KVP_ERR_INVALID)", fn, what);
+    return KVP_ERR_INVALID;
 }
 
 int kvp_client_rpc(struct kvp_client *c, Kvp__Request *req, uint64_t deadline_ms,
@@ -171,7 +181,7 @@ static void client_free(struct kvp_client *c)
 int kvp_client_open(const kvp_config *cfg, kvp_client **out)
 {
     if (!cfg || !out)
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "cfg or out is NULL");
     *out = NULL;
     struct kvp_client *c = calloc(1, sizeof *c);
     if (!c)
@@ -279,7 +289,7 @@ void kvp_client_close(kvp_client **cp)
 int kvp_batch_exists(kvp_client *c, size_t n, const char *const keys[], int results[])
 {
     if (!c || (n > 0 && (!keys || !results)))
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "client NULL, or a NULL keys/results array with n > 0");
     if (n == 0)
         return KVP_OK;
     int rc = kvp_client_enter(c);
@@ -334,7 +344,7 @@ int kvp_exists(kvp_client *c, const char *key)
 int kvp_remove(kvp_client *c, const char *key, bool force)
 {
     if (!c || kvp_client_check_key(key) != KVP_OK)
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "client NULL, or bad key (NULL, empty or over 512 bytes)");
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
@@ -360,7 +370,7 @@ int kvp_remove(kvp_client *c, const char *key, bool force)
 int64_t kvp_get_size(kvp_client *c, const char *key)
 {
     if (!c || kvp_client_check_key(key) != KVP_OK)
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "client NULL, or bad key (NULL, empty or over 512 bytes)");
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
@@ -387,7 +397,7 @@ int64_t kvp_get_size(kvp_client *c, const char *key)
 int kvp_register_buffer(kvp_client *c, void *addr, size_t len)
 {
     if (!c || !addr || len == 0 || (uintptr_t)addr + len < (uintptr_t)addr)
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "client or addr NULL, len 0, or the range wraps around");
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
@@ -420,7 +430,7 @@ out:
 int kvp_unregister_buffer(kvp_client *c, void *addr)
 {
     if (!c || !addr)
-        return KVP_ERR_INVALID;
+        return kvp_client_invalid(__func__, "client or addr NULL");
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;

@@ -37,6 +37,10 @@ uint32_t kvp_client_remaining(uint64_t deadline_ms);
 /** KVP_OK when key is 1..KVP_MAX_KEY_BYTES bytes, else KVP_ERR_INVALID. */
 int kvp_client_check_key(const char *key);
 
+/** Log a WARN line naming the API function `fn` and what was wrong; returns KVP_ERR_INVALID
+ * (contract C6: bad API arguments get a clear code and a log line). */
+int kvp_client_invalid(const char *fn, const char *what);
+
 /**
  * One master RPC within the call's deadline (and at most rpc_timeout_ms). On KVP_OK *out is a
  * Response with status OK and the body `expect`; otherwise the error (the call-level status of
