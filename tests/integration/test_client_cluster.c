@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "tests/integration/test_batch_util.h"
 #include "tests/integration/test_client_util.h"
 
 #define SEG_SIZE_STR "256M"
@@ -98,46 +99,12 @@ static void test_client_cluster_sizes_replicas_roundtrip(void **state)
     kvp_client_close(&c);
 }
 
+/* keys "<tag>-r<replicas>-<i>", lengths len + i % 5 */
 static void batch_roundtrip(kvp_client *c, size_t n, size_t len, uint32_t replicas, const char *tag)
 {
-    char **keys = calloc(n, sizeof *keys);
-    void **bufs = calloc(n, sizeof *bufs);
-    size_t *lens = calloc(n, sizeof *lens);
-    int *res = calloc(n, sizeof *res);
-    int64_t *gres = calloc(n, sizeof *gres);
-    for (size_t i = 0; i < n; i++) {
-        keys[i] = malloc(64);
-        snprintf(keys[i], 64, "%s-r%u-%zu", tag, replicas, i);
-        lens[i] = len + i % 5;
-        bufs[i] = malloc(lens[i]);
-        tc_fill(keys[i], bufs[i], lens[i]);
-    }
-    kvp_put_opts o = {.replica_num = replicas};
-    assert_int_equal(kvp_batch_put(c, n, (const char *const *)keys, (const void *const *)bufs, lens, &o, res),
-                     KVP_OK);
-    for (size_t i = 0; i < n; i++)
-        assert_int_equal(res[i], KVP_OK);
-    for (size_t i = 0; i < n; i++)
-        memset(bufs[i], TC_POISON, lens[i]);
-    assert_int_equal(kvp_batch_get(c, n, (const char *const *)keys, bufs, lens, 0, gres), KVP_OK);
-    for (size_t i = 0; i < n; i++) {
-        assert_int_equal(gres[i], (int64_t)lens[i]);
-        assert_true(tc_check(keys[i], bufs[i], lens[i]));
-    }
-    int *ex = calloc(n, sizeof *ex);
-    assert_int_equal(kvp_batch_exists(c, n, (const char *const *)keys, ex), KVP_OK);
-    for (size_t i = 0; i < n; i++)
-        assert_int_equal(ex[i], 1);
-    for (size_t i = 0; i < n; i++) {
-        free(keys[i]);
-        free(bufs[i]);
-    }
-    free(ex);
-    free(keys);
-    free(bufs);
-    free(lens);
-    free(res);
-    free(gres);
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "%s-r%u", tag, replicas);
+    tb_batch_roundtrip(c, n, prefix, len, 5, replicas);
 }
 
 static void test_client_cluster_batches_roundtrip(void **state)

@@ -1,8 +1,8 @@
 /*
  * test_client_fakemaster.c — the client library's flows against the real master state
- * machine (actors/master/fsm.h) behind a one-thread fake master service (a ROUTER in this
- * process: no Raft, every mutation applied directly) and three real segment data-plane servers
- * (actors/segment/seg_server.h) over loopback TCP.
+ * machine (actors/master/fsm.h) behind a one-thread fake master service (tests/lib/fake_master.h:
+ * a ROUTER in this process, no Raft, every mutation applied directly) and three real segment
+ * data-plane servers (actors/segment/seg_server.h) over loopback TCP.
  *
  * Covers: sizes, replica_num 1..3, batches, scatter-gather, exists/size/remove, the batch
  * semantics of issue 4 item 4 (duplicate key in batch_get, one existing key in batch_put, two
@@ -34,6 +34,8 @@
 #include "actors/segment/seg_server.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
+#include "tests/integration/test_batch_util.h"
+#include "tests/lib/fake_master.h"
 #include "wire/envelope.h"
 
 #define NSEG 3
@@ -42,15 +44,7 @@
 
 /* ------------------------------------------------------------------ fake master */
 
-static struct {
-    void *ctx, *router;
-    char addr[64];
-    pthread_mutex_t mu; /* guards fsm */
-    struct kvp_master_fsm *fsm;
-    atomic_bool stop;
-    atomic_int unreachable_reports;
-    pthread_t thread;
-} M;
+static struct kvp_fake_master M;
 
 static struct {
     struct kvp_seg_server *srv;
@@ -59,113 +53,13 @@ static struct {
     char endpoint[64];
 } S[NSEG];
 
-static Kvp__Response *fake_handle(const Kvp__Request *req)
-{
-    Kvp__Response *resp = NULL;
-    Kvp__Command cmd;
-    kvp__command__init(&cmd);
-    cmd.now_wall_ms = kvp_clock_wall_ms();
-    cmd.term = 1;
-    switch (req->body_case) {
-#define CMD(REQ, FIELD)                                                                            \
-    case KVP__REQUEST__BODY_##REQ:                                                                 \
-        cmd.body_case = KVP__COMMAND__BODY_##REQ;                                                  \
-        cmd.FIELD = req->FIELD;                                                                    \
-        pthread_mutex_lock(&M.mu);                                                                 \
-        kvp_master_fsm_apply(M.fsm, &cmd, &resp);                                                  \
-        pthread_mutex_unlock(&M.mu);                                                               \
-        break;
-        CMD(MOUNT, mount)
-        CMD(UNMOUNT, unmount)
-        CMD(PUT_START, put_start)
-        CMD(PUT_END, put_end)
-        CMD(PUT_REVOKE, put_revoke)
-        CMD(REMOVE, remove)
-#undef CMD
-    case KVP__REQUEST__BODY_GET_REPLICAS:
-    case KVP__REQUEST__BODY_EXISTS:
-    case KVP__REQUEST__BODY_GET_SIZE:
-        pthread_mutex_lock(&M.mu);
-        kvp_master_fsm_query(M.fsm, req, &resp);
-        pthread_mutex_unlock(&M.mu);
-        if (resp && resp->body_case == KVP__RESPONSE__BODY_GET_REPLICAS)
-            for (size_t i = 0; i < resp->get_replicas->n_objects; i++)
-                resp->get_replicas->objects[i]->lease_ttl_ms = 5000;
-        break;
-    case KVP__REQUEST__BODY_REPORT_UNREACHABLE:
-        atomic_fetch_add(&M.unreachable_reports, 1);
-        /* fall through */
-    default:
-        resp = calloc(1, sizeof *resp);
-        kvp__response__init(resp);
-        resp->body_case = KVP__RESPONSE__BODY_EMPTY;
-        resp->empty = calloc(1, sizeof *resp->empty);
-        kvp__empty__init(resp->empty);
-        break;
-    }
-    return resp;
-}
-
-static void *fake_main(void *arg)
-{
-    (void)arg;
-    while (!atomic_load(&M.stop)) {
-        zmq_pollitem_t it = {.socket = M.router, .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, 20) <= 0)
-            continue;
-        zmq_msg_t id, body;
-        zmq_msg_init(&id);
-        zmq_msg_init(&body);
-        zmq_msg_recv(&id, M.router, 0);
-        zmq_msg_recv(&body, M.router, 0);
-        Kvp__Request *req = NULL;
-        if (kvp_wire_decode_request(zmq_msg_data(&body), zmq_msg_size(&body), &req) == KVP_OK) {
-            Kvp__Response *resp = fake_handle(req);
-            if (resp) {
-                resp->req_id = req->req_id;
-                uint8_t *buf;
-                size_t len;
-                if (kvp_wire_encode_response(resp, &buf, &len) == KVP_OK) {
-                    zmq_send(M.router, zmq_msg_data(&id), zmq_msg_size(&id), ZMQ_SNDMORE);
-                    zmq_send(M.router, buf, len, 0);
-                    free(buf);
-                }
-                protobuf_c_message_free_unpacked(&resp->base, NULL);
-            }
-            kvp__request__free_unpacked(req, NULL);
-        }
-        zmq_msg_close(&id);
-        zmq_msg_close(&body);
-    }
-    return NULL;
-}
-
 /* Mount segment i through a session (as a segment daemon would). */
 static void mount_segment(int i)
 {
-    const char *masters[1] = {M.addr};
-    struct kvp_msession *ms = NULL;
-    assert_int_equal(kvp_msession_new(&ms, masters, 1, "test-seg"), KVP_OK);
-    Kvp__Request req;
-    Kvp__MountSegmentReq mr;
-    kvp__request__init(&req);
-    kvp__mount_segment_req__init(&mr);
     char name[32];
     snprintf(name, sizeof name, "seg-%d", i);
-    mr.name = name;
-    mr.host = "127.0.0.1";
-    mr.endpoint = S[i].endpoint;
-    mr.size = SEG_BYTES;
-    mr.owner_pid = 1; /* not this process: reads go over TCP */
-    req.body_case = KVP__REQUEST__BODY_MOUNT;
-    req.mount = &mr;
-    Kvp__Response *resp = NULL;
-    assert_int_equal(kvp_msession_call(ms, &req, 3000, &resp), KVP_OK);
-    assert_int_equal(resp->status, KVP_OK);
-    S[i].id = resp->mount->segment_id;
+    S[i].id = kvp_fake_master_mount(&M, name, S[i].endpoint, SEG_BYTES);
     kvp_seg_server_set_id(S[i].srv, S[i].id);
-    kvp_msession_response_free(resp);
-    kvp_msession_destroy(&ms);
 }
 
 static void start_segment(int i)
@@ -259,37 +153,15 @@ static bool all_poison(const uint8_t *buf, size_t len)
 
 static kvp_client *open_client(uint32_t timeout_ms)
 {
-    kvp_config *cfg = NULL;
-    assert_int_equal(kvp_config_new(&cfg), KVP_OK);
-    assert_int_equal(kvp_config_set(cfg, "master_server_address", M.addr), KVP_OK);
-    char t[32];
-    snprintf(t, sizeof t, "%u", timeout_ms);
-    assert_int_equal(kvp_config_set(cfg, "transfer_timeout", t), KVP_OK);
-    kvp_client *c = NULL;
-    assert_int_equal(kvp_client_open(cfg, &c), KVP_OK);
-    kvp_config_destroy(&cfg);
-    return c;
+    return kvp_fake_master_open_client(&M, timeout_ms);
 }
 
 static int setup(void **state)
 {
     (void)state;
-    memset(&M, 0, sizeof M);
-    pthread_mutex_init(&M.mu, NULL);
     struct kvp_master_fsm_params p = {.fence_grace_ms = 5000, .put_ttl_ms = 30000};
-    if (kvp_master_fsm_new(&M.fsm, &p) != KVP_OK)
+    if (kvp_fake_master_start(&M, &p) != 0)
         return -1;
-    M.ctx = zmq_ctx_new();
-    M.router = zmq_socket(M.ctx, ZMQ_ROUTER);
-    int zero = 0;
-    zmq_setsockopt(M.router, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_bind(M.router, "tcp://127.0.0.1:*") != 0)
-        return -1;
-    char ep[128];
-    size_t len = sizeof ep;
-    zmq_getsockopt(M.router, ZMQ_LAST_ENDPOINT, ep, &len);
-    snprintf(M.addr, sizeof M.addr, "%s", ep + 6);
-    pthread_create(&M.thread, NULL, fake_main, NULL);
     for (int i = 0; i < NSEG; i++)
         start_segment(i);
     return 0;
@@ -298,15 +170,11 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    atomic_store(&M.stop, true);
-    pthread_join(M.thread, NULL);
-    zmq_close(M.router);
-    zmq_ctx_term(M.ctx);
+    kvp_fake_master_stop(&M);
     for (int i = 0; i < NSEG; i++) {
         kvp_seg_server_stop(&S[i].srv);
         free(S[i].base);
     }
-    kvp_master_fsm_destroy(&M.fsm);
     return 0;
 }
 
@@ -364,46 +232,10 @@ static void test_client_sizes_and_replicas_roundtrip(void **state)
     assert_null(c);
 }
 
+/* keys "<tag>-<i>", lengths len + i % 7 */
 static void batch_roundtrip(kvp_client *c, size_t n, size_t len, uint32_t replicas, const char *tag)
 {
-    char **keys = calloc(n, sizeof *keys);
-    void **bufs = calloc(n, sizeof *bufs);
-    size_t *lens = calloc(n, sizeof *lens);
-    int *res = calloc(n, sizeof *res);
-    int64_t *gres = calloc(n, sizeof *gres);
-    for (size_t i = 0; i < n; i++) {
-        keys[i] = malloc(64);
-        snprintf(keys[i], 64, "%s-%zu", tag, i);
-        lens[i] = len + i % 7;
-        bufs[i] = malloc(lens[i]);
-        fill(keys[i], bufs[i], lens[i]);
-    }
-    kvp_put_opts o = {.replica_num = replicas};
-    assert_int_equal(kvp_batch_put(c, n, (const char *const *)keys, (const void *const *)bufs, lens, &o, res),
-                     KVP_OK);
-    for (size_t i = 0; i < n; i++)
-        assert_int_equal(res[i], KVP_OK);
-    for (size_t i = 0; i < n; i++)
-        memset(bufs[i], POISON, lens[i]);
-    assert_int_equal(kvp_batch_get(c, n, (const char *const *)keys, bufs, lens, 0, gres), KVP_OK);
-    for (size_t i = 0; i < n; i++) {
-        assert_int_equal(gres[i], (int64_t)lens[i]);
-        assert_true(check(keys[i], bufs[i], lens[i]));
-    }
-    int *ex = calloc(n, sizeof *ex);
-    assert_int_equal(kvp_batch_exists(c, n, (const char *const *)keys, ex), KVP_OK);
-    for (size_t i = 0; i < n; i++)
-        assert_int_equal(ex[i], 1);
-    for (size_t i = 0; i < n; i++) {
-        free(keys[i]);
-        free(bufs[i]);
-    }
-    free(ex);
-    free(keys);
-    free(bufs);
-    free(lens);
-    free(res);
-    free(gres);
+    tb_batch_roundtrip(c, n, tag, len, 7, replicas);
 }
 
 static void test_client_batches_roundtrip(void **state)

@@ -1,7 +1,7 @@
 /*
  * test_fence_client.c — contracts C2 and C3 through the client library (issue 6), with the
  * transfer engine's fault injection (actors/transfer/fault.h): the real master FSM behind an
- * in-process fake master service (as test_client_fakemaster.c), real segment data-plane servers
+ * in-process fake master service (tests/lib/fake_master.h), real segment data-plane servers
  * over loopback TCP.
  *
  *  - the reported reproduction, deterministic and repeated 500 times: READ completions stalled,
@@ -36,6 +36,7 @@
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
+#include "tests/lib/fake_master.h"
 #include "wire/envelope.h"
 
 #define NSEG 3
@@ -45,14 +46,7 @@
 
 /* ------------------------------------------------------------------ fake master */
 
-static struct {
-    void *ctx, *router;
-    char addr[64];
-    pthread_mutex_t mu; /* guards fsm */
-    struct kvp_master_fsm *fsm;
-    atomic_bool stop;
-    pthread_t thread;
-} M;
+static struct kvp_fake_master M;
 
 struct seg {
     struct kvp_seg_server *srv;
@@ -63,83 +57,6 @@ struct seg {
 };
 static struct seg S[NSEG + 1];
 
-static Kvp__Response *fake_handle(const Kvp__Request *req)
-{
-    Kvp__Response *resp = NULL;
-    Kvp__Command cmd;
-    kvp__command__init(&cmd);
-    cmd.now_wall_ms = kvp_clock_wall_ms();
-    cmd.term = 1;
-    switch (req->body_case) {
-#define CMD(REQ, FIELD)                                                                            \
-    case KVP__REQUEST__BODY_##REQ:                                                                 \
-        cmd.body_case = KVP__COMMAND__BODY_##REQ;                                                  \
-        cmd.FIELD = req->FIELD;                                                                    \
-        pthread_mutex_lock(&M.mu);                                                                 \
-        kvp_master_fsm_apply(M.fsm, &cmd, &resp);                                                  \
-        pthread_mutex_unlock(&M.mu);                                                               \
-        break;
-        CMD(MOUNT, mount)
-        CMD(PUT_START, put_start)
-        CMD(PUT_END, put_end)
-        CMD(PUT_REVOKE, put_revoke)
-        CMD(REMOVE, remove)
-#undef CMD
-    case KVP__REQUEST__BODY_GET_REPLICAS:
-    case KVP__REQUEST__BODY_EXISTS:
-    case KVP__REQUEST__BODY_GET_SIZE:
-        pthread_mutex_lock(&M.mu);
-        kvp_master_fsm_query(M.fsm, req, &resp);
-        pthread_mutex_unlock(&M.mu);
-        if (resp && resp->body_case == KVP__RESPONSE__BODY_GET_REPLICAS)
-            for (size_t i = 0; i < resp->get_replicas->n_objects; i++)
-                resp->get_replicas->objects[i]->lease_ttl_ms = 5000;
-        break;
-    default:
-        resp = calloc(1, sizeof *resp);
-        kvp__response__init(resp);
-        resp->body_case = KVP__RESPONSE__BODY_EMPTY;
-        resp->empty = calloc(1, sizeof *resp->empty);
-        kvp__empty__init(resp->empty);
-        break;
-    }
-    return resp;
-}
-
-static void *fake_main(void *arg)
-{
-    (void)arg;
-    while (!atomic_load(&M.stop)) {
-        zmq_pollitem_t it = {.socket = M.router, .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, 20) <= 0)
-            continue;
-        zmq_msg_t id, body;
-        zmq_msg_init(&id);
-        zmq_msg_init(&body);
-        zmq_msg_recv(&id, M.router, 0);
-        zmq_msg_recv(&body, M.router, 0);
-        Kvp__Request *req = NULL;
-        if (kvp_wire_decode_request(zmq_msg_data(&body), zmq_msg_size(&body), &req) == KVP_OK) {
-            Kvp__Response *resp = fake_handle(req);
-            if (resp) {
-                resp->req_id = req->req_id;
-                uint8_t *buf;
-                size_t len;
-                if (kvp_wire_encode_response(resp, &buf, &len) == KVP_OK) {
-                    zmq_send(M.router, zmq_msg_data(&id), zmq_msg_size(&id), ZMQ_SNDMORE);
-                    zmq_send(M.router, buf, len, 0);
-                    free(buf);
-                }
-                protobuf_c_message_free_unpacked(&resp->base, NULL);
-            }
-            kvp__request__free_unpacked(req, NULL);
-        }
-        zmq_msg_close(&id);
-        zmq_msg_close(&body);
-    }
-    return NULL;
-}
-
 static void start_segment(int i, uint64_t size)
 {
     struct seg *g = &S[i];
@@ -148,29 +65,10 @@ static void start_segment(int i, uint64_t size)
     assert_non_null(g->base);
     assert_int_equal(kvp_seg_server_start(&g->srv, "127.0.0.1", 0, g->base, size), KVP_OK);
     snprintf(g->endpoint, sizeof g->endpoint, "127.0.0.1:%u", kvp_seg_server_port(g->srv));
-    const char *masters[1] = {M.addr};
-    struct kvp_msession *ms = NULL;
-    assert_int_equal(kvp_msession_new(&ms, masters, 1, "test-seg"), KVP_OK);
-    Kvp__Request req;
-    Kvp__MountSegmentReq mr;
-    kvp__request__init(&req);
-    kvp__mount_segment_req__init(&mr);
     char name[32];
     snprintf(name, sizeof name, "seg-%d", i);
-    mr.name = name;
-    mr.host = "127.0.0.1";
-    mr.endpoint = g->endpoint;
-    mr.size = size;
-    mr.owner_pid = 1; /* not this process: every transfer goes over TCP */
-    req.body_case = KVP__REQUEST__BODY_MOUNT;
-    req.mount = &mr;
-    Kvp__Response *resp = NULL;
-    assert_int_equal(kvp_msession_call(ms, &req, 3000, &resp), KVP_OK);
-    assert_int_equal(resp->status, KVP_OK);
-    g->id = resp->mount->segment_id;
+    g->id = kvp_fake_master_mount(&M, name, g->endpoint, size);
     kvp_seg_server_set_id(g->srv, g->id);
-    kvp_msession_response_free(resp);
-    kvp_msession_destroy(&ms);
 }
 
 /* The first replica of key: segment index and offset (asks the FSM). Returns false if none. */
@@ -239,16 +137,7 @@ static uint8_t p1_byte(size_t key, size_t i) { return (uint8_t)(key * 131u + i *
 
 static kvp_client *open_client(uint32_t timeout_ms)
 {
-    kvp_config *cfg = NULL;
-    assert_int_equal(kvp_config_new(&cfg), KVP_OK);
-    assert_int_equal(kvp_config_set(cfg, "master_server_address", M.addr), KVP_OK);
-    char t[32];
-    snprintf(t, sizeof t, "%u", timeout_ms);
-    assert_int_equal(kvp_config_set(cfg, "transfer_timeout", t), KVP_OK);
-    kvp_client *c = NULL;
-    assert_int_equal(kvp_client_open(cfg, &c), KVP_OK);
-    kvp_config_destroy(&cfg);
-    return c;
+    return kvp_fake_master_open_client(&M, timeout_ms);
 }
 
 static char g_keys[NKEYS][32];
@@ -258,22 +147,9 @@ static kvp_client *g_client;
 static int setup(void **state)
 {
     (void)state;
-    memset(&M, 0, sizeof M);
-    pthread_mutex_init(&M.mu, NULL);
     struct kvp_master_fsm_params p = {.fence_grace_ms = 5000, .put_ttl_ms = 30000};
-    if (kvp_master_fsm_new(&M.fsm, &p) != KVP_OK)
+    if (kvp_fake_master_start(&M, &p) != 0)
         return -1;
-    M.ctx = zmq_ctx_new();
-    M.router = zmq_socket(M.ctx, ZMQ_ROUTER);
-    int zero = 0;
-    zmq_setsockopt(M.router, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_bind(M.router, "tcp://127.0.0.1:*") != 0)
-        return -1;
-    char ep[128];
-    size_t len = sizeof ep;
-    zmq_getsockopt(M.router, ZMQ_LAST_ENDPOINT, ep, &len);
-    snprintf(M.addr, sizeof M.addr, "%s", ep + 6);
-    pthread_create(&M.thread, NULL, fake_main, NULL);
     for (int i = 0; i < NSEG; i++)
         start_segment(i, SEG_BYTES);
 
@@ -311,15 +187,11 @@ static int teardown(void **state)
     kvp_xfer_fault_release();
     kvp_xfer_fault_quiesce(10000);
     kvp_client_close(&g_client);
-    atomic_store(&M.stop, true);
-    pthread_join(M.thread, NULL);
-    zmq_close(M.router);
-    zmq_ctx_term(M.ctx);
+    kvp_fake_master_stop(&M);
     for (int i = 0; i <= NSEG; i++) {
         kvp_seg_server_stop(&S[i].srv);
         free(S[i].base);
     }
-    kvp_master_fsm_destroy(&M.fsm);
     return 0;
 }
 
