@@ -24,7 +24,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <unistd.h>
-#include <xxhash.h>
 #include <zmq.h>
 
 #include "actors/client/api_config.h"
@@ -93,20 +92,7 @@ static void declare_lost(int i)
 /* Segment indexes holding replicas of key (asks the FSM directly). */
 static size_t replica_segments(const char *key, int *idx, uint64_t *offsets)
 {
-    Kvp__Request req;
-    Kvp__GetReplicaListReq gr;
-    kvp__request__init(&req);
-    kvp__get_replica_list_req__init(&gr);
-    char *keys[1] = {(char *)key};
-    gr.n_keys = 1;
-    gr.keys = keys;
-    gr.client_host = "127.0.0.1";
-    req.body_case = KVP__REQUEST__BODY_GET_REPLICAS;
-    req.get_replicas = &gr;
-    Kvp__Response *resp = NULL;
-    pthread_mutex_lock(&M.mu);
-    kvp_master_fsm_query(M.fsm, &req, &resp);
-    pthread_mutex_unlock(&M.mu);
+    Kvp__Response *resp = kvp_fake_master_get_replicas(&M, key);
     size_t n = 0;
     const Kvp__ObjectInfo *o = resp->get_replicas->objects[0];
     for (size_t r = 0; o->status == KVP_OK && r < o->n_replicas; r++)
@@ -121,27 +107,10 @@ static size_t replica_segments(const char *key, int *idx, uint64_t *offsets)
 
 /* ------------------------------------------------------------------ payloads */
 
-static void fill(const char *key, uint8_t *buf, size_t len)
-{
-    uint64_t x = XXH3_64bits(key, strlen(key)) | 1;
-    size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        memcpy(buf + i, &x, 8);
-    }
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    for (; i < len; i++)
-        buf[i] = (uint8_t)(x >> (8 * (i & 7)));
-}
+/* payloads derive from the key (tests/integration/test_client_util.h) */
+static void fill(const char *key, uint8_t *buf, size_t len) { tc_fill(key, buf, len); }
 
-static bool check(const char *key, const uint8_t *buf, size_t len)
-{
-    uint8_t *want = malloc(len ? len : 1);
-    fill(key, want, len);
-    bool ok = memcmp(want, buf, len) == 0;
-    free(want);
-    return ok;
-}
+static bool check(const char *key, const uint8_t *buf, size_t len) { return tc_check(key, buf, len); }
 
 static bool all_poison(const uint8_t *buf, size_t len)
 {

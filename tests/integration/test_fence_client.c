@@ -74,20 +74,7 @@ static void start_segment(int i, uint64_t size)
 /* The first replica of key: segment index and offset (asks the FSM). Returns false if none. */
 static bool first_replica(const char *key, int *idx, uint64_t *off)
 {
-    Kvp__Request req;
-    Kvp__GetReplicaListReq gr;
-    kvp__request__init(&req);
-    kvp__get_replica_list_req__init(&gr);
-    char *keys[1] = {(char *)key};
-    gr.n_keys = 1;
-    gr.keys = keys;
-    gr.client_host = "127.0.0.1";
-    req.body_case = KVP__REQUEST__BODY_GET_REPLICAS;
-    req.get_replicas = &gr;
-    Kvp__Response *resp = NULL;
-    pthread_mutex_lock(&M.mu);
-    kvp_master_fsm_query(M.fsm, &req, &resp);
-    pthread_mutex_unlock(&M.mu);
+    Kvp__Response *resp = kvp_fake_master_get_replicas(&M, key);
     bool found = false;
     const Kvp__ObjectInfo *o = resp->get_replicas->objects[0];
     if (o->status == KVP_OK && o->n_replicas > 0)

@@ -167,3 +167,22 @@ kvp_client *kvp_fake_master_open_client(struct kvp_fake_master *m, uint32_t time
     kvp_config_destroy(&cfg);
     return c;
 }
+
+Kvp__Response *kvp_fake_master_get_replicas(struct kvp_fake_master *m, const char *key)
+{
+    Kvp__Request req;
+    Kvp__GetReplicaListReq gr;
+    kvp__request__init(&req);
+    kvp__get_replica_list_req__init(&gr);
+    char *keys[1] = {(char *)key};
+    gr.n_keys = 1;
+    gr.keys = keys;
+    gr.client_host = "127.0.0.1";
+    req.body_case = KVP__REQUEST__BODY_GET_REPLICAS;
+    req.get_replicas = &gr;
+    Kvp__Response *resp = NULL;
+    pthread_mutex_lock(&m->mu);
+    kvp_master_fsm_query(m->fsm, &req, &resp);
+    pthread_mutex_unlock(&m->mu);
+    return resp;
+}

@@ -41,6 +41,10 @@ void kvp_fake_master_stop(struct kvp_fake_master *m);
 uint32_t kvp_fake_master_mount(struct kvp_fake_master *m, const char *name, const char *endpoint,
                                uint64_t size);
 
+/* The FSM's get-replicas answer for one key (queried directly under mu, as a client on
+ * 127.0.0.1 would ask); free it with kvp_master_fsm_response_free(). */
+Kvp__Response *kvp_fake_master_get_replicas(struct kvp_fake_master *m, const char *key);
+
 /* A client of m with the given transfer_timeout (ms); asserts (cmocka) that it opens. */
 kvp_client *kvp_fake_master_open_client(struct kvp_fake_master *m, uint32_t timeout_ms);
 
