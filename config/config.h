@@ -138,6 +138,14 @@ int kvp_cfg_parse_duration_ms(const char *s, uint64_t *out);
  */
 char *kvp_cfg_to_json(enum kvp_cfg_kind kind, const void *cfg);
 
+/**
+ * The shared start of a daemon's main() (kvpool-master, kvpool-segment): kvp_cfg_from_args with
+ * no positional arguments allowed, and --print-config handled. Returns -1 when the process
+ * should go on, else its exit status: 0 after printing the config (stdout), 2 for bad settings
+ * or an unexpected argument, 1 when out of memory; each error has a stderr line naming `prog`.
+ */
+int kvp_cfg_daemon_args(enum kvp_cfg_kind kind, void *cfg, const char *prog, int argc, char **argv);
+
 /** Parse "4G", "512MiB", "4096" into bytes. Errors: KVP_ERR_INVALID. */
 int kvp_cfg_parse_size(const char *s, uint64_t *out);
 

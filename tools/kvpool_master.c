@@ -58,24 +58,9 @@ int main(int argc, char **argv)
             return 0;
         }
     struct kvp_cfg_master cfg;
-    bool print = false;
-    int pos[4], npos = 0;
-    if (kvp_cfg_from_args(KVP_CFG_MASTER, &cfg, argc, argv, &print, pos, 4, &npos) != KVP_OK) {
-        fprintf(stderr, "kvpool-master: bad settings (see the line above; --help lists them)\n");
-        return 2;
-    }
-    if (npos > 0) {
-        fprintf(stderr, "kvpool-master: unexpected argument '%s'\n", argv[pos[0]]);
-        return 2;
-    }
-    if (print) {
-        char *j = kvp_cfg_to_json(KVP_CFG_MASTER, &cfg);
-        if (!j)
-            return 1;
-        printf("%s\n", j);
-        free(j);
-        return 0;
-    }
+    int done = kvp_cfg_daemon_args(KVP_CFG_MASTER, &cfg, "kvpool-master", argc, argv);
+    if (done >= 0)
+        return done;
     int lvl = kvp_log_parse_level(cfg.log_level);
     if (lvl >= 0)
         kvp_log_set_level(lvl);

@@ -52,24 +52,9 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     struct kvp_cfg_segment cfg;
-    bool print = false;
-    int pos[4], npos = 0;
-    if (kvp_cfg_from_args(KVP_CFG_SEGMENT, &cfg, argc, argv, &print, pos, 4, &npos) != KVP_OK) {
-        fprintf(stderr, "kvpool-segment: bad settings (see the line above; --help lists them)\n");
-        return 2;
-    }
-    if (npos > 0) {
-        fprintf(stderr, "kvpool-segment: unexpected argument '%s'\n", argv[pos[0]]);
-        return 2;
-    }
-    if (print) {
-        char *j = kvp_cfg_to_json(KVP_CFG_SEGMENT, &cfg);
-        if (!j)
-            return 1;
-        printf("%s\n", j);
-        free(j);
-        return 0;
-    }
+    int done = kvp_cfg_daemon_args(KVP_CFG_SEGMENT, &cfg, "kvpool-segment", argc, argv);
+    if (done >= 0)
+        return done;
     int lvl = kvp_log_parse_level(cfg.log_level);
     if (lvl >= 0)
         kvp_log_set_level(lvl);
