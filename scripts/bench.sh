@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks of issues 3 and 4 against a local cluster, with their baselines, printing ratios.
 # Figures are printed, never asserted. Needs a build (scripts/build.sh) and redis-server,
-# redis-benchmark, iperf3 (scripts/install-deps.sh installs them).
+# redis-benchmark, iperf3 (`KVP_BENCH_DEPS=1 scripts/install-deps.sh` installs them).
 #  - kv: 4 MiB put and get (batch 1, 1 thread) vs one loopback TCP stream (kvpool-bench
 #    baseline-tcp, and iperf3 when present): target >= 0.9x;
 #  - kv: 4 KiB batch_get of 32 keys vs redis-benchmark GET -P 16 -d 4096 at the same number of
