@@ -415,13 +415,11 @@ int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const k
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
-    struct kvp_client_obj *objs = calloc(n, sizeof *objs);
+    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
     if (!objs) {
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
-    for (size_t i = 0; i < n; i++)
-        objs[i] = (struct kvp_client_obj){.key = keys[i], .iov = iovs[i], .iovcnt = iovcnt[i]};
     kvp_client_get_objs(c, n, objs, timeout_ms, results);
     free(objs);
     kvp_client_leave(c);
@@ -435,22 +433,18 @@ int kvp_batch_get(kvp_client *c, size_t n, const char *const keys[], void *const
         return kvp_client_invalid(__func__, "client NULL, or a NULL keys/bufs/caps/results array with n > 0");
     if (n == 0)
         return KVP_OK;
-    kvp_iov *iov = calloc(n, sizeof *iov);
-    const kvp_iov **iovp = calloc(n, sizeof *iovp);
-    size_t *cnt = calloc(n, sizeof *cnt);
-    int rc = KVP_ERR_NOMEM;
-    if (iov && iovp && cnt) {
-        for (size_t i = 0; i < n; i++) {
-            iov[i] = (kvp_iov){.base = bufs[i], .len = caps[i]};
-            iovp[i] = &iov[i];
-            cnt[i] = 1;
-        }
-        rc = kvp_batch_get_iov(c, n, keys, iovp, cnt, timeout_ms, results);
+    int rc = kvp_client_enter(c);
+    if (rc != KVP_OK)
+        return rc;
+    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, bufs, caps);
+    if (!objs) {
+        kvp_client_leave(c);
+        return KVP_ERR_NOMEM;
     }
-    free(iov);
-    free(iovp);
-    free(cnt);
-    return rc;
+    kvp_client_get_objs(c, n, objs, timeout_ms, results);
+    free(objs);
+    kvp_client_leave(c);
+    return KVP_OK;
 }
 
 int64_t kvp_get(kvp_client *c, const char *key, void *buf, size_t cap, uint32_t timeout_ms)

@@ -366,13 +366,11 @@ int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const k
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
-    struct kvp_client_obj *objs = calloc(n, sizeof *objs);
+    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
     if (!objs) {
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
-    for (size_t i = 0; i < n; i++)
-        objs[i] = (struct kvp_client_obj){.key = keys[i], .iov = iovs[i], .iovcnt = iovcnt[i]};
     kvp_client_put_objs(c, n, objs, opts, results);
     free(objs);
     kvp_client_leave(c);
@@ -386,22 +384,18 @@ int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void 
         return kvp_client_invalid(__func__, "client NULL, or a NULL keys/bufs/lens/results array with n > 0");
     if (n == 0)
         return KVP_OK;
-    kvp_iov *iov = calloc(n, sizeof *iov);
-    const kvp_iov **iovp = calloc(n, sizeof *iovp);
-    size_t *cnt = calloc(n, sizeof *cnt);
-    int rc = KVP_ERR_NOMEM;
-    if (iov && iovp && cnt) {
-        for (size_t i = 0; i < n; i++) {
-            iov[i] = (kvp_iov){.base = (void *)bufs[i], .len = lens[i]};
-            iovp[i] = &iov[i];
-            cnt[i] = 1;
-        }
-        rc = kvp_batch_put_iov(c, n, keys, iovp, cnt, opts, results);
+    int rc = kvp_client_enter(c);
+    if (rc != KVP_OK)
+        return rc;
+    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, (void *const *)bufs, lens);
+    if (!objs) {
+        kvp_client_leave(c);
+        return KVP_ERR_NOMEM;
     }
-    free(iov);
-    free(iovp);
-    free(cnt);
-    return rc;
+    kvp_client_put_objs(c, n, objs, opts, results);
+    free(objs);
+    kvp_client_leave(c);
+    return KVP_OK;
 }
 
 int kvp_put(kvp_client *c, const char *key, const void *buf, size_t len, const kvp_put_opts *opts)

@@ -72,6 +72,26 @@ int kvp_client_check_key(const char *key)
     return KVP_OK;
 }
 
+struct kvp_client_obj *kvp_client_objs_new(size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                                           const size_t iovcnt[], void *const bufs[], const size_t lens[])
+{
+    /* Flat calls keep their single piece per object right after the objects. */
+    size_t extra = iovs ? 0 : n * sizeof(kvp_iov);
+    struct kvp_client_obj *objs = malloc(n * sizeof *objs + extra);
+    if (!objs)
+        return NULL;
+    kvp_iov *flat = (kvp_iov *)(objs + n);
+    for (size_t i = 0; i < n; i++) {
+        if (iovs) {
+            objs[i] = (struct kvp_client_obj){.key = keys[i], .iov = iovs[i], .iovcnt = iovcnt[i]};
+        } else {
+            flat[i] = (kvp_iov){.base = bufs[i], .len = lens[i]};
+            objs[i] = (struct kvp_client_obj){.key = keys[i], .iov = &flat[i], .iovcnt = 1};
+        }
+    }
+    return objs;
+}
+
 int kvp_client_invalid(const char *fn, const char *what)
 {
     kvp_log_warn("client", "%s: invalid argument: %s (KVP_ERR_INVALID)", fn, what);

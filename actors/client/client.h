@@ -20,6 +20,14 @@ struct kvp_client_obj {
     size_t iovcnt;
 };
 
+/**
+ * The per-object view of a batch call's arguments: objs[i] = {keys[i], iovs[i], iovcnt[i]}, or,
+ * when iovs is NULL, one piece per object {bufs[i], lens[i]} (the flat calls). One malloc'd
+ * block the caller frees with free(); NULL when out of memory. The caller's arrays are borrowed.
+ */
+struct kvp_client_obj *kvp_client_objs_new(size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                                           const size_t iovcnt[], void *const bufs[], const size_t lens[]);
+
 /** Start an API call: KVP_ERR_CLOSED when the client is closing, else counts it in flight. */
 int kvp_client_enter(struct kvp_client *c);
 /** End an API call started with kvp_client_enter(). */
