@@ -12,6 +12,7 @@
 #include <raft/uv.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -91,6 +92,7 @@ struct kvp_raftlog {
     uint64_t close_deadline_ms;
     uint64_t started_ms;
     unsigned max_inflight;
+    uint64_t trimmed_at_snapshot; /* glue.snapshots_taken at the last malloc_trim */
     uint32_t group_max;
 
     zsock_t *ev_reader; /* caller side */
@@ -154,6 +156,10 @@ static void update_info(struct kvp_raftlog *rl)
     in->cmds_proposed = rl->glue.cmds_proposed;
     in->snapshots_taken = rl->glue.snapshots_taken;
     in->snapshots_restored = rl->glue.snapshots_restored;
+    in->entries_committed = rl->glue.entries_committed;
+    in->commit_us_total = rl->glue.commit_us_total;
+    in->snapshots_by_bytes = rl->glue.snapshots_by_bytes;
+    in->log_bytes = rl->glue.log_bytes;
     pthread_mutex_unlock(&rl->mu);
 }
 
@@ -520,6 +526,12 @@ static void on_tick(uv_timer_t *t)
     check_leadership(rl);
     update_info(rl);
     pump(rl); /* fails queued submits promptly after a step-down */
+    if (rl->glue.snapshots_taken != rl->trimmed_at_snapshot && rl->raft.snapshot.put.data == NULL) {
+        /* A snapshot was stored and raft released the log entries before it: hand the freed
+         * heap back to the kernel, or the master's RSS keeps the log's high-water mark. */
+        rl->trimmed_at_snapshot = rl->glue.snapshots_taken;
+        malloc_trim(0);
+    }
 }
 
 /* ---- thread ---- */
@@ -596,8 +608,13 @@ static void *thread_main(void *arg)
         raft_set_snapshot_threshold(&rl->raft, (unsigned)rl->p.snapshot_threshold);
     if (rl->p.snapshot_trailing > 0)
         raft_set_snapshot_trailing(&rl->raft, (unsigned)rl->p.snapshot_trailing);
-    if (rl->p.fsm.snapshot == NULL || rl->p.fsm.restore == NULL)
+    rl->glue.base_threshold = rl->p.snapshot_threshold > 0 ? (unsigned)rl->p.snapshot_threshold : 1024; /* raft's defaults */
+    rl->glue.base_trailing = rl->p.snapshot_trailing > 0 ? (unsigned)rl->p.snapshot_trailing : 128;
+    rl->glue.snap_log_bytes = rl->p.snapshot_log_bytes;
+    if (rl->p.fsm.snapshot == NULL || rl->p.fsm.restore == NULL) {
         raft_set_snapshot_threshold(&rl->raft, 0xFFFFFFFFu);
+        rl->glue.snap_log_bytes = 0;
+    }
     if (!rl->p.join) {
         rv = bootstrap(rl);
         if (rv != 0)

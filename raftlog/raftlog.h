@@ -69,6 +69,8 @@ struct kvp_raftlog_params {
     /* Added by raftlog (0 = default, so zero-initialised params keep working): */
     size_t segment_size_bytes;     /* raft_uv open segment size; 0 = raft's 8 MiB. Tests: small */
     uint32_t max_inflight_entries; /* group entries proposed but not yet applied; 0 = 4 */
+    uint64_t snapshot_log_bytes;   /* also snapshot once the log since the last one holds this
+                                      many payload bytes (0 = entries only); see raftlog_internal.h */
 };
 
 enum kvp_raftlog_event {
@@ -147,6 +149,10 @@ struct kvp_raftlog_info {
     uint64_t cmds_proposed;
     uint64_t snapshots_taken;
     uint64_t snapshots_restored;
+    uint64_t entries_committed; /* this node's own entries committed and applied (as leader) */
+    uint64_t commit_us_total;   /* their summed raft_apply → applied time, microseconds */
+    uint64_t snapshots_by_bytes; /* snapshots triggered by snapshot_log_bytes */
+    uint64_t log_bytes;          /* payload bytes applied since the last snapshot */
 };
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 

@@ -9,6 +9,7 @@
 
 #include "kvpool.h"
 #include "raftlog/raftlog_internal.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 int kvp_rl_err_from_raft(int rv)
@@ -78,6 +79,10 @@ static void apply_cb(struct raft_apply *req, int status, void *result)
     struct kvp_rl_inflight *f = req->data;
     struct kvp_rl_glue *g = f->glue;
     inflight_unlink(g, f);
+    if (f->delivered && status == 0) {
+        g->entries_committed++;
+        g->commit_us_total += kvp_clock_now_us() - f->proposed_us;
+    }
     if (!f->delivered) {
         int st = status == 0 ? KVP_ERR_INTERNAL : kvp_rl_err_from_raft(status);
         if (status == 0)
@@ -123,6 +128,7 @@ int kvp_rl_glue_propose(struct kvp_rl_glue *g, const uint64_t *corrs, const stru
     f->entry_base = payload;
     f->n = n;
     f->delivered = false;
+    f->proposed_us = kvp_clock_now_us();
     memcpy(f->corrs, corrs, (size_t)n * sizeof(uint64_t));
     /* Link before raft_apply: with an in-memory io raft may apply synchronously. */
     f->next = NULL;
@@ -184,6 +190,15 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
         mine->delivered = true;
     g->entries_applied++;
     g->cmds_applied += it.count;
+    g->log_bytes += buf->len;
+    g->log_entries++;
+    if (g->snap_log_bytes > 0 && g->log_bytes >= g->snap_log_bytes && !g->snap_forced && g->raft != NULL &&
+        g->user.snapshot != NULL) {
+        /* raft checks the threshold right after this apply batch, so a snapshot follows now. */
+        raft_set_snapshot_threshold(g->raft, 1);
+        g->snap_forced = true;
+        g->snapshots_by_bytes++;
+    }
     return 0;
 }
 
@@ -284,7 +299,9 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
         return RAFT_INVALID;
     uint8_t *raw = NULL;
     size_t raw_len = 0;
+    uint64_t t0 = kvp_clock_now_us();
     int rc = g->user.snapshot(g->user.ctx, &raw, &raw_len);
+    uint64_t t1 = kvp_clock_now_us();
     if (rc != KVP_OK) {
         kvp_log_error(g->actor, "fsm snapshot failed: %s", kvp_strerror(rc));
         free(raw);
@@ -307,7 +324,24 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
     *bufs = b;
     *n_bufs = 1;
     g->snapshots_taken++;
-    kvp_log_info(g->actor, "snapshot taken: %zu bytes raw, %zu framed", raw_len, packed_len);
+    if (g->raft != NULL && g->snap_log_bytes > 0) {
+        /* Trailing entries (kept for followers slightly behind) bounded to ~1/8 of the byte
+         * bound at this log's mean entry size; raft reads it when the snapshot is stored. */
+        uint64_t mean = g->log_entries ? g->log_bytes / g->log_entries : 0;
+        uint64_t keep = mean ? (g->snap_log_bytes / 8) / mean : g->base_trailing;
+        if (keep < 16)
+            keep = 16;
+        if (keep > g->base_trailing)
+            keep = g->base_trailing;
+        raft_set_snapshot_trailing(g->raft, (unsigned)keep);
+        if (g->snap_forced)
+            raft_set_snapshot_threshold(g->raft, g->base_threshold);
+    }
+    g->snap_forced = false;
+    g->log_bytes = 0;
+    g->log_entries = 0;
+    kvp_log_info(g->actor, "snapshot taken: %zu bytes raw, %zu framed; fsm %llu ms, lz4 %llu ms", raw_len,
+                 packed_len, (unsigned long long)(t1 - t0) / 1000, (unsigned long long)(kvp_clock_now_us() - t1) / 1000);
     return 0;
 }
 

@@ -40,6 +40,7 @@ struct kvp_rl_inflight {
     const void *entry_base;         /* payload handed to raft (raft owns it) */
     uint32_t n;                     /* commands in the entry */
     bool delivered;                 /* results already sent by fsm apply */
+    uint64_t proposed_us;           /* monotonic time of raft_apply (commit latency) */
     struct kvp_rl_inflight *next;
     uint64_t corrs[];               /* n correlation ids, command order */
 };
@@ -60,6 +61,19 @@ struct kvp_rl_glue {
     uint64_t entries_applied;
     uint64_t cmds_applied;
     uint64_t entries_malformed;
+    uint64_t entries_committed;     /* own entries applied with results (leader) */
+    /* Byte bound on the in-memory log (raft 0.15 only counts entries): once the entries applied
+     * since the last snapshot hold snap_log_bytes, the next apply triggers a snapshot (the
+     * threshold is dropped to 1 and put back when the snapshot is taken), and the trailing
+     * entries kept after it are cut to about snap_log_bytes / 8. 0 = no byte bound. */
+    uint64_t snap_log_bytes;
+    uint64_t log_bytes;             /* payload bytes applied since the last snapshot */
+    uint64_t log_entries;           /* entries applied since the last snapshot */
+    unsigned base_threshold;        /* snapshot threshold / trailing in force without the bound */
+    unsigned base_trailing;
+    bool snap_forced;               /* the threshold is lowered to 1 */
+    uint64_t snapshots_by_bytes;
+    uint64_t commit_us_total;       /* sum over those of raft_apply → applied, microseconds */
     uint64_t snapshots_taken;
     uint64_t snapshots_restored;
 };

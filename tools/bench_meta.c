@@ -24,24 +24,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "actors/client/msession.h"
 #include "tools/bench_internal.h"
-
-#define META_OBJ_BYTES 64
-#define META_SESSIONS_MAX 8
-
-struct meta {
-    struct bench_target target;
-    struct kvp_msession *sess[META_SESSIONS_MAX];
-    unsigned nsess;
-    char seg_name[64];
-    uint32_t seg_id;
-    atomic_uint_fast64_t op_seq;
-    atomic_int hb_stop;
-    pthread_t hb;
-    double seconds;
-    bool json;
-};
+#include "tools/bench_meta_internal.h"
 
 struct caller {
     struct meta *m;
@@ -68,10 +52,6 @@ static int call(struct kvp_msession *s, Kvp__Request *req, uint32_t timeout_ms, 
     return rc;
 }
 
-static void meta_key(char *k, size_t cap, unsigned caller, uint64_t i)
-{
-    snprintf(k, cap, "meta-%d-%u-%llu", (int)getpid(), caller, (unsigned long long)i);
-}
 
 /* n keys in one PutStart and one PutEnd. Returns 0 when every item succeeded. */
 static int put_pairs(struct meta *m, struct kvp_msession *s, char **keys, size_t n, uint32_t timeout_ms)
@@ -331,11 +311,13 @@ int bench_meta_main(int argc, char **argv)
 {
     struct meta m = {.seconds = 3};
     const char *callers_s = "1,16,64";
+    bool pipe = true;
     unsigned kills = 0;
     uint64_t objects = 0;
     static const struct option lo[] = {
         {"callers", 1, 0, 'n'}, {"seconds", 1, 0, 's'}, {"failover-kills", 1, 0, 'k'}, {"objects", 1, 0, 'o'},
-        {"json", 0, 0, 'j'},    {"cluster", 1, 0, 'c'}, {"masters", 1, 0, 'M'},        {0, 0, 0, 0}};
+        {"json", 0, 0, 'j'},    {"cluster", 1, 0, 'c'}, {"masters", 1, 0, 'M'},        {"driver", 1, 0, 'd'},
+        {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -347,9 +329,16 @@ int bench_meta_main(int argc, char **argv)
         case 'j': m.json = true; break;
         case 'c': m.target.cluster_file = optarg; break;
         case 'M': m.target.masters = optarg; break;
+        case 'd':
+            if (strcmp(optarg, "pipe") && strcmp(optarg, "threads")) {
+                fprintf(stderr, "kvpool-bench meta: --driver pipe|threads, not %s\n", optarg);
+                return 2;
+            }
+            pipe = strcmp(optarg, "pipe") == 0;
+            break;
         default:
             fprintf(stderr, "usage: kvpool-bench meta --cluster FILE | --masters LIST [--callers 1,16,64]\n"
-                            "         [--seconds S] [--objects N] [--failover-kills K (needs --cluster)] [--json]\n");
+                            "         [--driver pipe|threads] [--seconds S] [--objects N] [--failover-kills K (needs --cluster)] [--json]\n");
             return 2;
         }
     }
@@ -405,14 +394,18 @@ int bench_meta_main(int argc, char **argv)
 
     json_t *jl = json_array();
     struct caller *cs = calloc(maxc, sizeof *cs);
-    if (!m.json)
+    struct meta_pipe_state *ps = calloc(1, sizeof *ps);
+    if (!m.json) {
+        printf("driver: %s\n", pipe ? "pipe (each caller a request stream; one thread, up to 8 sockets to the leader)"
+                                    : "threads (a thread per caller, callers share up to 8 master sessions)");
         printf("%-8s %14s %10s %10s %16s %10s %10s  errors\n", "callers", "put pairs/s", "p50 us", "p99 us",
                "GetReplicaList/s", "p50 us", "p99 us");
+    }
     for (unsigned l = 0; l < nlev; l++) {
         struct bench_lat lp = {0}, lg = {0};
         struct bench_errs ep = {0}, eg = {0};
-        double pps = run_level(&m, cs, levels[l], 0, &lp, &ep);
-        double gps = run_level(&m, cs, levels[l], 1, &lg, &eg);
+        double pps = pipe ? meta_run_level_pipe(&m, ps, levels[l], 0, &lp, &ep) : run_level(&m, cs, levels[l], 0, &lp, &ep);
+        double gps = pipe ? meta_run_level_pipe(&m, ps, levels[l], 1, &lg, &eg) : run_level(&m, cs, levels[l], 1, &lg, &eg);
         if (m.json) {
             json_array_append_new(
                 jl, json_pack("{s:i,s:f,s:I,s:I,s:f,s:I,s:I,s:I}", "callers", (int)levels[l], "put_pairs_per_second",
@@ -434,6 +427,7 @@ int bench_meta_main(int argc, char **argv)
         bench_lat_free(&lg);
     }
     free(cs);
+    free(ps);
 
     char ctl[PATH_MAX + 16];
     ctl_path(ctl, sizeof ctl);
@@ -537,7 +531,7 @@ int bench_meta_main(int argc, char **argv)
     if (call(m.sess[0], &ureq, 10000, &resp) == 0)
         kvp_msession_response_free(resp);
     if (m.json) {
-        json_t *j = json_pack("{s:s,s:o}", "mode", "meta", "levels", jl);
+        json_t *j = json_pack("{s:s,s:s,s:o}", "mode", "meta", "driver", pipe ? "pipe" : "threads", "levels", jl);
         if (jo)
             json_object_set_new(j, "objects", jo);
         if (jf)

@@ -8,7 +8,8 @@ set(KVP_BENCH_SRC
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_util.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_cluster.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_kv.c
-  ${CMAKE_CURRENT_SOURCE_DIR}/bench_meta.c)
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_meta.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_meta_pipe.c)
 add_executable(kvpool-bench ${KVP_BENCH_SRC})
 target_compile_options(kvpool-bench PRIVATE ${KVP_WARN})
 target_link_libraries(kvpool-bench kvpool_static ${KVP_DEP_LIBS})

@@ -475,6 +475,7 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     rp->heartbeat_ms = cfg->raft_heartbeat_ms;
     rp->snapshot_threshold = cfg->snapshot_threshold;
     rp->snapshot_trailing = cfg->snapshot_trailing;
+    rp->snapshot_log_bytes = cfg->snapshot_log_bytes;
     rp->group_commit_max = cfg->group_commit_max;
     rp->fsm.ctx = s->fsm;
     rp->fsm.apply = kvp_master_fsm_apply_bytes;

@@ -96,6 +96,18 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(doc, "term", json_integer((json_int_t)info.term));
     json_object_set_new(doc, "commit_index", json_integer((json_int_t)info.commit_index));
     json_object_set_new(doc, "last_applied", json_integer((json_int_t)info.last_applied));
+    /* Group commit as seen by this node while it led: commands per entry, mean commit time. */
+    json_t *rj = json_object();
+    json_object_set_new(rj, "entries_proposed", json_integer((json_int_t)info.entries_proposed));
+    json_object_set_new(rj, "commands_proposed", json_integer((json_int_t)info.cmds_proposed));
+    json_object_set_new(rj, "entries_committed", json_integer((json_int_t)info.entries_committed));
+    json_object_set_new(rj, "commit_us_mean",
+                        json_integer(info.entries_committed ? (json_int_t)(info.commit_us_total / info.entries_committed) : 0));
+    json_object_set_new(rj, "snapshots_taken", json_integer((json_int_t)info.snapshots_taken));
+    json_object_set_new(rj, "snapshots_restored", json_integer((json_int_t)info.snapshots_restored));
+    json_object_set_new(rj, "snapshots_by_bytes", json_integer((json_int_t)info.snapshots_by_bytes));
+    json_object_set_new(rj, "log_bytes_since_snapshot", json_integer((json_int_t)info.log_bytes));
+    json_object_set_new(doc, "raft", rj);
 
     json_t *members = json_array();
     for (size_t i = 0; i < info.n_members && i < 9; i++) {
@@ -135,6 +147,7 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(set, "raft_heartbeat_ms", json_integer(c->raft_heartbeat_ms));
     json_object_set_new(set, "snapshot_threshold", json_integer((json_int_t)c->snapshot_threshold));
     json_object_set_new(set, "snapshot_trailing", json_integer((json_int_t)c->snapshot_trailing));
+    json_object_set_new(set, "snapshot_log_bytes", json_integer((json_int_t)c->snapshot_log_bytes));
     json_object_set_new(set, "group_commit_max", json_integer(c->group_commit_max));
     json_object_set_new(set, "default_kv_lease_ttl", json_integer((json_int_t)c->default_kv_lease_ttl_ms));
     json_object_set_new(set, "client_ttl", json_integer((json_int_t)c->client_ttl_ms));

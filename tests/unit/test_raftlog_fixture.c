@@ -305,6 +305,43 @@ static void test_raftlog_fixture_snapshot_catch_up_restores(void **state)
     assert_int_equal(x->nodes[0].fsm.sum, sum);
 }
 
+/* The entry-count threshold is far away (1000), but the log's bytes pass snapshot_log_bytes:
+ * a snapshot follows, the threshold is put back, the trailing entries are cut to the byte
+ * budget, and the cluster keeps committing and catches up a follower from it. */
+static void test_raftlog_fixture_log_bytes_trigger_snapshot(void **state)
+{
+    struct fx *x = *state;
+    for (unsigned i = 0; i < N; i++) {
+        raft_set_snapshot_threshold(raft_fixture_get(&x->f, i), 1000);
+        raft_set_snapshot_trailing(raft_fixture_get(&x->f, i), 500);
+        x->nodes[i].glue.base_threshold = 1000;
+        x->nodes[i].glue.base_trailing = 500;
+        x->nodes[i].glue.snap_log_bytes = 400; /* a few entries of 3 commands each */
+    }
+    start(x);
+    raft_fixture_elect(&x->f, 0);
+    raft_fixture_kill(&x->f, 2);
+    raft_index idx = 0;
+    uint64_t sum = 0;
+    for (unsigned e = 0; e < 20; e++) {
+        idx = propose(x, 0, 2000 + e, 3, KVP_OK);
+        sum += 3 * (2000 + e) + 3;
+        assert_true(raft_fixture_step_until_applied(&x->f, 0, idx, 5000));
+    }
+    struct raft *r0 = raft_fixture_get(&x->f, 0);
+    assert_true(x->nodes[0].glue.snapshots_by_bytes >= 1);
+    assert_true(x->nodes[0].glue.snapshots_taken >= 1);
+    assert_false(x->nodes[0].glue.snap_forced);
+    assert_int_equal(r0->snapshot.threshold, 1000); /* put back after the forced snapshot */
+    assert_true(r0->snapshot.trailing < 500);       /* cut to the byte budget */
+    assert_true(x->nodes[0].glue.log_bytes < 400);
+    raft_fixture_revive(&x->f, 2);
+    assert_true(raft_fixture_step_until_applied(&x->f, 2, idx, 20000));
+    assert_int_equal(x->nodes[2].fsm.count, 60);
+    assert_int_equal(x->nodes[2].fsm.sum, sum);
+    assert_int_equal(x->nodes[0].fsm.sum, sum);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -318,6 +355,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_raftlog_fixture_partitioned_leader_entry_discarded,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_raftlog_fixture_snapshot_catch_up_restores, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_raftlog_fixture_log_bytes_trigger_snapshot, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
