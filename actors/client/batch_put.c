@@ -3,7 +3,8 @@
  * docs/internals.md "Client flows").
  *
  * One call: validate → one PutStart for every valid item → one transfer batch writing every
- * replica of every started item (a slice per replica per iov piece) → one PutEnd (XXH3-64) for
+ * replica of every started item (a slice per replica per iov piece; the items' XXH3-64 is
+ * computed in the calling thread while the bytes are on the wire) → one PutEnd (XXH3-64) for
  * the items whose slices all completed → one PutRevoke for the rest. An item becomes visible
  * only through PutEnd, after all of its bytes are written: a put never leaves a key visible
  * without its bytes.
@@ -91,6 +92,28 @@ out:
     free(rp);
 }
 
+/* The checksums of the items being written, computed while their bytes are on the wire
+ * (kvp_xfer_run_overlap): the CPU pass over the object overlaps the transfer. */
+struct put_sums {
+    const struct put_item *it;
+    size_t m;
+    const struct kvp_client_obj *objs;
+    uint64_t *sum;
+    bool *have;
+};
+
+static void put_sums_compute(void *arg)
+{
+    struct put_sums *ps = arg;
+    for (size_t j = 0; j < ps->m; j++) {
+        if (ps->it[j].status != KVP_OK)
+            continue;
+        const struct kvp_client_obj *o = &ps->objs[ps->it[j].obj];
+        ps->sum[j] = kvp_client_checksum(o->iov, o->iovcnt, ps->it[j].size);
+        ps->have[j] = true;
+    }
+}
+
 /* PutStart ttl = the call's remaining time + this (clock-skew and apply-delay margin). */
 #define KVP_CLIENT_PUT_TTL_MARGIN_MS 2000u
 
@@ -111,6 +134,8 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
     Kvp__PutEndItem *ei = calloc(n, sizeof *ei);
     Kvp__PutEndItem **ep = calloc(n, sizeof *ep);
     size_t *epos = calloc(n, sizeof *epos);
+    uint64_t *sum = calloc(n, sizeof *sum);
+    bool *have_sum = calloc(n, sizeof *have_sum);
     struct kvp_xfer_slice *slices = NULL;
     size_t *slice_item = NULL;
     Kvp__Response *start_resp = NULL, *end_resp = NULL;
@@ -121,7 +146,7 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
     Kvp__Response **extra = NULL;
     size_t n_extra = 0;
 
-    if (!it || !si || !sp || !revoke || !ei || !ep || !epos) {
+    if (!it || !si || !sp || !revoke || !ei || !ep || !epos || !sum || !have_sum) {
         for (size_t i = 0; i < n; i++)
             results[i] = KVP_ERR_NOMEM;
         goto out;
@@ -269,7 +294,9 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
                 for (size_t q = 0; q < ns; q++)
                     slices[q].status = KVP_ERR_TIMEOUT;
             } else {
-                kvp_xfer_run(c->xfer, slices, ns, left); /* per-slice status is authoritative */
+                struct put_sums ps = {.it = it, .m = m, .objs = objs, .sum = sum, .have = have_sum};
+                /* per-slice status is authoritative */
+                kvp_xfer_run_overlap(c->xfer, slices, ns, left, put_sums_compute, &ps);
             }
             for (size_t q = 0; q < ns; q++) {
                 size_t j = slice_item[q];
@@ -298,7 +325,7 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
         kvp__put_end_item__init(&ei[ne]);
         ei[ne].key = (char *)o->key;
         ei[ne].op_id = it[j].op_id;
-        ei[ne].checksum = kvp_client_checksum(o->iov, o->iovcnt, it[j].size);
+        ei[ne].checksum = have_sum[j] ? sum[j] : kvp_client_checksum(o->iov, o->iovcnt, it[j].size);
         ep[ne] = &ei[ne];
         epos[ne++] = j;
     }
@@ -352,6 +379,8 @@ out:
     free(ei);
     free(ep);
     free(epos);
+    free(sum);
+    free(have_sum);
 }
 
 /* ------------------------------------------------------------------ public entry points */

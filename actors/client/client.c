@@ -11,7 +11,6 @@
 #include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "actors/client/api_config.h"
 #include "runtime/clock.h"
@@ -126,26 +125,6 @@ int kvp_client_rpc(struct kvp_client *c, Kvp__Request *req, uint64_t deadline_ms
     }
     *out = resp;
     return KVP_OK;
-}
-
-uint64_t kvp_client_checksum(const kvp_iov *iov, size_t iovcnt, uint64_t size)
-{
-    if (iovcnt == 1 && iov[0].len >= size)
-        return XXH3_64bits(iov[0].base, size);
-    XXH3_state_t *st = XXH3_createState();
-    if (!st)
-        return 0; /* out of memory: a mismatch is reported as CORRUPT, never wrong bytes as OK */
-    XXH3_64bits_reset(st);
-    uint64_t left = size;
-    for (size_t i = 0; i < iovcnt && left > 0; i++) {
-        size_t l = iov[i].len < left ? iov[i].len : (size_t)left;
-        if (l)
-            XXH3_64bits_update(st, iov[i].base, l);
-        left -= l;
-    }
-    uint64_t h = XXH3_64bits_digest(st);
-    XXH3_freeState(st);
-    return h;
 }
 
 /* ------------------------------------------------------------------ open / close */

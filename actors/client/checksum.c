@@ -1,0 +1,49 @@
+/*
+ * checksum.c — the object checksum (XXH3-64 of the concatenated iov pieces) every put computes
+ * and every get verifies (contract: DESIGN.md C1). On x86-64 CPUs with AVX2 the AVX2 build in
+ * checksum_avx2.c runs (same values, faster); otherwise the system libxxhash.
+ */
+#include <stdbool.h>
+#include <xxhash.h>
+
+#include "actors/client/client.h"
+
+#if defined(__x86_64__)
+uint64_t kvp_client_checksum_avx2(const kvp_iov *iov, size_t iovcnt, uint64_t size);
+
+static bool have_avx2(void)
+{
+    static int known; /* 0 unknown, 1 no, 2 yes; racing first calls compute the same answer */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k == 0) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("avx2") ? 2 : 1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k == 2;
+}
+#endif
+
+uint64_t kvp_client_checksum(const kvp_iov *iov, size_t iovcnt, uint64_t size)
+{
+#if defined(__x86_64__)
+    if (have_avx2())
+        return kvp_client_checksum_avx2(iov, iovcnt, size);
+#endif
+    if (iovcnt >= 1 && iov[0].len >= size)
+        return XXH3_64bits(iov[0].base, size);
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return 0; /* out of memory: a mismatch is reported as CORRUPT, never wrong bytes as OK */
+    XXH3_64bits_reset(st);
+    uint64_t left = size;
+    for (size_t i = 0; i < iovcnt && left > 0; i++) {
+        size_t l = iov[i].len < left ? iov[i].len : (size_t)left;
+        if (l)
+            XXH3_64bits_update(st, iov[i].base, l);
+        left -= l;
+    }
+    uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h;
+}
