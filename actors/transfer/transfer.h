@@ -93,6 +93,16 @@ int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id);
 int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms);
 
 /**
+ * kvp_xfer_run, and `overlap(arg)` (if not NULL) runs once in the calling thread after the remote
+ * slices were handed to the transport and the local slices copied, before the call waits for
+ * the batch: the caller's CPU work overlaps the transfer (the put computes its checksums
+ * there). It is not called when the batch is refused before running (KVP_ERR_INVALID,
+ * KVP_ERR_CLOSED, out of memory). It must not touch the memory of READ slices (not complete yet).
+ */
+int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n,
+                         uint32_t timeout_ms, void (*overlap)(void *arg), void *arg);
+
+/**
  * Probe a segment's data plane (PING/PONG) within timeout_ms (0 = 1000). KVP_OK when it answers
  * for segment_id; KVP_ERR_NOT_FOUND when a server answers there but for another id (restarted or
  * remounted segment); KVP_ERR_TIMEOUT / KVP_ERR_TRANSFER otherwise. Blocks the caller; any thread.

@@ -30,6 +30,8 @@
 #define XFER_MAX_IOV 64
 /* Extra load counted per piece when choosing a connection, so many tiny pieces still spread. */
 #define XFER_PIECE_COST 4096u
+/* A connection whose load is below this takes the next piece before any other (pick_conn). */
+#define XFER_PACK_BYTES (256u * 1024u)
 
 enum xfer_piece_where {
     PIECE_NEW = 0,      /* built by the caller, not yet on a connection */

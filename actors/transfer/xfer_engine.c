@@ -433,10 +433,18 @@ static struct xfer_conn *pick_conn(struct kvp_xfer_engine *e, struct xfer_peer *
         peer->io_next = e->io_peers;
         e->io_peers = peer;
     }
+    /* Small requests are packed onto the first connection that still has room below
+     * XFER_PACK_BYTES: a batch of many small pieces then wakes one server thread per peer
+     * instead of conns_per_peer of them (wake-ups dominate small transfers). Larger loads
+     * spread over the least loaded connection. */
     struct xfer_conn *best = &peer->conns[0];
-    for (uint32_t i = 1; i < e->p.conns_per_peer; i++)
-        if (peer->conns[i].load < best->load)
-            best = &peer->conns[i];
+    for (uint32_t i = 0; i < e->p.conns_per_peer; i++) {
+        struct xfer_conn *c = &peer->conns[i];
+        if (c->load < XFER_PACK_BYTES)
+            return c;
+        if (c->load < best->load)
+            best = c;
+    }
     return best;
 }
 
@@ -1023,6 +1031,12 @@ static bool slice_valid(const struct kvp_xfer_slice *s)
 
 int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms)
 {
+    return kvp_xfer_run_overlap(e, slices, n, timeout_ms, NULL, NULL);
+}
+
+int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n,
+                         uint32_t timeout_ms, void (*overlap)(void *arg), void *arg)
+{
     if (!e || (n > 0 && !slices))
         return KVP_ERR_INVALID;
     bool bad = false;
@@ -1204,6 +1218,10 @@ int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_
                 memcpy(l->base + s->remote_offset, s->local, s->length);
         }
     pthread_rwlock_unlock(&e->local_lock);
+    /* The caller's own work while the I/O thread moves the remote slices (it runs in the
+     * caller's thread inside this call, so it adds no fencing concern). */
+    if (overlap && rc == KVP_OK)
+        overlap(arg);
     pthread_mutex_lock(&e->mu);
     if (b.n_pieces > 0)
         while (!b.done)
