@@ -112,19 +112,84 @@ static void addr_to_string(const struct sockaddr *sa, char *buf, size_t cap)
     kvp_seg_format_endpoint(buf, cap, h, (uint32_t)atoi(p));
 }
 
-/* Receive exactly len bytes. Returns 0, or -1 on EOF/error (errno kept; 0 for EOF). */
-static int recv_all(int fd, void *buf, size_t len)
+/*
+ * The receive side of one connection. Request headers are read through a small buffer: one
+ * recv takes every header a pipelining client has queued (a batch of 32 small READs costs one
+ * recv instead of 32). Bytes of a WRITE payload that came in with its header are copied from
+ * the buffer (at most IN_BYTES of it); the rest of the payload goes straight from the socket
+ * into the region.
+ *
+ * timeo_ms is the SO_RCVTIMEO now set on the socket (0 = none: recv blocks until data). It is
+ * set only to bound a WRITE payload's blocking receive before its deadline (recv_region); a
+ * recv that times out (EAGAIN on this blocking socket) is simply retried elsewhere.
+ */
+#define IN_BYTES (16u * 1024u)
+
+struct conn_in {
+    int fd;
+    uint8_t buf[IN_BYTES];
+    size_t off, len; /* unread bytes are buf[off, len) */
+    uint32_t timeo_ms;
+};
+
+static size_t in_avail(const struct conn_in *in) { return in->len - in->off; }
+
+/* recv into the buffer. Returns 1 (got bytes), 0 (nothing there: only without `block`), -1 (EOF:
+ * errno 0, or error). */
+static int in_fill(struct conn_in *in, bool block)
+{
+    if (in->off > 0) {
+        memmove(in->buf, in->buf + in->off, in->len - in->off);
+        in->len -= in->off;
+        in->off = 0;
+    }
+    for (;;) {
+        ssize_t r = recv(in->fd, in->buf + in->len, IN_BYTES - in->len, block ? 0 : MSG_DONTWAIT);
+        if (r > 0) {
+            in->len += (size_t)r;
+            return 1;
+        }
+        if (r == 0) {
+            errno = 0;
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (!block)
+                return 0;
+            continue; /* SO_RCVTIMEO passed while idle */
+        }
+        return -1;
+    }
+}
+
+/* Copy up to len buffered bytes to dst (NULL: discard them). Returns how many. */
+static size_t in_take(struct conn_in *in, void *dst, uint64_t len)
+{
+    size_t n = in_avail(in) < len ? in_avail(in) : (size_t)len;
+    if (dst && n)
+        memcpy(dst, in->buf + in->off, n);
+    in->off += n;
+    if (in->off == in->len)
+        in->off = in->len = 0;
+    return n;
+}
+
+/* Receive exactly len bytes straight from the socket (the buffer must be empty). Returns 0, or
+ * -1 on EOF/error (errno kept; 0 for EOF). */
+static int recv_all(struct conn_in *in, void *buf, size_t len)
 {
     uint8_t *p = buf;
     while (len > 0) {
-        ssize_t r = recv(fd, p, len, 0);
+        ssize_t r = recv(in->fd, p, len, MSG_WAITALL);
         if (r == 0) {
             errno = 0;
             return -1;
         }
         if (r < 0) {
-            if (errno == EINTR)
-                continue;
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+                continue; /* EAGAIN: SO_RCVTIMEO passed; keep waiting */
             return -1;
         }
         p += r;
@@ -229,40 +294,38 @@ static int out_add(struct kvp_seg_server *s, int fd, struct out_batch *o, uint8_
 }
 
 /*
- * Read the next request header. With responses queued, first try without blocking: if the
- * header is not (all) there yet, flush and then wait. Returns 0 or -1 (EOF/error; errno 0 = EOF).
+ * Read the next request header. With responses queued and no complete header buffered, first
+ * look without blocking: if the header is not (all) there yet, flush and then wait. Returns 0
+ * or -1 (EOF/error; errno 0 = EOF).
  */
-static int next_header(struct kvp_seg_server *s, int fd, struct out_batch *o, uint8_t *hdr)
+static int next_header(struct kvp_seg_server *s, struct conn_in *in, struct out_batch *o, uint8_t *hdr)
 {
-    size_t got = 0;
-    if (o->n > 0) {
-        ssize_t r;
-        do
-            r = recv(fd, hdr, KVP_FRAME_HEADER_BYTES, MSG_DONTWAIT);
-        while (r < 0 && errno == EINTR);
-        if (r == 0) {
-            errno = 0;
-            return -1;
+    while (in_avail(in) < KVP_FRAME_HEADER_BYTES) {
+        if (o->n > 0) {
+            int r = in_fill(in, false);
+            if (r < 0)
+                return -1;
+            if (r > 0)
+                continue;
+            if (out_flush(s, in->fd, o) != 0)
+                return -1;
         }
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-            return -1;
-        got = r > 0 ? (size_t)r : 0;
-        if (got == KVP_FRAME_HEADER_BYTES)
-            return 0;
-        if (out_flush(s, fd, o) != 0)
+        if (in_fill(in, true) < 0)
             return -1;
     }
-    return recv_all(fd, hdr + got, KVP_FRAME_HEADER_BYTES - got);
+    in_take(in, hdr, KVP_FRAME_HEADER_BYTES);
+    return 0;
 }
 
-/* Drain len bytes into scratch. Returns 0, or -1 on EOF/error. */
-static int drain(int fd, uint8_t **scratch, uint64_t left)
+/* Drain len bytes (buffered first) into scratch. Returns 0, or -1 on EOF/error. */
+static int drain(struct conn_in *in, uint8_t **scratch, uint64_t left)
 {
-    if (!*scratch && !(*scratch = malloc(KVP_SEG_SCRATCH_BYTES)))
+    left -= in_take(in, NULL, left);
+    if (left > 0 && !*scratch && !(*scratch = malloc(KVP_SEG_SCRATCH_BYTES)))
         return -1;
     while (left > 0) {
         size_t chunk = left > KVP_SEG_SCRATCH_BYTES ? KVP_SEG_SCRATCH_BYTES : (size_t)left;
-        if (recv_all(fd, *scratch, chunk) != 0)
+        if (recv_all(in, *scratch, chunk) != 0)
             return -1;
         left -= chunk;
     }
@@ -270,23 +333,62 @@ static int drain(int fd, uint8_t **scratch, uint64_t left)
 }
 
 /*
- * Receive a WRITE payload into the region, enforcing the frame's write deadline (contract C3,
- * docs/fencing.md): the clock is read before every recv into the region, and the recv itself
- * never waits (MSG_DONTWAIT; poll waits instead), so no byte lands in the region after the
- * deadline — give or take the one recv call that copies bytes already queued. Past the
- * deadline the rest is drained into scratch. Returns 0 (all landed), 1 (deadline passed,
- * drained), -1 (EOF/error).
+ * A WRITE payload's blocking receive runs with SO_RCVTIMEO at most (time left) - this, so it
+ * returns well before the deadline even with the timer rounded up to the kernel tick; below
+ * RECV_FAST_MIN_MS left, the receive polls instead (recv_region).
  */
-static int recv_region(int fd, uint8_t *dst, uint64_t len, uint32_t deadline, uint8_t **scratch,
-                       uint64_t *landed)
+#define RECV_TIMEO_MARGIN_MS 20
+#define RECV_FAST_MIN_MS 500
+
+/* SO_RCVTIMEO for a blocking receive that must end by `left_ms` from now: keep the one set while
+ * it is short enough and not much shorter than needed (one setsockopt per call timeout, not per
+ * request). Returns false if it could not be set. */
+static bool set_timeo(struct conn_in *in, int32_t left_ms)
+{
+    uint32_t max = (uint32_t)(left_ms - RECV_TIMEO_MARGIN_MS);
+    if (in->timeo_ms != 0 && in->timeo_ms <= max && in->timeo_ms >= max / 4)
+        return true;
+    uint32_t t = max / 2;
+    struct timeval tv = {.tv_sec = t / 1000, .tv_usec = (suseconds_t)(t % 1000) * 1000};
+    if (setsockopt(in->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0)
+        return false;
+    in->timeo_ms = t;
+    return true;
+}
+
+/*
+ * Receive a WRITE payload into the region, enforcing the frame's write deadline (contract C3,
+ * docs/fencing.md): the clock is read before every copy into the region, and no receive into
+ * the region can wait past the deadline: with more than RECV_FAST_MIN_MS left, one blocking
+ * recv (MSG_WAITALL) bounded by SO_RCVTIMEO ending RECV_TIMEO_MARGIN_MS before the deadline at
+ * the latest takes the whole payload (one syscall instead of one per arriving chunk); closer to
+ * the deadline, recv never waits (MSG_DONTWAIT; poll waits instead). So no byte lands in the
+ * region after the deadline — give or take the one recv call that copies bytes already queued.
+ * Past the deadline the rest is drained into scratch. Returns 0 (all landed), 1 (deadline
+ * passed, drained), -1 (EOF/error).
+ */
+static int recv_region(struct conn_in *in, uint8_t *dst, uint64_t len, uint32_t deadline,
+                       uint8_t **scratch, uint64_t *landed)
 {
     *landed = 0;
-    if (deadline == 0)
-        return recv_all(fd, dst, len) == 0 ? (*landed = len, 0) : -1;
+    if (deadline == 0) {
+        *landed = in_take(in, dst, len);
+        if (*landed < len && recv_all(in, dst + *landed, len - *landed) != 0)
+            return -1;
+        *landed = len;
+        return 0;
+    }
     while (*landed < len) {
-        if (kvp_frame_deadline_passed(deadline, kvp_clock_wall_ms()))
-            return drain(fd, scratch, len - *landed) == 0 ? 1 : -1;
-        ssize_t r = recv(fd, dst + *landed, len - *landed, MSG_DONTWAIT);
+        uint64_t now = kvp_clock_wall_ms();
+        if (kvp_frame_deadline_passed(deadline, now))
+            return drain(in, scratch, len - *landed) == 0 ? 1 : -1;
+        if (in_avail(in) > 0) { /* came in with the header */
+            *landed += in_take(in, dst + *landed, len - *landed);
+            continue;
+        }
+        int32_t left_ms = (int32_t)(deadline - (uint32_t)now);
+        bool fast = left_ms > RECV_FAST_MIN_MS && set_timeo(in, left_ms);
+        ssize_t r = recv(in->fd, dst + *landed, len - *landed, fast ? MSG_WAITALL : MSG_DONTWAIT);
         if (r > 0) {
             *landed += (uint64_t)r;
             continue;
@@ -295,11 +397,11 @@ static int recv_region(int fd, uint8_t *dst, uint64_t len, uint32_t deadline, ui
             errno = 0;
             return -1;
         }
-        if (errno == EINTR)
+        if (errno == EINTR || (fast && (errno == EAGAIN || errno == EWOULDBLOCK)))
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return -1;
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        struct pollfd pf = {.fd = in->fd, .events = POLLIN};
         if (poll(&pf, 1, 50) < 0 && errno != EINTR)
             return -1;
     }
@@ -313,10 +415,14 @@ static void *conn_main(void *arg)
     uint8_t *scratch = NULL;
     uint8_t hdr[KVP_FRAME_HEADER_BYTES];
     struct out_batch *o = calloc(1, sizeof *o);
-    if (!o)
+    struct conn_in *in = malloc(sizeof *in);
+    if (!o || !in)
         goto out;
+    in->fd = c->fd;
+    in->off = in->len = 0;
+    in->timeo_ms = 0;
     for (;;) {
-        if (next_header(s, c->fd, o, hdr) != 0) {
+        if (next_header(s, in, o, hdr) != 0) {
             if (errno != 0 && !atomic_load(&s->stopping))
                 kvp_log_debug(ACTOR, "%s: recv: %s", c->peer, strerror(errno));
             break;
@@ -348,7 +454,7 @@ static void *conn_main(void *arg)
             if (st == KVP_OK) {
                 uint64_t landed = 0;
                 REGION_ACQUIRE(s);
-                int got = f.length > 0 ? recv_region(c->fd, s->base + f.offset, f.length, f.deadline,
+                int got = f.length > 0 ? recv_region(in, s->base + f.offset, f.length, f.deadline,
                                                      &scratch, &landed)
                                        : 0;
                 REGION_RELEASE(s);
@@ -367,7 +473,7 @@ static void *conn_main(void *arg)
                 kvp_log_debug(ACTOR, "%s: WRITE seg %u off %lu len %lu: %s (payload drained)", c->peer,
                               f.segment_id, (unsigned long)f.offset, (unsigned long)f.length,
                               kvp_errname(st));
-                if (drain(c->fd, &scratch, f.length) != 0)
+                if (drain(in, &scratch, f.length) != 0)
                     break;
             }
             if (out_add(s, c->fd, o, KVP_FRAME_WRITE_RESP, st, &f, 0, NULL) != 0)
@@ -378,6 +484,7 @@ static void *conn_main(void *arg)
         REGION_RELEASE(s);
 out:
     free(o);
+    free(in);
     free(scratch);
     /* The peer sees the end now; the descriptor itself is closed when the thread is reaped. */
     shutdown(c->fd, SHUT_RDWR);
