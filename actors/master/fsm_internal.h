@@ -89,6 +89,11 @@ struct kvp_master_fsm {
 
 /* fsm.c: tables and helpers */
 uint32_t kvp_fsm_hash(const char *key, size_t len);
+
+/* Bytes of one SnapObject (wire/snapshot.proto) as protobuf-c would pack it, written to p
+ * (at least KVP_FSM_SNAP_OBJECT_MAX bytes); returns the length. fsm_snap.c. */
+#define KVP_FSM_SNAP_OBJECT_MAX (KVP_FSM_KEY_MAX + 16 + 9 * 11 + KVP_FSM_MAX_REPLICAS * 30)
+size_t kvp_fsm_snap_object_encode(const struct kvp_fsm_obj *ob, uint8_t *p);
 bool kvp_fsm_key_valid(const char *key, size_t *len);
 struct kvp_fsm_obj *kvp_fsm_obj_find(const struct kvp_master_fsm *f, const char *key, size_t len);
 int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
