@@ -129,6 +129,7 @@ struct conn_in {
     int fd;
     uint8_t buf[IN_BYTES];
     size_t off, len; /* unread bytes are buf[off, len) */
+    bool short_read;  /* the last recv into buf returned less than it asked: socket drained */
     uint32_t timeo_ms;
 };
 
@@ -144,9 +145,11 @@ static int in_fill(struct conn_in *in, bool block)
         in->off = 0;
     }
     for (;;) {
-        ssize_t r = recv(in->fd, in->buf + in->len, IN_BYTES - in->len, block ? 0 : MSG_DONTWAIT);
+        size_t room = IN_BYTES - in->len;
+        ssize_t r = recv(in->fd, in->buf + in->len, room, block ? 0 : MSG_DONTWAIT);
         if (r > 0) {
             in->len += (size_t)r;
+            in->short_read = (size_t)r < room;
             return 1;
         }
         if (r == 0) {
@@ -301,15 +304,16 @@ static int out_add(struct kvp_seg_server *s, int fd, struct out_batch *o, uint8_
 static int next_header(struct kvp_seg_server *s, struct conn_in *in, struct out_batch *o, uint8_t *hdr)
 {
     while (in_avail(in) < KVP_FRAME_HEADER_BYTES) {
-        if (o->n > 0) {
+        /* After a short recv the socket was drained: answer now rather than look again. */
+        if (o->n > 0 && !in->short_read) {
             int r = in_fill(in, false);
             if (r < 0)
                 return -1;
             if (r > 0)
                 continue;
-            if (out_flush(s, in->fd, o) != 0)
-                return -1;
         }
+        if (o->n > 0 && out_flush(s, in->fd, o) != 0)
+            return -1;
         if (in_fill(in, true) < 0)
             return -1;
     }
@@ -420,6 +424,7 @@ static void *conn_main(void *arg)
         goto out;
     in->fd = c->fd;
     in->off = in->len = 0;
+    in->short_read = false;
     in->timeo_ms = 0;
     for (;;) {
         if (next_header(s, in, o, hdr) != 0) {

@@ -351,6 +351,9 @@ static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
 #endif
             iov[cnt++] = (struct iovec){c->rhdr + c->rhdr_got, KVP_FRAME_HEADER_BYTES - c->rhdr_got};
         }
+        uint64_t want = 0;
+        for (int k = 0; k < cnt; k++)
+            want += iov[k].iov_len;
         ssize_t r = readv(c->fd, iov, cnt);
         if (r < 0) {
             if (errno == EINTR)
@@ -386,6 +389,10 @@ static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
         }
         if (!c->rpiece && c->rhdr_got == KVP_FRAME_HEADER_BYTES && !conn_on_header(e, c))
             return false;
+        /* A short read drained the socket, and with nothing in flight nothing more is due:
+         * wait for epoll (level-triggered) instead of a readv that would answer EAGAIN. */
+        if ((uint64_t)r < want || (!c->rpiece && !c->inflight.head && c->rhdr_got == 0))
+            return true;
     }
     return true;
 }
