@@ -218,14 +218,20 @@ static void test_master_joined_member_added_leads_then_removed(void **state)
         assert_int_equal(tm_put(c, key, 5000), KVP_OK);
         keys[i] = strdup(key);
     }
-    /* Two free ports for the new member. */
+    /* Two free ports for the new member. Both probes stay bound until both are chosen: czmq's
+     * "*" takes the first free port of its dynamic range, so a probe closed before the second
+     * bind handed out the same port twice and member 4 could not start (add-member then
+     * answered BUSY until the test gave up). "!" picks a random port of the range. */
     int ports[2];
+    zsock_t *probes[2];
     for (int i = 0; i < 2; i++) {
-        zsock_t *probe = zsock_new(ZMQ_ROUTER);
-        ports[i] = zsock_bind(probe, "tcp://127.0.0.1:*");
-        zsock_destroy(&probe);
+        probes[i] = zsock_new(ZMQ_ROUTER);
+        ports[i] = zsock_bind(probes[i], "tcp://127.0.0.1:!");
         assert_true(ports[i] > 0);
     }
+    for (int i = 0; i < 2; i++)
+        zsock_destroy(&probes[i]);
+    assert_int_not_equal(ports[0], ports[1]);
     char listen[64], raft[64], data[400], log[400], master[600];
     snprintf(listen, sizeof listen, "127.0.0.1:%d", ports[0]);
     snprintf(raft, sizeof raft, "127.0.0.1:%d", ports[1]);
