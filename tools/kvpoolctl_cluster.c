@@ -107,6 +107,10 @@ static pid_t spawn(json_t *cmdline, const char *log)
         }
         if (nul >= 0)
             dup2(nul, 0);
+        /* A daemon keeps nothing of its launcher but 0-2: an inherited pipe or lock (a CI
+         * harness's output pipe, `flock` around a bench that restarts members) would otherwise
+         * stay open for the daemon's whole life. */
+        close_range(3, ~0u, 0);
         execv(argv[0], argv);
         dprintf(2, "kvpoolctl: exec %s: %s\n", argv[0], strerror(errno));
         _exit(127);
