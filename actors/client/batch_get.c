@@ -130,6 +130,7 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
                          uint32_t timeout_ms, int64_t results[])
 {
     uint64_t t_start = kvp_clock_now_us();
+    uint64_t t_verify = 0; /* time spent verifying checksums (debug line) */
     unsigned rounds = 0;
     uint64_t deadline = kvp_client_deadline(c, timeout_ms);
     const char **keyv = calloc(n, sizeof *keyv);
@@ -365,7 +366,9 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
             if (sl[i].pending) {
                 /* every slice completed: verify */
                 const struct kvp_client_obj *o = &objs[i];
+                uint64_t tv = kvp_clock_now_us();
                 uint64_t h = kvp_client_checksum(o->iov, o->iovcnt, sl[i].info->size);
+                t_verify += kvp_clock_now_us() - tv;
                 if (h == sl[i].info->checksum) {
                     results[i] = (int64_t)sl[i].info->size;
                     sl[i].pending = false;
@@ -386,9 +389,10 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
             }
         }
     }
-    kvp_log_debug(c->name, "get of %zu key(s): GetReplicaList %llu us, %u transfer round(s) %llu us",
+    kvp_log_debug(c->name, "get of %zu key(s): GetReplicaList %llu us, %u transfer round(s) %llu us "
+                  "(checksums %llu us)",
                   m, (unsigned long long)(t_listed - t_start), rounds,
-                  (unsigned long long)(kvp_clock_now_us() - t_listed));
+                  (unsigned long long)(kvp_clock_now_us() - t_listed), (unsigned long long)t_verify);
     report_unreachable(c, bad, n_bad, deadline);
 
 out:
