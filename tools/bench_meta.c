@@ -270,7 +270,7 @@ static void ctl_path(char *buf, size_t cap)
     snprintf(buf, cap, "kvpoolctl");
 }
 
-static int leader_info(const char *ctl, const char *cluster, long long *id, long long *pid)
+static int leader_info(const char *ctl, const char *cluster, long long *id, long long *pid, char *addr, size_t cap)
 {
     char out[4096];
     char *argv[] = {(char *)ctl, (char *)"--cluster", (char *)cluster, (char *)"--timeout", (char *)"5000",
@@ -283,6 +283,10 @@ static int leader_info(const char *ctl, const char *cluster, long long *id, long
         return -1;
     *id = json_integer_value(json_object_get(j, "id"));
     *pid = json_integer_value(json_object_get(j, "pid"));
+    if (addr && cap) {
+        const char *a = json_string_value(json_object_get(j, "address"));
+        snprintf(addr, cap, "%s", a ? a : "");
+    }
     json_decref(j);
     return *pid > 0 ? 0 : -1;
 }
@@ -435,7 +439,7 @@ int bench_meta_main(int argc, char **argv)
     if (objects) {
         long long lid = 0, lpid = 0;
         long before = -1, after = -1;
-        if (m.target.cluster_file && leader_info(ctl, m.target.cluster_file, &lid, &lpid) == 0)
+        if (m.target.cluster_file && leader_info(ctl, m.target.cluster_file, &lid, &lpid, NULL, 0) == 0)
             before = rss_kb(lpid);
         uint64_t t0 = bench_now_us(), stored = 0;
         enum { BATCH = 1000 };
@@ -477,7 +481,8 @@ int bench_meta_main(int argc, char **argv)
         unsigned done = 0;
         for (unsigned k = 0; k < kills; k++) {
             long long id = 0, pid = 0;
-            if (leader_info(ctl, m.target.cluster_file, &id, &pid)) {
+            char addr[300];
+            if (leader_info(ctl, m.target.cluster_file, &id, &pid, addr, sizeof addr)) {
                 fprintf(stderr, "kvpool-bench meta: kill %u: leader unknown\n", k + 1);
                 sleep(1);
                 continue;
@@ -508,7 +513,31 @@ int bench_meta_main(int argc, char **argv)
             char *rargv[] = {ctl, (char *)"cluster", (char *)"restart", (char *)"--dir", (char *)dir, idb, NULL};
             if (run_capture(rargv, NULL, 0) != 0)
                 fprintf(stderr, "kvpool-bench meta: cluster restart %s failed\n", idb);
-            sleep(2); /* let the restarted member catch up before the next kill */
+            /* Before the next kill, the restarted member must be back in the quorum (an operator
+             * replaces a member before losing another): wait until it answers and follows a
+             * leader (it has loaded its snapshot and log and heard from the leader), then 1 s. */
+            uint64_t w0 = bench_now_us();
+            bool back = false;
+            while (!back && bench_now_us() - w0 < 60000000ull) {
+                char out[4096];
+                char *margv[] = {ctl, (char *)"--masters", addr, (char *)"--timeout", (char *)"500", (char *)"members",
+                                 (char *)"--json", NULL};
+                if (*addr && run_capture(margv, out, sizeof out) == 0) {
+                    json_error_t e;
+                    json_t *j = json_loads(out, 0, &e);
+                    long long l = j ? json_integer_value(json_object_get(j, "leader_id")) : 0;
+                    back = l != 0 && l != id;
+                    json_decref(j);
+                }
+                if (!back)
+                    usleep(100000);
+            }
+            if (!m.json) {
+                printf("  member %lld back in the quorum after %.1f s%s\n", id, (double)(bench_now_us() - w0) / 1e6,
+                       back ? "" : " (gave up waiting)");
+                fflush(stdout);
+            }
+            sleep(1);
         }
         qsort(ms, done, sizeof *ms, cmp_u64);
         uint64_t med = done ? (done % 2 ? ms[done / 2] : (ms[done / 2 - 1] + ms[done / 2]) / 2) : 0;
