@@ -526,9 +526,13 @@ static void on_tick(uv_timer_t *t)
     check_leadership(rl);
     update_info(rl);
     pump(rl); /* fails queued submits promptly after a step-down */
-    if (rl->glue.snapshots_taken != rl->trimmed_at_snapshot && rl->raft.snapshot.put.data == NULL) {
+    if (rl->glue.snapshots_taken != rl->trimmed_at_snapshot && rl->raft.snapshot.pending.term == 0 &&
+        rl->raft.snapshot.put.data == NULL) {
         /* A snapshot was stored and raft released the log entries before it: hand the freed
-         * heap back to the kernel, or the master's RSS keeps the log's high-water mark. */
+         * heap back to the kernel, or the master's RSS keeps the log's high-water mark.
+         * snapshots_taken counts at serialization; with async framing put.data stays NULL
+         * while the pool frames, so only pending.term (0 once raft is done with the
+         * snapshot) says the log has been cut. */
         rl->trimmed_at_snapshot = rl->glue.snapshots_taken;
         malloc_trim(0);
     }
