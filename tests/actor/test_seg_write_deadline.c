@@ -1,0 +1,198 @@
+/*
+ * test_seg_write_deadline.c — the segment server's WRITE receive against a raw TCP client that
+ * paces its bytes (actors/segment/seg_server.c recv_region, contract C3):
+ *  - a WRITE with a long deadline (the blocking MSG_WAITALL path under SO_RCVTIMEO) whose payload
+ *    comes in three parts with pauses, after a header that arrived together with the first part
+ *    and a second pipelined request: every byte lands, both answered in order;
+ *  - a WRITE with a 1.5 s deadline whose payload stops after 1 KiB and resumes after the
+ *    deadline: answered TIMEOUT, and no byte past what arrived before the deadline reaches the
+ *    region (the rest is drained; the connection keeps working: a READ after it is answered).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "actors/segment/seg_server.h"
+#include "kvpool.h"
+#include "runtime/clock.h"
+#include "wire/envelope.h"
+
+#define REGION (1u << 20)
+#define OLD(i) ((uint8_t)((i) * 7u + 3u))
+#define NEW(i) ((uint8_t)((i) * 13u + 5u))
+
+static struct {
+    struct kvp_seg_server *srv;
+    uint8_t *region;
+    int fd;
+} T;
+
+static int setup(void **state)
+{
+    (void)state;
+    T.region = malloc(REGION);
+    if (!T.region)
+        return -1;
+    for (size_t i = 0; i < REGION; i++)
+        T.region[i] = OLD(i);
+    if (kvp_seg_server_start(&T.srv, "127.0.0.1", 0, T.region, REGION) != KVP_OK)
+        return -1;
+    kvp_seg_server_set_id(T.srv, 9);
+    T.fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)kvp_seg_server_port(T.srv)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (T.fd < 0 || connect(T.fd, (struct sockaddr *)&a, sizeof a) != 0)
+        return -1;
+    int one = 1;
+    setsockopt(T.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    close(T.fd);
+    kvp_seg_server_stop(&T.srv);
+    free(T.region);
+    return 0;
+}
+
+static void send_all(const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t r = send(T.fd, p, len, MSG_NOSIGNAL);
+        assert_true(r > 0);
+        p += r;
+        len -= (size_t)r;
+    }
+}
+
+static void recv_all(void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t r = recv(T.fd, p, len, 0);
+        assert_true(r > 0);
+        p += r;
+        len -= (size_t)r;
+    }
+}
+
+static void header(uint8_t *out, uint8_t op, uint64_t req, uint64_t off, uint64_t len, uint32_t deadline)
+{
+    struct kvp_frame f = {.op = op, .segment_id = 9, .req_id = req, .offset = off, .length = len,
+                          .deadline = deadline};
+    kvp_frame_encode(&f, out);
+}
+
+static struct kvp_frame response(void)
+{
+    uint8_t h[KVP_FRAME_HEADER_BYTES];
+    recv_all(h, sizeof h);
+    struct kvp_frame f;
+    assert_int_equal(kvp_frame_decode(h, &f), KVP_OK);
+    return f;
+}
+
+static void test_seg_write_deadline_paced_payload_lands(void **state)
+{
+    (void)state;
+    enum { OFF = 4096, LEN = 300000, PART = 1000 };
+    uint8_t *pay = malloc(LEN);
+    assert_non_null(pay);
+    for (size_t i = 0; i < LEN; i++)
+        pay[i] = NEW(i);
+    uint32_t dl = kvp_frame_deadline_make(kvp_clock_wall_ms() + 20000);
+    uint8_t msg[KVP_FRAME_HEADER_BYTES + PART];
+    header(msg, KVP_FRAME_WRITE, 1, OFF, LEN, dl);
+    memcpy(msg + KVP_FRAME_HEADER_BYTES, pay, PART); /* header and the first bytes together */
+    send_all(msg, sizeof msg);
+    usleep(100 * 1000);
+    send_all(pay + PART, LEN / 2 - PART);
+    usleep(100 * 1000);
+    /* the rest of the payload and a pipelined READ of what it wrote, in one send */
+    size_t rest = LEN - LEN / 2;
+    uint8_t *tail = malloc(rest + KVP_FRAME_HEADER_BYTES);
+    assert_non_null(tail);
+    memcpy(tail, pay + LEN / 2, rest);
+    header(tail + rest, KVP_FRAME_READ, 2, OFF, 64, 0);
+    send_all(tail, rest + KVP_FRAME_HEADER_BYTES);
+    struct kvp_frame w = response();
+    assert_int_equal(w.op, KVP_FRAME_WRITE_RESP);
+    assert_int_equal(w.req_id, 1);
+    assert_int_equal(w.status, KVP_OK);
+    struct kvp_frame r = response();
+    assert_int_equal(r.op, KVP_FRAME_READ_RESP);
+    assert_int_equal(r.req_id, 2);
+    assert_int_equal(r.status, KVP_OK);
+    uint8_t back[64];
+    recv_all(back, sizeof back);
+    assert_memory_equal(back, pay, sizeof back);
+    assert_memory_equal(T.region + OFF, pay, LEN);
+    assert_int_equal(T.region[OFF - 1], OLD(OFF - 1));
+    assert_int_equal(T.region[OFF + LEN], OLD(OFF + LEN));
+    free(tail);
+    free(pay);
+}
+
+static void test_seg_write_deadline_stalled_payload_lands_nothing_late(void **state)
+{
+    (void)state;
+    enum { OFF = 600000, LEN = 65536, EARLY = 1024 };
+    uint8_t *pay = malloc(LEN);
+    assert_non_null(pay);
+    for (size_t i = 0; i < LEN; i++)
+        pay[i] = NEW(i);
+    uint64_t t0 = kvp_clock_wall_ms();
+    uint32_t dl = kvp_frame_deadline_make(t0 + 1500); /* > 500 ms: starts on the blocking path */
+    uint8_t h[KVP_FRAME_HEADER_BYTES];
+    header(h, KVP_FRAME_WRITE, 3, OFF, LEN, dl);
+    send_all(h, sizeof h);
+    send_all(pay, EARLY);
+    while (kvp_clock_wall_ms() < t0 + 1700) /* past the deadline */
+        usleep(20 * 1000);
+    send_all(pay + EARLY, LEN - EARLY);
+    struct kvp_frame w = response();
+    assert_int_equal(w.op, KVP_FRAME_WRITE_RESP);
+    assert_int_equal(w.req_id, 3);
+    assert_int_equal(w.status, KVP_ERR_TIMEOUT);
+    /* what arrived before the deadline may have landed; nothing sent after it did */
+    for (size_t i = 0; i < LEN; i++) {
+        if (i < EARLY)
+            assert_true(T.region[OFF + i] == pay[i] || T.region[OFF + i] == OLD(OFF + i));
+        else
+            assert_int_equal(T.region[OFF + i], OLD(OFF + i));
+    }
+    /* the connection still serves requests: the late payload was drained, not parsed */
+    header(h, KVP_FRAME_READ, 4, OFF + EARLY, 16, 0);
+    send_all(h, sizeof h);
+    struct kvp_frame r = response();
+    assert_int_equal(r.req_id, 4);
+    assert_int_equal(r.status, KVP_OK);
+    uint8_t back[16];
+    recv_all(back, sizeof back);
+    for (size_t i = 0; i < sizeof back; i++)
+        assert_int_equal(back[i], OLD(OFF + EARLY + i));
+    free(pay);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seg_write_deadline_paced_payload_lands),
+        cmocka_unit_test(test_seg_write_deadline_stalled_payload_lands_nothing_late),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
