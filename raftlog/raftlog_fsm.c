@@ -331,8 +331,10 @@ static int snapshot_now(struct kvp_rl_glue *g, uint8_t **packed, size_t *packed_
     rc = kvp_rl_snap_pack(raw != NULL ? raw : (const uint8_t *)"", raw != NULL ? raw_len : 0, packed,
                           packed_len);
     free(raw);
-    if (rc != KVP_OK)
+    if (rc != KVP_OK) {
+        kvp_log_error(g->actor, "snapshot of %zu bytes not framed: %s; not stored", raw_len, kvp_strerror(rc));
         return RAFT_NOMEM;
+    }
     kvp_log_info(g->actor, "snapshot taken: %zu bytes raw, %zu framed; fsm %llu ms, lz4 %llu ms", raw_len,
                  *packed_len, (unsigned long long)(t1 - t0) / 1000,
                  (unsigned long long)(kvp_clock_now_us() - t1) / 1000);
@@ -423,8 +425,10 @@ static int fsm_snapshot_frame(struct raft_fsm *fsm, struct raft_buffer *bufs[], 
     uint64_t t0 = kvp_clock_now_us();
     int rc = kvp_rl_snap_pack(job->raw != NULL ? job->raw : (const uint8_t *)"", job->raw != NULL ? job->raw_len : 0,
                               &packed, &packed_len);
-    if (rc != KVP_OK)
+    if (rc != KVP_OK) { /* raft 0.15 drops the snapshot without a word: say it here */
+        kvp_log_error(job->actor, "snapshot of %zu bytes not framed: %s; not stored", job->raw_len, kvp_strerror(rc));
         return RAFT_NOMEM; /* the job stays; finalize frees it */
+    }
     kvp_log_info(job->actor, "snapshot taken: %zu bytes raw, %zu framed; fsm %llu ms (raft thread), lz4 %llu ms",
                  job->raw_len, packed_len, (unsigned long long)job->fsm_us / 1000,
                  (unsigned long long)(kvp_clock_now_us() - t0) / 1000);
