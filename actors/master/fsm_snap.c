@@ -262,6 +262,7 @@ int kvp_master_fsm_snapshot(const fsm_t *f, uint8_t **buf, size_t *len)
     o.cap = est;
     if (radix_sort_refs(v, n) != KVP_OK) {
         free(v);
+        free(o.p);
         return KVP_ERR_NOMEM;
     }
     put_varint(&o, F_FORMAT << 3);
