@@ -40,9 +40,9 @@ static const struct kvp_cfg_key master_keys[] = {
         "Raft entries between snapshots"),
     NUM(M, KVP_CFG_T_U64, "snapshot_trailing", snapshot_trailing, 0, 1e12, "1024",
         "Raft entries kept after a snapshot"),
-    NUM(M, KVP_CFG_T_SIZE, "snapshot_log_bytes", snapshot_log_bytes, 0, 64 * TIB, "16MiB",
-        "also snapshot once the Raft log since the last snapshot holds this many bytes (0 = entries only); "
-        "bounds the log the master keeps in memory"),
+    NUM(M, KVP_CFG_T_SIZE, "snapshot_log_bytes", snapshot_log_bytes, 1 * MIB, 64 * TIB, "16MiB",
+        "also snapshot once the Raft log since the last snapshot holds this many bytes; bounds the log "
+        "the master keeps in memory (below 1 MiB a large FSM would be serialized back to back)"),
     NUM(M, KVP_CFG_T_U32, "group_commit_max", group_commit_max, 1, 65536, "512",
         "most commands batched into one Raft entry"),
     NUM(M, KVP_CFG_T_DURATION_MS, "default_kv_lease_ttl", default_kv_lease_ttl_ms, 1, 3600000, "5000",

@@ -315,7 +315,7 @@ static void snapshot_taken(struct kvp_rl_glue *g)
     g->log_entries = 0;
 }
 
-/* Synchronous snapshot (raft's fixture, or when fork fails): serialize and frame in place. */
+/* Synchronous snapshot (raft's fixture, which has no async_work): serialize and frame in place. */
 static int snapshot_now(struct kvp_rl_glue *g, uint8_t **packed, size_t *packed_len)
 {
     uint8_t *raw = NULL;
@@ -487,6 +487,13 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
     /* On success the FSM owns the buffer raft handed over. */
     raft_free(buf->base);
     g->snapshots_restored++;
+    /* The log now starts at the installed snapshot: nothing applied since counts toward the
+     * byte bound, and a forced threshold goes back (or a second full snapshot would follow). */
+    g->log_bytes = 0;
+    g->log_entries = 0;
+    if (g->snap_forced && g->raft != NULL)
+        raft_set_snapshot_threshold(g->raft, g->base_threshold);
+    g->snap_forced = false;
     kvp_log_info(g->actor, "snapshot restored: %zu bytes", raw_len);
     return 0;
 }
