@@ -594,14 +594,6 @@ static void *thread_main(void *arg)
     if (rl->p.segment_size_bytes > 0)
         raft_uv_set_segment_size(&rl->io, rl->p.segment_size_bytes);
     raft_uv_set_snapshot_compression(&rl->io, false); /* we LZ4-frame snapshots ourselves */
-    /* raft 0.15's raft_uv implements async_work (a libuv thread-pool job) but still reports io
-     * version 1, and raft_init refuses an fsm with async snapshots on a version-1 io. The
-     * method is there, so say so, and frame snapshots off the raft thread (raftlog_fsm.c). */
-    if (rl->io.async_work != NULL && rl->p.fsm.snapshot != NULL) {
-        if (rl->io.version < 2)
-            rl->io.version = 2;
-        kvp_rl_glue_use_async_snapshots(&rl->glue);
-    }
     raft_uv_set_connect_retry_delay(&rl->io, 100);
     rv = raft_init(&rl->raft, &rl->io, &rl->glue.fsm, rl->p.id, rl->p.raft_address);
     if (rv != 0)

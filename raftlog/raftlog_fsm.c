@@ -315,7 +315,7 @@ static void snapshot_taken(struct kvp_rl_glue *g)
     g->log_entries = 0;
 }
 
-/* Synchronous snapshot (raft's fixture, which has no async_work): serialize and frame in place. */
+/* Serialize and frame in place, on the raft thread. */
 static int snapshot_now(struct kvp_rl_glue *g, uint8_t **packed, size_t *packed_len)
 {
     uint8_t *raw = NULL;
@@ -364,101 +364,12 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
     return 0;
 }
 
-/*
- * Asynchronous framing (raft_fsm version 3, the real raft thread only; docs/raftlog.md): raft
- * calls fsm_snapshot_serialize on its loop, which serializes the FSM (the state must be read
- * as of the snapshot's index, and only the raft thread may read it); raft then runs
- * fsm_snapshot_frame on its thread pool, which LZ4-frames the bytes while the loop goes on
- * applying entries and sending heartbeats. Until framed, the one buffer handed to raft is a
- * job (len 0), not snapshot bytes.
- * Tried and dropped: serializing in a fork()ed child (copy-on-write image). On this VM a
- * copy-on-write page fault costs ~64 us, so the parent's first writes after the fork stalled
- * the raft thread for longer than serializing in place did.
- */
-struct snap_job {
-    uint8_t *raw;
-    size_t raw_len;
-    uint64_t fsm_us;
-    const char *actor;
-};
-
-static int fsm_snapshot_serialize(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
-{
-    struct kvp_rl_glue *g = fsm->data;
-    if (g->user.snapshot == NULL)
-        return RAFT_INVALID;
-    struct snap_job *job = calloc(1, sizeof(*job));
-    struct raft_buffer *b = raft_malloc(sizeof(*b));
-    if (job == NULL || b == NULL) {
-        free(job);
-        raft_free(b);
-        return RAFT_NOMEM;
-    }
-    job->actor = g->actor;
-    uint64_t t0 = kvp_clock_now_us();
-    int rc = g->user.snapshot(g->user.ctx, &job->raw, &job->raw_len);
-    job->fsm_us = kvp_clock_now_us() - t0;
-    if (rc != KVP_OK) {
-        kvp_log_error(g->actor, "fsm snapshot failed: %s", kvp_strerror(rc));
-        free(job->raw);
-        free(job);
-        raft_free(b);
-        return RAFT_IOERR;
-    }
-    b->base = job;
-    b->len = 0;
-    *bufs = b;
-    *n_bufs = 1;
-    snapshot_taken(g);
-    return 0;
-}
-
-/* Thread pool: turn the job into the framed snapshot bytes. */
-static int fsm_snapshot_frame(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
-{
-    (void)fsm;
-    if (*bufs == NULL || *n_bufs != 1 || (*bufs)[0].len != 0)
-        return RAFT_INVALID;
-    struct snap_job *job = (*bufs)[0].base;
-    uint8_t *packed = NULL;
-    size_t packed_len = 0;
-    uint64_t t0 = kvp_clock_now_us();
-    int rc = kvp_rl_snap_pack(job->raw != NULL ? job->raw : (const uint8_t *)"", job->raw != NULL ? job->raw_len : 0,
-                              &packed, &packed_len);
-    if (rc != KVP_OK) { /* raft 0.15 drops the snapshot without a word: say it here */
-        kvp_log_error(job->actor, "snapshot of %zu bytes not framed: %s; not stored", job->raw_len, kvp_strerror(rc));
-        return RAFT_NOMEM; /* the job stays; finalize frees it */
-    }
-    kvp_log_info(job->actor, "snapshot taken: %zu bytes raw, %zu framed; fsm %llu ms (raft thread), lz4 %llu ms",
-                 job->raw_len, packed_len, (unsigned long long)job->fsm_us / 1000,
-                 (unsigned long long)(kvp_clock_now_us() - t0) / 1000);
-    free(job->raw);
-    free(job);
-    (*bufs)[0].base = packed;
-    (*bufs)[0].len = packed_len;
-    return 0;
-}
-
-void kvp_rl_glue_use_async_snapshots(struct kvp_rl_glue *g)
-{
-    g->fsm.version = 3;
-    g->fsm.snapshot = fsm_snapshot_serialize;
-    g->fsm.snapshot_async = fsm_snapshot_frame;
-}
-
 static int fsm_snapshot_finalize(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
 {
     (void)fsm;
     if (*bufs != NULL) {
-        for (unsigned i = 0; i < *n_bufs; i++) {
-            if ((*bufs)[i].len == 0 && (*bufs)[i].base != NULL) { /* a job never framed */
-                struct snap_job *job = (*bufs)[i].base;
-                free(job->raw);
-                free(job);
-                continue;
-            }
+        for (unsigned i = 0; i < *n_bufs; i++)
             free((*bufs)[i].base);
-        }
         raft_free(*bufs);
     }
     *bufs = NULL;

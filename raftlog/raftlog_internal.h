@@ -80,10 +80,6 @@ struct kvp_rl_glue {
 
 void kvp_rl_glue_init(struct kvp_rl_glue *g, const struct kvp_raftlog_fsm *user,
                       kvp_rl_deliver_fn deliver, void *ctx, const char *actor);
-/** Frame snapshots off the raft thread (raft_fsm version 3: serialize on the loop, LZ4 on
- *  raft's thread pool; raftlog_fsm.c). Only with an io that has async_work (raft_uv), not the
- *  fixture. Call after kvp_rl_glue_init, before raft_init. */
-void kvp_rl_glue_use_async_snapshots(struct kvp_rl_glue *g);
 /** Free in-flight records without callbacks: only once raft is closed (no callback can come). */
 void kvp_rl_glue_fini(struct kvp_rl_glue *g);
 
