@@ -57,6 +57,8 @@ struct kvp_msession {
     pthread_cond_t idle_cv;    /* signalled when inflight drops to 0 while closing */
 
     int wake_fd;               /* eventfd: callers wake the I/O thread */
+    bool io_polling;           /* under mu: the I/O thread is in (or about to enter) its poll */
+    bool wake_sent;            /* under mu: wake_fd written since the I/O thread last read it */
     void *zctx;                /* ZeroMQ context */
     void *socks[KVP_MS_MAX_MASTERS]; /* DEALER per master, owned by the I/O thread */
     pthread_t thread;          /* the I/O thread */
