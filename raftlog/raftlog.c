@@ -528,11 +528,9 @@ static void on_tick(uv_timer_t *t)
     pump(rl); /* fails queued submits promptly after a step-down */
     if (rl->glue.snapshots_taken != rl->trimmed_at_snapshot && rl->raft.snapshot.pending.term == 0 &&
         rl->raft.snapshot.put.data == NULL) {
-        /* A snapshot was stored and raft released the log entries before it: hand the freed
-         * heap back to the kernel, or the master's RSS keeps the log's high-water mark.
-         * snapshots_taken counts at serialization; with async framing put.data stays NULL
-         * while the pool frames, so only pending.term (0 once raft is done with the
-         * snapshot) says the log has been cut. */
+        /* A snapshot was stored and raft released the log entries before it (nothing pending
+         * or being put): hand the freed heap back to the kernel, or the master's RSS keeps the
+         * log's high-water mark. */
         rl->trimmed_at_snapshot = rl->glue.snapshots_taken;
         malloc_trim(0);
     }

@@ -292,32 +292,22 @@ int kvp_rl_snap_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *ra
     return KVP_OK;
 }
 
-/* Bookkeeping when a snapshot is taken (raft thread): counters, the trailing-entry budget and
- * the threshold put back after a byte-triggered snapshot (see snap_log_bytes). */
-static void snapshot_taken(struct kvp_rl_glue *g)
+/* The log restarts at a snapshot (taken or installed): nothing counts toward the byte bound
+ * any more, and a threshold lowered to force the snapshot goes back. */
+static void log_bound_reset(struct kvp_rl_glue *g)
 {
-    g->snapshots_taken++;
-    if (g->raft != NULL && g->snap_log_bytes > 0) {
-        /* Trailing entries (kept for followers slightly behind) bounded to ~1/8 of the byte
-         * bound at this log's mean entry size; raft reads it when the snapshot is stored. */
-        uint64_t mean = g->log_entries ? g->log_bytes / g->log_entries : 0;
-        uint64_t keep = mean ? (g->snap_log_bytes / 8) / mean : g->base_trailing;
-        if (keep < 16)
-            keep = 16;
-        if (keep > g->base_trailing)
-            keep = g->base_trailing;
-        raft_set_snapshot_trailing(g->raft, (unsigned)keep);
-        if (g->snap_forced)
-            raft_set_snapshot_threshold(g->raft, g->base_threshold);
-    }
+    if (g->snap_forced && g->raft != NULL)
+        raft_set_snapshot_threshold(g->raft, g->base_threshold);
     g->snap_forced = false;
     g->log_bytes = 0;
     g->log_entries = 0;
 }
 
-/* Serialize and frame in place, on the raft thread. */
-static int snapshot_now(struct kvp_rl_glue *g, uint8_t **packed, size_t *packed_len)
+static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
 {
+    struct kvp_rl_glue *g = fsm->data;
+    if (g->user.snapshot == NULL)
+        return RAFT_INVALID;
     uint8_t *raw = NULL;
     size_t raw_len = 0;
     uint64_t t0 = kvp_clock_now_us();
@@ -328,29 +318,15 @@ static int snapshot_now(struct kvp_rl_glue *g, uint8_t **packed, size_t *packed_
         free(raw);
         return RAFT_IOERR;
     }
-    rc = kvp_rl_snap_pack(raw != NULL ? raw : (const uint8_t *)"", raw != NULL ? raw_len : 0, packed,
-                          packed_len);
+    uint8_t *packed = NULL;
+    size_t packed_len = 0;
+    rc = kvp_rl_snap_pack(raw != NULL ? raw : (const uint8_t *)"", raw != NULL ? raw_len : 0, &packed,
+                          &packed_len);
     free(raw);
     if (rc != KVP_OK) {
         kvp_log_error(g->actor, "snapshot of %zu bytes not framed: %s; not stored", raw_len, kvp_strerror(rc));
         return RAFT_NOMEM;
     }
-    kvp_log_info(g->actor, "snapshot taken: %zu bytes raw, %zu framed; fsm %llu ms, lz4 %llu ms", raw_len,
-                 *packed_len, (unsigned long long)(t1 - t0) / 1000,
-                 (unsigned long long)(kvp_clock_now_us() - t1) / 1000);
-    return 0;
-}
-
-static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
-{
-    struct kvp_rl_glue *g = fsm->data;
-    if (g->user.snapshot == NULL)
-        return RAFT_INVALID;
-    uint8_t *packed = NULL;
-    size_t packed_len = 0;
-    int rv = snapshot_now(g, &packed, &packed_len);
-    if (rv != 0)
-        return rv;
     struct raft_buffer *b = raft_malloc(sizeof(*b));
     if (b == NULL) {
         free(packed);
@@ -360,7 +336,22 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
     b->len = packed_len;
     *bufs = b;
     *n_bufs = 1;
-    snapshot_taken(g);
+    g->snapshots_taken++;
+    kvp_log_info(g->actor, "snapshot taken: %zu bytes raw, %zu framed; fsm %llu ms, lz4 %llu ms", raw_len,
+                 packed_len, (unsigned long long)(t1 - t0) / 1000,
+                 (unsigned long long)(kvp_clock_now_us() - t1) / 1000);
+    if (g->raft != NULL && g->snap_log_bytes > 0) {
+        /* Trailing entries (kept for followers slightly behind) bounded to ~1/8 of the byte
+         * bound at this log's mean entry size; raft reads it when the snapshot is stored. */
+        uint64_t mean = g->log_entries ? g->log_bytes / g->log_entries : 0;
+        uint64_t keep = mean ? (g->snap_log_bytes / 8) / mean : g->base_trailing;
+        if (keep < 16)
+            keep = 16;
+        if (keep > g->base_trailing)
+            keep = g->base_trailing;
+        raft_set_snapshot_trailing(g->raft, (unsigned)keep);
+    }
+    log_bound_reset(g);
     return 0;
 }
 
@@ -398,13 +389,7 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
     /* On success the FSM owns the buffer raft handed over. */
     raft_free(buf->base);
     g->snapshots_restored++;
-    /* The log now starts at the installed snapshot: nothing applied since counts toward the
-     * byte bound, and a forced threshold goes back (or a second full snapshot would follow). */
-    g->log_bytes = 0;
-    g->log_entries = 0;
-    if (g->snap_forced && g->raft != NULL)
-        raft_set_snapshot_threshold(g->raft, g->base_threshold);
-    g->snap_forced = false;
+    log_bound_reset(g); /* or a second full snapshot would follow the install */
     kvp_log_info(g->actor, "snapshot restored: %zu bytes", raw_len);
     return 0;
 }

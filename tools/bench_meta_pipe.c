@@ -180,8 +180,6 @@ double meta_run_level_pipe(struct meta *m, struct meta_pipe_state *st, unsigned 
                 }
                 struct pcaller *c = &cs[ci];
                 int rc = reply_status(r, c->phase);
-                if (rc && getenv("KVP_BENCH_DEBUG"))
-                    fprintf(stderr, "phase %d: %s: %s\n", c->phase, kvp_errname(rc), r->error ? r->error : "");
                 kvp__response__free_unpacked(r, NULL);
                 now = bench_now_us();
                 bool pair_half = (c->phase == 1 && rc == 0);

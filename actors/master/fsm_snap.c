@@ -54,16 +54,12 @@ static void obuf_append(ProtobufCBuffer *b, size_t n, const uint8_t *d)
     o->len += n;
 }
 
+static size_t enc_varint(uint8_t *p, uint64_t v);
+
 static void put_varint(struct obuf *o, uint64_t v)
 {
     uint8_t b[10];
-    size_t n = 0;
-    while (v >= 0x80) {
-        b[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    b[n++] = (uint8_t)v;
-    obuf_append(&o->base, n, b);
+    obuf_append(&o->base, enc_varint(b, v), b);
 }
 
 static void put_message(struct obuf *o, unsigned field, const ProtobufCMessage *m)
