@@ -3,6 +3,7 @@
  * (mutex + uv_async_t), group commit, leadership polling, admin calls, events PAIR socket.
  * See raftlog.h for the contract and docs/raftlog.md for the behaviour notes.
  */
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
 #include "raftlog/raftlog.h"
 
 #include <errno.h>
@@ -28,6 +29,10 @@
 #define RL_DEFAULT_GROUP_MAX 256
 #define RL_DEFAULT_INFLIGHT 4
 #define RL_ENTRY_SOFT_BYTES (4u << 20) /* stop adding commands to an entry past this size */
+/* A local read (kvp_raftlog_read_begin) trusts leadership the raft thread confirmed at most this
+ * long ago; the raft thread re-confirms on every submission wake-up and every tick (RL_TICK_MS),
+ * so two ticks let one late tick pass without sending reads to the slow path. */
+#define RL_READ_FRESH_US (2u * RL_TICK_MS * 1000u)
 
 enum op_kind { OP_SUBMIT, OP_QUERY, OP_ADD_VOTER, OP_REMOVE, OP_TRANSFER };
 
@@ -94,6 +99,13 @@ struct kvp_raftlog {
     unsigned max_inflight;
     uint64_t trimmed_at_snapshot; /* glue.snapshots_taken at the last malloc_trim */
     uint32_t group_max;
+
+    /* Local reads: fsm_lock is held for writing around every fsm apply and restore (glue) and
+     * for reading by kvp_raftlog_read_begin..end. read_until_us (monotonic µs, 0 = none): until
+     * when a local read may trust this node's leadership; read_term: the term it was seen in. */
+    pthread_rwlock_t fsm_lock;
+    bool fsm_lock_inited;
+    _Atomic uint64_t read_until_us;
 
     zsock_t *ev_reader; /* caller side */
     zsock_t *ev_writer; /* raft thread side */
@@ -187,6 +199,16 @@ static void flush_query_waiters(struct kvp_raftlog *rl, int status)
     }
 }
 
+/* Re-confirm (or withdraw) the local-read permission: leader, its term's barrier applied, not
+ * closing. Called on every wake-up of the raft thread, so it is at most one tick stale. */
+static void read_lease_refresh(struct kvp_raftlog *rl)
+{
+    uint64_t until = 0;
+    if (!rl->raft_closing && raft_state(&rl->raft) == RAFT_LEADER && rl->ready_term == rl->raft.current_term)
+        until = kvp_clock_now_us() + RL_READ_FRESH_US;
+    atomic_store_explicit(&rl->read_until_us, until, memory_order_release);
+}
+
 static void barrier_cb(struct raft_barrier *req, int status)
 {
     struct kvp_raftlog *rl = req->data;
@@ -197,6 +219,7 @@ static void barrier_cb(struct raft_barrier *req, int status)
     }
     if (status == 0 && raft_state(&rl->raft) == RAFT_LEADER) {
         rl->ready_term = rl->raft.current_term;
+        read_lease_refresh(rl);
         flush_query_waiters(rl, KVP_OK);
     } else {
         flush_query_waiters(rl, KVP_ERR_NOT_LEADER);
@@ -450,6 +473,7 @@ static void begin_close(struct kvp_raftlog *rl)
     if (rl->raft_closing)
         return;
     rl->raft_closing = true;
+    read_lease_refresh(rl); /* withdraws it */
     uint32_t et = rl->p.election_timeout_ms > 0 ? rl->p.election_timeout_ms : 1000;
     rl->close_deadline_ms = kvp_clock_now_ms() + 2u * et;
     kvp_log_info(rl->actor, "closing (state %d, %u entries in flight, barrier %d)",
@@ -513,6 +537,7 @@ static void on_async(uv_async_t *h)
         free(op);
     }
     pump(rl);
+    read_lease_refresh(rl);
 }
 
 static void on_tick(uv_timer_t *t)
@@ -524,6 +549,7 @@ static void on_tick(uv_timer_t *t)
         return;
     }
     check_leadership(rl);
+    read_lease_refresh(rl);
     update_info(rl);
     pump(rl); /* fails queued submits promptly after a step-down */
     if (rl->glue.snapshots_taken != rl->trimmed_at_snapshot && rl->raft.snapshot.pending.term == 0 &&
@@ -714,6 +740,8 @@ static void rl_free(struct kvp_raftlog *rl)
         free(a);
     }
     kvp_rl_glue_fini(&rl->glue);
+    if (rl->fsm_lock_inited)
+        pthread_rwlock_destroy(&rl->fsm_lock);
     zsock_destroy(&rl->ev_writer);
     zsock_destroy(&rl->ev_reader);
     pthread_mutex_destroy(&rl->mu);
@@ -757,6 +785,18 @@ int kvp_raftlog_start(struct kvp_raftlog **out, const struct kvp_raftlog_params 
     rl->group_max = p->group_commit_max > 0 ? p->group_commit_max : RL_DEFAULT_GROUP_MAX;
     kvp_rl_glue_init(&rl->glue, &p->fsm, deliver_applied, rl, rl->actor);
     rl->glue.on_done = on_slot_free;
+    pthread_rwlockattr_t la;
+    pthread_rwlockattr_init(&la);
+    /* Writer first: the one raft thread applying must not wait behind a stream of reads. */
+    pthread_rwlockattr_setkind_np(&la, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    if (pthread_rwlock_init(&rl->fsm_lock, &la) != 0) {
+        pthread_rwlockattr_destroy(&la);
+        rl_free(rl);
+        return KVP_ERR_NOMEM;
+    }
+    pthread_rwlockattr_destroy(&la);
+    rl->fsm_lock_inited = true;
+    rl->glue.fsm_lock = &rl->fsm_lock;
 
     char ep[96];
     snprintf(ep, sizeof(ep), "inproc://kvp-raftlog-%llu-%u-%p", (unsigned long long)p->id,
@@ -791,6 +831,34 @@ int kvp_raftlog_start(struct kvp_raftlog **out, const struct kvp_raftlog_params 
     }
     *out = rl;
     return KVP_OK;
+}
+
+static bool read_lease_valid(struct kvp_raftlog *rl)
+{
+    uint64_t until = atomic_load_explicit(&rl->read_until_us, memory_order_acquire);
+    return until != 0 && kvp_clock_now_us() < until;
+}
+
+int kvp_raftlog_read_begin(struct kvp_raftlog *rl)
+{
+    if (rl == NULL)
+        return KVP_ERR_INVALID;
+    if (!read_lease_valid(rl))
+        return KVP_ERR_NOT_LEADER;
+    pthread_rwlock_rdlock(&rl->fsm_lock);
+    /* Checked again under the lock: a step-down followed by a snapshot install (which holds
+     * the lock for writing) may have happened while this thread waited. */
+    if (!read_lease_valid(rl)) {
+        pthread_rwlock_unlock(&rl->fsm_lock);
+        return KVP_ERR_NOT_LEADER;
+    }
+    return KVP_OK;
+}
+
+void kvp_raftlog_read_end(struct kvp_raftlog *rl)
+{
+    if (rl != NULL)
+        pthread_rwlock_unlock(&rl->fsm_lock);
 }
 
 zsock_t *kvp_raftlog_events(struct kvp_raftlog *rl)

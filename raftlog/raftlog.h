@@ -4,7 +4,8 @@
  *
  * The state machine is opaque bytes to raftlog: commands go in as encoded bytes, results come
  * back as encoded bytes. The FSM callbacks (struct kvp_raftlog_fsm) run on the raft thread only,
- * so the FSM state is owned by that thread.
+ * so the FSM state is owned by that thread; the one exception is a local read
+ * (kvp_raftlog_read_begin), which reads it from another thread while apply is held off.
  *
  * Group commit: commands submitted while the raft thread is busy are packed into one Raft entry
  * (up to group_commit_max), so throughput is not bound by one fsync per request. The entry's
@@ -119,6 +120,22 @@ int kvp_raftlog_submit(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *cmd
  */
 int kvp_raftlog_query(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *q, size_t len);
 
+/**
+ * Local read on the caller's thread, without a trip to the raft thread (a leader that knows it
+ * leads may answer reads from its own state machine: Ongaro, "Consensus: Bridging Theory and
+ * Practice", 2014, §6.4). KVP_OK when this node leads, its term's barrier entry has applied, and
+ * the raft thread confirmed both at most 40 ms ago (two ticks; it re-confirms on every
+ * submission wake-up and tick). The FSM is then held against apply and restore until
+ * kvp_raftlog_read_end, so the caller may read the fsm.ctx state directly; keep it short (the
+ * raft thread's apply waits). Same basis as kvp_raftlog_query (raft_state() == RAFT_LEADER),
+ * seen at most 40 ms earlier. KVP_ERR_NOT_LEADER otherwise — not leader, a new leader before
+ * its barrier, closing, or the raft thread busy for over 40 ms: use kvp_raftlog_query then,
+ * which waits on the raft thread. KVP_ERR_INVALID for NULL. Any thread; not re-entrant on one
+ * thread; never from an FSM callback.
+ */
+int kvp_raftlog_read_begin(struct kvp_raftlog *rl);
+/** Release what a successful kvp_raftlog_read_begin holds (only then). */
+void kvp_raftlog_read_end(struct kvp_raftlog *rl);
 /**
  * Admin operations (leader only); results as KVP_RAFTLOG_EV_ADMIN with corr.
  * add_voter: raft_add then raft_assign(RAFT_VOTER) (status after the promotion commits); when

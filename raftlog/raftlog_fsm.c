@@ -180,7 +180,12 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     while (kvp_rl_entry_next(&it, &cmd)) {
         uint8_t *res = NULL;
         size_t res_len = 0;
+        /* Locked per command, not per entry: a reader waits for one apply at most. */
+        if (g->fsm_lock != NULL)
+            pthread_rwlock_wrlock(g->fsm_lock);
         int st = g->user.apply(g->user.ctx, cmd.data, cmd.len, &res, &res_len);
+        if (g->fsm_lock != NULL)
+            pthread_rwlock_unlock(g->fsm_lock);
         if (mine != NULL)
             g->deliver(g->deliver_ctx, mine->corrs[i], st, res, res != NULL ? res_len : 0);
         free(res);
@@ -380,7 +385,11 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
         kvp_log_error(g->actor, "snapshot of %zu bytes rejected: %s", buf->len, kvp_strerror(rc));
         return RAFT_MALFORMED;
     }
+    if (g->fsm_lock != NULL)
+        pthread_rwlock_wrlock(g->fsm_lock);
     rc = g->user.restore(g->user.ctx, raw, raw_len);
+    if (g->fsm_lock != NULL)
+        pthread_rwlock_unlock(g->fsm_lock);
     free(raw);
     if (rc != KVP_OK) {
         kvp_log_error(g->actor, "fsm restore failed: %s", kvp_strerror(rc));

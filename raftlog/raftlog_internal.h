@@ -11,6 +11,7 @@
 #ifndef KVP_RAFTLOG_INTERNAL_H
 #define KVP_RAFTLOG_INTERNAL_H
 
+#include <pthread.h>
 #include <raft.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -49,6 +50,9 @@ struct kvp_rl_glue {
     struct raft_fsm fsm;            /* handed to raft_init/raft_fixture_grow; fsm.data = glue */
     struct raft *raft;              /* set once raft is initialised (needed to know our index) */
     struct kvp_raftlog_fsm user;    /* the caller's FSM */
+    /* Held for writing around user.apply and user.restore, so another thread may read the FSM
+     * under a read lock (kvp_raftlog_read_begin). NULL: no other thread reads it (fixture). */
+    pthread_rwlock_t *fsm_lock;
     kvp_rl_deliver_fn deliver;
     void *deliver_ctx;
     void (*on_done)(void *ctx);     /* an in-flight slot freed (may be NULL) */

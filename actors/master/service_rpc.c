@@ -64,7 +64,31 @@ static bool key_hashes(struct svc_pending *p, char **keys, size_t n)
     return true;
 }
 
-/* A read: runs as a raftlog query on the leader (only while it has heard from a quorum). */
+static void finish_result(struct kvp_master_service *s, struct svc_pending *p, int kind, int status,
+                          Kvp__Response *resp);
+
+/* The data path's reads (GetReplicaList, Exists, GetSize) answered on this thread from the
+ * FSM, while raftlog vouches for this node's leadership (kvp_raftlog_read_begin): no hop to the
+ * raft thread and back, no re-encoding. false: not possible now (not leader, a new leader
+ * before its barrier, raft thread busy): the caller goes through the raft thread. */
+static bool local_read(struct kvp_master_service *s, struct svc_pending *p, const Kvp__Request *req)
+{
+    if (req->body_case != KVP__REQUEST__BODY_GET_REPLICAS && req->body_case != KVP__REQUEST__BODY_EXISTS &&
+        req->body_case != KVP__REQUEST__BODY_GET_SIZE)
+        return false;
+    if (kvp_raftlog_read_begin(s->rl) != KVP_OK)
+        return false;
+    Kvp__Response *resp = NULL;
+    int rc = kvp_master_fsm_query(s->fsm, req, &resp);
+    kvp_raftlog_read_end(s->rl);
+    s->local_reads++;
+    finish_result(s, p, KVP_RAFTLOG_EV_QUERY, rc, rc == KVP_OK ? resp : NULL);
+    kvp_master_fsm_response_free(resp);
+    return true;
+}
+
+/* A read: answered locally when raftlog vouches for this node's leadership, else as a raftlog
+ * query on the leader's raft thread (only while it has heard from a quorum). */
 static void query(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req, char **keys,
                   size_t n_keys)
 {
@@ -72,6 +96,10 @@ static void query(struct kvp_master_service *s, zframe_t *identity, const Kvp__R
     if (!p || !key_hashes(p, keys, n_keys)) {
         svc_pending_free(p);
         svc_reply_status(s, identity, req->req_id, KVP_ERR_NOMEM, "out of memory");
+        return;
+    }
+    if (local_read(s, p, req)) {
+        svc_pending_free(p);
         return;
     }
     svc_query(s, p, req);
@@ -476,7 +504,16 @@ void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind
             status = KVP_ERR_INTERNAL;
         }
     }
+    finish_result(s, p, kind, status, resp);
+    if (resp)
+        kvp__response__free_unpacked(resp, NULL);
+}
 
+/* Everything after the FSM's answer: soft state, the reply. resp (NULL unless status is OK and
+ * kind is not ADMIN) stays the caller's; its fields may be changed here. */
+static void finish_result(struct kvp_master_service *s, struct svc_pending *p, int kind, int status,
+                          Kvp__Response *resp)
+{
     if (p->internal) {
         on_internal_result(s, p, status, resp);
         goto out;
@@ -571,6 +608,5 @@ void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind
     }
     svc_reply(s, p->identity, p->req_id, resp);
 out:
-    if (resp)
-        kvp__response__free_unpacked(resp, NULL);
+    return;
 }

@@ -141,6 +141,9 @@ struct kvp_master_service {
     uint64_t bad_window_ms;
     unsigned bad_in_window;
     uint64_t bad_total;
+
+    /* Reads answered on this thread (kvp_raftlog_read_begin) rather than on the raft thread. */
+    uint64_t local_reads;
 };
 
 /* ------------------------------------------------------------------ shared helpers */

@@ -333,6 +333,17 @@ static void test_raftlog_cluster_failover_restart_catches_up(void **state)
     assert_int_equal(kvp_raftlog_query(c->rl[f], 78, NULL, 0), KVP_OK);
     assert_true(wait_ev(c->rl[f], KVP_RAFTLOG_EV_QUERY, 78, &e, 5000));
     assert_int_equal(e.status, KVP_ERR_NOT_LEADER);
+    /* a local read: on the leader (its barrier has applied), with the state under the lock;
+     * never on a follower */
+    int lr = KVP_ERR_NOT_LEADER;
+    for (uint64_t t_end = kvp_clock_now_ms() + 2000; lr != KVP_OK && kvp_clock_now_ms() < t_end;)
+        if ((lr = kvp_raftlog_read_begin(c->rl[l])) != KVP_OK)
+            usleep(5000);
+    assert_int_equal(lr, KVP_OK);
+    assert_int_equal(atomic_load(&c->fsm[l].count), 1000);
+    kvp_raftlog_read_end(c->rl[l]);
+    assert_int_equal(kvp_raftlog_read_begin(c->rl[f]), KVP_ERR_NOT_LEADER);
+    assert_int_equal(kvp_raftlog_read_begin(NULL), KVP_ERR_INVALID);
     /* a submit to a follower fails NOT_LEADER */
     uint64_t v = 5;
     assert_int_equal(kvp_raftlog_submit(c->rl[f], 79, (const uint8_t *)&v, 8), KVP_OK);
@@ -374,6 +385,16 @@ static void test_raftlog_cluster_failover_restart_catches_up(void **state)
             usleep(10000);
     } while (!in.is_leader && kvp_clock_now_ms() < end);
     assert_true(in.is_leader);
+    /* the node that handed leadership over stops answering local reads (at most two ticks
+     * after its raft thread saw the change; 2 s is only the test's patience) */
+    lr = KVP_OK;
+    for (uint64_t t_end = kvp_clock_now_ms() + 2000; lr == KVP_OK && kvp_clock_now_ms() < t_end;) {
+        if ((lr = kvp_raftlog_read_begin(c->rl[l])) == KVP_OK) {
+            kvp_raftlog_read_end(c->rl[l]);
+            usleep(5000);
+        }
+    }
+    assert_int_equal(lr, KVP_ERR_NOT_LEADER);
     submit_all(c->rl[stopped], 5001, 10, 10);
     for (int i = 0; i < N; i++)
         assert_true(wait_count(&c->fsm[i], 1210, 10000));
