@@ -36,6 +36,7 @@ struct kvp_cfg_master {
     uint64_t snapshot_trailing;       /* `snapshot_trailing`: entries kept after a snapshot (default 1024) */
     uint64_t snapshot_log_bytes;      /* `snapshot_log_bytes`: also snapshot once the log since the last one holds this many bytes (default 16 MiB) */
     uint32_t group_commit_max;        /* `group_commit_max`: most commands in one Raft entry (default 512) */
+    uint32_t raft_max_inflight_entries; /* `raft_max_inflight_entries`: entries proposed, not yet applied (default 4) */
     uint64_t default_kv_lease_ttl_ms; /* `default_kv_lease_ttl`: read lease, ms (default 5000, as Mooncake) */
     uint64_t client_ttl_ms;           /* `client_ttl`: a segment silent this long is lost, ms (default 10000) */
     uint64_t put_ttl_ms;              /* `put_ttl`: pending put deadline, ms (default 30000) */

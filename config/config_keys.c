@@ -45,6 +45,9 @@ static const struct kvp_cfg_key master_keys[] = {
         "the master keeps in memory (below 1 MiB a large FSM would be serialized back to back)"),
     NUM(M, KVP_CFG_T_U32, "group_commit_max", group_commit_max, 1, 65536, "512",
         "most commands batched into one Raft entry"),
+    NUM(M, KVP_CFG_T_U32, "raft_max_inflight_entries", raft_max_inflight_entries, 1, 64, "4",
+        "Raft entries the leader has proposed and not yet applied; commands arriving meanwhile wait "
+        "and go into the next entry (fewer: larger entries, less CPU per command, more latency)"),
     NUM(M, KVP_CFG_T_DURATION_MS, "default_kv_lease_ttl", default_kv_lease_ttl_ms, 1, 3600000, "5000",
         "read lease handed out with a replica list (Mooncake's name; ms)"),
     NUM(M, KVP_CFG_T_DURATION_MS, "client_ttl", client_ttl_ms, 100, 86400000, "10000",

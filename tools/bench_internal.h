@@ -151,6 +151,26 @@ int bench_cluster_capacity(const struct bench_target *t, uint64_t *capacity_byte
 struct kvp_msession;
 int bench_msession_open(const struct bench_target *t, const char *name, struct kvp_msession **out);
 
+/* ---------------------------------------------------------------- CPU per op (bench_cpu.c) */
+
+#define BENCH_CPU_MAX 32
+/** CPU time of the cluster's processes (from cluster.json) and of the bench over a phase. */
+struct bench_cpu {
+    size_t n;
+    int pid[BENCH_CPU_MAX];
+    char name[BENCH_CPU_MAX][32];
+    uint64_t t0[BENCH_CPU_MAX]; /* ns on CPU at begin */
+    uint64_t self0;
+};
+/** Start: read the pids of cluster_file's masters and segments (NULL: the bench only). */
+void bench_cpu_begin(struct bench_cpu *bc, const char *cluster_file);
+/**
+ * End: a JSON object of CPU µs per op over the phase: "bench", each process by its cluster.json
+ * name, and the sums "masters" and "segments". The caller owns the object.
+ */
+struct json_t;
+struct json_t *bench_cpu_end(const struct bench_cpu *bc, uint64_t ops);
+
 /* ---------------------------------------------------------------- modes */
 
 int bench_trace_main(int argc, char **argv);

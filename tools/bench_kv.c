@@ -303,6 +303,7 @@ int bench_kv_main(const char *mode, int argc, char **argv)
                                ((uint64_t)(i + 1) << 32) + j);
     }
     double secs = 0;
+    struct bench_cpu cpu;
     if (!strcmp(mode, "put")) {
         /* Untimed warm-up: a fresh process's first calls open the data connections and their
          * TCP windows start small (on this VM the first 32 MiB per thread can take 300 ms);
@@ -311,6 +312,7 @@ int bench_kv_main(const char *mode, int argc, char **argv)
             run_phase(ts, o.threads, 3, false, &secs);
         for (unsigned i = 0; i < o.threads; i++)
             memset(&ts[i].errs, 0, sizeof ts[i].errs);
+        bench_cpu_begin(&cpu, o.target.cluster_file);
         run_phase(ts, o.threads, 0, true, &secs);
     } else {
         run_phase(ts, o.threads, 0, false, &secs); /* populate, untimed */
@@ -324,6 +326,7 @@ int bench_kv_main(const char *mode, int argc, char **argv)
             bench_errs_print(stderr, &pe);
             fprintf(stderr, "\n");
         }
+        bench_cpu_begin(&cpu, o.target.cluster_file);
         run_phase(ts, o.threads, !strcmp(mode, "get") ? 1 : 2, true, &secs);
     }
     struct bench_lat lat = {0};
@@ -335,6 +338,7 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         ops += ts[i].ops_ok, bytes += ts[i].bytes, corrupt += ts[i].corrupt, calls += ts[i].calls;
     }
     bench_lat_sort(&lat);
+    json_t *cpu_j = bench_cpu_end(&cpu, ops);
     double ops_s = secs > 0 ? (double)ops / secs : 0, bytes_s = secs > 0 ? (double)bytes / secs : 0;
     if (o.json) {
         json_t *j = json_pack("{s:s,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:I,s:I,s:I}", "mode", mode, "value_size",
@@ -352,6 +356,8 @@ int bench_kv_main(const char *mode, int argc, char **argv)
             if (errs.n[i])
                 json_object_set_new(e, kvp_errname(-i), json_integer((json_int_t)errs.n[i]));
         json_object_set_new(j, "errors", e);
+        json_object_set_new(j, "cpu_us_per_op", cpu_j);
+        cpu_j = NULL;
         json_dumpf(j, stdout, JSON_COMPACT);
         printf("\n");
         json_decref(j);
@@ -367,7 +373,13 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         printf("  errors: ");
         bench_errs_print(stdout, &errs);
         printf("\n  corrupt: %llu\n", (unsigned long long)corrupt);
+        printf("  CPU us per key:");
+        const char *k;
+        json_t *v;
+        json_object_foreach(cpu_j, k, v) printf(" %s %.1f", k, json_real_value(v));
+        printf("\n");
     }
+    json_decref(cpu_j);
     if (corrupt)
         rc = 1;
     bench_lat_free(&lat);

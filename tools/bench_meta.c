@@ -316,12 +316,13 @@ int bench_meta_main(int argc, char **argv)
     struct meta m = {.seconds = 3};
     const char *callers_s = "1,16,64";
     bool pipe = true;
+    int only = 0; /* 0 both, 1 puts, 2 gets */
     unsigned kills = 0;
     uint64_t objects = 0;
     static const struct option lo[] = {
         {"callers", 1, 0, 'n'}, {"seconds", 1, 0, 's'}, {"failover-kills", 1, 0, 'k'}, {"objects", 1, 0, 'o'},
         {"json", 0, 0, 'j'},    {"cluster", 1, 0, 'c'}, {"masters", 1, 0, 'M'},        {"driver", 1, 0, 'd'},
-        {0, 0, 0, 0}};
+        {"only", 1, 0, 'O'},    {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -340,9 +341,17 @@ int bench_meta_main(int argc, char **argv)
             }
             pipe = strcmp(optarg, "pipe") == 0;
             break;
+        case 'O':
+            if (strcmp(optarg, "puts") && strcmp(optarg, "gets")) {
+                fprintf(stderr, "kvpool-bench meta: --only puts|gets, not %s\n", optarg);
+                return 2;
+            }
+            only = strcmp(optarg, "puts") == 0 ? 1 : 2;
+            break;
         default:
             fprintf(stderr, "usage: kvpool-bench meta --cluster FILE | --masters LIST [--callers 1,16,64]\n"
-                            "         [--driver pipe|threads] [--seconds S] [--objects N] [--failover-kills K (needs --cluster)] [--json]\n");
+                            "         [--driver pipe|threads] [--only puts|gets] [--seconds S] [--objects N]\n"
+                            "         [--failover-kills K (needs --cluster)] [--json]\n");
             return 2;
         }
     }
@@ -408,8 +417,20 @@ int bench_meta_main(int argc, char **argv)
     for (unsigned l = 0; l < nlev; l++) {
         struct bench_lat lp = {0}, lg = {0};
         struct bench_errs ep = {0}, eg = {0};
-        double pps = pipe ? meta_run_level_pipe(&m, ps, levels[l], 0, &lp, &ep) : run_level(&m, cs, levels[l], 0, &lp, &ep);
-        double gps = pipe ? meta_run_level_pipe(&m, ps, levels[l], 1, &lg, &eg) : run_level(&m, cs, levels[l], 1, &lg, &eg);
+        /* --only: one phase (a profile or CPU count of one kind of request); the other prints 0 */
+        double pps = 0, gps = 0;
+        struct bench_cpu cpu;
+        json_t *cpu_p = NULL, *cpu_g = NULL; /* CPU µs per pair / per GetReplicaList (bench_cpu.c) */
+        if (only != 2) {
+            bench_cpu_begin(&cpu, m.target.cluster_file);
+            pps = pipe ? meta_run_level_pipe(&m, ps, levels[l], 0, &lp, &ep) : run_level(&m, cs, levels[l], 0, &lp, &ep);
+            cpu_p = bench_cpu_end(&cpu, lp.n);
+        }
+        if (only != 1) {
+            bench_cpu_begin(&cpu, m.target.cluster_file);
+            gps = pipe ? meta_run_level_pipe(&m, ps, levels[l], 1, &lg, &eg) : run_level(&m, cs, levels[l], 1, &lg, &eg);
+            cpu_g = bench_cpu_end(&cpu, lg.n);
+        }
         if (m.json) {
             json_array_append_new(
                 jl, json_pack("{s:i,s:f,s:I,s:I,s:f,s:I,s:I,s:I}", "callers", (int)levels[l], "put_pairs_per_second",
@@ -418,6 +439,11 @@ int bench_meta_main(int argc, char **argv)
                               "get_p50_us", (json_int_t)bench_lat_pct(&lg, .5), "get_p99_us",
                               (json_int_t)bench_lat_pct(&lg, .99), "errors",
                               (json_int_t)(bench_errs_total(&ep) + bench_errs_total(&eg))));
+            json_t *lv = json_array_get(jl, json_array_size(jl) - 1);
+            if (cpu_p)
+                json_object_set_new(lv, "cpu_us_per_pair", json_incref(cpu_p));
+            if (cpu_g)
+                json_object_set_new(lv, "cpu_us_per_get", json_incref(cpu_g));
         } else {
             printf("%-8u %14.0f %10llu %10llu %16.0f %10llu %10llu  ", levels[l], pps,
                    (unsigned long long)bench_lat_pct(&lp, .5), (unsigned long long)bench_lat_pct(&lp, .99), gps,
@@ -425,8 +451,21 @@ int bench_meta_main(int argc, char **argv)
             bench_errs_merge(&ep, &eg);
             bench_errs_print(stdout, &ep);
             printf("\n");
+            json_t *cj[2] = {cpu_p, cpu_g};
+            const char *cw[2] = {"per put pair", "per GetReplicaList"};
+            for (int i = 0; i < 2; i++) {
+                if (!cj[i])
+                    continue;
+                printf("         CPU us %s:", cw[i]);
+                const char *k;
+                json_t *v;
+                json_object_foreach(cj[i], k, v) printf(" %s %.1f", k, json_real_value(v));
+                printf("\n");
+            }
             fflush(stdout);
         }
+        json_decref(cpu_p);
+        json_decref(cpu_g);
         bench_lat_free(&lp);
         bench_lat_free(&lg);
     }

@@ -6,6 +6,7 @@ set(KVP_BENCH_SRC
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_tracefile.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_bounds.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_util.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_cpu.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_cluster.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_kv.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_meta.c

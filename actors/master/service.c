@@ -477,6 +477,7 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     rp->snapshot_trailing = cfg->snapshot_trailing;
     rp->snapshot_log_bytes = cfg->snapshot_log_bytes;
     rp->group_commit_max = cfg->group_commit_max;
+    rp->max_inflight_entries = cfg->raft_max_inflight_entries;
     rp->fsm.ctx = s->fsm;
     rp->fsm.apply = kvp_master_fsm_apply_bytes;
     rp->fsm.query = kvp_master_fsm_query_bytes;
