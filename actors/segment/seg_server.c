@@ -112,21 +112,28 @@ static void addr_to_string(const struct sockaddr *sa, char *buf, size_t cap)
     kvp_seg_format_endpoint(buf, cap, h, (uint32_t)atoi(p));
 }
 
+struct out_batch;
+static int out_flush(struct kvp_seg_server *s, int fd, struct out_batch *o);
+static bool out_pending(const struct out_batch *o);
+
 /*
- * The receive side of one connection. Request headers are read through a small buffer: one
- * recv takes every header a pipelining client has queued (a batch of 32 small READs costs one
- * recv instead of 32). Bytes of a WRITE payload that came in with its header are copied from
- * the buffer (at most IN_BYTES of it); the rest of the payload goes straight from the socket
- * into the region.
+ * The receive side of one connection. Request headers are read through a buffer: one recv
+ * takes every header a pipelining client has queued (a batch of 32 small READs costs one recv
+ * instead of 32), and with them the payloads of small WRITEs (a batch of 4 KiB WRITEs: about
+ * 16 per recv). Bytes of a WRITE payload that came in with its header are copied from the
+ * buffer (at most IN_BYTES of it); the rest of the payload goes straight from the socket into
+ * the region.
  *
  * timeo_ms is the SO_RCVTIMEO now set on the socket (0 = none: recv blocks until data). It is
  * set only to bound a WRITE payload's blocking receive before its deadline (recv_region); a
  * recv that times out (EAGAIN on this blocking socket) is simply retried elsewhere.
  */
-#define IN_BYTES (16u * 1024u)
+#define IN_BYTES (64u * 1024u)
 
 struct conn_in {
     int fd;
+    struct kvp_seg_server *srv;
+    struct out_batch *out; /* this connection's queued responses (recv_payload flushes them) */
     uint8_t buf[IN_BYTES];
     size_t off, len; /* unread bytes are buf[off, len) */
     bool short_read;  /* the last recv into buf returned less than it asked: socket drained */
@@ -179,13 +186,38 @@ static size_t in_take(struct conn_in *in, void *dst, uint64_t len)
     return n;
 }
 
+/*
+ * recv of payload bytes straight from the socket (flags: MSG_WAITALL, or MSG_DONTWAIT). A
+ * connection never waits for bytes with responses queued: while some are, a blocking receive
+ * first looks without waiting, and if nothing is there it sends them and answers EAGAIN (the
+ * caller checks its deadline again and calls again). So the answers of a pipelined batch of
+ * WRITEs whose payloads are already in the socket leave in one sendmsg, as READ answers do,
+ * and an answer never waits on a slow sender.
+ */
+static ssize_t recv_payload(struct conn_in *in, void *dst, size_t len, int flags)
+{
+    if (!(flags & MSG_DONTWAIT) && out_pending(in->out)) {
+        ssize_t r = recv(in->fd, dst, len, MSG_DONTWAIT);
+        if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+            return r;
+        if (out_flush(in->srv, in->fd, in->out) != 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                errno = EIO; /* not a retry */
+            return -1;
+        }
+        errno = EAGAIN;
+        return -1;
+    }
+    return recv(in->fd, dst, len, flags);
+}
+
 /* Receive exactly len bytes straight from the socket (the buffer must be empty). Returns 0, or
  * -1 on EOF/error (errno kept; 0 for EOF). */
 static int recv_all(struct conn_in *in, void *buf, size_t len)
 {
     uint8_t *p = buf;
     while (len > 0) {
-        ssize_t r = recv(in->fd, p, len, MSG_WAITALL);
+        ssize_t r = recv_payload(in, p, len, MSG_WAITALL);
         if (r == 0) {
             errno = 0;
             return -1;
@@ -240,10 +272,11 @@ static int check_request(const struct kvp_seg_server *s, const struct kvp_frame 
 /*
  * Responses of one connection waiting to go out in one sendmsg. A client pipelines many
  * requests; while the next request header is already in the socket, the server answers into
- * this list instead of sending at once, and flushes when no header is waiting, before it
- * receives a WRITE payload, or when the list is full. READ payloads stay in the region until
- * the sendmsg (no copy). Flushing before a WRITE payload keeps a READ on the same connection
- * from seeing a later WRITE.
+ * this list instead of sending at once, and flushes before it would wait for bytes (no header
+ * waiting, or a WRITE payload not yet arrived: recv_payload), when the list is full, and before
+ * a WRITE payload is received while a READ response is queued. READ payloads stay in the
+ * region until the sendmsg (no copy); that last flush keeps a READ on the same connection from
+ * seeing a later WRITE.
  */
 #define OUT_MAX 32
 #define OUT_MAX_BYTES (1u << 20)
@@ -256,6 +289,8 @@ struct out_batch {
     uint64_t bytes;
     bool region; /* some iovec points into the region (TSan annotation) */
 };
+
+static bool out_pending(const struct out_batch *o) { return o->n > 0; }
 
 static int out_flush(struct kvp_seg_server *s, int fd, struct out_batch *o)
 {
@@ -392,7 +427,7 @@ static int recv_region(struct conn_in *in, uint8_t *dst, uint64_t len, uint32_t 
         }
         int32_t left_ms = (int32_t)(deadline - (uint32_t)now);
         bool fast = left_ms > RECV_FAST_MIN_MS && set_timeo(in, left_ms);
-        ssize_t r = recv(in->fd, dst + *landed, len - *landed, fast ? MSG_WAITALL : MSG_DONTWAIT);
+        ssize_t r = recv_payload(in, dst + *landed, len - *landed, fast ? MSG_WAITALL : MSG_DONTWAIT);
         if (r > 0) {
             *landed += (uint64_t)r;
             continue;
@@ -404,6 +439,8 @@ static int recv_region(struct conn_in *in, uint8_t *dst, uint64_t len, uint32_t 
         if (errno == EINTR || (fast && (errno == EAGAIN || errno == EWOULDBLOCK)))
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        if (out_pending(in->out) && out_flush(in->srv, in->fd, in->out) != 0)
             return -1;
         struct pollfd pf = {.fd = in->fd, .events = POLLIN};
         if (poll(&pf, 1, 50) < 0 && errno != EINTR)
@@ -423,6 +460,8 @@ static void *conn_main(void *arg)
     if (!o || !in)
         goto out;
     in->fd = c->fd;
+    in->srv = s;
+    in->out = o;
     in->off = in->len = 0;
     in->short_read = false;
     in->timeo_ms = 0;
@@ -454,7 +493,9 @@ static void *conn_main(void *arg)
                         st == KVP_OK ? s->base + f.offset : NULL) != 0)
                 break;
         } else { /* WRITE */
-            if (out_flush(s, c->fd, o) != 0)
+            /* A queued READ response still points into the region: send it before this
+             * payload can overwrite its bytes. WRITE answers stay queued (recv_payload). */
+            if (o->region && out_flush(s, c->fd, o) != 0)
                 break;
             if (st == KVP_OK) {
                 uint64_t landed = 0;
