@@ -78,7 +78,8 @@ struct kvp_raftlog {
     uv_loop_t loop;
     uv_async_t async;
     uv_timer_t timer;
-    bool async_inited, timer_inited;
+    uv_check_t check; /* after every loop iteration's I/O: read_lease_refresh */
+    bool async_inited, timer_inited, check_inited;
     struct raft_uv_transport transport;
     struct raft_io io;
     struct raft raft;
@@ -121,9 +122,14 @@ static void put_le64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
+static void read_lease_refresh(struct kvp_raftlog *rl);
+
 static void ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t status,
                     const void *data, size_t len)
 {
+    /* Nothing leaves this thread (an applied result, a leader change, a finished transfer)
+     * while the local-read permission still claims a leadership this thread knows is gone. */
+    read_lease_refresh(rl);
     void *s = zsock_resolve(rl->ev_writer);
     uint8_t c[8], st[4];
     put_le64(c, corr);
@@ -200,11 +206,16 @@ static void flush_query_waiters(struct kvp_raftlog *rl, int status)
 }
 
 /* Re-confirm (or withdraw) the local-read permission: leader, its term's barrier applied, not
- * closing. Called on every wake-up of the raft thread, so it is at most one tick stale. */
+ * closing, not handing leadership over (raft_transfer: the target may be elected and commit
+ * at any moment, while this node still reads RAFT_LEADER until a message of the new term
+ * arrives). Called after every loop iteration (uv_check: a step-down caused by a message or by
+ * raft's own tick withdraws it before the thread sleeps again), on every tick, and before
+ * every event goes out; the 40 ms bound covers a thread that stops running. */
 static void read_lease_refresh(struct kvp_raftlog *rl)
 {
     uint64_t until = 0;
-    if (!rl->raft_closing && raft_state(&rl->raft) == RAFT_LEADER && rl->ready_term == rl->raft.current_term)
+    if (!rl->raft_closing && raft_state(&rl->raft) == RAFT_LEADER && rl->raft.transfer == NULL &&
+        rl->ready_term == rl->raft.current_term)
         until = kvp_clock_now_us() + RL_READ_FRESH_US;
     atomic_store_explicit(&rl->read_until_us, until, memory_order_release);
 }
@@ -414,10 +425,13 @@ static void run_admin(struct kvp_raftlog *rl, struct rl_op *op)
                 }
             }
         }
-    } else if (op->kind == OP_REMOVE)
+    } else if (op->kind == OP_REMOVE) {
         rv = raft_remove(&rl->raft, &a->change, op->id, remove_cb);
-    else
+    } else {
+        /* No local read from here on: raft_transfer may already have sent TimeoutNow. */
+        atomic_store_explicit(&rl->read_until_us, 0, memory_order_release);
         rv = raft_transfer(&rl->raft, &a->transfer, op->id, transfer_cb);
+    }
     if (rv != 0) /* a call that returns an error never fires its callback */
         admin_done(a, kvp_rl_err_from_raft(rv));
 }
@@ -436,6 +450,8 @@ static void on_raft_closed(struct raft *r)
     raft_uv_tcp_close(&rl->transport);
     if (rl->timer_inited)
         uv_close((uv_handle_t *)&rl->timer, on_handle_closed);
+    if (rl->check_inited)
+        uv_close((uv_handle_t *)&rl->check, on_handle_closed);
     if (rl->async_inited)
         uv_close((uv_handle_t *)&rl->async, on_handle_closed);
 }
@@ -451,6 +467,8 @@ static void finish_close(struct kvp_raftlog *rl)
     rl->raft_closed_called = true;
     if (rl->timer_inited)
         uv_timer_stop(&rl->timer);
+    if (rl->check_inited)
+        uv_check_stop(&rl->check);
     raft_close(&rl->raft, on_raft_closed);
 }
 
@@ -518,8 +536,10 @@ static void on_async(uv_async_t *h)
             continue; /* owned by the pending list now */
         case OP_QUERY:
             /* canonical raft steps a leader down once it has not heard from a majority for
-             * an election timeout, so RAFT_LEADER here means "led a quorum recently". */
-            if (raft_state(&rl->raft) != RAFT_LEADER) {
+             * an election timeout, so RAFT_LEADER here means "led a quorum recently". While a
+             * transfer runs the target may already lead and commit: not answered here either
+             * (a local read falls back to this path). */
+            if (raft_state(&rl->raft) != RAFT_LEADER || rl->raft.transfer != NULL) {
                 ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, KVP_ERR_NOT_LEADER, NULL, 0);
             } else if (rl->ready_term != rl->raft.current_term) {
                 op->next = rl->qwait_head;
@@ -560,6 +580,16 @@ static void on_tick(uv_timer_t *t)
         rl->trimmed_at_snapshot = rl->glue.snapshots_taken;
         malloc_trim(0);
     }
+}
+
+/* After the I/O callbacks of every loop iteration (messages of a new term, raft's own
+ * check-quorum step-down): the local-read permission follows raft's state without waiting for
+ * the next tick. */
+static void on_check(uv_check_t *h)
+{
+    struct kvp_raftlog *rl = h->data;
+    if (!rl->raft_closing)
+        read_lease_refresh(rl);
 }
 
 /* ---- thread ---- */
@@ -658,6 +688,10 @@ static void *thread_main(void *arg)
     rl->timer.data = rl;
     rl->timer_inited = true;
     uv_timer_start(&rl->timer, on_tick, RL_TICK_MS, RL_TICK_MS);
+    uv_check_init(&rl->loop, &rl->check);
+    rl->check.data = rl;
+    rl->check_inited = true;
+    uv_check_start(&rl->check, on_check);
     update_info(rl);
     rl->started_ms = kvp_clock_now_ms();
     kvp_log_info(rl->actor, "started on %s, data dir %s", rl->p.raft_address, rl->p.data_dir);

@@ -378,6 +378,9 @@ static void test_raftlog_cluster_failover_restart_catches_up(void **state)
     assert_int_equal(kvp_raftlog_transfer(c->rl[l], 90, (uint64_t)stopped + 1), KVP_OK);
     assert_true(wait_ev(c->rl[l], KVP_RAFTLOG_EV_ADMIN, 90, &e, 10000));
     assert_int_equal(e.status, KVP_OK);
+    /* The old leader reported the handover: it no longer vouches for local reads (the new
+     * leader may commit from now on, so a read here could miss a committed write). */
+    assert_int_equal(kvp_raftlog_read_begin(c->rl[l]), KVP_ERR_NOT_LEADER);
     uint64_t end = kvp_clock_now_ms() + 5000;
     do {
         kvp_raftlog_get_info(c->rl[stopped], &in);
@@ -573,6 +576,54 @@ static void test_raftlog_cluster_bad_params_invalid(void **state)
     assert_int_equal(kvp_raftlog_submit(NULL, 1, NULL, 0), KVP_ERR_INVALID);
 }
 
+/* Leadership handed over five times in a row. Each time, once the old leader has reported the
+ * handover (its ADMIN event), it must refuse local reads: the new leader commits a write, and a
+ * local read on the old one may then never show a state without it. Before the permission
+ * followed raft's state (it was refreshed only every 20 ms tick), a read here was allowed for
+ * up to 40 ms after the handover and saw the old count. */
+static void test_raftlog_cluster_transfer_ends_local_reads(void **state)
+{
+    (void)state;
+    kvp_log_set_level(KVP_LOG_WARN);
+    struct cluster *c = cluster_new();
+    int l = wait_leader(c, 0, 10000);
+    assert_true(l >= 0);
+    submit_all(c->rl[l], 1, 10, 10);
+    uint64_t want = 10;
+    struct ev e;
+    for (int round = 0; round < 5; round++) {
+        int lr = KVP_ERR_NOT_LEADER;
+        for (uint64_t t_end = kvp_clock_now_ms() + 5000; lr != KVP_OK && kvp_clock_now_ms() < t_end;)
+            if ((lr = kvp_raftlog_read_begin(c->rl[l])) != KVP_OK)
+                usleep(2000);
+        assert_int_equal(lr, KVP_OK); /* the leader's barrier applied: it reads locally */
+        assert_int_equal(atomic_load(&c->fsm[l].count), want);
+        kvp_raftlog_read_end(c->rl[l]);
+
+        int t = (l + 1) % N;
+        uint64_t corr = 100 + (uint64_t)round;
+        assert_int_equal(kvp_raftlog_transfer(c->rl[l], corr, (uint64_t)t + 1), KVP_OK);
+        assert_true(wait_ev(c->rl[l], KVP_RAFTLOG_EV_ADMIN, corr, &e, 10000));
+        assert_int_equal(e.status, KVP_OK);
+        assert_int_equal(kvp_raftlog_read_begin(c->rl[l]), KVP_ERR_NOT_LEADER);
+
+        /* a write committed by the new leader; the old one still refuses (or, were it to
+         * answer, would have to show the write) */
+        submit_all(c->rl[t], 1000 + 10 * (uint64_t)round, 1, 1);
+        want++;
+        if (kvp_raftlog_read_begin(c->rl[l]) == KVP_OK) {
+            uint64_t seen = atomic_load(&c->fsm[l].count);
+            kvp_raftlog_read_end(c->rl[l]);
+            fail_msg("round %d: old leader %d still reads locally (count %llu, committed %llu)", round,
+                     l, (unsigned long long)seen, (unsigned long long)want);
+        }
+        for (int i = 0; i < N; i++)
+            assert_true(wait_count(&c->fsm[i], want, 10000));
+        l = t;
+    }
+    cluster_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -581,6 +632,7 @@ int main(void)
         cmocka_unit_test_teardown(test_raftlog_cluster_failover_restart_catches_up, teardown),
         cmocka_unit_test_teardown(test_raftlog_cluster_add_remove_voter_applied, teardown),
         cmocka_unit_test_teardown(test_raftlog_cluster_leadership_loss_one_event_each, teardown),
+        cmocka_unit_test_teardown(test_raftlog_cluster_transfer_ends_local_reads, teardown),
     };
     if (getenv("KVP_TEST_FILTER") != NULL)
         cmocka_set_test_filter(getenv("KVP_TEST_FILTER"));
