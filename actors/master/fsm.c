@@ -326,8 +326,14 @@ int kvp_master_fsm_new(struct kvp_master_fsm **out, const struct kvp_master_fsm_
     if (!f)
         return KVP_ERR_NOMEM;
     f->params = *p;
+    f->repair_epoch = 1;
     *out = f;
     return KVP_OK;
+}
+
+uint64_t kvp_master_fsm_repair_epoch(const struct kvp_master_fsm *fsm)
+{
+    return fsm ? fsm->repair_epoch : 0;
 }
 
 void kvp_master_fsm_destroy(struct kvp_master_fsm **fsm)

@@ -67,6 +67,17 @@ int kvp_master_fsm_query_bytes(void *fsm, const uint8_t *q, size_t len, uint8_t 
 int kvp_master_fsm_snapshot_bytes(void *fsm, uint8_t **buf, size_t *len);
 int kvp_master_fsm_restore_bytes(void *fsm, const uint8_t *buf, size_t len);
 
+/**
+ * A counter bumped by every applied command that can create repair or drain work (a segment
+ * mounted, draining, lost or unmounted, a repair step, a replica dropped, an object completed
+ * with fewer copies than it wants or on a segment no longer ACTIVE) and by restore. Commands
+ * that only take objects away, free space or touch pending puts leave it. A RepairScan that
+ * found no work stays valid while this value is unchanged, so the leader skips the O(objects)
+ * scan (service_repair.c). Not part of the replicated state: nodes may differ. Read it on the
+ * raft thread or under kvp_raftlog_read_begin.
+ */
+uint64_t kvp_master_fsm_repair_epoch(const struct kvp_master_fsm *fsm);
+
 /** Totals for status and eviction (bytes). */
 struct kvp_master_fsm_stats {
     uint64_t segments, objects, pending_puts;

@@ -417,8 +417,15 @@ static int on_put_end(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
             kvp_fsm_pending_del(f, o);
             o->state = KVP_FSM_OBJ_COMPLETE;
             o->u.checksum = it->checksum;
-            for (unsigned k = 0; k < o->n_replicas; k++)
+            bool repair = o->n_replicas < KVP_FSM_OBJ_WANT(o);
+            for (unsigned k = 0; k < o->n_replicas; k++) {
                 o->rep[k].state = KVP__REPLICA_STATE__REPLICA_COMPLETE;
+                const struct kvp_fsm_seg *sg = kvp_fsm_seg_get(f, o->rep[k].segment_id);
+                if (!sg || sg->state != KVP__SEGMENT_STATE__SEGMENT_ACTIVE)
+                    repair = true; /* placed before its segment began draining or was lost */
+            }
+            if (repair)
+                f->repair_epoch++; /* a complete object short of copies: repair work */
             if (o->soft_pin)
                 f->pinned_bytes += o->size;
             body->status[i] = KVP_OK;
@@ -575,6 +582,24 @@ int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
     if (c->body_case != KVP__COMMAND__BODY__NOT_SET && !c->mount) {
         kvp_log_warn(KVP_FSM_ACTOR, "apply: command body %d without a message", (int)c->body_case);
         return KVP_ERR_INVALID;
+    }
+    /* The repair scan is skipped while nothing could have created work since a scan that found
+     * none (kvp_master_fsm_repair_epoch). Commands that can only take objects away, free space
+     * or touch pending puts leave the epoch; PutEnd bumps it itself for an object completed
+     * short of copies; every other command bumps it. */
+    switch (c->body_case) {
+    case KVP__COMMAND__BODY_PUT_START:
+    case KVP__COMMAND__BODY_PUT_END:
+    case KVP__COMMAND__BODY_PUT_REVOKE:
+    case KVP__COMMAND__BODY_REMOVE:
+    case KVP__COMMAND__BODY_REMOVE_ALL:
+    case KVP__COMMAND__BODY_REVOKE_EXPIRED:
+    case KVP__COMMAND__BODY_EVICT:
+    case KVP__COMMAND__BODY_QUARANTINE_RELEASE:
+        break;
+    default:
+        f->repair_epoch++;
+        break;
     }
     switch (c->body_case) {
     case KVP__COMMAND__BODY_MOUNT:

@@ -85,6 +85,9 @@ struct kvp_master_fsm {
     struct kvp_fsm_obj **pending;
     uint64_t n_pending, pending_cap;
     uint64_t pinned_bytes; /* sizes of complete soft-pinned objects */
+    /* Bumped by every applied command that can create repair work (kvp_master_fsm_repair_epoch);
+     * not part of the state proper: not in snapshots, bumped by restore. */
+    uint64_t repair_epoch;
 };
 
 /* fsm.c: tables and helpers */

@@ -590,8 +590,10 @@ int kvp_master_fsm_restore(fsm_t *f, const uint8_t *buf, size_t len)
         kvp_fsm_state_clear(&t);
         return rc;
     }
+    uint64_t epoch = f->repair_epoch;
     kvp_fsm_state_clear(f);
     *f = t;
+    f->repair_epoch = epoch + 1;
     kvp_log_info(KVP_FSM_ACTOR, "restored: %u segment ids, %llu objects (%llu pending)",
                  f->n_segs_ids, (unsigned long long)f->n_objects,
                  (unsigned long long)f->n_pending);

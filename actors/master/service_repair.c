@@ -48,6 +48,11 @@ struct svc_repair {
     bool scan_inflight, start_inflight;
     uint64_t last_scan_ms;
     bool busy; /* the last scan found work */
+    /* FSM repair epoch when the scan in flight was sent (0: unknown), and the epoch of the last
+     * scan that found no work at all (0: none): while the FSM's epoch still equals clean_epoch,
+     * nothing can need repair and the O(objects) scan is skipped. */
+    uint64_t scan_epoch, clean_epoch;
+    uint64_t scans_run, scans_skipped;
     struct svc_map droppable;    /* hash(key, seg) -> first seen droppable (ms) */
     struct svc_map stale;        /* hash(key, seg, off) -> first seen unknown PENDING (ms) */
     struct svc_map probe_failed; /* segment id -> time of a failed probe */
@@ -122,6 +127,7 @@ void svc_repair_reset(struct kvp_master_service *s)
     svc_map_clear(&r->probe_failed);
     r->scan_inflight = r->start_inflight = false;
     r->busy = false;
+    r->scan_epoch = r->clean_epoch = 0;
     r->moved_objects = r->moved_bytes = r->dropped = r->failed_copies = 0;
     r->rate_t0_ms = r->rate_b0 = 0;
     r->rate_bps = 0;
@@ -218,6 +224,19 @@ static int on_tick(zloop_t *loop, int timer_id, void *arg)
     if (now - r->last_scan_ms < every)
         return 0;
     r->last_scan_ms = now;
+    /* The scan walks every object on the raft thread (tens of ms per million). Skip it while
+     * nothing that could create work has been applied since a scan that found none. */
+    uint64_t epoch = 0;
+    if (kvp_raftlog_read_begin(s->rl) == KVP_OK) {
+        epoch = kvp_master_fsm_repair_epoch(s->fsm);
+        kvp_raftlog_read_end(s->rl);
+    }
+    if (epoch != 0 && epoch == r->clean_epoch && !r->n_tasks) {
+        r->scans_skipped++;
+        return 0;
+    }
+    r->scan_epoch = epoch;
+    r->scans_run++;
     struct svc_pending *p = svc_pending_new(s, NULL, NULL);
     if (!p)
         return 0;
@@ -473,8 +492,14 @@ void svc_repair_on_result(struct kvp_master_service *s, struct svc_pending *p, i
     case SVC_INT_REPAIR_SCAN:
         r->scan_inflight = false;
         if (st == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_REPAIR_SCAN && resp->repair_scan &&
-            s->is_leader)
+            s->is_leader) {
+            const Kvp__RepairScanResp *b = resp->repair_scan;
+            /* No work of any kind (objects short of copies only because too few segments are
+             * ACTIVE are no work: a mount bumps the epoch). */
+            bool clean = b->n_needs == 0 && b->in_flight == 0 && b->no_space == 0 && b->draining_objects == 0;
+            r->clean_epoch = clean ? r->scan_epoch : 0;
             on_scan(s, r, resp->repair_scan);
+        }
         else if (st != KVP_ERR_NOT_LEADER)
             kvp_log_debug(s->actor, "RepairScan: %s", kvp_strerror(st));
         break;
@@ -640,6 +665,8 @@ json_t *svc_repair_status(struct kvp_master_service *s)
     json_object_set_new(o, "only_on_draining", json_integer((json_int_t)b->lost_if_drained));
     json_object_set_new(o, "copies_in_flight", json_integer((json_int_t)r->n_tasks));
     json_object_set_new(o, "moved_objects", json_integer((json_int_t)r->moved_objects));
+    json_object_set_new(o, "scans_run", json_integer((json_int_t)r->scans_run));
+    json_object_set_new(o, "scans_skipped", json_integer((json_int_t)r->scans_skipped));
     json_object_set_new(o, "moved_bytes", json_integer((json_int_t)r->moved_bytes));
     json_object_set_new(o, "failed_copies", json_integer((json_int_t)r->failed_copies));
     json_object_set_new(o, "dropped_replicas", json_integer((json_int_t)r->dropped));

@@ -407,6 +407,49 @@ static void test_fsm_drain_steers_placement_and_reads(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+/* The repair epoch moves on what can create repair work and stays on the hot path (puts of
+ * fully placed objects, removes), so the leader may skip its O(objects) scan. */
+static void test_fsm_repair_epoch_moves_only_on_possible_work(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(1000, 5000);
+    uint64_t e = kvp_master_fsm_repair_epoch(f);
+    assert_true(e != 0);
+    uint32_t s1, s2;
+    assert_int_equal(tf_mount(f, "s1", "hostA", 2 * MB, 1, &s1), KVP_OK);
+    assert_true(kvp_master_fsm_repair_epoch(f) > e); /* a new segment: capped objects may grow */
+    assert_int_equal(tf_mount(f, "s2", "hostB", 2 * MB, 1, &s2), KVP_OK);
+    e = kvp_master_fsm_repair_epoch(f);
+    assert_int_equal(tf_put(f, "full", 100, 2, 1, 1), KVP_OK); /* two copies, as wanted */
+    assert_int_equal(tf_put_start(f, "p", 100, 1, 2, 1), KVP_OK);
+    assert_int_equal(tf_revoke(f, "p", 2, 1), KVP_OK);
+    assert_int_equal(tf_remove(f, "full", false, 2), KVP_OK);
+    assert_int_equal(kvp_master_fsm_repair_epoch(f), e);
+    /* wants 3, two segments: completed short of copies */
+    assert_int_equal(tf_put(f, "short", 100, 3, 3, 3), KVP_OK);
+    assert_true(kvp_master_fsm_repair_epoch(f) > e);
+    e = kvp_master_fsm_repair_epoch(f);
+    /* placed on s1, which starts draining before the put ends: the PutEnd bumps */
+    assert_int_equal(tf_put_start(f, "late", 100, 2, 4, 4), KVP_OK);
+    assert_int_equal(tf_drain(f, s1, NULL, 4), KVP_OK);
+    assert_true(kvp_master_fsm_repair_epoch(f) > e);
+    e = kvp_master_fsm_repair_epoch(f);
+    assert_int_equal(tf_put_end(f, "late", 4, 7, 5), KVP_OK);
+    assert_true(kvp_master_fsm_repair_epoch(f) > e);
+    e = kvp_master_fsm_repair_epoch(f);
+    assert_int_equal(tf_seg_lost(f, s1, 6), KVP_OK);
+    assert_true(kvp_master_fsm_repair_epoch(f) > e);
+    /* a restore never leaves the epoch where it was */
+    e = kvp_master_fsm_repair_epoch(f);
+    size_t len = 0;
+    uint8_t *snap = tf_snapshot(f, &len);
+    assert_int_equal(kvp_master_fsm_restore(f, snap, len), KVP_OK);
+    free(snap);
+    assert_true(kvp_master_fsm_repair_epoch(f) > e);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    kvp_master_fsm_destroy(&f);
+}
+
 static void test_fsm_segment_lost_drops_replicas_revokes_pending(void **state)
 {
     (void)state;
@@ -746,6 +789,7 @@ int main(void)
         cmocka_unit_test(test_fsm_unknown_bodies_invalid),
         cmocka_unit_test(test_fsm_batch_put_start_per_item_status),
         cmocka_unit_test(test_fsm_foreach_object_visits_complete_only),
+        cmocka_unit_test(test_fsm_repair_epoch_moves_only_on_possible_work),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
