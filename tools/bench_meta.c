@@ -322,7 +322,7 @@ int bench_meta_main(int argc, char **argv)
     static const struct option lo[] = {
         {"callers", 1, 0, 'n'}, {"seconds", 1, 0, 's'}, {"failover-kills", 1, 0, 'k'}, {"objects", 1, 0, 'o'},
         {"json", 0, 0, 'j'},    {"cluster", 1, 0, 'c'}, {"masters", 1, 0, 'M'},        {"driver", 1, 0, 'd'},
-        {"only", 1, 0, 'O'},    {0, 0, 0, 0}};
+        {"only", 1, 0, 'O'},    {"batch", 1, 0, 'B'},   {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -341,6 +341,15 @@ int bench_meta_main(int argc, char **argv)
             }
             pipe = strcmp(optarg, "pipe") == 0;
             break;
+        case 'B': {
+            unsigned long b = strtoul(optarg, NULL, 10);
+            if (b < 1 || b > 1024) {
+                fprintf(stderr, "kvpool-bench meta: --batch 1..1024, not %s\n", optarg);
+                return 2;
+            }
+            m.batch = (unsigned)b;
+            break;
+        }
         case 'O':
             if (strcmp(optarg, "puts") && strcmp(optarg, "gets")) {
                 fprintf(stderr, "kvpool-bench meta: --only puts|gets, not %s\n", optarg);
@@ -350,13 +359,17 @@ int bench_meta_main(int argc, char **argv)
             break;
         default:
             fprintf(stderr, "usage: kvpool-bench meta --cluster FILE | --masters LIST [--callers 1,16,64]\n"
-                            "         [--driver pipe|threads] [--only puts|gets] [--seconds S] [--objects N]\n"
+                            "         [--driver pipe|threads] [--only puts|gets] [--batch B] [--seconds S] [--objects N]\n"
                             "         [--failover-kills K (needs --cluster)] [--json]\n");
             return 2;
         }
     }
     if (m.seconds <= 0 || (kills && !m.target.cluster_file)) {
         fprintf(stderr, "kvpool-bench meta: --seconds > 0; --failover-kills needs --cluster\n");
+        return 2;
+    }
+    if (m.batch > 1 && !pipe) {
+        fprintf(stderr, "kvpool-bench meta: --batch needs --driver pipe\n");
         return 2;
     }
     unsigned levels[16], nlev = 0, maxc = 1;
@@ -411,6 +424,9 @@ int bench_meta_main(int argc, char **argv)
     if (!m.json) {
         printf("driver: %s\n", pipe ? "pipe (each caller a request stream; one thread, up to 8 sockets to the leader)"
                                     : "threads (a thread per caller, callers share up to 8 master sessions)");
+        if (m.batch > 1)
+            printf("batch: %u keys per request (BatchPutStart/BatchPutEnd/BatchGetReplicaList); rates are keys/s,"
+                   " latency per request\n", m.batch);
         printf("%-8s %14s %10s %10s %16s %10s %10s  errors\n", "callers", "put pairs/s", "p50 us", "p99 us",
                "GetReplicaList/s", "p50 us", "p99 us");
     }
@@ -424,12 +440,12 @@ int bench_meta_main(int argc, char **argv)
         if (only != 2) {
             bench_cpu_begin(&cpu, m.target.cluster_file);
             pps = pipe ? meta_run_level_pipe(&m, ps, levels[l], 0, &lp, &ep) : run_level(&m, cs, levels[l], 0, &lp, &ep);
-            cpu_p = bench_cpu_end(&cpu, lp.n);
+            cpu_p = bench_cpu_end(&cpu, lp.n * (m.batch ? m.batch : 1));
         }
         if (only != 1) {
             bench_cpu_begin(&cpu, m.target.cluster_file);
             gps = pipe ? meta_run_level_pipe(&m, ps, levels[l], 1, &lg, &eg) : run_level(&m, cs, levels[l], 1, &lg, &eg);
-            cpu_g = bench_cpu_end(&cpu, lg.n);
+            cpu_g = bench_cpu_end(&cpu, lg.n * (m.batch ? m.batch : 1));
         }
         if (m.json) {
             json_array_append_new(
@@ -599,7 +615,8 @@ int bench_meta_main(int argc, char **argv)
     if (call(m.sess[0], &ureq, 10000, &resp) == 0)
         kvp_msession_response_free(resp);
     if (m.json) {
-        json_t *j = json_pack("{s:s,s:s,s:o}", "mode", "meta", "driver", pipe ? "pipe" : "threads", "levels", jl);
+        json_t *j = json_pack("{s:s,s:s,s:i,s:o}", "mode", "meta", "driver", pipe ? "pipe" : "threads", "batch",
+                              (int)(m.batch ? m.batch : 1), "levels", jl);
         if (jo)
             json_object_set_new(j, "objects", jo);
         if (jf)

@@ -28,6 +28,7 @@ struct meta {
     pthread_t hb;
     double seconds;
     bool json;
+    unsigned batch; /* keys per request (pipe driver): BatchPutStart/BatchPutEnd/BatchGetReplicaList */
 };
 
 /* Per-caller count of keys stored so far (keys continue across levels: never a repeated key). */
@@ -44,7 +45,8 @@ static inline void meta_key(char *k, size_t cap, unsigned caller, uint64_t i)
 /**
  * One level with the pipelined driver: `callers` request streams, each with one request
  * outstanding, for m->seconds; what 0 = PutStart+PutEnd pairs, 1 = GetReplicaList of stored
- * keys. Latency per pair / get goes to lat, error codes to errs. Returns operations/s.
+ * keys; each request carries m->batch keys. Latency per pair / get (per request) goes to lat,
+ * error codes to errs (one per failed request). Returns keys/s (pairs or gets per key).
  */
 double meta_run_level_pipe(struct meta *m, struct meta_pipe_state *st, unsigned callers, int what,
                            struct bench_lat *lat, struct bench_errs *errs);

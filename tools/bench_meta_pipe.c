@@ -46,47 +46,66 @@ static int send_req(void *z, Kvp__Request *req)
 /* Build and send caller ci's next request. */
 static int issue(struct meta *m, void *z, unsigned ci, struct pcaller *c, int what, uint64_t nkeys_seen)
 {
-    char key[96];
-    char *kp[1] = {key};
+    enum { KEY_CAP = 96 };
+    unsigned b = m->batch ? m->batch : 1;
+    char *keys = malloc((size_t)b * KEY_CAP);
+    char **kp = calloc(b, sizeof *kp);
+    Kvp__PutStartItem *it = calloc(b, sizeof *it);
+    Kvp__PutStartItem **itp = calloc(b, sizeof *itp);
+    Kvp__PutEndItem *et = calloc(b, sizeof *et);
+    Kvp__PutEndItem **etp = calloc(b, sizeof *etp);
+    int rc = KVP_ERR_NOMEM;
+    if (!keys || !kp || !it || !itp || !et || !etp)
+        goto out;
     Kvp__Request req = KVP__REQUEST__INIT;
     c->seq = (c->seq + 1) & 0xffffffu;
     req.req_id = ((uint64_t)ci << 24) | c->seq;
     req.timeout_ms = 5000;
-    Kvp__PutStartItem it = KVP__PUT_START_ITEM__INIT;
-    Kvp__PutStartItem *itp = &it;
     Kvp__PutStartReq ps = KVP__PUT_START_REQ__INIT;
-    Kvp__PutEndItem et = KVP__PUT_END_ITEM__INIT;
-    Kvp__PutEndItem *etp = &et;
     Kvp__PutEndReq pe = KVP__PUT_END_REQ__INIT;
     Kvp__GetReplicaListReq g = KVP__GET_REPLICA_LIST_REQ__INIT;
     if (what == 0 && c->phase != 1) { /* a new pair: PutStart */
-        c->cur_i = c->key_i++;
-        c->op_id = atomic_fetch_add(&m->op_seq, 1);
-        meta_key(key, sizeof key, ci, c->cur_i);
-        it.key = key;
-        it.size = META_OBJ_BYTES;
-        it.replica_num = 1;
-        it.preferred_segment = m->seg_name;
-        it.op_id = c->op_id;
-        it.client_host = (char *)"bench-meta";
-        ps.n_items = 1;
-        ps.items = &itp;
+        c->cur_i = c->key_i;
+        c->key_i += b;
+        c->op_id = atomic_fetch_add(&m->op_seq, b); /* op ids op_id .. op_id + b - 1 */
+    }
+    for (unsigned j = 0; j < b; j++) {
+        kp[j] = keys + (size_t)j * KEY_CAP;
+        uint64_t k = c->cur_i + j;
+        if (what != 0)
+            k = nkeys_seen ? (uint64_t)rand_r(&c->seed) % nkeys_seen : 0;
+        meta_key(kp[j], KEY_CAP, ci, k);
+    }
+    if (what == 0 && c->phase != 1) {
+        for (unsigned j = 0; j < b; j++) {
+            kvp__put_start_item__init(&it[j]);
+            it[j].key = kp[j];
+            it[j].size = META_OBJ_BYTES;
+            it[j].replica_num = 1;
+            it[j].preferred_segment = m->seg_name;
+            it[j].op_id = c->op_id + j;
+            it[j].client_host = (char *)"bench-meta";
+            itp[j] = &it[j];
+        }
+        ps.n_items = b;
+        ps.items = itp;
         req.body_case = KVP__REQUEST__BODY_PUT_START;
         req.put_start = &ps;
         c->phase = 1;
     } else if (what == 0) { /* PutStart answered: PutEnd */
-        meta_key(key, sizeof key, ci, c->cur_i);
-        et.key = key;
-        et.op_id = c->op_id;
-        pe.n_items = 1;
-        pe.items = &etp;
+        for (unsigned j = 0; j < b; j++) {
+            kvp__put_end_item__init(&et[j]);
+            et[j].key = kp[j];
+            et[j].op_id = c->op_id + j;
+            etp[j] = &et[j];
+        }
+        pe.n_items = b;
+        pe.items = etp;
         req.body_case = KVP__REQUEST__BODY_PUT_END;
         req.put_end = &pe;
         c->phase = 2;
     } else {
-        uint64_t k = nkeys_seen ? (uint64_t)rand_r(&c->seed) % nkeys_seen : 0;
-        meta_key(key, sizeof key, ci, k);
-        g.n_keys = 1;
+        g.n_keys = b;
         g.keys = kp;
         g.client_host = (char *)"bench-meta";
         req.body_case = KVP__REQUEST__BODY_GET_REPLICAS;
@@ -94,24 +113,45 @@ static int issue(struct meta *m, void *z, unsigned ci, struct pcaller *c, int wh
         c->phase = 3;
     }
     c->sent_us = bench_now_us();
-    return send_req(z, &req);
+    rc = send_req(z, &req);
+out:
+    free(keys);
+    free(kp);
+    free(it);
+    free(itp);
+    free(et);
+    free(etp);
+    return rc;
 }
 
-/* The status of a reply for phase `phase`: the call status, else the first item's. */
-static int reply_status(const Kvp__Response *r, int phase)
+/* The status of a reply of b items for phase `phase`: the call status, else the first item
+ * that is not OK. */
+static int reply_status(const Kvp__Response *r, int phase, unsigned b)
 {
     if (r->status)
         return r->status;
-    if (phase == 1)
-        return r->body_case == KVP__RESPONSE__BODY_PUT_START && r->put_start->n_results == 1
-                   ? r->put_start->results[0]->status
-                   : KVP_ERR_MALFORMED;
-    if (phase == 2)
-        return r->body_case == KVP__RESPONSE__BODY_PUT_END && r->put_end->n_status == 1 ? r->put_end->status[0]
-                                                                                         : KVP_ERR_MALFORMED;
-    return r->body_case == KVP__RESPONSE__BODY_GET_REPLICAS && r->get_replicas->n_objects == 1
-               ? r->get_replicas->objects[0]->status
-               : KVP_ERR_MALFORMED;
+    if (phase == 1) {
+        if (r->body_case != KVP__RESPONSE__BODY_PUT_START || r->put_start->n_results != b)
+            return KVP_ERR_MALFORMED;
+        for (unsigned j = 0; j < b; j++)
+            if (r->put_start->results[j]->status)
+                return r->put_start->results[j]->status;
+        return KVP_OK;
+    }
+    if (phase == 2) {
+        if (r->body_case != KVP__RESPONSE__BODY_PUT_END || r->put_end->n_status != b)
+            return KVP_ERR_MALFORMED;
+        for (unsigned j = 0; j < b; j++)
+            if (r->put_end->status[j])
+                return r->put_end->status[j];
+        return KVP_OK;
+    }
+    if (r->body_case != KVP__RESPONSE__BODY_GET_REPLICAS || r->get_replicas->n_objects != b)
+        return KVP_ERR_MALFORMED;
+    for (unsigned j = 0; j < b; j++)
+        if (r->get_replicas->objects[j]->status)
+            return r->get_replicas->objects[j]->status;
+    return KVP_OK;
 }
 
 double meta_run_level_pipe(struct meta *m, struct meta_pipe_state *st, unsigned callers, int what,
@@ -179,7 +219,7 @@ double meta_run_level_pipe(struct meta *m, struct meta_pipe_state *st, unsigned 
                     continue; /* a late answer to a timed-out request */
                 }
                 struct pcaller *c = &cs[ci];
-                int rc = reply_status(r, c->phase);
+                int rc = reply_status(r, c->phase, m->batch ? m->batch : 1);
                 kvp__response__free_unpacked(r, NULL);
                 now = bench_now_us();
                 bool pair_half = (c->phase == 1 && rc == 0);
@@ -188,7 +228,7 @@ double meta_run_level_pipe(struct meta *m, struct meta_pipe_state *st, unsigned 
                     if (rc)
                         bench_errs_add(errs, rc);
                     else
-                        ok++;
+                        ok += m->batch ? m->batch : 1;
                     c->phase = 0;
                     if (now >= dl) {
                         outstanding--;
