@@ -81,6 +81,9 @@ struct kvp_raftlog {
     uv_check_t check; /* after every loop iteration's I/O: read_lease_refresh */
     bool async_inited, timer_inited, check_inited;
     struct raft_uv_transport transport;
+    /* raft_uv_tcp's own connect, wrapped by rl_connect (TCP_NODELAY on Raft connections) */
+    int (*tcp_connect)(struct raft_uv_transport *t, struct raft_uv_connect *req, raft_id id,
+                       const char *address, raft_uv_connect_cb cb);
     struct raft_io io;
     struct raft raft;
     struct kvp_rl_glue glue;
@@ -622,6 +625,46 @@ static int bootstrap(struct kvp_raftlog *rl)
     return rv;
 }
 
+/*
+ * raft_uv_tcp leaves Nagle's algorithm on. A leader sends AppendEntries back to back on its
+ * outgoing connection (a follower answers on its own outgoing one): a small message written
+ * while the previous one is unacknowledged waits for that ACK, which the peer delays up to
+ * 40 ms. Every outgoing Raft connection gets TCP_NODELAY. raft_uv writes on the connections it
+ * opened and only reads the ones it accepted, so the connect side is the one that matters.
+ */
+struct rl_connect {
+    struct raft_uv_connect req; /* handed to raft_uv_tcp */
+    struct raft_uv_connect *orig;
+    raft_uv_connect_cb orig_cb;
+};
+
+static void rl_connect_cb(struct raft_uv_connect *req, struct uv_stream_s *stream, int status)
+{
+    struct rl_connect *w = req->data;
+    if (status == 0 && stream && stream->type == UV_TCP)
+        uv_tcp_nodelay((uv_tcp_t *)stream, 1);
+    struct raft_uv_connect *orig = w->orig;
+    raft_uv_connect_cb cb = w->orig_cb;
+    free(w);
+    cb(orig, stream, status);
+}
+
+static int rl_connect(struct raft_uv_transport *t, struct raft_uv_connect *req, raft_id id,
+                      const char *address, raft_uv_connect_cb cb)
+{
+    struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)t - offsetof(struct kvp_raftlog, transport));
+    struct rl_connect *w = malloc(sizeof *w);
+    if (!w)
+        return RAFT_NOMEM;
+    w->req.data = w;
+    w->orig = req;
+    w->orig_cb = cb;
+    int rv = rl->tcp_connect(t, &w->req, id, address, rl_connect_cb);
+    if (rv != 0)
+        free(w); /* the callback does not fire */
+    return rv;
+}
+
 static void *thread_main(void *arg)
 {
     struct kvp_raftlog *rl = arg;
@@ -641,6 +684,8 @@ static void *thread_main(void *arg)
     if (rv != 0)
         goto fail;
     stage = 1;
+    rl->tcp_connect = rl->transport.connect;
+    rl->transport.connect = rl_connect;
     rv = raft_uv_init(&rl->io, &rl->loop, rl->p.data_dir, &rl->transport);
     if (rv != 0)
         goto fail;
