@@ -60,6 +60,7 @@ struct kvp_cfg_segment {
     char cluster_file[1024];          /* `cluster_file`: cluster.json (alternative to the master list) */
     uint32_t heartbeat_ms;            /* `heartbeat_ms`: heartbeat period (default 1000) */
     bool hugepages;                   /* `hugepages`: try MAP_HUGETLB first (default true) */
+    bool segment_prefault;            /* `segment_prefault`: populate the region in the background (default true) */
     uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: (default 60000) */
     char log_level[16];
 };

@@ -85,6 +85,9 @@ static const struct kvp_cfg_key segment_keys[] = {
     STR(S, "cluster_file", cluster_file, NULL, 0, "", "cluster.json (used when master_server_address is empty)"),
     NUM(S, KVP_CFG_T_DURATION_MS, "heartbeat_ms", heartbeat_ms, 10, 600000, "1000", "heartbeat period"),
     BOOL(S, "hugepages", hugepages, "true", "try MAP_HUGETLB first, fall back to normal pages"),
+    BOOL(S, "segment_prefault", segment_prefault, "true",
+         "populate the region's pages on a background thread after it is mapped, so a transfer does not "
+         "take the first-write page fault (embedded client segments use the default)"),
     NUM(S, KVP_CFG_T_DURATION_MS, "drain_timeout_ms", drain_timeout_ms, 0, 86400000, "60000",
         "longest wait for a drain on SIGTERM"),
     STR(S, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),

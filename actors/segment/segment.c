@@ -53,6 +53,9 @@ struct kvp_segment {
     pthread_mutex_t mu; /* guards stopping */
     pthread_cond_t cv;
     bool stopping;
+    pthread_t prefault_thread; /* segment_prefault: populates the region in the background */
+    bool prefault_started;
+    atomic_bool prefault_stop;
 };
 
 static int call(struct kvp_segment *s, Kvp__Request *req, uint32_t timeout_ms, Kvp__Response **out)
@@ -228,8 +231,75 @@ static int map_region(struct kvp_segment *s)
     return KVP_OK;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+#define PREFAULT_CHUNK_BYTES (64ull << 20)
+
+/*
+ * segment_prefault: a fresh anonymous region is not backed by memory; the first write to each
+ * page faults, and that fault lands inside a transfer (this VM: 1 GiB took 4.6-11 s to touch, a
+ * single 2 MiB THP fault up to 95 ms; batch_put p99 of a trace replay 237 ms on fresh regions
+ * vs 59 ms on populated ones). This thread populates the region after it is mapped, in 64 MiB
+ * steps that check for stop, with MADV_POPULATE_WRITE (page tables and memory, contents
+ * untouched, so it may run while transfers write). Kernels without it (EINVAL): one atomic
+ * "or 0" per 4 KiB page, which never loses a concurrent write. Memory pressure (ENOMEM,
+ * EFAULT) ends it: the rest is faulted on demand as before.
+ */
+static void *prefault_main(void *arg)
+{
+    struct kvp_segment *s = arg;
+    uint64_t t0 = kvp_clock_now_ms();
+    size_t done = 0;
+    bool populate = true;
+    const char *why = NULL;
+    while (done < s->map_bytes && !atomic_load_explicit(&s->prefault_stop, memory_order_relaxed)) {
+        size_t n = s->map_bytes - done < PREFAULT_CHUNK_BYTES ? s->map_bytes - done : PREFAULT_CHUNK_BYTES;
+        uint8_t *p = (uint8_t *)s->base + done;
+        if (populate && madvise(p, n, MADV_POPULATE_WRITE) != 0) {
+            if (errno == EINVAL) {
+                populate = false; /* kernel without it: touch below */
+            } else if (errno != EINTR) {
+                why = strerror(errno);
+                break;
+            }
+        }
+        if (!populate)
+            for (size_t off = 0; off < n; off += 4096)
+                __atomic_fetch_or(p + off, (uint8_t)0, __ATOMIC_RELAXED);
+        done += n;
+    }
+    if (why)
+        kvp_log_warn(s->actor, "prefault stopped after %zu of %zu bytes: %s (the rest faults on first write)", done,
+                     s->map_bytes, why);
+    else
+        kvp_log_info(s->actor, "prefault: %zu of %zu bytes populated in %llu ms%s", done, s->map_bytes,
+                     (unsigned long long)(kvp_clock_now_ms() - t0), populate ? "" : " (page by page)");
+    return NULL;
+}
+
+static void prefault_start(struct kvp_segment *s)
+{
+    if (!s->cfg.segment_prefault)
+        return;
+    atomic_init(&s->prefault_stop, false);
+    s->prefault_started = pthread_create(&s->prefault_thread, NULL, prefault_main, s) == 0;
+    if (!s->prefault_started)
+        kvp_log_warn(s->actor, "prefault thread not started: pages fault on first write");
+}
+
+static void prefault_stop(struct kvp_segment *s)
+{
+    if (!s->prefault_started)
+        return;
+    atomic_store(&s->prefault_stop, true);
+    pthread_join(s->prefault_thread, NULL);
+    s->prefault_started = false;
+}
+
 static void segment_free(struct kvp_segment *s)
 {
+    prefault_stop(s); /* before munmap */
     kvp_seg_server_stop(&s->srv);
     if (s->base)
         munmap(s->base, s->map_bytes);
@@ -269,6 +339,7 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
     int rc = map_region(s);
     if (rc != KVP_OK)
         goto fail;
+    prefault_start(s);
     rc = kvp_seg_server_start(&s->srv, cfg->local_hostname, cfg->port, s->base, s->size);
     if (rc != KVP_OK) {
         if (rc == KVP_ERR_INVALID && cfg->local_hostname[0])
