@@ -106,9 +106,10 @@ int bench_msession_open(const struct bench_target *t, const char *name, struct k
     return rc;
 }
 
-int bench_cluster_capacity(const struct bench_target *t, uint64_t *capacity_bytes,
-                           uint64_t *used_bytes)
+/* The leader's ClusterStatus document (*out: caller decrefs). Returns 0 or a negative code. */
+static int cluster_status(const struct bench_target *t, json_t **out)
 {
+    *out = NULL;
     struct kvp_msession *s = NULL;
     int rc = bench_msession_open(t, "bench", &s);
     if (rc)
@@ -121,23 +122,49 @@ int bench_cluster_capacity(const struct bench_target *t, uint64_t *capacity_byte
     rc = kvp_msession_call(s, &req, 5000, &resp);
     if (rc == 0) {
         rc = resp->status;
-        if (rc == 0 && resp->body_case == KVP__RESPONSE__BODY_CLUSTER_STATUS &&
-            resp->cluster_status->json) {
+        if (rc == 0 && resp->body_case == KVP__RESPONSE__BODY_CLUSTER_STATUS && resp->cluster_status->json) {
             json_error_t e;
-            json_t *o = json_loads(resp->cluster_status->json, 0, &e);
-            json_t *cap = json_object_get(o, "capacity_bytes");
-            if (json_is_integer(cap)) {
-                *capacity_bytes = (uint64_t)json_integer_value(cap);
-                *used_bytes = (uint64_t)json_integer_value(json_object_get(o, "used_bytes"));
-            } else {
+            *out = json_loads(resp->cluster_status->json, 0, &e);
+            if (*out == NULL)
                 rc = KVP_ERR_MALFORMED;
-            }
-            json_decref(o);
         } else if (rc == 0) {
             rc = KVP_ERR_MALFORMED;
         }
         kvp_msession_response_free(resp);
     }
     kvp_msession_destroy(&s);
+    return rc;
+}
+
+int bench_cluster_capacity(const struct bench_target *t, uint64_t *capacity_bytes,
+                           uint64_t *used_bytes)
+{
+    json_t *o = NULL;
+    int rc = cluster_status(t, &o);
+    if (rc)
+        return rc;
+    json_t *cap = json_object_get(o, "capacity_bytes");
+    if (json_is_integer(cap)) {
+        *capacity_bytes = (uint64_t)json_integer_value(cap);
+        *used_bytes = (uint64_t)json_integer_value(json_object_get(o, "used_bytes"));
+    } else {
+        rc = KVP_ERR_MALFORMED;
+    }
+    json_decref(o);
+    return rc;
+}
+
+int bench_cluster_objects(const struct bench_target *t, uint64_t *objects)
+{
+    json_t *o = NULL;
+    int rc = cluster_status(t, &o);
+    if (rc)
+        return rc;
+    json_t *n = json_object_get(o, "objects");
+    if (json_is_integer(n))
+        *objects = (uint64_t)json_integer_value(n);
+    else
+        rc = KVP_ERR_MALFORMED;
+    json_decref(o);
     return rc;
 }

@@ -146,6 +146,8 @@ char *bench_target_masters(const struct bench_target *t);
  */
 int bench_cluster_capacity(const struct bench_target *t, uint64_t *capacity_bytes,
                            uint64_t *used_bytes);
+/** Objects (complete + pending) the leader's state machine holds. Returns 0 or a negative code. */
+int bench_cluster_objects(const struct bench_target *t, uint64_t *objects);
 
 /** A master session for the target (meta mode, ClusterStatus). Returns 0 or a negative code. */
 struct kvp_msession;
