@@ -176,7 +176,7 @@ static void usage_kv(void)
     fprintf(stderr,
             "usage: kvpool-bench put|get|mixed [--cluster FILE | --masters LIST] --value-size S\n"
             "         [--count N] [--batch B] [--threads T] [--replicas R] [--get-ratio F]\n"
-            "         [--verify] [--keep] [--timeout-ms MS] [--warmup N] [--json]\n");
+            "         [--verify] [--keep] [--timeout-ms MS] [--warmup N] [--run-id HEX] [--json]\n");
 }
 
 struct rm_job {
@@ -240,7 +240,8 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         {"json", 0, 0, 'j'},       {"verify", 0, 0, 'v'},   {"keep", 0, 0, 'k'},
         {"timeout-ms", 1, 0, 'T'}, {"cluster", 1, 0, 'c'},  {"masters", 1, 0, 'M'},
         {"config", 1, 0, 'C'},     {"help", 0, 0, 'h'},     {"warmup", 1, 0, 'W'},
-        {0, 0, 0, 0}};
+        {"run-id", 1, 0, 'R'},     {0, 0, 0, 0}};
+    bool have_run_id = false;
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -264,6 +265,17 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         case 'c': o.target.cluster_file = optarg; break;
         case 'M': o.target.masters = optarg; break;
         case 'C': o.target.config_file = optarg; break;
+        case 'R': {
+            char *end = NULL;
+            unsigned long v = strtoul(optarg, &end, 16);
+            if (!end || *end || v > 0xffffffffUL) {
+                fprintf(stderr, "kvpool-bench: --run-id takes 1-8 hex digits, not %s\n", optarg);
+                return 2;
+            }
+            g_run_id = (uint32_t)v;
+            have_run_id = true;
+            break;
+        }
         default: usage_kv(); return 2;
         }
     }
@@ -276,7 +288,15 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         fprintf(stderr, "kvpool-bench: batch x value-size above 2 GiB per thread\n");
         return 2;
     }
-    g_run_id = (uint32_t)(bench_now_us() ^ ((uint64_t)getpid() << 16));
+    /* --run-id: the key names of an earlier `put --keep` run (printed as run_id); a get then
+     * reads those keys without storing them first (a profile or CPU count of the get phase
+     * alone). The bytes are not the populate pattern, so it cannot be combined with --verify. */
+    if (!have_run_id)
+        g_run_id = (uint32_t)(bench_now_us() ^ ((uint64_t)getpid() << 16));
+    else if (o.verify && strcmp(mode, "put")) {
+        fprintf(stderr, "kvpool-bench: --run-id with get/mixed reads keys stored by put: no --verify\n");
+        return 2;
+    }
     kvp_client *c = NULL;
     if (bench_client_open(&o.target, &c))
         return 1;
@@ -315,7 +335,8 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         bench_cpu_begin(&cpu, o.target.cluster_file);
         run_phase(ts, o.threads, 0, true, &secs);
     } else {
-        run_phase(ts, o.threads, 0, false, &secs); /* populate, untimed */
+        if (!have_run_id)
+            run_phase(ts, o.threads, 0, false, &secs); /* populate, untimed */
         struct bench_errs pe = {0};
         for (unsigned i = 0; i < o.threads; i++) {
             bench_errs_merge(&pe, &ts[i].errs);
@@ -356,6 +377,9 @@ int bench_kv_main(const char *mode, int argc, char **argv)
             if (errs.n[i])
                 json_object_set_new(e, kvp_errname(-i), json_integer((json_int_t)errs.n[i]));
         json_object_set_new(j, "errors", e);
+        char rid[16];
+        snprintf(rid, sizeof rid, "%08x", g_run_id);
+        json_object_set_new(j, "run_id", json_string(rid));
         json_object_set_new(j, "cpu_us_per_op", cpu_j);
         cpu_j = NULL;
         json_dumpf(j, stdout, JSON_COMPACT);
