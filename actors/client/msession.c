@@ -81,6 +81,7 @@ static void send_attempt(struct kvp_msession *s, struct kvp_ms_call *c, uint64_t
     c->sent = true;
 
     void *z = s->socks[c->target];
+    s->sent_ms[c->target] = now ? now : 1;
     uint8_t *buf = NULL;
     size_t len = 0;
     int rc = kvp_wire_encode_request(c->req, &buf, &len);
@@ -208,10 +209,19 @@ static long drive(struct kvp_msession *s, uint64_t now)
     return timeout;
 }
 
+/* A master not sent to for this long is left out of the poll (unless it is the leader): every
+ * zmq socket in a zmq_poll costs two system calls per pass (its mailbox is checked before and
+ * after the wait), so polling the three sockets of a three-master list made ~14 poll and ~16
+ * getpid calls per RPC. A reply can only come from a master a request went to; one arriving
+ * after this long (a call long timed out) waits in its socket until that master is sent to
+ * again, and is then dropped as unknown. */
+#define MS_QUIET_MS 60000u
+
 static void *io_main(void *arg)
 {
     struct kvp_msession *s = arg;
     zmq_pollitem_t items[KVP_MS_MAX_MASTERS + 1];
+    size_t idx[KVP_MS_MAX_MASTERS]; /* items[k] polls socks[idx[k]] */
     for (;;) {
         pthread_mutex_lock(&s->mu);
         if (s->closing) {
@@ -220,10 +230,15 @@ static void *io_main(void *arg)
             pthread_mutex_unlock(&s->mu);
             break;
         }
-        long timeout = drive(s, kvp_clock_now_ms());
-        size_t n = s->n_masters;
-        for (size_t i = 0; i < n; i++)
-            items[i] = (zmq_pollitem_t){.socket = s->socks[i], .events = ZMQ_POLLIN};
+        uint64_t now = kvp_clock_now_ms();
+        long timeout = drive(s, now);
+        size_t n = 0;
+        for (size_t i = 0; i < s->n_masters; i++) {
+            if ((int)i != s->leader && (s->sent_ms[i] == 0 || now - s->sent_ms[i] > MS_QUIET_MS))
+                continue;
+            items[n] = (zmq_pollitem_t){.socket = s->socks[i], .events = ZMQ_POLLIN};
+            idx[n++] = i;
+        }
         /* From here until the poll returns, a new call must write wake_fd; before, drive()
          * above has sent every call queued (both under mu, so no call falls in between). */
         s->io_polling = true;
@@ -246,9 +261,10 @@ static void *io_main(void *arg)
             if (read(s->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
                 kvp_log_warn(s->name, "wake read: %s", strerror(errno));
         }
-        for (size_t i = 0; i < n; i++) {
-            if (!(items[i].revents & ZMQ_POLLIN))
+        for (size_t k = 0; k < n; k++) {
+            if (!(items[k].revents & ZMQ_POLLIN))
                 continue;
+            size_t i = idx[k];
             for (;;) { /* drain every reply waiting on this socket */
                 zmq_msg_t m;
                 zmq_msg_init(&m);

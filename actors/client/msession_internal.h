@@ -61,6 +61,7 @@ struct kvp_msession {
     bool wake_sent;            /* under mu: wake_fd written since the I/O thread last read it */
     void *zctx;                /* ZeroMQ context */
     void *socks[KVP_MS_MAX_MASTERS]; /* DEALER per master, owned by the I/O thread */
+    uint64_t sent_ms[KVP_MS_MAX_MASTERS]; /* under mu: last request sent to that master (0 never) */
     pthread_t thread;          /* the I/O thread */
 };
 
