@@ -234,32 +234,96 @@ static int map_region(struct kvp_segment *s)
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif
-#define PREFAULT_CHUNK_BYTES (64ull << 20)
+/* One madvise call per huge page: MADV_POPULATE_WRITE holds the process's mmap_lock (read) for
+ * the whole call, and every mmap/munmap of the process (a connection thread's stack, a large
+ * malloc) waits for it. With 64 MiB per call that wait reached 766 ms on this VM (cold guest
+ * memory populates at ~200 MB/s); with 2 MiB it stays in the tens of ms. */
+#define PREFAULT_CHUNK_BYTES (2ull << 20)
+#define PREFAULT_MEMCHECK_BYTES (64ull << 20) /* /proc/meminfo read every this many bytes */
+#define PREFAULT_FLOOR_MIN (512ull << 20)
+
+uint64_t kvp_seg_prefault_allow(const char *meminfo, uint64_t want)
+{
+    if (!meminfo)
+        return want;
+    unsigned long long total = 0, avail = 0;
+    bool have_total = false, have_avail = false;
+    for (const char *line = meminfo; line && *line;) {
+        if (sscanf(line, "MemTotal: %llu kB", &total) == 1)
+            have_total = true;
+        else if (sscanf(line, "MemAvailable: %llu kB", &avail) == 1)
+            have_avail = true;
+        line = strchr(line, '\n');
+        if (line)
+            line++;
+    }
+    if (!have_total || !have_avail || total > UINT64_MAX / 1024 || avail > UINT64_MAX / 1024)
+        return want; /* not Linux's format: no guard */
+    uint64_t floor = total * 1024 / 10 > PREFAULT_FLOOR_MIN ? total * 1024 / 10 : PREFAULT_FLOOR_MIN;
+    uint64_t a = avail * 1024;
+    if (a <= floor)
+        return 0;
+    return a - floor < want ? a - floor : want;
+}
+
+/* How much the prefault may populate now (see kvp_seg_prefault_allow); `want` when
+ * /proc/meminfo cannot be read. */
+static uint64_t prefault_allow(uint64_t want)
+{
+    char buf[4096];
+    FILE *fp = fopen("/proc/meminfo", "re");
+    if (!fp)
+        return want;
+    size_t n = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    return kvp_seg_prefault_allow(buf, want);
+}
 
 /*
  * segment_prefault: a fresh anonymous region is not backed by memory; the first write to each
  * page faults, and that fault lands inside a transfer (this VM: 1 GiB took 4.6-11 s to touch, a
  * single 2 MiB THP fault up to 95 ms; batch_put p99 of a trace replay 237 ms on fresh regions
- * vs 59 ms on populated ones). This thread populates the region after it is mapped, in 64 MiB
- * steps that check for stop, with MADV_POPULATE_WRITE (page tables and memory, contents
- * untouched, so it may run while transfers write). Kernels without it (EINVAL): one atomic
- * "or 0" per 4 KiB page, which never loses a concurrent write. Memory pressure (ENOMEM,
- * EFAULT) ends it: the rest is faulted on demand as before.
+ * vs 59 ms on populated ones). This thread populates the region after it is mapped, one huge
+ * page per call (PREFAULT_CHUNK_BYTES), checking for stop between calls, with
+ * MADV_POPULATE_WRITE (page tables and memory, contents untouched, so it may run while
+ * transfers write). Kernels without it (EINVAL): one atomic "or 0" per 4 KiB page, which never
+ * loses a concurrent write. An error (EFAULT, ENOMEM) ends it: the rest is faulted on demand as
+ * before. Populating anonymous memory the host does not have does not fail with ENOMEM: the
+ * kernel's OOM killer runs. So a normal-page region stops being populated while MemAvailable
+ * is below max(MemTotal / 10, 512 MiB) plus the next 64 MiB (a region larger than the host's
+ * free memory, which MAP_NORESERVE allows); hugetlb regions are reserved at mmap.
  */
 static void *prefault_main(void *arg)
 {
     struct kvp_segment *s = arg;
     uint64_t t0 = kvp_clock_now_ms();
-    size_t done = 0;
+    size_t done = 0, allowed = s->map_bytes; /* bytes below which memory was checked */
     bool populate = true;
     const char *why = NULL;
+    char whybuf[128];
+    if (!s->huge)
+        allowed = 0;
     while (done < s->map_bytes && !atomic_load_explicit(&s->prefault_stop, memory_order_relaxed)) {
         size_t n = s->map_bytes - done < PREFAULT_CHUNK_BYTES ? s->map_bytes - done : PREFAULT_CHUNK_BYTES;
+        if (done + n > allowed) {
+            uint64_t step = s->map_bytes - done < PREFAULT_MEMCHECK_BYTES ? s->map_bytes - done
+                                                                          : PREFAULT_MEMCHECK_BYTES;
+            if (prefault_allow(step) < step) {
+                snprintf(whybuf, sizeof whybuf, "MemAvailable low (the host keeps max(MemTotal/10, %llu MiB) free)",
+                         PREFAULT_FLOOR_MIN >> 20);
+                why = whybuf;
+                break;
+            }
+            allowed = done + step;
+        }
         uint8_t *p = (uint8_t *)s->base + done;
         if (populate && madvise(p, n, MADV_POPULATE_WRITE) != 0) {
+            if (errno == EINTR)
+                continue; /* the same chunk again */
             if (errno == EINVAL) {
                 populate = false; /* kernel without it: touch below */
-            } else if (errno != EINTR) {
+            } else {
                 why = strerror(errno);
                 break;
             }

@@ -28,4 +28,11 @@ int kvp_seg_strip_brackets(const char *host, char *buf, size_t cap);
 /** "host:port", bracketing an IPv6 host ("[::1]:7000"). Returns snprintf's result. */
 int kvp_seg_format_endpoint(char *buf, size_t cap, const char *host, uint32_t port);
 
+/**
+ * segment_prefault's memory guard: of `want` more bytes, how many may be populated given the
+ * text of /proc/meminfo, keeping MemAvailable above max(MemTotal / 10, 512 MiB); 0: stop. Text
+ * without both MemTotal and MemAvailable: `want` (no guard).
+ */
+uint64_t kvp_seg_prefault_allow(const char *meminfo, uint64_t want);
+
 #endif
