@@ -403,7 +403,6 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
     int rc = map_region(s);
     if (rc != KVP_OK)
         goto fail;
-    prefault_start(s);
     rc = kvp_seg_server_start(&s->srv, cfg->local_hostname, cfg->port, s->base, s->size);
     if (rc != KVP_OK) {
         if (rc == KVP_ERR_INVALID && cfg->local_hostname[0])
@@ -422,6 +421,7 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
         snprintf(s->name, sizeof s->name, "%.100s-%u", host, port);
     kvp_seg_format_endpoint(s->endpoint, sizeof s->endpoint, host, port);
     snprintf(s->actor, sizeof s->actor, "segment %.120s", s->name);
+    prefault_start(s); /* after s->actor is final: the thread logs with it */
     kvp_log_info(s->actor, "region %lu bytes (%s pages), data plane on %s", (unsigned long)s->size,
                  s->huge ? "huge" : "normal", s->endpoint);
 
