@@ -52,6 +52,10 @@ struct svc_repair {
      * scan that found no work at all (0: none): while the FSM's epoch still equals clean_epoch,
      * nothing can need repair and the O(objects) scan is skipped. */
     uint64_t scan_epoch, clean_epoch;
+    /* A clean scan that still counted objects short of copies (too few ACTIVE segments) is
+     * trusted for 10 scan periods only, so its counters in ClusterStatus (under_replicated)
+     * are at most that old after removes, which do not move the epoch. */
+    uint64_t clean_until_ms;
     uint64_t scans_run, scans_skipped;
     struct svc_map droppable;    /* hash(key, seg) -> first seen droppable (ms) */
     struct svc_map stale;        /* hash(key, seg, off) -> first seen unknown PENDING (ms) */
@@ -231,7 +235,7 @@ static int on_tick(zloop_t *loop, int timer_id, void *arg)
         epoch = kvp_master_fsm_repair_epoch(s->fsm);
         kvp_raftlog_read_end(s->rl);
     }
-    if (epoch != 0 && epoch == r->clean_epoch && !r->n_tasks) {
+    if (epoch != 0 && epoch == r->clean_epoch && !r->n_tasks && now < r->clean_until_ms) {
         r->scans_skipped++;
         return 0;
     }
@@ -498,6 +502,7 @@ void svc_repair_on_result(struct kvp_master_service *s, struct svc_pending *p, i
              * ACTIVE are no work: a mount bumps the epoch). */
             bool clean = b->n_needs == 0 && b->in_flight == 0 && b->no_space == 0 && b->draining_objects == 0;
             r->clean_epoch = clean ? r->scan_epoch : 0;
+            r->clean_until_ms = b->under_replicated ? svc_now_ms() + 10u * SCAN_IDLE_MS : UINT64_MAX;
             on_scan(s, r, resp->repair_scan);
         }
         else if (st != KVP_ERR_NOT_LEADER)
