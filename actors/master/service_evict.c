@@ -250,12 +250,21 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
         target = usage - (uint64_t)(lowmark * (double)e->cap);
     if (e->need && e->need_bytes > target)
         target = e->need_bytes;
-    /* Quarantined bytes come back by themselves: count them as already freed. */
-    target = target > e->quar ? target - e->quar : (e->need ? 1 : 0);
+    /* Quarantined bytes come back by themselves: count them as already freed. When they cover
+     * what is needed, evict nothing: an evicted object's space is quarantined too, so it could
+     * not serve the waiting put any sooner (it used to evict one object per NO_SPACE round,
+     * each a lost cache entry). The put retries; once the quarantine is released and space is
+     * still short, the next scan sees quar == 0 and evicts. */
     if (target == 0 && !e->need)
         return;
     if (target == 0)
-        target = 1;
+        target = 1; /* a put is waiting: free at least something */
+    if (target <= e->quar) {
+        e->need = false;
+        e->need_bytes = 0;
+        return;
+    }
+    target -= e->quar;
 
     size_t n = r->n_objects;
     struct kvp_evict_cand *c = calloc(n ? n : 1, sizeof *c);
