@@ -71,6 +71,7 @@ struct kvp_cfg_client {
     char cluster_file[1024];          /* `cluster_file` */
     char local_hostname[256];         /* `local_hostname` (default 127.0.0.1) */
     uint64_t global_segment_size;     /* `global_segment_size`: embedded segment bytes, 0 = none (default 0) */
+    bool segment_prefault;            /* `segment_prefault`: populate the embedded segment in the background (default true) */
     uint64_t local_buffer_size;       /* `local_buffer_size`: bytes (default 0; accepted for Mooncake compatibility) */
     char protocol[16];                /* `protocol`: tcp|rdma (default tcp) */
     char device_name[128];            /* `device_name`: RDMA device (default "") */

@@ -105,6 +105,8 @@ static const struct kvp_cfg_key client_keys[] = {
         "this host's address (replica choice; embedded segment's data plane)"),
     NUM(C, KVP_CFG_T_SIZE, "global_segment_size", global_segment_size, 0, 64 * TIB, "0",
         "bytes of an embedded segment contributed by this process; 0 = none"),
+    BOOL(C, "segment_prefault", segment_prefault, "true",
+         "populate the embedded segment's pages on a background thread (as kvpool-segment's key)"),
     NUM(C, KVP_CFG_T_SIZE, "local_buffer_size", local_buffer_size, 0, 64 * TIB, "0",
         "accepted for Mooncake compatibility (kvpool reads into caller buffers)"),
     STR(C, "protocol", protocol, "tcp|rdma", 0, "tcp", "data-plane transport"),

@@ -237,6 +237,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         snprintf(sc.local_hostname, sizeof sc.local_hostname, "%s", c->cfg.local_hostname);
         sc.port = 0;
         sc.global_segment_size = c->cfg.global_segment_size;
+        sc.segment_prefault = c->cfg.segment_prefault;
         snprintf(sc.master_server_address, sizeof sc.master_server_address, "%s",
                  c->cfg.master_server_address);
         snprintf(sc.cluster_file, sizeof sc.cluster_file, "%s", c->cfg.cluster_file);

@@ -550,6 +550,10 @@ int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
     uint32_t id = kvp_segment_id(s);
     if (id == 0)
         return KVP_ERR_NOT_FOUND;
+    /* A draining segment takes no new data: populating the rest of its region is wasted work.
+     * Only the flag: the thread is joined where it always is, before the unmap. */
+    if (s->prefault_started)
+        atomic_store(&s->prefault_stop, true);
     uint64_t deadline = kvp_clock_now_ms() + timeout_ms;
     Kvp__Request req;
     Kvp__DrainSegmentReq d;

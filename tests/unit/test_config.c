@@ -271,6 +271,9 @@ static void test_config_set_every_type_stored(void **state)
     assert_int_equal(c.replica_num, 3);
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "global_segment_size", "4GiB"), KVP_OK);
     assert_int_equal(c.global_segment_size, 4ull << 30);
+    assert_true(c.segment_prefault); /* default, like kvpool-segment's */
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "segment_prefault", "false"), KVP_OK);
+    assert_false(c.segment_prefault);
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "transfer_timeout", "30s"), KVP_OK);
     assert_int_equal(c.transfer_timeout_ms, 30000);
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "transfer-timeout", "1500ms"), KVP_OK);
