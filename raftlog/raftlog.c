@@ -30,8 +30,9 @@
 #define RL_DEFAULT_INFLIGHT 4
 #define RL_ENTRY_SOFT_BYTES (4u << 20) /* stop adding commands to an entry past this size */
 /* A local read (kvp_raftlog_read_begin) trusts leadership the raft thread confirmed at most this
- * long ago; the raft thread re-confirms on every submission wake-up and every tick (RL_TICK_MS),
- * so two ticks let one late tick pass without sending reads to the slow path. */
+ * long ago. The raft thread re-confirms after every loop iteration (uv_check) and before every
+ * event it sends; with nothing else to do it still wakes every tick (RL_TICK_MS), so two ticks
+ * let one late tick pass without sending reads to the slow path. */
 #define RL_READ_FRESH_US (2u * RL_TICK_MS * 1000u)
 
 enum op_kind { OP_SUBMIT, OP_QUERY, OP_ADD_VOTER, OP_REMOVE, OP_TRANSFER };
@@ -106,7 +107,7 @@ struct kvp_raftlog {
 
     /* Local reads: fsm_lock is held for writing around every fsm apply and restore (glue) and
      * for reading by kvp_raftlog_read_begin..end. read_until_us (monotonic µs, 0 = none): until
-     * when a local read may trust this node's leadership; read_term: the term it was seen in. */
+     * when a local read may trust this node's leadership. */
     pthread_rwlock_t fsm_lock;
     bool fsm_lock_inited;
     _Atomic uint64_t read_until_us;
@@ -233,7 +234,6 @@ static void barrier_cb(struct raft_barrier *req, int status)
     }
     if (status == 0 && raft_state(&rl->raft) == RAFT_LEADER) {
         rl->ready_term = rl->raft.current_term;
-        read_lease_refresh(rl);
         flush_query_waiters(rl, KVP_OK);
     } else {
         flush_query_waiters(rl, KVP_ERR_NOT_LEADER);
@@ -560,7 +560,6 @@ static void on_async(uv_async_t *h)
         free(op);
     }
     pump(rl);
-    read_lease_refresh(rl);
 }
 
 static void on_tick(uv_timer_t *t)
@@ -572,7 +571,6 @@ static void on_tick(uv_timer_t *t)
         return;
     }
     check_leadership(rl);
-    read_lease_refresh(rl);
     update_info(rl);
     pump(rl); /* fails queued submits promptly after a step-down */
     if (rl->glue.snapshots_taken != rl->trimmed_at_snapshot && rl->raft.snapshot.pending.term == 0 &&
@@ -585,9 +583,9 @@ static void on_tick(uv_timer_t *t)
     }
 }
 
-/* After the I/O callbacks of every loop iteration (messages of a new term, raft's own
- * check-quorum step-down): the local-read permission follows raft's state without waiting for
- * the next tick. */
+/* After the timer and I/O callbacks of every loop iteration (messages of a new term, raft's own
+ * check-quorum step-down, a barrier applied, submissions): the local-read permission follows
+ * raft's state before the thread sleeps again. The only other refresh is in ev_send. */
 static void on_check(uv_check_t *h)
 {
     struct kvp_raftlog *rl = h->data;

@@ -348,11 +348,6 @@ fail:
     return rc;
 }
 
-/* Under mu. Wake the I/O thread only when it is polling and no wake-up is pending: while it
- * is busy it runs drive() again before it polls, and that sends the new call. Saves a write
- * (and the thread's read) per call when many threads call at once. */
-static void wake_if_polling(struct kvp_msession *s);
-
 static void wake(struct kvp_msession *s)
 {
     uint64_t one = 1;
@@ -360,6 +355,9 @@ static void wake(struct kvp_msession *s)
         kvp_log_warn(s->name, "wake: %s", strerror(errno));
 }
 
+/* Under mu. Wake the I/O thread only when it is polling and no wake-up is pending: while it
+ * is busy it runs drive() again before it polls, and that sends the new call. Saves a write
+ * (and the thread's read) per call when many threads call at once. */
 static void wake_if_polling(struct kvp_msession *s)
 {
     if (s->io_polling && !s->wake_sent) {

@@ -516,17 +516,17 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
 {
     if (p->internal) {
         on_internal_result(s, p, status, resp);
-        goto out;
+        return;
     }
     if (p->deadline_ms && svc_now_ms() > p->deadline_ms) {
         kvp_log_debug(s->actor, "req %llu: result after the caller's deadline: dropped",
                       (unsigned long long)p->req_id);
-        goto out;
+        return;
     }
     if (status != KVP_OK || kind == KVP_RAFTLOG_EV_ADMIN) {
         const char *what = status == KVP_ERR_NOT_LEADER ? "not the leader" : status ? "raft log" : NULL;
         svc_reply_status(s, p->identity, p->req_id, status, what);
-        goto out;
+        return;
     }
 
     uint64_t now = svc_now_ms();
@@ -607,6 +607,4 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
         break;
     }
     svc_reply(s, p->identity, p->req_id, resp);
-out:
-    return;
 }

@@ -371,7 +371,14 @@ static void test_raftlog_cluster_failover_restart_catches_up(void **state)
     uint64_t want_sum = 1000 * 1001 / 2 + (2001 + 2200) * 200 / 2;
     assert_int_equal(atomic_load(&c->fsm[stopped].sum), want_sum);
     assert_true(atomic_load(&c->fsm[stopped].restores) >= 1);
-    kvp_raftlog_get_info(c->rl[stopped], &in);
+    /* kvp_raftlog_get_info is refreshed on the raft thread's 20 ms tick: a snapshot installed
+     * by the leader just now shows up there at the next tick (failed once under ASan) */
+    uint64_t info_end = kvp_clock_now_ms() + 2000;
+    do {
+        kvp_raftlog_get_info(c->rl[stopped], &in);
+        if (in.snapshots_restored < 1)
+            usleep(10000);
+    } while (in.snapshots_restored < 1 && kvp_clock_now_ms() < info_end);
     assert_true(in.snapshots_restored >= 1);
 
     /* leadership transfer to the restarted node */

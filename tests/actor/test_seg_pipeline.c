@@ -17,17 +17,14 @@
 
 #include <cmocka.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "actors/segment/seg_server.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
+#include "tests/actor/seg_raw_client.h"
 #include "wire/envelope.h"
 
 #define REGION (4u << 20)
@@ -49,14 +46,8 @@ static int setup(void **state)
     if (kvp_seg_server_start(&T.srv, "127.0.0.1", 0, T.region, REGION) != KVP_OK)
         return -1;
     kvp_seg_server_set_id(T.srv, SEG_ID);
-    T.fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)kvp_seg_server_port(T.srv)),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (T.fd < 0 || connect(T.fd, (struct sockaddr *)&a, sizeof a) != 0)
-        return -1;
-    int one = 1;
-    setsockopt(T.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return 0;
+    T.fd = seg_raw_connect(kvp_seg_server_port(T.srv));
+    return T.fd < 0 ? -1 : 0;
 }
 
 static int teardown(void **state)
@@ -68,35 +59,11 @@ static int teardown(void **state)
     return 0;
 }
 
-static void send_all(const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t r = send(T.fd, p, len, MSG_NOSIGNAL);
-        assert_true(r > 0);
-        p += r;
-        len -= (size_t)r;
-    }
-}
-
-static void recv_all(void *buf, size_t len)
-{
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t r = recv(T.fd, p, len, 0);
-        assert_true(r > 0);
-        p += r;
-        len -= (size_t)r;
-    }
-}
-
 /* Append a request header (and a WRITE's payload) to buf at *at. */
 static void put_req(uint8_t *buf, size_t *at, uint8_t op, uint64_t req, uint64_t off, uint64_t len,
                     uint32_t deadline, const uint8_t *payload)
 {
-    struct kvp_frame f = {.op = op, .segment_id = SEG_ID, .req_id = req, .offset = off, .length = len,
-                          .deadline = deadline};
-    kvp_frame_encode(&f, buf + *at);
+    seg_raw_header(buf + *at, op, SEG_ID, req, off, len, deadline);
     *at += KVP_FRAME_HEADER_BYTES;
     if (op == KVP_FRAME_WRITE) {
         memcpy(buf + *at, payload, len);
@@ -106,10 +73,7 @@ static void put_req(uint8_t *buf, size_t *at, uint8_t op, uint64_t req, uint64_t
 
 static void expect(uint8_t op, uint64_t req, int status)
 {
-    uint8_t h[KVP_FRAME_HEADER_BYTES];
-    recv_all(h, sizeof h);
-    struct kvp_frame f;
-    assert_int_equal(kvp_frame_decode(h, &f), KVP_OK);
+    struct kvp_frame f = seg_raw_response(T.fd);
     assert_int_equal(f.op, op);
     assert_int_equal(f.req_id, req);
     assert_int_equal(f.status, status);
@@ -133,12 +97,12 @@ static void test_seg_pipeline_small_writes_all_answered_in_order(void **state)
         put_req(msg, &at, KVP_FRAME_WRITE, 100 + k, BASE + k * LEN, LEN, k % 2 ? dl : 0, pay + k * LEN);
     }
     put_req(msg, &at, KVP_FRAME_READ, 999, BASE + (N - 1) * LEN, LEN, 0, NULL);
-    send_all(msg, at);
+    seg_raw_send_all(T.fd, msg, at);
     for (size_t k = 0; k < N; k++)
         expect(KVP_FRAME_WRITE_RESP, 100 + k, KVP_OK);
     expect(KVP_FRAME_READ_RESP, 999, KVP_OK);
     uint8_t back[LEN];
-    recv_all(back, sizeof back);
+    seg_raw_recv_all(T.fd, back, sizeof back);
     assert_memory_equal(back, pay + (N - 1) * LEN, LEN);
     assert_memory_equal(T.region + BASE, pay, (size_t)N * LEN);
     assert_int_equal(T.region[BASE - 1], 0);
@@ -163,15 +127,15 @@ static void test_seg_pipeline_read_answer_leaves_before_later_write(void **state
     put_req(msg, &at, KVP_FRAME_READ, 2, OFF, LEN, 0, NULL);
     put_req(msg, &at, KVP_FRAME_WRITE, 3, OFF, LEN, dl, b);
     put_req(msg, &at, KVP_FRAME_READ, 4, OFF, LEN, 0, NULL);
-    send_all(msg, at);
+    seg_raw_send_all(T.fd, msg, at);
     uint8_t back[LEN];
     expect(KVP_FRAME_WRITE_RESP, 1, KVP_OK);
     expect(KVP_FRAME_READ_RESP, 2, KVP_OK);
-    recv_all(back, LEN);
+    seg_raw_recv_all(T.fd, back, LEN);
     assert_memory_equal(back, a, LEN);
     expect(KVP_FRAME_WRITE_RESP, 3, KVP_OK);
     expect(KVP_FRAME_READ_RESP, 4, KVP_OK);
-    recv_all(back, LEN);
+    seg_raw_recv_all(T.fd, back, LEN);
     assert_memory_equal(back, b, LEN);
 }
 
@@ -190,9 +154,9 @@ static void stop_and_wait(uint64_t req, uint64_t off, uint32_t deadline)
     size_t at = 0;
     put_req(msg, &at, KVP_FRAME_WRITE, req, off, LEN, deadline, p1);
     put_req(msg, &at, KVP_FRAME_WRITE, req + 1, off + LEN, LEN, deadline, p2);
-    send_all(msg, at - LEN / 2);
+    seg_raw_send_all(T.fd, msg, at - LEN / 2);
     expect(KVP_FRAME_WRITE_RESP, req, KVP_OK);
-    send_all(msg + at - LEN / 2, LEN / 2);
+    seg_raw_send_all(T.fd, msg + at - LEN / 2, LEN / 2);
     expect(KVP_FRAME_WRITE_RESP, req + 1, KVP_OK);
     assert_memory_equal(T.region + off, p1, LEN);
     assert_memory_equal(T.region + off + LEN, p2, LEN);

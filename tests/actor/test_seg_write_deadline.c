@@ -15,20 +15,18 @@
 
 #include <cmocka.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "actors/segment/seg_server.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
+#include "tests/actor/seg_raw_client.h"
 #include "wire/envelope.h"
 
 #define REGION (1u << 20)
+#define SEG_ID 9
 #define OLD(i) ((uint8_t)((i) * 7u + 3u))
 #define NEW(i) ((uint8_t)((i) * 13u + 5u))
 
@@ -48,15 +46,9 @@ static int setup(void **state)
         T.region[i] = OLD(i);
     if (kvp_seg_server_start(&T.srv, "127.0.0.1", 0, T.region, REGION) != KVP_OK)
         return -1;
-    kvp_seg_server_set_id(T.srv, 9);
-    T.fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)kvp_seg_server_port(T.srv)),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (T.fd < 0 || connect(T.fd, (struct sockaddr *)&a, sizeof a) != 0)
-        return -1;
-    int one = 1;
-    setsockopt(T.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return 0;
+    kvp_seg_server_set_id(T.srv, SEG_ID);
+    T.fd = seg_raw_connect(kvp_seg_server_port(T.srv));
+    return T.fd < 0 ? -1 : 0;
 }
 
 static int teardown(void **state)
@@ -66,44 +58,6 @@ static int teardown(void **state)
     kvp_seg_server_stop(&T.srv);
     free(T.region);
     return 0;
-}
-
-static void send_all(const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t r = send(T.fd, p, len, MSG_NOSIGNAL);
-        assert_true(r > 0);
-        p += r;
-        len -= (size_t)r;
-    }
-}
-
-static void recv_all(void *buf, size_t len)
-{
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t r = recv(T.fd, p, len, 0);
-        assert_true(r > 0);
-        p += r;
-        len -= (size_t)r;
-    }
-}
-
-static void header(uint8_t *out, uint8_t op, uint64_t req, uint64_t off, uint64_t len, uint32_t deadline)
-{
-    struct kvp_frame f = {.op = op, .segment_id = 9, .req_id = req, .offset = off, .length = len,
-                          .deadline = deadline};
-    kvp_frame_encode(&f, out);
-}
-
-static struct kvp_frame response(void)
-{
-    uint8_t h[KVP_FRAME_HEADER_BYTES];
-    recv_all(h, sizeof h);
-    struct kvp_frame f;
-    assert_int_equal(kvp_frame_decode(h, &f), KVP_OK);
-    return f;
 }
 
 static void test_seg_write_deadline_paced_payload_lands(void **state)
@@ -116,29 +70,29 @@ static void test_seg_write_deadline_paced_payload_lands(void **state)
         pay[i] = NEW(i);
     uint32_t dl = kvp_frame_deadline_make(kvp_clock_wall_ms() + 20000);
     uint8_t msg[KVP_FRAME_HEADER_BYTES + PART];
-    header(msg, KVP_FRAME_WRITE, 1, OFF, LEN, dl);
+    seg_raw_header(msg, KVP_FRAME_WRITE, SEG_ID, 1, OFF, LEN, dl);
     memcpy(msg + KVP_FRAME_HEADER_BYTES, pay, PART); /* header and the first bytes together */
-    send_all(msg, sizeof msg);
+    seg_raw_send_all(T.fd, msg, sizeof msg);
     usleep(100 * 1000);
-    send_all(pay + PART, LEN / 2 - PART);
+    seg_raw_send_all(T.fd, pay + PART, LEN / 2 - PART);
     usleep(100 * 1000);
     /* the rest of the payload and a pipelined READ of what it wrote, in one send */
     size_t rest = LEN - LEN / 2;
     uint8_t *tail = malloc(rest + KVP_FRAME_HEADER_BYTES);
     assert_non_null(tail);
     memcpy(tail, pay + LEN / 2, rest);
-    header(tail + rest, KVP_FRAME_READ, 2, OFF, 64, 0);
-    send_all(tail, rest + KVP_FRAME_HEADER_BYTES);
-    struct kvp_frame w = response();
+    seg_raw_header(tail + rest, KVP_FRAME_READ, SEG_ID, 2, OFF, 64, 0);
+    seg_raw_send_all(T.fd, tail, rest + KVP_FRAME_HEADER_BYTES);
+    struct kvp_frame w = seg_raw_response(T.fd);
     assert_int_equal(w.op, KVP_FRAME_WRITE_RESP);
     assert_int_equal(w.req_id, 1);
     assert_int_equal(w.status, KVP_OK);
-    struct kvp_frame r = response();
+    struct kvp_frame r = seg_raw_response(T.fd);
     assert_int_equal(r.op, KVP_FRAME_READ_RESP);
     assert_int_equal(r.req_id, 2);
     assert_int_equal(r.status, KVP_OK);
     uint8_t back[64];
-    recv_all(back, sizeof back);
+    seg_raw_recv_all(T.fd, back, sizeof back);
     assert_memory_equal(back, pay, sizeof back);
     assert_memory_equal(T.region + OFF, pay, LEN);
     assert_int_equal(T.region[OFF - 1], OLD(OFF - 1));
@@ -158,13 +112,13 @@ static void test_seg_write_deadline_stalled_payload_lands_nothing_late(void **st
     uint64_t t0 = kvp_clock_wall_ms();
     uint32_t dl = kvp_frame_deadline_make(t0 + 1500); /* > 500 ms: starts on the blocking path */
     uint8_t h[KVP_FRAME_HEADER_BYTES];
-    header(h, KVP_FRAME_WRITE, 3, OFF, LEN, dl);
-    send_all(h, sizeof h);
-    send_all(pay, EARLY);
+    seg_raw_header(h, KVP_FRAME_WRITE, SEG_ID, 3, OFF, LEN, dl);
+    seg_raw_send_all(T.fd, h, sizeof h);
+    seg_raw_send_all(T.fd, pay, EARLY);
     while (kvp_clock_wall_ms() < t0 + 1700) /* past the deadline */
         usleep(20 * 1000);
-    send_all(pay + EARLY, LEN - EARLY);
-    struct kvp_frame w = response();
+    seg_raw_send_all(T.fd, pay + EARLY, LEN - EARLY);
+    struct kvp_frame w = seg_raw_response(T.fd);
     assert_int_equal(w.op, KVP_FRAME_WRITE_RESP);
     assert_int_equal(w.req_id, 3);
     assert_int_equal(w.status, KVP_ERR_TIMEOUT);
@@ -176,13 +130,13 @@ static void test_seg_write_deadline_stalled_payload_lands_nothing_late(void **st
             assert_int_equal(T.region[OFF + i], OLD(OFF + i));
     }
     /* the connection still serves requests: the late payload was drained, not parsed */
-    header(h, KVP_FRAME_READ, 4, OFF + EARLY, 16, 0);
-    send_all(h, sizeof h);
-    struct kvp_frame r = response();
+    seg_raw_header(h, KVP_FRAME_READ, SEG_ID, 4, OFF + EARLY, 16, 0);
+    seg_raw_send_all(T.fd, h, sizeof h);
+    struct kvp_frame r = seg_raw_response(T.fd);
     assert_int_equal(r.req_id, 4);
     assert_int_equal(r.status, KVP_OK);
     uint8_t back[16];
-    recv_all(back, sizeof back);
+    seg_raw_recv_all(T.fd, back, sizeof back);
     for (size_t i = 0; i < sizeof back; i++)
         assert_int_equal(back[i], OLD(OFF + EARLY + i));
     free(pay);
