@@ -45,6 +45,8 @@ struct kvp_xfer_stats {
     uint64_t fenced;        /* pieces fenced (timeout or close) before they completed */
     uint64_t fence_failed;  /* pieces a transport could not fence within fence_bound_ms */
     uint64_t stray_bytes;   /* bytes that arrived for fenced READs and were drained into scratch */
+    uint64_t spec_pieces;   /* READ payloads received by a readv that began before their header */
+    uint64_t pushbacks;     /* error answers found behind a speculative readv (bytes parsed again) */
 };
 
 struct kvp_xfer_engine;

@@ -86,6 +86,8 @@ struct xfer_conn {
     uint64_t rgot;              /* payload bytes of rpiece received */
     uint8_t rhdr[KVP_FRAME_HEADER_BYTES];
     size_t rhdr_got;
+    uint8_t *pb;                /* pushback: response bytes a speculative readv misplaced (conn_recv) */
+    size_t pb_len, pb_off;      /* bytes in pb, bytes of them already parsed */
     bool close_pending;         /* fencing found a piece mid-send: close after the fence pass */
     bool paused;                /* fault LATE: not reading until pause_until_ns / release */
     uint64_t pause_until_ns;
@@ -141,10 +143,12 @@ struct kvp_xfer_engine {
     struct xfer_batch *active;
     struct xfer_peer *io_peers;
     uint8_t *scratch;
+    uint8_t spec_hdr[XFER_MAX_IOV][KVP_FRAME_HEADER_BYTES]; /* headers of speculative reads (conn_recv) */
     struct xfer_list held;      /* pieces held by fault rules */
 
     /* counters (relaxed atomics) */
     uint64_t st_batches, st_slices, st_timeouts, st_fenced, st_fence_failed, st_stray;
+    uint64_t st_spec, st_pushback;
 
     /* local transport */
     pthread_rwlock_t local_lock;

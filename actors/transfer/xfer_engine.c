@@ -192,6 +192,9 @@ static void conn_fail(struct kvp_xfer_engine *e, struct xfer_conn *c, int status
     c->rgot = 0;
     c->rhdr_got = 0;
     c->load = 0;
+    free(c->pb);
+    c->pb = NULL;
+    c->pb_len = c->pb_off = 0;
 }
 
 static void conn_connect(struct kvp_xfer_engine *e, struct xfer_conn *c)
@@ -311,14 +314,88 @@ static bool conn_on_header(struct kvp_xfer_engine *e, struct xfer_conn *c)
     return true;
 }
 
-/* Read what the socket has. Returns false if the conn failed. */
+/* Fully received response header `h` is the one READ piece q expects: OK, with q's length. */
+static bool header_expected(const uint8_t *h, const struct xfer_piece *q)
+{
+    struct kvp_frame f;
+    return kvp_frame_decode(h, &f) == KVP_OK && f.req_id == q->req_id && f.op == KVP_FRAME_READ_RESP &&
+           f.status == 0 && f.length == q->length;
+}
+
+/* Serve a "read" from the connection's pushback bytes instead of the socket (see conn_recv). */
+static size_t pushback_copy(struct xfer_conn *c, const struct iovec *iov, int cnt)
+{
+    size_t n = 0;
+    for (int k = 0; k < cnt && c->pb_off < c->pb_len; k++) {
+        size_t left = c->pb_len - c->pb_off;
+        size_t take = iov[k].iov_len < left ? iov[k].iov_len : left;
+        memcpy(iov[k].iov_base, c->pb + c->pb_off, take);
+        c->pb_off += take;
+        n += take;
+        if (take < iov[k].iov_len)
+            break;
+    }
+    if (c->pb_off == c->pb_len) {
+        free(c->pb);
+        c->pb = NULL;
+        c->pb_len = c->pb_off = 0;
+    }
+    return n;
+}
+
+/*
+ * Keep the `n` bytes that follow stream position `from` of the iov list as pushback: a
+ * speculative readv put them where the response turned out not to go. Called before any piece
+ * whose memory holds them is finished (after a finish the caller may free that memory).
+ */
+static bool pushback_keep(struct xfer_conn *c, const struct iovec *iov, int cnt, uint64_t from, uint64_t n)
+{
+    if (n == 0)
+        return true;
+    c->pb = malloc(n);
+    if (!c->pb)
+        return false;
+    c->pb_len = n;
+    c->pb_off = 0;
+    uint64_t pos = 0, out = 0;
+    for (int k = 0; k < cnt && out < n; k++) {
+        uint64_t a = pos, b = pos + iov[k].iov_len;
+        pos = b;
+        if (b <= from)
+            continue;
+        uint64_t lo = a > from ? a : from;
+        uint64_t take = b - lo < n - out ? b - lo : n - out;
+        memcpy(c->pb + out, (uint8_t *)iov[k].iov_base + (lo - a), take);
+        out += take;
+    }
+    return true;
+}
+
+/*
+ * Read what the socket has. Returns false if the conn failed.
+ *
+ * Responses come back in request order, and a READ piece knows the payload length its OK answer
+ * carries. So after the header being read, the readv also asks for the payloads of the READs in
+ * flight behind it, each straight into its caller memory, with their headers between them
+ * (speculation; up to XFER_MAX_IOV iovecs): a pipelined batch of small READs costs one readv,
+ * not one per piece. Only pieces that are not terminal (the fence check), carry no fault rule
+ * and are fully sent take part. Every header read that way is checked before its payload counts;
+ * the first one that is not the expected OK answer (an error status) is handled as usual, and
+ * the bytes read after it were read into the wrong place: they are copied to the connection's
+ * pushback buffer, before any piece holding them is finished, and parsed from there first. That
+ * copy happens only after an error answer; the speculative bytes written into that piece's memory
+ * are overwritten or belong to a slot that ends in an error, and nothing lands outside a piece's
+ * [local, local + length) or in the memory of a terminal piece.
+ */
 static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
 {
-    for (int rounds = 0; rounds < 64; rounds++) {
-        struct iovec iov[2];
-        int cnt = 0;
+    for (int rounds = 0; rounds < 64 || c->pb; rounds++) {
+        struct iovec iov[XFER_MAX_IOV];
+        struct xfer_piece *spec[XFER_MAX_IOV];
+        int cnt = 0, nspec = 0;
         uint64_t pay_want = 0;
         bool to_caller = false;
+        bool hdr_last = false; /* the iov list ends with (the rest of) c->rhdr */
         if (c->rpiece) {
             struct xfer_piece *p = c->rpiece;
             uint64_t rem = p->length - c->rgot;
@@ -331,8 +408,10 @@ static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
                 pay_want = rem < XFER_SCRATCH_BYTES ? rem : XFER_SCRATCH_BYTES;
                 iov[cnt++] = (struct iovec){e->scratch, pay_want};
             }
-            if (pay_want == rem)
+            if (pay_want == rem) {
                 iov[cnt++] = (struct iovec){c->rhdr, KVP_FRAME_HEADER_BYTES};
+                hdr_last = true;
+            }
         } else {
 #ifdef KVP_FAULT_INJECTION
             /* Fault LATE on a READ: its response waits in the socket (as a delayed completion
@@ -350,11 +429,36 @@ static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
             }
 #endif
             iov[cnt++] = (struct iovec){c->rhdr + c->rhdr_got, KVP_FRAME_HEADER_BYTES - c->rhdr_got};
+            hdr_last = true;
+        }
+        uint64_t base_want = 0;
+        for (int k = 0; k < cnt; k++)
+            base_want += iov[k].iov_len;
+        int base_cnt = cnt;
+        /* Speculation (not while pushback bytes come first): spec[j]'s payload, then the header
+         * of spec[j + 1] in e->spec_hdr[j], ... The header of spec[0] is c->rhdr. */
+        if (hdr_last && !c->pb) {
+            struct xfer_piece *q = c->inflight.head;
+            while (q && q->op == KVP_XFER_READ && q->batch && !q->fault && q->where == PIECE_INFLIGHT &&
+                   cnt + 1 <= XFER_MAX_IOV) {
+                iov[cnt++] = (struct iovec){q->local, q->length};
+                spec[nspec++] = q;
+                struct xfer_piece *nq = q->next;
+                if (!nq || nq->op != KVP_XFER_READ || !nq->batch || nq->fault || nq->where != PIECE_INFLIGHT ||
+                    cnt + 2 > XFER_MAX_IOV)
+                    break;
+                iov[cnt++] = (struct iovec){e->spec_hdr[nspec - 1], KVP_FRAME_HEADER_BYTES};
+                q = nq;
+            }
         }
         uint64_t want = 0;
         for (int k = 0; k < cnt; k++)
             want += iov[k].iov_len;
-        ssize_t r = readv(c->fd, iov, cnt);
+        ssize_t r;
+        if (c->pb)
+            r = (ssize_t)pushback_copy(c, iov, cnt);
+        else
+            r = readv(c->fd, iov, cnt);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -369,7 +473,8 @@ static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
             conn_fail(e, c, KVP_ERR_TRANSFER, "closed by the segment");
             return false;
         }
-        uint64_t got = (uint64_t)r;
+        uint64_t got = (uint64_t)r < base_want ? (uint64_t)r : base_want;
+        uint64_t sgot = (uint64_t)r - got; /* bytes that went to the speculative iovecs */
         if (c->rpiece) {
             uint64_t pay = got < pay_want ? got : pay_want;
             if (!to_caller)
@@ -387,8 +492,53 @@ static bool conn_recv(struct kvp_xfer_engine *e, struct xfer_conn *c)
         } else {
             c->rhdr_got += (size_t)got;
         }
-        if (!c->rpiece && c->rhdr_got == KVP_FRAME_HEADER_BYTES && !conn_on_header(e, c))
-            return false;
+        if (sgot == 0) {
+            if (!c->rpiece && c->rhdr_got == KVP_FRAME_HEADER_BYTES && !conn_on_header(e, c))
+                return false;
+        } else {
+            /* c->rhdr is complete (speculative bytes follow it); spec[0] answers it. */
+            uint64_t pos = 0; /* offset in the speculative bytes */
+            for (int j = 0; j < nspec; j++) {
+                if (j > 0)
+                    memcpy(c->rhdr, e->spec_hdr[j - 1], KVP_FRAME_HEADER_BYTES);
+                c->rhdr_got = KVP_FRAME_HEADER_BYTES;
+                if (!header_expected(c->rhdr, spec[j])) {
+                    /* Everything after this header was read into the wrong place. */
+                    if (!pushback_keep(c, iov + base_cnt, cnt - base_cnt, pos, sgot - pos)) {
+                        conn_fail(e, c, KVP_ERR_TRANSFER, "out of memory for a pushback buffer");
+                        return false;
+                    }
+                    if (c->pb)
+                        STAT_ADD(e, st_pushback, 1);
+                    if (!conn_on_header(e, c))
+                        return false;
+                    break;
+                }
+                if (!conn_on_header(e, c)) /* sets c->rpiece = spec[j] */
+                    return false;
+                uint64_t pay = sgot - pos < spec[j]->length ? sgot - pos : spec[j]->length;
+                pos += pay;
+                c->rgot = pay;
+                if (pay < spec[j]->length)
+                    break; /* the rest of this payload comes with the next read */
+                c->rpiece = NULL;
+                c->rgot = 0;
+                STAT_ADD(e, st_spec, 1);
+                piece_finish(e, spec[j], KVP_OK);
+                piece_free(spec[j]);
+                uint64_t hb = sgot - pos < KVP_FRAME_HEADER_BYTES ? sgot - pos : KVP_FRAME_HEADER_BYTES;
+                if (j + 1 == nspec || hb < KVP_FRAME_HEADER_BYTES) {
+                    if (j + 1 < nspec) {
+                        memcpy(c->rhdr, e->spec_hdr[j], (size_t)hb);
+                        c->rhdr_got = (size_t)hb;
+                    }
+                    break;
+                }
+                pos += KVP_FRAME_HEADER_BYTES;
+            }
+        }
+        if (c->pb)
+            continue; /* parse the pushback bytes first: epoll does not know of them */
         /* A short read drained the socket, and with nothing in flight nothing more is due:
          * wait for epoll (level-triggered) instead of a readv that would answer EAGAIN. */
         if ((uint64_t)r < want || (!c->rpiece && !c->inflight.head && c->rhdr_got == 0))
@@ -861,6 +1011,8 @@ void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out)
     out->fenced = __atomic_load_n(&e->st_fenced, __ATOMIC_RELAXED);
     out->fence_failed = __atomic_load_n(&e->st_fence_failed, __ATOMIC_RELAXED);
     out->stray_bytes = __atomic_load_n(&e->st_stray, __ATOMIC_RELAXED);
+    out->spec_pieces = __atomic_load_n(&e->st_spec, __ATOMIC_RELAXED);
+    out->pushbacks = __atomic_load_n(&e->st_pushback, __ATOMIC_RELAXED);
 }
 
 void kvp_xfer_engine_stop(struct kvp_xfer_engine *e)
