@@ -1,33 +1,38 @@
 /*
  * checksum.c — the object checksum (XXH3-64 of the concatenated iov pieces) every put computes
- * and every get verifies (contract: DESIGN.md C1). On x86-64 CPUs with AVX2 the AVX2 build in
- * checksum_avx2.c runs (same values, faster); otherwise the system libxxhash.
+ * and every get verifies (contract: DESIGN.md C1). On x86-64 CPUs with AVX-512F the build in
+ * checksum_avx512.c runs, with AVX2 the one in checksum_avx2.c (same values, faster); otherwise
+ * the system libxxhash.
  */
 #include <stdbool.h>
 #include <xxhash.h>
 
 #include "actors/client/client.h"
 
-#if defined(__x86_64__)
-uint64_t kvp_client_checksum_avx2(const kvp_iov *iov, size_t iovcnt, uint64_t size);
-
-static bool have_avx2(void)
+int kvp_client_checksum_simd_level(void)
 {
-    static int known; /* 0 unknown, 1 no, 2 yes; racing first calls compute the same answer */
+#if defined(__x86_64__)
+    static int known; /* 0 unknown, else level + 1; racing first calls compute the same answer */
     int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
     if (k == 0) {
         __builtin_cpu_init();
-        k = __builtin_cpu_supports("avx2") ? 2 : 1;
+        /* libgcc reports AVX-512F only when the OS also saves the zmm state (XCR0). */
+        k = __builtin_cpu_supports("avx512f") ? 3 : __builtin_cpu_supports("avx2") ? 2 : 1;
         __atomic_store_n(&known, k, __ATOMIC_RELAXED);
     }
-    return k == 2;
-}
+    return k - 1;
+#else
+    return 0;
 #endif
+}
 
 uint64_t kvp_client_checksum(const kvp_iov *iov, size_t iovcnt, uint64_t size)
 {
 #if defined(__x86_64__)
-    if (have_avx2())
+    int level = kvp_client_checksum_simd_level();
+    if (level == 2)
+        return kvp_client_checksum_avx512(iov, iovcnt, size);
+    if (level == 1)
         return kvp_client_checksum_avx2(iov, iovcnt, size);
 #endif
     if (iovcnt >= 1 && iov[0].len >= size)

@@ -60,6 +60,14 @@ int kvp_client_rpc(struct kvp_client *c, Kvp__Request *req, uint64_t deadline_ms
 
 /** XXH3-64 of the first `size` bytes of the concatenation of iov[0..iovcnt-1]. */
 uint64_t kvp_client_checksum(const kvp_iov *iov, size_t iovcnt, uint64_t size);
+#if defined(__x86_64__)
+/* The SIMD builds kvp_client_checksum dispatches to (checksum_avx2.c, checksum_avx512.c); call
+ * one only when kvp_client_checksum_simd_level() is at least its level (1 AVX2, 2 AVX-512F). */
+uint64_t kvp_client_checksum_avx2(const kvp_iov *iov, size_t iovcnt, uint64_t size);
+uint64_t kvp_client_checksum_avx512(const kvp_iov *iov, size_t iovcnt, uint64_t size);
+#endif
+/* 0 portable, 1 AVX2, 2 AVX-512F: the build kvp_client_checksum uses on this CPU. */
+int kvp_client_checksum_simd_level(void);
 
 /** Put flows (batch_put.c): results[i] per object. */
 void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,

@@ -1,6 +1,6 @@
 /* test_client_checksum.c — the object checksum (actors/client/checksum.c) equals the system
- * libxxhash's XXH3-64 of the concatenated bytes, whatever build runs (AVX2 or portable) and
- * however the object is cut into iov pieces. */
+ * libxxhash's XXH3-64 of the concatenated bytes, whatever build runs (AVX-512F, AVX2 or
+ * portable) and however the object is cut into iov pieces. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,7 +38,20 @@ static void test_client_checksum_matches_xxh3(void **state)
         size_t a = n / 3, b = n / 2;
         kvp_iov parts[4] = {{buf, a}, {buf + a, 0}, {buf + a, b - a}, {buf + b, n - b}};
         assert_true(kvp_client_checksum(parts, 4, n) == want);
+#if defined(__x86_64__)
+        /* every SIMD build this CPU can run, not only the one the dispatcher picks */
+        int level = kvp_client_checksum_simd_level();
+        if (level >= 1) {
+            assert_true(kvp_client_checksum_avx2(&one, 1, n) == want);
+            assert_true(kvp_client_checksum_avx2(parts, 4, n) == want);
+        }
+        if (level >= 2) {
+            assert_true(kvp_client_checksum_avx512(&one, 1, n) == want);
+            assert_true(kvp_client_checksum_avx512(parts, 4, n) == want);
+        }
+#endif
     }
+    print_message("checksum build in use: %s\n", (const char *[]){"portable", "AVX2", "AVX-512F"}[kvp_client_checksum_simd_level()]);
     free(buf);
 }
 
