@@ -44,6 +44,7 @@ struct rl_op {
     uint64_t id;          /* admin target */
     char addr[256];       /* add_voter */
     size_t len;           /* data bytes */
+    uint64_t queued_us;   /* monotonic time of enqueue (submit latency counters) */
     struct rl_op *next;
     uint8_t data[];
 };
@@ -104,6 +105,7 @@ struct kvp_raftlog {
     unsigned max_inflight;
     uint64_t trimmed_at_snapshot; /* glue.snapshots_taken at the last malloc_trim */
     uint32_t group_max;
+    uint64_t cmd_queue_us_total; /* submit → raft_apply, summed over proposed commands */
 
     /* Local reads: fsm_lock is held for writing around every fsm apply and restore (glue) and
      * for reading by kvp_raftlog_read_begin..end. read_until_us (monotonic µs, 0 = none): until
@@ -182,6 +184,11 @@ static void update_info(struct kvp_raftlog *rl)
     in->commit_us_total = rl->glue.commit_us_total;
     in->snapshots_by_bytes = rl->glue.snapshots_by_bytes;
     in->log_bytes = rl->glue.log_bytes;
+    in->cmds_committed = rl->glue.cmds_committed;
+    in->cmd_queue_us_total = rl->cmd_queue_us_total;
+    in->cmd_commit_us_total = rl->glue.cmd_commit_us_total;
+    in->entries_stored = rl->glue.entries_stored;
+    in->store_us_total = rl->glue.store_us_total;
     pthread_mutex_unlock(&rl->mu);
 }
 
@@ -315,12 +322,15 @@ static void pump(struct kvp_raftlog *rl)
             op = op->next;
         }
         int rc = kvp_rl_glue_propose(&rl->glue, corrs, cmds, n);
+        uint64_t now = rc == KVP_OK ? kvp_clock_now_us() : 0;
         /* Either way these ops are done with: on success results come through the glue. */
         for (uint32_t i = 0; i < n; i++) {
             struct rl_op *o = rl->pend_head;
             rl->pend_head = o->next;
             if (rc != KVP_OK)
                 ev_send(rl, KVP_RAFTLOG_EV_APPLIED, o->corr, rc, NULL, 0);
+            else
+                rl->cmd_queue_us_total += now - o->queued_us;
             free(o);
         }
         if (rl->pend_head == NULL)
@@ -585,12 +595,15 @@ static void on_tick(uv_timer_t *t)
 
 /* After the timer and I/O callbacks of every loop iteration (messages of a new term, raft's own
  * check-quorum step-down, a barrier applied, submissions): the local-read permission follows
- * raft's state before the thread sleeps again. The only other refresh is in ev_send. */
+ * raft's state before the thread sleeps again. The only other refresh is in ev_send. Also
+ * where the in-flight entries that reached the local log are timed (a store completes in an
+ * I/O callback of this iteration). */
 static void on_check(uv_check_t *h)
 {
     struct kvp_raftlog *rl = h->data;
     if (!rl->raft_closing)
         read_lease_refresh(rl);
+    kvp_rl_glue_note_stored(&rl->glue);
 }
 
 /* ---- thread ---- */
@@ -961,6 +974,7 @@ static int enqueue(struct kvp_raftlog *rl, enum op_kind kind, uint64_t corr, uin
         snprintf(op->addr, sizeof(op->addr), "%s", addr);
     op->len = len;
     op->next = NULL;
+    op->queued_us = kind == OP_SUBMIT ? kvp_clock_now_us() : 0;
     if (len > 0)
         memcpy(op->data, data, len);
     pthread_mutex_lock(&rl->mu);

@@ -171,6 +171,16 @@ struct kvp_raftlog_info {
     uint64_t commit_us_total;   /* their summed raft_apply → applied time, microseconds */
     uint64_t snapshots_by_bytes; /* snapshots triggered by snapshot_log_bytes */
     uint64_t log_bytes;          /* payload bytes applied since the last snapshot */
+    /* Where a command's time goes on the leader, summed in microseconds. Per proposed command
+     * (cmds_proposed): kvp_raftlog_submit → raft_apply (the raft thread's wake-up, the
+     * in-flight cap, raft_apply's own work). Per command of its committed entries:
+     * raft_apply → applied. Per entry: raft_apply → stored in this node's log (only entries
+     * stored before they were applied; with two faster followers an entry can commit first). */
+    uint64_t cmd_queue_us_total;
+    uint64_t cmds_committed;
+    uint64_t cmd_commit_us_total;
+    uint64_t entries_stored;
+    uint64_t store_us_total;
 };
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 

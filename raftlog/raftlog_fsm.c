@@ -80,8 +80,11 @@ static void apply_cb(struct raft_apply *req, int status, void *result)
     struct kvp_rl_glue *g = f->glue;
     inflight_unlink(g, f);
     if (f->delivered && status == 0) {
+        uint64_t us = kvp_clock_now_us() - f->proposed_us;
         g->entries_committed++;
-        g->commit_us_total += kvp_clock_now_us() - f->proposed_us;
+        g->commit_us_total += us;
+        g->cmds_committed += f->n;
+        g->cmd_commit_us_total += us * f->n;
     }
     if (!f->delivered) {
         int st = status == 0 ? KVP_ERR_INTERNAL : kvp_rl_err_from_raft(status);
@@ -128,6 +131,7 @@ int kvp_rl_glue_propose(struct kvp_rl_glue *g, const uint64_t *corrs, const stru
     f->entry_base = payload;
     f->n = n;
     f->delivered = false;
+    f->stored = false;
     f->proposed_us = kvp_clock_now_us();
     memcpy(f->corrs, corrs, (size_t)n * sizeof(uint64_t));
     /* Link before raft_apply: with an in-memory io raft may apply synchronously. */
@@ -148,6 +152,23 @@ int kvp_rl_glue_propose(struct kvp_rl_glue *g, const uint64_t *corrs, const stru
     g->entries_proposed++;
     g->cmds_proposed += n;
     return KVP_OK;
+}
+
+void kvp_rl_glue_note_stored(struct kvp_rl_glue *g)
+{
+    if (g->raft == NULL || g->inflight == NULL)
+        return;
+    raft_index stored = g->raft->last_stored;
+    uint64_t now = 0;
+    for (struct kvp_rl_inflight *f = g->inflight; f != NULL; f = f->next) {
+        if (f->stored || f->req.index == 0 || f->req.index > stored)
+            continue;
+        f->stored = true;
+        if (now == 0)
+            now = kvp_clock_now_us();
+        g->entries_stored++;
+        g->store_us_total += now - f->proposed_us;
+    }
 }
 
 /* ---- raft_fsm ---- */

@@ -41,6 +41,7 @@ struct kvp_rl_inflight {
     const void *entry_base;         /* payload handed to raft (raft owns it) */
     uint32_t n;                     /* commands in the entry */
     bool delivered;                 /* results already sent by fsm apply */
+    bool stored;                    /* seen in the local log (raft.last_stored), store_us counted */
     uint64_t proposed_us;           /* monotonic time of raft_apply (commit latency) */
     struct kvp_rl_inflight *next;
     uint64_t corrs[];               /* n correlation ids, command order */
@@ -78,6 +79,10 @@ struct kvp_rl_glue {
     bool snap_forced;               /* the threshold is lowered to 1 */
     uint64_t snapshots_by_bytes;
     uint64_t commit_us_total;       /* sum over those of raft_apply → applied, microseconds */
+    uint64_t cmds_committed;        /* commands of those entries */
+    uint64_t cmd_commit_us_total;   /* per command: raft_apply → applied */
+    uint64_t entries_stored;        /* own entries seen stored locally before they applied */
+    uint64_t store_us_total;        /* raft_apply → stored, summed over those */
     uint64_t snapshots_taken;
     uint64_t snapshots_restored;
 };
@@ -94,6 +99,11 @@ void kvp_rl_glue_fini(struct kvp_rl_glue *g);
  */
 int kvp_rl_glue_propose(struct kvp_rl_glue *g, const uint64_t *corrs, const struct kvp_rl_cmd *cmds,
                         uint32_t n);
+
+/** Mark the in-flight entries raft has stored in the local log (raft.last_stored) and count
+ * their raft_apply → stored time. Cheap (walks at most the in-flight cap); the raft thread
+ * calls it after every loop iteration. */
+void kvp_rl_glue_note_stored(struct kvp_rl_glue *g);
 
 /** Map a raft error code (RAFT_*) to a kvp_err. */
 int kvp_rl_err_from_raft(int rv);

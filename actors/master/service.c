@@ -153,6 +153,7 @@ struct svc_pending *svc_pending_new(struct kvp_master_service *s, zframe_t *iden
         return NULL;
     p->corr = s->next_corr++;
     p->created_ms = svc_now_ms();
+    p->recv_us = identity ? s->cur_recv_us : 0;
     if (identity) {
         p->identity = zframe_dup(identity);
         if (!p->identity) {
@@ -205,6 +206,8 @@ int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command
     if (buf && (rc = pending_track(s, p)) == KVP_OK) {
         protobuf_c_message_pack(&cmd->base, buf);
         rc = kvp_raftlog_submit(s->rl, p->corr, buf, len);
+        if (rc == KVP_OK && p->recv_us)
+            p->submit_us = kvp_clock_now_us();
     }
     free(buf);
     if (rc != KVP_OK)
@@ -284,6 +287,7 @@ static int on_router_readable(zloop_t *loop, zsock_t *sock, void *arg)
         zmsg_t *msg = zmsg_recv_nowait(sock);
         if (!msg)
             break;
+        s->cur_recv_us = kvp_clock_now_us();
         zframe_t *identity = zmsg_pop(msg);
         zframe_t *body = zmsg_pop(msg);
         if (!identity || !body || zmsg_size(msg) != 0) {
@@ -302,6 +306,7 @@ static int on_router_readable(zloop_t *loop, zsock_t *sock, void *arg)
         zframe_destroy(&body);
         zmsg_destroy(&msg);
     }
+    s->cur_recv_us = 0;
     return 0;
 }
 
@@ -344,7 +349,14 @@ static int on_raftlog_event(zloop_t *loop, zsock_t *sock, void *arg)
                 kvp_log_debug(s->actor, "raftlog result for unknown corr %llu", (unsigned long long)corr);
             } else {
                 struct svc_pending *p = (struct svc_pending *)(uintptr_t)v;
+                uint64_t t_ev = p->submit_us ? kvp_clock_now_us() : 0;
                 svc_on_result(s, p, kind, status, data, len);
+                if (t_ev) {
+                    s->rl_requests++;
+                    s->rl_in_us += p->submit_us - p->recv_us;
+                    s->rl_raft_us += t_ev - p->submit_us;
+                    s->rl_out_us += kvp_clock_now_us() - t_ev;
+                }
                 svc_pending_free(p);
             }
         }

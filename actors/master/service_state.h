@@ -68,6 +68,8 @@ struct svc_pending {
     uint64_t req_id;           /* echoed in the Response */
     uint64_t deadline_ms;      /* monotonic; 0 = none. Replies after it are dropped. */
     uint64_t created_ms;       /* monotonic; the sweep drops entries raftlog never answered */
+    uint64_t recv_us;          /* monotonic µs the request frame was taken off the ROUTER; 0 = internal */
+    uint64_t submit_us;        /* monotonic µs of kvp_raftlog_submit; 0 = not submitted */
     int body_case;             /* Kvp__Request__BodyCase of the request, or 0 */
     int internal;              /* enum svc_internal_kind for timer-driven work */
     uint32_t segment_id;       /* SEGMENT_LOST / UNMOUNT: the segment concerned */
@@ -144,6 +146,15 @@ struct kvp_master_service {
 
     /* Reads answered on this thread (kvp_raftlog_read_begin) rather than on the raft thread. */
     uint64_t local_reads;
+
+    /* Latency split of client requests that went through the raft log (svc_submit), summed in
+     * µs: frame received → submitted, submitted → result event taken off the events socket,
+     * result event → handled (reply sent). ClusterStatus "request_latency". */
+    uint64_t cur_recv_us;                  /* receive time of the request being dispatched */
+    uint64_t rl_requests;
+    uint64_t rl_in_us;
+    uint64_t rl_raft_us;
+    uint64_t rl_out_us;
 };
 
 /* ------------------------------------------------------------------ shared helpers */

@@ -103,11 +103,27 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(rj, "entries_committed", json_integer((json_int_t)info.entries_committed));
     json_object_set_new(rj, "commit_us_mean",
                         json_integer(info.entries_committed ? (json_int_t)(info.commit_us_total / info.entries_committed) : 0));
+    /* Per command: queued before raft_apply, raft_apply → applied; per entry: → stored locally. */
+    json_object_set_new(rj, "command_queue_us_mean",
+                        json_integer(info.cmds_proposed ? (json_int_t)(info.cmd_queue_us_total / info.cmds_proposed) : 0));
+    json_object_set_new(rj, "command_commit_us_mean",
+                        json_integer(info.cmds_committed ? (json_int_t)(info.cmd_commit_us_total / info.cmds_committed) : 0));
+    json_object_set_new(rj, "local_store_us_mean",
+                        json_integer(info.entries_stored ? (json_int_t)(info.store_us_total / info.entries_stored) : 0));
     json_object_set_new(rj, "snapshots_taken", json_integer((json_int_t)info.snapshots_taken));
     json_object_set_new(rj, "snapshots_restored", json_integer((json_int_t)info.snapshots_restored));
     json_object_set_new(rj, "snapshots_by_bytes", json_integer((json_int_t)info.snapshots_by_bytes));
     json_object_set_new(rj, "log_bytes_since_snapshot", json_integer((json_int_t)info.log_bytes));
     json_object_set_new(doc, "raft", rj);
+
+    /* Client requests through the raft log, on this node's service thread (means in µs). */
+    json_t *lj = json_object();
+    uint64_t nr = s->rl_requests;
+    json_object_set_new(lj, "requests", json_integer((json_int_t)nr));
+    json_object_set_new(lj, "receive_to_submit_us_mean", json_integer(nr ? (json_int_t)(s->rl_in_us / nr) : 0));
+    json_object_set_new(lj, "submit_to_result_us_mean", json_integer(nr ? (json_int_t)(s->rl_raft_us / nr) : 0));
+    json_object_set_new(lj, "result_to_reply_us_mean", json_integer(nr ? (json_int_t)(s->rl_out_us / nr) : 0));
+    json_object_set_new(doc, "request_latency", lj);
 
     json_t *members = json_array();
     for (size_t i = 0; i < info.n_members && i < 9; i++) {
