@@ -81,8 +81,10 @@ void bench_cpu_begin(struct bench_cpu *bc, const char *cluster_file)
 
 struct json_t *bench_cpu_end(const struct bench_cpu *bc, uint64_t ops)
 {
+    if (ops == 0)
+        return NULL; /* no op completed: there is no per-op figure */
     json_t *o = json_object();
-    double div = ops ? (double)ops * 1000.0 : 1.0; /* ns → µs per op */
+    double div = (double)ops * 1000.0; /* ns → µs per op */
     json_object_set_new(o, "bench", json_real((double)(self_cpu_ns() - bc->self0) / div));
     double masters = 0, segments = 0;
     for (size_t i = 0; i < bc->n; i++) {

@@ -168,7 +168,8 @@ struct bench_cpu {
 void bench_cpu_begin(struct bench_cpu *bc, const char *cluster_file);
 /**
  * End: a JSON object of CPU µs per op over the phase: "bench", each process by its cluster.json
- * name, and the sums "masters" and "segments". The caller owns the object.
+ * name, and the sums "masters" and "segments". The caller owns the object. NULL when ops is 0
+ * (every op failed: no per-op figure).
  */
 struct json_t;
 struct json_t *bench_cpu_end(const struct bench_cpu *bc, uint64_t ops);

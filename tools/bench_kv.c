@@ -380,7 +380,7 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         char rid[16];
         snprintf(rid, sizeof rid, "%08x", g_run_id);
         json_object_set_new(j, "run_id", json_string(rid));
-        json_object_set_new(j, "cpu_us_per_op", cpu_j);
+        json_object_set_new(j, "cpu_us_per_op", cpu_j ? cpu_j : json_null());
         cpu_j = NULL;
         json_dumpf(j, stdout, JSON_COMPACT);
         printf("\n");
