@@ -151,7 +151,9 @@ int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void 
 /**
  * Read n objects: keys[i] into bufs[i] of capacity caps[i]. results[i] gets the size read or a
  * negative code as for kvp_get. The same key may appear more than once: each slot is filled.
- * Returns KVP_OK when the call ran, or a negative code when it could not run at all.
+ * The n buffers must not overlap one another (as for memcpy); a slot whose buffer overlaps
+ * another's may end in KVP_ERR_CORRUPT. Returns KVP_OK when the call ran, or a negative code
+ * when it could not run at all.
  */
 int kvp_batch_get(kvp_client *c, size_t n, const char *const keys[], void *const bufs[],
                   const size_t caps[], uint32_t timeout_ms, int64_t results[]);
