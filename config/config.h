@@ -43,6 +43,7 @@ struct kvp_cfg_master {
     uint64_t fence_grace_ms;          /* `fence_grace_ms`: quarantine of freed space, ms (default 5000) */
     double eviction_ratio;            /* `eviction_ratio` (default 0.05) */
     double eviction_high_watermark_ratio; /* `eviction_high_watermark_ratio` (default 0.95) */
+    double eviction_headroom_factor;  /* `eviction_headroom_factor` (default 1.25; 0 = off) */
     char eviction_policy[16];         /* `eviction_policy`: lru|prefix (default lru; docs/eviction.md) */
     bool allow_evict_soft_pinned_objects; /* `allow_evict_soft_pinned_objects` (default true, as Mooncake) */
     uint32_t probe_timeout_ms;        /* `probe_timeout_ms`: data-plane probe of a reported segment (default 500) */

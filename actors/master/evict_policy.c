@@ -115,6 +115,49 @@ static bool may_take(const struct kvp_evict_cand *x, bool allow_pinned)
     return !x->leased && (allow_pinned || !x->pinned);
 }
 
+void kvp_write_rate_add(struct kvp_write_rate *r, uint64_t bytes) { r->bytes += bytes; }
+
+double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms)
+{
+    if (r->t0_ms == 0 || now_ms < r->t0_ms) {
+        r->t0_ms = now_ms ? now_ms : 1;
+        r->bytes = 0;
+        return r->bps;
+    }
+    uint64_t dt = now_ms - r->t0_ms;
+    if (dt < 1000)
+        return r->bps;
+    double inst = (double)r->bytes * 1000.0 / (double)dt;
+    r->bps = inst >= r->bps ? inst : 0.5 * r->bps + 0.5 * inst;
+    if (r->bps < 1.0)
+        r->bps = 0; /* idle: no residue that keeps the start ratio below the watermark */
+    r->bytes = 0;
+    r->t0_ms = now_ms;
+    return r->bps;
+}
+
+uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t fence_grace_ms, double factor)
+{
+    if (capacity == 0 || !(factor > 0) || !(write_bps > 0))
+        return 0;
+    double h = write_bps * (double)fence_grace_ms / 1000.0 * factor;
+    double half = (double)(capacity / 2);
+    return h >= half ? capacity / 2 : (uint64_t)h;
+}
+
+uint64_t kvp_evict_headroom_target(uint64_t used, uint64_t capacity, uint64_t headroom, double ratio)
+{
+    if (headroom == 0)
+        return 0;
+    if (used > UINT64_MAX - headroom)
+        return used; /* cannot happen with real sizes (headroom <= capacity / 2) */
+    if (used + headroom <= capacity)
+        return 0;
+    double step = ratio > 0 ? ratio * (double)capacity : 0;
+    uint64_t t = used + headroom - capacity + (uint64_t)step;
+    return t < used ? t : used;
+}
+
 size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t target, int policy,
                         bool allow_pinned, size_t *chosen, struct kvp_evict_summary *sum)
 {

@@ -62,6 +62,41 @@ size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t targe
                         bool allow_pinned, size_t *chosen, struct kvp_evict_summary *sum);
 
 /**
+ * Write rate of the pool, as the leader sees it: bytes (size × replicas) asked by PutStarts,
+ * estimated per window of at least one second. The estimate rises at once to a faster window and
+ * falls by half the gap per slower window, so a burst is remembered for a few seconds.
+ */
+struct kvp_write_rate {
+    uint64_t t0_ms;  /* start of the current window (0 = not started) */
+    uint64_t bytes;  /* bytes asked in the current window */
+    double bps;      /* the estimate, bytes per second */
+};
+
+/** Count `bytes` asked now. */
+void kvp_write_rate_add(struct kvp_write_rate *r, uint64_t bytes);
+
+/** Close the window when it is at least 1,000 ms old at now_ms (monotonic ms); returns r->bps. */
+double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms);
+
+/**
+ * Headroom, the space eviction keeps free or in quarantine, in bytes: write_bps × fence_grace_ms
+ * / 1000 × factor, at most capacity / 2. Evicted space sits in quarantine for fence_grace_ms
+ * before it can be reused, so when the pool first fills, the free space must absorb what clients
+ * write during one fence_grace_ms, or writers wait for the quarantine (the main job's 7–9 s put
+ * stall before this rule). Space in quarantine counts: all of it is back within fence_grace_ms.
+ * 0 when factor <= 0 (the rule off). A pool that needs more than half of itself as headroom is
+ * too small for its write rate; it then waits for space. docs/eviction.md, "Headroom".
+ */
+uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t fence_grace_ms, double factor);
+
+/**
+ * Bytes to evict so that used + headroom <= capacity again, with one step of ratio × capacity
+ * below that (so one round is not one object): 0 while used + headroom <= capacity, else
+ * used + headroom + ratio × capacity − capacity, at most used. `used` excludes quarantine.
+ */
+uint64_t kvp_evict_headroom_target(uint64_t used, uint64_t capacity, uint64_t headroom, double ratio);
+
+/**
  * The FSM side of the leader's EvictScanReq (called by fsm_query.c on the raft thread): pool
  * usage and, when (used + quarantined) / capacity >= high_watermark or need_bytes > 0, every
  * complete object. Fills r's body. Returns KVP_OK or KVP_ERR_NOMEM.

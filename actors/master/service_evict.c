@@ -8,6 +8,9 @@
  *    asks evict_policy.c for victims worth max(eviction_ratio × capacity, usage above
  *    (high − ratio) × capacity, the bytes asked by PutStarts since the last scan when one of them
  *    found no space), less what is already quarantined (it comes back by itself).
+ *    Besides the watermark, the headroom rule (kvp_evict_headroom): used bytes are kept at or
+ *    below capacity − write rate × fence_grace_ms × eviction_headroom_factor, so that when the
+ *    pool fills, writers do not wait for freed space to leave quarantine.
  * 3. The victims go to the FSM as one EvictCmd (a Raft command); their extents are quarantined
  *    there and released by QuarantineRelease after fence_grace_ms, like any freed space. Until
  *    the command's result arrives, GetReplicaList answers NOT_FOUND for them (no new lease on an
@@ -31,6 +34,9 @@ struct svc_evict {
     bool need;                 /* a PutStart found no space */
     uint64_t need_bytes;       /* largest object × replicas that found no space */
     uint64_t max_put_bytes;    /* bytes (size × replicas) asked by PutStarts since the last scan */
+    struct kvp_write_rate rate; /* bytes asked by PutStarts per second (evict_policy.h) */
+    uint64_t headroom;         /* kvp_evict_headroom at the last scan */
+    uint64_t logged_headroom;  /* headroom last logged */
     /* From the last scan. */
     uint64_t cap, used, quar, pinned;
     uint64_t scan_ms;          /* monotonic time of the last listed scan, 0 = none */
@@ -116,9 +122,37 @@ void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStar
         if (!it->key)
             continue;
         e->max_put_bytes += it->size * (it->replica_num ? it->replica_num : 1);
+        kvp_write_rate_add(&e->rate, it->size * (it->replica_num ? it->replica_num : 1));
         if (it->parent_key && it->parent_key[0])
             svc_map_put(&e->parents, svc_key_hash(it->key), svc_key_hash(it->parent_key));
     }
+}
+
+/*
+ * Headroom for the current write rate (kvp_evict_headroom), and the usage ratio from which the
+ * FSM lists objects: the high watermark, or lower when used bytes may reach capacity − headroom
+ * first (usage includes quarantine, so it is >= used). Logged when the headroom moves by 5% of
+ * the pool or more.
+ */
+static double list_ratio(struct kvp_master_service *s)
+{
+    struct svc_evict *e = s->evict;
+    double high = s->cfg.eviction_high_watermark_ratio;
+    e->headroom = kvp_evict_headroom(e->cap, e->rate.bps, s->cfg.fence_grace_ms, s->cfg.eviction_headroom_factor);
+    uint64_t moved = e->headroom > e->logged_headroom ? e->headroom - e->logged_headroom
+                                                      : e->logged_headroom - e->headroom;
+    if (e->cap && (double)moved >= 0.05 * (double)e->cap) {
+        kvp_log_info(s->actor,
+                     "eviction: writes at %.1f MB/s with fence_grace_ms=%llu: keeping %.1f MB of %.1f MB "
+                     "free or in quarantine (eviction_headroom_factor %.2f)",
+                     e->rate.bps / 1e6, (unsigned long long)s->cfg.fence_grace_ms, (double)e->headroom / 1e6,
+                     (double)e->cap / 1e6, s->cfg.eviction_headroom_factor);
+        e->logged_headroom = e->headroom;
+    }
+    if (!e->cap || !e->headroom)
+        return high;
+    double r = (double)(e->cap - e->headroom) / (double)e->cap;
+    return r < high ? r : high;
 }
 
 /* Ask the FSM for usage (and the object list when needed). */
@@ -131,7 +165,7 @@ static void start_scan(struct kvp_master_service *s)
     p->internal = SVC_INT_EVICT_SCAN;
     Kvp__Request req = KVP__REQUEST__INIT;
     Kvp__EvictScanReq q = KVP__EVICT_SCAN_REQ__INIT;
-    q.high_watermark = s->cfg.eviction_high_watermark_ratio;
+    q.high_watermark = list_ratio(s);
     q.need_bytes = e->need ? (e->need_bytes ? e->need_bytes : 1) : 0;
     req.body_case = KVP__REQUEST__BODY_EVICT_SCAN;
     req.evict_scan = &q;
@@ -154,7 +188,10 @@ static int on_evict_timer(zloop_t *loop, int timer_id, void *arg)
 {
     (void)loop;
     (void)timer_id;
-    maybe_scan(arg);
+    struct kvp_master_service *s = arg;
+    if (s->evict)
+        kvp_write_rate_tick(&s->evict->rate, svc_now_ms());
+    maybe_scan(s);
     return 0;
 }
 
@@ -245,26 +282,35 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
     double high = s->cfg.eviction_high_watermark_ratio, ratio = s->cfg.eviction_ratio;
     double lowmark = high - ratio > 0 ? high - ratio : 0;
     uint64_t usage = e->used + e->quar;
-    uint64_t target = (uint64_t)(ratio * (double)e->cap);
-    if ((double)usage > lowmark * (double)e->cap && usage - (uint64_t)(lowmark * (double)e->cap) > target)
-        target = usage - (uint64_t)(lowmark * (double)e->cap);
-    if (e->need && e->need_bytes > target)
-        target = e->need_bytes;
-    /* Quarantined bytes come back by themselves: count them as already freed. When they cover
-     * what is needed, evict nothing: an evicted object's space is quarantined too, so it could
-     * not serve the waiting put any sooner (it used to evict one object per NO_SPACE round,
-     * each a lost cache entry). The put retries; once the quarantine is released and space is
-     * still short, the next scan sees quar == 0 and evicts. */
-    if (target == 0 && !e->need)
-        return;
-    if (target == 0)
-        target = 1; /* a put is waiting: free at least something */
-    if (target <= e->quar) {
-        e->need = false;
-        e->need_bytes = 0;
-        return;
+    uint64_t target = 0;
+    if ((double)usage >= high * (double)e->cap || e->need) {
+        target = (uint64_t)(ratio * (double)e->cap);
+        if ((double)usage > lowmark * (double)e->cap && usage - (uint64_t)(lowmark * (double)e->cap) > target)
+            target = usage - (uint64_t)(lowmark * (double)e->cap);
+        if (e->need && e->need_bytes > target)
+            target = e->need_bytes;
+        if (target == 0 && e->need)
+            target = 1; /* a put is waiting: free at least something */
+        /* Quarantined bytes come back by themselves: count them as already freed. When they
+         * cover what is needed, evict nothing: an evicted object's space is quarantined too, so
+         * it could not serve the waiting put any sooner (it used to evict one object per
+         * NO_SPACE round, each a lost cache entry). The put retries; once the quarantine is
+         * released and space is still short, the next scan sees quar == 0 and evicts. */
+        if (target <= e->quar) {
+            e->need = false;
+            e->need_bytes = 0;
+            target = 0;
+        } else {
+            target -= e->quar;
+        }
     }
-    target -= e->quar;
+    /* The headroom rule counts used bytes only: quarantined space is back within
+     * fence_grace_ms, in time for the writes the headroom is for. */
+    uint64_t t_room = kvp_evict_headroom_target(e->used, e->cap, e->headroom, ratio);
+    if (t_room > target)
+        target = t_room;
+    if (target == 0)
+        return;
 
     size_t n = r->n_objects;
     struct kvp_evict_cand *c = calloc(n ? n : 1, sizeof *c);
@@ -404,5 +450,7 @@ void svc_evict_status(struct kvp_master_service *s, void *json_doc)
     json_object_set_new(ev, "blocked", json_boolean(e->blocked));
     json_object_set_new(ev, "prefix_hints", json_integer((json_int_t)e->parents.n));
     json_object_set_new(ev, "in_flight", json_integer((json_int_t)e->evicting.n));
+    json_object_set_new(ev, "write_rate_bytes_per_s", json_real(e->rate.bps));
+    json_object_set_new(ev, "headroom_bytes", json_integer((json_int_t)e->headroom));
     json_object_set_new(doc, "eviction", ev);
 }

@@ -172,6 +172,7 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(set, "fence_grace_ms", json_integer((json_int_t)c->fence_grace_ms));
     json_object_set_new(set, "eviction_ratio", json_real(c->eviction_ratio));
     json_object_set_new(set, "eviction_high_watermark_ratio", json_real(c->eviction_high_watermark_ratio));
+    json_object_set_new(set, "eviction_headroom_factor", json_real(c->eviction_headroom_factor));
     json_object_set_new(set, "probe_timeout_ms", json_integer(c->probe_timeout_ms));
     json_object_set_new(doc, "settings", set);
 

@@ -142,6 +142,7 @@ static void test_config_defaults_documented_values(void **state)
     assert_int_equal(m.fence_grace_ms, 5000);
     assert_true(m.eviction_ratio > 0.0499 && m.eviction_ratio < 0.0501);
     assert_true(m.eviction_high_watermark_ratio > 0.9499 && m.eviction_high_watermark_ratio < 0.9501);
+    assert_true(m.eviction_headroom_factor > 1.2499 && m.eviction_headroom_factor < 1.2501);
     assert_int_equal(m.probe_timeout_ms, 500);
     assert_false(m.join);
     assert_string_equal(m.log_level, "info");
@@ -292,6 +293,8 @@ static void test_config_set_every_type_stored(void **state)
     kvp_cfg_defaults(KVP_CFG_MASTER, &m);
     assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "eviction_ratio", "0.1"), KVP_OK);
     assert_true(m.eviction_ratio > 0.0999 && m.eviction_ratio < 0.1001);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "eviction_headroom_factor", "0"), KVP_OK);
+    assert_true(m.eviction_headroom_factor == 0.0);
     assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "join", "yes"), KVP_OK);
     assert_true(m.join);
     assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "join", "off"), KVP_OK);
@@ -344,6 +347,7 @@ static void test_config_set_bad_values_invalid_logged_unchanged(void **state)
     expect_bad(KVP_CFG_MASTER, "eviction_ratio", "-0.1", "eviction_ratio=-0.1", "number");
     expect_bad(KVP_CFG_MASTER, "eviction_ratio", "nan", "eviction_ratio=nan", "number");
     expect_bad(KVP_CFG_MASTER, "eviction_ratio", "inf", "eviction_ratio=inf", "number");
+    expect_bad(KVP_CFG_MASTER, "eviction_headroom_factor", "11", "eviction_headroom_factor=11", "number in [0, 10]");
     expect_bad(KVP_CFG_MASTER, "eviction_ratio", "0.5x", "eviction_ratio=0.5x", "number");
     expect_bad(KVP_CFG_MASTER, "eviction_high_watermark_ratio", "", "eviction_high_watermark_ratio=", "number");
     /* bool */

@@ -181,6 +181,52 @@ static void test_evict_policy_random_consistent(void **state)
     free(ch2);
 }
 
+/* The write-rate estimate: windows of >= 1 s, up at once, down by half the gap per window. */
+static void test_evict_write_rate_windows(void **state)
+{
+    (void)state;
+    struct kvp_write_rate r = {0};
+    assert_true(kvp_write_rate_tick(&r, 1000) == 0); /* starts the window */
+    kvp_write_rate_add(&r, 50u << 20);
+    assert_true(kvp_write_rate_tick(&r, 1500) == 0); /* window not over */
+    kvp_write_rate_add(&r, 50u << 20);
+    double b = kvp_write_rate_tick(&r, 2000); /* 100 MiB in 1 s */
+    assert_true(b > 104e6 && b < 105e6);
+    kvp_write_rate_add(&r, 400u << 20);
+    b = kvp_write_rate_tick(&r, 4000); /* 400 MiB in 2 s: 200 MiB/s, up at once */
+    assert_true(b > 209e6 && b < 210e6);
+    b = kvp_write_rate_tick(&r, 5000); /* idle second: half way down */
+    assert_true(b > 104e6 && b < 105e6);
+    for (uint64_t t = 6000; t < 60000; t += 1000)
+        b = kvp_write_rate_tick(&r, t);
+    assert_true(b == 0); /* idle: back to exactly 0 */
+    assert_true(kvp_write_rate_tick(&r, 100) == 0); /* clock went back: restarts the window */
+}
+
+/* Headroom: rate × grace × factor, capped at half the pool; the rule off with factor 0. */
+static void test_evict_headroom_and_target(void **state)
+{
+    (void)state;
+    const uint64_t gib = 1ull << 30;
+    uint64_t cap = 3 * gib;
+    /* The main job's figures: 132 MB/s written, 5 s grace, factor 1.25 → 825 MB. */
+    uint64_t h = kvp_evict_headroom(cap, 132e6, 5000, 1.25);
+    assert_true(h >= 824000000ull && h <= 826000000ull);
+    assert_int_equal(kvp_evict_headroom(cap, 132e6, 5000, 0), 0);
+    assert_int_equal(kvp_evict_headroom(cap, 0, 5000, 1.25), 0);
+    assert_int_equal(kvp_evict_headroom(0, 132e6, 5000, 1.25), 0);
+    assert_int_equal(kvp_evict_headroom(cap, 10e9, 5000, 1.25), cap / 2); /* too small a pool */
+    assert_int_equal(kvp_evict_headroom(cap, 132e6, 0, 1.25), 0);         /* no quarantine */
+    /* Target: nothing while used + headroom fits; above, back below with a 5% step. */
+    assert_int_equal(kvp_evict_headroom_target(cap - h, cap, h, 0.05), 0);
+    uint64_t t = kvp_evict_headroom_target(cap - h + 1000, cap, h, 0.05);
+    uint64_t step = (uint64_t)(0.05 * (double)cap);
+    assert_true(t == 1000 + step);
+    assert_int_equal(kvp_evict_headroom_target(cap, cap, 0, 0.05), 0); /* rule off */
+    assert_int_equal(kvp_evict_headroom_target(100, 200, 150, 0.5), 100); /* never more than used */
+    assert_int_equal(kvp_evict_headroom_target(UINT64_MAX - 5, cap, 10, 0.05), UINT64_MAX - 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -191,6 +237,8 @@ int main(void)
         cmocka_unit_test(test_evict_policy_prefix_leased_child_fallback),
         cmocka_unit_test(test_evict_policy_edges_and_parse),
         cmocka_unit_test(test_evict_policy_random_consistent),
+        cmocka_unit_test(test_evict_write_rate_windows),
+        cmocka_unit_test(test_evict_headroom_and_target),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
