@@ -117,7 +117,7 @@ static bool may_take(const struct kvp_evict_cand *x, bool allow_pinned)
 
 void kvp_write_rate_add(struct kvp_write_rate *r, uint64_t bytes) { r->bytes += bytes; }
 
-double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms)
+double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms, uint64_t window_ms)
 {
     if (r->t0_ms == 0 || now_ms < r->t0_ms) {
         r->t0_ms = now_ms ? now_ms : 1;
@@ -127,12 +127,20 @@ double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms)
     uint64_t dt = now_ms - r->t0_ms;
     if (dt < 1000)
         return r->bps;
-    double inst = (double)r->bytes * 1000.0 / (double)dt;
-    r->bps = inst >= r->bps ? inst : 0.5 * r->bps + 0.5 * inst;
-    if (r->bps < 1.0)
-        r->bps = 0; /* idle: no residue that keeps the start ratio below the watermark */
+    r->b_bytes[r->head] = r->bytes;
+    r->b_ms[r->head] = dt;
+    r->head = (r->head + 1) % KVP_WRITE_RATE_BUCKETS;
+    if (r->n < KVP_WRITE_RATE_BUCKETS)
+        r->n++;
     r->bytes = 0;
     r->t0_ms = now_ms;
+    uint64_t sum_b = 0, sum_ms = 0;
+    for (unsigned k = 0; k < r->n && (k == 0 || sum_ms < window_ms); k++) {
+        unsigned i = (r->head + KVP_WRITE_RATE_BUCKETS - 1 - k) % KVP_WRITE_RATE_BUCKETS;
+        sum_b += r->b_bytes[i];
+        sum_ms += r->b_ms[i];
+    }
+    r->bps = sum_ms ? (double)sum_b * 1000.0 / (double)sum_ms : 0;
     return r->bps;
 }
 

@@ -61,22 +61,32 @@ const char *kvp_evict_policy_name(int policy);
 size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t target, int policy,
                         bool allow_pinned, size_t *chosen, struct kvp_evict_summary *sum);
 
+#define KVP_WRITE_RATE_BUCKETS 64
+
 /**
  * Write rate of the pool, as the leader sees it: bytes (size × replicas) asked by PutStarts,
- * estimated per window of at least one second. The estimate rises at once to a faster window and
- * falls by half the gap per slower window, so a burst is remembered for a few seconds.
+ * counted in buckets of at least one second; the rate is the mean over the newest buckets that
+ * span `window_ms` (the caller passes fence_grace_ms: the writes the headroom must absorb are
+ * those of one quarantine period, so a one-second burst counts for its bytes, not as if it went
+ * on for the whole period). Windows longer than 64 buckets use the newest 64.
  */
 struct kvp_write_rate {
-    uint64_t t0_ms;  /* start of the current window (0 = not started) */
-    uint64_t bytes;  /* bytes asked in the current window */
-    double bps;      /* the estimate, bytes per second */
+    uint64_t t0_ms;                              /* start of the current bucket (0 = not started) */
+    uint64_t bytes;                              /* bytes asked in the current bucket */
+    uint64_t b_bytes[KVP_WRITE_RATE_BUCKETS];    /* closed buckets, a ring */
+    uint64_t b_ms[KVP_WRITE_RATE_BUCKETS];       /* their lengths */
+    unsigned head, n;                            /* next slot; closed buckets kept */
+    double bps;                                  /* the estimate, bytes per second */
 };
 
 /** Count `bytes` asked now. */
 void kvp_write_rate_add(struct kvp_write_rate *r, uint64_t bytes);
 
-/** Close the window when it is at least 1,000 ms old at now_ms (monotonic ms); returns r->bps. */
-double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms);
+/**
+ * Close the current bucket when it is at least 1,000 ms old at now_ms (monotonic ms) and
+ * recompute r->bps over the newest buckets spanning window_ms (at least one); returns r->bps.
+ */
+double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms, uint64_t window_ms);
 
 /**
  * Headroom, the space eviction keeps free or in quarantine, in bytes: write_bps × fence_grace_ms

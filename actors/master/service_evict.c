@@ -190,7 +190,7 @@ static int on_evict_timer(zloop_t *loop, int timer_id, void *arg)
     (void)timer_id;
     struct kvp_master_service *s = arg;
     if (s->evict)
-        kvp_write_rate_tick(&s->evict->rate, svc_now_ms());
+        kvp_write_rate_tick(&s->evict->rate, svc_now_ms(), s->cfg.fence_grace_ms);
     maybe_scan(s);
     return 0;
 }

@@ -26,6 +26,9 @@ static int setup(void **state)
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "2000", 1); /* inherited by the masters */
     setenv("KVPOOL_CLIENT_TTL", "3000", 1);
     setenv("KVPOOL_HEARTBEAT_MS", "300", 1);
+    /* The pool here is tiny next to what the tests write in a second: the eviction headroom
+     * rule (docs/eviction.md) would evict objects these tests count on keeping. */
+    setenv("KVPOOL_EVICTION_HEADROOM_FACTOR", "0", 1);
     int rc = td_cluster_up(&CL, 3, "64M");
     if (rc != 0) {
         fprintf(stderr, "kvpoolctl cluster up failed (dir %s)\n", CL.dir);

@@ -181,26 +181,37 @@ static void test_evict_policy_random_consistent(void **state)
     free(ch2);
 }
 
-/* The write-rate estimate: windows of >= 1 s, up at once, down by half the gap per window. */
+/* The write-rate estimate: buckets of >= 1 s, mean over the newest ones spanning the window. */
 static void test_evict_write_rate_windows(void **state)
 {
     (void)state;
     struct kvp_write_rate r = {0};
-    assert_true(kvp_write_rate_tick(&r, 1000) == 0); /* starts the window */
+    const uint64_t W = 5000; /* fence_grace_ms */
+    assert_true(kvp_write_rate_tick(&r, 1000, W) == 0); /* starts the bucket */
     kvp_write_rate_add(&r, 50u << 20);
-    assert_true(kvp_write_rate_tick(&r, 1500) == 0); /* window not over */
+    assert_true(kvp_write_rate_tick(&r, 1500, W) == 0); /* bucket not over */
     kvp_write_rate_add(&r, 50u << 20);
-    double b = kvp_write_rate_tick(&r, 2000); /* 100 MiB in 1 s */
+    double b = kvp_write_rate_tick(&r, 2000, W); /* 100 MiB in the only second so far */
     assert_true(b > 104e6 && b < 105e6);
-    kvp_write_rate_add(&r, 400u << 20);
-    b = kvp_write_rate_tick(&r, 4000); /* 400 MiB in 2 s: 200 MiB/s, up at once */
-    assert_true(b > 209e6 && b < 210e6);
-    b = kvp_write_rate_tick(&r, 5000); /* idle second: half way down */
-    assert_true(b > 104e6 && b < 105e6);
-    for (uint64_t t = 6000; t < 60000; t += 1000)
-        b = kvp_write_rate_tick(&r, t);
-    assert_true(b == 0); /* idle: back to exactly 0 */
-    assert_true(kvp_write_rate_tick(&r, 100) == 0); /* clock went back: restarts the window */
+    for (uint64_t t = 3000; t <= 6000; t += 1000)
+        b = kvp_write_rate_tick(&r, t, W); /* four idle seconds: 100 MiB over 5 s */
+    assert_true(b > 20.9e6 && b < 21.0e6);
+    b = kvp_write_rate_tick(&r, 7000, W); /* the burst left the window */
+    assert_true(b == 0);
+    /* a steady 10 MiB/s, with 1,050 ms buckets as a 50 ms timer makes them */
+    uint64_t t = 7000;
+    for (int i = 0; i < 20; i++) {
+        kvp_write_rate_add(&r, 10u << 20);
+        kvp_write_rate_add(&r, (10u << 20) / 20);
+        t += 1050;
+        b = kvp_write_rate_tick(&r, t, W);
+    }
+    assert_true(b > 10.48e6 && b < 10.49e6);
+    /* a window longer than the ring uses the 64 newest buckets; a window of 0 the newest one */
+    assert_true(kvp_write_rate_tick(&r, t + 1000, 3600000) > 0);
+    assert_true(kvp_write_rate_tick(&r, t + 2000, 0) == 0);
+    kvp_write_rate_tick(&r, 100, W); /* the clock went back: a new bucket starts there */
+    assert_int_equal(r.t0_ms, 100);
 }
 
 /* Headroom: rate × grace × factor, capped at half the pool; the rule off with factor 0. */
