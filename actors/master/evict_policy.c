@@ -166,6 +166,28 @@ uint64_t kvp_evict_headroom_target(uint64_t used, uint64_t capacity, uint64_t he
     return t < used ? t : used;
 }
 
+double kvp_evict_list_ratio(uint64_t capacity, uint64_t headroom, uint64_t quarantined, double high)
+{
+    if (capacity == 0 || headroom == 0 || headroom > capacity)
+        return high;
+    double r = ((double)(capacity - headroom) + (double)quarantined) / (double)capacity;
+    return r < high ? r : high;
+}
+
+size_t kvp_evict_choose_round(const struct kvp_evict_cand *c, size_t n, uint64_t target, uint64_t room,
+                              int policy, bool allow_pinned, size_t *chosen, struct kvp_evict_summary *sum)
+{
+    if (room <= target)
+        return kvp_evict_choose(c, n, target, policy, allow_pinned, chosen, sum);
+    struct kvp_evict_summary local;
+    if (!sum)
+        sum = &local;
+    size_t k = kvp_evict_choose(c, n, room, policy, false, chosen, sum);
+    if (target == 0 || !allow_pinned || sum->chosen_bytes >= target)
+        return k;
+    return kvp_evict_choose(c, n, target, policy, true, chosen, sum);
+}
+
 size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t target, int policy,
                         bool allow_pinned, size_t *chosen, struct kvp_evict_summary *sum)
 {

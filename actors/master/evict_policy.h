@@ -107,6 +107,28 @@ uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t fence_
 uint64_t kvp_evict_headroom_target(uint64_t used, uint64_t capacity, uint64_t headroom, double ratio);
 
 /**
+ * The usage ratio ((used + quarantined) / capacity, the FSM's test) from which the leader asks
+ * for the object list: min(high, (capacity − headroom + quarantined) / capacity). The headroom
+ * rule acts on used bytes only, and the FSM compares used + quarantined: without the quarantine
+ * term a pool kept at capacity − headroom, with write rate × fence_grace_ms of it in quarantine,
+ * was listed (every complete object, O(objects) on both threads) on every 50 ms scan with
+ * nothing to evict. `quarantined` is the leader's last figure: when it has fallen since, the
+ * list comes one scan later (that scan brings the new figure). capacity 0 or headroom 0: high.
+ */
+double kvp_evict_list_ratio(uint64_t capacity, uint64_t headroom, uint64_t quarantined, double high);
+
+/**
+ * One round's victims for two targets: `target`, for the high watermark or a put waiting for
+ * space (soft-pinned objects may go when allow_pinned and the unpinned cannot reach it, as
+ * kvp_evict_choose), and `room`, for the headroom rule (kvp_evict_headroom_target), which
+ * evicts ahead of need and so never takes a soft-pinned object. Same outputs as
+ * kvp_evict_choose: the choice for max(target, room) among unpinned candidates, or, when those
+ * cannot reach `target`, kvp_evict_choose(target, allow_pinned).
+ */
+size_t kvp_evict_choose_round(const struct kvp_evict_cand *c, size_t n, uint64_t target, uint64_t room,
+                              int policy, bool allow_pinned, size_t *chosen, struct kvp_evict_summary *sum);
+
+/**
  * The FSM side of the leader's EvictScanReq (called by fsm_query.c on the raft thread): pool
  * usage and, when (used + quarantined) / capacity >= high_watermark or need_bytes > 0, every
  * complete object. Fills r's body. Returns KVP_OK or KVP_ERR_NOMEM.

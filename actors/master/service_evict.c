@@ -48,6 +48,7 @@ struct svc_evict {
     uint64_t release_hold_until; /* no QuarantineRelease before this (forced removes of leased keys) */
     /* Counters (since this node became leader). */
     uint64_t rounds, objects, bytes, pinned_bytes_evicted, blocked_rounds;
+    uint64_t lists; /* scans answered with the object list (O(objects) each) */
 };
 
 int svc_evict_new(struct kvp_master_service *s)
@@ -130,9 +131,9 @@ void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStar
 
 /*
  * Headroom for the current write rate (kvp_evict_headroom), and the usage ratio from which the
- * FSM lists objects: the high watermark, or lower when used bytes may reach capacity − headroom
- * first (usage includes quarantine, so it is >= used). Logged when the headroom moves by 5% of
- * the pool or more.
+ * FSM lists objects: the high watermark, or lower when used bytes may pass capacity − headroom
+ * first (kvp_evict_list_ratio: the FSM's usage includes quarantine, the rule does not). Logged
+ * when the headroom moves by 5% of the pool or more.
  */
 static double list_ratio(struct kvp_master_service *s)
 {
@@ -149,10 +150,7 @@ static double list_ratio(struct kvp_master_service *s)
                      (double)e->cap / 1e6, s->cfg.eviction_headroom_factor);
         e->logged_headroom = e->headroom;
     }
-    if (!e->cap || !e->headroom)
-        return high;
-    double r = (double)(e->cap - e->headroom) / (double)e->cap;
-    return r < high ? r : high;
+    return kvp_evict_list_ratio(e->cap, e->headroom, e->quar, high);
 }
 
 /* Ask the FSM for usage (and the object list when needed). */
@@ -278,6 +276,7 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
     e->pinned = r->pinned_bytes;
     if (!r->listed)
         return;
+    e->lists++;
     e->scan_ms = svc_now_ms();
     double high = s->cfg.eviction_high_watermark_ratio, ratio = s->cfg.eviction_ratio;
     double lowmark = high - ratio > 0 ? high - ratio : 0;
@@ -305,11 +304,11 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
         }
     }
     /* The headroom rule counts used bytes only: quarantined space is back within
-     * fence_grace_ms, in time for the writes the headroom is for. */
+     * fence_grace_ms, in time for the writes the headroom is for. It evicts ahead of need, so
+     * it takes no soft-pinned object and a round that finds nothing for it is not "blocked"
+     * (kvp_evict_choose_round). */
     uint64_t t_room = kvp_evict_headroom_target(e->used, e->cap, e->headroom, ratio);
-    if (t_room > target)
-        target = t_room;
-    if (target == 0)
+    if (target == 0 && t_room == 0)
         return;
 
     size_t n = r->n_objects;
@@ -337,13 +336,15 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
         svc_map_put(&present, h, 1);
     }
     struct kvp_evict_summary sum;
-    size_t k = kvp_evict_choose(c, n, target, e->policy, s->cfg.allow_evict_soft_pinned_objects, chosen, &sum);
+    size_t k = kvp_evict_choose_round(c, n, target, t_room, e->policy, s->cfg.allow_evict_soft_pinned_objects,
+                                      chosen, &sum);
     e->need = false;
     e->need_bytes = 0;
     /* Blocked: nothing may go and nothing comes back from quarantine. With no complete object
      * but capacity, the space is held by puts in progress: they complete (then evictable) or
-     * are revoked, so clients keep waiting. */
-    e->blocked = k == 0 && e->quar == 0 && (n > 0 || e->cap == 0);
+     * are revoked, so clients keep waiting. Only the watermark or a waiting put can be blocked:
+     * the headroom rule is ahead of need. */
+    e->blocked = target > 0 && k == 0 && e->quar == 0 && (n > 0 || e->cap == 0);
     if (e->blocked) {
         e->blocked_rounds++;
         if (n == 0)
@@ -447,6 +448,7 @@ void svc_evict_status(struct kvp_master_service *s, void *json_doc)
     json_object_set_new(ev, "bytes_chosen", json_integer((json_int_t)e->bytes));
     json_object_set_new(ev, "pinned_bytes_evicted", json_integer((json_int_t)e->pinned_bytes_evicted));
     json_object_set_new(ev, "blocked_rounds", json_integer((json_int_t)e->blocked_rounds));
+    json_object_set_new(ev, "lists", json_integer((json_int_t)e->lists));
     json_object_set_new(ev, "blocked", json_boolean(e->blocked));
     json_object_set_new(ev, "prefix_hints", json_integer((json_int_t)e->parents.n));
     json_object_set_new(ev, "in_flight", json_integer((json_int_t)e->evicting.n));

@@ -238,6 +238,67 @@ static void test_evict_headroom_and_target(void **state)
     assert_int_equal(kvp_evict_headroom_target(UINT64_MAX - 5, cap, 10, 0.05), UINT64_MAX - 5);
 }
 
+/* The headroom rule evicts ahead of need: no soft-pinned object goes for it, while the
+ * watermark's (or a waiting put's) target may still take them (before, a pool kept at
+ * capacity − headroom lost its pinned objects at ~50% usage once the unpinned ones were gone). */
+static void test_evict_round_headroom_spares_pinned(void **state)
+{
+    (void)state;
+    struct kvp_evict_cand c[4] = {cand(1, 0, 1, 10), cand(2, 0, 2, 10), cand(3, 0, 3, 10), cand(4, 0, 4, 10)};
+    c[0].pinned = c[1].pinned = true; /* the two oldest */
+    size_t ch[4];
+    struct kvp_evict_summary sum;
+    for (int pol = KVP_EVICT_LRU; pol <= KVP_EVICT_PREFIX; pol++) {
+        /* headroom only, 40 bytes wanted: the 20 unpinned go, the pinned stay */
+        size_t k = kvp_evict_choose_round(c, 4, 0, 40, pol, true, ch, &sum);
+        assert_int_equal(k, 2);
+        assert_int_equal(sum.chosen_bytes, 20);
+        assert_int_equal(sum.pinned_chosen_bytes, 0);
+        for (size_t j = 0; j < k; j++)
+            assert_false(c[ch[j]].pinned);
+        /* the watermark wants 30 (more than the unpinned): pinned may go for that part only */
+        k = kvp_evict_choose_round(c, 4, 30, 40, pol, true, ch, &sum);
+        assert_int_equal(k, 3);
+        assert_int_equal(sum.chosen_bytes, 30);
+        assert_int_equal(sum.pinned_chosen_bytes, 10);
+        /* the watermark's target is the larger: as kvp_evict_choose */
+        k = kvp_evict_choose_round(c, 4, 40, 10, pol, true, ch, &sum);
+        assert_int_equal(k, 4);
+        assert_int_equal(sum.pinned_chosen_bytes, 20);
+        /* the unpinned cover the watermark's part: headroom's extra stays unpinned */
+        k = kvp_evict_choose_round(c, 4, 10, 40, pol, true, ch, &sum);
+        assert_int_equal(k, 2);
+        assert_int_equal(sum.pinned_chosen_bytes, 0);
+        /* not allowed: never */
+        k = kvp_evict_choose_round(c, 4, 30, 40, pol, false, ch, &sum);
+        assert_int_equal(k, 2);
+        assert_int_equal(sum.pinned_chosen_bytes, 0);
+        /* nothing wanted, sum may be NULL */
+        assert_int_equal(kvp_evict_choose_round(c, 4, 0, 0, pol, true, ch, NULL), 0);
+        assert_int_equal(kvp_evict_choose_round(c, 4, 0, 40, pol, true, ch, NULL), 2);
+    }
+}
+
+/* The list ratio: the FSM compares used + quarantined, the headroom rule used alone. A pool at
+ * used = capacity − headroom with q bytes in quarantine must not be listed (it was, on every
+ * 50 ms scan: 90% of a core on a 60,000-object pool), one with used above it must. */
+static void test_evict_list_ratio_counts_quarantine(void **state)
+{
+    (void)state;
+    const uint64_t cap = 1000000, h = 300000, q = 240000;
+    double r = kvp_evict_list_ratio(cap, h, q, 0.95);
+    /* used = cap − h (rule satisfied), quarantine q: not listed */
+    assert_true((double)(cap - h + q - 1) / (double)cap < r);
+    /* one byte more used: listed */
+    assert_true((double)(cap - h + q) / (double)cap >= r);
+    /* the high watermark still bounds it */
+    assert_true(kvp_evict_list_ratio(cap, h, 600000, 0.95) == 0.95);
+    assert_true(kvp_evict_list_ratio(cap, 0, q, 0.95) == 0.95);
+    assert_true(kvp_evict_list_ratio(0, h, q, 0.95) == 0.95);
+    assert_true(kvp_evict_list_ratio(cap, cap + 1, 0, 0.95) == 0.95);
+    assert_true(kvp_evict_list_ratio(cap, cap / 2, 0, 0.95) == 0.5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -250,6 +311,8 @@ int main(void)
         cmocka_unit_test(test_evict_policy_random_consistent),
         cmocka_unit_test(test_evict_write_rate_windows),
         cmocka_unit_test(test_evict_headroom_and_target),
+        cmocka_unit_test(test_evict_round_headroom_spares_pinned),
+        cmocka_unit_test(test_evict_list_ratio_counts_quarantine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
