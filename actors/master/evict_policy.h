@@ -83,6 +83,21 @@ struct kvp_write_rate {
 void kvp_write_rate_add(struct kvp_write_rate *r, uint64_t bytes);
 
 /**
+ * Count `bytes` asked for the key whose soft-state hash is key_hash, at most once per
+ * max(window_ms, 1,000) per key; seen (key hash → ms of its last count) remembers the keys.
+ * A put that found no space is asked again every 5-200 ms until its timeout (put_retry.c), and
+ * a key put again while its first copy holds space asks for none: counting every ask made the
+ * rate, and so the headroom, grow with the retries of writers that wait. Returns true when the
+ * bytes were counted.
+ */
+struct svc_map;
+bool kvp_write_rate_add_key(struct kvp_write_rate *r, struct svc_map *seen, uint64_t key_hash, uint64_t bytes,
+                            uint64_t now_ms, uint64_t window_ms);
+
+/** Forget the keys of `seen` counted max(window_ms, 1,000) ms or more before now_ms. */
+void kvp_write_rate_forget(struct svc_map *seen, uint64_t now_ms, uint64_t window_ms);
+
+/**
  * Close the current bucket when it is at least 1,000 ms old at now_ms (monotonic ms) and
  * recompute r->bps over the newest buckets spanning window_ms (at least one); returns r->bps.
  */
@@ -108,14 +123,20 @@ uint64_t kvp_evict_headroom_target(uint64_t used, uint64_t capacity, uint64_t he
 
 /**
  * The usage ratio ((used + quarantined) / capacity, the FSM's test) from which the leader asks
- * for the object list: min(high, (capacity − headroom + quarantined) / capacity). The headroom
- * rule acts on used bytes only, and the FSM compares used + quarantined: without the quarantine
- * term a pool kept at capacity − headroom, with write rate × fence_grace_ms of it in quarantine,
- * was listed (every complete object, O(objects) on both threads) on every 50 ms scan with
- * nothing to evict. `quarantined` is the leader's last figure: when it has fallen since, the
- * list comes one scan later (that scan brings the new figure). capacity 0 or headroom 0: high.
+ * for the object list: the lowest usage at which a round could evict something, given the
+ * quarantined bytes `quarantined` (the leader's last figure). Two rules:
+ *   - the watermark's target, max(ratio, usage − (high − ratio)) × capacity less quarantine, is
+ *     0 until usage > (high − ratio) × capacity + quarantined once quarantined ≥ ratio × capacity:
+ *     from max(high, that), else from high;
+ *   - the headroom rule acts on used bytes only: from (capacity − headroom + quarantined) /
+ *     capacity (nothing when headroom is 0 or capacity is 0).
+ * The lower of the two. Without the quarantine terms a pool kept at capacity − headroom, with
+ * write rate × fence_grace_ms in quarantine, was listed (every complete object, O(objects) on
+ * both threads) on most 50 ms scans with nothing to evict. When the quarantine has fallen since
+ * the figure, the list comes one scan later (that scan brings the new figure). A put waiting for
+ * space makes the FSM list regardless (need_bytes).
  */
-double kvp_evict_list_ratio(uint64_t capacity, uint64_t headroom, uint64_t quarantined, double high);
+double kvp_evict_list_ratio(uint64_t capacity, uint64_t headroom, uint64_t quarantined, double high, double ratio);
 
 /**
  * One round's victims for two targets: `target`, for the high watermark or a put waiting for

@@ -35,8 +35,11 @@ struct svc_evict {
     uint64_t need_bytes;       /* largest object × replicas that found no space */
     uint64_t max_put_bytes;    /* bytes (size × replicas) asked by PutStarts since the last scan */
     struct kvp_write_rate rate; /* bytes asked by PutStarts per second (evict_policy.h) */
+    struct svc_map rate_keys;  /* key hash → ms its bytes were last counted in `rate` */
+    uint64_t rate_keys_pruned_ms;
     uint64_t headroom;         /* kvp_evict_headroom at the last scan */
     uint64_t logged_headroom;  /* headroom last logged */
+    uint64_t room_quiet_until; /* the headroom rule found nothing to take: no list for it before */
     /* From the last scan. */
     uint64_t cap, used, quar, pinned;
     uint64_t scan_ms;          /* monotonic time of the last listed scan, 0 = none */
@@ -58,6 +61,7 @@ int svc_evict_new(struct kvp_master_service *s)
         return KVP_ERR_NOMEM;
     svc_map_init(&e->parents);
     svc_map_init(&e->evicting);
+    svc_map_init(&e->rate_keys);
     int p = kvp_evict_policy_parse(s->cfg.eviction_policy);
     e->policy = p < 0 ? KVP_EVICT_LRU : p;
     s->evict = e;
@@ -71,6 +75,7 @@ void svc_evict_destroy(struct kvp_master_service *s)
         return;
     svc_map_fini(&e->parents);
     svc_map_fini(&e->evicting);
+    svc_map_fini(&e->rate_keys);
     free(e);
     s->evict = NULL;
 }
@@ -82,12 +87,14 @@ void svc_evict_reset(struct kvp_master_service *s)
         return;
     svc_map_clear(&e->parents);
     svc_map_clear(&e->evicting);
+    svc_map_clear(&e->rate_keys);
     int policy = e->policy;
-    struct svc_map parents = e->parents, evicting = e->evicting;
+    struct svc_map parents = e->parents, evicting = e->evicting, rate_keys = e->rate_keys;
     memset(e, 0, sizeof *e);
     e->policy = policy;
     e->parents = parents;
     e->evicting = evicting;
+    e->rate_keys = rate_keys;
     e->dirty = true; /* look once the grace window is over */
 }
 
@@ -118,22 +125,25 @@ void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStar
     struct svc_evict *e = s->evict;
     if (!e)
         return;
+    uint64_t now = svc_now_ms(), grace = s->cfg.fence_grace_ms;
     for (size_t i = 0; i < ps->n_items; i++) {
         const Kvp__PutStartItem *it = ps->items[i];
         if (!it->key)
             continue;
-        e->max_put_bytes += it->size * (it->replica_num ? it->replica_num : 1);
-        kvp_write_rate_add(&e->rate, it->size * (it->replica_num ? it->replica_num : 1));
+        uint64_t bytes = it->size * (it->replica_num ? it->replica_num : 1);
+        e->max_put_bytes += bytes;
+        /* a key counts once per window: retries of a put that found no space ask for no more */
+        uint64_t h = svc_key_hash(it->key);
+        kvp_write_rate_add_key(&e->rate, &e->rate_keys, h, bytes, now, grace);
         if (it->parent_key && it->parent_key[0])
-            svc_map_put(&e->parents, svc_key_hash(it->key), svc_key_hash(it->parent_key));
+            svc_map_put(&e->parents, h, svc_key_hash(it->parent_key));
     }
 }
 
 /*
  * Headroom for the current write rate (kvp_evict_headroom), and the usage ratio from which the
- * FSM lists objects: the high watermark, or lower when used bytes may pass capacity − headroom
- * first (kvp_evict_list_ratio: the FSM's usage includes quarantine, the rule does not). Logged
- * when the headroom moves by 5% of the pool or more.
+ * FSM lists objects: the lowest at which on_scan could evict something (kvp_evict_list_ratio,
+ * with the quarantine of the last scan). Logged when the headroom moves by 5% of the pool or more.
  */
 static double list_ratio(struct kvp_master_service *s)
 {
@@ -150,7 +160,8 @@ static double list_ratio(struct kvp_master_service *s)
                      (double)e->cap / 1e6, s->cfg.eviction_headroom_factor);
         e->logged_headroom = e->headroom;
     }
-    return kvp_evict_list_ratio(e->cap, e->headroom, e->quar, high);
+    uint64_t room = svc_now_ms() < e->room_quiet_until ? 0 : e->headroom;
+    return kvp_evict_list_ratio(e->cap, room, e->quar, high, s->cfg.eviction_ratio);
 }
 
 /* Ask the FSM for usage (and the object list when needed). */
@@ -187,8 +198,15 @@ static int on_evict_timer(zloop_t *loop, int timer_id, void *arg)
     (void)loop;
     (void)timer_id;
     struct kvp_master_service *s = arg;
-    if (s->evict)
-        kvp_write_rate_tick(&s->evict->rate, svc_now_ms(), s->cfg.fence_grace_ms);
+    struct svc_evict *e = s->evict;
+    if (e) {
+        uint64_t now = svc_now_ms();
+        kvp_write_rate_tick(&e->rate, now, s->cfg.fence_grace_ms);
+        if (e->rate_keys.n > 0 && now - e->rate_keys_pruned_ms >= 1000) {
+            kvp_write_rate_forget(&e->rate_keys, now, s->cfg.fence_grace_ms);
+            e->rate_keys_pruned_ms = now;
+        }
+    }
     maybe_scan(s);
     return 0;
 }
@@ -340,6 +358,10 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
                                       chosen, &sum);
     e->need = false;
     e->need_bytes = 0;
+    /* The headroom rule alone, and not even its target could be chosen (the rest is leased or
+     * pinned): no list for it for a second, rather than one O(objects) list per 50 ms scan. */
+    if (target == 0 && sum.chosen_bytes < t_room)
+        e->room_quiet_until = svc_now_ms() + 1000;
     /* Blocked: nothing may go and nothing comes back from quarantine. With no complete object
      * but capacity, the space is held by puts in progress: they complete (then evictable) or
      * are revoked, so clients keep waiting. Only the watermark or a waiting put can be blocked:

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "actors/master/evict_policy.h"
+#include "actors/master/service_state.h"
 
 static struct kvp_evict_cand cand(uint64_t hash, uint64_t parent, uint64_t at, uint64_t size)
 {
@@ -238,6 +239,41 @@ static void test_evict_headroom_and_target(void **state)
     assert_int_equal(kvp_evict_headroom_target(UINT64_MAX - 5, cap, 10, 0.05), UINT64_MAX - 5);
 }
 
+/* A put waiting for space asks again every 5-200 ms (put_retry.c): its bytes count once per
+ * window, not once per ask (before, 3 s of retries counted a 1 MiB put ~20 times and the rate
+ * showed 20 MiB written). */
+static void test_evict_write_rate_retries_count_once(void **state)
+{
+    (void)state;
+    const uint64_t W = 5000, MIB = 1u << 20;
+    struct kvp_write_rate r = {0};
+    struct svc_map seen;
+    svc_map_init(&seen);
+    kvp_write_rate_tick(&r, 1000, W);
+    assert_true(kvp_write_rate_add_key(&r, &seen, 7, MIB, 1000, W));
+    unsigned backoff = 5, asks = 0;
+    for (uint64_t t = 1005; t < 4000; t += backoff, backoff = backoff * 2 > 200 ? 200 : backoff * 2) {
+        assert_false(kvp_write_rate_add_key(&r, &seen, 7, MIB, t, W)); /* a retry */
+        asks++;
+    }
+    assert_true(asks > 15);
+    assert_true(kvp_write_rate_add_key(&r, &seen, 8, MIB, 1500, W)); /* another key counts */
+    assert_int_equal(r.bytes, 2 * MIB);
+    /* a window later the key counts again (a new put of it) */
+    assert_true(kvp_write_rate_add_key(&r, &seen, 7, MIB, 6000, W));
+    /* short windows: at least one second (one bucket) */
+    assert_true(kvp_write_rate_add_key(&r, &seen, 9, MIB, 6000, 200));
+    assert_false(kvp_write_rate_add_key(&r, &seen, 9, MIB, 6500, 200));
+    assert_true(kvp_write_rate_add_key(&r, &seen, 9, MIB, 7000, 200));
+    /* forget: keys counted a window ago or more go, fresh ones stay */
+    kvp_write_rate_forget(&seen, 6600, W); /* 8 (counted at 1500) goes, 7 (at 6000) stays */
+    assert_false(svc_map_get(&seen, 8, NULL));
+    assert_true(svc_map_get(&seen, 7, NULL));
+    kvp_write_rate_forget(&seen, 20000, W);
+    assert_int_equal(seen.n, 0);
+    svc_map_fini(&seen);
+}
+
 /* The headroom rule evicts ahead of need: no soft-pinned object goes for it, while the
  * watermark's (or a waiting put's) target may still take them (before, a pool kept at
  * capacity − headroom lost its pinned objects at ~50% usage once the unpinned ones were gone). */
@@ -279,24 +315,38 @@ static void test_evict_round_headroom_spares_pinned(void **state)
     }
 }
 
-/* The list ratio: the FSM compares used + quarantined, the headroom rule used alone. A pool at
- * used = capacity − headroom with q bytes in quarantine must not be listed (it was, on every
- * 50 ms scan: 90% of a core on a 60,000-object pool), one with used above it must. */
+/* The list ratio: the FSM compares used + quarantined, the rules subtract quarantine (the
+ * watermark's target) or ignore it (the headroom rule). A pool that no rule would evict from must
+ * not be listed (it was, on most 50 ms scans: 90% of a core on a 60,000-object pool), one that a
+ * rule would evict from must. */
 static void test_evict_list_ratio_counts_quarantine(void **state)
 {
     (void)state;
     const uint64_t cap = 1000000, h = 300000, q = 240000;
-    double r = kvp_evict_list_ratio(cap, h, q, 0.95);
-    /* used = cap − h (rule satisfied), quarantine q: not listed */
+    const double hi = 0.95, st = 0.05;
+    double r = kvp_evict_list_ratio(cap, h, q, hi, st);
+    /* headroom: used = cap − h (rule satisfied) with q quarantined: not listed; a byte more: listed */
     assert_true((double)(cap - h + q - 1) / (double)cap < r);
-    /* one byte more used: listed */
+    assert_true(kvp_evict_headroom_target(cap - h, cap, h, st) == 0);
     assert_true((double)(cap - h + q) / (double)cap >= r);
-    /* the high watermark still bounds it */
-    assert_true(kvp_evict_list_ratio(cap, h, 600000, 0.95) == 0.95);
-    assert_true(kvp_evict_list_ratio(cap, 0, q, 0.95) == 0.95);
-    assert_true(kvp_evict_list_ratio(0, h, q, 0.95) == 0.95);
-    assert_true(kvp_evict_list_ratio(cap, cap + 1, 0, 0.95) == 0.95);
-    assert_true(kvp_evict_list_ratio(cap, cap / 2, 0, 0.95) == 0.5);
+    assert_true(kvp_evict_headroom_target(cap - h + 1, cap, h, st) > 0);
+    /* watermark alone: below ratio × cap in quarantine, from the high watermark */
+    assert_true(kvp_evict_list_ratio(cap, 0, 0, hi, st) == hi);
+    assert_true(kvp_evict_list_ratio(cap, 0, 49999, hi, st) == hi);
+    /* 8% quarantined: the target max(5%, usage − 90%) − 8% is 0 up to 98% usage */
+    r = kvp_evict_list_ratio(cap, 0, 80000, hi, st);
+    assert_true(r > 0.979 && r < 0.981);
+    /* quarantine above the pool's 10% (low watermark 90%): no list from usage alone */
+    assert_true(kvp_evict_list_ratio(cap, 0, 150000, hi, st) > 1.0);
+    /* both: the lower */
+    r = kvp_evict_list_ratio(cap, h, 80000, hi, st);
+    assert_true(r > 0.779 && r < 0.781);
+    assert_true(kvp_evict_list_ratio(cap, h, 600000, hi, st) > 0.979);
+    /* edges */
+    assert_true(kvp_evict_list_ratio(0, h, q, hi, st) == hi);
+    assert_true(kvp_evict_list_ratio(cap, cap + 1, 0, hi, st) == hi);
+    assert_true(kvp_evict_list_ratio(cap, cap / 2, 0, hi, st) == 0.5);
+    assert_true(kvp_evict_list_ratio(cap, 0, 0, 0.1, 0.5) == 0.1); /* low clamps at 0 */
 }
 
 int main(void)
@@ -311,6 +361,7 @@ int main(void)
         cmocka_unit_test(test_evict_policy_random_consistent),
         cmocka_unit_test(test_evict_write_rate_windows),
         cmocka_unit_test(test_evict_headroom_and_target),
+        cmocka_unit_test(test_evict_write_rate_retries_count_once),
         cmocka_unit_test(test_evict_round_headroom_spares_pinned),
         cmocka_unit_test(test_evict_list_ratio_counts_quarantine),
     };
