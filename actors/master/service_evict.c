@@ -3,7 +3,8 @@
  *
  * 1. Every 50 ms (leader only, outside the election grace window), when puts happened since the
  *    last look or a PutStart found no space, an EvictScanReq runs as a raftlog query. The FSM
- *    answers with usage and, at or above the high watermark (or on demand), every complete object.
+ *    answers with usage and, from the usage at which a round could evict something
+ *    (kvp_evict_list_ratio) or on demand, every complete object.
  * 2. The service pairs each object with its soft state (last access, lease, prefix hint) and
  *    asks evict_policy.c for victims worth max(eviction_ratio × capacity, usage above
  *    (high − ratio) × capacity, the bytes asked by PutStarts since the last scan when one of them
