@@ -176,7 +176,12 @@ static void start_scan(struct kvp_master_service *s)
     Kvp__Request req = KVP__REQUEST__INIT;
     Kvp__EvictScanReq q = KVP__EVICT_SCAN_REQ__INIT;
     q.high_watermark = list_ratio(s);
-    q.need_bytes = e->need ? (e->need_bytes ? e->need_bytes : 1) : 0;
+    /* A waiting put makes the FSM list every object (O(objects) on the raft thread) only when
+     * the quarantine of the last scan does not cover its need: if it does, on_scan would evict
+     * nothing anyway (the put waits for the release). This scan still reads usage, so the next
+     * one, 50 ms later, sees the quarantine that is left. */
+    uint64_t need = e->need ? (e->need_bytes ? e->need_bytes : 1) : 0;
+    q.need_bytes = need > e->quar ? need : 0;
     req.body_case = KVP__REQUEST__BODY_EVICT_SCAN;
     req.evict_scan = &q;
     e->scan_inflight = true;
