@@ -125,7 +125,7 @@ int kvp_raftlog_query(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *q, s
  * leads may answer reads from its own state machine: Ongaro, "Consensus: Bridging Theory and
  * Practice", 2014, §6.4). KVP_OK when this node leads, its term's barrier entry has applied, and
  * the raft thread confirmed both at most 40 ms ago (it re-confirms after every loop
- * iteration, tick and event it sends, and withdraws it as soon as it sees a step-down or
+ * iteration, in uv_check, and before every event it sends, and withdraws it as soon as it sees a step-down or
  * starts a leadership transfer). The FSM is then held against apply and restore until
  * kvp_raftlog_read_end, so the caller may read the fsm.ctx state directly; keep it short (the
  * raft thread's apply waits). Same basis as kvp_raftlog_query (raft_state() == RAFT_LEADER),

@@ -134,7 +134,8 @@ uint64_t kvp_evict_headroom_target(uint64_t used, uint64_t capacity, uint64_t he
  * write rate × fence_grace_ms in quarantine, was listed (every complete object, O(objects) on
  * both threads) on most 50 ms scans with nothing to evict. When the quarantine has fallen since
  * the figure, the list comes one scan later (that scan brings the new figure). A put waiting for
- * space makes the FSM list regardless (need_bytes).
+ * space makes the FSM list too (need_bytes), unless that quarantine already covers its need
+ * (service_evict.c, start_scan).
  */
 double kvp_evict_list_ratio(uint64_t capacity, uint64_t headroom, uint64_t quarantined, double high, double ratio);
 

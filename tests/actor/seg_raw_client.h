@@ -1,7 +1,8 @@
 /*
  * seg_raw_client.h — a raw TCP client of the segment server's frame protocol (wire/envelope.h)
  * for actor tests that need to pace or pipeline bytes themselves: connect, send and receive
- * exactly, encode one request header, read one response header. Failures are cmocka
+ * exactly, encode one request header, read one response header; and the fixture both tests
+ * share (a segment server on a test-owned region plus one raw connection). Failures are cmocka
  * assertions; include after <cmocka.h>.
  */
 #ifndef KVP_TESTS_SEG_RAW_CLIENT_H
@@ -14,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "actors/segment/seg_server.h"
 #include "kvpool.h"
 #include "wire/envelope.h"
 
@@ -31,6 +33,30 @@ static inline int seg_raw_connect(uint32_t port)
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return fd;
+}
+
+/*
+ * Start a segment server on 127.0.0.1 (any port) serving `region` (size bytes, owned by the
+ * caller, which frees it after seg_raw_server_stop) as segment seg_id, and connect to it.
+ * *srv and *fd are set; returns 0, or -1 on failure (a cmocka setup's return value).
+ */
+static inline int seg_raw_server_start(uint8_t *region, size_t size, uint32_t seg_id, struct kvp_seg_server **srv,
+                                       int *fd)
+{
+    *fd = -1;
+    if (!region || kvp_seg_server_start(srv, "127.0.0.1", 0, region, size) != KVP_OK)
+        return -1;
+    kvp_seg_server_set_id(*srv, seg_id);
+    *fd = seg_raw_connect(kvp_seg_server_port(*srv));
+    return *fd < 0 ? -1 : 0;
+}
+
+/* Close the connection and stop the server (*srv becomes NULL). */
+static inline void seg_raw_server_stop(struct kvp_seg_server **srv, int fd)
+{
+    if (fd >= 0)
+        close(fd);
+    kvp_seg_server_stop(srv);
 }
 
 static inline void seg_raw_send_all(int fd, const void *buf, size_t len)

@@ -44,18 +44,13 @@ static int setup(void **state)
         return -1;
     for (size_t i = 0; i < REGION; i++)
         T.region[i] = OLD(i);
-    if (kvp_seg_server_start(&T.srv, "127.0.0.1", 0, T.region, REGION) != KVP_OK)
-        return -1;
-    kvp_seg_server_set_id(T.srv, SEG_ID);
-    T.fd = seg_raw_connect(kvp_seg_server_port(T.srv));
-    return T.fd < 0 ? -1 : 0;
+    return seg_raw_server_start(T.region, REGION, SEG_ID, &T.srv, &T.fd);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    close(T.fd);
-    kvp_seg_server_stop(&T.srv);
+    seg_raw_server_stop(&T.srv, T.fd);
     free(T.region);
     return 0;
 }

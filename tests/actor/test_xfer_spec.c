@@ -421,59 +421,66 @@ static int run_round(struct kvp_xfer_engine *e, const char *ep, unsigned *seed, 
     return ok;
 }
 
-static struct kvp_xfer_engine *new_engine(uint32_t conns, uint64_t slice_bytes)
-{
+/* One scripted server, its endpoint, and an engine with `conns` connections per peer on it. */
+struct spec_env {
+    struct sserver srv;
+    char ep[64];
     struct kvp_xfer_engine *e;
+};
+
+static void env_start(struct spec_env *v, int chunking, uint32_t conns, uint64_t slice_bytes)
+{
+    sserver_start(&v->srv, chunking);
+    snprintf(v->ep, sizeof v->ep, "127.0.0.1:%u", v->srv.port);
     struct kvp_xfer_params p = {.conns_per_peer = conns, .slice_bytes = slice_bytes, .connect_timeout_ms = 2000};
-    assert_int_equal(kvp_xfer_engine_new(&e, &p), KVP_OK);
-    return e;
+    assert_int_equal(kvp_xfer_engine_new(&v->e, &p), KVP_OK);
+}
+
+/* Engine gone, server stopped: no buffer written after its call returned, no WRITE payload
+ * arrived wrong. */
+static void env_stop(struct spec_env *v)
+{
+    kvp_xfer_engine_destroy(&v->e);
+    sserver_stop(&v->srv);
+    check_retired();
+    assert_int_equal(atomic_load(&v->srv.write_bad), 0);
 }
 
 /* Errors between OK answers, answers written in random pieces: every status is exact. */
 static void test_spec_errors_random_chunks_exact(void **state)
 {
     (void)state;
-    struct sserver srv;
-    sserver_start(&srv, CHUNK_RANDOM);
-    char ep[64];
-    snprintf(ep, sizeof ep, "127.0.0.1:%u", srv.port);
-    struct kvp_xfer_engine *e = new_engine(1, 1 << 20);
+    struct spec_env v;
+    env_start(&v, CHUNK_RANDOM, 1, 1 << 20);
     unsigned seed = 4242;
     for (int round = 0; round < 150; round++) {
         struct round_opts o = {.n = 1 + round % 48, .max_len = round % 3 == 0 ? 64 : round % 3 == 1 ? 5000 : 70000,
                                .pct_err = 5 + round % 40, .timeout_ms = 20000, .exact = true};
-        run_round(e, ep, &seed, &o, NULL);
+        run_round(v.e, v.ep, &seed, &o, NULL);
     }
     struct kvp_xfer_stats st;
-    kvp_xfer_stats(e, &st);
+    kvp_xfer_stats(v.e, &st);
     printf("spec_pieces %lu pushbacks %lu stray %lu\n", (unsigned long)st.spec_pieces, (unsigned long)st.pushbacks,
            (unsigned long)st.stray_bytes);
     assert_true(st.spec_pieces > 0);
     assert_true(st.pushbacks > 0);
     assert_int_equal(st.stray_bytes, 0);
-    kvp_xfer_engine_destroy(&e);
-    sserver_stop(&srv);
-    check_retired();
+    env_stop(&v);
 }
 
 /* The same, one byte per send: headers and payloads end at every possible place. */
 static void test_spec_errors_dribbled_exact(void **state)
 {
     (void)state;
-    struct sserver srv;
-    sserver_start(&srv, CHUNK_DRIBBLE);
-    char ep[64];
-    snprintf(ep, sizeof ep, "127.0.0.1:%u", srv.port);
-    struct kvp_xfer_engine *e = new_engine(1, 1 << 20);
+    struct spec_env v;
+    env_start(&v, CHUNK_DRIBBLE, 1, 1 << 20);
     unsigned seed = 777;
     for (int round = 0; round < 40; round++) {
         struct round_opts o = {.n = 2 + round % 20, .max_len = round % 2 ? 8 : 200, .pct_err = 30,
                                .timeout_ms = 20000, .exact = true};
-        run_round(e, ep, &seed, &o, NULL);
+        run_round(v.e, v.ep, &seed, &o, NULL);
     }
-    kvp_xfer_engine_destroy(&e);
-    sserver_stop(&srv);
-    check_retired();
+    env_stop(&v);
 }
 
 /* Protocol errors (a wrong length, another req_id, a close) behind speculative reads: the
@@ -481,21 +488,16 @@ static void test_spec_errors_dribbled_exact(void **state)
 static void test_spec_protocol_errors_exact(void **state)
 {
     (void)state;
-    struct sserver srv;
-    sserver_start(&srv, CHUNK_RANDOM);
-    char ep[64];
-    snprintf(ep, sizeof ep, "127.0.0.1:%u", srv.port);
-    struct kvp_xfer_engine *e = new_engine(1, 1 << 20);
+    struct spec_env v;
+    env_start(&v, CHUNK_RANDOM, 1, 1 << 20);
     unsigned seed = 31337;
     for (int round = 0; round < 120; round++) {
         g_round = round;
         struct round_opts o = {.n = 2 + round % 40, .max_len = round % 2 ? 300 : 9000, .pct_err = 20,
                                .pct_fatal = 4, .pct_write = round % 2 ? 0 : 25, .timeout_ms = 20000, .exact = true};
-        run_round(e, ep, &seed, &o, NULL);
+        run_round(v.e, v.ep, &seed, &o, NULL);
     }
-    kvp_xfer_engine_destroy(&e);
-    sserver_stop(&srv);
-    check_retired();
+    env_stop(&v);
 }
 
 struct worker {
@@ -511,7 +513,8 @@ static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     for (int r = 0; r < w->rounds; r++) {
-        struct round_opts o = {.n = 1 + rand_r(&w->seed) % (w->max_len > 100000 ? 8 : 40), .max_len = r % 2 ? 700 : w->max_len, .pct_err = 15,
+        struct round_opts o = {.n = 1 + rand_r(&w->seed) % (w->max_len > 100000 ? 8 : 40),
+                               .max_len = r % 2 ? 700 : w->max_len, .pct_err = 15,
                                .pct_fatal = r % 5 == 0 ? 2 : 0, .pct_delay = 3, .pct_write = r % 4 == 1 ? 20 : 0,
                                .timeout_ms = r % 3 == 0 ? 1 + (uint32_t)(rand_r(&w->seed) % 15) : 20000};
         run_round(w->e, w->ep, &w->seed, &o, &w->ok);
@@ -545,16 +548,10 @@ static void run_workers(struct kvp_xfer_engine *e, const char *ep, int t, int ro
 static void test_spec_concurrent_fencing_invariants(void **state)
 {
     (void)state;
-    struct sserver srv;
-    sserver_start(&srv, CHUNK_RANDOM);
-    char ep[64];
-    snprintf(ep, sizeof ep, "127.0.0.1:%u", srv.port);
-    struct kvp_xfer_engine *e = new_engine(2, 4096);
-    run_workers(e, ep, 4, 60, 12000);
-    kvp_xfer_engine_destroy(&e);
-    sserver_stop(&srv);
-    check_retired();
-    assert_int_equal(atomic_load(&srv.write_bad), 0);
+    struct spec_env v;
+    env_start(&v, CHUNK_RANDOM, 2, 4096);
+    run_workers(v.e, v.ep, 4, 60, 12000);
+    env_stop(&v);
 }
 
 /* Pieces larger than the 256 KiB scratch buffer, fenced mid-payload by short timeouts, with
@@ -562,16 +559,10 @@ static void test_spec_concurrent_fencing_invariants(void **state)
 static void test_spec_large_pieces_fenced_invariants(void **state)
 {
     (void)state;
-    struct sserver srv;
-    sserver_start(&srv, CHUNK_RANDOM);
-    char ep[64];
-    snprintf(ep, sizeof ep, "127.0.0.1:%u", srv.port);
-    struct kvp_xfer_engine *e = new_engine(2, 1 << 20);
-    run_workers(e, ep, 3, 16, 600000);
-    kvp_xfer_engine_destroy(&e);
-    sserver_stop(&srv);
-    check_retired();
-    assert_int_equal(atomic_load(&srv.write_bad), 0);
+    struct spec_env v;
+    env_start(&v, CHUNK_RANDOM, 2, 1 << 20);
+    run_workers(v.e, v.ep, 3, 16, 600000);
+    env_stop(&v);
 }
 
 /*
@@ -586,11 +577,8 @@ static void test_spec_late_pause_with_pushback_fenced(void **state)
 #ifndef KVP_FAULT_INJECTION
     skip();
 #endif
-    struct sserver srv;
-    sserver_start(&srv, CHUNK_WHOLE);
-    char ep[64];
-    snprintf(ep, sizeof ep, "127.0.0.1:%u", srv.port);
-    struct kvp_xfer_engine *e = new_engine(1, 1 << 20);
+    struct spec_env v;
+    env_start(&v, CHUNK_WHOLE, 1, 1 << 20);
     for (int round = 0; round < 6; round++) {
         bool fence = round % 2 == 0;
         kvp_xfer_fault_clear();
@@ -606,10 +594,11 @@ static void test_spec_late_pause_with_pushback_fenced(void **state)
             mem[i] = malloc(lens[i] + 2 * GUARD);
             memset(mem[i], GUARD_BYTE, lens[i] + 2 * GUARD);
             s[i] = (struct kvp_xfer_slice){.local = mem[i] + GUARD, .length = lens[i], .segment_id = i == 2 ? 77 : 3,
-                                           .endpoint = ep, .remote_offset = ((uint64_t)(round * 10 + i) << 8) | (uint64_t)codes[i],
+                                           .endpoint = v.ep,
+                                           .remote_offset = ((uint64_t)(round * 10 + i) << 8) | (uint64_t)codes[i],
                                            .op = KVP_XFER_READ, .status = 12345};
         }
-        kvp_xfer_run(e, s, N, fence ? 5000 : 20000);
+        kvp_xfer_run(v.e, s, N, fence ? 5000 : 20000);
         assert_int_equal(s[0].status, KVP_ERR_NOT_FOUND);
         assert_int_equal(s[1].status, KVP_ERR_NOT_FOUND);
         for (int i = 2; i < N; i++) {
@@ -630,20 +619,18 @@ static void test_spec_late_pause_with_pushback_fenced(void **state)
         assert_int_equal(kvp_xfer_fault_quiesce(10000), KVP_OK);
         /* the connection still works */
         uint8_t small[512];
-        struct kvp_xfer_slice t = {.local = small, .length = sizeof small, .segment_id = 3, .endpoint = ep,
+        struct kvp_xfer_slice t = {.local = small, .length = sizeof small, .segment_id = 3, .endpoint = v.ep,
                                    .remote_offset = 4096, .op = KVP_XFER_READ};
-        assert_int_equal(kvp_xfer_run(e, &t, 1, 20000), KVP_OK);
+        assert_int_equal(kvp_xfer_run(v.e, &t, 1, 20000), KVP_OK);
         for (int k = 0; k < (int)sizeof small; k++)
             assert_int_equal(small[k], pat_byte(7, 4096 + (uint64_t)k));
     }
     kvp_xfer_fault_clear();
     struct kvp_xfer_stats st;
-    kvp_xfer_stats(e, &st);
+    kvp_xfer_stats(v.e, &st);
     printf("pushbacks %lu fenced %lu stray %lu\n", (unsigned long)st.pushbacks, (unsigned long)st.fenced,
            (unsigned long)st.stray_bytes);
-    kvp_xfer_engine_destroy(&e);
-    sserver_stop(&srv);
-    check_retired();
+    env_stop(&v);
 }
 
 int main(void)
