@@ -10,6 +10,10 @@
 #    GetReplicaList round trip is a fixed cost per call at batch 1);
 #  - kv: 4 KiB batch_get of 32 keys vs redis-benchmark GET -P 16 -d 4096 at the same number of
 #    clients (KVP_BENCH_CLIENTS, default 4): target >= 1.0x;
+#  - limits measured in the same run, printed after the ratios: the fixed cost of a batch-1 call
+#    (1-byte put and get) and the bound it puts on the batch-1 4 MiB ratios; the kernel crossings
+#    (system calls, context switches) and CPU per 4 KiB key of kvpool and of redis, counted by
+#    perf over every process of each side, priced by `kvpool-bench baseline-kernel`;
 #  - meta: PutStart+PutEnd pairs/s at 1, 16, 64 callers, GetReplicaList/s, leader RSS per object
 #    (KVP_BENCH_OBJECTS, default 200000), failover over KVP_BENCH_KILLS (default 10) leader kills.
 #    KVP_BENCH_META=0 skips it (the kv part alone takes about a minute).
@@ -84,6 +88,14 @@ sleep 6
 "$BENCH" get --cluster "$C" --value-size 4M --count 320 --batch "$PUT_BATCH" --threads "$PUT_THREADS" --replicas 1 --json | tee "$OUT/get4m_batch.json"
 sleep 6
 
+# The fixed cost of one call, whatever its size: a 1-byte put is the two Raft commits (PutStart,
+# PutEnd) and their round trips; a 1-byte get is the GetReplicaList round trip plus a minimal
+# read. A batch-1 4 MiB call pays it in series with its transfer, which bounds its ratio.
+echo "== kv: fixed cost of a call: 1-byte put / get, batch 1, 1 thread"
+"$BENCH" put --cluster "$C" --value-size 1 --count 300 --batch 1 --threads 1 --replicas 1 --json >"$OUT/put1b.json"
+"$BENCH" get --cluster "$C" --value-size 1 --count 300 --batch 1 --threads 1 --replicas 1 --json >"$OUT/get1b.json"
+echo "1-byte put p50 $(jget "$OUT/put1b.json" 'd["latency_us"]["p50"]') us, get p50 $(jget "$OUT/get1b.json" 'd["latency_us"]["p50"]') us"
+
 echo "== kv: 4 KiB batch_get of 32 keys, $CLIENTS threads"
 "$BENCH" get --cluster "$C" --value-size 4K --count 32000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/get4k.json"
 "$BENCH" put --cluster "$C" --value-size 4K --count 32000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/put4k.json"
@@ -92,7 +104,7 @@ echo "== redis-benchmark GET -P 16 -d 4096 -c $CLIENTS"
 REDIS=0
 if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
   P=$(free_port)
-  redis-server --port "$P" --save '' --appendonly no --bind 127.0.0.1 >"$OUT/redis.log" 2>&1 & PIDS+=($!)
+  redis-server --port "$P" --save '' --appendonly no --bind 127.0.0.1 >"$OUT/redis.log" 2>&1 & RPID=$!; PIDS+=($RPID)
   sleep 0.5
   redis-benchmark -p "$P" -t set,get -P 16 -d 4096 -c "$CLIENTS" -n 400000 --csv >"$OUT/redis.csv" 2>/dev/null || true
   cat "$OUT/redis.csv"
@@ -100,6 +112,37 @@ if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; 
 for row in csv.reader(open(sys.argv[1])):
     if row and row[0] == "GET": print(row[1]); break
 else: print(0)' "$OUT/redis.csv")
+fi
+
+# Kernel crossings per key (docs/bench.md, "What a kernel crossing costs"): perf counts the
+# system calls, context switches and CPU time of every process of each side during a second
+# 4 KiB run: kvpool's masters, segments and the bench client; redis-server and redis-benchmark.
+# baseline-kernel prices a system call and a wake-up. Skipped when perf is missing or not allowed.
+CROSS=0
+if command -v perf >/dev/null && perf stat -e raw_syscalls:sys_enter -o /dev/null -- true 2>/dev/null; then
+  CROSS=1
+  echo "== kernel crossings per key: 4 KiB batch_get(32) and redis GET -P 16, counted by perf"
+  "$BENCH" baseline-kernel --json | tee "$OUT/kernel.json"
+  EV=raw_syscalls:sys_enter,context-switches,task-clock
+  CPIDS=$(jget "$C" '",".join(str(p["pid"]) for p in d["masters"] + d["segments"])')
+  # The keys are stored first, outside the counted window; the counted get keeps them (--keep)
+  # so that no removal is counted either.
+  RID=$(printf '%08x' $$)
+  "$BENCH" put --cluster "$C" --value-size 4K --count 64000 --batch 32 --threads "$CLIENTS" --replicas 1 \
+    --keep --run-id "$RID" >/dev/null
+  perf stat -x, -e "$EV" -p "$CPIDS" -o "$OUT/perf_kvpool_servers.txt" & PERFP=$!
+  sleep 0.3
+  perf stat -x, -e "$EV" -o "$OUT/perf_kvpool_client.txt" -- \
+    "$BENCH" get --cluster "$C" --value-size 4K --count 64000 --batch 32 --threads "$CLIENTS" --replicas 1 \
+      --keep --run-id "$RID" --json >"$OUT/get4k_perf.json"
+  kill -INT "$PERFP"; wait "$PERFP" || true
+  if [ "$REDIS" != 0 ]; then
+    perf stat -x, -e "$EV" -p "$RPID" -o "$OUT/perf_redis_server.txt" & PERFP=$!
+    sleep 0.3
+    perf stat -x, -e "$EV" -o "$OUT/perf_redis_client.txt" -- \
+      redis-benchmark -p "$P" -t get -P 16 -d 4096 -c "$CLIENTS" -n 400000 --csv >"$OUT/redis_perf.csv" 2>/dev/null || true
+    kill -INT "$PERFP"; wait "$PERFP" || true
+  fi
 fi
 
 if [ "${KVP_BENCH_META:-1}" != 0 ]; then
@@ -127,6 +170,14 @@ for name in names:
     ratio = r["bytes_per_second"] / ref
     print("%-22s %6.0f MB/s: %.2fx of the best stream, %.2fx of the one just before (target >= 0.9x: %s)"
           % (label, r["bytes_per_second"] / 1e6, ratio, r["bytes_per_second"] / adj, "met" if ratio >= 0.9 else "MISSED"))
+# Batch 1: the call's fixed cost (1-byte call, p50) runs before (get) or around (put) the
+# transfer, so even a transfer at the best stream's speed gives at most
+# t_stream / (t_stream + t_fixed), t_stream = 4 MiB / best stream.
+t_stream = (4 << 20) / ref * 1e6
+for name, fixed in (("put", "put1b.json"), ("get", "get1b.json")):
+    f = j(fixed)["latency_us"]["p50"]
+    print("4 MiB %s b1: fixed cost of a call %.0f us (1-byte %s p50) + %.0f us of stream: at most %.2fx"
+          % (name, f, name, t_stream, t_stream / (t_stream + f)))
 g = j("get4k.json")
 if redis:
     ratio = g["ops_per_second"] / redis
@@ -134,4 +185,39 @@ if redis:
           % ("4 KiB batch_get(32)", g["ops_per_second"], redis, ratio, "met" if ratio >= 1.0 else "MISSED"))
 else:
     print("4 KiB batch_get(32): %.0f keys/s (redis-benchmark not available)" % g["ops_per_second"])
+
+def perf_counts(*files):
+    """Sum perf stat -x, counts over files: {event: value}; task-clock in ms."""
+    tot = {}
+    for f in files:
+        p = os.path.join(out, f)
+        if not os.path.exists(p):
+            return None
+        for line in open(p):
+            parts = line.strip().split(",")
+            if len(parts) < 3 or line.startswith("#"):
+                continue
+            try:
+                v = float(parts[0])
+            except ValueError:
+                return None  # <not counted> / <not supported>
+            tot[parts[2]] = tot.get(parts[2], 0.0) + v
+    return tot
+
+if os.path.exists(os.path.join(out, "kernel.json")):
+    k = j("kernel.json")
+    print("kernel crossing on this machine: system call %.2f us CPU, thread wake-up %.2f us (two CPUs) / "
+          "%.2f us (context switch on one CPU)" % (k["syscall_us"], k["wakeup_us"], k["switch_us"]))
+    rows = [("kvpool batch_get(32)", perf_counts("perf_kvpool_servers.txt", "perf_kvpool_client.txt"),
+             j("get4k_perf.json")["ops_ok"] if os.path.exists(os.path.join(out, "get4k_perf.json")) else 0)]
+    if os.path.exists(os.path.join(out, "perf_redis_client.txt")):
+        rows.append(("redis GET -P 16", perf_counts("perf_redis_server.txt", "perf_redis_client.txt"), 400000))
+    for label, c, n in rows:
+        if not c or not n:
+            print("%-22s: perf counts missing" % label)
+            continue
+        sc, cs, ms = c.get("raw_syscalls:sys_enter", 0), c.get("context-switches", 0), c.get("task-clock", 0)
+        print("%-22s per key: %.2f system calls, %.3f context switches, %.2f us CPU in all its processes; "
+              "the crossings cost >= %.2f us of it"
+              % (label, sc / n, cs / n, ms * 1e3 / n, (sc * k["syscall_us"] + cs * k["switch_us"]) / n))
 PY

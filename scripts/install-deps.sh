@@ -7,9 +7,10 @@ PKGS=(build-essential cmake pkg-config git
       libibverbs-dev librdmacm-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev
       libxxhash-dev clang libclang-rt-14-dev gnuplot-nox iproute2 nftables procps psmisc
       python3)
-# Benchmark baselines only (scripts/bench.sh): KVP_BENCH_DEPS=1 adds them. Kept out of the
-# default set because their packages start system daemons on install.
-[ "${KVP_BENCH_DEPS:-0}" = 1 ] && PKGS+=(redis-server redis-tools iperf3)
+# Benchmark baselines only (scripts/bench.sh): KVP_BENCH_DEPS=1 adds them, and linux-perf, which
+# counts the kernel crossings per key. Kept out of the default set because the redis and iperf3
+# packages start system daemons on install.
+[ "${KVP_BENCH_DEPS:-0}" = 1 ] && PKGS+=(redis-server redis-tools iperf3 linux-perf)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

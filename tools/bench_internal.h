@@ -181,6 +181,8 @@ int bench_bounds_main(int argc, char **argv);
 int bench_models_main(void);
 int bench_kv_main(const char *mode, int argc, char **argv);
 int bench_baseline_tcp_main(int argc, char **argv);
+/** kvpool-bench baseline-kernel (bench_kernel.c): CPU cost of a system call and a thread wake-up. */
+int bench_baseline_kernel_main(int argc, char **argv);
 int bench_meta_main(int argc, char **argv);
 
 #endif

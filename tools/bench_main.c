@@ -18,6 +18,7 @@ static void usage(void)
             "  models              the --model table (KV bytes per token and sources)\n"
             "  put|get|mixed       key-value throughput and latency through the public API\n"
             "  baseline-tcp        one loopback TCP stream, measured in-process\n"
+            "  baseline-kernel     CPU cost of a system call and of a thread wake-up\n"
             "  meta                master metadata throughput and failover time\n"
             "Run `kvpool-bench MODE --help` for a mode's options; docs/bench.md has them all.\n");
 }
@@ -47,6 +48,8 @@ int main(int argc, char **argv)
         return bench_meta_main(argc, argv);
     if (!strcmp(mode, "baseline-tcp"))
         return bench_baseline_tcp_main(argc, argv);
+    if (!strcmp(mode, "baseline-kernel"))
+        return bench_baseline_kernel_main(argc, argv);
     fprintf(stderr, "kvpool-bench: unknown mode '%s'\n", mode);
     usage();
     return 2;

@@ -9,6 +9,7 @@ set(KVP_BENCH_SRC
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_cpu.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_cluster.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_kv.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/bench_kernel.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_meta.c
   ${CMAKE_CURRENT_SOURCE_DIR}/bench_meta_pipe.c)
 add_executable(kvpool-bench ${KVP_BENCH_SRC})
