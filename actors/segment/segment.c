@@ -266,18 +266,45 @@ uint64_t kvp_seg_prefault_allow(const char *meminfo, uint64_t want)
     return a - floor < want ? a - floor : want;
 }
 
-/* How much the prefault may populate now (see kvp_seg_prefault_allow); `want` when
- * /proc/meminfo cannot be read. */
-static uint64_t prefault_allow(uint64_t want)
+/* The whole of a small file into buf (NUL-terminated); false when it cannot be read. */
+static bool read_small_file(const char *path, char *buf, size_t cap)
 {
-    char buf[4096];
-    FILE *fp = fopen("/proc/meminfo", "re");
+    FILE *fp = fopen(path, "re");
     if (!fp)
-        return want;
-    size_t n = fread(buf, 1, sizeof buf - 1, fp);
+        return false;
+    size_t n = fread(buf, 1, cap - 1, fp);
     fclose(fp);
     buf[n] = 0;
-    return kvp_seg_prefault_allow(buf, want);
+    return true;
+}
+
+/* The tightest memory cgroup limit of this process (memcg.c); false when none is known. */
+static bool memcg_now(struct kvp_seg_memcg *m)
+{
+    char buf[4096];
+    if (!read_small_file("/proc/self/cgroup", buf, sizeof buf)) {
+        memset(m, 0, sizeof *m);
+        return false;
+    }
+    return kvp_seg_memcg_read(buf, "/sys/fs/cgroup", m);
+}
+
+/* How much the prefault may populate now: the host guard (kvp_seg_prefault_allow, /proc/meminfo)
+ * and the cgroup guard (kvp_seg_memcg_allow); a guard whose files cannot be read allows `want`.
+ * When it allows less than `want`, *why says which guard. */
+static uint64_t prefault_allow(uint64_t want, char *why, size_t cap)
+{
+    char buf[4096];
+    uint64_t host = read_small_file("/proc/meminfo", buf, sizeof buf) ? kvp_seg_prefault_allow(buf, want) : want;
+    struct kvp_seg_memcg m;
+    uint64_t cg = memcg_now(&m) ? kvp_seg_memcg_allow(&m, want) : want;
+    if (host < want)
+        snprintf(why, cap, "MemAvailable low (the host keeps max(MemTotal/10, %llu MiB) free)",
+                 PREFAULT_FLOOR_MIN >> 20);
+    else if (cg < want)
+        snprintf(why, cap, "memory cgroup %s near its limit (usage %llu of %llu bytes; it keeps max(limit/10, "
+                 "512 MiB) free)", m.path, (unsigned long long)m.usage, (unsigned long long)m.limit);
+    return host < cg ? host : cg;
 }
 
 /*
@@ -292,7 +319,9 @@ static uint64_t prefault_allow(uint64_t want)
  * before. Populating anonymous memory the host does not have does not fail with ENOMEM: the
  * kernel's OOM killer runs. So a normal-page region stops being populated while MemAvailable
  * is below max(MemTotal / 10, 512 MiB) plus the next 64 MiB (a region larger than the host's
- * free memory, which MAP_NORESERVE allows); hugetlb regions are reserved at mmap.
+ * free memory, which MAP_NORESERVE allows), or while the room left under the tightest memory
+ * cgroup limit of the process (a container's) is below max(limit / 10, 512 MiB) plus the next
+ * 64 MiB (memcg.c); hugetlb regions are reserved at mmap.
  */
 static void *prefault_main(void *arg)
 {
@@ -301,7 +330,7 @@ static void *prefault_main(void *arg)
     size_t done = 0, allowed = s->map_bytes; /* bytes below which memory was checked */
     bool populate = true;
     const char *why = NULL;
-    char whybuf[128];
+    char whybuf[768];
     if (!s->huge)
         allowed = 0;
     while (done < s->map_bytes && !atomic_load_explicit(&s->prefault_stop, memory_order_relaxed)) {
@@ -309,9 +338,7 @@ static void *prefault_main(void *arg)
         if (done + n > allowed) {
             uint64_t step = s->map_bytes - done < PREFAULT_MEMCHECK_BYTES ? s->map_bytes - done
                                                                           : PREFAULT_MEMCHECK_BYTES;
-            if (prefault_allow(step) < step) {
-                snprintf(whybuf, sizeof whybuf, "MemAvailable low (the host keeps max(MemTotal/10, %llu MiB) free)",
-                         PREFAULT_FLOOR_MIN >> 20);
+            if (prefault_allow(step, whybuf, sizeof whybuf) < step) {
                 why = whybuf;
                 break;
             }
@@ -403,6 +430,14 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
     int rc = map_region(s);
     if (rc != KVP_OK)
         goto fail;
+    struct kvp_seg_memcg mcg;
+    if (!s->huge && memcg_now(&mcg) && s->size > (mcg.usage < mcg.limit ? mcg.limit - mcg.usage : 0))
+        kvp_log_warn(s->actor,
+                     "global_segment_size %llu bytes is more than the room left under memory cgroup %s (limit %llu, "
+                     "usage %llu bytes): once the pool fills, writes past that room run the cgroup's OOM killer; "
+                     "lower global_segment_size or raise the limit",
+                     (unsigned long long)s->size, mcg.path, (unsigned long long)mcg.limit,
+                     (unsigned long long)mcg.usage);
     rc = kvp_seg_server_start(&s->srv, cfg->local_hostname, cfg->port, s->base, s->size);
     if (rc != KVP_OK) {
         if (rc == KVP_ERR_INVALID && cfg->local_hostname[0])

@@ -4,6 +4,7 @@
 #ifndef KVP_SEGMENT_INTERNAL_H
 #define KVP_SEGMENT_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,5 +35,29 @@ int kvp_seg_format_endpoint(char *buf, size_t cap, const char *host, uint32_t po
  * without both MemTotal and MemAvailable: `want` (no guard).
  */
 uint64_t kvp_seg_prefault_allow(const char *meminfo, uint64_t want);
+
+/** The tightest memory cgroup limit of a process (memcg.c): the one with the least room. */
+struct kvp_seg_memcg {
+    bool found;      /* some cgroup of the process has a memory limit */
+    uint64_t limit;  /* bytes: memory.max (v2) or memory.limit_in_bytes (v1) */
+    uint64_t usage;  /* bytes: memory.current or memory.usage_in_bytes, page cache included */
+    char path[512];  /* the cgroup directory it was read from (log lines) */
+};
+
+/**
+ * Read the memory limits of the cgroups listed in `proc_cgroup` (the text of /proc/self/cgroup)
+ * and of all their ancestors, under the cgroup mount `root` ("/sys/fs/cgroup"; tests pass a
+ * directory of their own): v2 under root and root/unified, v1 under root/memory (memcg.c says
+ * which files). Fills *out with the one with the least room (limit - usage). Returns out->found;
+ * unreadable or missing files are skipped (no limit known).
+ */
+bool kvp_seg_memcg_read(const char *proc_cgroup, const char *root, struct kvp_seg_memcg *out);
+
+/**
+ * segment_prefault's cgroup guard: of `want` more bytes, how many may be populated keeping
+ * limit - usage above max(limit / 10, 512 MiB), the host guard's rule applied to the cgroup;
+ * 0: stop. `want` when m is NULL or has no limit.
+ */
+uint64_t kvp_seg_memcg_allow(const struct kvp_seg_memcg *m, uint64_t want);
 
 #endif
