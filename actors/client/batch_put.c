@@ -9,6 +9,7 @@
  * only through PutEnd, after all of its bytes are written: a put never leaves a key visible
  * without its bytes.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,12 +118,13 @@ static void put_sums_compute(void *arg)
 /* PutStart ttl = the call's remaining time + this (clock-skew and apply-delay margin). */
 #define KVP_CLIENT_PUT_TTL_MARGIN_MS 2000u
 
-void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
-                         const kvp_put_opts *opts, int results[])
+/* One PutStart/transfer/PutEnd round for objs[0..n-1], the items base..base+n-1 of the call,
+ * until deadline (ms). */
+static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
+                           size_t base, const kvp_put_opts *opts, uint64_t deadline, int results[])
 {
     uint64_t t_start = kvp_clock_now_us();
     uint64_t t_started = 0, t_written = 0;
-    uint64_t deadline = kvp_client_deadline(c, opts ? opts->timeout_ms : 0);
     uint32_t replica_num = opts && opts->replica_num ? opts->replica_num : c->cfg.replica_num;
     if (replica_num == 0)
         replica_num = 1;
@@ -175,7 +177,7 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
         si[m].preferred_segment = (char *)(opts && opts->preferred_segment ? opts->preferred_segment : "");
         si[m].op_id = it[m].op_id;
         si[m].client_host = c->cfg.local_hostname;
-        si[m].parent_key = (char *)kvp_client_put_parent(i); /* kvp_batch_put_hinted, else "" */
+        si[m].parent_key = (char *)kvp_client_put_parent(base + i); /* kvp_batch_put_hinted, else "" */
         sp[m] = &si[m];
         m++;
     }
@@ -383,6 +385,37 @@ out:
     free(have_sum);
 }
 
+void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
+                         const kvp_put_opts *opts, int results[])
+{
+    /* One deadline for the whole call; a large batch goes to the master in chunks of
+     * KVP_CLIENT_PUT_CHUNK items (one PutStart is one Raft command, applied in one go on every
+     * master). A key repeated in a later chunk gets KVP_ERR_EXISTS, as inside one chunk. */
+    uint64_t deadline = kvp_client_deadline(c, opts ? opts->timeout_ms : 0);
+    for (size_t off = 0; off < n; off += KVP_CLIENT_PUT_CHUNK) {
+        size_t cn = n - off < KVP_CLIENT_PUT_CHUNK ? n - off : KVP_CLIENT_PUT_CHUNK;
+        if (off > 0 && (kvp_client_remaining(deadline) == 0 || kvp_client_closing(c))) {
+            int why = kvp_client_closing(c) ? KVP_ERR_CLOSED : KVP_ERR_TIMEOUT;
+            for (size_t i = off; i < n; i++)
+                results[i] = why;
+            kvp_log_warn(c->name, "put of %zu items: %zu not started (%s)", n, n - off, kvp_errname(why));
+            return;
+        }
+        put_objs_chunk(c, cn, objs + off, off, opts, deadline, results + off);
+    }
+}
+
+static int check_opts(const char *fn, const kvp_put_opts *opts)
+{
+    if (opts && opts->replica_num > KVP_CLIENT_MAX_REPLICAS) {
+        char what[96];
+        snprintf(what, sizeof what, "opts->replica_num %u is over %u", opts->replica_num,
+                 KVP_CLIENT_MAX_REPLICAS);
+        return kvp_client_invalid(fn, what);
+    }
+    return KVP_OK;
+}
+
 /* ------------------------------------------------------------------ public entry points */
 
 int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
@@ -390,6 +423,8 @@ int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const k
 {
     if (!c || (n > 0 && (!keys || !iovs || !iovcnt || !results)))
         return kvp_client_invalid(__func__, "client NULL, or a NULL keys/iovs/iovcnt/results array with n > 0");
+    if (check_opts(__func__, opts) != KVP_OK)
+        return KVP_ERR_INVALID;
     if (n == 0)
         return KVP_OK;
     int rc = kvp_client_enter(c);
@@ -411,6 +446,8 @@ int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void 
 {
     if (!c || (n > 0 && (!keys || !bufs || !lens || !results)))
         return kvp_client_invalid(__func__, "client NULL, or a NULL keys/bufs/lens/results array with n > 0");
+    if (check_opts(__func__, opts) != KVP_OK)
+        return KVP_ERR_INVALID;
     if (n == 0)
         return KVP_OK;
     int rc = kvp_client_enter(c);

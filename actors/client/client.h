@@ -69,6 +69,11 @@ uint64_t kvp_client_checksum_avx512(const kvp_iov *iov, size_t iovcnt, uint64_t 
 /* 0 portable, 1 AVX2, 2 AVX-512F: the build kvp_client_checksum uses on this CPU. */
 int kvp_client_checksum_simd_level(void);
 
+/* Most replicas of one object (the master's limit too; config `replica_num` is 1..16). */
+#define KVP_CLIENT_MAX_REPLICAS 16u
+/* Most items of one PutStart: a larger batch put is sent in chunks of this many (batch_put.c). */
+#define KVP_CLIENT_PUT_CHUNK 8192u
+
 /** Put flows (batch_put.c): results[i] per object. */
 void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
                          const kvp_put_opts *opts, int results[]);

@@ -27,6 +27,7 @@
 #include <zmq.h>
 
 #include "actors/client/api_config.h"
+#include "actors/client/client.h"
 #include "actors/client/client_state.h"
 #include "actors/client/msession.h"
 #include "actors/master/fsm.h"
@@ -527,6 +528,90 @@ static void test_client_bad_arguments_invalid(void **state)
     kvp_client_close(&c);
 }
 
+/* opts->replica_num above the limit: the whole call is refused (KVP_ERR_INVALID), nothing is
+ * stored; at the limit the call runs (the master places as many as there are segments). */
+static void test_client_put_replica_num_over_limit_invalid(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(10000);
+    uint8_t v[64];
+    memset(v, 7, sizeof v);
+    kvp_put_opts o = {.replica_num = KVP_CLIENT_MAX_REPLICAS + 1};
+    assert_int_equal(kvp_put(c, "rn-over", v, sizeof v, &o), KVP_ERR_INVALID);
+    const char *keys[1] = {"rn-over"};
+    const void *bufs[1] = {v};
+    size_t lens[1] = {sizeof v};
+    int res[1] = {1};
+    assert_int_equal(kvp_batch_put(c, 1, keys, bufs, lens, &o, res), KVP_ERR_INVALID);
+    kvp_iov iov[1] = {{v, sizeof v}};
+    const kvp_iov *iovs[1] = {iov};
+    size_t cnt[1] = {1};
+    assert_int_equal(kvp_batch_put_iov(c, 1, keys, iovs, cnt, &o, res), KVP_ERR_INVALID);
+    assert_int_equal(kvp_exists(c, "rn-over"), 0);
+    o.replica_num = KVP_CLIENT_MAX_REPLICAS;
+    assert_int_equal(kvp_put(c, "rn-max", v, sizeof v, &o), KVP_OK);
+    assert_int_equal(kvp_exists(c, "rn-max"), 1);
+    kvp_client_close(&c);
+}
+
+/* A batch put larger than KVP_CLIENT_PUT_CHUNK reaches the master as PutStarts of at most that
+ * many items (one PutStart is one Raft command: a million items in one stalled the leader into
+ * elections and the call failed UNAVAILABLE); every key is stored and read back, a key repeated
+ * across chunks gets EXISTS in its second slot only. */
+static void test_client_batch_put_large_batch_chunked(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(60000);
+    const size_t n = 2 * KVP_CLIENT_PUT_CHUNK + 5;
+    char **keys = calloc(n, sizeof *keys);
+    const void **bufs = calloc(n, sizeof *bufs);
+    size_t *lens = calloc(n, sizeof *lens);
+    int *res = calloc(n, sizeof *res);
+    uint8_t *vals = malloc(n);
+    for (size_t i = 0; i < n; i++) {
+        keys[i] = malloc(32);
+        snprintf(keys[i], 32, "chunk-%zu", i);
+        vals[i] = (uint8_t)(i * 31 + 7);
+        bufs[i] = &vals[i];
+        lens[i] = 1;
+    }
+    snprintf(keys[n - 1], 32, "chunk-%d", 3); /* the last slot repeats a key of the first chunk */
+    atomic_store(&M.max_put_start_items, 0);
+    assert_int_equal(kvp_batch_put(c, n, (const char *const *)keys, bufs, lens, NULL, res), KVP_OK);
+    for (size_t i = 0; i + 1 < n; i++)
+        if (res[i] != KVP_OK)
+            fail_msg("slot %zu (%s): %s", i, keys[i], kvp_errname(res[i]));
+    assert_int_equal(res[n - 1], KVP_ERR_EXISTS);
+    assert_true(atomic_load(&M.max_put_start_items) <= KVP_CLIENT_PUT_CHUNK);
+    assert_true(atomic_load(&M.max_put_start_items) > 0);
+    uint8_t *got = malloc(n);
+    memset(got, POISON, n);
+    void **gb = calloc(n, sizeof *gb);
+    size_t *gc = calloc(n, sizeof *gc);
+    int64_t *gr = calloc(n, sizeof *gr);
+    for (size_t i = 0; i < n; i++) {
+        gb[i] = &got[i];
+        gc[i] = 1;
+    }
+    assert_int_equal(kvp_batch_get(c, n - 1, (const char *const *)keys, gb, gc, 0, gr), KVP_OK);
+    for (size_t i = 0; i + 1 < n; i++) {
+        assert_int_equal(gr[i], 1);
+        assert_int_equal(got[i], vals[i]);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(keys[i]);
+    free(keys);
+    free(bufs);
+    free(lens);
+    free(res);
+    free(vals);
+    free(got);
+    free(gb);
+    free(gc);
+    free(gr);
+    kvp_client_close(&c);
+}
+
 struct closer_put {
     kvp_client *c;
     uint8_t *buf;
@@ -671,6 +756,8 @@ int main(void)
         cmocka_unit_test(test_client_many_threads_one_client_ok),
         cmocka_unit_test(test_client_register_buffer_overlap_invalid),
         cmocka_unit_test(test_client_bad_arguments_invalid),
+        cmocka_unit_test(test_client_put_replica_num_over_limit_invalid),
+        cmocka_unit_test(test_client_batch_put_large_batch_chunked),
         cmocka_unit_test(test_client_close_during_put_returns),
         cmocka_unit_test(test_client_dead_replica_failover_then_dead_only_fails_fast),
     };

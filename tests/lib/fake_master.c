@@ -23,6 +23,11 @@ static Kvp__Response *fake_handle(struct kvp_fake_master *m, const Kvp__Request 
     kvp__command__init(&cmd);
     cmd.now_wall_ms = kvp_clock_wall_ms();
     cmd.term = 1;
+    if (req->body_case == KVP__REQUEST__BODY_PUT_START && req->put_start) {
+        size_t n = req->put_start->n_items, seen = atomic_load(&m->max_put_start_items);
+        while (n > seen && !atomic_compare_exchange_weak(&m->max_put_start_items, &seen, n))
+            ;
+    }
     switch (req->body_case) {
 #define CMD(REQ, FIELD)                                                                            \
     case KVP__REQUEST__BODY_##REQ:                                                                 \

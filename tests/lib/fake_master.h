@@ -25,6 +25,7 @@ struct kvp_fake_master {
     struct kvp_master_fsm *fsm;
     atomic_bool stop;
     atomic_int unreachable_reports; /* REPORT_UNREACHABLE requests received */
+    atomic_size_t max_put_start_items; /* most items seen in one PUT_START request */
     pthread_t thread;
 };
 
