@@ -62,4 +62,12 @@ MS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["master_ser
 KVPOOL_MASTER_SERVER_ADDRESS="$MS" "$CTL" exists "ex-$$-b" >/dev/null || fail "env masters"
 expect 2 "$CTL" exists "ex-$$-b" --masters "not-a-master-list"
 expect 2 "$CTL" exists "ex-$$-b" $C --replica-num 0
+# no master answers: the operation failed (1); exists says 2 for any error; --json still prints
+# the error object on stdout
+NOMASTER="--masters 127.0.0.1:1 --timeout 300"
+expect 1 "$CTL" get "ex-$$-b" $NOMASTER
+expect 1 "$CTL" rm "ex-$$-b" $NOMASTER
+expect 2 "$CTL" exists "ex-$$-b" $NOMASTER
+J=$("$CTL" get "ex-$$-b" $NOMASTER --json 2>/dev/null || true)
+case "$J" in *'"name":"KVP_ERR_UNAVAILABLE"'*) ;; *) fail "--json without masters: '$J'" ;; esac
 echo "PASS"

@@ -455,9 +455,11 @@ int kvpctl_data_main(int argc, char **argv)
     kvp_client *cl = NULL;
     rc = kvp_client_open(cfg, &cl);
     if (rc != KVP_OK) {
-        errmsg(cmd, NULL, "cannot open the client (masters unreachable?)", rc);
+        /* An operation that could not run: exit 1 (docs/operations.md), but `exists` keeps 1
+         * for "no such key" and says 2 for every error. */
+        op_error(&a, "cannot open the client (masters unreachable?)", rc);
         kvp_config_destroy(&cfg);
-        return EXIT_USAGE;
+        return strcmp(cmd, "exists") == 0 ? EXIT_USAGE : EXIT_FAIL;
     }
     if (strcmp(cmd, "put") == 0) {
         status = cmd_put(cl, &a); /* replica_num, timeout: config defaults */
