@@ -126,13 +126,13 @@ static void report_unreachable(struct kvp_client *c, const uint32_t *segs, size_
     }
 }
 
-void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
-                         uint32_t timeout_ms, int64_t results[])
+/* One GetReplicaList and its transfer rounds for objs[0..n-1], until deadline (ms). */
+static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
+                           uint64_t deadline, int64_t results[])
 {
     uint64_t t_start = kvp_clock_now_us();
     uint64_t t_verify = 0; /* time spent verifying checksums (debug line) */
     unsigned rounds = 0;
-    uint64_t deadline = kvp_client_deadline(c, timeout_ms);
     const char **keyv = calloc(n, sizeof *keyv);
     size_t *sorted = calloc(n, sizeof *sorted);
     size_t *uidx = calloc(n, sizeof *uidx);   /* slot → index of its key in the request */
@@ -405,6 +405,26 @@ out:
     free(ukeys);
     free(sl);
     free(bad);
+}
+
+void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
+                         uint32_t timeout_ms, int64_t results[])
+{
+    /* One deadline for the whole call; a large batch asks the master for KVP_CLIENT_GET_CHUNK
+     * keys at a time (a GetReplicaList reply for 600,000 keys with 3 replicas each is over the
+     * 64 MiB message limit: the master could not send it and every key got UNAVAILABLE). */
+    uint64_t deadline = kvp_client_deadline(c, timeout_ms);
+    for (size_t off = 0; off < n; off += KVP_CLIENT_GET_CHUNK) {
+        size_t cn = n - off < KVP_CLIENT_GET_CHUNK ? n - off : KVP_CLIENT_GET_CHUNK;
+        if (off > 0 && (kvp_client_remaining(deadline) == 0 || kvp_client_closing(c))) {
+            int why = kvp_client_closing(c) ? KVP_ERR_CLOSED : KVP_ERR_TIMEOUT;
+            for (size_t i = off; i < n; i++)
+                results[i] = why;
+            kvp_log_warn(c->name, "get of %zu keys: %zu not started (%s)", n, n - off, kvp_errname(why));
+            return;
+        }
+        get_objs_chunk(c, cn, objs + off, deadline, results + off);
+    }
 }
 
 /* ------------------------------------------------------------------ public entry points */

@@ -73,6 +73,8 @@ int kvp_client_checksum_simd_level(void);
 #define KVP_CLIENT_MAX_REPLICAS 16u
 /* Most items of one PutStart: a larger batch put is sent in chunks of this many (batch_put.c). */
 #define KVP_CLIENT_PUT_CHUNK 8192u
+/* Most keys of one GetReplicaList: a larger batch get is read in chunks of this many (batch_get.c). */
+#define KVP_CLIENT_GET_CHUNK 8192u
 
 /** Put flows (batch_put.c): results[i] per object. */
 void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,

@@ -557,8 +557,10 @@ static void test_client_put_replica_num_over_limit_invalid(void **state)
 /* A batch put larger than KVP_CLIENT_PUT_CHUNK reaches the master as PutStarts of at most that
  * many items (one PutStart is one Raft command: a million items in one stalled the leader into
  * elections and the call failed UNAVAILABLE); every key is stored and read back, a key repeated
- * across chunks gets EXISTS in its second slot only. */
-static void test_client_batch_put_large_batch_chunked(void **state)
+ * across chunks gets EXISTS in its second slot only. The batch get asks GetReplicaList for at
+ * most KVP_CLIENT_GET_CHUNK keys at a time (600,000 keys x 3 replicas made a reply over the
+ * 64 MiB message limit: every key UNAVAILABLE). */
+static void test_client_large_batches_chunked(void **state)
 {
     (void)state;
     kvp_client *c = open_client(60000);
@@ -593,7 +595,10 @@ static void test_client_batch_put_large_batch_chunked(void **state)
         gb[i] = &got[i];
         gc[i] = 1;
     }
+    atomic_store(&M.max_get_replicas_keys, 0);
     assert_int_equal(kvp_batch_get(c, n - 1, (const char *const *)keys, gb, gc, 0, gr), KVP_OK);
+    assert_true(atomic_load(&M.max_get_replicas_keys) <= KVP_CLIENT_GET_CHUNK);
+    assert_true(atomic_load(&M.max_get_replicas_keys) > 0);
     for (size_t i = 0; i + 1 < n; i++) {
         assert_int_equal(gr[i], 1);
         assert_int_equal(got[i], vals[i]);
@@ -757,7 +762,7 @@ int main(void)
         cmocka_unit_test(test_client_register_buffer_overlap_invalid),
         cmocka_unit_test(test_client_bad_arguments_invalid),
         cmocka_unit_test(test_client_put_replica_num_over_limit_invalid),
-        cmocka_unit_test(test_client_batch_put_large_batch_chunked),
+        cmocka_unit_test(test_client_large_batches_chunked),
         cmocka_unit_test(test_client_close_during_put_returns),
         cmocka_unit_test(test_client_dead_replica_failover_then_dead_only_fails_fast),
     };

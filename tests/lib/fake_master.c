@@ -28,6 +28,11 @@ static Kvp__Response *fake_handle(struct kvp_fake_master *m, const Kvp__Request 
         while (n > seen && !atomic_compare_exchange_weak(&m->max_put_start_items, &seen, n))
             ;
     }
+    if (req->body_case == KVP__REQUEST__BODY_GET_REPLICAS && req->get_replicas) {
+        size_t n = req->get_replicas->n_keys, seen = atomic_load(&m->max_get_replicas_keys);
+        while (n > seen && !atomic_compare_exchange_weak(&m->max_get_replicas_keys, &seen, n))
+            ;
+    }
     switch (req->body_case) {
 #define CMD(REQ, FIELD)                                                                            \
     case KVP__REQUEST__BODY_##REQ:                                                                 \
