@@ -86,6 +86,9 @@ static void send_attempt(struct kvp_msession *s, struct kvp_ms_call *c, uint64_t
     size_t len = 0;
     int rc = kvp_wire_encode_request(c->req, &buf, &len);
     if (rc != KVP_OK) {
+        /* C6: say why (a batch whose keys add up to more than the 64 MiB message limit) */
+        kvp_log_warn(s->name, "request (body %d) not sent: cannot encode it: %s%s", (int)c->req->body_case,
+                     kvp_errname(rc), rc == KVP_ERR_TOO_LARGE ? " (over the message limit: fewer or shorter keys)" : "");
         complete(s, c, rc, NULL);
         return;
     }
