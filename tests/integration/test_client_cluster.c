@@ -145,13 +145,17 @@ static void test_client_cluster_batch_semantics(void **state)
     assert_int_equal(kvp_get_size(c, "sem-2"), (int64_t)sizeof old); /* untouched */
 
     /* the same key twice in one batch_get: both slots filled */
-    uint8_t b0[2000], b1[2000], small[100];
+    /* the too-small buffers are 100 bytes in the middle of poisoned guard blocks: a write past
+     * (or before) them shows; the slots' buffers do not overlap (kvpool.h) */
+    uint8_t b0[2000], b1[2000], guard1[4096], guard3[4096];
+    uint8_t *small = guard3 + 2048;
     memset(b0, TC_POISON, sizeof b0);
     memset(b1, TC_POISON, sizeof b1);
-    memset(small, TC_POISON, sizeof small);
+    memset(guard1, TC_POISON, sizeof guard1);
+    memset(guard3, TC_POISON, sizeof guard3);
     const char *gk[4] = {"sem-1", "sem-missing", "sem-1", "sem-3"};
-    void *gb[4] = {b0, small, b1, small};
-    size_t gc[4] = {sizeof b0, sizeof small, sizeof b1, sizeof small};
+    void *gb[4] = {b0, guard1 + 2048, b1, small};
+    size_t gc[4] = {sizeof b0, 100, sizeof b1, 100};
     int64_t gr[4];
     assert_int_equal(kvp_batch_get(c, 4, gk, gb, gc, 0, gr), KVP_OK);
     assert_int_equal(gr[0], 2000);
@@ -161,9 +165,19 @@ static void test_client_cluster_batch_semantics(void **state)
     assert_int_equal(kvp_get_size(c, "sem-3"), 2000);
     assert_true(tc_check("sem-1", b0, sizeof b0));
     assert_true(tc_check("sem-1", b1, sizeof b1));
-    assert_true(tc_all_poison(small, sizeof small)); /* nothing written into a too-small buffer */
-    assert_int_equal(kvp_get(c, "sem-3", small, sizeof small, 0), KVP_ERR_BUFFER_TOO_SMALL);
-    assert_true(tc_all_poison(small, sizeof small));
+    assert_true(tc_all_poison(guard1, sizeof guard1));
+    assert_true(tc_all_poison(guard3, sizeof guard3)); /* nothing written into or past a too-small buffer */
+    assert_int_equal(kvp_get(c, "sem-3", small, 100, 0), KVP_ERR_BUFFER_TOO_SMALL);
+    assert_true(tc_all_poison(guard3, sizeof guard3));
+    /* one byte short, as an iov split in two: still too small, nothing written */
+    kvp_iov iv[2] = {{guard3 + 1000, 1000}, {guard3 + 2500, 999}};
+    const kvp_iov *ivs[1] = {iv};
+    size_t cnt[1] = {2};
+    const char *k3[1] = {"sem-3"};
+    int64_t r3[1] = {0};
+    assert_int_equal(kvp_batch_get_iov(c, 1, k3, ivs, cnt, 0, r3), KVP_OK);
+    assert_int_equal(r3[0], KVP_ERR_BUFFER_TOO_SMALL);
+    assert_true(tc_all_poison(guard3, sizeof guard3));
     kvp_client_close(&c);
 }
 
