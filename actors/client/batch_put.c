@@ -38,6 +38,10 @@ static uint64_t obj_size(const struct kvp_client_obj *o, int *rc)
     for (size_t k = 0; k < o->iovcnt; k++) {
         if (o->iov[k].len > 0 && !o->iov[k].base)
             *rc = kvp_client_invalid(__func__, "an iov piece of non-zero length has a NULL base");
+        if (size + o->iov[k].len < size) { /* the slices carry the pieces' own lengths */
+            *rc = kvp_client_invalid(__func__, "the iov pieces' lengths add up to more than 2^64 bytes");
+            return 0;
+        }
         size += o->iov[k].len;
     }
     if (size == 0)

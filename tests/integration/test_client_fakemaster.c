@@ -617,6 +617,34 @@ static void test_client_large_batches_chunked(void **state)
     kvp_client_close(&c);
 }
 
+/* iov lengths whose sum wraps around 2^64 (here to 9 bytes): KVP_ERR_INVALID for that key
+ * before anything is sent (the master would have placed 9 bytes while the slices carried the
+ * pieces' real lengths past the allocation into other objects' space); a neighbour stored
+ * just before keeps its bytes. */
+static void test_client_put_iov_length_overflow_invalid(void **state)
+{
+    (void)state;
+    kvp_client *c = open_client(5000);
+    uint8_t nb[4096], a[32], b[32];
+    fill("ovf-neighbour", nb, sizeof nb);
+    assert_int_equal(kvp_put(c, "ovf-neighbour", nb, sizeof nb, NULL), KVP_OK);
+    memset(a, 1, sizeof a);
+    memset(b, 2, sizeof b);
+    kvp_iov iv[2] = {{a, SIZE_MAX - 10}, {b, 20}};
+    const kvp_iov *ivs[1] = {iv};
+    size_t cnt[1] = {2};
+    const char *keys[1] = {"ovf"};
+    int res[1] = {1};
+    assert_int_equal(kvp_batch_put_iov(c, 1, keys, ivs, cnt, NULL, res), KVP_OK);
+    assert_int_equal(res[0], KVP_ERR_INVALID);
+    assert_int_equal(kvp_exists(c, "ovf"), 0);
+    uint8_t got[4096];
+    memset(got, POISON, sizeof got);
+    assert_int_equal(kvp_get(c, "ovf-neighbour", got, sizeof got, 0), (int64_t)sizeof got);
+    assert_true(check("ovf-neighbour", got, sizeof got));
+    kvp_client_close(&c);
+}
+
 struct closer_put {
     kvp_client *c;
     uint8_t *buf;
@@ -763,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_client_bad_arguments_invalid),
         cmocka_unit_test(test_client_put_replica_num_over_limit_invalid),
         cmocka_unit_test(test_client_large_batches_chunked),
+        cmocka_unit_test(test_client_put_iov_length_overflow_invalid),
         cmocka_unit_test(test_client_close_during_put_returns),
         cmocka_unit_test(test_client_dead_replica_failover_then_dead_only_fails_fast),
     };
