@@ -8,7 +8,8 @@
  * round; a slot whose replicas are exhausted fails (TRANSFER, or CORRUPT when a replica
  * returned wrong bytes). Each slot is read on its own, so a key present twice in one batch
  * fills both slots. Segments that failed with a transfer error are reported
- * (ReportUnreachable) at the end of the call.
+ * (ReportUnreachable) at the end of the call. A batch of more than KVP_CLIENT_GET_CHUNK keys
+ * runs this for each chunk in turn, within the call's one deadline.
  *
  * Silent peers (contract C4): a replica behind a frozen process or a dead host link keeps its
  * TCP connection open and never answers, so a round given the whole remaining time would spend

@@ -7,7 +7,8 @@
  * computed in the calling thread while the bytes are on the wire) → one PutEnd (XXH3-64) for
  * the items whose slices all completed → one PutRevoke for the rest. An item becomes visible
  * only through PutEnd, after all of its bytes are written: a put never leaves a key visible
- * without its bytes.
+ * without its bytes. A batch of more than KVP_CLIENT_PUT_CHUNK items runs this for each chunk in
+ * turn, within the call's one deadline.
  */
 #include <stdio.h>
 #include <stdlib.h>
