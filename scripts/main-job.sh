@@ -19,6 +19,8 @@ INSTANCES=${KVP_MAIN_INSTANCES:-4}
 REPLICAS=${KVP_MAIN_REPLICAS:-2}
 KVBPT=${KVP_MAIN_KV_BYTES_PER_TOKEN:-64}
 TRACE=${KVP_TRACE:-$REPO/../shared/data/traces/conversation_trace.jsonl}
+# before the build: a clone away from ../shared learns it in seconds, not after a build
+[ -r "$TRACE" ] || { echo "main-job: trace not found: $TRACE (set KVP_TRACE)" >&2; exit 1; }
 
 if [ "${KVP_MAIN_SKIP_BUILD:-0}" != 1 ]; then
   echo "== main-job: dependencies"
