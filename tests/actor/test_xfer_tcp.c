@@ -9,6 +9,11 @@
 
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
 #include "actors/segment/seg_server.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
@@ -540,6 +545,58 @@ static void test_xfer_ipv6_and_hostname_ok(void **state)
     free(region);
 }
 
+/* IPv6 link-local with a scope id (issue 4 item 2), by interface name and by index: a server on
+ * the first link-local address of this machine, a write then a read through "[fe80::..%if]:port".
+ * Skipped when no interface has a usable one (lo has none). */
+static void test_xfer_link_local_scope_ok(void **state)
+{
+    (void)state;
+    char addr[INET6_ADDRSTRLEN] = "", ifname[IF_NAMESIZE + 1] = "";
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) == 0) {
+        for (struct ifaddrs *i = ifs; i && !addr[0]; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET6 || !(i->ifa_flags & IFF_UP))
+                continue;
+            const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)i->ifa_addr;
+            if (!IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr))
+                continue;
+            inet_ntop(AF_INET6, &a6->sin6_addr, addr, sizeof addr);
+            snprintf(ifname, sizeof ifname, "%s", i->ifa_name);
+        }
+        freeifaddrs(ifs);
+    }
+    if (!addr[0])
+        skip();
+    char host[96];
+    snprintf(host, sizeof host, "%s%%%s", addr, ifname);
+    uint8_t *region = calloc(1, 1 << 20);
+    struct kvp_seg_server *srv = NULL;
+    if (kvp_seg_server_start(&srv, host, 0, region, 1 << 20) != KVP_OK) {
+        free(region);
+        skip(); /* e.g. the address is still tentative */
+    }
+    kvp_seg_server_set_id(srv, 7);
+    struct kvp_xfer_engine *e;
+    assert_int_equal(kvp_xfer_engine_new(&e, NULL), KVP_OK);
+    char ep[160], ep_idx[160];
+    snprintf(ep, sizeof ep, "[%s]:%u", host, kvp_seg_server_port(srv));
+    snprintf(ep_idx, sizeof ep_idx, "[%s%%%u]:%u", addr, if_nametoindex(ifname), kvp_seg_server_port(srv));
+    uint8_t buf[8192], back[8192];
+    pat_fill(buf, sizeof buf, 33);
+    struct kvp_xfer_slice s = mk(buf, sizeof buf, 7, ep, 4096, KVP_XFER_WRITE);
+    assert_int_equal(kvp_xfer_run(e, &s, 1, 5000), KVP_OK);
+    assert_int_equal(s.status, KVP_OK);
+    memset(back, 0, sizeof back);
+    s = mk(back, sizeof back, 7, ep_idx, 4096, KVP_XFER_READ);
+    assert_int_equal(kvp_xfer_run(e, &s, 1, 5000), KVP_OK);
+    assert_int_equal(s.status, KVP_OK);
+    assert_memory_equal(buf, back, sizeof buf);
+    assert_int_equal(kvp_xfer_probe(ep, 7, 1000), KVP_OK);
+    kvp_xfer_engine_destroy(&e);
+    kvp_seg_server_stop(&srv);
+    free(region);
+}
+
 static void test_xfer_local_transport_ok(void **state)
 {
     struct fixture *f = *state;
@@ -604,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_xfer_stalled_write_timeout_fenced),
         cmocka_unit_test(test_xfer_destroy_with_batch_in_flight_closed),
         cmocka_unit_test(test_xfer_ipv6_and_hostname_ok),
+        cmocka_unit_test(test_xfer_link_local_scope_ok),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
