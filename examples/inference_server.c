@@ -88,8 +88,10 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             o->keep = true;
             continue;
         }
-        if (!v)
+        if (!v) {
+            fprintf(stderr, "%s: %s needs a value (or is unknown)\n", argv[0], a);
             return -1;
+        }
         i++;
         char *end = NULL;
         if (strcmp(a, "--masters") == 0)
@@ -106,14 +108,21 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             o->layers = strtoul(v, &end, 10);
         else if (strcmp(a, "--piece-bytes") == 0)
             o->piece = strtoul(v, &end, 10);
-        else
+        else {
+            fprintf(stderr, "%s: unknown flag %s\n", argv[0], a);
             return -1;
-        if (end && *end)
+        }
+        if (end && (*end || end == v)) {
+            fprintf(stderr, "%s: %s %s: not a number\n", argv[0], a, v);
             return -1;
+        }
     }
     if (o->blocks < 2 || o->blocks > 100000 || o->layers < 1 || o->layers > 1024 || o->piece < 1 ||
-        o->piece > (64u << 20) || o->blocks * o->layers * o->piece > (1ull << 32))
+        o->piece > (64u << 20) || o->blocks * o->layers * o->piece > (1ull << 32)) {
+        fprintf(stderr, "%s: --blocks must be 2..100000, --layers 1..1024, --piece-bytes 1..64 MiB, "
+                        "and blocks x layers x piece-bytes at most 4 GiB\n", argv[0]);
         return -1;
+    }
     return 0;
 }
 

@@ -35,6 +35,13 @@ C="--cluster $DIR/cluster.json"
 echo "== inference_server"
 timeout 60 "$EX" $C --replicas 2 --blocks 32 --layers 16 --piece-bytes 4096 || fail "inference_server"
 
+# bad arguments: exit 2 and a line naming what was wrong
+for bad in "--blocks 0" "--layers x" "--bogus 1"; do
+  set +e; "$EX" $C $bad 2>"$DIR/bad.txt"; rc=$?; set -e
+  flag=${bad%% *}
+  [ "$rc" = 2 ] && grep -q -- "$flag" "$DIR/bad.txt" || fail "inference_server $bad: exit $rc, $(head -1 "$DIR/bad.txt")"
+done
+
 echo "== kvpoolctl data commands"
 head -c 3000000 /dev/urandom >"$DIR/in.bin"
 K="ex-$$-a"
