@@ -106,7 +106,7 @@ static size_t count_pieces(const struct kvp_client_obj *o, uint64_t size)
     return n;
 }
 
-static void report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline)
+void kvp_client_report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline)
 {
     for (size_t i = 0; i < n; i++) {
         if (kvp_client_remaining(deadline) == 0)
@@ -394,7 +394,7 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                   "(checksums %llu us)",
                   m, (unsigned long long)(t_listed - t_start), rounds,
                   (unsigned long long)(kvp_clock_now_us() - t_listed), (unsigned long long)t_verify);
-    report_unreachable(c, bad, n_bad, deadline);
+    kvp_client_report_unreachable(c, bad, n_bad, deadline);
 
 out:
     kvp_msession_response_free(resp);

@@ -120,6 +120,9 @@ static void put_sums_compute(void *arg)
     }
 }
 
+/* Most segments one put call reports unreachable. */
+#define KVP_PUT_MAX_REPORTS 16
+
 /* PutStart ttl = the call's remaining time + this (clock-skew and apply-delay margin). */
 #define KVP_CLIENT_PUT_TTL_MARGIN_MS 2000u
 
@@ -145,6 +148,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     bool *have_sum = calloc(n, sizeof *have_sum);
     struct kvp_xfer_slice *slices = NULL;
     size_t *slice_item = NULL;
+    uint32_t bad[KVP_PUT_MAX_REPORTS]; /* segments whose slices failed with a transfer error */
+    size_t n_bad = 0;
     Kvp__Response *start_resp = NULL, *end_resp = NULL;
     size_t m = 0;
     /* NO_SPACE retries while the master evicts (put_retry.c): latest result per item. */
@@ -307,6 +312,16 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
             }
             for (size_t q = 0; q < ns; q++) {
                 size_t j = slice_item[q];
+                /* a segment that refused or dropped the connection: reported at the end, so the
+                 * master probes it and stops placing new replicas there once it is found dead
+                 * (before, every put with a replica there failed until client_ttl passed) */
+                if (slices[q].status == KVP_ERR_TRANSFER) {
+                    bool known = false;
+                    for (size_t b = 0; b < n_bad && !known; b++)
+                        known = bad[b] == slices[q].segment_id;
+                    if (!known && n_bad < KVP_PUT_MAX_REPORTS)
+                        bad[n_bad++] = slices[q].segment_id;
+                }
                 if (slices[q].status != KVP_OK && it[j].status == KVP_OK) {
                     it[j].status = slice_error(slices[q].status);
                     revoke[j] = true;
@@ -363,6 +378,7 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
 
     /* 5. PutRevoke for the items that started but failed */
     send_revoke(c, it, m, revoke, objs, deadline);
+    kvp_client_report_unreachable(c, bad, n_bad, deadline);
     for (size_t j = 0; j < m; j++)
         results[it[j].obj] = it[j].status;
     kvp_log_debug(c->name, "put of %zu item(s): PutStart %llu us, transfer %llu us (%zu slices), PutEnd+revoke %llu us",

@@ -79,6 +79,9 @@ int kvp_client_checksum_simd_level(void);
 /** Put flows (batch_put.c): results[i] per object. */
 void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
                          const kvp_put_opts *opts, int results[]);
+/** ReportUnreachable for each of segs[0..n-1] (at most 500 ms each, within deadline; the answer
+ * does not matter): the master probes them and declares a dead one lost (batch_get.c). */
+void kvp_client_report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline);
 /** Get flows (batch_get.c): results[i] = size or negative code. */
 void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
                          uint32_t timeout_ms, int64_t results[]);

@@ -749,7 +749,11 @@ static void test_client_dead_replica_failover_then_dead_only_fails_fast(void **s
     uint8_t *big = malloc(1 << 20);
     fill("half-written", big, 1 << 20);
     kvp_put_opts o3d = {.replica_num = 3};
+    int before_put = atomic_load(&M.unreachable_reports);
     assert_int_equal(kvp_put(c, "half-written", big, 1 << 20, &o3d), KVP_ERR_TRANSFER);
+    /* the put reports the dead segment too, so the master probes it and stops placing there
+     * (before, puts kept failing on it until client_ttl) */
+    assert_true(atomic_load(&M.unreachable_reports) > before_put);
     assert_int_equal(kvp_exists(c, "half-written"), 0);
     assert_int_equal(kvp_get(c, "half-written", big, 1 << 20, 0), KVP_ERR_NOT_FOUND);
     struct kvp_master_fsm_stats st;
