@@ -109,6 +109,12 @@ void svc_reply(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id
     int rc = kvp_wire_encode_response(resp, &buf, &len);
     if (rc != KVP_OK) {
         kvp_log_error(s->actor, "req %llu: encode reply: %s", (unsigned long long)req_id, kvp_strerror(rc));
+        /* Answer with the code rather than not at all (the caller would wait out its timeout
+         * and retry the same request on every master). A bare status always encodes. */
+        if (resp->body_case != KVP__RESPONSE__BODY_EMPTY)
+            svc_reply_status(s, identity, req_id, rc,
+                             rc == KVP_ERR_TOO_LARGE ? "reply over the message limit: ask for fewer keys"
+                                                     : "reply could not be encoded");
         return;
     }
     zframe_t *id = zframe_dup(identity);

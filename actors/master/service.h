@@ -30,6 +30,10 @@
 
 struct kvp_master_service;
 
+/* Most items of one PutStart request (one Raft command); more is KVP_ERR_INVALID. The client
+ * library sends at most KVP_CLIENT_PUT_CHUNK (8,192) per request. */
+#define KVP_MASTER_MAX_PUT_ITEMS 65536u
+
 /**
  * Create the service: parse cfg->members ("ID@CTRL_HOST:PORT@RAFT_HOST:PORT,..."; empty means
  * a single-member cluster of this node), create the FSM, start the raftlog (bootstrap from the

@@ -136,6 +136,17 @@ static void on_put_start(struct kvp_master_service *s, zframe_t *id, Kvp__Reques
         svc_reply_status(s, id, req->req_id, KVP_ERR_INVALID, "PutStart with no items");
         return;
     }
+    if (req->put_start->n_items > KVP_MASTER_MAX_PUT_ITEMS) {
+        /* One PutStart is one Raft command, applied in one go on every master: a million items
+         * held the raft thread past the election timeout (C6: refuse, say why). */
+        kvp_log_warn(s->actor, "req %llu: PutStart of %zu items refused (at most %u per request)",
+                     (unsigned long long)req->req_id, req->put_start->n_items, KVP_MASTER_MAX_PUT_ITEMS);
+        char why[96];
+        snprintf(why, sizeof why, "PutStart of %zu items: at most %u per request", req->put_start->n_items,
+                 KVP_MASTER_MAX_PUT_ITEMS);
+        svc_reply_status(s, id, req->req_id, KVP_ERR_INVALID, why);
+        return;
+    }
     svc_evict_on_put_start_req(s, req->put_start);
     mutate(s, id, req, KVP__COMMAND__BODY_PUT_START, req->put_start);
 }

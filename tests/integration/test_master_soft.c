@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "actors/master/service.h"
 #include "tests/integration/test_master_util.h"
 
 /* True once a listener can bind 127.0.0.1:port (SO_REUSEADDR, as zmq binds), within ms. */
@@ -122,6 +123,49 @@ static json_t *status_json(struct tm_cluster *c)
     }
     kvp_msession_response_free(resp);
     return j;
+}
+
+/* C6: a PutStart of more than KVP_MASTER_MAX_PUT_ITEMS items is refused with KVP_ERR_INVALID and
+ * nothing of it is applied (one PutStart is one Raft command: a million items held the raft
+ * thread past the election timeout); the master keeps serving. */
+static void test_master_put_start_too_many_items_invalid(void **state)
+{
+    struct tm_cluster *c = *state;
+    assert_int_equal(tm_cluster_up(c), 0);
+    size_t n = KVP_MASTER_MAX_PUT_ITEMS + 1;
+    Kvp__PutStartItem *its = calloc(n, sizeof *its);
+    Kvp__PutStartItem **ip = calloc(n, sizeof *ip);
+    char (*keys)[32] = calloc(n, sizeof *keys);
+    assert_non_null(its);
+    assert_non_null(ip);
+    assert_non_null(keys);
+    for (size_t i = 0; i < n; i++) {
+        kvp__put_start_item__init(&its[i]);
+        snprintf(keys[i], sizeof keys[i], "many-%zu", i);
+        its[i].key = keys[i];
+        its[i].size = 1;
+        its[i].replica_num = 1;
+        its[i].op_id = c->next_op++;
+        its[i].client_host = "127.0.0.1";
+        ip[i] = &its[i];
+    }
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__PutStartReq ps = KVP__PUT_START_REQ__INIT;
+    ps.items = ip;
+    ps.n_items = n;
+    ps.ttl_ms = 5000;
+    req.body_case = KVP__REQUEST__BODY_PUT_START;
+    req.put_start = &ps;
+    Kvp__Response *resp = NULL;
+    assert_int_equal(kvp_msession_call(c->ms, &req, 20000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_ERR_INVALID);
+    kvp_msession_response_free(resp);
+    char *k0[1] = {keys[0]};
+    assert_int_equal(tm_count_existing(c, k0, 1, 5000), 0);
+    assert_int_equal(tm_put(c, "after-many", 5000), KVP_OK);
+    free(its);
+    free(ip);
+    free(keys);
 }
 
 static void test_master_soft_state_leases_revoke_liveness(void **state)
@@ -349,6 +393,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_master_soft_state_leases_revoke_liveness, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_master_put_start_too_many_items_invalid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_master_joined_member_added_leads_then_removed, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
