@@ -266,6 +266,26 @@ uint64_t kvp_seg_prefault_allow(const char *meminfo, uint64_t want)
     return a - floor < want ? a - floor : want;
 }
 
+uint64_t kvp_seg_host_memory(const char *meminfo)
+{
+    unsigned long long total = 0, swap = 0, v = 0;
+    bool have_total = false;
+    for (const char *line = meminfo; line && *line;) {
+        if (sscanf(line, "MemTotal: %llu kB", &v) == 1) {
+            total = v;
+            have_total = true;
+        } else if (sscanf(line, "SwapTotal: %llu kB", &v) == 1) {
+            swap = v;
+        }
+        line = strchr(line, '\n');
+        if (line)
+            line++;
+    }
+    if (!have_total || total > UINT64_MAX / 2048 || swap > UINT64_MAX / 2048)
+        return 0;
+    return (uint64_t)(total + swap) * 1024;
+}
+
 /* The whole of a small file into buf (NUL-terminated); false when it cannot be read. */
 static bool read_small_file(const char *path, char *buf, size_t cap)
 {
@@ -430,6 +450,14 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
     int rc = map_region(s);
     if (rc != KVP_OK)
         goto fail;
+    char mi[4096];
+    uint64_t host_mem = read_small_file("/proc/meminfo", mi, sizeof mi) ? kvp_seg_host_memory(mi) : 0;
+    if (!s->huge && host_mem && s->size > host_mem)
+        kvp_log_warn(s->actor,
+                     "global_segment_size %llu bytes is more than this host's memory (MemTotal + SwapTotal = "
+                     "%llu bytes): once the pool fills, writes past it run the OOM killer; lower "
+                     "global_segment_size",
+                     (unsigned long long)s->size, (unsigned long long)host_mem);
     struct kvp_seg_memcg mcg;
     if (!s->huge && memcg_now(&mcg) && s->size > (mcg.usage < mcg.limit ? mcg.limit - mcg.usage : 0))
         kvp_log_warn(s->actor,

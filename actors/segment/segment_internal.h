@@ -36,6 +36,11 @@ int kvp_seg_format_endpoint(char *buf, size_t cap, const char *host, uint32_t po
  */
 uint64_t kvp_seg_prefault_allow(const char *meminfo, uint64_t want);
 
+/** MemTotal + SwapTotal in bytes from the text of /proc/meminfo; 0 when MemTotal is missing. A
+ * normal-page segment larger than this WARNs at start (the pool would promise bytes the host
+ * cannot hold; writes past them run the OOM killer). */
+uint64_t kvp_seg_host_memory(const char *meminfo);
+
 /** The tightest memory cgroup limit of a process (memcg.c): the one with the least room. */
 struct kvp_seg_memcg {
     bool found;      /* some cgroup of the process has a memory limit */

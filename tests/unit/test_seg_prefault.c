@@ -66,6 +66,28 @@ static void test_unreadable_text_means_no_guard(void **state)
     assert_int_equal(kvp_seg_prefault_allow("garbage\nMemAvailable: x kB\n", 64 * MIB), 64 * MIB);
 }
 
+/* The host-memory WARN's figure: MemTotal + SwapTotal; 0 (no WARN) without MemTotal. */
+static void test_host_memory_total_plus_swap(void **state)
+{
+    (void)state;
+    assert_int_equal(kvp_seg_host_memory("MemTotal:  1024 kB\nMemFree: 5 kB\nSwapTotal:  2048 kB\n"),
+                     3ull * 1024 * 1024);
+    assert_int_equal(kvp_seg_host_memory("SwapTotal: 2048 kB\nMemTotal: 1024 kB\n"), 3ull * 1024 * 1024);
+    assert_int_equal(kvp_seg_host_memory("MemTotal: 1024 kB\n"), 1024ull * 1024);
+    assert_int_equal(kvp_seg_host_memory("SwapTotal: 2048 kB\n"), 0);
+    assert_int_equal(kvp_seg_host_memory(""), 0);
+    assert_int_equal(kvp_seg_host_memory(NULL), 0);
+    assert_int_equal(kvp_seg_host_memory("MemTotal: 99999999999999999999 kB\n"), 0);
+    char b[4096];
+    FILE *fp = fopen("/proc/meminfo", "r");
+    if (fp) {
+        size_t n = fread(b, 1, sizeof b - 1, fp);
+        fclose(fp);
+        b[n] = 0;
+        assert_true(kvp_seg_host_memory(b) >= 64ull << 20);
+    }
+}
+
 static void test_this_host_parses(void **state)
 {
     (void)state;
@@ -87,6 +109,7 @@ int main(void)
         cmocka_unit_test(test_floor_is_a_tenth_of_total),
         cmocka_unit_test(test_floor_at_least_512_mib),
         cmocka_unit_test(test_unreadable_text_means_no_guard),
+        cmocka_unit_test(test_host_memory_total_plus_swap),
         cmocka_unit_test(test_this_host_parses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
