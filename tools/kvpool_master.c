@@ -78,8 +78,11 @@ int main(int argc, char **argv)
     struct kvp_master_service *svc = NULL;
     int rc = kvp_master_service_new(&svc, &cfg);
     if (rc != KVP_OK) {
-        fprintf(stderr, "kvpool-master: cannot start: %s\n", kvp_strerror(rc));
-        return 1;
+        /* INVALID: a setting (members list, id, raft address) named in the line above: exit 2 as
+         * for every bad setting; the rest (port in use, data dir) could not start: 1 */
+        fprintf(stderr, "kvpool-master: cannot start: %s%s\n", kvp_strerror(rc),
+                rc == KVP_ERR_INVALID ? " (bad settings: see the line above)" : "");
+        return rc == KVP_ERR_INVALID ? 2 : 1;
     }
     rc = kvp_master_service_run(svc);
     kvp_master_service_destroy(&svc);

@@ -168,6 +168,25 @@ static void test_master_put_start_too_many_items_invalid(void **state)
     free(keys);
 }
 
+/* docs/operations.md: kvpool-master exits 2 for bad settings, 1 when it could not start. A
+ * members list it cannot parse, or one without this node's id, is a bad setting (it was 1). */
+static void test_master_bad_members_exit_2(void **state)
+{
+    (void)state;
+    const char *bd = getenv("KVP_BUILD_DIR");
+    char bin[512], dir[64] = "/tmp/kvp-master-args-XXXXXX";
+    snprintf(bin, sizeof bin, "%s/tools/kvpool-master", bd ? bd : ".");
+    assert_non_null(mkdtemp(dir));
+    char *garbage[] = {bin, "--id", "1", "--data-dir", dir, "--listen", "127.0.0.1:1", "--members", "garbage", NULL};
+    assert_int_equal(tm_run(garbage, true), 2);
+    char *not_me[] = {bin, "--id", "1", "--data-dir", dir, "--listen", "127.0.0.1:1", "--members",
+                      "2@127.0.0.1:1@127.0.0.1:2", NULL};
+    assert_int_equal(tm_run(not_me, true), 2);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_master_soft_state_leases_revoke_liveness(void **state)
 {
     struct tm_cluster *c = *state;
@@ -394,6 +413,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_master_soft_state_leases_revoke_liveness, setup, teardown),
         cmocka_unit_test_setup_teardown(test_master_put_start_too_many_items_invalid, setup, teardown),
+        cmocka_unit_test(test_master_bad_members_exit_2),
         cmocka_unit_test_setup_teardown(test_master_joined_member_added_leads_then_removed, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
