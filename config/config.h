@@ -81,6 +81,7 @@ struct kvp_cfg_client {
     uint32_t rpc_timeout_ms;          /* `rpc_timeout_ms`: one master RPC incl. failover retries (default 5000) */
     uint64_t slice_bytes;             /* `slice_bytes`: transfer slice size (default 1 MiB) */
     uint32_t conns_per_peer;          /* `conns_per_peer`: TCP connections per segment (default 4) */
+    uint32_t transfer_io_threads;     /* `transfer_io_threads`: transfer engine I/O threads, 1..8 (default 2) */
     uint32_t heartbeat_ms;            /* `heartbeat_ms`: embedded segment heartbeat (default 1000) */
     char log_level[16];
 };

@@ -121,6 +121,8 @@ static const struct kvp_cfg_key client_keys[] = {
         "one master RPC including failover retries"),
     NUM(C, KVP_CFG_T_SIZE, "slice_bytes", slice_bytes, 4096, 1 * GIB, "1MiB", "transfer slice size"),
     NUM(C, KVP_CFG_T_U32, "conns_per_peer", conns_per_peer, 1, 64, "4", "TCP connections per segment"),
+    NUM(C, KVP_CFG_T_U32, "transfer_io_threads", transfer_io_threads, 1, 8, "2",
+        "transfer I/O threads; a call's transfer runs on the least busy one (each has its own connections)"),
     NUM(C, KVP_CFG_T_DURATION_MS, "heartbeat_ms", heartbeat_ms, 10, 600000, "1000",
         "embedded segment heartbeat period"),
     STR(C, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),

@@ -217,6 +217,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .conns_per_peer = c->cfg.conns_per_peer ? c->cfg.conns_per_peer : 4,
         .slice_bytes = c->cfg.slice_bytes ? c->cfg.slice_bytes : (1u << 20),
         .connect_timeout_ms = 1000,
+        .io_threads = c->cfg.transfer_io_threads ? c->cfg.transfer_io_threads : 2,
     };
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
     if (rc != KVP_OK)

@@ -35,6 +35,10 @@ struct kvp_xfer_params {
     uint32_t fence_bound_ms;   /* how long a timed-out batch waits for a transport that cannot fence
                                   at once (wedged) before it is torn down: default 2000
                                   (docs/fencing.md) */
+    uint32_t io_threads;       /* I/O threads (default 1, at most 8). Each owns its own connections
+                                  (conns_per_peer per endpoint each) and runs whole batches: a
+                                  batch goes to the one with the fewest batches running, so the
+                                  socket copies of concurrent batches run on several cores */
 };
 
 /* Engine counters (monotonic since the engine started). */
@@ -51,7 +55,7 @@ struct kvp_xfer_stats {
 
 struct kvp_xfer_engine;
 
-/** Copy the engine's counters. Any thread. */
+/** Copy the engine's counters (summed over its I/O threads). Any thread. */
 void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out);
 
 /**

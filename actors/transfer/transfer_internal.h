@@ -23,6 +23,7 @@
 #include "wire/envelope.h"
 
 #define XFER_DEFAULT_CONNS 4u
+#define XFER_MAX_IO_THREADS 8u
 #define XFER_MAX_CONNS 64u
 #define XFER_DEFAULT_SLICE_BYTES (1ull << 20)
 #define XFER_DEFAULT_CONNECT_MS 1000u
@@ -154,6 +155,14 @@ struct kvp_xfer_engine {
     pthread_rwlock_t local_lock;
     struct xfer_local *locals;
     size_t n_locals, cap_locals;
+
+    /* More I/O threads (params.io_threads > 1): sibling engines, each a complete engine with its
+     * own I/O thread, connections and batches, created and destroyed with this one. A batch runs
+     * whole on one of {this, siblings}: the one with the fewest batches running (`running`). Local
+     * registrations are made on all of them. */
+    struct kvp_xfer_engine *sib[XFER_MAX_IO_THREADS - 1];
+    unsigned n_sib;
+    unsigned running;           /* kvp_xfer_run calls on this engine (relaxed atomic) */
 };
 
 /* xfer_net.c */

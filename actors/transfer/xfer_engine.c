@@ -952,6 +952,10 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
         e->p.connect_timeout_ms = XFER_DEFAULT_CONNECT_MS;
     if (e->p.fence_bound_ms == 0)
         e->p.fence_bound_ms = XFER_DEFAULT_FENCE_BOUND_MS;
+    if (e->p.io_threads == 0)
+        e->p.io_threads = 1;
+    if (e->p.io_threads > XFER_MAX_IO_THREADS)
+        e->p.io_threads = XFER_MAX_IO_THREADS;
     e->ep = -1;
     e->wake_fd = -1;
     e->scratch = malloc(XFER_SCRATCH_BYTES);
@@ -994,8 +998,32 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
     xfer_fault_env_once();
     xfer_fault_register_engine(wake_cb, e);
 #endif
+    if (e->p.io_threads > 1) {
+        struct kvp_xfer_params sp = e->p;
+        sp.io_threads = 1;
+        for (unsigned i = 0; i + 1 < e->p.io_threads; i++) {
+            rc = kvp_xfer_engine_new(&e->sib[i], &sp);
+            if (rc != KVP_OK) {
+                kvp_xfer_engine_destroy(&e);
+                return rc;
+            }
+            e->n_sib++;
+        }
+    }
     *out = e;
     return KVP_OK;
+}
+
+static void stats_add(const struct kvp_xfer_engine *e, struct kvp_xfer_stats *out)
+{
+    out->batches += __atomic_load_n(&e->st_batches, __ATOMIC_RELAXED);
+    out->slices += __atomic_load_n(&e->st_slices, __ATOMIC_RELAXED);
+    out->timeouts += __atomic_load_n(&e->st_timeouts, __ATOMIC_RELAXED);
+    out->fenced += __atomic_load_n(&e->st_fenced, __ATOMIC_RELAXED);
+    out->fence_failed += __atomic_load_n(&e->st_fence_failed, __ATOMIC_RELAXED);
+    out->stray_bytes += __atomic_load_n(&e->st_stray, __ATOMIC_RELAXED);
+    out->spec_pieces += __atomic_load_n(&e->st_spec, __ATOMIC_RELAXED);
+    out->pushbacks += __atomic_load_n(&e->st_pushback, __ATOMIC_RELAXED);
 }
 
 void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out)
@@ -1005,20 +1033,17 @@ void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out)
     *out = (struct kvp_xfer_stats){0};
     if (!e)
         return;
-    out->batches = __atomic_load_n(&e->st_batches, __ATOMIC_RELAXED);
-    out->slices = __atomic_load_n(&e->st_slices, __ATOMIC_RELAXED);
-    out->timeouts = __atomic_load_n(&e->st_timeouts, __ATOMIC_RELAXED);
-    out->fenced = __atomic_load_n(&e->st_fenced, __ATOMIC_RELAXED);
-    out->fence_failed = __atomic_load_n(&e->st_fence_failed, __ATOMIC_RELAXED);
-    out->stray_bytes = __atomic_load_n(&e->st_stray, __ATOMIC_RELAXED);
-    out->spec_pieces = __atomic_load_n(&e->st_spec, __ATOMIC_RELAXED);
-    out->pushbacks = __atomic_load_n(&e->st_pushback, __ATOMIC_RELAXED);
+    stats_add(e, out);
+    for (unsigned i = 0; i < e->n_sib; i++)
+        stats_add(e->sib[i], out);
 }
 
 void kvp_xfer_engine_stop(struct kvp_xfer_engine *e)
 {
     if (!e)
         return;
+    for (unsigned i = 0; i < e->n_sib; i++)
+        kvp_xfer_engine_stop(e->sib[i]);
     pthread_mutex_lock(&e->mu);
     e->stopping = true;
     pthread_mutex_unlock(&e->mu);
@@ -1031,6 +1056,8 @@ void kvp_xfer_engine_destroy(struct kvp_xfer_engine **ep)
         return;
     struct kvp_xfer_engine *e = *ep;
     *ep = NULL;
+    for (unsigned i = 0; i < e->n_sib; i++)
+        kvp_xfer_engine_destroy(&e->sib[i]);
 #ifdef KVP_FAULT_INJECTION
     xfer_fault_unregister_engine(e);
 #endif
@@ -1079,10 +1106,34 @@ void kvp_xfer_engine_destroy(struct kvp_xfer_engine **ep)
     free(e);
 }
 
+static int register_local_one(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size);
+static int unregister_local_one(struct kvp_xfer_engine *e, uint32_t segment_id);
+
+/* On this engine and every sibling: a batch sees the same local segments whichever runs it. */
 int kvp_xfer_register_local(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size)
 {
     if (!e || segment_id == 0 || !base || size == 0)
         return KVP_ERR_INVALID;
+    int rc = register_local_one(e, segment_id, base, size);
+    for (unsigned i = 0; i < e->n_sib && rc == KVP_OK; i++)
+        rc = register_local_one(e->sib[i], segment_id, base, size);
+    if (rc != KVP_OK)
+        kvp_xfer_unregister_local(e, segment_id);
+    return rc;
+}
+
+int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id)
+{
+    if (!e)
+        return KVP_ERR_INVALID;
+    int rc = unregister_local_one(e, segment_id);
+    for (unsigned i = 0; i < e->n_sib; i++)
+        unregister_local_one(e->sib[i], segment_id);
+    return rc;
+}
+
+static int register_local_one(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size)
+{
     pthread_rwlock_wrlock(&e->local_lock);
     int rc = KVP_OK;
     size_t i;
@@ -1108,10 +1159,8 @@ out:
     return rc;
 }
 
-int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id)
+static int unregister_local_one(struct kvp_xfer_engine *e, uint32_t segment_id)
 {
-    if (!e)
-        return KVP_ERR_INVALID;
     /* The write lock waits for every batch doing local copies (they hold the read lock). */
     pthread_rwlock_wrlock(&e->local_lock);
     int rc = KVP_ERR_NOT_FOUND;
@@ -1193,11 +1242,33 @@ int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_
     return kvp_xfer_run_overlap(e, slices, n, timeout_ms, NULL, NULL);
 }
 
+static int run_one(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms,
+                   void (*overlap)(void *arg), void *arg);
+
 int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n,
                          uint32_t timeout_ms, void (*overlap)(void *arg), void *arg)
 {
     if (!e || (n > 0 && !slices))
         return KVP_ERR_INVALID;
+    /* The I/O thread with the fewest batches running takes the whole batch (ties: the first). */
+    struct kvp_xfer_engine *t = e;
+    unsigned least = __atomic_load_n(&e->running, __ATOMIC_RELAXED);
+    for (unsigned i = 0; i < e->n_sib && least > 0; i++) {
+        unsigned r = __atomic_load_n(&e->sib[i]->running, __ATOMIC_RELAXED);
+        if (r < least) {
+            least = r;
+            t = e->sib[i];
+        }
+    }
+    __atomic_add_fetch(&t->running, 1, __ATOMIC_RELAXED);
+    int rc = run_one(t, slices, n, timeout_ms, overlap, arg);
+    __atomic_sub_fetch(&t->running, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+static int run_one(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms,
+                   void (*overlap)(void *arg), void *arg)
+{
     bool bad = false;
     for (size_t i = 0; i < n; i++)
         if (!slice_valid(&slices[i]))

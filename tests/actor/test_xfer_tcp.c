@@ -13,6 +13,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
 
 #include "actors/segment/seg_server.h"
 #include "actors/transfer/transfer.h"
@@ -623,6 +624,123 @@ static void test_xfer_local_transport_ok(void **state)
     free(local_region);
 }
 
+/* ---- several I/O threads (params.io_threads) */
+
+static int setup_io2(void **state)
+{
+    if (setup(state) != 0)
+        return -1;
+    struct fixture *f = *state;
+    kvp_xfer_engine_destroy(&f->eng);
+    struct kvp_xfer_params p = {.conns_per_peer = 4, .slice_bytes = 1 << 20, .connect_timeout_ms = 1000,
+                                .io_threads = 2};
+    return kvp_xfer_engine_new(&f->eng, &p) == KVP_OK ? 0 : -1;
+}
+
+/* Concurrent batches spread over two I/O threads: every byte right, a local registration seen
+ * by both, the counters summed over both. */
+static void test_xfer_io_threads_batches_ok(void **state)
+{
+    struct fixture *f = *state;
+    test_xfer_concurrent_batches_ok(state); /* 6 threads x 40 rounds x (WRITE batch, READ batch) */
+    for (int i = 0; i < 4; i++)
+        roundtrip(f, (3u << 20) + 4096u * (unsigned)i, (uint64_t)i << 24, 60u + (uint32_t)i);
+    test_xfer_local_transport_ok(state);
+    struct kvp_xfer_stats st;
+    kvp_xfer_stats(f->eng, &st);
+    /* 480 + 8 + the local test's 4 runs (its two INVALID ones got past the slice checks) */
+    assert_int_equal(st.batches, 6 * 40 * 2 + 4 * 2 + 4);
+    assert_int_equal(st.timeouts, 0);
+    assert_int_equal(st.fenced, 0);
+}
+
+/* A listener that accepts every connection, reads and discards what comes, and never answers. */
+struct stall_listener {
+    int lfd;
+    uint16_t port;
+    pthread_t thread;
+    atomic_int accepted;
+    atomic_bool stop;
+};
+
+static void *stall_main(void *arg)
+{
+    struct stall_listener *l = arg;
+    int fds[16];
+    int n = 0;
+    while (!atomic_load(&l->stop)) {
+        struct pollfd pf[17];
+        pf[0] = (struct pollfd){.fd = l->lfd, .events = POLLIN};
+        for (int i = 0; i < n; i++)
+            pf[i + 1] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+        if (poll(pf, (nfds_t)n + 1, 20) <= 0)
+            continue;
+        if ((pf[0].revents & POLLIN) && n < 16) {
+            int fd = accept(l->lfd, NULL, NULL);
+            if (fd >= 0) {
+                fds[n++] = fd;
+                atomic_fetch_add(&l->accepted, 1);
+            }
+        }
+        for (int i = 0; i < n; i++)
+            if (pf[i + 1].revents & POLLIN) {
+                uint8_t junk[4096];
+                (void)!recv(fds[i], junk, sizeof junk, MSG_DONTWAIT);
+            }
+    }
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    return NULL;
+}
+
+/*
+ * Two calls running at once go to two I/O threads (with one connection per endpoint per
+ * thread, the stalled server sees two connections), and destroying the engine fences both:
+ * each call returns KVP_ERR_CLOSED (contract C2 holds on every I/O thread).
+ */
+static void test_xfer_io_threads_spread_and_destroy_closed(void **state)
+{
+    (void)state;
+    struct stall_listener l = {0};
+    l.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(l.lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(l.lfd, 16), 0);
+    assert_int_equal(getsockname(l.lfd, (struct sockaddr *)&a, &al), 0);
+    l.port = ntohs(a.sin_port);
+    pthread_create(&l.thread, NULL, stall_main, &l);
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%u", l.port);
+
+    struct kvp_xfer_params p = {.conns_per_peer = 1, .io_threads = 2};
+    struct kvp_xfer_engine *e;
+    assert_int_equal(kvp_xfer_engine_new(&e, &p), KVP_OK);
+    uint8_t buf[2][4096];
+    struct run_arg ra[2] = {{.e = e}, {.e = e}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        ra[i].s = mk(buf[i], sizeof buf[i], 1, ep, 0, i == 0 ? KVP_XFER_READ : KVP_XFER_WRITE);
+        pthread_create(&th[i], NULL, run_thread, &ra[i]);
+        /* the first call holds its I/O thread (no answer comes) before the second one starts */
+        for (int k = 0; k < 5000 && atomic_load(&l.accepted) < i + 1; k++)
+            usleep(1000);
+        assert_int_equal(atomic_load(&l.accepted), i + 1);
+    }
+    usleep(20000);
+    assert_int_equal(atomic_load(&l.accepted), 2);
+    kvp_xfer_engine_destroy(&e);
+    assert_null(e);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(ra[i].rc, KVP_ERR_CLOSED);
+        assert_int_equal(ra[i].s.status, KVP_ERR_CLOSED);
+    }
+    atomic_store(&l.stop, true);
+    pthread_join(l.thread, NULL);
+    close(l.lfd);
+}
+
 static void test_seg_server_malformed_header_closes_connection(void **state)
 {
     struct fixture *f = *state;
@@ -662,6 +780,8 @@ int main(void)
         cmocka_unit_test(test_xfer_destroy_with_batch_in_flight_closed),
         cmocka_unit_test(test_xfer_ipv6_and_hostname_ok),
         cmocka_unit_test(test_xfer_link_local_scope_ok),
+        cmocka_unit_test_setup_teardown(test_xfer_io_threads_batches_ok, setup_io2, teardown),
+        cmocka_unit_test(test_xfer_io_threads_spread_and_destroy_closed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -170,6 +170,7 @@ static void test_config_defaults_documented_values(void **state)
     assert_int_equal(c.rpc_timeout_ms, 5000);
     assert_int_equal(c.slice_bytes, 1u << 20);
     assert_int_equal(c.conns_per_peer, 4);
+    assert_int_equal(c.transfer_io_threads, 2);
     assert_int_equal(c.heartbeat_ms, 1000);
     assert_string_equal(c.master_server_address, "");
 }
@@ -327,6 +328,8 @@ static void test_config_set_bad_values_invalid_logged_unchanged(void **state)
     expect_bad(KVP_CFG_CLIENT, "replica_num", "", "replica_num=", "integer");
     expect_bad(KVP_CFG_CLIENT, "replica_num", "3x", "replica_num=3x", "integer");
     expect_bad(KVP_CFG_CLIENT, "conns_per_peer", "99999999999999999999999", "conns_per_peer=", "[1, 64]");
+    expect_bad(KVP_CFG_CLIENT, "transfer_io_threads", "9", "transfer_io_threads=9", "[1, 8]");
+    expect_bad(KVP_CFG_CLIENT, "transfer_io_threads", "0", "transfer_io_threads=0", "[1, 8]");
     expect_bad(KVP_CFG_SEGMENT, "port", "65536", "port=65536", "[0, 65535]");
     /* u64 */
     expect_bad(KVP_CFG_MASTER, "id", "0", "id=0", "integer in [1,");
