@@ -51,7 +51,7 @@ void kvp_xfer_fault_counts(struct kvp_xfer_fault_counts *out)
 
 #define ACTOR "xfer-fault"
 #define MAX_RULES 16
-#define MAX_ENGINES 64
+#define MAX_ENGINES 256 /* engines, sibling I/O threads included (a client has transfer_io_threads) */
 
 atomic_uint xfer_fault_nrules;
 atomic_ulong xfer_fault_gen;
