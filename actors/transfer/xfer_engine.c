@@ -718,6 +718,46 @@ static void fence_teardown(struct kvp_xfer_engine *e, struct xfer_batch *b, cons
     }
 }
 
+/*
+ * Close c because a fenced WRITE was mid-send on it. The requests of other batches queued
+ * behind it never reached the wire: they are not a failure of the peer, so they go out again on
+ * a fresh connection instead of failing with KVP_ERR_TRANSFER (which a put or get reports to the
+ * master as "segment unreachable"; a live segment would be probed, and declared lost if the
+ * probe and a heartbeat were late under load). Requests already sent still fail with the
+ * connection.
+ */
+static void conn_close_fenced(struct kvp_xfer_engine *e, struct xfer_conn *c)
+{
+    struct xfer_list keep = {0};
+    for (struct xfer_piece *p = c->sendq.head, *np; p; p = np) {
+        np = p->next;
+        if (p->batch && p->sent == 0) {
+            list_unlink(&c->sendq, p);
+            c->load -= piece_cost(p);
+            list_push(&keep, p);
+        }
+    }
+    conn_fail(e, c, KVP_ERR_TRANSFER, "fenced a request mid-send");
+    struct xfer_peer *peer = c->peer;
+    struct xfer_piece *p;
+    while ((p = keep.head)) {
+        list_unlink(&keep, p);
+        struct xfer_conn *nc = pick_conn(e, peer);
+        p->conn = nc;
+        nc->load += piece_cost(p);
+        list_push(&nc->sendq, p);
+    }
+    for (uint32_t i = 0; i < e->p.conns_per_peer; i++) {
+        struct xfer_conn *q = &peer->conns[i];
+        if (!q->sendq.head)
+            continue;
+        if (q->state == CONN_IDLE)
+            conn_connect(e, q);
+        else if (q->state == CONN_UP && !(q->events & EPOLLOUT))
+            conn_send(e, q);
+    }
+}
+
 /* Fence every piece of b that is not terminal with `status` (TIMEOUT or CLOSED). `now`: a
  * stopping engine tears down a wedged piece at once instead of waiting for the bound. */
 static void fence_batch(struct kvp_xfer_engine *e, struct xfer_batch *b, int status, bool now)
@@ -788,12 +828,12 @@ static void fence_batch(struct kvp_xfer_engine *e, struct xfer_batch *b, int sta
             b->fence_deadline_ns = kvp_clock_now_ns() + (uint64_t)e->p.fence_bound_ms * 1000000ull;
     }
     for (size_t i = 0; i < n_close; i++)
-        conn_fail(e, to_close[i], KVP_ERR_TRANSFER, "fenced a request mid-send");
+        conn_close_fenced(e, to_close[i]);
     if (overflow)
         for (struct xfer_peer *peer = e->io_peers; peer; peer = peer->io_next)
             for (uint32_t i = 0; i < e->p.conns_per_peer; i++)
                 if (peer->conns[i].close_pending)
-                    conn_fail(e, &peer->conns[i], KVP_ERR_TRANSFER, "fenced a request mid-send");
+                    conn_close_fenced(e, &peer->conns[i]);
 }
 
 /* The epoll timeout until the next deadline, in ms (-1 none). Fences what is due. */

@@ -760,6 +760,66 @@ static void test_seg_server_malformed_header_closes_connection(void **state)
     roundtrip(f, 4096, 0, 40);
 }
 
+struct timed_run {
+    struct kvp_xfer_engine *e;
+    struct kvp_xfer_slice s;
+    uint32_t timeout_ms;
+    int rc;
+};
+
+static void *timed_run_thread(void *arg)
+{
+    struct timed_run *a = arg;
+    a->rc = kvp_xfer_run(a->e, &a->s, 1, a->timeout_ms);
+    return NULL;
+}
+
+/*
+ * Fencing one call's WRITE mid-send closes its connection; another call's request queued behind
+ * it on that connection never reached the wire and is not a failure of the peer: it goes out on
+ * a fresh connection and ends with its own outcome (here its own timeout, the server reading
+ * nothing), not KVP_ERR_TRANSFER (which a put reports to the master as "segment unreachable").
+ */
+static void test_xfer_fence_mid_send_spares_queued_batch(void **state)
+{
+    (void)state;
+    struct fake_server fs;
+    assert_int_equal(fake_server_start(&fs, FAKE_NO_READ), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%u", fs.port);
+    struct kvp_xfer_engine *e;
+    struct kvp_xfer_params p = {.conns_per_peer = 1, .slice_bytes = 64ull << 20, .io_threads = 1};
+    assert_int_equal(kvp_xfer_engine_new(&e, &p), KVP_OK);
+    enum { LEN = 64 << 20 };
+    uint8_t *big = malloc(LEN);
+    pat_fill(big, LEN, 7);
+    struct timed_run a = {.e = e, .timeout_ms = 1500};
+    a.s = mk(big, LEN, 1, ep, 0, KVP_XFER_WRITE);
+    pthread_t th;
+    pthread_create(&th, NULL, timed_run_thread, &a);
+    struct kvp_xfer_stats st;
+    for (int i = 0; i < 5000; i++) {
+        kvp_xfer_stats(e, &st);
+        if (st.batches >= 1)
+            break;
+        usleep(1000);
+    }
+    assert_int_equal(st.batches, 1);
+    usleep(50000); /* the 64 MiB WRITE is mid-send (the server reads nothing) */
+    uint8_t small[4096];
+    pat_fill(small, sizeof small, 8);
+    struct kvp_xfer_slice b = mk(small, sizeof small, 1, ep, 1ull << 30, KVP_XFER_WRITE);
+    int rc = kvp_xfer_run(e, &b, 1, 6000); /* queued behind the big WRITE on the one connection */
+    pthread_join(th, NULL);
+    assert_int_equal(a.rc, KVP_ERR_TIMEOUT);
+    assert_int_equal(b.status, KVP_ERR_TIMEOUT);
+    assert_int_equal(rc, KVP_ERR_TIMEOUT);
+    kvp_xfer_engine_destroy(&e);
+    atomic_store(&fs.release, true);
+    fake_server_stop(&fs);
+    free(big);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -782,6 +842,7 @@ int main(void)
         cmocka_unit_test(test_xfer_link_local_scope_ok),
         cmocka_unit_test_setup_teardown(test_xfer_io_threads_batches_ok, setup_io2, teardown),
         cmocka_unit_test(test_xfer_io_threads_spread_and_destroy_closed),
+        cmocka_unit_test(test_xfer_fence_mid_send_spares_queued_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
