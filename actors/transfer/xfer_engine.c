@@ -749,7 +749,7 @@ static void conn_close_fenced(struct kvp_xfer_engine *e, struct xfer_conn *c)
     }
     for (uint32_t i = 0; i < e->p.conns_per_peer; i++) {
         struct xfer_conn *q = &peer->conns[i];
-        if (!q->sendq.head)
+        if (!q->sendq.head || q->close_pending) /* closed next by fence_batch, which requeues */
             continue;
         if (q->state == CONN_IDLE)
             conn_connect(e, q);
