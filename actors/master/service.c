@@ -398,6 +398,7 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     svc_map_init(&s->leases);
     svc_map_init(&s->last_access);
     svc_map_init(&s->last_hb);
+    svc_map_init(&s->hb_gap);
     svc_map_init(&s->unreachable);
     svc_map_init(&s->segments);
     svc_map_init(&s->lost_sent);
@@ -571,6 +572,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->leases);
     svc_map_fini(&s->last_access);
     svc_map_fini(&s->last_hb);
+    svc_map_fini(&s->hb_gap);
     svc_map_fini(&s->unreachable);
     svc_map_fini(&s->segments);
     svc_map_fini(&s->lost_sent);

@@ -450,6 +450,7 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
         if (st == KVP_OK || st == KVP_ERR_NOT_FOUND) {
             svc_map_del(&s->segments, p->segment_id, NULL);
             svc_map_del(&s->last_hb, p->segment_id, NULL);
+            svc_map_del(&s->hb_gap, p->segment_id, NULL);
             svc_map_del(&s->unreachable, p->segment_id, NULL);
             kvp_log_warn(s->actor, "segment %u declared lost (committed)", p->segment_id);
         } else {
@@ -590,6 +591,7 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
         if (resp->status == KVP_OK) {
             svc_map_del(&s->segments, p->segment_id, NULL);
             svc_map_del(&s->last_hb, p->segment_id, NULL);
+            svc_map_del(&s->hb_gap, p->segment_id, NULL);
             svc_map_del(&s->unreachable, p->segment_id, NULL);
             kvp_log_info(s->actor, "segment %u unmounted", p->segment_id);
         }

@@ -194,6 +194,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     svc_map_clear(&s->leases);
     svc_map_clear(&s->last_access);
     svc_map_clear(&s->last_hb);
+    svc_map_clear(&s->hb_gap);
     svc_map_clear(&s->unreachable);
     svc_map_clear(&s->segments);
     svc_map_clear(&s->lost_sent);
@@ -294,7 +295,10 @@ static void answer_heartbeat(struct kvp_master_service *s, zframe_t *identity, u
                          "segment unknown or lost: remount as a new segment");
         return;
     }
-    svc_map_put(&s->last_hb, seg, svc_now_ms());
+    uint64_t now = svc_now_ms(), prev = 0;
+    if (svc_map_get(&s->last_hb, seg, &prev) && now > prev)
+        svc_map_put(&s->hb_gap, seg, now - prev);
+    svc_map_put(&s->last_hb, seg, now);
     Kvp__Response resp = KVP__RESPONSE__INIT;
     Kvp__HeartbeatResp hb = KVP__HEARTBEAT_RESP__INIT;
     hb.state = (Kvp__SegmentState)(st - 1);
@@ -438,15 +442,27 @@ static void check_liveness(struct kvp_master_service *s)
             last = hb;
         uint64_t silent = now - last;
         bool reported = svc_map_get(&s->unreachable, seg, &rep) && now - rep < ttl;
+        /* A reported segment is lost after a silence of more than its own heartbeat period and
+         * a half (the period seen here, between its last two heartbeats): 1 s (after a failed
+         * probe) or 3 s (report only) alone is no silence for a live segment with a longer
+         * heartbeat_ms, whose probe may fail while it is busy. */
+        uint64_t gap = 0;
+        (void)svc_map_get(&s->hb_gap, seg, &gap);
+        uint64_t probe_silence = ttl < 1000 ? ttl : 1000;
+        uint64_t report_silence = unreachable_silence;
+        if (gap + gap / 2 > probe_silence)
+            probe_silence = gap + gap / 2;
+        if (gap + gap / 2 > report_silence)
+            report_silence = gap + gap / 2;
         if (silent > ttl) {
             kvp_log_warn(s->actor, "segment %llu: no heartbeat for %llu ms (client_ttl %llu ms): declaring it lost",
                          (unsigned long long)seg, (unsigned long long)silent, (unsigned long long)ttl);
             lost[n_lost++] = (uint32_t)seg;
-        } else if (reported && svc_repair_probe_failed(s, (uint32_t)seg, last) && silent > (ttl < 1000 ? ttl : 1000)) {
+        } else if (reported && svc_repair_probe_failed(s, (uint32_t)seg, last) && silent > probe_silence) {
             kvp_log_warn(s->actor, "segment %llu: probe failed and no heartbeat for %llu ms: declaring it lost",
                          (unsigned long long)seg, (unsigned long long)silent);
             lost[n_lost++] = (uint32_t)seg;
-        } else if (reported && silent > unreachable_silence) {
+        } else if (reported && silent > report_silence) {
             kvp_log_warn(s->actor, "segment %llu: reported unreachable and no heartbeat for %llu ms: declaring it lost",
                          (unsigned long long)seg, (unsigned long long)silent);
             lost[n_lost++] = (uint32_t)seg;

@@ -120,6 +120,8 @@ struct kvp_master_service {
     struct svc_map leases;                 /* key hash → lease expiry (monotonic ms) */
     struct svc_map last_access;            /* key hash → last read/write (monotonic ms), for LRU */
     struct svc_map last_hb;                /* segment id → last heartbeat or mount (monotonic ms) */
+    struct svc_map hb_gap;                 /* segment id → ms between its last two heartbeats (its
+                                              period as seen here: check_liveness's silences) */
     struct svc_map unreachable;            /* segment id → last ReportUnreachable (monotonic ms) */
     struct svc_map segments;               /* segment id → Kvp__SegmentState + 1 (FSM's view) */
     struct svc_map lost_sent;              /* segment id → time a SegmentLost was submitted */

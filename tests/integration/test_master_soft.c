@@ -408,12 +408,49 @@ static void test_master_joined_member_added_leads_then_removed(void **state)
     assert_int_equal(tm_put(c, "j-after", 10000), KVP_OK);
 }
 
+static void report_unreachable(struct tm_cluster *c, uint32_t seg)
+{
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__ReportUnreachableReq ru = KVP__REPORT_UNREACHABLE_REQ__INIT;
+    ru.segment_id = seg;
+    req.body_case = KVP__REQUEST__BODY_REPORT_UNREACHABLE;
+    req.report_unreachable = &ru;
+    Kvp__Response *resp = NULL;
+    assert_int_equal(kvp_msession_call(c->ms, &req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    kvp_msession_response_free(resp);
+}
+
+/* C4: a live segment that heartbeats every 1.4 s (its heartbeat_ms; client_ttl is 2.5 s here),
+ * reported unreachable again and again by clients while its probe fails (a busy data plane:
+ * here nothing listens there), is kept while it heartbeats. The leader used to declare it lost
+ * (every replica on it dropped) once its heartbeat was more than 1 s old after a failed probe:
+ * 1 s is no silence for a segment whose period is longer. */
+static void test_master_reported_segment_with_slow_heartbeat_kept(void **state)
+{
+    struct tm_cluster *c = *state;
+    assert_int_equal(tm_cluster_up(c), 0);
+    assert_int_equal(tm_heartbeat(c, 3000), KVP_OK);
+    tm_sleep_ms(1400);
+    assert_int_equal(tm_heartbeat(c, 3000), KVP_OK);
+    for (int i = 0; i < 4; i++) {
+        report_unreachable(c, c->segment_id);
+        tm_sleep_ms(1400);
+        assert_int_equal(tm_heartbeat(c, 3000), KVP_OK);
+    }
+    int leader = tm_leader(c, 5000);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "grep -q 'segment %u: probe failed' %s/master-%d.log", c->segment_id, c->dir, leader);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_master_soft_state_leases_revoke_liveness, setup, teardown),
         cmocka_unit_test_setup_teardown(test_master_put_start_too_many_items_invalid, setup, teardown),
         cmocka_unit_test(test_master_bad_members_exit_2),
+        cmocka_unit_test_setup_teardown(test_master_reported_segment_with_slow_heartbeat_kept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_master_joined_member_added_leads_then_removed, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
