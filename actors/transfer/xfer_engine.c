@@ -719,16 +719,29 @@ static void fence_teardown(struct kvp_xfer_engine *e, struct xfer_batch *b, cons
 }
 
 /*
- * Close c because a fenced WRITE was mid-send on it. The requests of other batches queued
- * behind it never reached the wire: they are not a failure of the peer, so they go out again on
- * a fresh connection instead of failing with KVP_ERR_TRANSFER (which a put or get reports to the
- * master as "segment unreachable"; a live segment would be probed, and declared lost if the
- * probe and a heartbeat were late under load). Requests already sent still fail with the
- * connection.
+ * Close c because a fenced WRITE was mid-send on it. The requests of other batches on it are not
+ * a failure of the peer: they go out again on a fresh connection instead of failing with
+ * KVP_ERR_TRANSFER (which a put or get reports to the master as "segment unreachable"; a live
+ * segment would be probed, and declared lost if the probe and a heartbeat were late under load).
+ * Those queued behind it never reached the wire; those sent before it await their answers, which
+ * the close discards: a READ is read again, a WRITE writes the same bytes to the same place again
+ * under the same write deadline (a copy the segment already took from the closed connection lands
+ * before that deadline or not at all, as for any fenced WRITE). A READ whose answer is being
+ * received (c->rpiece) still fails with the connection.
  */
 static void conn_close_fenced(struct kvp_xfer_engine *e, struct xfer_conn *c)
 {
     struct xfer_list keep = {0};
+    for (struct xfer_piece *p = c->inflight.head, *np; p; p = np) {
+        np = p->next;
+        if (p->batch) {
+            list_unlink(&c->inflight, p);
+            c->load -= piece_cost(p);
+            p->sent = 0;
+            p->where = PIECE_SENDQ;
+            list_push(&keep, p);
+        }
+    }
     for (struct xfer_piece *p = c->sendq.head, *np; p; p = np) {
         np = p->next;
         if (p->batch && p->sent == 0) {

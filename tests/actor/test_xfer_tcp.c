@@ -820,6 +820,48 @@ static void test_xfer_fence_mid_send_spares_queued_batch(void **state)
     free(big);
 }
 
+/* The same with the other call's request sent before the fenced WRITE (awaiting its answer on
+ * the connection the fence closes): it is sent again on a fresh connection, and ends with its own
+ * timeout, not KVP_ERR_TRANSFER. */
+static void test_xfer_fence_mid_send_spares_inflight_batch(void **state)
+{
+    (void)state;
+    struct fake_server fs;
+    assert_int_equal(fake_server_start(&fs, FAKE_NO_READ), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%u", fs.port);
+    struct kvp_xfer_engine *e;
+    struct kvp_xfer_params p = {.conns_per_peer = 1, .slice_bytes = 64ull << 20, .io_threads = 1};
+    assert_int_equal(kvp_xfer_engine_new(&e, &p), KVP_OK);
+    uint8_t small[4096];
+    pat_fill(small, sizeof small, 9);
+    struct timed_run b = {.e = e, .timeout_ms = 6000};
+    b.s = mk(small, sizeof small, 1, ep, 1ull << 30, KVP_XFER_WRITE);
+    pthread_t th;
+    pthread_create(&th, NULL, timed_run_thread, &b);
+    struct kvp_xfer_stats st;
+    for (int i = 0; i < 5000; i++) {
+        kvp_xfer_stats(e, &st);
+        if (st.batches >= 1)
+            break;
+        usleep(1000);
+    }
+    assert_int_equal(st.batches, 1);
+    usleep(50000); /* the 4 KiB WRITE is sent (into the server's socket buffer) */
+    enum { LEN = 64 << 20 };
+    uint8_t *big = malloc(LEN);
+    pat_fill(big, LEN, 10);
+    struct kvp_xfer_slice a = mk(big, LEN, 1, ep, 0, KVP_XFER_WRITE);
+    assert_int_equal(kvp_xfer_run(e, &a, 1, 1500), KVP_ERR_TIMEOUT);
+    pthread_join(th, NULL);
+    assert_int_equal(b.s.status, KVP_ERR_TIMEOUT);
+    assert_int_equal(b.rc, KVP_ERR_TIMEOUT);
+    kvp_xfer_engine_destroy(&e);
+    atomic_store(&fs.release, true);
+    fake_server_stop(&fs);
+    free(big);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -843,6 +885,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_xfer_io_threads_batches_ok, setup_io2, teardown),
         cmocka_unit_test(test_xfer_io_threads_spread_and_destroy_closed),
         cmocka_unit_test(test_xfer_fence_mid_send_spares_queued_batch),
+        cmocka_unit_test(test_xfer_fence_mid_send_spares_inflight_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
