@@ -11,13 +11,17 @@
  *   kvpool-segment: <name> id <id> endpoint <endpoint> size <bytes>
  * SIGINT: unmount and exit 0. SIGTERM: drain (DrainSegment, wait up to drain_timeout_ms for the
  * master to report no replica left here), then unmount and exit 0. docs/data-plane.md.
+ * Either signal before the mount has been confirmed (no master answering yet) exits at once
+ * with 130 (SIGINT) or 143 (SIGTERM), without mounting.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "actors/client/msession.h"
 #include "actors/segment/segment.h"
@@ -33,6 +37,37 @@ static void usage(void)
         fputs(h, stderr);
         free(h);
     }
+}
+
+/* The signal watcher of the start (main). */
+struct start_watch {
+    sigset_t sigs;
+    pthread_t th;
+    pthread_mutex_t mu;
+    bool started; /* kvp_segment_start has returned: hand the signal over */
+    int sig;      /* the signal taken after that, for main */
+};
+
+static void *start_watch_main(void *arg)
+{
+    struct start_watch *w = arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&w->sigs, &sig) != 0)
+            continue;
+        pthread_mutex_lock(&w->mu);
+        if (w->started) {
+            if (!w->sig)
+                w->sig = sig;
+            pthread_mutex_unlock(&w->mu);
+            continue; /* main cancels this thread next */
+        }
+        /* Still starting: the mount may be waiting for a master. Leave at once. */
+        fprintf(stderr, "kvpool-segment: %s while starting: exiting without mounting\n",
+                sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        _exit(sig == SIGTERM ? 143 : 130);
+    }
+    return NULL;
 }
 
 int main(int argc, char **argv)
@@ -76,8 +111,26 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvpool-segment: master session: %s\n", kvp_strerror(rc));
         return 1;
     }
+    /* The start (map, serve, mount) can wait up to the mount's timeout for a master; a signal
+     * then must not wait for it. A watcher thread takes SIGINT/SIGTERM meanwhile: before the
+     * start has returned it exits the process at once (nothing to undo: the master has not
+     * confirmed the segment; were the mount to commit at that moment, the silent segment is
+     * declared lost after client_ttl_ms, holding no object); after, it hands the signal to
+     * main, which handles it as below. */
+    struct start_watch w = {.sigs = sigs};
+    pthread_mutex_init(&w.mu, NULL);
+    bool watching = pthread_create(&w.th, NULL, start_watch_main, &w) == 0;
     struct kvp_segment *seg = NULL;
     rc = kvp_segment_start(&seg, &cfg, ms, NULL);
+    int early_sig = 0;
+    if (watching) {
+        pthread_mutex_lock(&w.mu);
+        w.started = true;
+        early_sig = w.sig;
+        pthread_mutex_unlock(&w.mu);
+        pthread_cancel(w.th); /* it waits in sigwait, a cancellation point */
+        pthread_join(w.th, NULL);
+    }
     if (rc != KVP_OK) {
         fprintf(stderr, "kvpool-segment: cannot start: %s\n", kvp_strerror(rc));
         kvp_msession_destroy(&ms);
@@ -87,8 +140,8 @@ int main(int argc, char **argv)
            kvp_segment_endpoint(seg), (unsigned long long)cfg.global_segment_size);
     fflush(stdout);
 
-    int sig = 0;
-    while (sigwait(&sigs, &sig) != 0)
+    int sig = early_sig;
+    while (!sig && sigwait(&sigs, &sig) != 0)
         ;
     if (sig == SIGTERM) {
         kvp_log_info("kvpool-segment", "SIGTERM: draining (up to %u ms)", cfg.drain_timeout_ms);

@@ -1,7 +1,8 @@
 /*
  * test_seg_daemon.c — the kvpool-segment process against a scripted fake master: it prints its
  * "mounted" line, serves its data plane, unmounts on SIGINT (exit 0), drains then unmounts on
- * SIGTERM (exit 0), and refuses bad settings with exit status 2.
+ * SIGTERM (exit 0), refuses bad settings with exit status 2, and leaves at once on a signal
+ * while its mount still waits for a master (130 / 143).
  * Needs the tool built ($KVP_BUILD_DIR/tools/kvpool-segment); skips when it is missing.
  */
 #include <setjmp.h>
@@ -170,6 +171,25 @@ static void test_seg_daemon_bad_settings_exit_2(void **state)
     assert_int_equal(atomic_load(&fm->mounts), 0);
 }
 
+/* No master answers (nothing listens at port 1): the start waits in the mount, up to its
+ * timeout. SIGINT / SIGTERM then end the process at once with 130 / 143 and no mount; before,
+ * the signal waited for the mount's timeout and the process exited 1 ("cannot start"). */
+static void test_seg_daemon_signal_while_mounting_exits_at_once(void **state)
+{
+    struct fake_master *fm = *state;
+    skip_without_tool();
+    const int sigs[] = {SIGINT, SIGTERM}, want[] = {130, 143};
+    for (int i = 0; i < 2; i++) {
+        struct proc p;
+        const char *args[] = {"--master-server-address", "127.0.0.1:1", "--global-segment-size", "4M", NULL};
+        assert_int_equal(spawn(&p, args), 0);
+        usleep(300 * 1000); /* into the start (a signal sent earlier stays pending: same result) */
+        kill(p.pid, sigs[i]);
+        assert_int_equal(reap(&p), want[i]);
+    }
+    assert_int_equal(atomic_load(&fm->mounts), 0);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -177,6 +197,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_seg_daemon_sigint_unmounts_exit_0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_seg_daemon_sigterm_drains_then_unmounts_exit_0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_seg_daemon_bad_settings_exit_2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_seg_daemon_signal_while_mounting_exits_at_once, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
