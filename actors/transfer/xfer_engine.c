@@ -1313,10 +1313,9 @@ int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slice
             t = e->sib[i];
         }
     }
-    __atomic_add_fetch(&t->running, 1, __ATOMIC_RELAXED);
-    int rc = run_one(t, slices, n, timeout_ms, overlap, arg);
-    __atomic_sub_fetch(&t->running, 1, __ATOMIC_RELAXED);
-    return rc;
+    /* run_one counts itself in t->running while it holds t as a user: once it has let go, a
+     * concurrent kvp_xfer_engine_destroy may free t, so nothing here touches t afterwards. */
+    return run_one(t, slices, n, timeout_ms, overlap, arg);
 }
 
 static int run_one(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms,
@@ -1362,13 +1361,16 @@ static int run_one(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, siz
     int rc = KVP_OK;
     pthread_mutex_lock(&e->mu);
     if (e->stopping) {
+        /* Not a user: once e->mu is released a destroy may free e, so the read lock goes first. */
+        pthread_rwlock_unlock(&e->local_lock);
         pthread_mutex_unlock(&e->mu);
         for (size_t i = 0; i < n; i++)
             slices[i].status = KVP_ERR_CLOSED;
         rc = KVP_ERR_CLOSED;
-        goto out_unlocked;
+        goto out;
     }
     e->users++;
+    __atomic_add_fetch(&e->running, 1, __ATOMIC_RELAXED);
     if (n_remote > 0) {
         b.pieces = calloc(n_pieces, sizeof *b.pieces);
         if (!b.pieces) {
@@ -1509,6 +1511,7 @@ static int run_one(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, siz
     if (b.n_pieces > 0)
         while (!b.done)
             pthread_cond_wait(&b.cv, &e->mu);
+    __atomic_sub_fetch(&e->running, 1, __ATOMIC_RELAXED);
     if (--e->users == 0 && e->stopping)
         pthread_cond_broadcast(&e->users_cv);
     pthread_mutex_unlock(&e->mu);
@@ -1519,9 +1522,6 @@ static int run_one(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, siz
                 rc = slices[i].status;
                 break;
             }
-    goto out;
-out_unlocked:
-    pthread_rwlock_unlock(&e->local_lock);
 out:
     pthread_cond_destroy(&b.cv);
     free(is_local);
