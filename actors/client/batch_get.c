@@ -417,11 +417,10 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
     uint64_t deadline = kvp_client_deadline(c, timeout_ms);
     for (size_t off = 0; off < n; off += KVP_CLIENT_GET_CHUNK) {
         size_t cn = n - off < KVP_CLIENT_GET_CHUNK ? n - off : KVP_CLIENT_GET_CHUNK;
-        if (off > 0 && (kvp_client_remaining(deadline) == 0 || kvp_client_closing(c))) {
-            int why = kvp_client_closing(c) ? KVP_ERR_CLOSED : KVP_ERR_TIMEOUT;
+        int why = off > 0 ? kvp_client_chunk_gate(c, deadline, "get", n, off) : 0;
+        if (why) {
             for (size_t i = off; i < n; i++)
                 results[i] = why;
-            kvp_log_warn(c->name, "get of %zu keys: %zu not started (%s)", n, n - off, kvp_errname(why));
             return;
         }
         get_objs_chunk(c, cn, objs + off, deadline, results + off);

@@ -415,11 +415,10 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
     uint64_t deadline = kvp_client_deadline(c, opts ? opts->timeout_ms : 0);
     for (size_t off = 0; off < n; off += KVP_CLIENT_PUT_CHUNK) {
         size_t cn = n - off < KVP_CLIENT_PUT_CHUNK ? n - off : KVP_CLIENT_PUT_CHUNK;
-        if (off > 0 && (kvp_client_remaining(deadline) == 0 || kvp_client_closing(c))) {
-            int why = kvp_client_closing(c) ? KVP_ERR_CLOSED : KVP_ERR_TIMEOUT;
+        int why = off > 0 ? kvp_client_chunk_gate(c, deadline, "put", n, off) : 0;
+        if (why) {
             for (size_t i = off; i < n; i++)
                 results[i] = why;
-            kvp_log_warn(c->name, "put of %zu items: %zu not started (%s)", n, n - off, kvp_errname(why));
             return;
         }
         put_objs_chunk(c, cn, objs + off, off, opts, deadline, results + off);

@@ -59,6 +59,14 @@ uint32_t kvp_client_remaining(uint64_t deadline_ms)
     return deadline_ms > now ? (uint32_t)(deadline_ms - now) : 0;
 }
 
+int kvp_client_chunk_gate(struct kvp_client *c, uint64_t deadline_ms, const char *what, size_t n, size_t off)
+{
+    int why = kvp_client_closing(c) ? KVP_ERR_CLOSED : kvp_client_remaining(deadline_ms) == 0 ? KVP_ERR_TIMEOUT : 0;
+    if (why)
+        kvp_log_warn(c->name, "%s of %zu items: %zu not started (%s)", what, n, n - off, kvp_errname(why));
+    return why;
+}
+
 int kvp_client_check_key(const char *key)
 {
     if (!key)

@@ -42,6 +42,13 @@ uint64_t kvp_client_deadline(const struct kvp_client *c, uint32_t timeout_ms);
 /** Milliseconds left until deadline_ms (0 when passed). */
 uint32_t kvp_client_remaining(uint64_t deadline_ms);
 
+/**
+ * Before chunk `off` (> 0, of n items) of a call split into chunks (batch put, batch get): 0 to
+ * go on; KVP_ERR_CLOSED (the client is closing) or KVP_ERR_TIMEOUT (deadline_ms passed), with a
+ * WARN naming `what` ("put", "get") and how many items were not started, for the items from off on.
+ */
+int kvp_client_chunk_gate(struct kvp_client *c, uint64_t deadline_ms, const char *what, size_t n, size_t off);
+
 /** KVP_OK when key is 1..KVP_MAX_KEY_BYTES bytes, else KVP_ERR_INVALID. */
 int kvp_client_check_key(const char *key);
 

@@ -468,16 +468,18 @@ static void test_xfer_stalled_write_timeout_fenced(void **state)
     free(src);
 }
 
+/* One slice run in its own thread; timeout_ms 0: no timeout, only a destroy ends it. */
 struct run_arg {
     struct kvp_xfer_engine *e;
     struct kvp_xfer_slice s;
+    uint32_t timeout_ms;
     int rc;
 };
 
 static void *run_thread(void *arg)
 {
     struct run_arg *a = arg;
-    a->rc = kvp_xfer_run(a->e, &a->s, 1, 0); /* no timeout: only the destroy ends it */
+    a->rc = kvp_xfer_run(a->e, &a->s, 1, a->timeout_ms);
     return NULL;
 }
 
@@ -760,20 +762,6 @@ static void test_seg_server_malformed_header_closes_connection(void **state)
     roundtrip(f, 4096, 0, 40);
 }
 
-struct timed_run {
-    struct kvp_xfer_engine *e;
-    struct kvp_xfer_slice s;
-    uint32_t timeout_ms;
-    int rc;
-};
-
-static void *timed_run_thread(void *arg)
-{
-    struct timed_run *a = arg;
-    a->rc = kvp_xfer_run(a->e, &a->s, 1, a->timeout_ms);
-    return NULL;
-}
-
 /*
  * Fencing one call's WRITE mid-send closes its connection; another call's request queued behind
  * it on that connection never reached the wire and is not a failure of the peer: it goes out on
@@ -793,10 +781,10 @@ static void test_xfer_fence_mid_send_spares_queued_batch(void **state)
     enum { LEN = 64 << 20 };
     uint8_t *big = malloc(LEN);
     pat_fill(big, LEN, 7);
-    struct timed_run a = {.e = e, .timeout_ms = 1500};
+    struct run_arg a = {.e = e, .timeout_ms = 1500};
     a.s = mk(big, LEN, 1, ep, 0, KVP_XFER_WRITE);
     pthread_t th;
-    pthread_create(&th, NULL, timed_run_thread, &a);
+    pthread_create(&th, NULL, run_thread, &a);
     struct kvp_xfer_stats st;
     for (int i = 0; i < 5000; i++) {
         kvp_xfer_stats(e, &st);
@@ -835,10 +823,10 @@ static void test_xfer_fence_mid_send_spares_inflight_batch(void **state)
     assert_int_equal(kvp_xfer_engine_new(&e, &p), KVP_OK);
     uint8_t small[4096];
     pat_fill(small, sizeof small, 9);
-    struct timed_run b = {.e = e, .timeout_ms = 6000};
+    struct run_arg b = {.e = e, .timeout_ms = 6000};
     b.s = mk(small, sizeof small, 1, ep, 1ull << 30, KVP_XFER_WRITE);
     pthread_t th;
-    pthread_create(&th, NULL, timed_run_thread, &b);
+    pthread_create(&th, NULL, run_thread, &b);
     struct kvp_xfer_stats st;
     for (int i = 0; i < 5000; i++) {
         kvp_xfer_stats(e, &st);
