@@ -83,6 +83,8 @@ struct kvp_cfg_client {
     uint32_t conns_per_peer;          /* `conns_per_peer`: TCP connections per segment (default 4) */
     uint32_t transfer_io_threads;     /* `transfer_io_threads`: transfer engine I/O threads, 1..8 (default 2) */
     uint32_t heartbeat_ms;            /* `heartbeat_ms`: embedded segment heartbeat (default 1000) */
+    uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: bound of kvp_client_drain() (default 30000) */
+    char tenant_id[128];              /* `tenant_id`: kept and logged; isolation comes with authentication (default "") */
     char log_level[16];
 };
 
