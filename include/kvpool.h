@@ -254,6 +254,13 @@ int kvp_batch_replica_count(kvp_client *c, size_t n, const char *const keys[], i
 int kvp_client_segment_name(kvp_client *c, char *buf, size_t cap);
 
 /**
+ * The data-plane endpoint "host:port" of the segment this client contributes (the address its
+ * TCP server listens on; port chosen at open). Same contract and errors as
+ * kvp_client_segment_name().
+ */
+int kvp_client_segment_endpoint(kvp_client *c, char *buf, size_t cap);
+
+/**
  * kvp_register_buffer() that accepts a range overlapping or nested in ranges already
  * registered (Mooncake allows it: a small buffer registered inside a larger one). Each call is
  * one registration; kvp_unregister_buffer(addr) removes the latest registration starting at

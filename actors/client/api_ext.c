@@ -190,6 +190,20 @@ int kvp_client_segment_name(kvp_client *c, char *buf, size_t cap)
     return KVP_OK;
 }
 
+int kvp_client_segment_endpoint(kvp_client *c, char *buf, size_t cap)
+{
+    if (!c || !buf || cap == 0)
+        return kvp_client_invalid(__func__, "client or buf NULL, or cap 0");
+    buf[0] = '\0';
+    if (!c->seg)
+        return KVP_ERR_NOT_FOUND;
+    const char *ep = kvp_segment_endpoint(c->seg);
+    if (strlen(ep) + 1 > cap)
+        return KVP_ERR_BUFFER_TOO_SMALL;
+    memcpy(buf, ep, strlen(ep) + 1);
+    return KVP_OK;
+}
+
 int kvp_register_buffer_overlap(kvp_client *c, void *addr, size_t len)
 {
     if (!c || !addr || len == 0 || (uintptr_t)addr + len < (uintptr_t)addr)
