@@ -448,7 +448,8 @@ static PyObject *Store_open(PyObject *self, PyObject *args)
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
-    long rc = 0;
+    /* defaults < KVPOOL_* environment < setup()'s arguments */
+    long rc = kvp_config_load_env(cfg) == KVP_OK ? 0 : MC_INVALID;
     for (Py_ssize_t i = 0; i < seq_len(seq) && rc == 0; i++) {
         PyObject *kv = seq_item(seq, i), *kh = NULL, *vh = NULL;
         if (!PyTuple_Check(kv) || PyTuple_Size(kv) != 2) {

@@ -3,7 +3,7 @@
 # module was built for (KVP_PYTHON_EXECUTABLE: /usr/bin/python3 on Debian). Any non-zero pytest
 # exit fails the test, including 5 (no tests collected) and a missing pytest module.
 if(TARGET kvpool_python)
-  foreach(T store failover drain devmem)
+  foreach(T store failover drain devmem alias)
     add_test(NAME test_python_${T}
              COMMAND ${KVP_PYTHON_EXECUTABLE} -m pytest -q -p no:cacheprovider -o addopts=
                      ${CMAKE_SOURCE_DIR}/python/tests/test_${T}.py)
@@ -11,4 +11,9 @@ if(TARGET kvpool_python)
       LABELS "python;integration" TIMEOUT 240
       ENVIRONMENT "KVP_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONDONTWRITEBYTECODE=1")
   endforeach()
+  # examples/python/run.sh: the README's example (local cluster + hicache_example.py)
+  add_test(NAME test_python_example COMMAND ${CMAKE_SOURCE_DIR}/examples/python/run.sh)
+  set_tests_properties(test_python_example PROPERTIES
+    LABELS "python;integration" TIMEOUT 120
+    ENVIRONMENT "KVP_BUILD_DIR=${CMAKE_BINARY_DIR};KVP_PYTHON=${KVP_PYTHON_EXECUTABLE}")
 endif()
