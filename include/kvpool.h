@@ -89,7 +89,9 @@ int kvp_config_new(kvp_config **out);
  * Set one key (Mooncake's names where one exists: local_hostname, master_server_address,
  * global_segment_size, local_buffer_size, protocol, device_name, replica_num,
  * transfer_timeout, default_kv_lease_ttl, eviction_ratio, eviction_high_watermark_ratio,
- * client_ttl; plus cluster_file and kvpool's own keys listed in docs/config.md).
+ * client_ttl, tenant_id; plus cluster_file and kvpool's own keys listed in docs/config.md, e.g.
+ * drain_timeout_ms). protocol "rdma" is accepted and runs on TCP (a WARN at open) until the
+ * RDMA transport exists.
  * Sizes accept suffixes (4G, 512MiB). Errors: KVP_ERR_INVALID with a log line naming the key,
  * the value and what is allowed; the config is unchanged then.
  */
@@ -210,11 +212,13 @@ const char *kvp_errname(int err);
  * ------------------------------------------------------------------------------------------ */
 
 /**
- * Remove every object of the pool (kvpoolctl's and Mooncake's remove_all). Without force,
- * objects under a read lease are kept; with force they are removed too (their space is
- * quarantined, never reused while a reader may read it). Objects being written are kept.
+ * Remove every complete object of the pool (kvpoolctl's and Mooncake's remove_all). Without
+ * force, the whole call is refused with KVP_ERR_LEASED while any object is under a read lease
+ * (or the leader is in its election grace); with force leased objects are removed too (their
+ * space is quarantined, never reused while a reader may read it). Objects being written stay.
  * *removed (may be NULL) gets how many objects were removed. Blocks for one master RPC.
- * Errors: KVP_ERR_INVALID (c NULL), KVP_ERR_UNAVAILABLE, KVP_ERR_TIMEOUT, KVP_ERR_CLOSED.
+ * Errors: KVP_ERR_LEASED, KVP_ERR_INVALID (c NULL), KVP_ERR_UNAVAILABLE, KVP_ERR_TIMEOUT,
+ * KVP_ERR_CLOSED.
  */
 int kvp_remove_all(kvp_client *c, bool force, uint64_t *removed);
 

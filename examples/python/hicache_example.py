@@ -25,7 +25,7 @@ def main():
     store = kvpool.MooncakeDistributedStore()
     # local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol,
     # rdma_devices, master_server_addr: SGLang's call, unchanged ("rdma" runs on TCP for now)
-    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 256 << 20, 16 << 20, "tcp", "", sys.argv[1])
+    rc = store.setup("127.0.0.1", "P2PHANDSHAKE", 64 << 20, 16 << 20, "tcp", "", sys.argv[1])
     if rc != 0:
         print("setup failed: %d %s" % (rc, kvpool.errname(rc)), file=sys.stderr)
         return 1

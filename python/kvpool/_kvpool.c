@@ -946,6 +946,8 @@ static PyObject *get_many(Store *s, const char *fn, Keys *k, int none_on_miss)
         if (res[j] != sz[i]) { /* a miss, an error, or (replaced meanwhile) another size */
             if (res[j] > 0 || res[j] == KVP_ERR_BUFFER_TOO_SMALL)
                 kvp_log_warn(ACT, "%s: key '%.64s' changed size while read: returned as a miss", fn, mk[j]);
+            else if (res[j] != KVP_ERR_NOT_FOUND)
+                kvp_log_warn(ACT, "%s: key '%.64s': %s: returned as a miss", fn, mk[j], kvp_errname((int)res[j]));
             Py_CLEAR(objs[i]);
         }
     }

@@ -21,7 +21,8 @@ KVPOOLCTL = os.path.join(BUILD, "tools", "kvpoolctl")
 
 # Master settings that keep the tests short: read leases of 1 s (a remove without force, a
 # drain's drop of a moved replica wait for them), freed space reusable after 200 ms.
-MASTER_CONFIG = {"default_kv_lease_ttl": 1000, "fence_grace_ms": 200}
+# Segments touch their pages only when written (no background prefault of the whole region).
+MASTER_CONFIG = {"default_kv_lease_ttl": 1000, "fence_grace_ms": 200, "segment_prefault": False}
 
 
 class Cluster:
