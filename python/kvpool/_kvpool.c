@@ -360,7 +360,11 @@ static int opts_of(PyObject *cfg, kvp_put_opts *o, PyObject **hold, int *bad)
         PyErr_Clear();
     }
     v = PyObject_GetAttrString(cfg, "_kvp_preferred");
-    if (v && PyUnicode_Check(v) && PyUnicode_GetLength(v) > 0) {
+    if (!v) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1; /* e.g. TypeError: preferred_segment is not a str */
+        PyErr_Clear(); /* a config object of another kind: no preference */
+    } else if (PyUnicode_Check(v) && PyUnicode_GetLength(v) > 0) {
         *hold = PyUnicode_AsUTF8String(v);
         if (!*hold) {
             Py_DECREF(v);
@@ -368,8 +372,6 @@ static int opts_of(PyObject *cfg, kvp_put_opts *o, PyObject **hold, int *bad)
         }
         o->preferred_segment = PyBytes_AsString(*hold);
     }
-    if (!v)
-        PyErr_Clear();
     Py_XDECREF(v);
     v = PyObject_GetAttrString(cfg, "_kvp_invalid");
     if (v) {
@@ -912,10 +914,13 @@ static PyObject *get_many(Store *s, const char *fn, Keys *k, int none_on_miss)
             PyErr_NoMemory();
             goto fail;
         }
+        Py_ssize_t over = 0, first_over = -1;
         for (Py_ssize_t i = 0; i < n; i++) {
             if (sz[i] <= 0)
                 continue;
-            if (!staging_ok(s, fn, k->keys[i], (uint64_t)sz[i])) {
+            if ((uint64_t)sz[i] > s->local_buffer) { /* staging: one log line per call, below */
+                if (over++ == 0)
+                    first_over = i;
                 sz[i] = KVP_ERR_INVALID;
                 continue;
             }
@@ -930,6 +935,10 @@ static PyObject *get_many(Store *s, const char *fn, Keys *k, int none_on_miss)
             mk[m] = k->keys[i];
             mi[m++] = i;
         }
+        if (over > 0)
+            kvp_log_warn(ACT, "%s: %zd of %zd keys (first '%.64s') are larger than local_buffer_size %llu, the "
+                         "client's staging memory: -600 for them (the zero-copy calls need none)", fn, over, n,
+                         k->keys[first_over], (unsigned long long)s->local_buffer);
         if (m > 0) {
             Py_BEGIN_ALLOW_THREADS
             rc = kvp_batch_get(c, m, mk, bufs, caps, 0, res);

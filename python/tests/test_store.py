@@ -381,6 +381,10 @@ def test_replicate_config_and_preferred_segment(cluster):
         bad = kvpool.ReplicateConfig()
         bad.replica_num = 0
         assert s.put(uniq(), b"x", bad) == INVALID
+        bad = kvpool.ReplicateConfig()
+        bad.preferred_segment = 5
+        with pytest.raises(TypeError, match="preferred_segment"):
+            s.put(uniq(), b"x", bad)
         assert not hasattr(kvpool.ReplicateConfig, "group_ids")
     finally:
         s.close()
