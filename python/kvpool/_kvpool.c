@@ -193,14 +193,25 @@ static const char *TN(PyObject *o)
 static const char *key_of(PyObject *o, const char *arg, Py_ssize_t idx, PyObject **holder)
 {
     *holder = NULL;
-    if (PyUnicode_Check(o)) {
-        *holder = PyUnicode_AsUTF8String(o);
-        return *holder ? PyBytes_AsString(*holder) : NULL;
-    }
-    if (PyBytes_Check(o)) {
-        Py_INCREF(o);
-        *holder = o;
-        return PyBytes_AsString(o);
+    if (PyUnicode_Check(o) || PyBytes_Check(o)) {
+        if (PyUnicode_Check(o)) {
+            *holder = PyUnicode_AsUTF8String(o);
+        } else {
+            Py_INCREF(o);
+            *holder = o;
+        }
+        if (!*holder)
+            return NULL;
+        const char *k = PyBytes_AsString(*holder);
+        if (k && (Py_ssize_t)strlen(k) != PyBytes_Size(*holder)) { /* the C API would see a shorter key */
+            Py_CLEAR(*holder);
+            if (idx >= 0)
+                PyErr_Format(PyExc_ValueError, "%s[%zd] contains a NUL character", arg, idx);
+            else
+                PyErr_Format(PyExc_ValueError, "%s contains a NUL character", arg);
+            return NULL;
+        }
+        return k;
     }
     if (idx >= 0)
         PyErr_Format(PyExc_TypeError, "%s[%zd] must be str, not %s", arg, idx, TN(o));

@@ -143,6 +143,10 @@ def test_put_is_write_once_and_get_returns_bytes(store):
         store.put(uniq(), "a str")
     with pytest.raises(TypeError, match="key"):
         store.put(5, b"x")
+    with pytest.raises(ValueError, match="key"):
+        store.put("a\0b", b"x")
+    with pytest.raises(ValueError, match=r"keys\[1\]"):
+        store.batch_is_exist(["a", "b\0"])
     with pytest.raises(TypeError, match="config"):
         store.put(uniq(), b"x", 5)
     assert store.put(uniq(), b"") == INVALID  # objects are 1 byte or more

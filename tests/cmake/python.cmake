@@ -11,6 +11,11 @@ if(TARGET kvpool_python)
       LABELS "python;integration" TIMEOUT 240
       ENVIRONMENT "KVP_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONDONTWRITEBYTECODE=1")
   endforeach()
+  # cmake --install and the offline wheel (python/tests/install_check.sh)
+  add_test(NAME test_python_install COMMAND ${CMAKE_SOURCE_DIR}/python/tests/install_check.sh)
+  set_tests_properties(test_python_install PROPERTIES
+    LABELS "python;integration" TIMEOUT 300
+    ENVIRONMENT "KVP_BUILD_DIR=${CMAKE_BINARY_DIR};KVP_PYTHON=${KVP_PYTHON_EXECUTABLE}")
   # examples/python/run.sh: the README's example (local cluster + hicache_example.py)
   add_test(NAME test_python_example COMMAND ${CMAKE_SOURCE_DIR}/examples/python/run.sh)
   set_tests_properties(test_python_example PROPERTIES
