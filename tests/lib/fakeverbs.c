@@ -759,7 +759,9 @@ static void on_req(struct fv_fabric *f, struct fv_ev *e)
 static bool requester_live(struct fv_fabric *f, struct fv_ev *e)
 {
     struct fv_qp *q = e->req;
-    if (q->dead || q->qp.state != IBV_QPS_RTS || !node_reachable(qp_node(q)) ||
+    bool open = q->qp.state == IBV_QPS_RTS ||
+                (e->kind == EV_RESP && q->qp.state == IBV_QPS_ERR && qp_node(q)->cfg.err_keeps_placing);
+    if (q->dead || !open || !node_reachable(qp_node(q)) ||
         qp_node(e->from)->partitioned) {
         f->st.dropped++;
         return false;

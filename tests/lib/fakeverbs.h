@@ -40,7 +40,8 @@
  *  - Late packets: packets that left before the requester went to ERR (or was destroyed, or its
  *    process was killed) still travel and still execute at an RTR/RTS responder with a valid
  *    rkey: delayed placement. A responder QP in ERR/RESET/destroyed drops them. READ responses
- *    that reach a requester no longer in RTS are dropped (earlier ones may have landed).
+ *    that reach a requester no longer in RTS are dropped (earlier ones may have landed), unless
+ *    the node sets err_keeps_placing (then only destroy or dereg stops them).
  *  - Processes: frozen (the application runs no code: its poll_cq returns 0 and post_send
  *    EAGAIN, while its device keeps sending, retransmitting and answering), killed (QPs destroyed
  *    without CQEs, MRs deregistered, CQs gone; packets already on the wire still arrive), and
@@ -90,6 +91,9 @@ struct fv_node_config {
     uint32_t max_qp_wr;       /* default 16384 */
     int max_cqe;              /* default 65536 */
     uint8_t link_layer;       /* IBV_LINK_LAYER_ETHERNET (default, RoCE) or _INFINIBAND */
+    bool err_keeps_placing;   /* provider bug: a QP in ERR still places the READ responses that
+                               * reach it until it is destroyed (what the wedged fence's
+                               * destroy + dereg must stop) */
 };
 
 /* The verbs calls a knob can fail. */

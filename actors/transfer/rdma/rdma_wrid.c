@@ -9,7 +9,11 @@
 
 int kvp_rdma_slots_init(struct kvp_rdma_slots *s, uint32_t n, uint32_t first_gen)
 {
-    if (!s || n == 0 || n > KVP_RDMA_WRID_MAX_SLOTS) {
+    if (!s) {
+        kvp_log_error("rdma", "wr_id slots: no table given");
+        return KVP_ERR_INVALID;
+    }
+    if (n == 0 || n > KVP_RDMA_WRID_MAX_SLOTS) {
         kvp_log_error("rdma", "wr_id slots: bad table size %u (1..%u)", n, KVP_RDMA_WRID_MAX_SLOTS);
         return KVP_ERR_INVALID;
     }

@@ -53,9 +53,12 @@ static inline uint32_t kvp_rdma_wrid_gen(uint64_t wr_id)
 
 /**
  * Initialise a table of n slots (1..KVP_RDMA_WRID_MAX_SLOTS). `first_gen` is the generation
- * every slot starts at (1..2^24-1; 0 means 1): a transport passes a new one per reconnect so a
- * CQE of an old incarnation cannot match a fresh table either. Errors: KVP_ERR_INVALID (s NULL,
- * n out of range; logged), KVP_ERR_NOMEM. Release with kvp_rdma_slots_fini.
+ * every slot starts at (1..2^24-1; 0 means 1). Keep ONE table per transfer actor for its whole
+ * life, across reconnects: a slot's generation then only moves forward, so a wr_id of an old
+ * QP is never issued again until that slot has been reused 2^24 times. A fresh table per
+ * reconnect would hand out the old wr_ids again (slot 0, generation 2, ...): the reconnect
+ * test found exactly that. Errors: KVP_ERR_INVALID (s NULL, n out of range; logged),
+ * KVP_ERR_NOMEM. Release with kvp_rdma_slots_fini.
  */
 int kvp_rdma_slots_init(struct kvp_rdma_slots *s, uint32_t n, uint32_t first_gen);
 /** Free the table's memory (s may be NULL). Slots still in use are simply forgotten. */
