@@ -297,7 +297,10 @@ static void timed_out_read(uint64_t seed, int mode, bool keeps_placing)
     c.cq = (struct kvp_rdma_cq){.cq = c.x.a.cq, .size = 256};
     c.q = (struct kvp_rdma_qp){.qp = c.x.qa, .cq = &c.cq, .max_send_wr = 256};
 
-    fv_qp_set_delay(c.x.qb, mix(&rng) % (20 * MS)); /* the segment's responses are late */
+    /* the segment's responses are late; with a provider whose ERR QP keeps placing, later
+     * than the fence bound, so that only the wedged path's destroy + dereg can stop them */
+    fv_qp_set_delay(c.x.qb, keeps_placing ? BOUND_NS + mix(&rng) % (500 * MS)
+                                          : mix(&rng) % (20 * MS));
     uint32_t slice = 64 * 1024;
     int n = 0;
     for (size_t off = 0; off < len; off += slice, n++)
