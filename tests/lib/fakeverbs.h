@@ -43,9 +43,9 @@
  *    that reach a requester no longer in RTS are dropped (earlier ones may have landed), unless
  *    the node sets err_keeps_placing (then only destroy or dereg stops them).
  *  - Processes: frozen (the application runs no code: its poll_cq returns 0, post_send and
- *    modify_qp EAGAIN, while its device keeps sending, retransmitting and answering), killed (QPs destroyed
- *    without CQEs, MRs deregistered, CQs gone; packets already on the wire still arrive), and
- *    partitioned (packets to or from it are lost until healed).
+ *    modify_qp EAGAIN, while its device keeps sending, retransmitting and answering), killed
+ *    (QPs destroyed without CQEs, MRs deregistered, CQs gone; packets already on the wire still
+ *    arrive), and partitioned (packets to or from it are lost until healed).
  *  - Knobs: fail the next post/modify/reg with an errno; extra delay on a QP; lost ACKs on a QP
  *    (the data lands, the requester times out: "maybe applied"); inject an arbitrary CQE.
  *  - DMA audit log: every placement {time, address, length, kind, QP, wr_id}, queried with
