@@ -24,7 +24,7 @@
 
 #define PSN_MASK 0xffffffu
 #define FV_MAX_DEVS 4
-#define FV_GIDS 2
+#define FV_GIDS 4
 #define FV_DMABUF_BASE 1000
 
 struct fv_node;
@@ -1031,6 +1031,26 @@ static int fv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union 
     return 0;
 }
 
+static int fv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                           struct ibv_gid_entry *entry, uint32_t flags)
+{
+    struct fv_ctx *c = (struct fv_ctx *)ctx;
+    if (!c || !entry || c->closed || port != 1 || flags || index >= FV_GIDS)
+        return EINVAL;
+    static const uint8_t zero[16];
+    if (memcmp(c->d->gid[index].raw, zero, 16) == 0)
+        return ENODATA; /* an empty table entry */
+    memset(entry, 0, sizeof *entry);
+    entry->gid = c->d->gid[index];
+    entry->gid_index = index;
+    entry->port_num = port;
+    entry->gid_type = c->d->node->cfg.link_layer == IBV_LINK_LAYER_INFINIBAND ? IBV_GID_TYPE_IB
+                      : index % 2 ? IBV_GID_TYPE_ROCE_V2
+                                  : IBV_GID_TYPE_ROCE_V1;
+    entry->ndev_ifindex = 0;
+    return 0;
+}
+
 static int fv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
 {
     struct fv_ctx *c = (struct fv_ctx *)ctx;
@@ -1822,17 +1842,27 @@ int fv_node_add(struct fv_fabric *f, const struct fv_node_config *cfg, struct fv
         d->dev.transport_type = IBV_TRANSPORT_IB;
         snprintf(d->dev.name, sizeof d->dev.name, "fake_%d_%d", n->idx, i);
         snprintf(d->dev.dev_name, sizeof d->dev.dev_name, "uverbs%d", i);
-        /* index 0: link-local fe80::<node>:<dev>; index 1: RoCE v2 ::ffff:10.<node>.<dev>.1 */
-        d->gid[0].raw[0] = 0xfe;
-        d->gid[0].raw[1] = 0x80;
-        d->gid[0].raw[13] = (uint8_t)n->idx;
-        d->gid[0].raw[15] = (uint8_t)(i + 1);
-        d->gid[1].raw[10] = 0xff;
-        d->gid[1].raw[11] = 0xff;
-        d->gid[1].raw[12] = 10;
-        d->gid[1].raw[13] = (uint8_t)n->idx;
-        d->gid[1].raw[14] = (uint8_t)i;
-        d->gid[1].raw[15] = 1;
+        /* Like an mlx5 RoCE port with one IPv4 address: 0/1 link-local fe80::<node>:<dev> as
+         * RoCE v1/v2, 2/3 ::ffff:10.<node>.<dev>.1 as RoCE v1/v2 (on InfiniBand: all type IB).
+         * no_rocev2 leaves the v2 entries empty (zero GIDs: "No suitable GID"). */
+        for (int g = 0; g < FV_GIDS; g++) {
+            bool v2 = g % 2 == 1;
+            if (v2 && c.no_rocev2)
+                continue;
+            if (g < 2) {
+                d->gid[g].raw[0] = 0xfe;
+                d->gid[g].raw[1] = 0x80;
+                d->gid[g].raw[13] = (uint8_t)n->idx;
+                d->gid[g].raw[15] = (uint8_t)(i + 1);
+            } else {
+                d->gid[g].raw[10] = 0xff;
+                d->gid[g].raw[11] = 0xff;
+                d->gid[g].raw[12] = 10;
+                d->gid[g].raw[13] = (uint8_t)n->idx;
+                d->gid[g].raw[14] = (uint8_t)i;
+                d->gid[g].raw[15] = 1;
+            }
+        }
         d->lid = (uint16_t)(1 + n->idx * FV_MAX_DEVS + i);
     }
     n->ops = (struct kvp_verbs_ops){
@@ -1846,6 +1876,7 @@ int fv_node_add(struct fv_fabric *f, const struct fv_node_config *cfg, struct fv
         .query_device = fv_query_device,
         .query_port = fv_query_port,
         .query_gid = fv_query_gid,
+        .query_gid_ex = fv_query_gid_ex,
         .get_async_event = fv_get_async_event,
         .ack_async_event = fv_ack_async_event,
         .alloc_pd = fv_alloc_pd,

@@ -91,6 +91,7 @@ struct fv_node_config {
     uint32_t max_qp_wr;       /* default 16384 */
     int max_cqe;              /* default 65536 */
     uint8_t link_layer;       /* IBV_LINK_LAYER_ETHERNET (default, RoCE) or _INFINIBAND */
+    bool no_rocev2;           /* the GID table has no RoCE v2 entries */
     bool err_keeps_placing;   /* provider bug: a QP in ERR still places the READ responses that
                                * reach it until it is destroyed (what the wedged fence's
                                * destroy + dereg must stop) */

@@ -20,7 +20,7 @@ struct fv_end {
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_cq *cq;
-    union ibv_gid gid;    /* GID index 1 (RoCE v2) */
+    union ibv_gid gid;    /* GID index 1 (link-local, RoCE v2) */
     uint16_t lid;
 };
 

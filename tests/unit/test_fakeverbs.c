@@ -118,9 +118,15 @@ static void test_fv_query_device_port_gid(void **state)
     assert_int_equal(pa.link_layer, IBV_LINK_LAYER_ETHERNET);
     assert_int_equal(x.a.ops->query_port(x.a.ctx, 2, &pa), EINVAL);
     union ibv_gid g;
-    assert_int_equal(x.a.ops->query_gid(x.a.ctx, 1, 1, &g), 0);
-    assert_int_equal(g.raw[10], 0xff); /* RoCE v2 IPv4-mapped */
-    assert_int_equal(x.a.ops->query_gid(x.a.ctx, 1, 2, &g), EINVAL);
+    assert_int_equal(x.a.ops->query_gid(x.a.ctx, 1, 3, &g), 0);
+    assert_int_equal(g.raw[10], 0xff); /* IPv4-mapped */
+    assert_int_equal(x.a.ops->query_gid(x.a.ctx, 1, 4, &g), EINVAL);
+    struct ibv_gid_entry ge;
+    assert_int_equal(x.a.ops->query_gid_ex(x.a.ctx, 1, 3, &ge, 0), 0);
+    assert_int_equal(ge.gid_type, IBV_GID_TYPE_ROCE_V2);
+    assert_int_equal(x.a.ops->query_gid_ex(x.a.ctx, 1, 2, &ge, 0), 0);
+    assert_int_equal(ge.gid_type, IBV_GID_TYPE_ROCE_V1);
+    assert_int_equal(x.a.ops->query_gid_ex(x.a.ctx, 1, 4, &ge, 0), EINVAL);
     fv_pair_down(&x);
 }
 

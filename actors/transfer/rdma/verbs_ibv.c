@@ -59,6 +59,12 @@ static int ibv_w_query_gid(struct ibv_context *ctx, uint8_t port, int index, uni
     return ibv_query_gid(ctx, port, index, gid);
 }
 
+static int ibv_w_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                              struct ibv_gid_entry *entry, uint32_t flags)
+{
+    return ibv_query_gid_ex(ctx, port, index, entry, flags);
+}
+
 static const struct kvp_verbs_ops ibv_ops = {
     .name = "ibv",
     .impl = NULL,
@@ -70,6 +76,7 @@ static const struct kvp_verbs_ops ibv_ops = {
     .query_device = ibv_query_device,
     .query_port = ibv_w_query_port,
     .query_gid = ibv_w_query_gid,
+    .query_gid_ex = ibv_w_query_gid_ex,
     .get_async_event = ibv_get_async_event,
     .ack_async_event = ibv_ack_async_event,
     .alloc_pd = ibv_alloc_pd,

@@ -45,6 +45,10 @@ struct kvp_verbs_ops {
     int (*query_device)(struct ibv_context *ctx, struct ibv_device_attr *attr);
     int (*query_port)(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
     int (*query_gid)(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
+    /* GID entry with its type (IBV_GID_TYPE_IB / _ROCE_V1 / _ROCE_V2): ibv_query_gid_ex, inline
+     * in the headers. flags must be 0. */
+    int (*query_gid_ex)(struct ibv_context *ctx, uint32_t port, uint32_t index,
+                        struct ibv_gid_entry *entry, uint32_t flags);
     int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *ev);
     void (*ack_async_event)(struct ibv_async_event *ev);
 
