@@ -1053,6 +1053,20 @@ void fv_node_kill(struct fv_node *n)
         c->dead = true;
 }
 
+void fv_node_pause(struct fv_node *n, uint64_t ns)
+{
+    uint64_t until = n->f->now + ns;
+    if (ns && until > n->paused_until)
+        n->paused_until = until;
+}
+
+void fv_chan_spurious(struct ibv_comp_channel *chp, struct ibv_cq *cq)
+{
+    struct fv_chan *ch = (struct fv_chan *)chp;
+    if (ch && cq && !ch->dead)
+        fvi_chan_signal(ch, (struct fv_cq *)cq);
+}
+
 void fv_node_partition(struct fv_node *n, bool partitioned)
 {
     n->partitioned = partitioned;

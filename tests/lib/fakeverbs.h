@@ -47,7 +47,8 @@
  *    (QPs destroyed without CQEs, MRs deregistered, CQs gone; packets already on the wire still
  *    arrive), and partitioned (packets to or from it are lost until healed).
  *  - Knobs: fail the next post/modify/reg with an errno; extra delay on a QP; lost ACKs on a QP
- *    (the data lands, the requester times out: "maybe applied"); inject an arbitrary CQE.
+ *    (the data lands, the requester times out: "maybe applied"); inject an arbitrary CQE; a
+ *    spurious completion-channel event.
  *  - DMA audit log: every placement {time, address, length, kind, QP, wr_id}, queried with
  *    fv_audit_placed_after(): "no byte placed in [addr, addr+len) after time t".
  *
@@ -159,6 +160,12 @@ void fv_node_freeze(struct fv_node *n, bool frozen);
 /** SIGKILL: every QP destroyed (no CQEs), every MR deregistered, CQs gone. Irreversible. */
 void fv_node_kill(struct fv_node *n);
 void fv_node_partition(struct fv_node *n, bool partitioned);
+/**
+ * PFC pause: for the next ns, nothing is delivered to this node's ports; packets that reach it
+ * meanwhile are held upstream and delivered, in order, just after the pause (then they execute
+ * as usual: a late WRITE held by PFC still lands at an RTS responder).
+ */
+void fv_node_pause(struct fv_node *n, uint64_t ns);
 
 /* Knobs. */
 /** The node's next call of `op` fails with errno `err` (post: returned; modify: returned;
@@ -170,6 +177,9 @@ void fv_qp_set_delay(struct ibv_qp *qp, uint64_t extra_ns);
 void fv_qp_drop_acks(struct ibv_qp *qp, bool drop);
 /** Push a CQE into cq as if the device had (bad or stale wr_id tests). Counts toward overrun. */
 void fv_cq_inject(struct ibv_cq *cq, const struct ibv_wc *wc);
+/** Put a completion event for cq on its channel without a CQE (a spurious event: man 3
+ *  ibv_get_cq_event says consumers must poll again after re-arming and may find nothing). */
+void fv_chan_spurious(struct ibv_comp_channel *ch, struct ibv_cq *cq);
 /** The double's QP state (same as query_qp's, also after destroy: then IBV_QPS_RESET). */
 enum ibv_qp_state fv_qp_state(struct ibv_qp *qp);
 /** WRs posted on qp and not yet completed or discarded. */

@@ -135,6 +135,7 @@ struct fv_node {
     struct fv_dev devs[FV_MAX_DEVS];
     int n_dev;
     bool frozen, killed, partitioned;
+    uint64_t paused_until; /* PFC: packets reaching this node wait until after this time */
     int fail_next[FV_OP__N];
     uint64_t locked;
     struct fv_ctx *ctxs;
@@ -199,6 +200,7 @@ uint64_t fvi_rnd(struct fv_fabric *f);
 void *fvi_grow(void *p, size_t *cap, size_t need, size_t elem);
 void fvi_ev_free(struct fv_ev *e);
 void fvi_cancel_departures(struct fv_fabric *f, struct fv_qp *q, bool also_flush);
+void fvi_chan_signal(struct fv_chan *ch, struct fv_cq *cq);
 void fvi_cq_push(struct fv_fabric *f, struct fv_cq *cq, const struct ibv_wc *wc);
 void fvi_discard_all(struct fv_qp *q);
 void fvi_flush_qp(struct fv_fabric *f, struct fv_qp *q);

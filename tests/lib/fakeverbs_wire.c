@@ -61,9 +61,9 @@ static bool ev_before(const struct fv_ev *a, const struct fv_ev *b)
     return a->t < b->t || (a->t == b->t && a->seq < b->seq);
 }
 
-static void heap_push(struct fv_fabric *f, struct fv_ev *e)
+/* Insert e with its current (t, seq). */
+static void heap_insert(struct fv_fabric *f, struct fv_ev *e)
 {
-    e->seq = ++f->seq;
     f->heap = fvi_grow(f->heap, &f->cap_heap, f->n_heap + 1, sizeof *f->heap);
     size_t i = f->n_heap++;
     f->heap[i] = e;
@@ -76,6 +76,12 @@ static void heap_push(struct fv_fabric *f, struct fv_ev *e)
         f->heap[i] = t;
         i = p;
     }
+}
+
+static void heap_push(struct fv_fabric *f, struct fv_ev *e)
+{
+    e->seq = ++f->seq;
+    heap_insert(f, e);
 }
 
 static struct fv_ev *heap_pop(struct fv_fabric *f)
@@ -151,7 +157,7 @@ void fvi_cancel_departures(struct fv_fabric *f, struct fv_qp *q, bool also_flush
 
 /* ---------- CQs ---------- */
 
-static void chan_signal(struct fv_chan *ch, struct fv_cq *cq)
+void fvi_chan_signal(struct fv_chan *ch, struct fv_cq *cq)
 {
     ch->pend = fvi_grow(ch->pend, &ch->cap_pend, ch->n_pend + 1, sizeof *ch->pend);
     ch->pend[ch->n_pend++] = cq;
@@ -188,7 +194,7 @@ void fvi_cq_push(struct fv_fabric *f, struct fv_cq *cq, const struct ibv_wc *wc)
         f->st.flushed++;
     if (cq->armed && cq->ch) {
         cq->armed = false;
-        chan_signal(cq->ch, cq);
+        fvi_chan_signal(cq->ch, cq);
     }
 }
 
@@ -654,10 +660,38 @@ static void on_timer(struct fv_fabric *f, struct fv_ev *e)
     transmit(f, q, w);
 }
 
-static void deliver(struct fv_fabric *f, struct fv_ev *e)
+/* The node a packet event is arriving at (NULL for timers, flushes, unknown addresses). */
+static struct fv_node *arrival_node(struct fv_fabric *f, const struct fv_ev *e)
+{
+    if (e->kind == EV_RESP || e->kind == EV_ACK || e->kind == EV_NAK)
+        return fvi_qp_node(e->req);
+    if (e->kind != EV_REQ)
+        return NULL;
+    for (struct fv_node *n = f->nodes; n; n = n->next)
+        for (int d = 0; d < n->n_dev; d++) {
+            const struct fv_dev *dv = &n->devs[d];
+            if (!e->ah.is_global && dv->lid == e->ah.dlid)
+                return n;
+            for (int g = 0; e->ah.is_global && g < FV_GIDS; g++)
+                if (memcmp(dv->gid[g].raw, e->ah.grh.dgid.raw, 16) == 0)
+                    return n;
+        }
+    return NULL;
+}
+
+/* Returns false when the event was put back (a PFC pause at its node); it is then not freed. */
+static bool deliver(struct fv_fabric *f, struct fv_ev *e)
 {
     if (e->cancelled)
-        return;
+        return true;
+    struct fv_node *to = arrival_node(f, e);
+    if (to && to->paused_until >= f->now) {
+        /* Held upstream until the pause ends. The event keeps its sequence number, so packets
+         * of one QP still arrive in the order they left. */
+        e->t = to->paused_until + 1;
+        heap_insert(f, e);
+        return false;
+    }
     switch (e->kind) {
     case EV_REQ: on_req(f, e); break;
     case EV_RESP: on_resp(f, e); break;
@@ -669,6 +703,7 @@ static void deliver(struct fv_fabric *f, struct fv_ev *e)
             fvi_flush_qp(f, e->req);
         break;
     }
+    return true;
 }
 
 /* ---------- clock ---------- */
@@ -690,8 +725,8 @@ bool fv_step(struct fv_fabric *f)
         return false;
     if (e->t > f->now)
         f->now = e->t;
-    deliver(f, e);
-    fvi_ev_free(e);
+    if (deliver(f, e))
+        fvi_ev_free(e);
     return true;
 }
 

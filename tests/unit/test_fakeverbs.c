@@ -249,7 +249,7 @@ static void test_fv_qp_state_machine_transitions(void **state)
  * completes once, successfully, in post order per QP; the bytes move; the same seed gives the
  * same audit log. Returns the audit hash; *reordered is set when CQEs of different QPs came out
  * of their global post order (cross-QP reorder is allowed and must happen for some seeds). */
-static uint64_t run_random_traffic(uint64_t seed, bool *reordered)
+static uint64_t run_random_traffic(uint64_t seed, bool pauses, bool *reordered)
 {
     struct fv_config fc = {.seed = seed, .jitter_ns = 20 * US, .mtu = 1024};
     struct fv_pair x;
@@ -274,6 +274,8 @@ static uint64_t run_random_traffic(uint64_t seed, bool *reordered)
               x.buf_mr->lkey, (uint64_t)(uintptr_t)(x.seg + off), x.seg_mr->rkey);
         assert_int_equal(x.a.ops->post_send(qa[k], &wr, &bad), 0);
         posted++;
+        if (pauses && ((rng >> 46) & 7) == 0) /* PFC: hold one side's arrivals a while */
+            fv_node_pause((rng >> 49) & 1 ? x.na : x.nb, (rng >> 20) % (200 * US));
         if (((rng >> 50) & 3) == 0)
             fv_advance(x.f, (rng >> 52) % (30 * US));
     }
@@ -314,16 +316,18 @@ static void test_fv_random_traffic_order_and_determinism_many_seeds(void **state
     (void)state;
     int reorders = 0;
     for (uint64_t seed = 1; seed <= 150; seed++) {
+        bool pauses = seed % 2 == 0;
         bool r1, r2;
-        uint64_t h1 = run_random_traffic(seed, &r1);
-        uint64_t h2 = run_random_traffic(seed, &r2);
+        uint64_t h1 = run_random_traffic(seed, pauses, &r1);
+        uint64_t h2 = run_random_traffic(seed, pauses, &r2);
         assert_true(h1 == h2);
         assert_int_equal(r1, r2);
         reorders += r1;
     }
     assert_true(reorders > 0);
     bool r;
-    assert_true(run_random_traffic(1, &r) != run_random_traffic(2, &r));
+    assert_true(run_random_traffic(1, false, &r) != run_random_traffic(2, false, &r));
+    assert_true(run_random_traffic(4, false, &r) != run_random_traffic(4, true, &r));
 }
 
 static void test_fv_write_then_read_bytes_roundtrip(void **state)
@@ -712,6 +716,39 @@ static void test_fv_read_response_dropped_after_requester_err(void **state)
     assert_true(partial > 0);
 }
 
+/* PFC: WRITE packets held at a paused responder still land when the pause ends, after the
+ * requester fenced and polled its flush; a responder QP fenced during the pause stops them. */
+static void test_fv_pfc_held_write_lands_after_requester_fence(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 50; seed++) {
+        for (int responder_fence = 0; responder_fence < 2; responder_fence++) {
+            struct fv_config fc = {.seed = seed};
+            struct fv_pair x;
+            assert_int_equal(fv_pair_up(&x, &fc, FV_FLUSH_ALL, NULL, 65536, 65536, 64), 0);
+            fv_node_pause(x.nb, 50 * MS);
+            memset(x.buf, 0x6d, 16384);
+            assert_int_equal(post1(&x, IBV_WR_RDMA_WRITE, 1, 0, 0, 16384), 0);
+            fv_advance(x.f, MS + seed * 10 * US);
+            assert_int_equal(fv_audit_count(x.f), 0); /* held */
+            to_err(&x.a, x.qa);
+            fv_advance(x.f, MS);
+            struct ibv_wc wc[2];
+            assert_int_equal(poll_all(&x.a, wc, 2), 1);
+            assert_int_equal(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+            uint64_t t_fence = fv_now(x.f);
+            if (responder_fence)
+                to_err(&x.b, x.qb);
+            fv_run_idle(x.f, 200 * MS);
+            size_t late = fv_audit_placed_after(x.f, x.seg, 16384, t_fence, NULL);
+            assert_int_equal(late, responder_fence ? 0 : 4);
+            if (!responder_fence)
+                assert_true(fv_audit_get(x.f, 0)->t_ns > 50 * MS);
+            fv_pair_down(&x);
+        }
+    }
+}
+
 /* ---- processes ---- */
 
 static void test_fv_killed_peer_retry_exceeded_after_bound(void **state)
@@ -881,6 +918,15 @@ static void test_fv_comp_channel_event_after_arm(void **state)
     assert_ptr_equal(ev_ctx, &cookie);
     o->ack_cq_events(cq, 1);
     assert_int_equal(poll(&pfd, 1, 0), 0);
+    /* a spurious event: the channel fires and the CQ (drained first) has nothing */
+    struct ibv_wc got[4];
+    assert_int_equal(o->poll_cq(cq, 4, got), 2);
+    fv_chan_spurious(ch, cq);
+    assert_int_equal(poll(&pfd, 1, 0), 1);
+    assert_int_equal(o->get_cq_event(ch, &ev_cq, &ev_ctx), 0);
+    assert_ptr_equal(ev_cq, cq);
+    o->ack_cq_events(cq, 1);
+    assert_int_equal(o->poll_cq(cq, 4, got), 0);
     assert_int_equal(o->destroy_comp_channel(ch), EBUSY);
     assert_int_equal(o->destroy_cq(cq), 0);
     assert_int_equal(o->destroy_comp_channel(ch), 0);
@@ -908,6 +954,7 @@ int main(void)
         cmocka_unit_test(test_fv_post_send_bad_wr_errors),
         cmocka_unit_test(test_fv_late_write_lands_unless_responder_fenced),
         cmocka_unit_test(test_fv_read_response_dropped_after_requester_err),
+        cmocka_unit_test(test_fv_pfc_held_write_lands_after_requester_fence),
         cmocka_unit_test(test_fv_killed_peer_retry_exceeded_after_bound),
         cmocka_unit_test(test_fv_frozen_process_device_keeps_going),
         cmocka_unit_test(test_fv_partition_then_heal),
