@@ -43,10 +43,12 @@ endif()
 # and kvpool is TCP only. -DKVP_RDMA=OFF leaves them out on purpose.
 option(KVP_RDMA "Build the RDMA verbs layer when libibverbs is found" ON)
 set(KVP_HAVE_VERBS OFF)
+set(KVP_PC_VERBS "")   # kvpool.pc Requires.private, for static linking
 if(KVP_RDMA)
   pkg_check_modules(KVPDEP_LIBIBVERBS QUIET libibverbs)
   if(KVPDEP_LIBIBVERBS_FOUND)
     set(KVP_HAVE_VERBS ON)
+    set(KVP_PC_VERBS " libibverbs")
     add_compile_definitions(KVP_HAVE_VERBS=1)
     list(APPEND KVP_DEP_LIBS ${KVPDEP_LIBIBVERBS_LINK_LIBRARIES})
     list(APPEND KVP_DEP_INCS ${KVPDEP_LIBIBVERBS_INCLUDE_DIRS})
