@@ -398,6 +398,28 @@ static void test_rdma_fence_stale_wr_id_after_wedge_dropped(void **state)
     call_down(&c);
 }
 
+/* A CQ in error (overrun: CQEs were lost) can never account for every WR, so the fence cannot
+ * drain: it takes the wedged path at the bound (destroy + dereg) and says so. */
+static void test_rdma_fence_cq_error_goes_wedged_at_bound(void **state)
+{
+    (void)state;
+    struct call c;
+    call_up(&c, NULL, FV_FLUSH_ALL, NULL, false, 4096, 4096, 4, 5);
+    fv_qp_set_delay(c.x.qb, 50 * MS);
+    assert_int_equal(post(&c, IBV_WR_RDMA_READ, 0, 0, 64, 0), KVP_OK);
+    struct ibv_wc junk = {.wr_id = 0, .status = IBV_WC_SUCCESS};
+    for (int i = 0; i < 5; i++) /* someone else's CQEs overrun the 4-entry CQ */
+        fv_cq_inject(c.x.a.cq, &junk);
+    uint64_t t0, t1;
+    assert_int_equal(fence_call(&c, &t0, &t1), KVP_ERR_FENCE_FAILED);
+    assert_true(t1 - t0 >= BOUND_NS && t1 - t0 <= BOUND_NS + STEP_NS);
+    assert_true(c.r.cq_errors > 0);
+    assert_true(c.cq.failed);
+    assert_null(c.q.qp);
+    assert_null(c.x.buf_mr);
+    call_down(&c);
+}
+
 /* Completions that succeed while the QP is fencing are counted as late, not lost. */
 static void test_rdma_fence_success_during_fence_counted_late(void **state)
 {
@@ -612,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_rdma_fence_timed_out_read_never_lands_after_return_500_seeds),
         cmocka_unit_test(test_rdma_fence_never_flush_wedged_within_bound_no_dma_after),
         cmocka_unit_test(test_rdma_fence_stale_wr_id_after_wedge_dropped),
+        cmocka_unit_test(test_rdma_fence_cq_error_goes_wedged_at_bound),
         cmocka_unit_test(test_rdma_fence_success_during_fence_counted_late),
         cmocka_unit_test(test_rdma_fence_begin_argument_errors),
         cmocka_unit_test(test_rdma_fence_late_write_past_grace_stopped_by_segment_fence),

@@ -65,7 +65,10 @@ int kvp_rdma_reap(struct kvp_rdma_reaper *r, struct kvp_rdma_cq *cq, int max)
         int n = r->ops->poll_cq(cq->cq, want, wc);
         if (n < 0) {
             r->cq_errors++;
-            kvp_log_error(who_of(r), "rdma: poll_cq failed (%d): CQ in error, completions lost", n);
+            if (!cq->failed)
+                kvp_log_error(who_of(r), "rdma: poll_cq failed (%d): CQ in error, completions "
+                                         "lost; its QPs can only be fenced by destroying them", n);
+            cq->failed = true;
             return KVP_ERR_TRANSFER;
         }
         for (int i = 0; i < n; i++) {

@@ -41,6 +41,7 @@ struct kvp_rdma_cq {
     uint32_t size;
     uint32_t outstanding;
     uint32_t high_water; /* most outstanding ever (tests assert <= size) */
+    bool failed;         /* poll_cq reported the CQ in error (logged once); it stays unusable */
 };
 
 enum kvp_rdma_qp_state {
@@ -94,7 +95,9 @@ int kvp_rdma_post(struct kvp_rdma_reaper *r, struct kvp_rdma_qp *q, struct ibv_s
 /**
  * Poll up to `max` completions (in rounds of at most 64) from cq, return their credits and
  * hand each to r->on_wc. Returns the number of completions accepted (stale ones excluded), or
- * KVP_ERR_TRANSFER when poll_cq reports the CQ in error (logged once per call).
+ * KVP_ERR_TRANSFER when poll_cq reports the CQ in error (an overrun lost CQEs: the CQ is
+ * unusable, cq->failed is set and the first time is logged at ERROR; fences over its QPs then
+ * end wedged at their bound).
  */
 int kvp_rdma_reap(struct kvp_rdma_reaper *r, struct kvp_rdma_cq *cq, int max);
 
