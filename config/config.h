@@ -51,6 +51,7 @@ struct kvp_cfg_master {
     uint32_t probe_timeout_ms;        /* `probe_timeout_ms`: data-plane probe of a reported segment (default 500) */
     char log_level[16];               /* `log_level`: error|warn|info|debug (default info) */
     uint64_t repair_bandwidth_bytes_per_s; /* `repair_bandwidth_bytes_per_s`: drain/repair copy cap, 0 = none (default 256 MiB) */
+    uint32_t bind_retry_ms;           /* `bind_retry_ms`: keep retrying a held data-dir lock or listen port this long (default 5000) */
 };
 
 /** Settings of a kvpool-segment process. */
@@ -65,6 +66,7 @@ struct kvp_cfg_segment {
     bool hugepages;                   /* `hugepages`: try MAP_HUGETLB first (default true) */
     bool segment_prefault;            /* `segment_prefault`: populate the region in the background (default true) */
     uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: (default 60000) */
+    uint32_t bind_retry_ms;           /* `bind_retry_ms`: keep retrying a held data-plane port this long (default 5000) */
     char log_level[16];
 };
 

@@ -72,6 +72,9 @@ static const struct kvp_cfg_key master_keys[] = {
     STR(M, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
     NUM(M, KVP_CFG_T_SIZE, "repair_bandwidth_bytes_per_s", repair_bandwidth_bytes_per_s, 0, 64 * TIB,
         "256MiB", "bytes per second the leader hands to movers for drain and repair copies; 0 = no cap"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "bind_retry_ms", bind_retry_ms, 0, 600000, "5000",
+        "at start, keep retrying (with backoff, one log line per try) a data-dir lock or listen port "
+        "still held, e.g. by a killed previous incarnation whose threads are still exiting; then exit 1"),
 };
 #undef M
 
@@ -93,6 +96,9 @@ static const struct kvp_cfg_key segment_keys[] = {
          "take the first-write page fault (embedded client segments use the default)"),
     NUM(S, KVP_CFG_T_DURATION_MS, "drain_timeout_ms", drain_timeout_ms, 0, 86400000, "60000",
         "longest wait for a drain on SIGTERM"),
+    NUM(S, KVP_CFG_T_DURATION_MS, "bind_retry_ms", bind_retry_ms, 0, 600000, "5000",
+        "at start, keep retrying (with backoff, one log line per try) a data-plane port still held, "
+        "e.g. by a killed previous incarnation whose threads are still exiting; then exit 1"),
     STR(S, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
     IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
             "Mooncake transfer-engine metadata server (kvpool has none)"),

@@ -27,6 +27,7 @@
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "runtime/proc.h"
 
 #define HUGE_PAGE_BYTES (2ull << 20)
 #define MOUNT_TIMEOUT_MS 10000u
@@ -419,6 +420,20 @@ static void segment_free(struct kvp_segment *s)
     free(s);
 }
 
+struct srv_try {
+    struct kvp_segment *s;
+    const struct kvp_cfg_segment *cfg;
+};
+
+static int srv_start_attempt(void *arg, char *why, size_t why_cap)
+{
+    struct srv_try *t = arg;
+    int rc = kvp_seg_server_start(&t->s->srv, t->cfg->local_hostname, t->cfg->port, t->s->base, t->s->size);
+    if (rc == KVP_ERR_BUSY)
+        snprintf(why, why_cap, "%s", strerror(EADDRINUSE));
+    return rc;
+}
+
 int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cfg,
                       struct kvp_msession *ms, const struct kvp_segment_hooks *hooks)
 {
@@ -466,7 +481,14 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
                      "lower global_segment_size or raise the limit",
                      (unsigned long long)s->size, mcg.path, (unsigned long long)mcg.limit,
                      (unsigned long long)mcg.usage);
-    rc = kvp_seg_server_start(&s->srv, cfg->local_hostname, cfg->port, s->base, s->size);
+    /* A fixed port still held (a killed previous incarnation's threads still exiting) is
+     * retried for bind_retry_ms, one log line per try (issue 15). */
+    struct srv_try st = {.s = s, .cfg = cfg};
+    char what[300];
+    snprintf(what, sizeof what, "listen on %s port %u", cfg->local_hostname, cfg->port);
+    rc = kvp_retry_start(s->actor, what, cfg->bind_retry_ms, srv_start_attempt, &st);
+    if (rc == KVP_ERR_BUSY)
+        rc = KVP_ERR_IO;
     if (rc != KVP_OK) {
         if (rc == KVP_ERR_INVALID && cfg->local_hostname[0])
             rc = KVP_ERR_IO; /* host did not resolve to anything we can bind */
