@@ -137,6 +137,8 @@ static const struct kvp_cfg_key client_keys[] = {
     STR(C, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
     IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
             "Mooncake transfer-engine metadata server (kvpool has none)"),
+    IGNORED(KVP_CFG_T_BOOL, "enable_ssd_offload", 0, 0, "Mooncake's SSD tier (not in kvpool): validated only"),
+    IGNORED(KVP_CFG_T_STRING, "ssd_offload_path", 0, 0, "Mooncake's SSD tier (not in kvpool): validated only"),
     IGNORED(KVP_CFG_T_DURATION_MS, "default_kv_lease_ttl", 1, 3600000,
             "a kvpool-master setting, validated only"),
     IGNORED(KVP_CFG_T_DURATION_S, "client_ttl", 100, 86400000,

@@ -438,6 +438,29 @@ static void test_config_ignored_mooncake_key_accepted_not_stored(void **state)
 
 /* ------------------------------------------------------------------ files */
 
+/* A config file as vLLM/SGLang pass it to Mooncake (MOONCAKE_CONFIG_PATH) loads as it is, with
+ * Mooncake's units: transfer_timeout 30 is 30 s, sizes as "4GB" / "16 MB". */
+static void test_config_mooncake_json_loads_with_mooncake_units(void **state)
+{
+    (void)state;
+    struct kvp_cfg_client c;
+    kvp_cfg_defaults(KVP_CFG_CLIENT, &c);
+    const char *p = write_tmp("mooncake.json",
+                              "{\"local_hostname\": \"10.0.0.5\", \"metadata_server\": \"P2PHANDSHAKE\","
+                              " \"master_server_address\": \"10.0.0.1:50051,10.0.0.2:50051\","
+                              " \"global_segment_size\": \"4GB\", \"local_buffer_size\": \"16 MB\","
+                              " \"protocol\": \"rdma\", \"device_name\": \"mlx5_0\", \"transfer_timeout\": 30,"
+                              " \"tenant_id\": \"team-a\", \"enable_ssd_offload\": false,"
+                              " \"ssd_offload_path\": \"\"}");
+    assert_int_equal(kvp_cfg_load_file(KVP_CFG_CLIENT, &c, p), KVP_OK);
+    assert_int_equal(c.global_segment_size, 4ull << 30);
+    assert_int_equal(c.local_buffer_size, 16ull << 20);
+    assert_int_equal(c.transfer_timeout_ms, 30000);
+    assert_string_equal(c.protocol, "rdma");
+    assert_string_equal(c.tenant_id, "team-a");
+    assert_int_equal(c.drain_timeout_ms, 30000); /* default */
+}
+
 static void test_config_load_file_types_applied(void **state)
 {
     (void)state;
@@ -928,6 +951,7 @@ int main(void)
         cmocka_unit_test(test_config_set_bad_values_invalid_logged_unchanged),
         cmocka_unit_test(test_config_set_null_args_invalid),
         cmocka_unit_test(test_config_ignored_mooncake_key_accepted_not_stored),
+        cmocka_unit_test(test_config_mooncake_json_loads_with_mooncake_units),
         cmocka_unit_test(test_config_load_file_types_applied),
         cmocka_unit_test(test_config_load_file_errors_unchanged),
         cmocka_unit_test(test_config_load_env_applies_and_validates),
