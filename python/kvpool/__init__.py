@@ -351,8 +351,19 @@ class MooncakeDistributedStore(_kvpool.Store):
         if config is not None and getattr(config, "_kvp_invalid", False):
             _kvpool._log("warn", "upsert: soft_pin_ttl_ms set without SoftPinAction.ENABLE (-600)")
             return -600
-        if not isinstance(value, (bytes, bytearray, memoryview)):
+        # the value as put() takes it (bytes-like; an int or str is a TypeError naming value,
+        # not bytes(5) = five zero bytes), checked before the old object is removed
+        if isinstance(value, (str, int)) or value is None:
+            raise TypeError("value must be a bytes-like object, not %s" % type(value).__name__)
+        try:
             value = bytes(value)
+        except TypeError:
+            raise TypeError("value must be a bytes-like object, not %s" % type(value).__name__) from None
+        if len(value) == 0:
+            _kvpool._log("warn", "upsert: key %r: an empty value (objects are 1 byte or larger): -600" % (key,))
+            return -600
+        if not self._staging_ok("upsert", key, len(value)):
+            return -600  # checked before the remove: a failing upsert keeps the old object
         if self.is_exist(key) == 1:
             rc = self.remove(key, True)
             if rc not in (0, -704):
@@ -369,16 +380,16 @@ class MooncakeDistributedStore(_kvpool.Store):
         keys[i][j] from offset src_offsets[i][j] to buffer_ptrs[i] + dst_offsets[i][j]. Returns
         nested byte counts or negative numbers (-600 for a bad shape or a range past the object,
         -704 for a miss). Reads each object whole (kvpool has no ranged read yet)."""
-        import ctypes
-
         for name, v in (("buffer_ptrs", buffer_ptrs), ("keys", keys), ("dst_offsets", dst_offsets),
                         ("src_offsets", src_offsets), ("sizes", sizes)):
             if not isinstance(v, (list, tuple)):
                 raise TypeError("%s must be a list, not %s" % (name, type(v).__name__))
         out = []
         for i, ptr in enumerate(buffer_ptrs):
-            if not isinstance(ptr, int):
+            if not isinstance(ptr, int) or isinstance(ptr, bool):
                 raise TypeError("buffer_ptrs[%d] must be int, not %s" % (i, type(ptr).__name__))
+            if ptr < 0:
+                raise ValueError("buffer_ptrs[%d] must be an int in [0, 2**64)" % i)
             try:
                 ks, ds, ss, zs = keys[i], dst_offsets[i], src_offsets[i], sizes[i]
             except IndexError:
@@ -396,10 +407,10 @@ class MooncakeDistributedStore(_kvpool.Store):
                 if not obj:
                     row.append(-704)
                 elif (not isinstance(d, int) or not isinstance(s, int) or not isinstance(z, int)
-                      or d < 0 or s < 0 or z < 0 or s + z > len(obj)):
+                      or d < 0 or s < 0 or z < 0 or s + z > len(obj) or ptr + d + z > _U64_MAX):
                     row.append(-600)
                 else:
-                    ctypes.memmove(ptr + d, obj[s:s + z], z)
-                    row.append(z)
+                    # checked in C: a NULL or GPU destination is -600, not a segfault
+                    row.append(_kvpool._copy_out(ptr + d, obj, s, z))
             out.append(row)
         return out

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/client/devmem.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 
@@ -86,6 +87,7 @@ typedef struct {
     kvp_client *c;         /* NULL before setup and after close */
     unsigned users;        /* calls that took c and have not returned */
     int closing;           /* close() is waiting for users to drop to 0 */
+    int closer;            /* a close() owns the client: drains, waits, closes; other closes wait */
     uint64_t local_buffer; /* local_buffer_size: staging bytes for the copying calls */
 } Store;
 
@@ -121,19 +123,27 @@ static PyObject *Store_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     s->c = NULL;
     s->users = 0;
     s->closing = 0;
+    s->closer = 0;
     s->local_buffer = 0;
     return (PyObject *)s;
 }
 
-/* Close the client: drain the embedded segment first when `drain`. Releases the GIL. */
+/* Close the client: drain the embedded segment first when `drain`. Releases the GIL.
+ * One close at a time owns the client (s->closer): a close that arrives while another is
+ * draining or waiting waits for it to finish, then finds nothing to close. Without that, two
+ * closes both drained, the first waited for a wake-up that never came (hang), and the client
+ * could be closed twice. */
 static int close_client(Store *s, int drain, uint64_t *left_out)
 {
     pthread_mutex_lock(&s->mu);
-    if (!s->c || s->closing) {
+    while (s->closer)
+        pthread_cond_wait(&s->idle, &s->mu);
+    if (!s->c) {
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
     kvp_client *c = s->c;
+    s->closer = 1;
     s->users++; /* the drain below is a call like any other */
     pthread_mutex_unlock(&s->mu);
     uint64_t left = 0;
@@ -148,9 +158,13 @@ static int close_client(Store *s, int drain, uint64_t *left_out)
     while (s->users > 0) /* calls in flight finish (each at most its timeout) */
         pthread_cond_wait(&s->idle, &s->mu);
     s->c = NULL;
-    s->closing = 0;
     pthread_mutex_unlock(&s->mu);
     kvp_client_close(&c);
+    pthread_mutex_lock(&s->mu);
+    s->closing = 0;
+    s->closer = 0;
+    pthread_cond_broadcast(&s->idle); /* closes waiting for this one */
+    pthread_mutex_unlock(&s->mu);
     return rc;
 }
 
@@ -486,7 +500,7 @@ static PyObject *Store_open(PyObject *self, PyObject *args)
     }
     if (rc == 0) {
         pthread_mutex_lock(&s->mu);
-        int open = s->c != NULL || s->closing;
+        int open = s->c != NULL || s->closing || s->closer;
         pthread_mutex_unlock(&s->mu);
         if (open) {
             kvp_log_warn(ACT, "setup: this store is already set up (close() it first): -600");
@@ -501,7 +515,7 @@ static PyObject *Store_open(PyObject *self, PyObject *args)
         Py_END_ALLOW_THREADS
         if (r == KVP_OK) {
             pthread_mutex_lock(&s->mu);
-            if (s->c == NULL && !s->closing) {
+            if (s->c == NULL && !s->closing && !s->closer) {
                 s->c = c;
                 s->local_buffer = lbs;
                 c = NULL;
@@ -700,6 +714,23 @@ static PyObject *Store_unregister_buffer(PyObject *self, PyObject *args, PyObjec
     Py_END_ALLOW_THREADS
     give((Store *)self);
     return PyLong_FromLong(map_code(rc));
+}
+
+/* _staging_ok(fn, key, nbytes) -> True, or False with a WARN line: whether a copying call of
+ * nbytes fits local_buffer_size (upsert checks it before it removes the old object). */
+static PyObject *Store_staging_ok_py(PyObject *self, PyObject *args)
+{
+    const char *fn;
+    PyObject *ko, *kh;
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "sOK:_staging_ok", &fn, &ko, &n))
+        return NULL;
+    const char *key = key_of(ko, "key", -1, &kh);
+    if (!key)
+        return NULL;
+    int ok = staging_ok((Store *)self, fn, key, (uint64_t)n);
+    Py_DECREF(kh);
+    return PyBool_FromLong(ok);
 }
 
 /* _segment() -> (name, endpoint) of the embedded segment, or None. */
@@ -961,6 +992,7 @@ static PyObject *get_many(Store *s, const char *fn, Keys *k, int none_on_miss)
     }
     if (c)
         give(s);
+    c = NULL; /* given back: the fail path below must not give it again */
     for (size_t j = 0; j < m; j++) {
         Py_ssize_t i = mi[j];
         if (res[j] != sz[i]) { /* a miss, an error, or (replaced meanwhile) another size */
@@ -991,6 +1023,8 @@ static PyObject *get_many(Store *s, const char *fn, Keys *k, int none_on_miss)
     PyMem_Free(objs);
     return out;
 fail:
+    if (c)
+        give(s); /* a MemoryError above must not leave close() waiting for this call for ever */
     for (Py_ssize_t i = 0; objs && i < n; i++)
         Py_XDECREF(objs[i]);
     PyMem_Free(sz);
@@ -1008,19 +1042,21 @@ static PyObject *Store_get(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *ko;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O:get", kwl, &ko))
         return NULL;
-    PyObject *one = PyList_New(1);
-    if (!one)
+    /* one key, as get_many takes them; key_of's own errors (TypeError, ValueError for a NUL,
+     * MemoryError) pass through unchanged */
+    PyObject *kh;
+    const char *key = key_of(ko, "key", -1, &kh);
+    if (!key)
         return NULL;
-    Py_INCREF(ko);
-    PyList_SetItem(one, 0, ko);
-    Keys k;
-    int bad = keys_get(one, "key", &k);
-    Py_DECREF(one);
-    if (bad < 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "key must be str, not %s", TN(ko));
-        return NULL;
+    Keys k = {.n = 1, .keys = PyMem_Calloc(1, sizeof(char *)), .hold = PyMem_Calloc(1, sizeof(PyObject *))};
+    if (!k.keys || !k.hold) {
+        Py_DECREF(kh);
+        k.n = 0;
+        keys_free(&k);
+        return PyErr_NoMemory();
     }
+    k.keys[0] = key;
+    k.hold[0] = kh;
     PyObject *l = get_many((Store *)self, "get", &k, 0);
     keys_free(&k);
     if (!l)
@@ -1336,6 +1372,7 @@ static PyMethodDef Store_methods[] = {
      "batch_get_into_multi_buffers(keys, all_buffer_ptrs, all_sizes, prefer_same_node=False) -> list of total "
      "bytes/negative"},
     {"_segment", (PyCFunction)Store_segment, METH_NOARGS, "_segment() -> (name, endpoint) or None"},
+    {"_staging_ok", (PyCFunction)Store_staging_ok_py, METH_VARARGS, "_staging_ok(fn, key, nbytes) -> bool"},
     {"_replica_counts", (PyCFunction)Store_replica_counts, METH_VARARGS, "_replica_counts(keys) -> list"},
     {NULL, NULL, 0, NULL},
 };
@@ -1355,6 +1392,41 @@ static PyType_Spec Store_spec = {
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     Store_slots,
 };
+
+/* _copy_out(dst_ptr, data, src_offset, size) -> size, or -600 with a WARN line: copies
+ * data[src_offset:src_offset+size] to the caller's address for get_into_ranges. The address is
+ * checked as the C API checks its buffers (not NULL, no wrap-around, not GPU device memory),
+ * so a bad address is a return code instead of a segfault. */
+static PyObject *mod_copy_out(PyObject *m, PyObject *args)
+{
+    PyObject *po, *data;
+    Py_ssize_t off, n;
+    if (!PyArg_ParseTuple(args, "OSnn:_copy_out", &po, &data, &off, &n))
+        return NULL;
+    uint64_t p;
+    if (u64_of(po, "buffer_ptr", -1, -1, &p) < 0)
+        return NULL;
+    char *src;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(data, &src, &len) < 0)
+        return NULL;
+    if (off < 0 || n < 0 || off > len || n > len - off) {
+        kvp_log_warn(ACT, "get_into_ranges: range [%zd, +%zd) is outside the object of %zd bytes (-600)", off, n, len);
+        return PyLong_FromLong(MC_INVALID);
+    }
+    if (n == 0)
+        return PyLong_FromLong(0);
+    if (p == 0 || p + (uint64_t)n < p) {
+        kvp_log_warn(ACT, "get_into_ranges: destination %#llx + %zd is NULL or wraps around (-600)",
+                     (unsigned long long)p, n);
+        return PyLong_FromLong(MC_INVALID);
+    }
+    kvp_iov iov = {.base = (void *)(uintptr_t)p, .len = (size_t)n};
+    if (kvp_devmem_check_iov("get_into_ranges", NULL, &iov, 1) != KVP_OK)
+        return PyLong_FromLong(MC_INVALID); /* logged */
+    memcpy((void *)(uintptr_t)p, src + off, (size_t)n);
+    return PyLong_FromSsize_t(n);
+}
 
 static PyObject *mod_map_code(PyObject *m, PyObject *args)
 {
@@ -1390,6 +1462,7 @@ static PyMethodDef mod_methods[] = {
     {"map_code", mod_map_code, METH_VARARGS, "map_code(kvp_err) -> the number the Python API returns for it"},
     {"kvp_errname", mod_kvp_errname, METH_VARARGS, "kvp_errname(kvp_err) -> 'KVP_ERR_...'"},
     {"_log", mod_log, METH_VARARGS, "_log(level, message): one line in kvpool's log"},
+    {"_copy_out", mod_copy_out, METH_VARARGS, "_copy_out(dst_ptr, data, src_offset, size) -> size or -600"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,7 +3,7 @@
 # module was built for (KVP_PYTHON_EXECUTABLE: /usr/bin/python3 on Debian). Any non-zero pytest
 # exit fails the test, including 5 (no tests collected) and a missing pytest module.
 if(TARGET kvpool_python)
-  foreach(T store failover drain devmem alias)
+  foreach(T store failover drain devmem alias robust)
     add_test(NAME test_python_${T}
              COMMAND ${KVP_PYTHON_EXECUTABLE} -m pytest -q -p no:cacheprovider -o addopts=
                      ${CMAKE_SOURCE_DIR}/python/tests/test_${T}.py)

@@ -1,0 +1,173 @@
+"""Breaking the binding as its callers would (review of issue 16): concurrent closes, pointers
+the C side never sees, wrong value types, calls that fail part-way. Each test failed before its
+fix (the commit that added it says how)."""
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+
+import kvpool
+from conftest import BUILD, Cluster, make_store
+
+INVALID, NOT_FOUND = -600, -704
+
+
+def uniq(prefix="r"):
+    return "%s-%s" % (prefix, uuid.uuid4().hex)
+
+
+def test_concurrent_closes_of_a_store_with_a_segment_all_return():
+    # vLLM's and LMCache's shutdown paths may close one object from two threads (an atexit hook
+    # and the engine's own shutdown). Before the fix both closes drained, then the first waited
+    # for a wake-up nobody sent: the thread hung for ever (and the client could be closed twice).
+    cluster = Cluster(masters=1, segments=1)
+    try:
+        for trial in range(3):
+            s = make_store(cluster, global_segment_size=32 << 20)
+            cfg = kvpool.ReplicateConfig()
+            cfg.preferred_segment = s.get_hostname()  # in this store's own segment: close drains them
+            keys = [uniq("cc%d" % trial) for _ in range(40)]
+            for k in keys:
+                assert s.put(k, os.urandom(100000), cfg) == 0
+            go = threading.Barrier(3)
+            res = []
+
+            def closer():
+                go.wait()
+                res.append(s.close())
+
+            ts = [threading.Thread(target=closer, daemon=True) for _ in range(3)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(120)  # a hang detector, not a timing assertion
+            assert not any(t.is_alive() for t in ts), "a close() never returned (trial %d)" % trial
+            assert res == [0, 0, 0]
+            # the object is usable again
+            assert s.put("x", b"y") == INVALID
+            assert s.setup("127.0.0.1", "", 0, 1 << 20, "tcp", "", cluster.masters) == 0
+            k = uniq()
+            assert s.put(k, b"again") == 0 and s.get(k) == b"again"
+            assert s.close() == 0
+    finally:
+        cluster.down()
+
+
+NOMEM_CHILD = r"""
+import os, sys, threading
+sys.path.insert(0, os.path.join(os.environ["KVP_BUILD_DIR"], "python"))
+import _testcapi
+import kvpool
+s = kvpool.MooncakeDistributedStore()
+assert s.setup("127.0.0.1", "", 0, 1 << 20, "tcp", "", os.environ["MASTERS"]) == 0
+assert s.put("nomem-a", b"a" * 1000) == 0
+raised = 0
+calls = [lambda: s.get("nomem-a"), lambda: s.get_batch(["nomem-a", "nomem-miss"]),
+         lambda: s.batch_get_buffer(["nomem-a"]), lambda: s.batch_is_exist(["nomem-a"]),
+         lambda: s.batch_get_into_multi_buffers(["nomem-a"], [[1]], [[1]])]
+for call in calls:
+    for start in range(1, 60):
+        _testcapi.set_nomemory(start, start + 1)   # the start-th allocation from here fails
+        try:
+            call()
+        except MemoryError:
+            raised += 1
+        finally:
+            _testcapi.remove_mem_hooks()
+t = threading.Thread(target=s.close, daemon=True)
+t.start()
+t.join(60)   # a hang detector: close() waits for every call that took the client
+print("RESULT", raised > 0, t.is_alive())
+"""
+
+
+def test_memory_errors_do_not_leave_close_waiting():
+    # Before the fix, get()/get_batch()/batch_get_buffer() left the client's use count raised
+    # when an allocation failed after the client was taken: the next close() waited for ever.
+    pytest.importorskip("_testcapi")
+    cluster = Cluster(masters=1, segments=1)
+    try:
+        env = dict(os.environ, KVP_BUILD_DIR=BUILD, MASTERS=cluster.masters)
+        p = subprocess.run([sys.executable, "-c", NOMEM_CHILD], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=180, universal_newlines=True)
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        assert line, p.stdout + p.stderr[-3000:]
+        assert line[0] == "RESULT True False", line[0]
+    finally:
+        cluster.down()
+
+
+RANGES_CHILD = r"""
+import ctypes, os, sys
+sys.path.insert(0, os.path.join(os.environ["KVP_BUILD_DIR"], "python"))
+import kvpool
+s = kvpool.MooncakeDistributedStore()
+assert s.setup("127.0.0.1", "", 0, 1 << 20, "tcp", "", os.environ["MASTERS"]) == 0
+assert s.put("rng-a", b"0123456789") == 0
+host, dev = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)
+hp, dp = ctypes.addressof(host), ctypes.addressof(dev)
+if os.environ.get("KVPOOL_LIBCUDA"):
+    os.environ["FAKE_CUDA_DEVICE_RANGE"] = "%d:%d" % (dp, 64)
+out = []
+out.append(s.get_into_ranges([0], [["rng-a"]], [[0]], [[0]], [[4]]))            # NULL buffer
+out.append(s.get_into_ranges([hp, dp], [["rng-a"], ["rng-a"]], [[0], [0]], [[2], [0]], [[3], [4]]))
+out.append(s.get_into_ranges([2 ** 64 - 2], [["rng-a"]], [[0]], [[0]], [[4]]))  # wraps around
+out.append(ctypes.string_at(hp, 3))
+s.close()
+print("RESULT", out)
+"""
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_get_into_ranges_bad_destinations_are_codes_not_crashes(gpu):
+    # Before the fix get_into_ranges copied with ctypes.memmove, past every check the C API
+    # makes: a NULL buffer pointer killed the process with SIGSEGV (returncode -11), and GPU
+    # memory (the fake CUDA driver) was written by the CPU instead of failing with -600.
+    fake = os.path.join(BUILD, "python", "fakecuda", "libcuda.so.1")
+    if gpu:
+        assert os.path.exists(fake), "build the kvpool_fake_cuda target"
+    cluster = Cluster(masters=1, segments=1)
+    try:
+        env = dict(os.environ, KVP_BUILD_DIR=BUILD, MASTERS=cluster.masters)
+        env.pop("KVPOOL_LIBCUDA", None)
+        if gpu:
+            env["KVPOOL_LIBCUDA"] = fake
+        p = subprocess.run([sys.executable, "-c", RANGES_CHILD], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=120, universal_newlines=True)
+        assert p.returncode == 0, "returncode %d: %s" % (p.returncode, p.stderr[-2000:])
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        res = eval(line[0][7:])
+        assert res == [[[INVALID]], [[3], [INVALID if gpu else 4]], [[INVALID]], b"234"], res
+        if gpu:
+            assert "GPU device memory" in p.stderr
+    finally:
+        cluster.down()
+
+
+def test_upsert_checks_the_value_before_removing_the_old_object():
+    # Before the fix: upsert(k, 5) stored five zero bytes (bytes(5)); upsert(k, "abc") raised a
+    # TypeError that did not name the argument; and an upsert whose value was larger than
+    # local_buffer_size (or empty) removed the old object, then failed its put with -600: the
+    # old value was gone.
+    cluster = Cluster(masters=1, segments=1)
+    try:
+        s = make_store(cluster, local_buffer_size=1024)
+        k = uniq()
+        assert s.put(k, b"old") == 0
+        with pytest.raises(TypeError, match="value"):
+            s.upsert(k, 5)
+        with pytest.raises(TypeError, match="value"):
+            s.upsert(k, "abc")
+        assert s.upsert(k, b"x" * 2048) == INVALID   # above local_buffer_size
+        assert s.upsert(k, b"") == INVALID
+        assert s.get(k) == b"old"                    # the old object is still there
+        assert s.upsert(k, bytearray(b"new")) == 0
+        assert s.get(k) == b"new"
+        assert s.upsert(uniq(), b"fresh") == 0
+        s.close()
+    finally:
+        cluster.down()
