@@ -403,9 +403,15 @@ class MooncakeDistributedStore(_kvpool.Store):
             for k, d, s, z in zip(ks, ds, ss, zs):
                 if k not in cache:
                     cache[k] = self.get(k)
+                    if not cache[k]:
+                        # get() gives b"" for a miss and for every error: ask why, so that an
+                        # object that exists but cannot be staged (local_buffer_size) is -600
+                        # and a master that does not answer is -900, not a miss
+                        sz = self.get_size(k)
+                        cache[k] = -704 if sz == 0 else (-600 if sz > 0 else sz)
                 obj = cache[k]
-                if not obj:
-                    row.append(-704)
+                if isinstance(obj, int):
+                    row.append(obj)
                 elif (not isinstance(d, int) or not isinstance(s, int) or not isinstance(z, int)
                       or d < 0 or s < 0 or z < 0 or s + z > len(obj) or ptr + d + z > _U64_MAX):
                     row.append(-600)

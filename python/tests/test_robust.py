@@ -171,3 +171,20 @@ def test_upsert_checks_the_value_before_removing_the_old_object():
         s.close()
     finally:
         cluster.down()
+
+
+def test_get_into_ranges_reports_why_an_object_was_not_read():
+    # Before the fix get_into_ranges reported every failed read as a miss (-704): with
+    # local_buffer_size=0 (its staging memory) an object that exists came back -704, so a
+    # caller would recompute or re-fetch what is stored. Now -600, as the other copying calls.
+    cluster = Cluster(masters=1, segments=1)
+    try:
+        s = make_store(cluster, local_buffer_size=0)
+        b = ctypes.create_string_buffer(64)
+        k = uniq()
+        assert s.put_from(k, ctypes.addressof(b), 10) == 0  # zero-copy: no staging needed
+        r = s.get_into_ranges([ctypes.addressof(b)], [[k, uniq()]], [[0, 0]], [[0, 0]], [[4, 4]])
+        assert r == [[INVALID, NOT_FOUND]]
+        s.close()
+    finally:
+        cluster.down()
