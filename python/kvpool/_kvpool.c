@@ -18,6 +18,7 @@
 #include <Python.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -438,9 +439,17 @@ static PyObject *list_i64(Py_ssize_t n, const int64_t *r, int put)
     return l;
 }
 
+/* Calls on a store that is not set up, in this process. A thread that keeps polling a closed
+ * store (a connector's lookup thread after shutdown) makes hundreds of thousands of them a
+ * second: the 1st, 2nd, 4th, 8th... are logged, with the count, instead of every one. */
+static _Atomic unsigned long long not_set_up_calls;
+
 static int not_set_up(const char *fn)
 {
-    kvp_log_warn(ACT, "%s: the store is not set up (or closed): -600", fn);
+    unsigned long long n = ++not_set_up_calls;
+    if ((n & (n - 1)) == 0)
+        kvp_log_warn(ACT, "%s: the store is not set up (or closed): -600 (%llu such call%s in this process; "
+                     "logged at powers of two)", fn, n, n == 1 ? "" : "s");
     return MC_INVALID;
 }
 
