@@ -279,7 +279,8 @@ int kvp_register_buffer_overlap(kvp_client *c, void *addr, size_t len);
  * this waits until none is left, at most timeout_ms (0 = config `drain_timeout_ms`, default
  * 30 s; a configured 0 means no drain: KVP_ERR_TIMEOUT at once). *left (may be NULL) gets the
  * replicas still on the segment at the end: the objects whose only copy they are are dropped by
- * kvp_client_close(). Returns KVP_OK (drained, or no embedded segment), KVP_ERR_TIMEOUT,
+ * kvp_client_close(). When the master does not take the drain request (KVP_ERR_UNAVAILABLE,
+ * KVP_ERR_TIMEOUT) nothing was counted: *left is 0 and the log line says the number is unknown. Returns KVP_OK (drained, or no embedded segment), KVP_ERR_TIMEOUT,
  * KVP_ERR_NO_SPACE (no other segment is ACTIVE: nothing can move; returns at once),
  * KVP_ERR_UNAVAILABLE, KVP_ERR_CLOSED, KVP_ERR_INVALID. Logs the outcome (one line). Blocks;
  * other calls keep working meanwhile; kvp_client_close() keeps its meaning (no drain).

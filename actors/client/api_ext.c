@@ -253,6 +253,10 @@ int kvp_client_drain(kvp_client *c, uint32_t timeout_ms, uint64_t *left)
         *left = n > 0 ? (uint64_t)n : 0;
     if (rc == KVP_OK)
         kvp_log_info(c->name, "drain: segment %s drained", kvp_segment_name(c->seg));
+    else if (n < 0)
+        kvp_log_warn(c->name, "drain: segment %s: %s: the master did not take the drain request, so the number of "
+                     "replicas not moved is unknown (all of this segment's replicas stay here; objects whose only "
+                     "copy they are are dropped when the client closes)", kvp_segment_name(c->seg), kvp_errname(rc));
     else
         kvp_log_warn(c->name, "drain: segment %s: %s: %lld replicas not moved (objects whose only copy they are "
                      "are dropped when the client closes)", kvp_segment_name(c->seg), kvp_errname(rc), (long long)n);

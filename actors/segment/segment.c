@@ -666,6 +666,8 @@ int kvp_segment_drain_left(struct kvp_segment *s, uint32_t timeout_ms, bool stop
     kvp_msession_response_free(resp);
     if (rc != KVP_OK) {
         kvp_log_error(s->actor, "segment %u: drain request: %s", id, kvp_errname(rc));
+        if (left)
+            *left = -1; /* the master never counted this segment's replicas: unknown, not 0 */
         return rc;
     }
     kvp_log_info(s->actor, "segment %u: draining (waiting up to %u ms for its replicas to move)", id,

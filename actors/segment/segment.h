@@ -48,7 +48,8 @@ int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms);
 
 /**
  * kvp_segment_drain() that also reports, in *left (may be NULL), the replicas the master still
- * counted on this segment at the last poll (0 when drained). With stop_when_alone it returns
+ * counted on this segment at the last poll (0 when drained; -1 when the drain request itself
+ * failed, so that nothing was counted). With stop_when_alone it returns
  * KVP_ERR_NO_SPACE at once when no other segment is ACTIVE (nothing could move) instead of
  * waiting out timeout_ms. Other errors as kvp_segment_drain() (KVP_ERR_TIMEOUT, KVP_ERR_CLOSED,
  * the drain request's error). Blocks; one caller at a time.

@@ -215,3 +215,28 @@ def test_calls_on_a_closed_store_do_not_flood_the_log():
     lines = [x for x in p.stderr.splitlines() if "not set up" in x]
     assert 1 <= len(lines) <= 20, len(lines)
     assert "40000" in p.stderr or "32768 such calls" in p.stderr
+
+
+def test_drain_with_the_master_gone_does_not_claim_zero_replicas_left(capfd):
+    # A store whose segment holds the only copy of its objects is closed after the (single)
+    # master died. Before the fix the drain's log line said "0 replicas not moved", although
+    # all 6 objects were dropped with the segment. Now it says the number is unknown.
+    import signal
+
+    cluster = Cluster(masters=1, segments=0)
+    try:
+        s = make_store(cluster, global_segment_size=16 << 20, drain_timeout_ms=1500)
+        cfg = kvpool.ReplicateConfig()
+        cfg.preferred_segment = s.get_hostname()
+        for i in range(6):
+            assert s.put(uniq(), b"x" * 1000, cfg) == 0
+        os.kill(cluster.master_pid(cluster.info["masters"][0]["id"]), signal.SIGKILL)
+        capfd.readouterr()
+        assert s.close() == 0
+        err = capfd.readouterr().err
+        drain = [x for x in err.splitlines() if "drain:" in x and "client-" in x]
+        assert drain, err[-2000:]
+        assert not any("0 replicas not moved" in x for x in drain), drain
+        assert any("unknown" in x for x in drain), drain
+    finally:
+        cluster.down()
