@@ -386,8 +386,9 @@ class MooncakeDistributedStore(_kvpool.Store):
                 raise TypeError("%s must be a list, not %s" % (name, type(v).__name__))
         out = []
         for i, ptr in enumerate(buffer_ptrs):
-            if not isinstance(ptr, int) or isinstance(ptr, bool):
+            if isinstance(ptr, bool) or not hasattr(type(ptr), "__index__"):
                 raise TypeError("buffer_ptrs[%d] must be int, not %s" % (i, type(ptr).__name__))
+            ptr = ptr.__index__()  # int, or numpy.uint64 and the like, as the C calls take them
             if ptr < 0:
                 raise ValueError("buffer_ptrs[%d] must be an int in [0, 2**64)" % i)
             try:

@@ -304,6 +304,16 @@ static int keys_get(PyObject *o, const char *arg, Keys *k)
 /* An address (int >= 0) or a size (int >= 0). */
 static int u64_of(PyObject *o, const char *arg, Py_ssize_t i, Py_ssize_t j, uint64_t *out)
 {
+    /* int, or an integer that is not an int (numpy.uint64, torch's and numpy's index types):
+     * anything with __index__, as pybind11 and so Mooncake's class accept it. Not float. */
+    PyObject *held = NULL;
+    if (!PyLong_Check(o) && PyIndex_Check(o)) {
+        held = PyNumber_Index(o);
+        if (!held)
+            PyErr_Clear();
+        else
+            o = held;
+    }
     if (!PyLong_Check(o)) {
         if (j >= 0)
             PyErr_Format(PyExc_TypeError, "%s[%zd][%zd] must be int, not %s", arg, i, j, TN(o));
@@ -311,12 +321,16 @@ static int u64_of(PyObject *o, const char *arg, Py_ssize_t i, Py_ssize_t j, uint
             PyErr_Format(PyExc_TypeError, "%s[%zd] must be int, not %s", arg, i, TN(o));
         else
             PyErr_Format(PyExc_TypeError, "%s must be int, not %s", arg, TN(o));
+        Py_XDECREF(held);
         return -1;
     }
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    Py_XDECREF(held);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         PyErr_Clear();
-        if (i >= 0)
+        if (j >= 0)
+            PyErr_Format(PyExc_ValueError, "%s[%zd][%zd] must be an int in [0, 2**64)", arg, i, j);
+        else if (i >= 0)
             PyErr_Format(PyExc_ValueError, "%s[%zd] must be an int in [0, 2**64)", arg, i);
         else
             PyErr_Format(PyExc_ValueError, "%s must be an int in [0, 2**64)", arg);

@@ -240,3 +240,43 @@ def test_drain_with_the_master_gone_does_not_claim_zero_replicas_left(capfd):
         assert any("unknown" in x for x in drain), drain
     finally:
         cluster.down()
+
+
+class IndexInt:
+    """An integer that is not an int, as numpy.uint64 or a torch index type: it has __index__."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+def test_pointers_and_sizes_accept_integers_with_index():
+    # Before the fix every pointer or size had to be exactly an int: numpy.uint64 addresses
+    # (which Mooncake's pybind11 class accepts) raised "buffer_ptrs[0] must be int, not
+    # IndexInt". And a negative size deep in a nested list was reported as all_sizes[0],
+    # without the piece index.
+    cluster = Cluster(masters=1, segments=1)
+    try:
+        s = make_store(cluster)
+        b = ctypes.create_string_buffer(4096)
+        p = ctypes.addressof(b)
+        ctypes.memmove(p, b"abcdefgh", 8)
+        k1, k2 = uniq(), uniq()
+        assert s.batch_put_from([k1], [IndexInt(p)], [IndexInt(8)]) == [0]
+        assert s.put_from(k2, IndexInt(p), IndexInt(4)) == 0
+        assert s.batch_get_into_multi_buffers([k1], [[IndexInt(p + 100), p + 104]], [[4, IndexInt(4)]]) == [8]
+        assert ctypes.string_at(p + 100, 8) == b"abcdefgh"
+        assert s.get_into(k2, IndexInt(p + 200), IndexInt(100)) == 4
+        assert s.register_buffer(IndexInt(p), IndexInt(4096)) == 0
+        assert s.unregister_buffer(IndexInt(p)) == 0
+        assert s.get_into_ranges([IndexInt(p + 300)], [[k2]], [[0]], [[1]], [[2]]) == [[2]]
+        assert ctypes.string_at(p + 300, 2) == b"bc"
+        with pytest.raises(TypeError, match=r"buffer_ptrs\[0\] must be int, not float"):
+            s.batch_put_from([k1], [1.0], [8])
+        with pytest.raises(ValueError, match=r"all_sizes\[0\]\[1\]"):
+            s.batch_get_into_multi_buffers([k1], [[p, p]], [[4, -4]])
+        s.close()
+    finally:
+        cluster.down()
