@@ -211,6 +211,14 @@ static const char *key_of(PyObject *o, const char *arg, Py_ssize_t idx, PyObject
     if (PyUnicode_Check(o) || PyBytes_Check(o)) {
         if (PyUnicode_Check(o)) {
             *holder = PyUnicode_AsUTF8String(o);
+            if (!*holder && PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) { /* a lone surrogate */
+                PyErr_Clear();
+                if (idx >= 0)
+                    PyErr_Format(PyExc_ValueError, "%s[%zd] cannot be encoded as UTF-8 (a lone surrogate)", arg, idx);
+                else
+                    PyErr_Format(PyExc_ValueError, "%s cannot be encoded as UTF-8 (a lone surrogate)", arg);
+                return NULL;
+            }
         } else {
             Py_INCREF(o);
             *holder = o;

@@ -280,3 +280,15 @@ def test_pointers_and_sizes_accept_integers_with_index():
         s.close()
     finally:
         cluster.down()
+
+
+def test_a_key_that_is_not_utf8_is_a_valueerror_naming_it():
+    # Before: s.put("\udc80", b"z") raised UnicodeEncodeError "'utf-8' codec can't encode
+    # character '\udc80' in position 0", naming neither the call's argument nor the key's index.
+    s = kvpool.MooncakeDistributedStore()
+    with pytest.raises(ValueError, match=r"^key cannot be encoded"):
+        s.put("\udc80", b"z")
+    with pytest.raises(ValueError, match=r"^keys\[1\] cannot be encoded"):
+        s.batch_is_exist(["ok", "bad\udc80"])
+    with pytest.raises(ValueError, match=r"^key cannot be encoded"):
+        s.get("\udc80")
