@@ -128,7 +128,7 @@ void kvp_metrics_sample_u64(struct kvp_metrics_text *t, const char *name, const 
 void kvp_metrics_sample_double(struct kvp_metrics_text *t, const char *name, const char *const *labels, double v)
 {
     bool any = put_name_labels(t, name, NULL, labels);
-    kvp_metrics_text_printf(t, "%s %.17g\n", any ? "}" : "", v);
+    kvp_metrics_text_printf(t, "%s %.15g\n", any ? "}" : "", v);
 }
 
 void kvp_metrics_sample_hist(struct kvp_metrics_text *t, const char *name, const char *const *labels,
@@ -145,7 +145,7 @@ void kvp_metrics_sample_hist(struct kvp_metrics_text *t, const char *name, const
             kvp_metrics_text_printf(t, "%sle=\"+Inf\"} %llu\n", any ? "," : "{", (unsigned long long)cum);
     }
     bool any = put_name_labels(t, name, "_sum", labels);
-    kvp_metrics_text_printf(t, "%s %.17g\n", any ? "}" : "", (double)h->sum_us / 1e6);
+    kvp_metrics_text_printf(t, "%s %.15g\n", any ? "}" : "", (double)h->sum_us / 1e6);
     any = put_name_labels(t, name, "_count", labels);
     kvp_metrics_text_printf(t, "%s %llu\n", any ? "}" : "", (unsigned long long)h->count);
 }

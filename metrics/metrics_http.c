@@ -230,8 +230,8 @@ int kvp_metrics_http_start(struct kvp_metrics_http **out, const char *actor, con
     }
     h->lfd = b.fd;
     h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-                            on_request, h, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->lfd,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+                            on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first: see its doc */
+                            MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->lfd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!h->d) {
         kvp_log_error(h->actor, "%s: libmicrohttpd did not start (see the line above)", what);

@@ -189,6 +189,7 @@ static void update_info(struct kvp_raftlog *rl)
     in->cmd_commit_us_total = rl->glue.cmd_commit_us_total;
     in->entries_stored = rl->glue.entries_stored;
     in->store_us_total = rl->glue.store_us_total;
+    in->snapshot_hist = rl->glue.snapshot_hist;
     pthread_mutex_unlock(&rl->mu);
 }
 

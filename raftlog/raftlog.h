@@ -34,6 +34,8 @@
 
 #include <czmq.h>
 
+#include "metrics/metrics.h"
+
 /** FSM callbacks. All run on the raft thread; `ctx` is theirs. */
 struct kvp_raftlog_fsm {
     void *ctx;
@@ -181,6 +183,8 @@ struct kvp_raftlog_info {
     uint64_t cmd_commit_us_total;
     uint64_t entries_stored;
     uint64_t store_us_total;
+    /* Added for the metrics endpoint: time to take each snapshot (fsm.snapshot + lz4 framing). */
+    struct kvp_metrics_hist snapshot_hist;
 };
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "actors/master/service_evict.h"
+#include "actors/master/service_metrics.h"
 #include "actors/master/service_repair.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
@@ -104,6 +105,7 @@ void svc_reply(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id
 {
     if (!identity)
         return;
+    svc_metrics_on_reply(s, resp);
     resp->req_id = req_id;
     uint8_t *buf = NULL;
     size_t len = 0;
@@ -544,6 +546,10 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
                       cfg->raft_address, cfg->data_dir, kvp_strerror(rc));
         goto fail;
     }
+    /* After raft: a metrics port that cannot be bound fails the start like the control port. */
+    rc = svc_metrics_start(s);
+    if (rc != KVP_OK)
+        goto fail;
     kvp_log_info(s->actor, "serving tcp://%s, raft %s, data %s, %d member(s)%s", cfg->listen,
                  cfg->raft_address, cfg->data_dir, s->n_members, cfg->join ? ", joining" : "");
     *out = s;
@@ -565,7 +571,7 @@ int kvp_master_service_run(struct kvp_master_service *s)
         zloop_reader(s->loop, kvp_raftlog_events(s->rl), on_raftlog_event, s) != 0 ||
         zloop_timer(s->loop, 10, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
         svc_evict_timer_start(s) != KVP_OK ||
-        svc_prober_start(s) != KVP_OK) {
+        svc_prober_start(s) != KVP_OK || svc_metrics_timer_start(s) != KVP_OK) {
         rc = KVP_ERR_NOMEM;
     } else {
         svc_refresh_leadership(s);
@@ -589,6 +595,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     if (!sp || !*sp)
         return;
     struct kvp_master_service *s = *sp;
+    svc_metrics_destroy(s); /* the HTTP thread first: it reads what the rest frees */
     kvp_raftlog_stop(&s->rl); /* the raft thread no longer touches the FSM after this */
     kvp_master_fsm_destroy(&s->fsm);
     size_t pos = 0;

@@ -9,6 +9,7 @@
 
 #include "actors/master/service_evict.h"
 #include "actors/master/service_repair.h"
+#include "actors/master/service_metrics.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -393,7 +394,18 @@ static void on_remove_member(struct kvp_master_service *s, zframe_t *id, Kvp__Re
     admin_done(s, p, kvp_raftlog_remove(s->rl, p->corr, mid), "remove member refused");
 }
 
+static void dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req);
+
 void svc_dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
+{
+    int st;
+    uint64_t su;
+    svc_metrics_begin(s, (int)req->body_case, s->cur_recv_us, &st, &su); /* replies counted by type */
+    dispatch(s, id, req);
+    svc_metrics_end(s, st, su);
+}
+
+static void dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     if (!s->is_leader) {
         svc_reply_status(s, id, req->req_id, KVP_ERR_NOT_LEADER, "not the leader");
@@ -460,6 +472,8 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
         }
         break;
     case SVC_INT_STATUS_REFRESH:
+        if (status == KVP_OK && resp && resp->status == KVP_OK && resp->cluster_status)
+            svc_metrics_note_fsm(s, resp->cluster_status->json);
         svc_on_status_refresh(s, status, resp);
         break;
     case SVC_INT_REPAIR_SCAN:
@@ -516,7 +530,11 @@ void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind
             status = KVP_ERR_INTERNAL;
         }
     }
+    int st;
+    uint64_t su;
+    svc_metrics_begin(s, p->body_case, p->recv_us, &st, &su); /* the reply is counted under p's type */
     finish_result(s, p, kind, status, resp);
+    svc_metrics_end(s, st, su);
     if (resp)
         kvp__response__free_unpacked(resp, NULL);
 }

@@ -157,6 +157,9 @@ struct kvp_master_service {
     uint64_t rl_in_us;
     uint64_t rl_raft_us;
     uint64_t rl_out_us;
+
+    /* Metrics (service_metrics.c): counters, the published snapshot and the HTTP endpoint. */
+    struct svc_metrics *metrics;
 };
 
 /* ------------------------------------------------------------------ shared helpers */

@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "actors/master/service_evict.h"
+#include "actors/master/service_metrics.h"
 #include "actors/master/service_repair.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
@@ -20,6 +21,7 @@ void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t l
 {
     bool was = s->is_leader;
     uint64_t old_term = s->term;
+    svc_metrics_on_leader(s, leader_id);
     s->leader_id = leader_id;
     s->term = term;
     if (is_leader && (!was || term != old_term)) {
