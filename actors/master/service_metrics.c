@@ -349,10 +349,13 @@ static void publish(struct kvp_master_service *s)
     kvp_metrics_text_fini(&names);
     kvp_metrics_pub_set(&m->pub, KVP_METRICS_DOC_SEGMENTS, &body);
     free(body);
-    char redirect[300] = "", host[256];
+    char redirect[300] = "", host[256], own[256];
     if (!s->is_leader && s->leader_id) {
+        /* The leader's metrics port is taken to be ours, which holds only on another host:
+         * masters sharing a host have different ports, so no redirect there (503). */
         kvp_metrics_host_of(svc_member_address(s, s->leader_id), host, sizeof host);
-        if (host[0])
+        kvp_metrics_host_of(s->cfg.listen, own, sizeof own);
+        if (host[0] && strcmp(host, own) != 0)
             snprintf(redirect, sizeof redirect, "http://%s%s%s:%u", strchr(host, ':') ? "[" : "", host,
                      strchr(host, ':') ? "]" : "", s->cfg.metrics_port);
     }
@@ -405,8 +408,10 @@ static bool http_ready(void *ctx, char *why, size_t cap)
 }
 
 /* GET /get_all_segments, as Mooncake's master answers it: the mounted segments' names, one per
- * line (text/plain), "" while there are none. A follower redirects (307) to the leader's
- * endpoint (same metrics_port assumed on every master); no leader known: 503, empty body. */
+ * line (text/plain), "" while there are none. A follower on another host than the leader
+ * redirects (307) to the leader's endpoint (same metrics_port assumed on every master); a
+ * follower on the leader's host, or with no leader known: 503 with an empty body (SGLang's
+ * check_server reads an empty body as "not up yet" and polls again). */
 static int http_route(void *ctx, const char *path, char **body, const char **ct)
 {
     struct svc_metrics *m = ctx;
