@@ -71,6 +71,7 @@ struct svc_metrics {
     struct kvp_metrics_http *http;   /* NULL when metrics_port is 0 */
     /* Service thread only: */
     uint64_t replies[N_TYPES][N_CODES];
+    uint64_t keys[N_TYPES][N_CODES];  /* per-key results inside batch replies */
     struct kvp_metrics_hist latency[N_TYPES];
     int cur_type;                    /* index into rpc_types of the request being handled */
     uint64_t cur_recv_us;            /* its receive time (0 = unknown) */
@@ -104,6 +105,39 @@ void svc_metrics_on_reply(struct kvp_master_service *s, const Kvp__Response *res
     if (t == 0 && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT)
         t = type_index(KVP__REQUEST__BODY_HEARTBEAT); /* heartbeats answered at a table refresh */
     m->replies[t][code_index(resp->status)]++;
+    /* Per-key results of the batch requests (puts, gets, exists by result code). */
+    uint64_t *k = m->keys[0];
+    switch (resp->body_case) {
+    case KVP__RESPONSE__BODY_PUT_START:
+        k = m->keys[type_index(KVP__REQUEST__BODY_PUT_START)];
+        for (size_t i = 0; resp->put_start && i < resp->put_start->n_results; i++)
+            k[code_index(resp->put_start->results[i] ? resp->put_start->results[i]->status : KVP_ERR_INTERNAL)]++;
+        break;
+    case KVP__RESPONSE__BODY_PUT_END:
+        k = m->keys[type_index(KVP__REQUEST__BODY_PUT_END)];
+        for (size_t i = 0; resp->put_end && i < resp->put_end->n_status; i++)
+            k[code_index(resp->put_end->status[i])]++;
+        break;
+    case KVP__RESPONSE__BODY_GET_REPLICAS:
+        k = m->keys[type_index(KVP__REQUEST__BODY_GET_REPLICAS)];
+        for (size_t i = 0; resp->get_replicas && i < resp->get_replicas->n_objects; i++)
+            k[code_index(resp->get_replicas->objects[i] ? resp->get_replicas->objects[i]->status : KVP_ERR_INTERNAL)]++;
+        break;
+    case KVP__RESPONSE__BODY_EXISTS: /* 1 found (OK), 0 missing (NOT_FOUND), or an error */
+        k = m->keys[type_index(KVP__REQUEST__BODY_EXISTS)];
+        for (size_t i = 0; resp->exists && i < resp->exists->n_results; i++) {
+            int32_t r = resp->exists->results[i];
+            k[code_index(r == 1 ? KVP_OK : r == 0 ? KVP_ERR_NOT_FOUND : r)]++;
+        }
+        break;
+    case KVP__RESPONSE__BODY_REMOVE:
+        k = m->keys[type_index(KVP__REQUEST__BODY_REMOVE)];
+        for (size_t i = 0; resp->remove && i < resp->remove->n_status; i++)
+            k[code_index(resp->remove->status[i])]++;
+        break;
+    default:
+        break;
+    }
     if (m->cur_recv_us) {
         uint64_t now = kvp_clock_now_us();
         kvp_metrics_hist_observe_us(&m->latency[t], now > m->cur_recv_us ? now - m->cur_recv_us : 0);
@@ -214,6 +248,17 @@ static void render_rpc(struct svc_metrics *m, struct kvp_metrics_text *t)
             const char *code = c == N_CODES - 1 ? "OTHER" : kvp_errname(-c);
             const char *l[] = {"type", rpc_types[i].name, "code", code, NULL};
             kvp_metrics_sample_u64(t, "kvpool_master_rpcs_total", l, m->replies[i][c]);
+        }
+    kvp_metrics_family(t, "kvpool_master_keys_total", "counter",
+                       "Keys of batch requests answered by this master, by request type and per-key result "
+                       "(puts, gets and exists by result code; exists: KVP_OK found, KVP_ERR_NOT_FOUND missing).");
+    for (size_t i = 0; i < N_TYPES; i++)
+        for (int c = 0; c < N_CODES; c++) {
+            if (!m->keys[i][c])
+                continue;
+            const char *code = c == N_CODES - 1 ? "OTHER" : kvp_errname(-c);
+            const char *l[] = {"type", rpc_types[i].name, "code", code, NULL};
+            kvp_metrics_sample_u64(t, "kvpool_master_keys_total", l, m->keys[i][c]);
         }
     kvp_metrics_family(t, "kvpool_master_rpc_duration_seconds", "histogram",
                        "Time from taking a request off the socket to sending its reply, by request type.");

@@ -1,0 +1,482 @@
+/*
+ * test_metrics_cluster.c — issue 24 against real processes on loopback: a kvpool-segment
+ * started before any master keeps retrying its mount and mounts once the masters appear; then
+ * every endpoint of three kvpool-master processes and the segment answers as
+ * docs/operations.md says (/metrics in valid Prometheus text — our checker, and promtool when
+ * found —, /healthz, /readyz, /get_all_segments, 404 and 405), and the counters move with the
+ * test's own puts and gets.
+ *
+ * The tests run in order and share one cluster (the first one starts it). Every process is
+ * started here and stopped here by its pid (SIGINT/SIGTERM, then SIGKILL), also on failure
+ * (atexit). Waits poll real processes with deadlines: nothing asserts on a duration except
+ * the one the issue is about (the segment outlives the old 10 s give-up).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvpool.h"
+#include "tests/lib/http_get.h"
+#include "tests/lib/prom_check.h"
+
+#define NM 3
+
+struct cl {
+    char dir[128];
+    char bin[512];
+    uint32_t ctl[NM], raft[NM], mport[NM], sport;
+    char masters[256];
+    char seg_name[64];
+    char seg_log[256];
+    pid_t seg_pid;
+    pid_t m_pid[NM];
+    uint64_t seg_started_ms;
+    bool mounted;
+};
+
+static struct cl C;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static pid_t spawn(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static bool alive(pid_t pid)
+{
+    int st;
+    return pid > 0 && waitpid(pid, &st, WNOHANG) == 0;
+}
+
+/* Stop one process we started: sig, up to 5 s, then SIGKILL; reaped. */
+static void stop(pid_t *pid, int sig)
+{
+    if (*pid <= 0)
+        return;
+    kill(*pid, sig);
+    for (int i = 0; i < 100 && alive(*pid); i++)
+        sleep_ms(50);
+    if (alive(*pid)) {
+        kill(*pid, SIGKILL);
+        waitpid(*pid, NULL, 0);
+    }
+    *pid = 0;
+}
+
+static void teardown_all(void)
+{
+    stop(&C.seg_pid, SIGINT);
+    for (int i = 0; i < NM; i++)
+        stop(&C.m_pid[i], SIGTERM);
+    if (C.dir[0]) {
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", C.dir);
+        if (getenv("KVP_TEST_KEEP"))
+            fprintf(stderr, "kept %s\n", C.dir);
+        else if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", C.dir);
+        C.dir[0] = '\0';
+    }
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    char line[2048];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* GET; returns the status (0 = no answer) and the body in *body (caller frees; may be NULL). */
+static int http(uint32_t port, const char *method, const char *path, char **body, char **hdr)
+{
+    int st = 0;
+    char *b = NULL, *h = NULL;
+    if (kvp_test_http(port, method, path, &st, &b, &h, 3000) != 0)
+        st = 0;
+    if (body)
+        *body = b;
+    else
+        free(b);
+    if (hdr)
+        *hdr = h;
+    else
+        free(h);
+    return st;
+}
+
+static char *scrape(uint32_t port)
+{
+    char *b = NULL;
+    assert_int_equal(http(port, "GET", "/metrics", &b, NULL), 200);
+    assert_non_null(b);
+    return b;
+}
+
+static void check_format(const char *what, const char *text)
+{
+    char why[2048];
+    if (kvp_test_prom_check(text, "kvpool_", why, sizeof why) != 0)
+        fail_msg("%s /metrics: %s", what, why);
+    int rc = kvp_test_promtool(text, why, sizeof why);
+    if (rc == 1)
+        fail_msg("%s /metrics: promtool check metrics: %s", what, why);
+    if (rc < 0)
+        fprintf(stderr, "note: promtool not found (set KVP_PROMTOOL); %s checked by the test's checker\n", what);
+}
+
+static int group_setup(void **state)
+{
+    memset(&C, 0, sizeof C);
+    const char *bd = getenv("KVP_BUILD_DIR");
+    snprintf(C.bin, sizeof C.bin, "%s/tools", bd ? bd : ".");
+    snprintf(C.dir, sizeof C.dir, "/tmp/kvp-metrics-test-XXXXXX");
+    if (!mkdtemp(C.dir))
+        return -1;
+    atexit(teardown_all);
+    /* Distinct free ports: 3 x (control, raft, metrics) + the segment's metrics port. */
+    uint32_t all[3 * NM + 1];
+    for (int i = 0; i < 3 * NM + 1; i++) {
+        uint32_t p;
+        bool dup;
+        do {
+            p = kvp_test_free_port();
+            dup = p == 0;
+            for (int j = 0; j < i; j++)
+                dup |= all[j] == p;
+        } while (dup);
+        all[i] = p;
+    }
+    for (int i = 0; i < NM; i++) {
+        C.ctl[i] = all[3 * i];
+        C.raft[i] = all[3 * i + 1];
+        C.mport[i] = all[3 * i + 2];
+    }
+    C.sport = all[3 * NM];
+    snprintf(C.masters, sizeof C.masters, "127.0.0.1:%u,127.0.0.1:%u,127.0.0.1:%u", C.ctl[0], C.ctl[1], C.ctl[2]);
+    snprintf(C.seg_name, sizeof C.seg_name, "mseg-%d", (int)getpid());
+    snprintf(C.seg_log, sizeof C.seg_log, "%s/seg.log", C.dir);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    teardown_all();
+    return 0;
+}
+
+static void start_masters(void)
+{
+    char members[512];
+    snprintf(members, sizeof members, "1@127.0.0.1:%u@127.0.0.1:%u,2@127.0.0.1:%u@127.0.0.1:%u,3@127.0.0.1:%u@127.0.0.1:%u",
+             C.ctl[0], C.raft[0], C.ctl[1], C.raft[1], C.ctl[2], C.raft[2]);
+    for (int i = 0; i < NM; i++) {
+        char exe[600], id[8], listen[64], raft[64], data[200], mp[16], log[200];
+        snprintf(exe, sizeof exe, "%s/kvpool-master", C.bin);
+        snprintf(id, sizeof id, "%d", i + 1);
+        snprintf(listen, sizeof listen, "127.0.0.1:%u", C.ctl[i]);
+        snprintf(raft, sizeof raft, "127.0.0.1:%u", C.raft[i]);
+        snprintf(data, sizeof data, "%s/master-%d", C.dir, i + 1);
+        snprintf(mp, sizeof mp, "%u", C.mport[i]);
+        snprintf(log, sizeof log, "%s/master-%d.log", C.dir, i + 1);
+        char *argv[] = {exe, "--id", id, "--listen", listen, "--raft-address", raft, "--data-dir", data,
+                        "--members", members, "--metrics-port", mp, NULL};
+        C.m_pid[i] = spawn(argv, log);
+        assert_true(C.m_pid[i] > 0);
+    }
+}
+
+/* Issue 24 item 3: a segment started before any master keeps retrying the mount (one WARN line
+ * per try) past the 10 s after which it used to exit, and mounts once the masters appear. Its
+ * /healthz answers from the start and /readyz says why it is not ready. */
+static void test_metrics_segment_started_first_mounts_when_masters_appear(void **state)
+{
+    char exe[600], sp[16];
+    snprintf(exe, sizeof exe, "%s/kvpool-segment", C.bin);
+    snprintf(sp, sizeof sp, "%u", C.sport);
+    char name[80];
+    snprintf(name, sizeof name, "%s", C.seg_name);
+    char *argv[] = {exe, "--master-server-address", C.masters, "--global-segment-size", "64M", "--name", name,
+                    "--metrics-port", sp, "--hugepages=false", "--segment-prefault=false", NULL};
+    C.seg_started_ms = now_ms();
+    C.seg_pid = spawn(argv, C.seg_log);
+    assert_true(C.seg_pid > 0);
+
+    int st = 0;
+    for (uint64_t end = now_ms() + 20000; now_ms() < end && (st = http(C.sport, "GET", "/healthz", NULL, NULL)) != 200;)
+        sleep_ms(100);
+    assert_int_equal(st, 200);
+    char *body = NULL;
+    assert_int_equal(http(C.sport, "GET", "/readyz", &body, NULL), 503);
+    assert_non_null(strstr(body, "not mounted yet"));
+    free(body);
+    body = scrape(C.sport);
+    check_format("segment (not mounted)", body);
+    assert_true(kvp_test_prom_value(body, "kvpool_segment_mounted") == 0.0);
+    free(body);
+
+    /* Each try is logged; wait for the second. */
+    for (uint64_t end = now_ms() + 30000; now_ms() < end && !file_has(C.seg_log, "mount try 2:");)
+        sleep_ms(200);
+    assert_true(file_has(C.seg_log, "mount try 1: no master answered"));
+    assert_true(file_has(C.seg_log, "mount try 2: no master answered"));
+    /* The old daemon gave up 10 s after its start: still here at 11 s. */
+    while (now_ms() < C.seg_started_ms + 11000) {
+        assert_true(alive(C.seg_pid));
+        sleep_ms(200);
+    }
+    assert_true(alive(C.seg_pid));
+    assert_false(file_has(C.seg_log, "cannot start"));
+
+    start_masters();
+    for (uint64_t end = now_ms() + 60000; now_ms() < end && (st = http(C.sport, "GET", "/readyz", NULL, NULL)) != 200;) {
+        assert_true(alive(C.seg_pid));
+        sleep_ms(200);
+    }
+    assert_int_equal(st, 200);
+    assert_true(file_has(C.seg_log, "a master answered at try"));
+    body = scrape(C.sport);
+    assert_true(kvp_test_prom_value(body, "kvpool_segment_mounted") == 1.0);
+    assert_true(kvp_test_prom_value(body, "kvpool_segment_mounts_total") == 1.0);
+    assert_true(kvp_test_prom_value(body, "kvpool_segment_mount_failures_total") >= 2.0);
+    free(body);
+    C.mounted = true;
+}
+
+/* The leader's index, once every master reports a leader (readyz) and one says it leads. */
+static int find_leader(void)
+{
+    for (uint64_t end = now_ms() + 30000; now_ms() < end; sleep_ms(200)) {
+        int leader = -1, ready = 0;
+        for (int i = 0; i < NM; i++) {
+            ready += http(C.mport[i], "GET", "/readyz", NULL, NULL) == 200;
+            char *b = NULL;
+            if (http(C.mport[i], "GET", "/metrics", &b, NULL) == 200 &&
+                kvp_test_prom_value(b, "kvpool_raft_is_leader") == 1.0 &&
+                kvp_test_prom_value(b, "kvpool_master_pool_view") == 1.0)
+                leader = i;
+            free(b);
+        }
+        if (ready == NM && leader >= 0)
+            return leader;
+    }
+    return -1;
+}
+
+static void test_metrics_endpoints_answer_as_documented(void **state)
+{
+    assert_true(C.mounted);
+    int leader = find_leader();
+    assert_true(leader >= 0);
+    /* /get_all_segments on the leader: the mounted segment's name, one per line. */
+    char *body = NULL, *hdr = NULL, want[80];
+    snprintf(want, sizeof want, "%s\n", C.seg_name);
+    int st = 0;
+    for (uint64_t end = now_ms() + 10000; now_ms() < end; sleep_ms(200)) {
+        free(body);
+        st = http(C.mport[leader], "GET", "/get_all_segments", &body, &hdr);
+        free(hdr);
+        hdr = NULL;
+        if (st == 200 && body && strcmp(body, want) == 0)
+            break;
+    }
+    assert_int_equal(st, 200);
+    assert_string_equal(body, want);
+    free(body);
+    int is_leader_sum = 0;
+    for (int i = 0; i < NM; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "master-%d", i + 1);
+        assert_int_equal(http(C.mport[i], "GET", "/healthz", &body, NULL), 200);
+        assert_string_equal(body, "ok\n");
+        free(body);
+        assert_int_equal(http(C.mport[i], "GET", "/readyz", &body, NULL), 200);
+        assert_string_equal(body, "ready\n");
+        free(body);
+        if (i != leader) {
+            /* Followers on the leader's host: no redirect target, 503 with an empty body
+             * (SGLang's check_server polls again on an empty body). */
+            assert_int_equal(http(C.mport[i], "GET", "/get_all_segments", &body, NULL), 503);
+            assert_string_equal(body, "");
+            free(body);
+        }
+        assert_int_equal(http(C.mport[i], "GET", "/no/such/path", &body, NULL), 404);
+        assert_non_null(strstr(body, "no such path"));
+        free(body);
+        assert_int_equal(http(C.mport[i], "POST", "/metrics", &body, NULL), 405);
+        free(body);
+        body = scrape(C.mport[i]);
+        check_format(what, body);
+        is_leader_sum += (int)kvp_test_prom_value(body, "kvpool_raft_is_leader");
+        assert_true(kvp_test_prom_value(body, "kvpool_raft_term") >= 1.0);
+        assert_true(kvp_test_prom_value(body, "kvpool_raft_commit_index") >= 1.0);
+        assert_true(kvp_test_prom_value(body, "kvpool_raft_apply_lag") >= 0.0);
+        assert_true(kvp_test_prom_value(body, "kvpool_raft_members") == 3.0);
+        assert_true(kvp_test_prom_value(body, "kvpool_master_metrics_age_seconds") < 5.0);
+        if (i == leader) {
+            char series[160];
+            snprintf(series, sizeof series, "kvpool_pool_segment_capacity_bytes{segment=\"%s\"}", C.seg_name);
+            assert_true(kvp_test_prom_value(body, series) == 64.0 * 1024 * 1024);
+            assert_true(kvp_test_prom_value(body, "kvpool_pool_capacity_bytes") == 64.0 * 1024 * 1024);
+            snprintf(series, sizeof series, "kvpool_pool_segment_state{segment=\"%s\",state=\"ACTIVE\"}", C.seg_name);
+            assert_true(kvp_test_prom_value(body, series) == 1.0);
+        } else {
+            assert_true(kvp_test_prom_value(body, "kvpool_objects") == -1.0); /* no pool view */
+        }
+        free(body);
+        /* The master log names the bad requests. */
+        char log[200];
+        snprintf(log, sizeof log, "%s/master-%d.log", C.dir, i + 1);
+        assert_true(file_has(log, "HTTP POST /metrics from 127.0.0.1: answered 405"));
+        assert_true(file_has(log, "HTTP GET /no/such/path from 127.0.0.1: answered 404"));
+    }
+    assert_int_equal(is_leader_sum, 1);
+    /* The segment's endpoints. */
+    assert_int_equal(http(C.sport, "GET", "/healthz", &body, NULL), 200);
+    free(body);
+    assert_int_equal(http(C.sport, "GET", "/get_all_segments", &body, NULL), 404);
+    free(body);
+    assert_int_equal(http(C.sport, "PUT", "/readyz", &body, NULL), 405);
+    free(body);
+    body = scrape(C.sport);
+    check_format("segment", body);
+    free(body);
+}
+
+static double leader_value(int leader, const char *series)
+{
+    char *b = scrape(C.mport[leader]);
+    double v = kvp_test_prom_value(b, series);
+    free(b);
+    return v < 0 ? 0 : v;
+}
+
+static double seg_value(const char *series)
+{
+    char *b = scrape(C.sport);
+    double v = kvp_test_prom_value(b, series);
+    free(b);
+    return v < 0 ? 0 : v;
+}
+
+#define N_KEYS 5
+#define VAL_BYTES 4096
+
+static void test_metrics_counters_move_with_puts_and_gets(void **state)
+{
+    assert_true(C.mounted);
+    int leader = find_leader();
+    assert_true(leader >= 0);
+    const char *put_ok = "kvpool_master_rpcs_total{type=\"put_start\",code=\"KVP_OK\"}";
+    const char *get_ok = "kvpool_master_rpcs_total{type=\"get_replicas\",code=\"KVP_OK\"}";
+    /* per key: a get of a missing key is an OK request whose key is NOT_FOUND */
+    const char *get_nf = "kvpool_master_keys_total{type=\"get_replicas\",code=\"KVP_ERR_NOT_FOUND\"}";
+    const char *put_key_ok = "kvpool_master_keys_total{type=\"put_start\",code=\"KVP_OK\"}";
+    const char *put_lat = "kvpool_master_rpc_duration_seconds_count{type=\"put_start\"}";
+    const char *wr = "kvpool_segment_transfer_bytes_total{direction=\"write\"}";
+    const char *rd = "kvpool_segment_transfer_bytes_total{direction=\"read\"}";
+    const char *wr_ok = "kvpool_segment_requests_total{op=\"write\",result=\"ok\"}";
+    const char *rd_ok = "kvpool_segment_requests_total{op=\"read\",result=\"ok\"}";
+    double p0 = leader_value(leader, put_ok), g0 = leader_value(leader, get_ok), nf0 = leader_value(leader, get_nf);
+    double l0 = leader_value(leader, put_lat), o0 = leader_value(leader, "kvpool_objects");
+    double pk0 = leader_value(leader, put_key_ok);
+    double w0 = seg_value(wr), r0 = seg_value(rd), wo0 = seg_value(wr_ok), ro0 = seg_value(rd_ok);
+    double acc0 = seg_value("kvpool_segment_connections_accepted_total");
+
+    kvp_config *cfg = NULL;
+    kvp_client *c = NULL;
+    assert_int_equal(kvp_config_new(&cfg), KVP_OK);
+    assert_int_equal(kvp_config_set(cfg, "master_server_address", C.masters), KVP_OK);
+    assert_int_equal(kvp_client_open(cfg, &c), KVP_OK);
+    static uint8_t val[VAL_BYTES], out[VAL_BYTES];
+    for (int i = 0; i < N_KEYS; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "metrics-%d-%d", (int)getpid(), i);
+        memset(val, 'a' + i, sizeof val);
+        assert_int_equal(kvp_put(c, key, val, sizeof val, NULL), KVP_OK);
+        assert_int_equal(kvp_get(c, key, out, sizeof out, 0), VAL_BYTES);
+        assert_memory_equal(out, val, sizeof val);
+    }
+    assert_int_equal(kvp_get(c, "metrics-no-such-key", out, sizeof out, 0), KVP_ERR_NOT_FOUND);
+
+    /* The master publishes every 500 ms: poll until the snapshot shows the calls. */
+    bool ok = false;
+    for (uint64_t end = now_ms() + 10000; !ok && now_ms() < end; sleep_ms(200)) {
+        char *b = scrape(C.mport[leader]);
+        ok = kvp_test_prom_value(b, put_ok) >= p0 + N_KEYS && kvp_test_prom_value(b, get_ok) >= g0 + N_KEYS &&
+             kvp_test_prom_value(b, get_nf) >= nf0 + 1 && kvp_test_prom_value(b, put_lat) >= l0 + N_KEYS &&
+             kvp_test_prom_value(b, put_key_ok) >= pk0 + N_KEYS &&
+             kvp_test_prom_value(b, "kvpool_objects") >= o0 + N_KEYS;
+        free(b);
+    }
+    if (!ok) {
+        char *b = scrape(C.mport[leader]);
+        fprintf(stderr, "leader metrics:\n%s\n", b);
+        free(b);
+    }
+    assert_true(ok);
+    /* The segment's counters are read live (no publish delay). */
+    assert_true(seg_value(wr) >= w0 + N_KEYS * VAL_BYTES);
+    assert_true(seg_value(rd) >= r0 + N_KEYS * VAL_BYTES);
+    assert_true(seg_value(wr_ok) >= wo0 + N_KEYS);
+    assert_true(seg_value(rd_ok) >= ro0 + N_KEYS);
+    assert_true(seg_value("kvpool_segment_connections_accepted_total") >= acc0 + 1);
+    assert_true(seg_value("kvpool_segment_connections") >= 1); /* the client keeps its connections */
+    kvp_client_close(&c);
+    kvp_config_destroy(&cfg);
+    char *b = scrape(C.mport[leader]);
+    check_format("leader after traffic", b);
+    free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_metrics_segment_started_first_mounts_when_masters_appear),
+        cmocka_unit_test(test_metrics_endpoints_answer_as_documented),
+        cmocka_unit_test(test_metrics_counters_move_with_puts_and_gets),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
