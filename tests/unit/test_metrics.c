@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "config/config.h"
 #include "kvpool.h"
 #include "metrics/metrics.h"
 #include "tests/lib/http_get.h"
@@ -226,6 +227,28 @@ static void test_metrics_http_endpoints_answer(void **state)
     assert_int_not_equal(kvp_test_http(port, "GET", "/healthz", &st, &body, NULL, 2000), 0);
 }
 
+/* metrics_port: off by default; Mooncake's --metrics_port and --metrics-port alike; bounds. */
+static void test_metrics_port_key_both_spellings(void **state)
+{
+    struct kvp_cfg_master m;
+    kvp_cfg_defaults(KVP_CFG_MASTER, &m);
+    assert_int_equal(m.metrics_port, 0);
+    char *a1[] = {"kvpool-master", "--metrics_port", "9003", NULL};
+    assert_int_equal(kvp_cfg_from_args(KVP_CFG_MASTER, &m, 3, a1, NULL, NULL, 0, NULL), KVP_OK);
+    assert_int_equal(m.metrics_port, 9003);
+    char *a2[] = {"kvpool-master", "--metrics-port=9004", NULL};
+    assert_int_equal(kvp_cfg_from_args(KVP_CFG_MASTER, &m, 2, a2, NULL, NULL, 0, NULL), KVP_OK);
+    assert_int_equal(m.metrics_port, 9004);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "metrics_port", "70000"), KVP_ERR_INVALID);
+    assert_int_equal(m.metrics_port, 9004);
+    struct kvp_cfg_segment sg;
+    kvp_cfg_defaults(KVP_CFG_SEGMENT, &sg);
+    assert_int_equal(sg.metrics_port, 0);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_SEGMENT, &sg, "metrics-port", "9005"), KVP_OK);
+    assert_int_equal(sg.metrics_port, 9005);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_SEGMENT, &sg, "metrics_port", "-1"), KVP_ERR_INVALID);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -234,6 +257,7 @@ int main(void)
         cmocka_unit_test(test_prom_check_rejects_bad_text),
         cmocka_unit_test(test_metrics_pub_set_copy_state),
         cmocka_unit_test(test_metrics_http_endpoints_answer),
+        cmocka_unit_test(test_metrics_port_key_both_spellings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
