@@ -47,6 +47,7 @@ static void usage(FILE *f)
             "  remove-member ID            remove a member from the configuration\n"
             "  drain SEGMENT               mark a segment (id or name) DRAINING\n"
             "  put KEY FILE|- , get KEY [FILE], exists KEY, rm KEY [--force], size KEY\n"
+            "  top --endpoints HOST:PORT,... [--interval MS] [--count N]   live view from /metrics\n"
             "  cluster up --dir DIR --masters N [--segments N --segment-size SIZE] [--base-port P] [--config FILE]\n"
             "  cluster down --dir DIR [--grace-ms MS]\n"
             "  cluster restart --dir DIR ID     (master id, or segment name)\n"
@@ -178,6 +179,7 @@ static const struct ctl_cmd CMDS[] = {
     {"add-member", ctl_cmd_add_member},
     {"remove-member", ctl_cmd_remove_member},
     {"drain", ctl_cmd_drain},
+    {"top", ctl_cmd_top},
 };
 
 static bool is_data_cmd(const char *s)

@@ -4,5 +4,5 @@ kvp_add_test(test_metrics SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_metrics.c 
 if(EXISTS ${CMAKE_SOURCE_DIR}/tests/integration/test_metrics_cluster.c)
   kvp_add_test(test_metrics_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_metrics_cluster.c
                LABEL integration TIMEOUT 180)
-  add_dependencies(test_metrics_cluster kvpool-master kvpool-segment)
+  add_dependencies(test_metrics_cluster kvpool-master kvpool-segment kvpoolctl)
 endif()

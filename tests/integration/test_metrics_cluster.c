@@ -471,12 +471,45 @@ static void test_metrics_counters_move_with_puts_and_gets(void **state)
     free(b);
 }
 
+/* kvpoolctl top: the same numbers as a terminal view (two screens, then exit 0). */
+static void test_metrics_kvpoolctl_top_shows_cluster(void **state)
+{
+    assert_true(C.mounted);
+    assert_true(find_leader() >= 0);
+    char exe[600], eps[200], out[300];
+    snprintf(exe, sizeof exe, "%s/kvpoolctl", C.bin);
+    snprintf(eps, sizeof eps, "127.0.0.1:%u,127.0.0.1:%u,127.0.0.1:%u,127.0.0.1:%u", C.mport[0], C.mport[1], C.mport[2],
+             C.sport);
+    snprintf(out, sizeof out, "%s/top.out", C.dir);
+    char *argv[] = {exe, "top", "--endpoints", eps, "--interval", "300", "--count", "2", NULL};
+    pid_t pid = spawn(argv, out);
+    assert_true(pid > 0);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(file_has(out, " leader "));
+    assert_true(file_has(out, " follower "));
+    assert_true(file_has(out, " mounted "));
+    assert_true(file_has(out, C.seg_name));
+    assert_true(file_has(out, "POOL (leader 127.0.0.1:"));
+    assert_true(file_has(out, "type=\"put_start\",code=\"KVP_OK\""));
+    /* usage errors: exit 2 */
+    char *bad[] = {exe, "top", "--interval", "5", "--endpoints", eps, NULL};
+    snprintf(out, sizeof out, "%s/top-bad.out", C.dir);
+    pid = spawn(bad, out);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_int_equal(WEXITSTATUS(st), 2);
+    assert_true(file_has(out, "--interval 5: milliseconds in [100, 3600000]"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_segment_started_first_mounts_when_masters_appear),
         cmocka_unit_test(test_metrics_endpoints_answer_as_documented),
         cmocka_unit_test(test_metrics_counters_move_with_puts_and_gets),
+        cmocka_unit_test(test_metrics_kvpoolctl_top_shows_cluster),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
