@@ -88,6 +88,7 @@ struct kvp_cfg_client {
     uint32_t transfer_io_threads;     /* `transfer_io_threads`: transfer engine I/O threads, 1..8 (default 2) */
     uint32_t heartbeat_ms;            /* `heartbeat_ms`: embedded segment heartbeat (default 1000) */
     char log_level[16];
+    uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz of this client, 0 = off (default 0) */
 };
 
 enum kvp_cfg_kind { KVP_CFG_MASTER, KVP_CFG_SEGMENT, KVP_CFG_CLIENT };

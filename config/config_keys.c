@@ -146,6 +146,9 @@ static const struct kvp_cfg_key client_keys[] = {
     IGNORED(KVP_CFG_T_DOUBLE, "eviction_ratio", 0.0, 1.0, "a kvpool-master setting, validated only"),
     IGNORED(KVP_CFG_T_DOUBLE, "eviction_high_watermark_ratio", 0.0, 1.0,
             "a kvpool-master setting, validated only"),
+    NUM(C, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
+        "HTTP port of this client's /metrics (Prometheus), /healthz and /readyz, on local_hostname; 0 = off "
+        "(each process on a host needs its own)"),
 };
 #undef C
 

@@ -131,23 +131,52 @@ void kvp_metrics_sample_double(struct kvp_metrics_text *t, const char *name, con
     kvp_metrics_text_printf(t, "%s %.15g\n", any ? "}" : "", v);
 }
 
-void kvp_metrics_sample_hist(struct kvp_metrics_text *t, const char *name, const char *const *labels,
-                             const struct kvp_metrics_hist *h)
+void kvp_metrics_sample_hist_units(struct kvp_metrics_text *t, const char *name, const char *const *labels,
+                                   const struct kvp_metrics_hist *h, const uint64_t *bounds, double scale)
 {
     uint64_t cum = 0;
     for (size_t i = 0; i <= KVP_METRICS_HIST_BUCKETS; i++) {
         cum += h->buckets[i];
         bool any = put_name_labels(t, name, "_bucket", labels);
         if (i < KVP_METRICS_HIST_BUCKETS)
-            kvp_metrics_text_printf(t, "%sle=\"%g\"} %llu\n", any ? "," : "{",
-                                    (double)kvp_metrics_hist_bounds_us[i] / 1e6, (unsigned long long)cum);
+            kvp_metrics_text_printf(t, "%sle=\"%g\"} %llu\n", any ? "," : "{", (double)bounds[i] * scale,
+                                    (unsigned long long)cum);
         else
             kvp_metrics_text_printf(t, "%sle=\"+Inf\"} %llu\n", any ? "," : "{", (unsigned long long)cum);
     }
     bool any = put_name_labels(t, name, "_sum", labels);
-    kvp_metrics_text_printf(t, "%s %.15g\n", any ? "}" : "", (double)h->sum_us / 1e6);
+    kvp_metrics_text_printf(t, "%s %.15g\n", any ? "}" : "", (double)h->sum_us * scale);
     any = put_name_labels(t, name, "_count", labels);
     kvp_metrics_text_printf(t, "%s %llu\n", any ? "}" : "", (unsigned long long)h->count);
+}
+
+void kvp_metrics_sample_hist(struct kvp_metrics_text *t, const char *name, const char *const *labels,
+                             const struct kvp_metrics_hist *h)
+{
+    kvp_metrics_sample_hist_units(t, name, labels, h, kvp_metrics_hist_bounds_us, 1e-6);
+}
+
+void kvp_metrics_ahist_observe(struct kvp_metrics_ahist *h, const uint64_t *bounds, uint64_t v)
+{
+    size_t i = 0;
+    while (i < KVP_METRICS_HIST_BUCKETS && v > bounds[i])
+        i++;
+    atomic_fetch_add_explicit(&h->buckets[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum, v, memory_order_relaxed);
+}
+
+void kvp_metrics_ahist_read(struct kvp_metrics_ahist *h, struct kvp_metrics_hist *out)
+{
+    /* Buckets first, count last: a concurrent observe can only make the count trail the
+     * buckets, so fix the count up to their sum (a valid exposition: +Inf bucket == count). */
+    uint64_t total = 0;
+    for (size_t i = 0; i <= KVP_METRICS_HIST_BUCKETS; i++) {
+        out->buckets[i] = atomic_load_explicit(&h->buckets[i], memory_order_relaxed);
+        total += out->buckets[i];
+    }
+    out->sum_us = atomic_load_explicit(&h->sum, memory_order_relaxed);
+    out->count = total;
 }
 
 /* ------------------------------------------------------------------ publish slot */

@@ -20,6 +20,7 @@
 #define KVP_METRICS_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,6 +40,22 @@ struct kvp_metrics_hist {
 
 /** Count one observation of `us` microseconds. */
 void kvp_metrics_hist_observe_us(struct kvp_metrics_hist *h, uint64_t us);
+
+/**
+ * A histogram many threads observe into at once (the client library's API calls run on the
+ * callers' threads, which have no actor to own the counts): every field is updated with a
+ * relaxed atomic add and read with relaxed loads. Relaxed: the fields are independent counts;
+ * a reader may see a bucket counted before its _count, which the next scrape corrects.
+ * `bounds` are the upper bounds of the first KVP_METRICS_HIST_BUCKETS buckets (any unit).
+ */
+struct kvp_metrics_ahist {
+    _Atomic uint64_t buckets[KVP_METRICS_HIST_BUCKETS + 1];
+    _Atomic uint64_t count;
+    _Atomic uint64_t sum;
+};
+void kvp_metrics_ahist_observe(struct kvp_metrics_ahist *h, const uint64_t *bounds, uint64_t v);
+/** Copy into a plain histogram (sum_us takes `sum` in the histogram's own unit). */
+void kvp_metrics_ahist_read(struct kvp_metrics_ahist *h, struct kvp_metrics_hist *out);
 
 /* ------------------------------------------------------------------ text exposition */
 
@@ -73,6 +90,9 @@ void kvp_metrics_sample_double(struct kvp_metrics_text *t, const char *name, con
 /** The _bucket{le=...} (cumulative, seconds), _sum (seconds) and _count samples of h. */
 void kvp_metrics_sample_hist(struct kvp_metrics_text *t, const char *name, const char *const *labels,
                              const struct kvp_metrics_hist *h);
+/** The same for a histogram of plain numbers (le = bounds[i] as is; sum as is). */
+void kvp_metrics_sample_hist_units(struct kvp_metrics_text *t, const char *name, const char *const *labels,
+                                   const struct kvp_metrics_hist *h, const uint64_t *bounds, double scale);
 
 /* ------------------------------------------------------------------ published documents */
 

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "actors/client/client.h"
+#include "actors/client/client_metrics.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -439,13 +440,16 @@ int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const k
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
     if (!objs) {
+        kvp_client_metrics_get(c, KVP_ERR_NOMEM, n, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_get_objs(c, n, objs, timeout_ms, results);
     free(objs);
+    kvp_client_metrics_get(c, KVP_OK, n, results, t0);
     kvp_client_leave(c);
     return KVP_OK;
 }
@@ -460,13 +464,16 @@ int kvp_batch_get(kvp_client *c, size_t n, const char *const keys[], void *const
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, bufs, caps);
     if (!objs) {
+        kvp_client_metrics_get(c, KVP_ERR_NOMEM, n, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_get_objs(c, n, objs, timeout_ms, results);
     free(objs);
+    kvp_client_metrics_get(c, KVP_OK, n, results, t0);
     kvp_client_leave(c);
     return KVP_OK;
 }

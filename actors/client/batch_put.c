@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "actors/client/client.h"
+#include "actors/client/client_metrics.h"
 #include "actors/client/put_retry.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -450,12 +451,15 @@ int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const k
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
     if (!objs) {
+        kvp_client_metrics_put(c, KVP_ERR_NOMEM, n, NULL, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_put_objs(c, n, objs, opts, results);
+    kvp_client_metrics_put(c, KVP_OK, n, objs, results, t0);
     free(objs);
     kvp_client_leave(c);
     return KVP_OK;
@@ -473,12 +477,15 @@ int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void 
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, (void *const *)bufs, lens);
     if (!objs) {
+        kvp_client_metrics_put(c, KVP_ERR_NOMEM, n, NULL, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_put_objs(c, n, objs, opts, results);
+    kvp_client_metrics_put(c, KVP_OK, n, objs, results, t0);
     free(objs);
     kvp_client_leave(c);
     return KVP_OK;

@@ -26,6 +26,8 @@ struct kvp_client_buf {
     size_t len;     /* bytes, >= 1 */
 };
 
+struct kvp_client_metrics;
+
 struct kvp_client {
     char name[64];                  /* "client-<pid>" for log lines */
     struct kvp_cfg_client cfg;      /* copy of the caller's config */
@@ -42,6 +44,7 @@ struct kvp_client {
     uint32_t inflight;              /* API calls running */
     struct kvp_client_buf *bufs;    /* registered buffers (unsorted) */
     size_t n_bufs, cap_bufs;
+    struct kvp_client_metrics *metrics; /* client_metrics.c; NULL when metrics_port is 0 */
 };
 
 #endif

@@ -429,6 +429,10 @@ static void test_metrics_counters_move_with_puts_and_gets(void **state)
     kvp_client *c = NULL;
     assert_int_equal(kvp_config_new(&cfg), KVP_OK);
     assert_int_equal(kvp_config_set(cfg, "master_server_address", C.masters), KVP_OK);
+    uint32_t cport = kvp_test_free_port();
+    char cps[16];
+    snprintf(cps, sizeof cps, "%u", cport);
+    assert_int_equal(kvp_config_set(cfg, "metrics_port", cps), KVP_OK);
     assert_int_equal(kvp_client_open(cfg, &c), KVP_OK);
     static uint8_t val[VAL_BYTES], out[VAL_BYTES];
     for (int i = 0; i < N_KEYS; i++) {
@@ -440,6 +444,31 @@ static void test_metrics_counters_move_with_puts_and_gets(void **state)
         assert_memory_equal(out, val, sizeof val);
     }
     assert_int_equal(kvp_get(c, "metrics-no-such-key", out, sizeof out, 0), KVP_ERR_NOT_FOUND);
+    const char *const ek[2] = {"metrics-no-such-key", "metrics-no-such-key-2"};
+    int er[2] = {9, 9};
+    assert_int_equal(kvp_batch_exists(c, 2, ek, er), KVP_OK);
+    assert_int_equal(er[0], 0);
+
+    /* The client's own counters are live: exact. */
+    char *cb = scrape(cport);
+    check_format("client", cb);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_calls_total{op=\"put\",code=\"KVP_OK\"}") == N_KEYS);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_calls_total{op=\"get\",code=\"KVP_OK\"}") == N_KEYS + 1);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_keys_total{op=\"put\",code=\"KVP_OK\"}") == N_KEYS);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_keys_total{op=\"get\",code=\"KVP_OK\"}") == N_KEYS);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_keys_total{op=\"get\",code=\"KVP_ERR_NOT_FOUND\"}") == 1);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_keys_total{op=\"exists\",code=\"KVP_ERR_NOT_FOUND\"}") == 2);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_transfer_bytes_total{direction=\"write\",transport=\"tcp\"}") ==
+                N_KEYS * VAL_BYTES);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_transfer_bytes_total{direction=\"read\",transport=\"tcp\"}") ==
+                N_KEYS * VAL_BYTES);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_call_duration_seconds_count{op=\"get\"}") == N_KEYS + 1);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_batch_keys_bucket{op=\"exists\",le=\"1\"}") == 0);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_batch_keys_bucket{op=\"exists\",le=\"2\"}") == 1);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_transfer_slices_total") >= 2 * N_KEYS);
+    assert_true(kvp_test_prom_value(cb, "kvpool_client_fence_failures_total") == 0);
+    free(cb);
+    assert_int_equal(http(cport, "GET", "/readyz", NULL, NULL), 200);
 
     /* The master publishes every 500 ms: poll until the snapshot shows the calls. */
     bool ok = false;
@@ -466,6 +495,7 @@ static void test_metrics_counters_move_with_puts_and_gets(void **state)
     assert_true(seg_value("kvpool_segment_connections") >= 1); /* the client keeps its connections */
     kvp_client_close(&c);
     kvp_config_destroy(&cfg);
+    assert_int_equal(http(cport, "GET", "/healthz", NULL, NULL), 0); /* closed with the client */
     char *b = scrape(C.mport[leader]);
     check_format("leader after traffic", b);
     free(b);
