@@ -178,7 +178,7 @@ void svc_metrics_on_leader(struct kvp_master_service *s, uint64_t leader_id)
 void svc_metrics_note_fsm(struct kvp_master_service *s, const char *json)
 {
     struct svc_metrics *m = s->metrics;
-    if (!m || !json)
+    if (!m || !m->http || !json) /* no endpoint: nobody reads it */
         return;
     json_error_t err;
     json_t *doc = json_loads(json, 0, &err);

@@ -39,6 +39,7 @@ struct cl {
     char dir[128];
     char bin[512];
     uint32_t ctl[NM], raft[NM], mport[NM], sport;
+    char mhost[NM][16];   /* master i on 127.0.0.(i+1): all share one metrics port, as on real hosts */
     char masters[256];
     char seg_name[64];
     char seg_log[256];
@@ -130,11 +131,11 @@ static bool file_has(const char *path, const char *needle)
 }
 
 /* GET; returns the status (0 = no answer) and the body in *body (caller frees; may be NULL). */
-static int http(uint32_t port, const char *method, const char *path, char **body, char **hdr)
+static int http_at(const char *host, uint32_t port, const char *method, const char *path, char **body, char **hdr)
 {
     int st = 0;
     char *b = NULL, *h = NULL;
-    if (kvp_test_http(port, method, path, &st, &b, &h, 3000) != 0)
+    if (kvp_test_http_at(host, port, method, path, &st, &b, &h, 3000) != 0)
         st = 0;
     if (body)
         *body = b;
@@ -147,12 +148,33 @@ static int http(uint32_t port, const char *method, const char *path, char **body
     return st;
 }
 
-static char *scrape(uint32_t port)
+static int http(uint32_t port, const char *method, const char *path, char **body, char **hdr)
+{
+    return http_at("127.0.0.1", port, method, path, body, hdr);
+}
+
+/* Master i's endpoint. */
+static int mhttp(int i, const char *method, const char *path, char **body, char **hdr)
+{
+    return http_at(C.mhost[i], C.mport[i], method, path, body, hdr);
+}
+
+static char *scrape_at(const char *host, uint32_t port)
 {
     char *b = NULL;
-    assert_int_equal(http(port, "GET", "/metrics", &b, NULL), 200);
+    assert_int_equal(http_at(host, port, "GET", "/metrics", &b, NULL), 200);
     assert_non_null(b);
     return b;
+}
+
+static char *scrape(uint32_t port)
+{
+    return scrape_at("127.0.0.1", port);
+}
+
+static char *mscrape(int i)
+{
+    return scrape_at(C.mhost[i], C.mport[i]);
 }
 
 static void check_format(const char *what, const char *text)
@@ -192,10 +214,12 @@ static int group_setup(void **state)
     for (int i = 0; i < NM; i++) {
         C.ctl[i] = all[3 * i];
         C.raft[i] = all[3 * i + 1];
-        C.mport[i] = all[3 * i + 2];
+        C.mport[i] = all[2]; /* one metrics port, each master on its own loopback address */
+        snprintf(C.mhost[i], sizeof C.mhost[i], "127.0.0.%d", i + 1);
     }
     C.sport = all[3 * NM];
-    snprintf(C.masters, sizeof C.masters, "127.0.0.1:%u,127.0.0.1:%u,127.0.0.1:%u", C.ctl[0], C.ctl[1], C.ctl[2]);
+    snprintf(C.masters, sizeof C.masters, "%s:%u,%s:%u,%s:%u", C.mhost[0], C.ctl[0], C.mhost[1], C.ctl[1], C.mhost[2],
+             C.ctl[2]);
     snprintf(C.seg_name, sizeof C.seg_name, "mseg-%d", (int)getpid());
     snprintf(C.seg_log, sizeof C.seg_log, "%s/seg.log", C.dir);
     return 0;
@@ -210,14 +234,14 @@ static int group_teardown(void **state)
 static void start_masters(void)
 {
     char members[512];
-    snprintf(members, sizeof members, "1@127.0.0.1:%u@127.0.0.1:%u,2@127.0.0.1:%u@127.0.0.1:%u,3@127.0.0.1:%u@127.0.0.1:%u",
-             C.ctl[0], C.raft[0], C.ctl[1], C.raft[1], C.ctl[2], C.raft[2]);
+    snprintf(members, sizeof members, "1@%s:%u@%s:%u,2@%s:%u@%s:%u,3@%s:%u@%s:%u", C.mhost[0], C.ctl[0], C.mhost[0],
+             C.raft[0], C.mhost[1], C.ctl[1], C.mhost[1], C.raft[1], C.mhost[2], C.ctl[2], C.mhost[2], C.raft[2]);
     for (int i = 0; i < NM; i++) {
         char exe[600], id[8], listen[64], raft[64], data[200], mp[16], log[200];
         snprintf(exe, sizeof exe, "%s/kvpool-master", C.bin);
         snprintf(id, sizeof id, "%d", i + 1);
-        snprintf(listen, sizeof listen, "127.0.0.1:%u", C.ctl[i]);
-        snprintf(raft, sizeof raft, "127.0.0.1:%u", C.raft[i]);
+        snprintf(listen, sizeof listen, "%s:%u", C.mhost[i], C.ctl[i]);
+        snprintf(raft, sizeof raft, "%s:%u", C.mhost[i], C.raft[i]);
         snprintf(data, sizeof data, "%s/master-%d", C.dir, i + 1);
         snprintf(mp, sizeof mp, "%u", C.mport[i]);
         snprintf(log, sizeof log, "%s/master-%d.log", C.dir, i + 1);
@@ -291,9 +315,9 @@ static int find_leader(void)
     for (uint64_t end = now_ms() + 30000; now_ms() < end; sleep_ms(200)) {
         int leader = -1, ready = 0;
         for (int i = 0; i < NM; i++) {
-            ready += http(C.mport[i], "GET", "/readyz", NULL, NULL) == 200;
+            ready += mhttp(i, "GET", "/readyz", NULL, NULL) == 200;
             char *b = NULL;
-            if (http(C.mport[i], "GET", "/metrics", &b, NULL) == 200 &&
+            if (mhttp(i, "GET", "/metrics", &b, NULL) == 200 &&
                 kvp_test_prom_value(b, "kvpool_raft_is_leader") == 1.0 &&
                 kvp_test_prom_value(b, "kvpool_master_pool_view") == 1.0)
                 leader = i;
@@ -316,7 +340,7 @@ static void test_metrics_endpoints_answer_as_documented(void **state)
     int st = 0;
     for (uint64_t end = now_ms() + 10000; now_ms() < end; sleep_ms(200)) {
         free(body);
-        st = http(C.mport[leader], "GET", "/get_all_segments", &body, &hdr);
+        st = mhttp(leader, "GET", "/get_all_segments", &body, &hdr);
         free(hdr);
         hdr = NULL;
         if (st == 200 && body && strcmp(body, want) == 0)
@@ -329,25 +353,33 @@ static void test_metrics_endpoints_answer_as_documented(void **state)
     for (int i = 0; i < NM; i++) {
         char what[32];
         snprintf(what, sizeof what, "master-%d", i + 1);
-        assert_int_equal(http(C.mport[i], "GET", "/healthz", &body, NULL), 200);
+        assert_int_equal(mhttp(i, "GET", "/healthz", &body, NULL), 200);
         assert_string_equal(body, "ok\n");
         free(body);
-        assert_int_equal(http(C.mport[i], "GET", "/readyz", &body, NULL), 200);
+        assert_int_equal(mhttp(i, "GET", "/readyz", &body, NULL), 200);
         assert_string_equal(body, "ready\n");
         free(body);
         if (i != leader) {
-            /* Followers on the leader's host: no redirect target, 503 with an empty body
-             * (SGLang's check_server polls again on an empty body). */
-            assert_int_equal(http(C.mport[i], "GET", "/get_all_segments", &body, NULL), 503);
-            assert_string_equal(body, "");
+            /* A follower (on another address than the leader, same port) redirects to the
+             * leader's endpoint, which answers the list: what SGLang's check_server follows. */
+            char loc[160];
+            snprintf(loc, sizeof loc, "Location: http://%s:%u/get_all_segments", C.mhost[leader], C.mport[leader]);
+            assert_int_equal(mhttp(i, "GET", "/get_all_segments", &body, &hdr), 307);
+            if (!strstr(hdr, loc))
+                fail_msg("follower %d: no '%s' in\n%s", i + 1, loc, hdr);
+            free(body);
+            free(hdr);
+            hdr = NULL;
+            assert_int_equal(http_at(C.mhost[leader], C.mport[leader], "GET", "/get_all_segments", &body, NULL), 200);
+            assert_string_equal(body, want);
             free(body);
         }
-        assert_int_equal(http(C.mport[i], "GET", "/no/such/path", &body, NULL), 404);
+        assert_int_equal(mhttp(i, "GET", "/no/such/path", &body, NULL), 404);
         assert_non_null(strstr(body, "no such path"));
         free(body);
-        assert_int_equal(http(C.mport[i], "POST", "/metrics", &body, NULL), 405);
+        assert_int_equal(mhttp(i, "POST", "/metrics", &body, NULL), 405);
         free(body);
-        body = scrape(C.mport[i]);
+        body = mscrape(i);
         check_format(what, body);
         is_leader_sum += (int)kvp_test_prom_value(body, "kvpool_raft_is_leader");
         assert_true(kvp_test_prom_value(body, "kvpool_raft_term") >= 1.0);
@@ -369,8 +401,8 @@ static void test_metrics_endpoints_answer_as_documented(void **state)
         /* The master log names the bad requests. */
         char log[200];
         snprintf(log, sizeof log, "%s/master-%d.log", C.dir, i + 1);
-        assert_true(file_has(log, "HTTP POST /metrics from 127.0.0.1: answered 405"));
-        assert_true(file_has(log, "HTTP GET /no/such/path from 127.0.0.1: answered 404"));
+        assert_true(file_has(log, "HTTP POST /metrics from 127.0.0."));
+        assert_true(file_has(log, "HTTP GET /no/such/path from 127.0.0."));
     }
     assert_int_equal(is_leader_sum, 1);
     /* The segment's endpoints. */
@@ -387,7 +419,7 @@ static void test_metrics_endpoints_answer_as_documented(void **state)
 
 static double leader_value(int leader, const char *series)
 {
-    char *b = scrape(C.mport[leader]);
+    char *b = mscrape(leader);
     double v = kvp_test_prom_value(b, series);
     free(b);
     return v < 0 ? 0 : v;
@@ -473,7 +505,7 @@ static void test_metrics_counters_move_with_puts_and_gets(void **state)
     /* The master publishes every 500 ms: poll until the snapshot shows the calls. */
     bool ok = false;
     for (uint64_t end = now_ms() + 10000; !ok && now_ms() < end; sleep_ms(200)) {
-        char *b = scrape(C.mport[leader]);
+        char *b = mscrape(leader);
         ok = kvp_test_prom_value(b, put_ok) >= p0 + N_KEYS && kvp_test_prom_value(b, get_ok) >= g0 + N_KEYS &&
              kvp_test_prom_value(b, get_nf) >= nf0 + 1 && kvp_test_prom_value(b, put_lat) >= l0 + N_KEYS &&
              kvp_test_prom_value(b, put_key_ok) >= pk0 + N_KEYS &&
@@ -481,7 +513,7 @@ static void test_metrics_counters_move_with_puts_and_gets(void **state)
         free(b);
     }
     if (!ok) {
-        char *b = scrape(C.mport[leader]);
+        char *b = mscrape(leader);
         fprintf(stderr, "leader metrics:\n%s\n", b);
         free(b);
     }
@@ -496,7 +528,7 @@ static void test_metrics_counters_move_with_puts_and_gets(void **state)
     kvp_client_close(&c);
     kvp_config_destroy(&cfg);
     assert_int_equal(http(cport, "GET", "/healthz", NULL, NULL), 0); /* closed with the client */
-    char *b = scrape(C.mport[leader]);
+    char *b = mscrape(leader);
     check_format("leader after traffic", b);
     free(b);
 }
@@ -508,8 +540,8 @@ static void test_metrics_kvpoolctl_top_shows_cluster(void **state)
     assert_true(find_leader() >= 0);
     char exe[600], eps[200], out[300];
     snprintf(exe, sizeof exe, "%s/kvpoolctl", C.bin);
-    snprintf(eps, sizeof eps, "127.0.0.1:%u,127.0.0.1:%u,127.0.0.1:%u,127.0.0.1:%u", C.mport[0], C.mport[1], C.mport[2],
-             C.sport);
+    snprintf(eps, sizeof eps, "%s:%u,%s:%u,%s:%u,127.0.0.1:%u", C.mhost[0], C.mport[0], C.mhost[1], C.mport[1],
+             C.mhost[2], C.mport[2], C.sport);
     snprintf(out, sizeof out, "%s/top.out", C.dir);
     char *argv[] = {exe, "top", "--endpoints", eps, "--interval", "300", "--count", "2", NULL};
     pid_t pid = spawn(argv, out);
@@ -522,7 +554,7 @@ static void test_metrics_kvpoolctl_top_shows_cluster(void **state)
     assert_true(file_has(out, " follower "));
     assert_true(file_has(out, " mounted "));
     assert_true(file_has(out, C.seg_name));
-    assert_true(file_has(out, "POOL (leader 127.0.0.1:"));
+    assert_true(file_has(out, "POOL (leader 127.0.0."));
     assert_true(file_has(out, "type=\"put_start\",code=\"KVP_OK\""));
     /* usage errors: exit 2 */
     char *bad[] = {exe, "top", "--interval", "5", "--endpoints", eps, NULL};

@@ -14,6 +14,12 @@
 int kvp_test_http(uint32_t port, const char *method, const char *path, int *status, char **body, char **headers,
                   unsigned timeout_ms)
 {
+    return kvp_test_http_at("127.0.0.1", port, method, path, status, body, headers, timeout_ms);
+}
+
+int kvp_test_http_at(const char *host, uint32_t port, const char *method, const char *path, int *status, char **body,
+                     char **headers, unsigned timeout_ms)
+{
     *status = 0;
     *body = NULL;
     if (headers)
@@ -25,7 +31,10 @@ int kvp_test_http(uint32_t port, const char *method, const char *path, int *stat
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1) {
+        close(fd);
+        return -1;
+    }
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         close(fd);
         return -1;

@@ -15,6 +15,10 @@
 int kvp_test_http(uint32_t port, const char *method, const char *path, int *status, char **body, char **headers,
                   unsigned timeout_ms);
 
+/** The same to host (an IPv4 loopback address such as "127.0.0.2"). */
+int kvp_test_http_at(const char *host, uint32_t port, const char *method, const char *path, int *status, char **body,
+                     char **headers, unsigned timeout_ms);
+
 /** A free TCP port on 127.0.0.1 (bound to port 0 and released; races are unlikely). 0 on error. */
 uint32_t kvp_test_free_port(void);
 
