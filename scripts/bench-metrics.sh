@@ -5,7 +5,8 @@
 # during the run), KVP_BENCH_ROUNDS (default 4) rounds of each:
 #  - 4 MiB get, batch 1, 1 thread (--count KVP_BENCH_BIG, default 100)
 #  - 4 KiB batch_get of 32 keys, 4 threads (--count KVP_BENCH_SMALL, default 16000)
-# Prints each run and the medians with the on/off ratio. Figures are printed, never asserted.
+# KVP_BENCH_SCRAPE=0: "on" counts without scraping. Prints each run and the medians with the
+# on/off ratio. Figures are printed, never asserted.
 # The masters' and segments' own counters are always counted (they cannot be turned off), so
 # they are in both columns; their endpoints are not started here.
 set -euo pipefail
@@ -29,7 +30,7 @@ echo '{}' >"$DIR/off.json"
 echo "{\"metrics_port\": $PORT}" >"$DIR/on.json"
 run() { # mode value-size count batch threads
   local mode=$1; shift
-  if [ "$mode" = on ]; then
+  if [ "$mode" = on ] && [ "${KVP_BENCH_SCRAPE:-1}" = 1 ]; then
     python3 -c 'import sys, time, urllib.request
 while True:
     try: urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=2).read()
