@@ -565,6 +565,65 @@ static void test_metrics_kvpoolctl_top_shows_cluster(void **state)
     assert_true(file_has(out, "--interval 5: milliseconds in [100, 3600000]"));
 }
 
+/* A leadership transfer moves kvpool_raft_leader_changes_total on every master, the pool view
+ * and /get_all_segments follow the new leader, and the old one now redirects to it. */
+static void test_metrics_leader_change_counted_and_followed(void **state)
+{
+    assert_true(C.mounted);
+    int old = find_leader();
+    assert_true(old >= 0);
+    double before[NM];
+    for (int i = 0; i < NM; i++) {
+        char *b = mscrape(i);
+        before[i] = kvp_test_prom_value(b, "kvpool_raft_leader_changes_total");
+        free(b);
+    }
+    char exe[600], out[300];
+    snprintf(exe, sizeof exe, "%s/kvpoolctl", C.bin);
+    snprintf(out, sizeof out, "%s/transfer.out", C.dir);
+    char *argv[] = {exe, "--masters", C.masters, "transfer-leader", NULL};
+    pid_t pid = spawn(argv, out);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_int_equal(WEXITSTATUS(st), 0);
+    int now = -1;
+    for (uint64_t end = now_ms() + 30000; now_ms() < end; sleep_ms(200)) {
+        now = find_leader();
+        if (now >= 0 && now != old)
+            break;
+    }
+    assert_true(now >= 0 && now != old);
+    bool counted = false;
+    for (uint64_t end = now_ms() + 10000; !counted && now_ms() < end; sleep_ms(200)) {
+        counted = true;
+        for (int i = 0; i < NM; i++) {
+            char *b = mscrape(i);
+            counted &= kvp_test_prom_value(b, "kvpool_raft_leader_changes_total") >= before[i] + 1;
+            free(b);
+        }
+    }
+    assert_true(counted);
+    char want[80], loc[160], *body = NULL, *hdr = NULL;
+    snprintf(want, sizeof want, "%s\n", C.seg_name);
+    for (uint64_t end = now_ms() + 10000; now_ms() < end; sleep_ms(200)) {
+        free(body);
+        body = NULL;
+        if (mhttp(now, "GET", "/get_all_segments", &body, NULL) == 200 && strcmp(body, want) == 0)
+            break;
+    }
+    assert_string_equal(body, want);
+    free(body);
+    snprintf(loc, sizeof loc, "Location: http://%s:%u/get_all_segments", C.mhost[now], C.mport[now]);
+    bool redirected = false;
+    for (uint64_t end = now_ms() + 10000; !redirected && now_ms() < end; sleep_ms(200)) {
+        redirected = mhttp(old, "GET", "/get_all_segments", &body, &hdr) == 307 && strstr(hdr, loc);
+        free(body);
+        free(hdr);
+        body = hdr = NULL;
+    }
+    assert_true(redirected);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -572,6 +631,7 @@ int main(void)
         cmocka_unit_test(test_metrics_endpoints_answer_as_documented),
         cmocka_unit_test(test_metrics_counters_move_with_puts_and_gets),
         cmocka_unit_test(test_metrics_kvpoolctl_top_shows_cluster),
+        cmocka_unit_test(test_metrics_leader_change_counted_and_followed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
