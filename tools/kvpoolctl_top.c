@@ -3,6 +3,8 @@
  * its processes serve on /metrics (docs/operations.md "Metrics and health endpoints").
  *
  *   kvpoolctl top --endpoints HOST:PORT,HOST:PORT,... [--interval MS] [--count N]
+ *   kvpoolctl --cluster DIR top [--interval MS] [--count N]   (a cluster up --metrics: the
+ *                                                             "metrics" of its members)
  *
  * Every interval it scrapes each endpoint (masters and segments alike, told apart by their
  * series), and prints one screen: per process its role and state, per master Raft term,
@@ -21,9 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include "tools/kvpoolctl_ctl.h"
 
@@ -283,8 +288,44 @@ static void show(struct ep *eps, int n, double secs, unsigned interval_ms)
     }
 }
 
+/* The "metrics" addresses of the members of a cluster.json (or of DIR/cluster.json), comma
+ * separated into buf. Returns the count; -1 when the file cannot be read. */
+static int endpoints_from_cluster(const char *path, char *buf, size_t cap)
+{
+    char file[4096];
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        snprintf(file, sizeof file, "%s/cluster.json", path);
+    else
+        snprintf(file, sizeof file, "%s", path);
+    json_error_t e;
+    json_t *j = json_load_file(file, 0, &e);
+    if (!j) {
+        fprintf(stderr, "kvpoolctl top: %s: %s\n", file, e.text);
+        return -1;
+    }
+    int n = 0;
+    buf[0] = '\0';
+    const char *groups[] = {"masters", "segments"};
+    for (int g = 0; g < 2; g++) {
+        size_t i;
+        json_t *m;
+        json_array_foreach(json_object_get(j, groups[g]), i, m) {
+            const char *a = json_string_value(json_object_get(m, "metrics"));
+            if (!a || !*a)
+                continue;
+            size_t l = strlen(buf);
+            snprintf(buf + l, cap - l, "%s%s", n ? "," : "", a);
+            n++;
+        }
+    }
+    json_decref(j);
+    return n;
+}
+
 int ctl_cmd_top(struct ctl *c, int argc, char **argv)
 {
+    char from_cluster[4096];
     const char *list = NULL;
     unsigned interval = 1000;
     long count = -1;
@@ -316,9 +357,21 @@ int ctl_cmd_top(struct ctl *c, int argc, char **argv)
             return 2;
         }
     }
+    const char *cf = c->cluster_file ? c->cluster_file : getenv("KVPOOL_CLUSTER_FILE");
+    if ((!list || !*list) && cf && *cf) {
+        int k = endpoints_from_cluster(cf, from_cluster, sizeof from_cluster);
+        if (k < 0)
+            return 1;
+        if (k == 0) {
+            fprintf(stderr, "kvpoolctl top: %s names no metrics endpoint (start it with `cluster up --metrics`)\n",
+                    cf);
+            return 1;
+        }
+        list = from_cluster;
+    }
     if (!list || !*list) {
         fprintf(stderr, "kvpoolctl top: give --endpoints HOST:PORT,... (the metrics_port of every master and "
-                        "segment)\n");
+                        "segment), or --cluster DIR of a `cluster up --metrics`\n");
         return 2;
     }
     struct ep *eps = calloc(TOP_MAX_EP, sizeof *eps);

@@ -407,6 +407,12 @@ static void publish(struct kvp_master_service *s)
     kvp_metrics_pub_state(&m->pub, s->leader_id != 0, "no Raft leader known", redirect[0] ? redirect : NULL);
 }
 
+void svc_metrics_publish_now(struct kvp_master_service *s)
+{
+    if (s->metrics && s->metrics->http)
+        publish(s);
+}
+
 static int on_publish_timer(zloop_t *loop, int timer_id, void *arg)
 {
     struct kvp_master_service *s = arg;

@@ -31,6 +31,8 @@ void svc_metrics_begin(struct kvp_master_service *s, int body_case, uint64_t rec
 void svc_metrics_end(struct kvp_master_service *s, int saved_type, uint64_t saved_us);
 /* Leadership as seen by svc_set_leadership (counts leader changes). */
 void svc_metrics_on_leader(struct kvp_master_service *s, uint64_t leader_id);
+/* Publish a snapshot now (a role change); nothing without an endpoint. */
+void svc_metrics_publish_now(struct kvp_master_service *s);
 /* A fresh FSM ClusterStatus document (the leader's 1 s refresh): kept for the next snapshot. */
 void svc_metrics_note_fsm(struct kvp_master_service *s, const char *json);
 

@@ -45,6 +45,7 @@ void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t l
             kvp_log_info(s->actor, "follower (term %llu), no leader known", (unsigned long long)term);
         s->last_logged_role = role;
         s->last_logged_leader = leader_id;
+        svc_metrics_publish_now(s); /* /readyz and the role series without the 500 ms wait */
     }
 }
 

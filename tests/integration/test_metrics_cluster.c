@@ -47,6 +47,7 @@ struct cl {
     pid_t m_pid[NM];
     uint64_t seg_started_ms;
     bool mounted;
+    bool cu_up; /* a `kvpoolctl cluster up --metrics` in DIR/cu runs */
 };
 
 static struct cl C;
@@ -101,8 +102,25 @@ static void stop(pid_t *pid, int sig)
     *pid = 0;
 }
 
+static pid_t spawn(char *const argv[], const char *log);
+
+static void cluster_down_cu(void)
+{
+    if (!C.cu_up)
+        return;
+    char exe[600], dir[200];
+    snprintf(exe, sizeof exe, "%s/kvpoolctl", C.bin);
+    snprintf(dir, sizeof dir, "%s/cu", C.dir);
+    char *argv[] = {exe, "cluster", "down", "--dir", dir, "--grace-ms", "3000", NULL};
+    pid_t pid = spawn(argv, "/dev/null");
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
+    C.cu_up = false;
+}
+
 static void teardown_all(void)
 {
+    cluster_down_cu();
     stop(&C.seg_pid, SIGINT);
     for (int i = 0; i < NM; i++)
         stop(&C.m_pid[i], SIGTERM);
@@ -630,6 +648,52 @@ static void test_metrics_leader_change_counted_and_followed(void **state)
     assert_true(redirected);
 }
 
+/* `kvpoolctl cluster up --metrics`: every member gets a metrics port, named in cluster.json as
+ * "metrics", and `kvpoolctl --cluster DIR top` finds them there. */
+static void test_metrics_cluster_up_metrics_and_top(void **state)
+{
+    char exe[600], dir[200], out[300], file[300];
+    snprintf(exe, sizeof exe, "%s/kvpoolctl", C.bin);
+    snprintf(dir, sizeof dir, "%s/cu", C.dir);
+    snprintf(out, sizeof out, "%s/cu.out", C.dir);
+    snprintf(file, sizeof file, "%s/cluster.json", dir);
+    char *up[] = {exe, "cluster", "up", "--dir", dir, "--masters", "1", "--segments", "1", "--segment-size", "32M",
+                  "--metrics", NULL};
+    C.cu_up = true;
+    pid_t pid = spawn(up, out);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(file_has(out, "metrics: kvpoolctl --cluster"));
+    /* cluster.json: one "metrics" address per member, each serving valid text */
+    FILE *f = fopen(file, "r");
+    assert_non_null(f);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    int found = 0;
+    for (char *p = strstr(buf, "\"metrics\""); p; p = strstr(p + 1, "\"metrics\"")) {
+        char host[64];
+        unsigned port = 0;
+        assert_int_equal(sscanf(p, "\"metrics\": \"%63[0-9.]:%u\"", host, &port), 2);
+        char *b = scrape_at(host, port);
+        check_format("cluster up --metrics member", b);
+        free(b);
+        found++;
+    }
+    assert_int_equal(found, 2);
+    snprintf(out, sizeof out, "%s/cu-top.out", C.dir);
+    char *top[] = {exe, "--cluster", dir, "top", "--count", "1", NULL};
+    pid = spawn(top, out);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(file_has(out, " leader "));
+    assert_true(file_has(out, " mounted "));
+    cluster_down_cu();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -638,6 +702,7 @@ int main(void)
         cmocka_unit_test(test_metrics_counters_move_with_puts_and_gets),
         cmocka_unit_test(test_metrics_kvpoolctl_top_shows_cluster),
         cmocka_unit_test(test_metrics_leader_change_counted_and_followed),
+        cmocka_unit_test(test_metrics_cluster_up_metrics_and_top),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
