@@ -58,7 +58,7 @@ if(KVP_RDMA)
   endif()
 endif()
 find_package(Threads REQUIRED)
-list(APPEND KVP_DEP_LIBS Threads::Threads m)
+list(APPEND KVP_DEP_LIBS Threads::Threads m ${CMAKE_DL_LIBS})  # dl: devmem.c loads the CUDA driver if present
 include_directories(${KVP_DEP_INCS})
 
 set_property(GLOBAL PROPERTY KVP_MODULE_OBJECTS "")
