@@ -582,6 +582,7 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
         if (resp->status == KVP_OK && resp->mount && resp->mount->segment_id) {
             uint32_t seg = resp->mount->segment_id;
             svc_map_put(&s->last_hb, seg, now); /* a mount counts as a heartbeat */
+            svc_map_put(&s->heard_via, seg, 1);
             svc_map_put(&s->segments, seg, (uint64_t)KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1);
             svc_map_del(&s->lost_sent, seg, NULL);
             kvp_log_info(s->actor, "segment %u mounted", seg);
