@@ -44,6 +44,7 @@ bool kvp_liveness_quorum_ok(struct kvp_liveness *lv, uint64_t now_ms)
     if (ended && lv->grace_from_ms > lv->quorum_ok_ms) {
         /* A tick gap inside the stale period already started a grace: the same blind period. */
         lv->grace_from_ms = now_ms;
+        ended = false;
     } else if (ended) {
         lv->blind_periods++;
         lv->blind_at_ms = lv->quorum_ok_ms;

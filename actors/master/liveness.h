@@ -96,7 +96,7 @@ void kvp_liveness_init(struct kvp_liveness *lv, uint64_t ttl_ms, uint64_t tick_g
 void kvp_liveness_restart(struct kvp_liveness *lv, uint64_t now_ms, const char *why);
 
 /** Quorum contact confirmed at now_ms (a query answered as leader). Ending a stale period
- * starts a fresh grace. Returns true when it ended one. */
+ * starts a fresh grace. Returns true when it ended one not already counted (by a tick gap). */
 bool kvp_liveness_quorum_ok(struct kvp_liveness *lv, uint64_t now_ms);
 
 /** One liveness tick at now_ms over the n segments the FSM holds as active or draining (not lost,
