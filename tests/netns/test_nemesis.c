@@ -973,7 +973,9 @@ static void sc_masters_down(void)
     struct figures f;
     finish("masters_down", &f, 20000);
     assert_int_equal(f.lost_segments, 0);
+    assert_true(ff > 0);                   /* the client's breaker: calls failed at once */
     assert_true(first > 0);
+    assert_true(first - back < 1000);      /* and succeed within a second of the return */
 }
 
 static const struct {
