@@ -150,6 +150,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     size_t *slice_item = NULL;
     uint32_t bad[KVP_PUT_MAX_REPORTS]; /* segments whose slices failed with a transfer error */
     size_t n_bad = 0;
+    uint32_t wrote[KVP_PUT_MAX_REPORTS]; /* segments that took a slice: witnesses sent in PutEnd */
+    size_t n_wrote = 0;
     Kvp__Response *start_resp = NULL, *end_resp = NULL;
     size_t m = 0;
     /* NO_SPACE retries while the master evicts (put_retry.c): latest result per item. */
@@ -315,6 +317,13 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                 /* a segment that refused or dropped the connection: reported at the end, so the
                  * master probes it and stops placing new replicas there once it is found dead
                  * (before, every put with a replica there failed until client_ttl passed) */
+                if (slices[q].status == KVP_OK && slices[q].segment_id) {
+                    bool known = false;
+                    for (size_t b = 0; b < n_wrote && !known; b++)
+                        known = wrote[b] == slices[q].segment_id;
+                    if (!known && n_wrote < KVP_PUT_MAX_REPORTS)
+                        wrote[n_wrote++] = slices[q].segment_id;
+                }
                 if (slices[q].status == KVP_ERR_TRANSFER) {
                     bool known = false;
                     for (size_t b = 0; b < n_bad && !known; b++)
@@ -358,6 +367,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         kvp__put_end_req__init(&pe);
         pe.n_items = ne;
         pe.items = ep;
+        pe.n_written_segments = n_wrote;
+        pe.written_segments = wrote;
         req.body_case = KVP__REQUEST__BODY_PUT_END;
         req.put_end = &pe;
         int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_END, &end_resp);

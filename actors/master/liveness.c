@@ -130,7 +130,12 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
         bool probe_failed = g->probe_failed_ms > since && now_ms - g->probe_failed_ms < ttl;
         uint64_t probe_silence = with_period(ttl < 1000 ? ttl : 1000, g->hb_gap_ms);
         uint64_t report_silence = with_period(ttl < 3000 ? ttl : 3000, g->hb_gap_ms);
-        if (silent > ttl) {
+        bool clients_write = g->client_wrote_ms > since && now_ms - g->client_wrote_ms <= ttl / 2;
+        if (clients_write && (silent > ttl || (reported && silent > probe_silence))) {
+            v->state = KVP_LIVENESS_SUSPECT; /* rule 5 */
+            snprintf(v->why, sizeof v->why, "no heartbeat for %llu ms, but a client wrote to it %llu ms ago: kept",
+                     (unsigned long long)silent, (unsigned long long)(now_ms - g->client_wrote_ms));
+        } else if (silent > ttl) {
             kind[i] = CAND_SILENCE;
             snprintf(v->why, sizeof v->why, "no heartbeat for %llu ms (client_ttl %llu ms)",
                      (unsigned long long)silent, (unsigned long long)ttl);

@@ -163,6 +163,13 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     for (size_t i = 0; i < pe->n_items; i++)
         p->key_hashes[i] = svc_key_hash(pe->items[i]->key);
     p->n_keys = pe->n_items;
+    /* Witnesses for the liveness rule: a client just wrote to these segments. Soft state only:
+     * ids this leader does not know are ignored, and the field stays out of the Raft log. */
+    uint64_t now = svc_now_ms();
+    for (size_t i = 0; i < pe->n_written_segments; i++)
+        if (pe->written_segments[i] && svc_map_get(&s->segments, pe->written_segments[i], NULL))
+            svc_map_put(&s->client_wrote, pe->written_segments[i], now);
+    pe->n_written_segments = 0;
     Kvp__Command cmd = KVP__COMMAND__INIT;
     command_set(&cmd, KVP__COMMAND__BODY_PUT_END, pe);
     svc_submit(s, p, &cmd);

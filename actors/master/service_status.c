@@ -126,6 +126,9 @@ static void svc_liveness_status(struct kvp_master_service *s, json_t *doc)
         json_object_set_new(l, "heartbeat_period_ms", json_integer((json_int_t)gap));
         json_object_set_new(l, "reported_unreachable_ms_ago", json_integer(ago(now, rep)));
         json_object_set_new(l, "probe_failed_ms_ago", json_integer(ago(now, svc_repair_probe_failed_at(s, (uint32_t)id))));
+        uint64_t cw = 0;
+        (void)svc_map_get(&s->client_wrote, (uint64_t)id, &cw);
+        json_object_set_new(l, "clients_wrote_ms_ago", json_integer(ago(now, cw)));
         const char *state = "live", *why = "";
         for (size_t k = 0; k < s->n_verdicts; k++)
             if (s->verdicts[k].id == (uint32_t)id) {

@@ -651,6 +651,26 @@ static void fault_end(void)
     atomic_store(&N.sh->in_fault, false);
 }
 
+/* The longest windows without a successful put / get since the last call (then reset). */
+static void phase_gaps(unsigned long *put_gap, unsigned long *get_gap)
+{
+    *put_gap = *get_gap = 0;
+    for (int i = 0; i < NM_CHILDREN; i++) {
+        struct nm_child *c = &N.sh->ch[i];
+        unsigned long p = atomic_exchange(&c->max_put_gap_ms, 0), g = atomic_exchange(&c->max_get_gap_ms, 0);
+        unsigned long now = (unsigned long)kvp_clock_now_ms();
+        unsigned long lp = now - atomic_load(&c->last_put_ok_ms), lg = now - atomic_load(&c->last_get_ok_ms);
+        if (lp > p)
+            p = lp; /* a window still open */
+        if (lg > g)
+            g = lg;
+        if (p > *put_gap)
+            *put_gap = p;
+        if (g > *get_gap)
+            *get_gap = g;
+    }
+}
+
 static void all_masters(int sig)
 {
     for (int i = 0; i < 3; i++)
@@ -832,6 +852,8 @@ static void sc_asymmetric(void)
     assert_non_null(d);
     uint32_t s0 = seg_id(d, 0), s1 = seg_id(d, 1), s2 = seg_id(d, 2);
     json_decref(d);
+    unsigned long pg, gg;
+    phase_gaps(&pg, &gg);
     /* (a) */
     assert_int_equal(nft_drop(N.ns[0], "tcp sport 7101-7103", "tcp dport 7101-7103"), 0);
     usleep(3 * TTL_MS * 1000);
@@ -839,8 +861,11 @@ static void sc_asymmetric(void)
     bool a_lost = d && seg_id(d, 0) != s0;
     json_decref(d);
     nft_heal(N.ns[0]);
-    printf("asymmetric (a) masters cannot reach segment %u, clients can: %s\n", s0,
-           a_lost ? "declared lost (remounted as new, objects re-replicated)" : "kept");
+    phase_gaps(&pg, &gg);
+    printf("asymmetric (a) masters cannot reach segment %u, clients can: %s; longest window without a put %lu ms, "
+           "without a get %lu ms\n",
+           s0, a_lost ? "declared lost (remounted as new, objects re-replicated)" : "kept (clients' puts witness it)",
+           pg, gg);
     /* (b) */
     char in[64], out[64];
     snprintf(in, sizeof in, "ip saddr 10.78.%d.2", N.net);
@@ -853,7 +878,10 @@ static void sc_asymmetric(void)
     json_decref(d);
     nft_heal(N.ns[1]);
     fault_end();
-    printf("asymmetric (b) clients cannot reach segment %u, masters can: %s\n", s1, b_lost ? "declared lost" : "kept");
+    phase_gaps(&pg, &gg);
+    printf("asymmetric (b) clients cannot reach segment %u, masters can: %s; longest window without a put %lu ms, "
+           "without a get %lu ms\n",
+           s1, b_lost ? "declared lost" : "kept", pg, gg);
     /* (c) */
     uint64_t tc = kvp_clock_now_ms();
     assert_int_equal(sh("ip -n %s link set kvs%d%d down", N.ns[2], N.id, 2), 0);
@@ -866,10 +894,13 @@ static void sc_asymmetric(void)
         json_decref(d);
     }
     assert_int_equal(sh("ip -n %s link set kvs%d%d up", N.ns[2], N.id, 2), 0);
-    printf("asymmetric (c) segment %u cut off from everyone: declared lost after %llu ms\n", s2,
-           (unsigned long long)c_lost);
+    phase_gaps(&pg, &gg);
+    printf("asymmetric (c) segment %u cut off from everyone: declared lost after %llu ms; longest window without a "
+           "put %lu ms, without a get %lu ms\n",
+           s2, (unsigned long long)c_lost, pg, gg);
     struct figures f;
     finish("asymmetric", &f, 30000);
+    assert_false(a_lost);
     assert_false(b_lost);
     assert_true(c_lost > 0);
     assert_int_equal(f.gets_failed, 0);

@@ -254,6 +254,27 @@ static void test_liveness_reported_and_probe_failed(void **state)
     assert_int_equal(s.withhold_began, 1);
 }
 
+/* Asymmetric: the master cannot hear segment 1 but clients keep writing to it: kept while they
+ * do (issue 18 item 2); lost about a ttl after the writes stop too. */
+static void test_liveness_silent_but_clients_write_kept(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 3000);
+    s.alive[0] = false;
+    for (int k = 0; k < 30; k++) { /* 3 x ttl: a client put every 400 ms */
+        s.segs[0].client_wrote_ms = s.now;
+        sim_run(&s, 400);
+    }
+    assert_int_equal(n_lost(&s), 0);
+    assert_non_null(strstr(s.last_why[0], "a client wrote to it"));
+    uint64_t stopped = s.now;
+    sim_run(&s, TTL);
+    assert_true(s.gone[0]);
+    assert_true(s.lost_at[0] - stopped <= TTL / 2 + 500);
+}
+
 /* A stall of the leader's loop shorter than the tick-gap bound is no blind period. */
 static void test_liveness_short_tick_gap_not_blind(void **state)
 {
@@ -278,6 +299,7 @@ int main(void)
         cmocka_unit_test(test_liveness_restart_fresh_grace),
         cmocka_unit_test(test_liveness_reported_and_probe_failed),
         cmocka_unit_test(test_liveness_short_tick_gap_not_blind),
+        cmocka_unit_test(test_liveness_silent_but_clients_write_kept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
