@@ -355,7 +355,11 @@ static void spawn_master(int i)
     snprintf(log, sizeof log, "%s/master-%d.log", N.cl.dir, i + 1);
     char *argv[] = {mexe, "--id", id, "--listen", listen, "--raft-address", raft, "--data-dir", data,
                     "--members", N.members, NULL};
+    char fault[400];
+    snprintf(fault, sizeof fault, "%s/master-%d.fault", N.cl.dir, i + 1);
+    setenv("KVP_RAFTLOG_FAULT_FILE", fault, 1); /* raftlog's log-write fault injection (test builds) */
     N.masters[i] = spawn_in(N.hub, argv, log);
+    unsetenv("KVP_RAFTLOG_FAULT_FILE");
 }
 
 static int setup(void)
@@ -692,14 +696,27 @@ static void all_masters(int sig)
         kill(N.masters[i], sig);
 }
 
+static bool alive(pid_t *p, const char *what, int i)
+{
+    int st = 0;
+    if (*p <= 0)
+        return false;
+    if (waitpid(*p, &st, WNOHANG) == 0)
+        return true;
+    fprintf(stderr, "%s %d (pid %d) is gone: %s %d\n", what, i, (int)*p, WIFSIGNALED(st) ? "signal" : "exit",
+            WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    *p = 0;
+    return false;
+}
+
 static bool all_alive(void)
 {
     bool ok = true;
     for (int i = 0; i < 3; i++)
-        ok &= N.masters[i] > 0 && waitpid(N.masters[i], NULL, WNOHANG) == 0;
+        ok &= alive(&N.masters[i], "master", i + 1);
     for (int i = 0; i < HOSTS; i++)
         if (N.segs[i] > 0)
-            ok &= waitpid(N.segs[i], NULL, WNOHANG) == 0;
+            ok &= alive(&N.segs[i], "segment host", i);
     for (int i = 0; i < NM_CHILDREN; i++)
         ok &= waitpid(N.load[i], NULL, WNOHANG) == 0;
     return ok;
@@ -1028,6 +1045,79 @@ static void sc_masters_down(void)
     assert_true(first - back < 1000);      /* and succeed within a second of the return */
 }
 
+static void set_fault(int master, const char *what)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/master-%d.fault", N.cl.dir, master + 1);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(what, f);
+    fclose(f);
+}
+
+/* Count acknowledged puts so far (for "writes go on / resume"). */
+static unsigned long puts_ok_now(void)
+{
+    return atomic_load(&N.sh->ch[0].puts_ok) + atomic_load(&N.sh->ch[1].puts_ok);
+}
+
+/* The leader's Raft log writes fail (disk full) for 3x client_ttl, through raftlog's fault
+ * injection: it must refuse writes with an error or hand over leadership; nothing committed is
+ * lost; writes succeed again once the fault clears (or under the new leader). */
+static void sc_raftlog_disk_full(void)
+{
+    wait_keys(100);
+    int L = leader_index();
+    assert_true(L >= 0);
+    fault_begin();
+    unsigned long p0 = puts_ok_now();
+    set_fault(L, "nospace\n");
+    usleep(3 * TTL_MS * 1000);
+    unsigned long p1 = puts_ok_now();
+    int during = leader_index();
+    set_fault(L, "");
+    uint64_t cleared = kvp_clock_now_ms();
+    while (puts_ok_now() == p1 && kvp_clock_now_ms() - cleared < 10000)
+        usleep(10000);
+    uint64_t resumed = kvp_clock_now_ms() - cleared;
+    fault_end();
+    printf("raft log writes failing on leader %d for %u ms: %lu puts acknowledged meanwhile, leader during the "
+           "fault %d; puts acknowledged again %llu ms after the fault cleared\n",
+           L + 1, 3 * TTL_MS, p1 - p0, during + 1, (unsigned long long)resumed);
+    struct figures f;
+    finish("raftlog_disk_full", &f, 20000);
+    assert_int_equal(f.lost_segments, 0);
+    assert_true(puts_ok_now() > p1);
+}
+
+/* The leader's Raft log writes slow (each completion 300 ms late, a slow fsync) for 3x
+ * client_ttl: service goes on (slower, or under another leader); nothing committed is lost;
+ * nothing is declared lost. */
+static void sc_raftlog_slow_fsync(void)
+{
+    wait_keys(100);
+    int L = leader_index();
+    assert_true(L >= 0);
+    unsigned long pg, gg;
+    phase_gaps(&pg, &gg);
+    unsigned long p0 = puts_ok_now();
+    set_fault(L, "slow 300\n");
+    usleep(3 * TTL_MS * 1000);
+    unsigned long p1 = puts_ok_now();
+    int during = leader_index();
+    set_fault(L, "");
+    phase_gaps(&pg, &gg);
+    usleep(TTL_MS * 1000);
+    printf("raft log writes 300 ms slow on leader %d for %u ms: %lu puts acknowledged meanwhile, leader %d; "
+           "longest window without a put %lu ms, without a get %lu ms\n",
+           L + 1, 3 * TTL_MS, p1 - p0, during + 1, pg, gg);
+    struct figures f;
+    finish("raftlog_slow_fsync", &f, 20000);
+    assert_int_equal(f.lost_segments, 0);
+    assert_int_equal(f.gets_failed, 0);
+    assert_true(p1 > p0);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -1039,6 +1129,8 @@ static const struct {
     {"leader_isolated", sc_leader_isolated},
     {"segment_stopped", sc_segment_stopped},
     {"masters_down", sc_masters_down},
+    {"raftlog_disk_full", sc_raftlog_disk_full},
+    {"raftlog_slow_fsync", sc_raftlog_slow_fsync},
 };
 
 static const char *g_scenario;
