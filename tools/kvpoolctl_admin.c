@@ -212,9 +212,14 @@ static void print_liveness(json_t *st)
         if (!l)
             continue;
         long long h = (long long)jint(l, "last_heard_ms_ago");
-        printf("  %-4lld heard %s%lld ms ago by %s, period %lld ms: %s%s%s\n", (long long)jint(s, "id"),
-               h < 0 ? "never (" : "", h < 0 ? 0 : h, jstr(l, "heard_by"), (long long)jint(l, "heartbeat_period_ms"),
-               jstr(l, "verdict"), *jstr(l, "why") ? ": " : "", jstr(l, "why"));
+        char heard[128];
+        if (h < 0)
+            snprintf(heard, sizeof heard, "not heard by this leader");
+        else
+            snprintf(heard, sizeof heard, "heard %lld ms ago by %s, period %lld ms", h, jstr(l, "heard_by"),
+                     (long long)jint(l, "heartbeat_period_ms"));
+        printf("  %-4lld %s: %s%s%s\n", (long long)jint(s, "id"), heard, jstr(l, "verdict"), *jstr(l, "why") ? ": " : "",
+               jstr(l, "why"));
     }
     json_t *lv = json_object_get(st, "liveness");
     if (!lv)
