@@ -29,6 +29,7 @@
 
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 
@@ -75,26 +76,26 @@ static void note_ok(atomic_ulong *last, atomic_ulong *maxgap)
     atomic_store(last, now);
 }
 
-static void nm_child_main(const struct tc_cluster *cl, struct nm_shared *sh, int child)
+struct nm_ctx {
+    kvp_client *c;
+    struct nm_shared *sh;
+    struct nm_child *st;
+    int child;
+};
+
+/* Puts, about 25 batches a second, in a thread of their own: a put stuck on an unreachable
+ * segment must not hold the gets (the windows are measured per kind). */
+static void *nm_put_loop(void *arg)
 {
-    struct nm_child *st = &sh->ch[child];
-    kvp_client *c = tc_open(cl, 5000);
-    if (!c) {
-        snprintf(st->first_error, sizeof st->first_error, "client open failed");
-        _exit(3);
-    }
-    uint8_t *pbuf[NM_PUT_BATCH], *gbuf[NM_GET_BATCH];
+    struct nm_ctx *x = arg;
+    struct nm_child *st = x->st;
+    uint8_t *pbuf[NM_PUT_BATCH];
     for (int i = 0; i < NM_PUT_BATCH; i++)
         pbuf[i] = malloc(NM_LEN);
-    for (int i = 0; i < NM_GET_BATCH; i++)
-        gbuf[i] = malloc(NM_LEN);
-    uint64_t seed = (uint64_t)getpid() * 2654435761u;
-    atomic_store(&st->last_put_ok_ms, kvp_clock_now_ms());
-    atomic_store(&st->last_get_ok_ms, kvp_clock_now_ms());
-    while (!atomic_load(&sh->stop)) {
+    while (!atomic_load(&x->sh->stop)) {
         uint64_t loop_t0 = kvp_clock_now_ms();
         unsigned n = atomic_load(&st->n_keys);
-        bool pause = atomic_load(&sh->pause_puts);
+        bool pause = atomic_load(&x->sh->pause_puts);
         atomic_store(&st->paused, pause);
         if (!pause && n + NM_PUT_BATCH <= NM_MAX_KEYS) {
             char keys[NM_PUT_BATCH][32];
@@ -103,7 +104,7 @@ static void nm_child_main(const struct tc_cluster *cl, struct nm_shared *sh, int
             size_t lens[NM_PUT_BATCH];
             int res[NM_PUT_BATCH];
             for (int i = 0; i < NM_PUT_BATCH; i++) {
-                nm_key(keys[i], sizeof keys[i], child, n + (unsigned)i);
+                nm_key(keys[i], sizeof keys[i], x->child, n + (unsigned)i);
                 tc_fill(keys[i], pbuf[i], NM_LEN);
                 kp[i] = keys[i];
                 vp[i] = pbuf[i];
@@ -111,16 +112,14 @@ static void nm_child_main(const struct tc_cluster *cl, struct nm_shared *sh, int
             }
             kvp_put_opts o = {.replica_num = 2, .timeout_ms = NM_CALL_MS};
             uint64_t t0 = kvp_clock_now_ms();
-            atomic_store(&st->call_start_ms, t0);
-            int rc = kvp_batch_put(c, NM_PUT_BATCH, kp, vp, lens, &o, res);
-            atomic_store(&st->done_start_ms, t0);
+            int rc = kvp_batch_put(x->c, NM_PUT_BATCH, kp, vp, lens, &o, res);
             bool any = false;
             for (int i = 0; i < NM_PUT_BATCH; i++) {
                 bool ok = rc == KVP_OK && res[i] == KVP_OK;
                 any |= ok;
                 atomic_store(&st->ok[n + (unsigned)i], ok ? 1 : 0);
                 atomic_fetch_add(ok ? &st->puts_ok : &st->puts_failed, 1);
-                if (!ok && !st->first_error[0] && !atomic_load(&sh->in_fault))
+                if (!ok && !st->first_error[0] && !atomic_load(&x->sh->in_fault))
                     snprintf(st->first_error, sizeof st->first_error, "put %s: %s", kp[i],
                              kvp_errname(rc != KVP_OK ? rc : res[i]));
             }
@@ -130,7 +129,35 @@ static void nm_child_main(const struct tc_cluster *cl, struct nm_shared *sh, int
                 atomic_fetch_add(&st->fast_fails, 1);
             atomic_store(&st->n_keys, n + NM_PUT_BATCH);
         }
-        n = atomic_load(&st->n_keys);
+        uint64_t spent = kvp_clock_now_ms() - loop_t0;
+        if (spent < 40)
+            usleep((useconds_t)(40 - spent) * 1000);
+    }
+    return NULL;
+}
+
+/* One load process: a put thread and, on this thread, batch gets of random stored keys. */
+static void nm_child_main(const struct tc_cluster *cl, struct nm_shared *sh, int child)
+{
+    struct nm_child *st = &sh->ch[child];
+    kvp_client *c = tc_open(cl, 5000);
+    if (!c) {
+        snprintf(st->first_error, sizeof st->first_error, "client open failed");
+        _exit(3);
+    }
+    uint8_t *gbuf[NM_GET_BATCH];
+    for (int i = 0; i < NM_GET_BATCH; i++)
+        gbuf[i] = malloc(NM_LEN);
+    uint64_t seed = (uint64_t)getpid() * 2654435761u;
+    atomic_store(&st->last_put_ok_ms, kvp_clock_now_ms());
+    atomic_store(&st->last_get_ok_ms, kvp_clock_now_ms());
+    struct nm_ctx x = {.c = c, .sh = sh, .st = st, .child = child};
+    pthread_t put_thread;
+    if (pthread_create(&put_thread, NULL, nm_put_loop, &x) != 0)
+        _exit(4);
+    while (!atomic_load(&sh->stop)) {
+        uint64_t loop_t0 = kvp_clock_now_ms();
+        unsigned n = atomic_load(&st->n_keys);
         char keys[NM_GET_BATCH][32];
         const char *kp[NM_GET_BATCH];
         void *bp[NM_GET_BATCH];
@@ -175,17 +202,16 @@ static void nm_child_main(const struct tc_cluster *cl, struct nm_shared *sh, int
                     any = true;
                 }
             }
-            if (any) {
+            if (any)
                 note_ok(&st->last_get_ok_ms, &st->max_get_gap_ms);
-            } else if (kvp_clock_now_ms() - t0 < 100 && rc != KVP_OK) {
+            else if (kvp_clock_now_ms() - t0 < 100 && rc != KVP_OK)
                 atomic_fetch_add(&st->fast_fails, 1);
-            }
         }
-        /* About 25 put batches a second per process: keys keep coming for the whole scenario. */
         uint64_t spent = kvp_clock_now_ms() - loop_t0;
         if (spent < 40)
             usleep((useconds_t)(40 - spent) * 1000);
     }
+    pthread_join(put_thread, NULL);
     kvp_client_close(&c);
     _exit(0);
 }
