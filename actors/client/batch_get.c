@@ -134,6 +134,18 @@ bool kvp_client_avoided(struct kvp_client *c, uint32_t segment_id, uint64_t now_
     return yes;
 }
 
+size_t kvp_client_avoid_list(struct kvp_client *c, uint32_t *out, size_t cap)
+{
+    uint64_t now = kvp_clock_now_ms();
+    size_t n = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX && n < cap; k++)
+        if (c->avoid[k].segment_id && c->avoid[k].until_ms > now)
+            out[n++] = c->avoid[k].segment_id;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 void kvp_client_report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline)
 {
     for (size_t i = 0; i < n; i++)

@@ -208,6 +208,10 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
          * it): the master revokes it at ttl, then quarantines the space fence_grace_ms more
          * (contract C3, docs/fencing.md). */
         ps.ttl_ms = (uint64_t)kvp_client_remaining(deadline) + KVP_CLIENT_PUT_TTL_MARGIN_MS;
+        /* segments this client could not reach lately: placed last (issue 18 item 2) */
+        uint32_t avoid[KVP_CLIENT_AVOID_MAX];
+        ps.n_avoid_segments = kvp_client_avoid_list(c, avoid, KVP_CLIENT_AVOID_MAX);
+        ps.avoid_segments = avoid;
         req.body_case = KVP__REQUEST__BODY_PUT_START;
         req.put_start = &ps;
         int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_START, &start_resp);
@@ -330,6 +334,16 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                         known = bad[b] == slices[q].segment_id;
                     if (!known && n_bad < KVP_PUT_MAX_REPORTS)
                         bad[n_bad++] = slices[q].segment_id;
+                }
+                if (slices[q].status == KVP_ERR_TIMEOUT && slices[q].segment_id) {
+                    /* silent (a dropped link, a partition from this client only): placed last
+                     * by this client's next PutStarts and read last, unless a slice of this
+                     * same batch completed there (then it is only slow) */
+                    bool answered = false;
+                    for (size_t q2 = 0; q2 < ns && !answered; q2++)
+                        answered = slices[q2].segment_id == slices[q].segment_id && slices[q2].status == KVP_OK;
+                    if (!answered)
+                        kvp_client_avoid_note(c, slices[q].segment_id);
                 }
                 if (slices[q].status != KVP_OK && it[j].status == KVP_OK) {
                     it[j].status = slice_error(slices[q].status);

@@ -46,8 +46,8 @@ struct kvp_client {
     struct kvp_client_buf *bufs;    /* registered buffers (unsorted) */
     size_t n_bufs, cap_bufs;
     /* Segments this client could not reach lately (it reported them unreachable): gets try their
-     * replicas last until `until_ms` (issue 18 item 2: the master may still hear them, so their
-     * replicas stay listed). Under mu: every caller thread reads it when ordering replicas; the
+     * replicas last and PutStart asks to place on them last until `until_ms` (issue 18 item 2:
+     * the master may still hear them, so their replicas stay listed). Under mu: every caller thread reads it when ordering replicas; the
      * client is a library called from the caller's threads, not an actor with a mailbox. */
     struct { uint32_t segment_id; uint64_t until_ms; } avoid[KVP_CLIENT_AVOID_MAX];
 };
