@@ -7,7 +7,7 @@ target_compile_options(test_nemesis PRIVATE ${KVP_WARN})
 target_link_libraries(test_nemesis PRIVATE kvp_testlib kvpool_static ${CMOCKA_LINK_LIBRARIES} ${KVP_DEP_LIBS})
 add_dependencies(test_nemesis kvpool-master kvpool-segment)
 foreach(S masters_paused masters_cut_from_segments two_segments_killed asymmetric leader_isolated
-          segment_stopped masters_down raftlog_disk_full raftlog_slow_fsync)
+          segment_stopped masters_down masters_killed raftlog_disk_full raftlog_slow_fsync)
   add_test(NAME test_nemesis_${S} COMMAND test_nemesis ${S})
   set_tests_properties(test_nemesis_${S} PROPERTIES TIMEOUT 120 LABELS netns RUN_SERIAL TRUE
     ENVIRONMENT "KVP_BUILD_DIR=${CMAKE_BINARY_DIR};KVP_SOURCE_DIR=${CMAKE_SOURCE_DIR}")

@@ -1144,6 +1144,43 @@ static void sc_raftlog_slow_fsync(void)
     assert_true(p1 > p0);
 }
 
+/* All masters SIGKILLed, restarted from their data dirs 10 s later: the same as masters_down,
+ * through a restart (Raft log and snapshot reload, a new election). */
+static void sc_masters_killed(void)
+{
+    wait_keys(100);
+    fault_begin();
+    unsigned long ff0 = atomic_load(&N.sh->ch[0].fast_fails) + atomic_load(&N.sh->ch[1].fast_fails);
+    for (int i = 0; i < 3; i++)
+        stop_pid(&N.masters[i]);
+    usleep(10000 * 1000);
+    unsigned long ff = atomic_load(&N.sh->ch[0].fast_fails) + atomic_load(&N.sh->ch[1].fast_fails) - ff0;
+    uint64_t back = kvp_clock_now_ms();
+    for (int i = 0; i < 3; i++)
+        spawn_master(i);
+    unsigned long first = 0;
+    while (kvp_clock_now_ms() - back < 20000) {
+        unsigned long a = atomic_load(&N.sh->ch[0].last_get_ok_ms), b = atomic_load(&N.sh->ch[1].last_get_ok_ms);
+        if (a > back && b > back) {
+            first = a > b ? a : b;
+            break;
+        }
+        usleep(5000);
+    }
+    fault_end();
+    kvp_msession_destroy(&N.ms); /* its sockets reconnect anyway; a fresh one is simplest */
+    N.ms = td_session(&N.cl);
+    assert_non_null(N.ms);
+    printf("masters killed, restarted after 10 s: %lu calls failed fast meanwhile; first get ok %lld ms after the "
+           "restart (slowest client)\n",
+           ff, first ? (long long)(first - back) : -1LL);
+    struct figures f;
+    finish("masters_killed", &f, 20000);
+    assert_int_equal(f.lost_segments, 0);
+    assert_true(ff > 0);
+    assert_true(first > 0);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -1155,6 +1192,7 @@ static const struct {
     {"leader_isolated", sc_leader_isolated},
     {"segment_stopped", sc_segment_stopped},
     {"masters_down", sc_masters_down},
+    {"masters_killed", sc_masters_killed},
     {"raftlog_disk_full", sc_raftlog_disk_full},
     {"raftlog_slow_fsync", sc_raftlog_slow_fsync},
 };
