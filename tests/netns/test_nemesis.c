@@ -443,7 +443,7 @@ static int setup(void)
     fprintf(f, "{\"master_server_address\": \"%s\"}\n", N.list);
     fclose(f);
     char ttl[16];
-    snprintf(ttl, sizeof ttl, "%u", TTL_MS);
+    snprintf(ttl, sizeof ttl, "%ums", TTL_MS); /* with its unit: client_ttl's plain unit is Mooncake's */
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "2000", 1);
     setenv("KVPOOL_CLIENT_TTL", ttl, 1);
     setenv("KVPOOL_HEARTBEAT_MS", "300", 1);
