@@ -37,8 +37,27 @@ if(KVP_TESTS)
     message(FATAL_ERROR "missing dependency 'cmocka': apt-get install libcmocka-dev")
   endif()
 endif()
+# RDMA (issue 20, docs/rdma.md): optional. With rdma-core's libibverbs (Debian libibverbs-dev)
+# the verbs ops table (actors/transfer/rdma/), the verbs test double (tests/lib/fakeverbs.c) and
+# their tests are built, with -Werror against the real headers; without it they are left out
+# and kvpool is TCP only. -DKVP_RDMA=OFF leaves them out on purpose.
+option(KVP_RDMA "Build the RDMA verbs layer when libibverbs is found" ON)
+set(KVP_HAVE_VERBS OFF)
+set(KVP_PC_VERBS "")   # kvpool.pc Requires.private, for static linking
+if(KVP_RDMA)
+  pkg_check_modules(KVPDEP_LIBIBVERBS QUIET libibverbs)
+  if(KVPDEP_LIBIBVERBS_FOUND)
+    set(KVP_HAVE_VERBS ON)
+    set(KVP_PC_VERBS " libibverbs")
+    add_compile_definitions(KVP_HAVE_VERBS=1)
+    list(APPEND KVP_DEP_LIBS ${KVPDEP_LIBIBVERBS_LINK_LIBRARIES})
+    list(APPEND KVP_DEP_INCS ${KVPDEP_LIBIBVERBS_INCLUDE_DIRS})
+  else()
+    message(STATUS "libibverbs not found (apt-get install libibverbs-dev): RDMA verbs layer not built")
+  endif()
+endif()
 find_package(Threads REQUIRED)
-list(APPEND KVP_DEP_LIBS Threads::Threads m)
+list(APPEND KVP_DEP_LIBS Threads::Threads m ${CMAKE_DL_LIBS})  # dl: devmem.c loads the CUDA driver if present
 include_directories(${KVP_DEP_INCS})
 
 set_property(GLOBAL PROPERTY KVP_MODULE_OBJECTS "")

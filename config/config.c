@@ -242,6 +242,10 @@ static void describe(const struct kvp_cfg_key *k, char *buf, size_t cap)
     case KVP_CFG_T_DURATION_MS:
         snprintf(buf, cap, "must be a duration in [%.0f, %.0f] ms (e.g. 500, 500ms, 30s)", k->min, k->max);
         break;
+    case KVP_CFG_T_DURATION_S:
+        snprintf(buf, cap, "must be a duration in [%.0f, %.0f] ms; a plain number is seconds, Mooncake's unit "
+                 "(e.g. 30, 30s, 500ms)", k->min, k->max);
+        break;
     }
 }
 
@@ -308,18 +312,25 @@ int kvp_cfg_set_key(const struct kvp_cfg_key *k, void *cfg, const char *value, c
     case KVP_CFG_T_U32:
     case KVP_CFG_T_U64:
     case KVP_CFG_T_SIZE:
-    case KVP_CFG_T_DURATION_MS: {
+    case KVP_CFG_T_DURATION_MS:
+    case KVP_CFG_T_DURATION_S: {
         const char *end;
-        if (k->type == KVP_CFG_T_SIZE)
+        if (k->type == KVP_CFG_T_SIZE) {
             rc = kvp_cfg_parse_size(value, &u);
-        else if (k->type == KVP_CFG_T_DURATION_MS)
+        } else if (k->type == KVP_CFG_T_DURATION_S && (end = parse_dec(value, &u)) && *end == '\0') {
+            rc = u <= UINT64_MAX / 1000 ? KVP_OK : KVP_ERR_INVALID; /* plain number: seconds */
+            u *= 1000;
+        } else if (k->type == KVP_CFG_T_DURATION_MS || k->type == KVP_CFG_T_DURATION_S) {
             rc = kvp_cfg_parse_duration_ms(value, &u);
-        else
+        } else {
             rc = ((end = parse_dec(value, &u)) && *end == '\0') ? KVP_OK : KVP_ERR_INVALID;
+        }
         if (rc == KVP_OK && ((double)u < k->min || (double)u > k->max))
             rc = KVP_ERR_INVALID;
         if (rc == KVP_OK && field) {
-            size_t w = k->type == KVP_CFG_T_U32 ? 4 : k->type == KVP_CFG_T_DURATION_MS ? k->width : 8;
+            size_t w = k->type == KVP_CFG_T_U32                                              ? 4
+                       : k->type == KVP_CFG_T_DURATION_MS || k->type == KVP_CFG_T_DURATION_S ? k->width
+                                                                                             : 8;
             if (w == 4)
                 *(uint32_t *)field = (uint32_t)u;
             else
@@ -716,6 +727,12 @@ static json_t *key_to_json(const struct kvp_cfg_key *k, const void *cfg)
         if (k->width == 4)
             return json_integer((json_int_t) * (const uint32_t *)field);
         return json_integer((json_int_t) * (const uint64_t *)field);
+    case KVP_CFG_T_DURATION_S: { /* "Nms": a plain number would read back as seconds */
+        char b[32];
+        snprintf(b, sizeof b, "%llums",
+                 (unsigned long long)(k->width == 4 ? *(const uint32_t *)field : *(const uint64_t *)field));
+        return json_string(b);
+    }
     case KVP_CFG_T_U64:
     case KVP_CFG_T_SIZE:
         return json_integer((json_int_t) * (const uint64_t *)field);

@@ -19,6 +19,8 @@ enum kvp_cfg_type {
     KVP_CFG_T_SIZE,        /* uint64_t bytes; 4096, 4K, 4KB, 4KiB, 512M, 4G, 1T (binary) */
     KVP_CFG_T_DOUBLE,      /* double, finite */
     KVP_CFG_T_DURATION_MS, /* uint32_t or uint64_t (width 4|8) ms; 250, 250ms, 30s */
+    KVP_CFG_T_DURATION_S,  /* as DURATION_MS (stored in ms), but a plain number is seconds: the
+                            * Mooncake keys whose unit is seconds (transfer_timeout, client_ttl) */
 };
 
 /* Extra checks on a string key. */

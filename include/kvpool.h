@@ -89,7 +89,9 @@ int kvp_config_new(kvp_config **out);
  * Set one key (Mooncake's names where one exists: local_hostname, master_server_address,
  * global_segment_size, local_buffer_size, protocol, device_name, replica_num,
  * transfer_timeout, default_kv_lease_ttl, eviction_ratio, eviction_high_watermark_ratio,
- * client_ttl; plus cluster_file and kvpool's own keys listed in docs/config.md).
+ * client_ttl, tenant_id; plus cluster_file and kvpool's own keys listed in docs/config.md, e.g.
+ * drain_timeout_ms). protocol "rdma" is accepted and runs on TCP (a WARN at open) until the
+ * RDMA transport exists.
  * Sizes accept suffixes (4G, 512MiB). Errors: KVP_ERR_INVALID with a log line naming the key,
  * the value and what is allowed; the config is unchanged then.
  */
@@ -204,6 +206,85 @@ const char *kvp_strerror(int err);
 
 /** The code's symbolic name, e.g. "KVP_ERR_NOT_FOUND" (static string). */
 const char *kvp_errname(int err);
+
+/* ------------------------------------------------------------------------------------------
+ * Calls added for language bindings (the Python module, docs/python.md). Same conventions.
+ * ------------------------------------------------------------------------------------------ */
+
+/**
+ * Remove every complete object of the pool (kvpoolctl's and Mooncake's remove_all). Without
+ * force, the whole call is refused with KVP_ERR_LEASED while any object is under a read lease
+ * (or the leader is in its election grace); with force leased objects are removed too (their
+ * space is quarantined, never reused while a reader may read it). Objects being written stay.
+ * *removed (may be NULL) gets how many objects were removed. Blocks for one master RPC.
+ * Errors: KVP_ERR_LEASED, KVP_ERR_INVALID (c NULL), KVP_ERR_UNAVAILABLE, KVP_ERR_TIMEOUT,
+ * KVP_ERR_CLOSED.
+ */
+int kvp_remove_all(kvp_client *c, bool force, uint64_t *removed);
+
+/**
+ * Sizes of n objects: sizes[i] gets the size in bytes of the complete object under keys[i]
+ * (>= 1), or a negative code (KVP_ERR_NOT_FOUND; KVP_ERR_INVALID for a bad key, that slot only;
+ * the RPC's error for every slot when the master could not answer). One GetSize RPC per 8,192
+ * keys; no lease is taken, so a size is a hint for sizing a buffer, not a promise. Returns KVP_OK
+ * when the call ran, or a negative code when it could not run at all (NULL arrays, closed).
+ */
+int kvp_batch_get_size(kvp_client *c, size_t n, const char *const keys[], int64_t sizes[]);
+
+/**
+ * Read the object under key into a buffer this call allocates with malloc(): on success *out
+ * owns it (the caller frees it with free()) and the return is its size in bytes (>= 1). On error
+ * *out is NULL and the return is a negative code as for kvp_get() (KVP_ERR_NOT_FOUND, ...;
+ * KVP_ERR_BUSY when the key was replaced by a larger object four times while it ran). Two RPCs
+ * (GetSize, then the get's GetReplicaList).
+ */
+int64_t kvp_get_alloc(kvp_client *c, const char *key, void **out, uint32_t timeout_ms);
+
+/**
+ * Replica counts of n objects: results[i] gets the number of complete replicas of keys[i]
+ * (>= 1), or a negative code (KVP_ERR_NOT_FOUND, KVP_ERR_INVALID for a bad key). Asks the master
+ * for the replica lists, which grants a read lease on each object found (default 5 s: a remove
+ * without force is refused meanwhile). Returns KVP_OK when the call ran, else a negative code.
+ */
+int kvp_batch_replica_count(kvp_client *c, size_t n, const char *const keys[], int results[]);
+
+/**
+ * The name of the segment this client contributes (global_segment_size > 0), as the master and
+ * `kvpoolctl status` list it and as kvp_put_opts.preferred_segment takes it; written
+ * NUL-terminated into buf (cap bytes). Errors: KVP_ERR_NOT_FOUND (no embedded segment; buf ""),
+ * KVP_ERR_BUFFER_TOO_SMALL (cap too small; buf ""), KVP_ERR_INVALID (NULL argument, cap 0).
+ * Does not block.
+ */
+int kvp_client_segment_name(kvp_client *c, char *buf, size_t cap);
+
+/**
+ * The data-plane endpoint "host:port" of the segment this client contributes (the address its
+ * TCP server listens on; port chosen at open). Same contract and errors as
+ * kvp_client_segment_name().
+ */
+int kvp_client_segment_endpoint(kvp_client *c, char *buf, size_t cap);
+
+/**
+ * kvp_register_buffer() that accepts a range overlapping or nested in ranges already
+ * registered (Mooncake allows it: a small buffer registered inside a larger one). Each call is
+ * one registration; kvp_unregister_buffer(addr) removes the latest registration starting at
+ * addr. The caller keeps ownership of the memory. Errors: KVP_ERR_INVALID (NULL, 0 length,
+ * wrapping range), KVP_ERR_NOMEM, KVP_ERR_CLOSED.
+ */
+int kvp_register_buffer_overlap(kvp_client *c, void *addr, size_t len);
+
+/**
+ * Drain this client's embedded segment before closing it: the master marks it draining (no new
+ * replicas go there, readers move to other copies) and its objects are copied to other segments;
+ * this waits until none is left, at most timeout_ms (0 = config `drain_timeout_ms`, default
+ * 30 s; a configured 0 means no drain: KVP_ERR_TIMEOUT at once). *left (may be NULL) gets the
+ * replicas still on the segment at the end: the objects whose only copy they are are dropped by
+ * kvp_client_close(). Returns KVP_OK (drained, or no embedded segment), KVP_ERR_TIMEOUT,
+ * KVP_ERR_NO_SPACE (no other segment is ACTIVE: nothing can move; returns at once),
+ * KVP_ERR_UNAVAILABLE, KVP_ERR_CLOSED, KVP_ERR_INVALID. Logs the outcome (one line). Blocks;
+ * other calls keep working meanwhile; kvp_client_close() keeps its meaning (no drain).
+ */
+int kvp_client_drain(kvp_client *c, uint32_t timeout_ms, uint64_t *left);
 
 #ifdef __cplusplus
 }

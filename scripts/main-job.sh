@@ -103,6 +103,8 @@ kill_leader_halfway() {
   kill -KILL "$pid"
   echo "$(date -u +%H:%M:%S.%N) killed master $id pid $pid at request $done_" >>"$DIR/kills.log"
   echo "$done_ leader-kill" >>"$DIR/events"
+  # 3 s of downtime on purpose (the cluster runs on two masters meanwhile); the restart itself
+  # waits until every thread of the killed process is gone (kvpoolctl cluster restart).
   sleep 3
   if "$CTL" cluster restart --dir "$DIR" "$id" >/dev/null 2>&1; then
     echo "$(date -u +%H:%M:%S.%N) restarted master $id" >>"$DIR/kills.log"

@@ -9,7 +9,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 J=$(nproc)
-stage() { echo; echo "== $*"; }
+# Each stage line also says how long the stage before it took (CI's notes name the slowest).
+T0=$(date +%s); TS=$T0; LAST=""
+stage() {
+  local now; now=$(date +%s)
+  [ -n "$LAST" ] && echo "-- $LAST: $((now - TS)) s"
+  TS=$now; LAST="$*"
+  echo; echo "== $*"
+}
 # Every ctest stage appends its summary here; the last line of the run adds them up.
 SUMMARY=$(mktemp)
 trap 'rm -f "$SUMMARY"' EXIT
@@ -32,8 +39,8 @@ if [ "${KVP_TEST_QUICK:-0}" != 1 ]; then
   stage "libFuzzer: every decoder target, ${KVP_FUZZ_SECONDS:-10} s each"
   scripts/fuzz.sh "${KVP_FUZZ_SECONDS:-10}"
 fi
-echo
-echo "== all test stages passed"
+stage "all test stages passed"
+echo "-- total: $(($(date +%s) - T0)) s"
 # The plain closing line: the tests run in every ctest stage, added up.
 awk '/tests passed, [0-9]+ tests failed out of/ {
        for (i = 1; i <= NF; i++) if ($i == "of") total += $(i + 1);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <czmq.h>
 
@@ -23,6 +24,7 @@
 #include "config/config.h"
 #include "kvpool.h"
 #include "runtime/log.h"
+#include "runtime/proc.h"
 
 static int mkdir_p(const char *path)
 {
@@ -72,6 +74,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvpool-master: cannot create data dir %s: %s\n", cfg.data_dir, strerror(errno));
         return 1;
     }
+    /* Before anything else touches the data dir: one master per data dir, whatever the ports
+     * (two masters on one Raft log would corrupt it). A dying previous incarnation still holds
+     * the lock until its last thread exits, so it is retried for bind_retry_ms (issue 15). The
+     * fd stays open (O_CLOEXEC) for the life of the process; exit releases the lock. */
+    int lock_fd = -1;
+    int lrc = kvp_datadir_lock("kvpool-master", cfg.data_dir, cfg.bind_retry_ms, &lock_fd);
+    if (lrc != KVP_OK) {
+        fprintf(stderr, "kvpool-master: cannot start: data dir %s %s\n", cfg.data_dir,
+                lrc == KVP_ERR_BUSY ? "is in use by another kvpool-master (see the line above)"
+                                    : "cannot be locked (see the line above)");
+        return 1;
+    }
     signal(SIGPIPE, SIG_IGN); /* a peer that vanished is an error return, never a crash */
     zsys_init();
     zsys_set_linger(0);
@@ -86,5 +100,6 @@ int main(int argc, char **argv)
     }
     rc = kvp_master_service_run(svc);
     kvp_master_service_destroy(&svc);
+    close(lock_fd);
     return rc == KVP_OK ? 0 : 1;
 }

@@ -28,6 +28,7 @@
 
 #include "config/config.h"
 #include "kvpool.h"
+#include "runtime/proc.h"
 #include "tools/kvpoolctl_ctl.h"
 
 #define CLUSTER_MAX_SEGMENTS 64
@@ -48,15 +49,9 @@ static void sleep_ms(unsigned ms)
 
 /* ------------------------------------------------------------------ processes */
 
-/* Is pid a live (not zombie) process whose argv[0] is exe? Guards against pid reuse. */
-static bool proc_alive(pid_t pid, const char *exe)
+/* The state letter and parent of pid from /proc/PID/stat; false when it has no entry. */
+static bool proc_stat(pid_t pid, char *state, int *ppid)
 {
-    if (pid <= 0)
-        return false;
-    /* Reap it if it is our own child (cluster up / restart in this process). */
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid)
-        return false;
     char path[64], buf[4096];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
@@ -66,18 +61,49 @@ static bool proc_alive(pid_t pid, const char *exe)
     fclose(f);
     buf[n] = '\0';
     char *rp = strrchr(buf, ')');
-    if (!rp || rp[1] != ' ' || rp[2] == 'Z' || rp[2] == 'X')
+    if (!rp || rp[1] != ' ' || !rp[2])
         return false;
-    int ppid = -1;
-    if (sscanf(rp + 2, "%*c %d", &ppid) == 1 && ppid == (int)getpid())
+    *state = rp[2];
+    *ppid = -1;
+    sscanf(rp + 3, " %d", ppid);
+    return true;
+}
+
+/* Is pid's thread group leader a zombie ('Z' or 'X'; its other threads may still run)? */
+static bool proc_zombie(pid_t pid)
+{
+    char st;
+    int ppid;
+    return pid > 0 && proc_stat(pid, &st, &ppid) && (st == 'Z' || st == 'X');
+}
+
+/* Is pid a live process whose argv[0] is exe? Guards against pid reuse. A zombie thread group
+ * leader whose other threads are still exiting (they still hold its ports and its data-dir
+ * lock) counts as alive until the whole group has exited (runtime/proc.h). */
+static bool proc_alive(pid_t pid, const char *exe)
+{
+    if (pid <= 0)
+        return false;
+    /* Reap it if it is our own child (cluster up / restart in this process). */
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid)
+        return false;
+    char state;
+    int ppid;
+    if (!proc_stat(pid, &state, &ppid))
+        return false;
+    if (state == 'Z' || state == 'X')
+        return !kvp_proc_gone(pid);
+    if (ppid == (int)getpid())
         return true; /* our own child: maybe between fork and exec, its cmdline still ours */
     if (!exe)
         return true;
+    char path[64], buf[4096];
     snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
-    f = fopen(path, "r");
+    FILE *f = fopen(path, "r");
     if (!f)
         return false;
-    n = fread(buf, 1, sizeof buf - 1, f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = '\0';
     return strcmp(buf, exe) == 0;
@@ -818,6 +844,13 @@ static int cluster_restart(struct ctl *c, int argc, char **argv)
         return 1;
     }
     pid_t pid = (pid_t)json_integer_value(json_object_get(found, "pid"));
+    /* Killed but still exiting (a zombie leader, other threads still holding its ports and
+     * lock): wait until every thread is gone, then start it (issue 15). */
+    if (proc_zombie(pid) && kvp_proc_wait_gone(pid, 10000) != KVP_OK) {
+        fprintf(stderr, "kvpoolctl cluster restart: %s (pid %d) is still exiting after 10 s\n", want, (int)pid);
+        json_decref(cl);
+        return 1;
+    }
     if (member_alive(found)) {
         if (c->json) {
             json_t *j = json_pack("{s:s, s:i}", "result", "running", "pid", (int)pid);

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "actors/client/client.h"
+#include "actors/client/devmem.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -90,7 +91,7 @@ static int check_obj(const struct kvp_client_obj *o)
     for (size_t k = 0; k < o->iovcnt; k++)
         if (o->iov[k].len > 0 && !o->iov[k].base)
             return kvp_client_invalid(__func__, "an iov piece of non-zero length has a NULL base");
-    return KVP_OK;
+    return kvp_devmem_check_iov("get", o->key, o->iov, o->iovcnt);
 }
 
 static size_t count_pieces(const struct kvp_client_obj *o, uint64_t size)

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "actors/client/client.h"
+#include "actors/client/devmem.h"
 #include "actors/client/put_retry.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -47,6 +48,8 @@ static uint64_t obj_size(const struct kvp_client_obj *o, int *rc)
     }
     if (size == 0)
         *rc = kvp_client_invalid(__func__, "an object of 0 bytes (objects are 1 byte or larger)");
+    if (*rc == KVP_OK)
+        *rc = kvp_devmem_check_iov("put", o->key, o->iov, o->iovcnt);
     return size;
 }
 

@@ -202,7 +202,10 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     c->client_id &= ~0xffffffffull; /* the counter fills the low half: op ids never repeat within a client */
 
     int rc;
-    if (strcmp(c->cfg.protocol, "tcp") != 0 && c->cfg.protocol[0]) {
+    if (strcmp(c->cfg.protocol, "rdma") == 0) {
+        /* vLLM's and SGLang's default: run, on TCP, rather than refuse the whole client. */
+        kvp_log_warn(c->name, "protocol=rdma: the RDMA transport is not available yet; using tcp");
+    } else if (strcmp(c->cfg.protocol, "tcp") != 0 && c->cfg.protocol[0]) {
         kvp_log_error(c->name, "protocol=%s: only tcp is available in this build", c->cfg.protocol);
         rc = KVP_ERR_UNSUPPORTED;
         goto fail;
@@ -264,9 +267,10 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
             goto fail;
         }
     }
-    kvp_log_info(c->name, "open (%s%s)", c->cfg.master_server_address[0] ? c->cfg.master_server_address
-                                                                          : c->cfg.cluster_file,
-                 c->seg ? ", embedded segment" : "");
+    kvp_log_info(c->name, "open (%s%s%s%s)", c->cfg.master_server_address[0] ? c->cfg.master_server_address
+                                                                              : c->cfg.cluster_file,
+                 c->seg ? ", embedded segment " : "", c->seg ? kvp_segment_name(c->seg) : "",
+                 c->cfg.tenant_id[0] ? ", tenant_id kept, not yet enforced" : "");
     *out = c;
     return KVP_OK;
 
@@ -448,9 +452,11 @@ int kvp_unregister_buffer(kvp_client *c, void *addr)
         return rc;
     rc = KVP_ERR_NOT_FOUND;
     pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < c->n_bufs; i++) {
+    /* the latest registration at addr first (kvp_register_buffer_overlap may have nested ones) */
+    for (size_t i = c->n_bufs; i-- > 0;) {
         if (c->bufs[i].addr == (uintptr_t)addr) {
-            c->bufs[i] = c->bufs[--c->n_bufs];
+            memmove(&c->bufs[i], &c->bufs[i + 1], (c->n_bufs - i - 1) * sizeof c->bufs[0]);
+            c->n_bufs--;
             rc = KVP_OK;
             break;
         }

@@ -18,6 +18,7 @@
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "runtime/proc.h"
 #include "wire/envelope.h"
 
 uint64_t svc_now_ms(void)
@@ -382,6 +383,27 @@ static int on_tick(zloop_t *loop, int timer_id, void *arg)
 
 /* ------------------------------------------------------------------ lifecycle */
 
+struct bind_try {
+    zsock_t *router;
+    const char *listen;
+};
+
+/* One bind of the ROUTER: BUSY while the port is held (retried), any other error is final. */
+static int router_bind_attempt(void *arg, char *why, size_t why_cap)
+{
+    struct bind_try *t = arg;
+    if (zsock_bind(t->router, "tcp://%s", t->listen) >= 0)
+        return KVP_OK;
+    int e = zmq_errno();
+    snprintf(why, why_cap, "%s", zmq_strerror(e));
+    return e == EADDRINUSE ? KVP_ERR_BUSY : KVP_ERR_IO;
+}
+
+static int raft_probe_attempt(void *arg, char *why, size_t why_cap)
+{
+    return kvp_probe_listen(arg, why, why_cap);
+}
+
 int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg_master *cfg)
 {
     if (!out || !cfg)
@@ -465,9 +487,22 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     zsock_set_rcvhwm(s->router, 100000);
     zsock_set_sndhwm(s->router, 100000);
     zsock_set_linger(s->router, 0);
-    if (zsock_bind(s->router, "tcp://%s", cfg->listen) < 0) {
-        kvp_log_error(s->actor, "bind tcp://%s: %s", cfg->listen, zmq_strerror(zmq_errno()));
+    /* A port still held (by a killed previous incarnation whose threads are still exiting, or
+     * by anything else) is retried for bind_retry_ms, with one log line per try (issue 15). */
+    char what[300];
+    snprintf(what, sizeof what, "bind tcp://%s", cfg->listen);
+    struct bind_try bt = {.router = s->router, .listen = cfg->listen};
+    rc = kvp_retry_start(s->actor, what, cfg->bind_retry_ms, router_bind_attempt, &bt);
+    if (rc != KVP_OK) {
         rc = KVP_ERR_IO;
+        goto fail;
+    }
+    /* The Raft transport binds inside raft_start, where a held port cannot be retried: wait
+     * here until it can be taken (the same incarnation held both; a TIME-WAIT does not count). */
+    snprintf(what, sizeof what, "bind Raft address %s", cfg->raft_address);
+    rc = kvp_retry_start(s->actor, what, cfg->bind_retry_ms, raft_probe_attempt, (void *)cfg->raft_address);
+    if (rc != KVP_OK) {
+        rc = rc == KVP_ERR_INVALID ? KVP_ERR_INVALID : KVP_ERR_IO;
         goto fail;
     }
 

@@ -654,6 +654,7 @@ static int listen_on(struct kvp_seg_server *s, const char *host, uint32_t port)
         return KVP_ERR_INVALID;
     }
     int err = KVP_ERR_IO;
+    bool in_use = false; /* the first address failed with EADDRINUSE: the caller may retry */
     for (struct addrinfo *a = ai; a && s->n_lfd < KVP_SEG_MAX_LISTEN; a = a->ai_next) {
         /* Every address after the first binds the port the first one got. */
         if (s->n_lfd > 0) {
@@ -673,7 +674,9 @@ static int listen_on(struct kvp_seg_server *s, const char *host, uint32_t port)
             int e = errno;
             char as[96];
             addr_to_string(a->ai_addr, as, sizeof as);
-            if (s->n_lfd == 0)
+            if (s->n_lfd == 0 && e == EADDRINUSE && a == ai)
+                in_use = true; /* logged by the caller's retry (kvp_retry_start), once per try */
+            else if (s->n_lfd == 0)
                 kvp_log_warn(ACTOR, "listen on %s: %s", as, strerror(e));
             else
                 kvp_log_info(ACTOR, "listen on %s: %s (serving the other addresses)", as, strerror(e));
@@ -691,6 +694,8 @@ static int listen_on(struct kvp_seg_server *s, const char *host, uint32_t port)
         err = KVP_OK;
     }
     freeaddrinfo(ai);
+    if (err != KVP_OK && in_use)
+        return KVP_ERR_BUSY;
     if (err != KVP_OK)
         kvp_log_error(ACTOR, "cannot listen on %s port %u", h[0] ? h : "*", port);
     return err;

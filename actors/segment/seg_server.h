@@ -17,7 +17,8 @@ struct kvp_seg_server;
 /**
  * Listen on host:port (port 0 = ephemeral; IPv4, IPv6, names) and serve [base, base+size).
  * The region stays owned by the caller and must outlive the server.
- * Errors: KVP_ERR_IO (bind), KVP_ERR_INVALID, KVP_ERR_NOMEM.
+ * Errors: KVP_ERR_BUSY (the port is in use: nothing logged, the caller retries and logs; see
+ * kvp_retry_start), KVP_ERR_IO (other bind errors), KVP_ERR_INVALID, KVP_ERR_NOMEM.
  */
 int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t port, void *base,
                          uint64_t size);

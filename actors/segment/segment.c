@@ -27,6 +27,7 @@
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "runtime/proc.h"
 
 #define HUGE_PAGE_BYTES (2ull << 20)
 #define MOUNT_TIMEOUT_MS 10000u
@@ -419,6 +420,20 @@ static void segment_free(struct kvp_segment *s)
     free(s);
 }
 
+struct srv_try {
+    struct kvp_segment *s;
+    const struct kvp_cfg_segment *cfg;
+};
+
+static int srv_start_attempt(void *arg, char *why, size_t why_cap)
+{
+    struct srv_try *t = arg;
+    int rc = kvp_seg_server_start(&t->s->srv, t->cfg->local_hostname, t->cfg->port, t->s->base, t->s->size);
+    if (rc == KVP_ERR_BUSY)
+        snprintf(why, why_cap, "%s", strerror(EADDRINUSE));
+    return rc;
+}
+
 int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cfg,
                       struct kvp_msession *ms, const struct kvp_segment_hooks *hooks)
 {
@@ -466,7 +481,14 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
                      "lower global_segment_size or raise the limit",
                      (unsigned long long)s->size, mcg.path, (unsigned long long)mcg.limit,
                      (unsigned long long)mcg.usage);
-    rc = kvp_seg_server_start(&s->srv, cfg->local_hostname, cfg->port, s->base, s->size);
+    /* A fixed port still held (a killed previous incarnation's threads still exiting) is
+     * retried for bind_retry_ms, one log line per try (issue 15). */
+    struct srv_try st = {.s = s, .cfg = cfg};
+    char what[300];
+    snprintf(what, sizeof what, "listen on %s port %u", cfg->local_hostname, cfg->port);
+    rc = kvp_retry_start(s->actor, what, cfg->bind_retry_ms, srv_start_attempt, &st);
+    if (rc == KVP_ERR_BUSY)
+        rc = KVP_ERR_IO;
     if (rc != KVP_OK) {
         if (rc == KVP_ERR_INVALID && cfg->local_hostname[0])
             rc = KVP_ERR_IO; /* host did not resolve to anything we can bind */
@@ -539,9 +561,12 @@ const char *kvp_segment_name(const struct kvp_segment *s) { return s ? s->name :
 const char *kvp_segment_endpoint(const struct kvp_segment *s) { return s ? s->endpoint : ""; }
 
 /* Replicas the master counts on our segment: >= 0, -1 when the segment is not listed, or an
- * error code (< -1 is impossible: errors are returned through *err). */
-static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err)
+ * error code (< -1 is impossible: errors are returned through *err). *others (may be NULL) gets
+ * the number of ACTIVE segments other than ours: with none, a drain cannot move anything. */
+static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err, int *others)
 {
+    if (others)
+        *others = 0;
     Kvp__Request req;
     Kvp__ClusterStatusReq cs;
     kvp__request__init(&req);
@@ -569,11 +594,14 @@ static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err)
     json_array_foreach(json_object_get(root, "segments"), i, seg)
     {
         json_t *jid = json_object_get(seg, "id");
-        if (!json_is_integer(jid) || (uint32_t)json_integer_value(jid) != id)
+        if (!json_is_integer(jid) || (uint32_t)json_integer_value(jid) != id) {
+            const char *st = json_string_value(json_object_get(seg, "state"));
+            if (others && st && strcmp(st, "ACTIVE") == 0)
+                (*others)++;
             continue;
+        }
         json_t *o = json_object_get(seg, "objects");
         n = json_is_integer(o) ? (int64_t)json_integer_value(o) : 0;
-        break;
     }
     json_decref(root);
     return n;
@@ -608,6 +636,14 @@ static void drain_report(struct kvp_segment *s, uint32_t id, int64_t left)
 
 int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
 {
+    int64_t left = 0;
+    return kvp_segment_drain_left(s, timeout_ms, false, &left);
+}
+
+int kvp_segment_drain_left(struct kvp_segment *s, uint32_t timeout_ms, bool stop_when_alone, int64_t *left)
+{
+    if (left)
+        *left = 0;
     if (!s)
         return KVP_ERR_INVALID;
     uint32_t id = kvp_segment_id(s);
@@ -636,8 +672,10 @@ int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
                  timeout_ms);
     int64_t last = -2;
     for (;;) {
-        int err = KVP_OK;
-        int64_t n = objects_on_segment(s, id, &err);
+        int err = KVP_OK, others = 0;
+        int64_t n = objects_on_segment(s, id, &err, &others);
+        if (err == KVP_OK && left)
+            *left = n > 0 ? n : 0;
         if (err == KVP_OK && n <= 0) {
             kvp_log_info(s->actor, "segment %u: drained (%s)", id, n < 0 ? "no longer listed" : "0 objects");
             return KVP_OK;
@@ -645,6 +683,11 @@ int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
         if (err == KVP_OK && n != last) {
             kvp_log_info(s->actor, "segment %u: drain: %ld replicas left", id, (long)n);
             last = n;
+        }
+        if (err == KVP_OK && stop_when_alone && others == 0) {
+            kvp_log_warn(s->actor, "segment %u: drain: no other ACTIVE segment: %ld replicas cannot move", id,
+                         (long)n);
+            return KVP_ERR_NO_SPACE;
         }
         uint64_t now = kvp_clock_now_ms();
         if (now >= deadline) {

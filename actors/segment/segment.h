@@ -11,6 +11,7 @@
 #ifndef KVP_SEGMENT_H
 #define KVP_SEGMENT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "actors/client/msession.h"
@@ -44,6 +45,15 @@ const char *kvp_segment_endpoint(const struct kvp_segment *s);
  * replica left on it or timeout_ms passes. Then stop. (Migration itself is issue 7.)
  */
 int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms);
+
+/**
+ * kvp_segment_drain() that also reports, in *left (may be NULL), the replicas the master still
+ * counted on this segment at the last poll (0 when drained). With stop_when_alone it returns
+ * KVP_ERR_NO_SPACE at once when no other segment is ACTIVE (nothing could move) instead of
+ * waiting out timeout_ms. Other errors as kvp_segment_drain() (KVP_ERR_TIMEOUT, KVP_ERR_CLOSED,
+ * the drain request's error). Blocks; one caller at a time.
+ */
+int kvp_segment_drain_left(struct kvp_segment *s, uint32_t timeout_ms, bool stop_when_alone, int64_t *left);
 
 /** Unmount, stop serving, unmap, free. Accepts NULL; sets *s NULL. */
 void kvp_segment_stop(struct kvp_segment **s);

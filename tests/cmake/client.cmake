@@ -8,3 +8,5 @@ kvp_add_test(test_client_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/t
 kvp_add_test(test_client_cluster_loss SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_cluster_loss.c LABEL integration TIMEOUT 90)
 # The client's memory of unreachable segments (reads try them last): pure, fake clock.
 kvp_add_test(test_client_avoid SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_client_avoid.c LABEL unit TIMEOUT 30)
+# The calls added for language bindings (issue 16), against a real cluster (3 masters, 1 segment).
+kvp_add_test(test_client_api_ext SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_api_ext.c LABEL integration TIMEOUT 120)

@@ -25,6 +25,7 @@
 
 #include "actors/client/msession.h"
 #include "kvpool.h"
+#include "runtime/proc.h"
 #include "wire/envelope.h"
 
 /* Not every test file uses every helper. */
@@ -200,7 +201,8 @@ static void tm_signal(struct tm_cluster *c, int id, int sig)
         kill(c->pids[id], sig);
 }
 
-/* SIGKILL member id and wait until it is gone (reaped by init or a zombie). */
+/* SIGKILL member id and wait until every thread of it has exited (a pidfd; not the leader's
+ * 'Z', which shows while other threads still hold its ports: issue 15). */
 static void tm_kill(struct tm_cluster *c, int id)
 {
     tm_load(c);
@@ -208,20 +210,8 @@ static void tm_kill(struct tm_cluster *c, int id)
     if (pid <= 0)
         return;
     kill(pid, SIGKILL);
-    for (int i = 0; i < 200; i++) {
-        char path[64], buf[512];
-        snprintf(path, sizeof path, "/proc/%d/stat", pid);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            return;
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[n] = '\0';
-        char *rp = strrchr(buf, ')');
-        if (rp && (rp[2] == 'Z' || rp[2] == 'X'))
-            return;
-        tm_sleep_ms(10);
-    }
+    if (kvp_proc_wait_gone(pid, 20000) != KVP_OK)
+        fprintf(stderr, "tm_kill: master %d (pid %d) still has a live thread 20 s after SIGKILL\n", id, pid);
 }
 
 /* `kvpoolctl cluster restart --dir DIR ID`: the same command line, with its data. */
@@ -235,18 +225,10 @@ static int tm_restart(struct tm_cluster *c, int id)
     return rc;
 }
 
+/* Is pid still running (not exited, or a zombie leader whose other threads still run)? */
 static bool tm_alive(int pid)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *rp = strrchr(buf, ')');
-    return rp && rp[2] != 'Z' && rp[2] != 'X';
+    return !kvp_proc_gone(pid);
 }
 
 static void tm_key(char *buf, size_t cap, const char *prefix, unsigned i)

@@ -148,6 +148,14 @@ static void test_config_defaults_documented_values(void **state)
     assert_string_equal(m.log_level, "info");
     assert_string_equal(m.listen, "127.0.0.1:7101");
     assert_int_equal(kvp_cfg_validate(KVP_CFG_MASTER, &m), KVP_OK);
+    /* Mooncake's units: client_ttl in seconds (mooncake_master --client_ttl 10),
+     * default_kv_lease_ttl in milliseconds (--default_kv_lease_ttl 5000) */
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "client_ttl", "3"), KVP_OK);
+    assert_int_equal(m.client_ttl_ms, 3000);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "client_ttl", "2500ms"), KVP_OK);
+    assert_int_equal(m.client_ttl_ms, 2500);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "default_kv_lease_ttl", "5000"), KVP_OK);
+    assert_int_equal(m.default_kv_lease_ttl_ms, 5000);
 
     struct kvp_cfg_segment s;
     kvp_cfg_defaults(KVP_CFG_SEGMENT, &s);
@@ -280,6 +288,9 @@ static void test_config_set_every_type_stored(void **state)
     assert_int_equal(c.transfer_timeout_ms, 30000);
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "transfer-timeout", "1500ms"), KVP_OK);
     assert_int_equal(c.transfer_timeout_ms, 1500);
+    /* Mooncake's unit for transfer_timeout: a plain number is seconds */
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "transfer_timeout", "7"), KVP_OK);
+    assert_int_equal(c.transfer_timeout_ms, 7000);
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "protocol", "RDMA"), KVP_OK);
     assert_string_equal(c.protocol, "rdma");
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "log_level", "DEBUG"), KVP_OK);
@@ -342,6 +353,8 @@ static void test_config_set_bad_values_invalid_logged_unchanged(void **state)
     expect_bad(KVP_CFG_SEGMENT, "global_segment_size", "65T", "global_segment_size=65T", "size");
     /* duration */
     expect_bad(KVP_CFG_CLIENT, "transfer_timeout", "0", "transfer_timeout=0", "duration in [1, 3600000] ms");
+    expect_bad(KVP_CFG_CLIENT, "transfer_timeout", "3601", "transfer_timeout=3601", "a plain number is seconds");
+    expect_bad(KVP_CFG_MASTER, "client_ttl", "0.5", "client_ttl=0.5", "a plain number is seconds");
     expect_bad(KVP_CFG_CLIENT, "transfer_timeout", "2h", "transfer_timeout=2h", "30s");
     expect_bad(KVP_CFG_CLIENT, "transfer_timeout", "3601s", "transfer_timeout=3601s", "duration");
     expect_bad(KVP_CFG_MASTER, "election_timeout_ms", "10", "election_timeout_ms=10", "[50, 600000]");
@@ -424,6 +437,29 @@ static void test_config_ignored_mooncake_key_accepted_not_stored(void **state)
 }
 
 /* ------------------------------------------------------------------ files */
+
+/* A config file as vLLM/SGLang pass it to Mooncake (MOONCAKE_CONFIG_PATH) loads as it is, with
+ * Mooncake's units: transfer_timeout 30 is 30 s, sizes as "4GB" / "16 MB". */
+static void test_config_mooncake_json_loads_with_mooncake_units(void **state)
+{
+    (void)state;
+    struct kvp_cfg_client c;
+    kvp_cfg_defaults(KVP_CFG_CLIENT, &c);
+    const char *p = write_tmp("mooncake.json",
+                              "{\"local_hostname\": \"10.0.0.5\", \"metadata_server\": \"P2PHANDSHAKE\","
+                              " \"master_server_address\": \"10.0.0.1:50051,10.0.0.2:50051\","
+                              " \"global_segment_size\": \"4GB\", \"local_buffer_size\": \"16 MB\","
+                              " \"protocol\": \"rdma\", \"device_name\": \"mlx5_0\", \"transfer_timeout\": 30,"
+                              " \"tenant_id\": \"team-a\", \"enable_ssd_offload\": false,"
+                              " \"ssd_offload_path\": \"\"}");
+    assert_int_equal(kvp_cfg_load_file(KVP_CFG_CLIENT, &c, p), KVP_OK);
+    assert_int_equal(c.global_segment_size, 4ull << 30);
+    assert_int_equal(c.local_buffer_size, 16ull << 20);
+    assert_int_equal(c.transfer_timeout_ms, 30000);
+    assert_string_equal(c.protocol, "rdma");
+    assert_string_equal(c.tenant_id, "team-a");
+    assert_int_equal(c.drain_timeout_ms, 30000); /* default */
+}
 
 static void test_config_load_file_types_applied(void **state)
 {
@@ -541,7 +577,7 @@ static void test_config_layering_defaults_file_env_flags(void **state)
     char path[512];
     snprintf(path, sizeof path, "%s", p);
     setenv("KVPOOL_REPLICA_NUM", "3", 1);
-    setenv("KVPOOL_TRANSFER_TIMEOUT", "15000", 1);
+    setenv("KVPOOL_TRANSFER_TIMEOUT", "15", 1); /* seconds */
     setenv("KVPOOL_RPC_TIMEOUT_MS", "800", 1);
     char *argv[] = {"prog", "--config", path, "--replica-num=4", "--rpc_timeout_ms", "900", "put", "-", NULL};
     int argc = 8;
@@ -715,13 +751,14 @@ static void test_config_to_json_typed_and_round_trips(void **state)
             case KVP_CFG_T_STRING: assert_true(json_is_string(v)); break;
             case KVP_CFG_T_BOOL: assert_true(json_is_boolean(v)); break;
             case KVP_CFG_T_DOUBLE: assert_true(json_is_real(v)); break;
+            case KVP_CFG_T_DURATION_S: assert_true(json_is_string(v)); break; /* "10000ms" */
             default: assert_true(json_is_integer(v)); break;
             }
         }
         assert_int_equal(json_object_size(o), stored);
         if (kind == KVP_CFG_CLIENT) {
             assert_int_equal(json_integer_value(json_object_get(o, "global_segment_size")), 3ll << 30);
-            assert_int_equal(json_integer_value(json_object_get(o, "transfer_timeout")), 10000);
+            assert_string_equal(json_string_value(json_object_get(o, "transfer_timeout")), "10000ms");
             assert_string_equal(json_string_value(json_object_get(o, "master_server_address")), "h:1,[::1]:2");
         }
         json_decref(o);
@@ -914,6 +951,7 @@ int main(void)
         cmocka_unit_test(test_config_set_bad_values_invalid_logged_unchanged),
         cmocka_unit_test(test_config_set_null_args_invalid),
         cmocka_unit_test(test_config_ignored_mooncake_key_accepted_not_stored),
+        cmocka_unit_test(test_config_mooncake_json_loads_with_mooncake_units),
         cmocka_unit_test(test_config_load_file_types_applied),
         cmocka_unit_test(test_config_load_file_errors_unchanged),
         cmocka_unit_test(test_config_load_env_applies_and_validates),

@@ -1,0 +1,10 @@
+# RDMA (issue 20, docs/rdma.md): the verbs test double itself, and against it the building
+# blocks of the rdma transport (wr_id slots, credits, the ERR+drain / wedged fence, MR chunks and
+# chunk-clamped spans, QP bring-up and GID selection, NIC choice). Only with libibverbs found.
+if(KVP_HAVE_VERBS)
+  kvp_add_test(test_fakeverbs SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fakeverbs.c LABEL unit TIMEOUT 60)
+  kvp_add_test(test_rdma_fence SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_fence.c LABEL unit TIMEOUT 60)
+  kvp_add_test(test_rdma_chunk SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_chunk.c LABEL unit TIMEOUT 60)
+  kvp_add_test(test_rdma_qp SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_qp.c LABEL unit TIMEOUT 60)
+  kvp_add_test(test_rdma_topo SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_topo.c LABEL unit TIMEOUT 30)
+endif()
