@@ -116,13 +116,11 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
     bool quorum_stale = now_ms > lv->quorum_ok_ms && now_ms - lv->quorum_ok_ms > lv->quorum_stale_ms;
 
     unsigned heard = 0, n_silence = 0, n_witnessed = 0;
-    enum cand_kind kind[n ? n : 1];
     for (size_t i = 0; i < n; i++) {
         const struct kvp_liveness_seg *g = &segs[i];
         struct kvp_liveness_verdict *v = &out[i];
         memset(v, 0, sizeof *v);
         v->id = g->id;
-        kind[i] = CAND_NONE;
         uint64_t since = g->last_hb_ms > lv->grace_from_ms ? g->last_hb_ms : lv->grace_from_ms;
         uint64_t silent = now_ms > since ? now_ms - since : 0;
         v->silent_ms = silent;
@@ -136,15 +134,15 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
             snprintf(v->why, sizeof v->why, "no heartbeat for %llu ms, but a client wrote to it %llu ms ago: kept",
                      (unsigned long long)silent, (unsigned long long)(now_ms - g->client_wrote_ms));
         } else if (silent > ttl) {
-            kind[i] = CAND_SILENCE;
+            out[i].candidate = CAND_SILENCE;
             snprintf(v->why, sizeof v->why, "no heartbeat for %llu ms (client_ttl %llu ms)",
                      (unsigned long long)silent, (unsigned long long)ttl);
         } else if (reported && probe_failed && silent > probe_silence) {
-            kind[i] = CAND_WITNESSED;
+            out[i].candidate = CAND_WITNESSED;
             snprintf(v->why, sizeof v->why, "reported unreachable by a client, probe failed, no heartbeat for %llu ms",
                      (unsigned long long)silent);
         } else if (reported && silent > report_silence) {
-            kind[i] = CAND_WITNESSED;
+            out[i].candidate = CAND_WITNESSED;
             snprintf(v->why, sizeof v->why, "reported unreachable by a client, no heartbeat for %llu ms",
                      (unsigned long long)silent);
         } else if (silent <= heard_window(ttl, g->hb_gap_ms)) {
@@ -159,9 +157,9 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
             snprintf(v->why, sizeof v->why, "no heartbeat for %llu ms%s", (unsigned long long)silent,
                      reported ? ", reported unreachable by a client" : "");
         }
-        if (kind[i] == CAND_SILENCE)
+        if (out[i].candidate == CAND_SILENCE)
             n_silence++;
-        else if (kind[i] == CAND_WITNESSED)
+        else if (out[i].candidate == CAND_WITNESSED)
             n_witnessed++;
     }
     lv->heard = heard;
@@ -183,9 +181,9 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
     }
     for (size_t i = 0; i < n; i++) {
         struct kvp_liveness_verdict *v = &out[i];
-        if (kind[i] == CAND_NONE)
+        if (out[i].candidate == CAND_NONE)
             continue;
-        bool allow = kind[i] == CAND_SILENCE ? allow_silence
+        bool allow = out[i].candidate == CAND_SILENCE ? allow_silence
                                              : allow_witnessed && heard_after(lv, segs, n, i) >= 1;
         if (allow) {
             v->state = KVP_LIVENESS_LOST;

@@ -58,6 +58,7 @@ struct kvp_liveness_verdict {
     uint32_t id;
     enum kvp_liveness_state state;
     uint64_t silent_ms;         /* silence counted (blind periods excluded) */
+    uint8_t candidate;          /* internal to the check: 0 none, 1 by silence, 2 witnessed by a report */
     char why[224];              /* evidence (LOST), reason (WITHHELD, SUSPECT), "" when LIVE */
 };
 

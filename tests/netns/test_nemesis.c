@@ -1029,7 +1029,15 @@ static void sc_segment_stopped(void)
     d = status();
     bool lost = d && seg_id(d, 0) != s0;
     json_decref(d);
-    printf("segment %u stopped for %u ms: %s\n", s0, 2 * TTL_MS, lost ? "declared lost, remounted as new" : "kept");
+    char hlog[400];
+    snprintf(hlog, sizeof hlog, "%s/host-0.log", N.cl.dir);
+    bool refused = log_has(hlog, "refusing data until the master");
+    bool remounted = log_has(hlog, "remounting as a new segment");
+    printf("segment %u stopped for %u ms: %s; on resume it refused data until confirmed: %s, remounted empty: %s\n",
+           s0, 2 * TTL_MS, lost ? "declared lost" : "kept", refused ? "yes" : "no", remounted ? "yes" : "no");
+    /* No stale space: a segment declared lost must come back empty under a new id. */
+    if (lost)
+        assert_true(remounted);
     struct figures f;
     finish("segment_stopped", &f, 30000);
     assert_int_equal(f.gets_failed, 0);
