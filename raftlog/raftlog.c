@@ -87,6 +87,22 @@ struct kvp_raftlog {
     int (*tcp_connect)(struct raft_uv_transport *t, struct raft_uv_connect *req, raft_id id,
                        const char *address, raft_uv_connect_cb cb);
     struct raft_io io;
+#ifdef KVP_FAULT_INJECTION
+    /* Log-write fault injection (rl_fault_*): raft_uv's own append, wrapped. raft thread only. */
+    int (*uv_append)(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[],
+                     unsigned n, raft_io_append_cb cb);
+    char fault_file[256];     /* $KVP_RAFTLOG_FAULT_FILE; "" = off */
+    uint64_t fault_read_ms;   /* when the file was last read */
+    int fault_mode;           /* 0 none, 1 nospace, 2 slow */
+    unsigned fault_ms;        /* slow: completion delay */
+    unsigned fault_pending;   /* delayed completions not yet delivered */
+    struct rl_fault_append *held_head, *held_tail; /* appends held while writes fail, in order */
+    uint64_t held_since_ms;   /* when the oldest held append was held */
+    uv_timer_t fault_timer;   /* re-checks the fault while appends are held */
+    bool fault_timer_inited;
+    bool fault_transfer_sent; /* leadership handed over in this episode */
+    struct raft_transfer fault_transfer;
+#endif
     struct raft raft;
     struct kvp_rl_glue glue;
     struct rl_op *pend_head, *pend_tail; /* submits taken from the queue, not yet proposed */
@@ -119,6 +135,192 @@ struct kvp_raftlog {
 };
 
 static atomic_uint g_instance_seq;
+
+/* ---- log-write fault injection (tests; docs/raftlog.md "Fault injection") ----
+ * With KVP_FAULT_INJECTION compiled in and $KVP_RAFTLOG_FAULT_FILE set, every append raft asks
+ * of raft_uv consults that file (re-read at most every 100 ms): missing or empty = no fault;
+ * "nospace" = the append fails (its callback, on the next loop turn, gets RAFT_NOSPACE, as a
+ * full disk would give); "slow MS" = the append is done, and its completion reaches raft MS ms
+ * late (a slow fsync). The test flips the file while the master runs. */
+#ifdef KVP_FAULT_INJECTION
+/* Found with this injection: libraft 0.15 crashes (SIGSEGV in the raft thread) when a leader's
+ * append completes with an error. So a failing write is never handed to raft as an error: the
+ * append is held, in order with every later one, and written when the fault clears (a disk
+ * that fills and is freed again); meanwhile a leader hands leadership over (raft_transfer) and
+ * the other members, which can write, go on committing. */
+struct rl_fault_append {
+    struct raft_io_append inner;   /* handed to raft_uv (slow) */
+    struct raft_io_append *orig;   /* raft's request */
+    raft_io_append_cb cb;          /* raft's callback */
+    struct kvp_raftlog *rl;
+    uv_timer_t timer;
+    int status;
+    const struct raft_entry *entries; /* held: raft keeps them until the callback */
+    unsigned n;
+    struct rl_fault_append *next;     /* held queue */
+};
+
+static void rl_fault_read(struct kvp_raftlog *rl)
+{
+    uint64_t now = kvp_clock_now_ms();
+    if (rl->fault_read_ms && now - rl->fault_read_ms < 100)
+        return;
+    rl->fault_read_ms = now;
+    int mode = 0;
+    unsigned ms = 0;
+    FILE *f = fopen(rl->fault_file, "r");
+    if (f) {
+        char buf[64] = "";
+        if (fgets(buf, sizeof buf, f)) {
+            if (strncmp(buf, "nospace", 7) == 0)
+                mode = 1;
+            else if (sscanf(buf, "slow %u", &ms) == 1 && ms > 0)
+                mode = 2;
+        }
+        fclose(f);
+    }
+    if (mode != rl->fault_mode || ms != rl->fault_ms)
+        kvp_log_warn(rl->actor, "fault injection: raft log writes %s", mode == 1 ? "fail (no space)"
+                                                                     : mode == 2 ? "are slow"
+                                                                                 : "are normal again");
+    rl->fault_mode = mode;
+    rl->fault_ms = ms;
+}
+
+static void rl_fault_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void rl_fault_fire(uv_timer_t *t)
+{
+    struct rl_fault_append *w = t->data;
+    w->rl->fault_pending--;
+    if (!w->rl->raft_closed_called) /* never call into a closed raft */
+        w->cb(w->orig, w->status);
+    uv_close((uv_handle_t *)&w->timer, rl_fault_closed);
+}
+
+static void rl_fault_later(struct rl_fault_append *w, unsigned ms)
+{
+    uv_timer_init(&w->rl->loop, &w->timer);
+    w->timer.data = w;
+    w->rl->fault_pending++;
+    uv_timer_start(&w->timer, rl_fault_fire, ms, 0);
+}
+
+static void rl_fault_inner_cb(struct raft_io_append *req, int status)
+{
+    struct rl_fault_append *w = req->data;
+    w->status = status;
+    rl_fault_later(w, w->rl->fault_ms);
+}
+
+static void rl_fault_plain_cb(struct raft_io_append *req, int status)
+{
+    struct rl_fault_append *w = req->data;
+    raft_io_append_cb cb = w->cb;
+    struct raft_io_append *orig = w->orig;
+    free(w);
+    cb(orig, status);
+}
+
+static void rl_fault_transfer_cb(struct raft_transfer *req)
+{
+    (void)req;
+}
+
+/* Write the held appends, oldest first, once the fault has cleared; hand leadership over when
+ * they have been held for 500 ms. */
+static void rl_fault_tick(uv_timer_t *t)
+{
+    struct kvp_raftlog *rl = t->data;
+    rl_fault_read(rl);
+    if (rl->held_head && rl->fault_mode != 1) {
+        unsigned k = 0;
+        while (rl->held_head) {
+            struct rl_fault_append *w = rl->held_head;
+            rl->held_head = w->next;
+            w->inner.data = w;
+            int rv = rl->uv_append(&rl->io, &w->inner, w->entries, w->n,
+                                   rl->fault_mode == 2 ? rl_fault_inner_cb : rl_fault_plain_cb);
+            if (rv != 0) { /* cannot even queue it: give raft the error (as without injection) */
+                raft_io_append_cb cb = w->cb;
+                struct raft_io_append *orig = w->orig;
+                free(w);
+                cb(orig, rv);
+            }
+            k++;
+        }
+        rl->held_tail = NULL;
+        rl->fault_transfer_sent = false;
+        kvp_log_warn(rl->actor, "raft log writes work again: %u held appends written after %llu ms", k,
+                     (unsigned long long)(kvp_clock_now_ms() - rl->held_since_ms));
+    }
+    if (!rl->held_head) {
+        uv_timer_stop(&rl->fault_timer);
+        return;
+    }
+    if (!rl->fault_transfer_sent && kvp_clock_now_ms() - rl->held_since_ms >= 500 &&
+        raft_state(&rl->raft) == RAFT_LEADER) {
+        rl->fault_transfer_sent = true;
+        int rv = raft_transfer(&rl->raft, &rl->fault_transfer, 0, rl_fault_transfer_cb);
+        kvp_log_warn(rl->actor, "raft log writes failing (no space) for %llu ms: handing leadership over (%s)",
+                     (unsigned long long)(kvp_clock_now_ms() - rl->held_since_ms),
+                     rv == 0 ? "transfer started" : raft_strerror(rv));
+    }
+}
+
+static int rl_fault_append(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[],
+                           unsigned n, raft_io_append_cb cb)
+{
+    struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)io - offsetof(struct kvp_raftlog, io));
+    rl_fault_read(rl);
+    if (rl->fault_mode == 0 && !rl->held_head)
+        return rl->uv_append(io, req, entries, n, cb);
+    struct rl_fault_append *w = calloc(1, sizeof *w);
+    if (!w)
+        return RAFT_NOMEM;
+    w->orig = req;
+    w->cb = cb;
+    w->rl = rl;
+    if (rl->fault_mode == 1 || rl->held_head) { /* hold it, after any held before */
+        w->entries = entries;
+        w->n = n;
+        if (!rl->held_head)
+            rl->held_since_ms = kvp_clock_now_ms();
+        if (rl->held_tail)
+            rl->held_tail->next = w;
+        else
+            rl->held_head = w;
+        rl->held_tail = w;
+        if (!rl->fault_timer_inited) {
+            uv_timer_init(&rl->loop, &rl->fault_timer);
+            rl->fault_timer.data = rl;
+            rl->fault_timer_inited = true;
+        }
+        if (!uv_is_active((uv_handle_t *)&rl->fault_timer))
+            uv_timer_start(&rl->fault_timer, rl_fault_tick, 100, 100);
+        return 0;
+    }
+    w->inner.data = w;
+    int rv = rl->uv_append(io, &w->inner, entries, n, rl_fault_inner_cb);
+    if (rv != 0)
+        free(w);
+    return rv;
+}
+
+static void rl_fault_install(struct kvp_raftlog *rl)
+{
+    const char *f = getenv("KVP_RAFTLOG_FAULT_FILE");
+    if (!f || !*f || strlen(f) >= sizeof rl->fault_file)
+        return;
+    snprintf(rl->fault_file, sizeof rl->fault_file, "%s", f);
+    rl->uv_append = rl->io.append;
+    rl->io.append = rl_fault_append;
+    kvp_log_warn(rl->actor, "fault injection: raft log writes follow %s", rl->fault_file);
+}
+#endif
 
 /* ---- events (raft thread only) ---- */
 
@@ -468,6 +670,16 @@ static void on_raft_closed(struct raft *r)
         uv_close((uv_handle_t *)&rl->check, on_handle_closed);
     if (rl->async_inited)
         uv_close((uv_handle_t *)&rl->async, on_handle_closed);
+#ifdef KVP_FAULT_INJECTION
+    if (rl->fault_timer_inited)
+        uv_close((uv_handle_t *)&rl->fault_timer, on_handle_closed);
+    while (rl->held_head) { /* never written, never answered: raft is closed */
+        struct rl_fault_append *w = rl->held_head;
+        rl->held_head = w->next;
+        free(w);
+    }
+    rl->held_tail = NULL;
+#endif
 }
 
 /* Phase 2 of stop: raft_close, once drained() (below). raft 0.15 was seen to crash inside
@@ -706,6 +918,9 @@ static void *thread_main(void *arg)
         raft_uv_set_segment_size(&rl->io, rl->p.segment_size_bytes);
     raft_uv_set_snapshot_compression(&rl->io, false); /* we LZ4-frame snapshots ourselves */
     raft_uv_set_connect_retry_delay(&rl->io, 100);
+#ifdef KVP_FAULT_INJECTION
+    rl_fault_install(rl);
+#endif
     rv = raft_init(&rl->raft, &rl->io, &rl->glue.fsm, rl->p.id, rl->p.raft_address);
     if (rv != 0)
         goto fail;

@@ -108,8 +108,50 @@ static size_t count_pieces(const struct kvp_client_obj *o, uint64_t size)
     return n;
 }
 
+void kvp_client_avoid_note(struct kvp_client *c, uint32_t segment_id)
+{
+    uint64_t now = kvp_clock_now_ms();
+    pthread_mutex_lock(&c->mu);
+    size_t slot = 0;
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX; k++) {
+        if (c->avoid[k].segment_id == segment_id) {
+            slot = k;
+            break;
+        }
+        if (c->avoid[k].until_ms < c->avoid[slot].until_ms)
+            slot = k; /* the oldest (or an empty) entry */
+    }
+    c->avoid[slot].segment_id = segment_id;
+    c->avoid[slot].until_ms = now + KVP_CLIENT_AVOID_MS;
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool kvp_client_avoided(struct kvp_client *c, uint32_t segment_id, uint64_t now_ms)
+{
+    bool yes = false;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX && !yes; k++)
+        yes = c->avoid[k].segment_id == segment_id && c->avoid[k].until_ms > now_ms;
+    pthread_mutex_unlock(&c->mu);
+    return yes;
+}
+
+size_t kvp_client_avoid_list(struct kvp_client *c, uint32_t *out, size_t cap)
+{
+    uint64_t now = kvp_clock_now_ms();
+    size_t n = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX && n < cap; k++)
+        if (c->avoid[k].segment_id && c->avoid[k].until_ms > now)
+            out[n++] = c->avoid[k].segment_id;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 void kvp_client_report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline)
 {
+    for (size_t i = 0; i < n; i++)
+        kvp_client_avoid_note(c, segs[i]);
     for (size_t i = 0; i < n; i++) {
         if (kvp_client_remaining(deadline) == 0)
             return;
@@ -222,19 +264,26 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         s->info = info;
         s->last_err = KVP_ERR_TRANSFER;
         size_t lim = info->n_replicas < 16 ? info->n_replicas : 16;
-        /* the same process first (local transport), then the master's order */
+        /* the same process first (local transport), then the master's order, then the
+         * replicas on segments this client could not reach lately (kvp_client_avoid_note) */
+        uint64_t now_ms = kvp_clock_now_ms();
+        bool avoided[16];
+        for (size_t r = 0; r < lim; r++)
+            avoided[r] = kvp_client_avoided(c, info->replicas[r]->segment_id, now_ms);
         for (size_t r = 0; r < lim; r++) {
             const Kvp__Replica *rep = info->replicas[r];
             if (local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
                 strcmp(rep->host, c->cfg.local_hostname) == 0)
                 s->order[s->n_order++] = r;
         }
-        for (size_t r = 0; r < lim; r++) {
-            const Kvp__Replica *rep = info->replicas[r];
-            if (!(local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
-                  strcmp(rep->host, c->cfg.local_hostname) == 0))
-                s->order[s->n_order++] = r;
-        }
+        for (int pass = 0; pass < 2; pass++)
+            for (size_t r = 0; r < lim; r++) {
+                const Kvp__Replica *rep = info->replicas[r];
+                if (!(local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
+                      strcmp(rep->host, c->cfg.local_hostname) == 0) &&
+                    avoided[r] == (pass == 1))
+                    s->order[s->n_order++] = r;
+            }
         s->pending = true;
         pending++;
     }

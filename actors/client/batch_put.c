@@ -154,6 +154,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     size_t *slice_item = NULL;
     uint32_t bad[KVP_PUT_MAX_REPORTS]; /* segments whose slices failed with a transfer error */
     size_t n_bad = 0;
+    uint32_t wrote[KVP_PUT_MAX_REPORTS]; /* segments that took a slice: witnesses sent in PutEnd */
+    size_t n_wrote = 0;
     Kvp__Response *start_resp = NULL, *end_resp = NULL;
     size_t m = 0;
     /* NO_SPACE retries while the master evicts (put_retry.c): latest result per item. */
@@ -210,6 +212,10 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
          * it): the master revokes it at ttl, then quarantines the space fence_grace_ms more
          * (contract C3, docs/fencing.md). */
         ps.ttl_ms = (uint64_t)kvp_client_remaining(deadline) + KVP_CLIENT_PUT_TTL_MARGIN_MS;
+        /* segments this client could not reach lately: placed last (issue 18 item 2) */
+        uint32_t avoid[KVP_CLIENT_AVOID_MAX];
+        ps.n_avoid_segments = kvp_client_avoid_list(c, avoid, KVP_CLIENT_AVOID_MAX);
+        ps.avoid_segments = avoid;
         req.body_case = KVP__REQUEST__BODY_PUT_START;
         req.put_start = &ps;
         int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_START, &start_resp);
@@ -319,12 +325,29 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                 /* a segment that refused or dropped the connection: reported at the end, so the
                  * master probes it and stops placing new replicas there once it is found dead
                  * (before, every put with a replica there failed until client_ttl passed) */
+                if (slices[q].status == KVP_OK && slices[q].segment_id) {
+                    bool known = false;
+                    for (size_t b = 0; b < n_wrote && !known; b++)
+                        known = wrote[b] == slices[q].segment_id;
+                    if (!known && n_wrote < KVP_PUT_MAX_REPORTS)
+                        wrote[n_wrote++] = slices[q].segment_id;
+                }
                 if (slices[q].status == KVP_ERR_TRANSFER) {
                     bool known = false;
                     for (size_t b = 0; b < n_bad && !known; b++)
                         known = bad[b] == slices[q].segment_id;
                     if (!known && n_bad < KVP_PUT_MAX_REPORTS)
                         bad[n_bad++] = slices[q].segment_id;
+                }
+                if (slices[q].status == KVP_ERR_TIMEOUT && slices[q].segment_id) {
+                    /* silent (a dropped link, a partition from this client only): placed last
+                     * by this client's next PutStarts and read last, unless a slice of this
+                     * same batch completed there (then it is only slow) */
+                    bool answered = false;
+                    for (size_t q2 = 0; q2 < ns && !answered; q2++)
+                        answered = slices[q2].segment_id == slices[q].segment_id && slices[q2].status == KVP_OK;
+                    if (!answered)
+                        kvp_client_avoid_note(c, slices[q].segment_id);
                 }
                 if (slices[q].status != KVP_OK && it[j].status == KVP_OK) {
                     it[j].status = slice_error(slices[q].status);
@@ -362,6 +385,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         kvp__put_end_req__init(&pe);
         pe.n_items = ne;
         pe.items = ep;
+        pe.n_written_segments = n_wrote;
+        pe.written_segments = wrote;
         req.body_case = KVP__REQUEST__BODY_PUT_END;
         req.put_end = &pe;
         int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_END, &end_resp);

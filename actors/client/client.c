@@ -225,6 +225,9 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     kvp_cfg_free_masters(masters, n_masters);
     if (rc != KVP_OK)
         goto fail;
+    /* An inference server's prefill must not wait seconds per call while the store is down
+     * (issue 18 item 3): after one whole timeout without any master answering, fail at once. */
+    kvp_msession_set_fail_fast(c->ms, true);
 
     struct kvp_xfer_params xp = {
         .conns_per_peer = c->cfg.conns_per_peer ? c->cfg.conns_per_peer : 4,

@@ -426,6 +426,9 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     svc_map_init(&s->unreachable);
     svc_map_init(&s->segments);
     svc_map_init(&s->lost_sent);
+    svc_map_init(&s->heard_via);
+    svc_map_init(&s->client_wrote);
+    kvp_liveness_init(&s->liveness, cfg->client_ttl_ms, 0, 0, svc_now_ms());
     svc_map_init(&s->probing);
     if (svc_evict_new(s) != KVP_OK) {
         kvp_master_service_destroy(&s);
@@ -618,6 +621,9 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->unreachable);
     svc_map_fini(&s->segments);
     svc_map_fini(&s->lost_sent);
+    svc_map_fini(&s->heard_via);
+    svc_map_fini(&s->client_wrote);
+    free(s->verdicts);
     svc_map_fini(&s->probing);
     svc_repair_free(s);
     svc_evict_destroy(s);

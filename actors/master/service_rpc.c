@@ -164,6 +164,13 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     for (size_t i = 0; i < pe->n_items; i++)
         p->key_hashes[i] = svc_key_hash(pe->items[i]->key);
     p->n_keys = pe->n_items;
+    /* Witnesses for the liveness rule: a client just wrote to these segments. Soft state only:
+     * ids this leader does not know are ignored, and the field stays out of the Raft log. */
+    uint64_t now = svc_now_ms();
+    for (size_t i = 0; i < pe->n_written_segments; i++)
+        if (pe->written_segments[i] && svc_map_get(&s->segments, pe->written_segments[i], NULL))
+            svc_map_put(&s->client_wrote, pe->written_segments[i], now);
+    pe->n_written_segments = 0;
     Kvp__Command cmd = KVP__COMMAND__INIT;
     command_set(&cmd, KVP__COMMAND__BODY_PUT_END, pe);
     svc_submit(s, p, &cmd);
@@ -600,6 +607,7 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
         if (resp->status == KVP_OK && resp->mount && resp->mount->segment_id) {
             uint32_t seg = resp->mount->segment_id;
             svc_map_put(&s->last_hb, seg, now); /* a mount counts as a heartbeat */
+            svc_map_put(&s->heard_via, seg, 1);
             svc_map_put(&s->segments, seg, (uint64_t)KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1);
             svc_map_del(&s->lost_sent, seg, NULL);
             kvp_log_info(s->actor, "segment %u mounted", seg);
