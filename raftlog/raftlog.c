@@ -87,21 +87,21 @@ struct kvp_raftlog {
     int (*tcp_connect)(struct raft_uv_transport *t, struct raft_uv_connect *req, raft_id id,
                        const char *address, raft_uv_connect_cb cb);
     struct raft_io io;
-#ifdef KVP_FAULT_INJECTION
-    /* Log-write fault injection (rl_fault_*): raft_uv's own append, wrapped. raft thread only. */
+    /* Log writes (rl_append*): raft_uv's own append, wrapped. Raft thread only. */
     int (*uv_append)(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[],
                      unsigned n, raft_io_append_cb cb);
-    char fault_file[256];     /* $KVP_RAFTLOG_FAULT_FILE; "" = off */
-    uint64_t fault_read_ms;   /* when the file was last read */
-    int fault_mode;           /* 0 none, 1 nospace, 2 slow */
-    unsigned fault_ms;        /* slow: completion delay */
-    unsigned fault_pending;   /* delayed completions not yet delivered */
-    struct rl_fault_append *held_head, *held_tail; /* appends held while writes fail, in order */
-    uint64_t held_since_ms;   /* when the oldest held append was held */
-    uv_timer_t fault_timer;   /* re-checks the fault while appends are held */
-    bool fault_timer_inited;
-    bool fault_transfer_sent; /* leadership handed over in this episode */
-    struct raft_transfer fault_transfer;
+    bool log_failed;               /* a write failed: nothing more is written or answered */
+    struct rl_append *held;        /* appends never answered since then (freed at close) */
+    struct raft_transfer log_transfer; /* handover after a failed write or a run of slow ones */
+    bool log_transfer_busy;
+    uint64_t slow_since_ms;        /* start of the current run of slow appends (0 = none) */
+    unsigned slow_count;           /* appends in that run */
+    uint64_t slow_handover_ms;     /* last handover for slow writes */
+#ifdef KVP_FAULT_INJECTION
+    char fault_file[256];          /* $KVP_RAFTLOG_FAULT_FILE; "" = off */
+    uint64_t fault_read_ms;        /* when the file was last read */
+    int fault_mode;                /* 0 none, 1 nospace, 2 slow */
+    unsigned fault_ms;             /* slow: completion delay */
 #endif
     struct raft raft;
     struct kvp_rl_glue glue;
@@ -136,30 +136,129 @@ struct kvp_raftlog {
 
 static atomic_uint g_instance_seq;
 
-/* ---- log-write fault injection (tests; docs/raftlog.md "Fault injection") ----
- * With KVP_FAULT_INJECTION compiled in and $KVP_RAFTLOG_FAULT_FILE set, every append raft asks
- * of raft_uv consults that file (re-read at most every 100 ms): missing or empty = no fault;
- * "nospace" = the append fails (its callback, on the next loop turn, gets RAFT_NOSPACE, as a
- * full disk would give); "slow MS" = the append is done, and its completion reaches raft MS ms
- * late (a slow fsync). The test flips the file while the master runs. */
-#ifdef KVP_FAULT_INJECTION
-/* Found with this injection: libraft 0.15 crashes (SIGSEGV in the raft thread) when a leader's
- * append completes with an error. So a failing write is never handed to raft as an error: the
- * append is held, in order with every later one, and written when the fault clears (a disk
- * that fills and is freed again); meanwhile a leader hands leadership over (raft_transfer) and
- * the other members, which can write, go on committing. */
-struct rl_fault_append {
-    struct raft_io_append inner;   /* handed to raft_uv (slow) */
+/* ---- log writes (raft thread only; docs/raftlog.md "When the log cannot be written") ----
+ * raft_uv's append is always wrapped (rl_append):
+ *  - A write that fails (a full disk, an I/O error) is never handed back to raft: libraft 0.15
+ *    crashes (SIGSEGV in the raft thread) when a leader's append completes with an error (found
+ *    with the fault injection below), and raft_uv marks itself errored after a failed write, so
+ *    no later write of this member can succeed before a restart. So the append is held, never
+ *    answered, as is every later one; a leader hands leadership over; the owner is told
+ *    (KVP_RAFTLOG_EV_LOG_FAILED) and stops the process, for its supervisor to start it again
+ *    once the disk is fixed. The other members go on committing: nothing committed is lost.
+ *  - Slow writes: when every append completed for RL_SLOW_RUN_MS took longer than
+ *    max(election_timeout / 2, 100 ms) (at least RL_SLOW_MIN_APPENDS of them), a leader hands
+ *    leadership over (at most once per RL_SLOW_REARM_MS): a slow disk delays every commit, and
+ *    a member with a healthy disk can lead instead.
+ * Fault injection (test builds, $KVP_RAFTLOG_FAULT_FILE, re-read at most every 100 ms): missing
+ * or empty = no fault; "nospace" = an append is not written and completes with RAFT_NOSPACE, as
+ * on a full disk; "slow MS" = an append is written and its completion comes MS ms late. Both go
+ * through the same completion path as real writes. */
+#define RL_SLOW_RUN_MS 2000u
+#define RL_SLOW_MIN_APPENDS 3u
+#define RL_SLOW_REARM_MS 10000u
+
+struct rl_append {
+    struct raft_io_append inner;   /* handed to raft_uv */
     struct raft_io_append *orig;   /* raft's request */
     raft_io_append_cb cb;          /* raft's callback */
     struct kvp_raftlog *rl;
-    uv_timer_t timer;
+    uint64_t t0_ms;                /* when raft asked for it */
     int status;
-    const struct raft_entry *entries; /* held: raft keeps them until the callback */
-    unsigned n;
-    struct rl_fault_append *next;     /* held queue */
+    bool timer_used, held;
+    uv_timer_t timer;              /* fault injection: a delayed or failed completion */
+    struct rl_append *next;        /* held list */
 };
 
+static void ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t status, const void *data,
+                    size_t len);
+
+static void rl_log_transfer_cb(struct raft_transfer *req)
+{
+    struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)req - offsetof(struct kvp_raftlog, log_transfer));
+    rl->log_transfer_busy = false;
+}
+
+/* Hand leadership to the most up-to-date follower (raft_transfer with id 0), if leading. */
+static void rl_log_handover(struct kvp_raftlog *rl, const char *why)
+{
+    if (raft_state(&rl->raft) != RAFT_LEADER || rl->log_transfer_busy)
+        return;
+    int rv = raft_transfer(&rl->raft, &rl->log_transfer, 0, rl_log_transfer_cb);
+    rl->log_transfer_busy = rv == 0;
+    kvp_log_warn(rl->actor, "%s: handing leadership over (%s)", why, rv == 0 ? "transfer started" : raft_strerror(rv));
+}
+
+static void rl_append_free(uv_handle_t *h)
+{
+    struct rl_append *w = h->data;
+    if (!w->held)
+        free(w);
+}
+
+static void rl_append_release(struct rl_append *w)
+{
+    if (w->timer_used)
+        uv_close((uv_handle_t *)&w->timer, rl_append_free);
+    else if (!w->held)
+        free(w);
+}
+
+static void rl_append_hold(struct kvp_raftlog *rl, struct rl_append *w)
+{
+    w->held = true;
+    w->next = rl->held;
+    rl->held = w;
+}
+
+/* Every append's completion, real or injected. */
+static void rl_append_done(struct rl_append *w, int status)
+{
+    struct kvp_raftlog *rl = w->rl;
+    if (rl->raft_closed_called) { /* never call into a closed raft */
+        rl_append_release(w);
+        return;
+    }
+    if (status != 0 || rl->log_failed) {
+        if (!rl->log_failed) {
+            rl->log_failed = true;
+            char msg[512];
+            snprintf(msg, sizeof msg, "raft log write failed: %s (%s): this member cannot write its log any more",
+                     raft_strerror(status), rl->io.errmsg[0] ? rl->io.errmsg : "no detail");
+            kvp_log_error(rl->actor, "%s; no further write is answered", msg);
+            rl_log_handover(rl, "raft log write failed");
+            ev_send(rl, KVP_RAFTLOG_EV_LOG_FAILED, 0, KVP_ERR_IO, msg, strlen(msg));
+        }
+        rl_append_hold(rl, w);
+        rl_append_release(w);
+        return;
+    }
+    uint64_t now = kvp_clock_now_ms();
+    uint64_t slow_ms = rl->p.election_timeout_ms / 2 > 100 ? rl->p.election_timeout_ms / 2 : 100;
+    if (now - w->t0_ms > slow_ms) {
+        if (rl->slow_count++ == 0)
+            rl->slow_since_ms = w->t0_ms;
+        if (rl->slow_count >= RL_SLOW_MIN_APPENDS && now - rl->slow_since_ms >= RL_SLOW_RUN_MS &&
+            (rl->slow_handover_ms == 0 || now - rl->slow_handover_ms >= RL_SLOW_REARM_MS) &&
+            raft_state(&rl->raft) == RAFT_LEADER) {
+            rl->slow_handover_ms = now;
+            char why[160];
+            snprintf(why, sizeof why, "raft log writes slow: %u appends over %llu ms each took more than %llu ms",
+                     rl->slow_count, (unsigned long long)(now - rl->slow_since_ms), (unsigned long long)slow_ms);
+            rl_log_handover(rl, why);
+        }
+    } else {
+        rl->slow_count = 0;
+        rl->slow_since_ms = 0;
+    }
+    raft_io_append_cb cb = w->cb;
+    struct raft_io_append *orig = w->orig;
+    rl_append_release(w);
+    cb(orig, 0);
+}
+
+static void rl_append_inner_cb(struct raft_io_append *req, int status);
+
+#ifdef KVP_FAULT_INJECTION
 static void rl_fault_read(struct kvp_raftlog *rl)
 {
     uint64_t now = kvp_clock_now_ms();
@@ -187,127 +286,26 @@ static void rl_fault_read(struct kvp_raftlog *rl)
     rl->fault_ms = ms;
 }
 
-static void rl_fault_closed(uv_handle_t *h)
-{
-    free(h->data);
-}
-
 static void rl_fault_fire(uv_timer_t *t)
 {
-    struct rl_fault_append *w = t->data;
-    w->rl->fault_pending--;
-    if (!w->rl->raft_closed_called) /* never call into a closed raft */
-        w->cb(w->orig, w->status);
-    uv_close((uv_handle_t *)&w->timer, rl_fault_closed);
+    struct rl_append *w = t->data;
+    rl_append_done(w, w->status);
 }
 
-static void rl_fault_later(struct rl_fault_append *w, unsigned ms)
+/* Deliver w's completion (status) after ms, from the loop. */
+static void rl_fault_later(struct rl_append *w, int status, unsigned ms)
 {
+    w->status = status;
+    w->timer_used = true;
     uv_timer_init(&w->rl->loop, &w->timer);
     w->timer.data = w;
-    w->rl->fault_pending++;
     uv_timer_start(&w->timer, rl_fault_fire, ms, 0);
 }
 
 static void rl_fault_inner_cb(struct raft_io_append *req, int status)
 {
-    struct rl_fault_append *w = req->data;
-    w->status = status;
-    rl_fault_later(w, w->rl->fault_ms);
-}
-
-static void rl_fault_plain_cb(struct raft_io_append *req, int status)
-{
-    struct rl_fault_append *w = req->data;
-    raft_io_append_cb cb = w->cb;
-    struct raft_io_append *orig = w->orig;
-    free(w);
-    cb(orig, status);
-}
-
-static void rl_fault_transfer_cb(struct raft_transfer *req)
-{
-    (void)req;
-}
-
-/* Write the held appends, oldest first, once the fault has cleared; hand leadership over when
- * they have been held for 500 ms. */
-static void rl_fault_tick(uv_timer_t *t)
-{
-    struct kvp_raftlog *rl = t->data;
-    rl_fault_read(rl);
-    if (rl->held_head && rl->fault_mode != 1) {
-        unsigned k = 0;
-        while (rl->held_head) {
-            struct rl_fault_append *w = rl->held_head;
-            rl->held_head = w->next;
-            w->inner.data = w;
-            int rv = rl->uv_append(&rl->io, &w->inner, w->entries, w->n,
-                                   rl->fault_mode == 2 ? rl_fault_inner_cb : rl_fault_plain_cb);
-            if (rv != 0) { /* cannot even queue it: give raft the error (as without injection) */
-                raft_io_append_cb cb = w->cb;
-                struct raft_io_append *orig = w->orig;
-                free(w);
-                cb(orig, rv);
-            }
-            k++;
-        }
-        rl->held_tail = NULL;
-        rl->fault_transfer_sent = false;
-        kvp_log_warn(rl->actor, "raft log writes work again: %u held appends written after %llu ms", k,
-                     (unsigned long long)(kvp_clock_now_ms() - rl->held_since_ms));
-    }
-    if (!rl->held_head) {
-        uv_timer_stop(&rl->fault_timer);
-        return;
-    }
-    if (!rl->fault_transfer_sent && kvp_clock_now_ms() - rl->held_since_ms >= 500 &&
-        raft_state(&rl->raft) == RAFT_LEADER) {
-        rl->fault_transfer_sent = true;
-        int rv = raft_transfer(&rl->raft, &rl->fault_transfer, 0, rl_fault_transfer_cb);
-        kvp_log_warn(rl->actor, "raft log writes failing (no space) for %llu ms: handing leadership over (%s)",
-                     (unsigned long long)(kvp_clock_now_ms() - rl->held_since_ms),
-                     rv == 0 ? "transfer started" : raft_strerror(rv));
-    }
-}
-
-static int rl_fault_append(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[],
-                           unsigned n, raft_io_append_cb cb)
-{
-    struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)io - offsetof(struct kvp_raftlog, io));
-    rl_fault_read(rl);
-    if (rl->fault_mode == 0 && !rl->held_head)
-        return rl->uv_append(io, req, entries, n, cb);
-    struct rl_fault_append *w = calloc(1, sizeof *w);
-    if (!w)
-        return RAFT_NOMEM;
-    w->orig = req;
-    w->cb = cb;
-    w->rl = rl;
-    if (rl->fault_mode == 1 || rl->held_head) { /* hold it, after any held before */
-        w->entries = entries;
-        w->n = n;
-        if (!rl->held_head)
-            rl->held_since_ms = kvp_clock_now_ms();
-        if (rl->held_tail)
-            rl->held_tail->next = w;
-        else
-            rl->held_head = w;
-        rl->held_tail = w;
-        if (!rl->fault_timer_inited) {
-            uv_timer_init(&rl->loop, &rl->fault_timer);
-            rl->fault_timer.data = rl;
-            rl->fault_timer_inited = true;
-        }
-        if (!uv_is_active((uv_handle_t *)&rl->fault_timer))
-            uv_timer_start(&rl->fault_timer, rl_fault_tick, 100, 100);
-        return 0;
-    }
-    w->inner.data = w;
-    int rv = rl->uv_append(io, &w->inner, entries, n, rl_fault_inner_cb);
-    if (rv != 0)
-        free(w);
-    return rv;
+    struct rl_append *w = req->data;
+    rl_fault_later(w, status, w->rl->fault_ms);
 }
 
 static void rl_fault_install(struct kvp_raftlog *rl)
@@ -316,11 +314,57 @@ static void rl_fault_install(struct kvp_raftlog *rl)
     if (!f || !*f || strlen(f) >= sizeof rl->fault_file)
         return;
     snprintf(rl->fault_file, sizeof rl->fault_file, "%s", f);
-    rl->uv_append = rl->io.append;
-    rl->io.append = rl_fault_append;
     kvp_log_warn(rl->actor, "fault injection: raft log writes follow %s", rl->fault_file);
 }
 #endif
+
+static void rl_append_inner_cb(struct raft_io_append *req, int status)
+{
+    rl_append_done(req->data, status);
+}
+
+static int rl_append(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[], unsigned n,
+                     raft_io_append_cb cb)
+{
+    struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)io - offsetof(struct kvp_raftlog, io));
+    struct rl_append *w = calloc(1, sizeof *w);
+    if (!w)
+        return RAFT_NOMEM;
+    w->orig = req;
+    w->cb = cb;
+    w->rl = rl;
+    w->t0_ms = kvp_clock_now_ms();
+    w->inner.data = w;
+    if (rl->log_failed) { /* raft_uv is errored: never write, never answer */
+        rl_append_hold(rl, w);
+        return 0;
+    }
+    raft_io_append_cb inner_cb = rl_append_inner_cb;
+#ifdef KVP_FAULT_INJECTION
+    if (rl->fault_file[0]) {
+        rl_fault_read(rl);
+        if (rl->fault_mode == 1) { /* a full disk: not written, fails on the next loop turn */
+            rl_fault_later(w, RAFT_NOSPACE, 0);
+            return 0;
+        }
+        if (rl->fault_mode == 2)
+            inner_cb = rl_fault_inner_cb;
+    }
+#endif
+    int rv = rl->uv_append(io, &w->inner, entries, n, inner_cb);
+    if (rv != 0)
+        free(w);
+    return rv;
+}
+
+static void rl_append_install(struct kvp_raftlog *rl)
+{
+    rl->uv_append = rl->io.append;
+    rl->io.append = rl_append;
+#ifdef KVP_FAULT_INJECTION
+    rl_fault_install(rl);
+#endif
+}
 
 /* ---- events (raft thread only) ---- */
 
@@ -670,16 +714,11 @@ static void on_raft_closed(struct raft *r)
         uv_close((uv_handle_t *)&rl->check, on_handle_closed);
     if (rl->async_inited)
         uv_close((uv_handle_t *)&rl->async, on_handle_closed);
-#ifdef KVP_FAULT_INJECTION
-    if (rl->fault_timer_inited)
-        uv_close((uv_handle_t *)&rl->fault_timer, on_handle_closed);
-    while (rl->held_head) { /* never written, never answered: raft is closed */
-        struct rl_fault_append *w = rl->held_head;
-        rl->held_head = w->next;
+    while (rl->held) { /* never written, never answered: raft is closed */
+        struct rl_append *w = rl->held;
+        rl->held = w->next;
         free(w);
     }
-    rl->held_tail = NULL;
-#endif
 }
 
 /* Phase 2 of stop: raft_close, once drained() (below). raft 0.15 was seen to crash inside
@@ -918,9 +957,7 @@ static void *thread_main(void *arg)
         raft_uv_set_segment_size(&rl->io, rl->p.segment_size_bytes);
     raft_uv_set_snapshot_compression(&rl->io, false); /* we LZ4-frame snapshots ourselves */
     raft_uv_set_connect_retry_delay(&rl->io, 100);
-#ifdef KVP_FAULT_INJECTION
-    rl_fault_install(rl);
-#endif
+    rl_append_install(rl);
     rv = raft_init(&rl->raft, &rl->io, &rl->glue.fsm, rl->p.id, rl->p.raft_address);
     if (rv != 0)
         goto fail;

@@ -352,6 +352,14 @@ static int on_raftlog_event(zloop_t *loop, zsock_t *sock, void *arg)
         if (kind == KVP_RAFTLOG_EV_LEADER) {
             /* The payload may be older than get_info(); always take the latest view. */
             svc_refresh_leadership(s);
+        } else if (kind == KVP_RAFTLOG_EV_LOG_FAILED) {
+            /* Nothing more can be persisted here: stop once leadership has moved (on_tick), so
+             * a supervisor restarts this member on a fixed disk; the others go on. */
+            if (!s->log_failed_ms)
+                kvp_log_error(s->actor, "%.*s: stopping (exit 1) once leadership has moved, at most 2000 ms",
+                              (int)len, data ? (const char *)data : "raft log write failed");
+            if (!s->log_failed_ms)
+                s->log_failed_ms = kvp_clock_now_ms();
         } else {
             uint64_t v = 0;
             if (!svc_map_del(&s->pending, corr, &v)) {
@@ -380,6 +388,10 @@ static int on_tick(zloop_t *loop, int timer_id, void *arg)
     if (atomic_load_explicit(&s->stop, memory_order_relaxed)) /* flag only, no data: relaxed */
         return -1;
     svc_refresh_leadership(s);
+    if (s->log_failed_ms && (!s->is_leader || kvp_clock_now_ms() - s->log_failed_ms >= 2000)) {
+        s->fatal = true;
+        return -1;
+    }
     return 0;
 }
 
@@ -579,7 +591,10 @@ int kvp_master_service_run(struct kvp_master_service *s)
     } else {
         svc_refresh_leadership(s);
         zloop_start(s->loop); /* returns on a handler's -1 (stop) or on SIGINT/SIGTERM */
-        kvp_log_info(s->actor, "stopping (%s)", zsys_interrupted ? "signal" : "requested");
+        kvp_log_info(s->actor, "stopping (%s)", s->fatal ? "its raft log cannot be written"
+                                                 : zsys_interrupted ? "signal" : "requested");
+        if (s->fatal)
+            rc = KVP_ERR_IO;
     }
     zloop_destroy(&s->loop);
     zactor_destroy(&s->prober); /* waits for a probe in progress (bounded by probe_timeout_ms) */

@@ -104,6 +104,8 @@ struct kvp_master_service {
     struct kvp_raftlog *rl;                /* raft thread; owns `fsm` while running */
     struct kvp_master_fsm *fsm;            /* created here, destroyed after rl stops */
     atomic_bool stop;                      /* request_stop() flag, checked by a timer */
+    uint64_t log_failed_ms;                /* raftlog said its log cannot be written (0 = never) */
+    bool fatal;                            /* stopped for that: run returns KVP_ERR_IO */
 
     /* Leadership, from KVP_RAFTLOG_EV_LEADER events and kvp_raftlog_get_info(). */
     bool is_leader;

@@ -1095,38 +1095,64 @@ static unsigned long puts_ok_now(void)
     return atomic_load(&N.sh->ch[0].puts_ok) + atomic_load(&N.sh->ch[1].puts_ok);
 }
 
-/* The leader's Raft log writes fail (disk full) for 3x client_ttl, through raftlog's fault
- * injection: it must refuse writes with an error or hand over leadership; nothing committed is
- * lost; writes succeed again once the fault clears (or under the new leader). */
+/* The leader's Raft log writes fail (disk full), through raftlog's fault injection (the same
+ * completion path as a real failed write): the leader hands leadership over and exits 1 (its
+ * raft_uv cannot write again before a restart); the others go on committing; nothing committed
+ * is lost; once the disk is fixed the member is started again from its data dir and rejoins. */
 static void sc_raftlog_disk_full(void)
 {
     wait_keys(100);
     int L = leader_index();
     assert_true(L >= 0);
+    char log[400];
+    snprintf(log, sizeof log, "%s/master-%d.log", N.cl.dir, L + 1);
     fault_begin();
     unsigned long p0 = puts_ok_now();
+    uint64_t t0 = kvp_clock_now_ms();
     set_fault(L, "nospace\n");
-    usleep(3 * TTL_MS * 1000);
+    int st = 0, code = -1;
+    while (kvp_clock_now_ms() - t0 < 10000) {
+        if (waitpid(N.masters[L], &st, WNOHANG) == N.masters[L]) {
+            code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            N.masters[L] = 0;
+            break;
+        }
+        usleep(10000);
+    }
+    uint64_t exited = kvp_clock_now_ms() - t0;
+    usleep(2 * TTL_MS * 1000); /* the other two serve meanwhile */
     unsigned long p1 = puts_ok_now();
     int during = leader_index();
     set_fault(L, "");
-    uint64_t cleared = kvp_clock_now_ms();
-    while (puts_ok_now() == p1 && kvp_clock_now_ms() - cleared < 10000)
-        usleep(10000);
-    uint64_t resumed = kvp_clock_now_ms() - cleared;
     fault_end();
-    printf("raft log writes failing on leader %d for %u ms: %lu puts acknowledged meanwhile, leader during the "
-           "fault %d; puts acknowledged again %llu ms after the fault cleared\n",
-           L + 1, 3 * TTL_MS, p1 - p0, during + 1, (unsigned long long)resumed);
+    bool logged = log_has(log, "raft log write failed: ");
+    if (code < 0) { /* still running on a log it cannot write: the defect this scenario is for */
+        kill(N.masters[L], SIGKILL);
+        waitpid(N.masters[L], NULL, 0);
+        N.masters[L] = 0;
+    }
+    uint64_t back = kvp_clock_now_ms();
+    spawn_master(L);
+    unsigned long p2 = puts_ok_now();
+    while (puts_ok_now() == p2 && kvp_clock_now_ms() - back < 10000)
+        usleep(10000);
+    printf("raft log writes failing on leader %d: it exited %d after %llu ms (error logged %d); leader then %d; "
+           "%lu puts acknowledged meanwhile; restarted on a fixed disk, puts acknowledged %llu ms later\n",
+           L + 1, code, (unsigned long long)exited, logged, during + 1, p1 - p0,
+           (unsigned long long)(kvp_clock_now_ms() - back));
     struct figures f;
     finish("raftlog_disk_full", &f, 20000);
+    assert_int_equal(code, 1);
+    assert_true(logged);
+    assert_true(during >= 0 && during != L);
+    assert_true(p1 > p0);
     assert_int_equal(f.lost_segments, 0);
-    assert_true(puts_ok_now() > p1);
+    assert_true(puts_ok_now() > p2);
 }
 
 /* The leader's Raft log writes slow (each completion 300 ms late, a slow fsync) for 3x
- * client_ttl: service goes on (slower, or under another leader); nothing committed is lost;
- * nothing is declared lost. */
+ * client_ttl: the leader hands leadership over (a run of slow appends), service goes on under
+ * another leader; nothing committed is lost; nothing is declared lost. */
 static void sc_raftlog_slow_fsync(void)
 {
     wait_keys(100);
@@ -1150,6 +1176,7 @@ static void sc_raftlog_slow_fsync(void)
     assert_int_equal(f.lost_segments, 0);
     assert_int_equal(f.gets_failed, 0);
     assert_true(p1 > p0);
+    assert_true(during >= 0 && during != L); /* the slow leader handed leadership over */
 }
 
 /* All masters SIGKILLed, restarted from their data dirs 10 s later: the same as masters_down,
