@@ -28,24 +28,11 @@
 
 #include "config/config.h"
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/proc.h"
 #include "tools/kvpoolctl_ctl.h"
 
 #define CLUSTER_MAX_SEGMENTS 64
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
 
 /* ------------------------------------------------------------------ processes */
 
@@ -444,7 +431,7 @@ static json_t *str_array(const char *const *v, size_t n)
 static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t deadline, json_t **status_out)
 {
     int last_err = KVP_ERR_UNAVAILABLE;
-    while (mono_ms() < deadline) {
+    while (kvp_clock_now_ms() < deadline) {
         /* A process that died will not come up: report it at once. */
         const char *groups[] = {"masters", "segments"};
         for (int g = 0; g < 2; g++) {
@@ -461,13 +448,13 @@ static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t dea
                 }
             }
         }
-        uint64_t now = mono_ms();
+        uint64_t now = kvp_clock_now_ms();
         uint32_t t = deadline - now > 2000 ? 2000 : (uint32_t)(deadline - now);
         int err;
         json_t *st = ctl_status(c, t ? t : 1, &err);
         if (!st) {
             last_err = err;
-            sleep_ms(50);
+            kvp_clock_sleep_ms(50);
             continue;
         }
         int active = 0;
@@ -497,7 +484,7 @@ static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t dea
         }
         json_decref(st);
         last_err = KVP_ERR_UNAVAILABLE;
-        sleep_ms(100);
+        kvp_clock_sleep_ms(100);
     }
     return last_err;
 }
@@ -568,7 +555,7 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
     int n = o.masters;
     char members[2048], masters_list[1024];
     json_t *cl = NULL;
-    uint64_t deadline = mono_ms() + o.wait_ms;
+    uint64_t deadline = kvp_clock_now_ms() + o.wait_ms;
     json_t *st = NULL;
     for (int attempt = 1;; attempt++) {
         int ctrl[KVP_CFG_MAX_MASTERS], raft[KVP_CFG_MAX_MASTERS], mport[KVP_CFG_MAX_MASTERS];
@@ -678,17 +665,17 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
             size_t i;
             json_t *m;
             json_array_foreach(jm, i, m) if (member_alive(m)) kill((pid_t)json_integer_value(json_object_get(m, "pid")), SIGKILL);
-            uint64_t d2 = mono_ms() + 3000;
+            uint64_t d2 = kvp_clock_now_ms() + 3000;
             bool any = true;
-            while (any && mono_ms() < d2) {
+            while (any && kvp_clock_now_ms() < d2) {
                 any = false;
                 json_array_foreach(jm, i, m) any |= member_alive(m);
                 if (any)
-                    sleep_ms(20);
+                    kvp_clock_sleep_ms(20);
             }
             json_decref(cl);
             cl = NULL;
-            deadline = mono_ms() + o.wait_ms;
+            deadline = kvp_clock_now_ms() + o.wait_ms;
             continue;
         }
         if (rc == KVP_ERR_IO)
@@ -775,32 +762,32 @@ static int stop_members(json_t **list, size_t n, uint32_t grace_ms, int sig)
     for (size_t i = 0; i < n; i++)
         if (member_alive(list[i]))
             kill((pid_t)json_integer_value(json_object_get(list[i], "pid")), sig);
-    uint64_t deadline = mono_ms() + grace_ms;
+    uint64_t deadline = kvp_clock_now_ms() + grace_ms;
     for (;;) {
         size_t alive = 0;
         for (size_t i = 0; i < n; i++)
             alive += member_alive(list[i]);
         if (!alive)
             break;
-        if (mono_ms() >= deadline) {
+        if (kvp_clock_now_ms() >= deadline) {
             for (size_t i = 0; i < n; i++)
                 if (member_alive(list[i])) {
                     fprintf(stderr, "kvpoolctl cluster down: pid %lld did not stop in %u ms: SIGKILL\n",
                             (long long)json_integer_value(json_object_get(list[i], "pid")), grace_ms);
                     kill((pid_t)json_integer_value(json_object_get(list[i], "pid")), SIGKILL);
                 }
-            uint64_t d2 = mono_ms() + 2000;
-            while (mono_ms() < d2) {
+            uint64_t d2 = kvp_clock_now_ms() + 2000;
+            while (kvp_clock_now_ms() < d2) {
                 alive = 0;
                 for (size_t i = 0; i < n; i++)
                     alive += member_alive(list[i]);
                 if (!alive)
                     break;
-                sleep_ms(20);
+                kvp_clock_sleep_ms(20);
             }
             break;
         }
-        sleep_ms(20);
+        kvp_clock_sleep_ms(20);
     }
     int left = 0;
     for (size_t i = 0; i < n; i++) {
