@@ -40,7 +40,7 @@ ERRORS = {
     -900: "RPC_FAIL",                 # no master quorum / no leader
     -901: "TIMEOUT",
 }
-for _code in range(-13, -26, -1):
+for _code in range(-13, -27, -1):
     _n = _kvpool.map_code(_code)
     if _n <= _kvpool.KVP_BASE:
         ERRORS.setdefault(_n, _kvpool.kvp_errname(_code))

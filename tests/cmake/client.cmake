@@ -8,3 +8,6 @@ kvp_add_test(test_client_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/t
 kvp_add_test(test_client_cluster_loss SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_cluster_loss.c LABEL integration TIMEOUT 90)
 # The calls added for language bindings (issue 16), against a real cluster (3 masters, 1 segment).
 kvp_add_test(test_client_api_ext SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_api_ext.c LABEL integration TIMEOUT 120)
+# GPU staging (issue 17) against the CUDA driver double (tests/lib/fakecuda) and a model network.
+kvp_add_test(test_client_devstage SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_client_devstage.c LABEL unit TIMEOUT 120)
+add_dependencies(test_client_devstage kvp_fakecuda)
