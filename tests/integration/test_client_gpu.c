@@ -1,0 +1,203 @@
+/*
+ * test_client_gpu.c — device pointers in the client's data calls (issue 17) against a real local
+ * cluster (3 masters, 1 segment, `kvpoolctl cluster up`) and the CUDA driver double
+ * (tests/lib/fakecuda/, loaded through KVPOOL_LIBCUDA). Device memory is PROT_NONE: any CPU
+ * access by kvpool kills the test. The pipelining and the fencing on the virtual clock are in
+ * tests/unit/test_client_devstage.c; here: the real transfer engine and master, end to end.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tests/integration/test_client_util.h"
+#include "tests/lib/fakecuda/fakecuda_load.h"
+
+#define MIB (1ull << 20)
+
+static struct tc_cluster CL;
+static uint8_t *DEV, *DEV2; /* 32 MiB each, device 0 */
+
+static int setup(void **state)
+{
+    (void)state;
+    DEV = fakecuda_dev_alloc(0, 32 * MIB);
+    DEV2 = fakecuda_dev_alloc(0, 32 * MIB);
+    if (!DEV || !DEV2)
+        return -1;
+    if (tc_cluster_up(&CL, 1, "256M") != 0) {
+        tc_cluster_down(&CL);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tc_cluster_down(&CL);
+    return 0;
+}
+
+static uint8_t *shadow(const void *dev)
+{
+    return FC.shadow((uintptr_t)dev);
+}
+
+/* put/get/iov from device memory: registered (DEV) and not (DEV2), large (several bounce
+ * windows through the real engine) and small, mixed with host keys in one batch. */
+static void test_gpu_put_get_iov_from_device_memory(void **state)
+{
+    (void)state;
+    kvp_client *c = tc_open(&CL, 20000);
+    assert_non_null(c);
+    assert_int_equal(kvp_register_buffer(c, DEV, 32 * MIB), KVP_OK);
+    kvp_device_stats ds;
+    assert_int_equal(kvp_client_device_stats(c, &ds), KVP_OK);
+    assert_true(ds.driver_loaded);
+    assert_int_equal(ds.registered_bytes, 32 * MIB);
+    assert_true(ds.bounce_bytes > 0); /* pinned at registration */
+
+    size_t big = 9 * MIB + 123;
+    tc_fill("gpu-big", shadow(DEV), big);
+    tc_fill("gpu-small", shadow(DEV2), 4096);
+    uint8_t host[5000];
+    tc_fill("gpu-host", host, sizeof host);
+    const char *keys[] = {"gpu-big", "gpu-small", "gpu-host"};
+    const void *bufs[] = {DEV, DEV2, host};
+    size_t lens[] = {big, 4096, sizeof host};
+    int res[3];
+    assert_int_equal(kvp_batch_put(c, 3, keys, bufs, lens, NULL, res), KVP_OK);
+    assert_int_equal(res[0], KVP_OK);
+    assert_int_equal(res[1], KVP_OK);
+    assert_int_equal(res[2], KVP_OK);
+
+    /* back into other device memory (and the host key into device memory too) */
+    void *gb[] = {DEV2 + 1 * MIB, DEV + 16 * MIB, DEV + 30 * MIB};
+    size_t caps[] = {12 * MIB, 4096, 8192};
+    int64_t gr[3];
+    memset(shadow(DEV2 + MIB), 0, big);
+    assert_int_equal(kvp_batch_get(c, 3, keys, gb, caps, 20000, gr), KVP_OK);
+    assert_int_equal(gr[0], (int64_t)big);
+    assert_int_equal(gr[1], 4096);
+    assert_int_equal(gr[2], (int64_t)sizeof host);
+    assert_true(tc_check("gpu-big", shadow(DEV2 + MIB), big));
+    assert_true(tc_check("gpu-small", shadow(DEV + 16 * MIB), 4096));
+    assert_true(tc_check("gpu-host", shadow(DEV + 30 * MIB), sizeof host));
+    /* single-key calls */
+    assert_int_equal(kvp_get(c, "gpu-small", DEV2 + 20 * MIB, 4096, 0), 4096);
+    assert_true(tc_check("gpu-small", shadow(DEV2 + 20 * MIB), 4096));
+
+    /* scatter-gather: host piece + device piece + device piece, out and back in other shapes */
+    uint8_t all[3000];
+    tc_fill("gpu-iov", all, sizeof all);
+    uint8_t h0[1000];
+    memcpy(h0, all, 1000);
+    memcpy(shadow(DEV + 20 * MIB), all + 1000, 1500);
+    memcpy(shadow(DEV2 + 25 * MIB), all + 2500, 500);
+    kvp_iov pi[3] = {{h0, 1000}, {DEV + 20 * MIB, 1500}, {DEV2 + 25 * MIB, 500}};
+    const kvp_iov *piv[] = {pi};
+    size_t pc[] = {3};
+    const char *ik[] = {"gpu-iov"};
+    assert_int_equal(kvp_batch_put_iov(c, 1, ik, piv, pc, NULL, res), KVP_OK);
+    assert_int_equal(res[0], KVP_OK);
+    uint8_t g0[100];
+    kvp_iov gi[2] = {{DEV + 24 * MIB, 2900}, {g0, 100}};
+    const kvp_iov *giv[] = {gi};
+    size_t gc[] = {2};
+    assert_int_equal(kvp_batch_get_iov(c, 1, ik, giv, gc, 0, gr), KVP_OK);
+    assert_int_equal(gr[0], 3000);
+    assert_memory_equal(shadow(DEV + 24 * MIB), all, 2900);
+    assert_memory_equal(g0, all + 2900, 100);
+
+    assert_int_equal(kvp_client_device_stats(c, &ds), KVP_OK);
+    assert_true(ds.staged_batches >= 4 && ds.copies >= 6 && ds.copy_errors == 0 && ds.lanes_busy == 0);
+    assert_true(ds.staged_bytes >= 2 * big);
+    assert_int_equal(kvp_unregister_buffer(c, DEV), KVP_OK);
+    assert_int_equal(kvp_client_device_stats(c, &ds), KVP_OK);
+    assert_int_equal(ds.registered_bytes, 0);
+    kvp_client_close(&c);
+}
+
+/* One copy fails: that key fails with KVP_ERR_DEVICE (and is not stored), the rest completes. */
+static void test_gpu_copy_error_fails_that_key_only(void **state)
+{
+    (void)state;
+    kvp_client *c = tc_open(&CL, 20000);
+    assert_non_null(c);
+    const char *keys[] = {"gpu-e0", "gpu-e1", "gpu-e2"};
+    for (int i = 0; i < 3; i++)
+        tc_fill(keys[i], shadow(DEV + (size_t)i * MIB), 10000);
+    const void *bufs[] = {DEV, DEV + MIB, DEV + 2 * MIB};
+    size_t lens[] = {10000, 10000, 10000};
+    int res[3];
+    FC.fail_copy(1, 1);
+    assert_int_equal(kvp_batch_put(c, 3, keys, bufs, lens, NULL, res), KVP_OK);
+    assert_int_equal(res[0], KVP_OK);
+    assert_int_equal(res[1], KVP_ERR_DEVICE);
+    assert_int_equal(res[2], KVP_OK);
+    assert_int_equal(kvp_exists(c, "gpu-e1"), 0);
+    void *gb[] = {DEV2, DEV2 + MIB, DEV2 + 2 * MIB};
+    size_t caps[] = {10000, 10000, 10000};
+    int64_t gr[3];
+    const char *gk[] = {"gpu-e0", "gpu-e2", "gpu-e0"};
+    FC.fail_copy(0, 1);
+    assert_int_equal(kvp_batch_get(c, 3, gk, gb, caps, 0, gr), KVP_OK);
+    assert_int_equal(gr[0], KVP_ERR_DEVICE);
+    assert_int_equal(gr[1], 10000);
+    assert_int_equal(gr[2], 10000);
+    assert_true(tc_check("gpu-e2", shadow(DEV2 + MIB), 10000));
+    assert_true(tc_check("gpu-e0", shadow(DEV2 + 2 * MIB), 10000));
+    kvp_device_stats ds;
+    assert_int_equal(kvp_client_device_stats(c, &ds), KVP_OK);
+    assert_int_equal(ds.copy_errors, 2);
+    kvp_client_close(&c);
+}
+
+/* A poisoned context: every device key fails with KVP_ERR_DEVICE, host keys keep working. */
+static void test_gpu_poisoned_context_fails_device_keys_host_keys_work(void **state)
+{
+    (void)state;
+    kvp_client *c = tc_open(&CL, 20000);
+    assert_non_null(c);
+    tc_fill("gpu-p-dev", shadow(DEV), 4096);
+    FC.poison(700);
+    uint8_t host[4096];
+    tc_fill("gpu-p-host", host, sizeof host);
+    const char *keys[] = {"gpu-p-dev", "gpu-p-host"};
+    const void *bufs[] = {DEV, host};
+    size_t lens[] = {4096, 4096};
+    int res[2];
+    assert_int_equal(kvp_batch_put(c, 2, keys, bufs, lens, NULL, res), KVP_OK);
+    assert_int_equal(res[0], KVP_ERR_DEVICE);
+    assert_int_equal(res[1], KVP_OK);
+    uint8_t back[4096] = {0};
+    void *gb[] = {DEV2, back};
+    const char *gk[] = {"gpu-p-host", "gpu-p-host"};
+    size_t caps[] = {4096, 4096};
+    int64_t gr[2];
+    assert_int_equal(kvp_batch_get(c, 2, gk, gb, caps, 0, gr), KVP_OK);
+    assert_int_equal(gr[0], KVP_ERR_DEVICE);
+    assert_int_equal(gr[1], 4096);
+    assert_true(tc_check("gpu-p-host", back, sizeof back));
+    assert_int_equal(kvp_put(c, "gpu-p-dev2", DEV, 100, NULL), KVP_ERR_DEVICE);
+    assert_int_equal(kvp_put(c, "gpu-p-host2", host, 100, NULL), KVP_OK);
+    FC.reset_errors();
+    kvp_client_close(&c);
+}
+
+int main(void)
+{
+    if (fakecuda_load() != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpu_put_get_iov_from_device_memory),
+        cmocka_unit_test(test_gpu_copy_error_fails_that_key_only),
+        cmocka_unit_test(test_gpu_poisoned_context_fails_device_keys_host_keys_work),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
