@@ -322,6 +322,12 @@ typedef struct kvp_device_stats {
     uint64_t copy_errors;      /* failed copies (their keys got KVP_ERR_DEVICE) */
 } kvp_device_stats;
 
+/**
+ * 1 when addr is CUDA device memory (kvpool stages it), 0 when host memory (also: no CUDA
+ * driver), KVP_ERR_DEVICE when the driver failed to say (logged). Any thread.
+ */
+int kvp_device_pointer(const void *addr);
+
 /** Fill *out with c's GPU staging counters. Errors: KVP_ERR_INVALID. */
 int kvp_client_device_stats(kvp_client *c, kvp_device_stats *out);
 

@@ -19,6 +19,11 @@ void kvp_client_dev_register(struct kvp_client *c, void *addr, size_t len)
                  rc == KVP_OK ? ": bounce buffers pinned" : ": bounce buffers NOT pinned (driver error)");
 }
 
+int kvp_device_pointer(const void *addr)
+{
+    return kvp_devmem_classify(addr, NULL);
+}
+
 int kvp_client_device_stats(kvp_client *c, kvp_device_stats *out)
 {
     if (!c || !out)
