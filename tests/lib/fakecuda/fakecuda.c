@@ -575,6 +575,25 @@ int cuMemcpyHtoDAsync_v2(devptr dst, const void *src, size_t n, void *s) { retur
 int cuMemcpyDtoH_v2(void *dst, devptr src, size_t n) { return copy(FAKECUDA_D2H, (devptr)(uintptr_t)dst, src, n, NULL); }
 int cuMemcpyHtoD_v2(devptr dst, const void *src, size_t n) { return copy(FAKECUDA_H2D, dst, (devptr)(uintptr_t)src, n, NULL); }
 
+int cuMemsetD8_v2(devptr dst, unsigned char v, size_t n)
+{
+    ENTER();
+    NEED_CTX();
+    void *d = resolve((uintptr_t)dst, n, 1, NULL);
+    if (!d)
+        RET(CUDA_ERROR_INVALID_VALUE);
+    advance_to(now_ns); /* ordered after what completed; synchronous */
+    memset(d, v, n);
+    RET(CUDA_SUCCESS);
+}
+
+int cuDeviceGetName(char *name, int len, int dev)
+{
+    if (len > 0)
+        snprintf(name, (size_t)len, "kvpool fakecuda device %d", dev);
+    return CUDA_SUCCESS;
+}
+
 /* ------------------------------------------------------------------ test controls */
 
 uint64_t fakecuda_now_ns(void)
