@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -105,6 +106,8 @@ struct reg_range {
 static pthread_rwlock_t reg_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct reg_range *regs;
 static size_t n_regs, cap_regs;
+/* n_regs mirrored for the lock-free "any registered range?" test on the data path. */
+static atomic_size_t n_regs_hint;
 static uint64_t reg_bytes;
 
 int kvp_devmem_remember(uintptr_t base, size_t len, int ordinal)
@@ -123,6 +126,7 @@ int kvp_devmem_remember(uintptr_t base, size_t len, int ordinal)
     }
     regs[n_regs++] = (struct reg_range){.base = base, .len = len, .ordinal = ordinal};
     reg_bytes += len;
+    atomic_store_explicit(&n_regs_hint, n_regs, memory_order_relaxed);
 out:
     pthread_rwlock_unlock(&reg_lock);
     return rc;
@@ -135,6 +139,7 @@ void kvp_devmem_forget(uintptr_t base)
         if (regs[i].base == base) {
             reg_bytes -= regs[i].len;
             regs[i] = regs[--n_regs];
+            atomic_store_explicit(&n_regs_hint, n_regs, memory_order_relaxed);
             break;
         }
     }
@@ -171,7 +176,8 @@ int kvp_devmem_classify(const void *addr, struct kvp_devmem_info *info)
     if (!addr || !kvp_devmem_available())
         return 0;
     uintptr_t a = (uintptr_t)addr;
-    if (n_regs > 0 && reg_lookup(a, info)) /* racy read of n_regs: a miss only costs the driver call */
+    /* a stale hint only costs the driver call (a miss) or one locked lookup */
+    if (atomic_load_explicit(&n_regs_hint, memory_order_relaxed) > 0 && reg_lookup(a, info))
         return 1;
     unsigned int type = 0;
     kvp_cu_result r = drv.get_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (kvp_cu_devptr)a);
