@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "actors/client/devstage.h"
+#include "actors/transfer/fault.h"
 #include "tests/integration/test_client_util.h"
 #include "tests/lib/fakecuda/fakecuda_load.h"
 
@@ -190,6 +192,64 @@ static void test_gpu_poisoned_context_fails_device_keys_host_keys_work(void **st
     kvp_client_close(&c);
 }
 
+/* At the first host-to-device copy of a get, the network starts dropping every read: the next
+ * round of the get times out while that copy (delayed 5 s on the virtual clock) is queued. */
+static void drop_reads_from_now(int kind, void *arg)
+{
+    bool *done = arg; /* once (the hook runs under the double's lock: no driver call here) */
+    if (kind != FAKECUDA_H2D || *done)
+        return;
+    *done = true;
+    struct kvp_xfer_fault_rule r = {.action = KVP_FAULT_DROP, .op = KVP_XFER_READ};
+    kvp_xfer_fault_add(&r);
+}
+
+/* A timed-out get through the real engine: it returns KVP_ERR_TIMEOUT only after the queued
+ * copy completed, and nothing writes the device buffer after it returned. */
+static void test_gpu_timed_out_get_never_writes_device_memory_after_return(void **state)
+{
+    (void)state;
+    kvp_client *c = tc_open(&CL, 20000);
+    assert_non_null(c);
+    size_t n = 3 * DEVSTAGE_DEFAULT_WINDOW; /* three rounds */
+    tc_fill("gpu-to", shadow(DEV), n);
+    assert_int_equal(kvp_put(c, "gpu-to", DEV, n, NULL), KVP_OK);
+    memset(shadow(DEV2), 0xEE, n);
+    size_t a0 = FC.audit_count();
+    FC.delay_next_copy(5000000000ull);
+    bool hooked = false;
+    FC.on_enqueue(drop_reads_from_now, &hooked);
+    uint64_t v0 = FC.now_ns();
+    int64_t r = kvp_get(c, "gpu-to", DEV2, n, 400);
+    uint64_t v_ret = FC.now_ns();
+    kvp_xfer_fault_clear();
+    FC.on_enqueue(NULL, NULL);
+    assert_true(hooked);
+    assert_int_equal(r, KVP_ERR_TIMEOUT);
+    assert_int_equal(FC.pending(), 0);
+    assert_true(v_ret - v0 >= 5000000000ull); /* it waited for the queued copy */
+    uint8_t *after = malloc(n);
+    assert_non_null(after);
+    memcpy(after, shadow(DEV2), n);
+    FC.advance(1000000000000ull);
+    assert_memory_equal(after, shadow(DEV2), n);
+    size_t copies = 0;
+    for (size_t i = a0; i < FC.audit_count(); i++) {
+        struct fakecuda_audit a;
+        assert_true(FC.audit_get(i, &a));
+        if (a.kind == FAKECUDA_H2D && a.dev_addr >= (uintptr_t)DEV2 && a.dev_addr < (uintptr_t)DEV2 + n) {
+            assert_true(a.end_ns <= v_ret);
+            copies++;
+        }
+    }
+    assert_int_equal(copies, 1); /* round 0 only */
+    free(after);
+    /* the client keeps working */
+    assert_int_equal(kvp_get(c, "gpu-to", DEV2, n, 0), (int64_t)n);
+    assert_true(tc_check("gpu-to", shadow(DEV2), n));
+    kvp_client_close(&c);
+}
+
 int main(void)
 {
     if (fakecuda_load() != 0)
@@ -198,6 +258,7 @@ int main(void)
         cmocka_unit_test(test_gpu_put_get_iov_from_device_memory),
         cmocka_unit_test(test_gpu_copy_error_fails_that_key_only),
         cmocka_unit_test(test_gpu_poisoned_context_fails_device_keys_host_keys_work),
+        cmocka_unit_test(test_gpu_timed_out_get_never_writes_device_memory_after_return),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

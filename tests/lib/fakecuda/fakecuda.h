@@ -32,5 +32,7 @@ void *fakecuda_shadow(uint64_t dptr);         /* read-write alias of device memo
 uint64_t fakecuda_pinned_bytes(void);
 uint64_t fakecuda_copies(void);
 void fakecuda_reset_errors(void);
+/* fn(kind, arg) after every copy enqueued (under the double's lock: fn must not call the driver). */
+void fakecuda_on_enqueue(void (*fn)(int kind, void *arg), void *arg);
 
 #endif

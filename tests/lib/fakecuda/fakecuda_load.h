@@ -28,6 +28,7 @@ struct fakecuda_api {
     uint64_t (*pinned_bytes)(void);
     uint64_t (*copies)(void);
     void (*reset_errors)(void);
+    void (*on_enqueue)(void (*)(int, void *), void *);
     /* driver calls the tests make themselves */
     int (*init)(unsigned);
     int (*retain)(void **, int);
@@ -64,6 +65,7 @@ static inline int fakecuda_load(void)
     L(pinned_bytes, "fakecuda_pinned_bytes");
     L(copies, "fakecuda_copies");
     L(reset_errors, "fakecuda_reset_errors");
+    L(on_enqueue, "fakecuda_on_enqueue");
     L(init, "cuInit");
     L(retain, "cuDevicePrimaryCtxRetain");
     L(push, "cuCtxPushCurrent_v2");
