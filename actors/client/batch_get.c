@@ -152,9 +152,10 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     size_t *slice_slot = NULL;
     Kvp__Response *resp = NULL;
     int *obj_dev = calloc(n, sizeof *obj_dev);       /* [GPU hook] per slot: device ordinal or -1 */
-    uint64_t *dsum = calloc(n, sizeof *dsum);        /* [GPU hook] per staged slot: XXH3 of its bounce bytes */
+    uint64_t *dsum = NULL;                           /* [GPU hook] per staged slot: XXH3 of its bounce bytes */
+    bool any_dev = false;                            /* [GPU hook] some slot is staged */
 
-    if (!keyv || !sorted || !uidx || !ukeys || !sl || !bad || !obj_dev || !dsum) {
+    if (!keyv || !sorted || !uidx || !ukeys || !sl || !bad || !obj_dev) {
         for (size_t i = 0; i < n; i++)
             results[i] = KVP_ERR_NOMEM;
         goto out;
@@ -164,6 +165,7 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         results[i] = check_obj(&objs[i], &obj_dev[i]);
+        any_dev |= obj_dev[i] >= 0;
         keyv[i] = objs[i].key;
         if (results[i] == KVP_OK)
             sorted[m++] = i;
@@ -305,9 +307,16 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         /* returns when every slice is terminal: completed, failed or fenced (C2) */
         /* [GPU hook] slots with device pieces go through bounce buffers; the others run exactly
          * as kvp_xfer_run */
-        struct kvp_devstage_batch db = {.slices = slices, .n = ns, .group = slice_slot, .group_dev = obj_dev,
-                                        .n_groups = n, .sum = dsum, .timeout_ms = round_ms};
-        kvp_devstage_run(c->devstage, &db);
+        if (any_dev && !dsum && !(dsum = calloc(n, sizeof *dsum))) {
+            for (size_t q = 0; q < ns; q++)
+                slices[q].status = KVP_ERR_NOMEM;
+        } else if (any_dev) {
+            struct kvp_devstage_batch db = {.slices = slices, .n = ns, .group = slice_slot, .group_dev = obj_dev,
+                                            .n_groups = n, .sum = dsum, .timeout_ms = round_ms};
+            kvp_devstage_run(c->devstage, &db);
+        } else {
+            kvp_xfer_run(c->xfer, slices, ns, round_ms);
+        }
         rounds++;
         /* A transfer that ended after the lease may have read an extent already reused by
          * another put: its bytes are never returned (docs/eviction.md). */
@@ -349,7 +358,9 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                 continue;
             }
             if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM ||
-                st == KVP_ERR_FENCE_FAILED || st == KVP_ERR_DEVICE) { /* [GPU hook] a local copy error: no retry */ /* fence failure: reported, not retried (C2 item 3) */
+                st == KVP_ERR_FENCE_FAILED || st == KVP_ERR_DEVICE) {
+                /* fence failure: reported, not retried (C2 item 3); [GPU hook] a GPU copy error is
+                 * local: another replica would not help */
                 results[i] = st;
                 pending--;
                 continue;

@@ -207,6 +207,9 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     }
     if (m == 0)
         goto out;
+    bool any_dev = false; /* [GPU hook] some item is staged */
+    for (size_t j = 0; j < m; j++)
+        any_dev |= it[j].dev >= 0;
 
     /* 2. PutStart for the whole batch */
     {
@@ -281,9 +284,11 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     if (ns > 0) {
         slices = calloc(ns, sizeof *slices);
         slice_item = calloc(ns, sizeof *slice_item);
-        slice_feed = calloc(ns, sizeof *slice_feed);
-        item_dev = calloc(m, sizeof *item_dev);
-        if (!slices || !slice_item || !slice_feed || !item_dev) {
+        if (any_dev) {
+            slice_feed = calloc(ns, sizeof *slice_feed);
+            item_dev = calloc(m, sizeof *item_dev);
+        }
+        if (!slices || !slice_item || (any_dev && (!slice_feed || !item_dev))) {
             for (size_t j = 0; j < m; j++)
                 if (it[j].status == KVP_OK) {
                     it[j].status = KVP_ERR_NOMEM;
@@ -311,7 +316,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                         .op = KVP_XFER_WRITE,
                         .status = KVP_ERR_TIMEOUT,
                     };
-                    slice_feed[s] = r == 0;
+                    if (slice_feed)
+                        slice_feed[s] = r == 0;
                     slice_item[s++] = j;
                     off += o->iov[k].len;
                 }
@@ -324,17 +330,23 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                     slices[q].status = KVP_ERR_TIMEOUT;
             } else {
                 struct put_sums ps = {.it = it, .m = m, .objs = objs, .sum = sum, .have = have_sum};
-                /* [GPU hook] items with device pieces go through bounce buffers; the others run
-                 * exactly as kvp_xfer_run_overlap. Per-slice status is authoritative. */
-                for (size_t j = 0; j < m; j++)
-                    item_dev[j] = it[j].status == KVP_OK ? it[j].dev : -1;
-                struct kvp_devstage_batch db = {.slices = slices, .n = ns, .group = slice_item, .feed = slice_feed,
-                                                .group_dev = item_dev, .n_groups = m, .sum = sum, .timeout_ms = left,
-                                                .overlap = put_sums_compute, .arg = &ps};
-                kvp_devstage_run(c->devstage, &db);
-                for (size_t j = 0; j < m; j++)
-                    if (item_dev[j] >= 0)
-                        have_sum[j] = true; /* used only when all of the item's slices completed */
+                /* per-slice status is authoritative */
+                if (!any_dev) {
+                    kvp_xfer_run_overlap(c->xfer, slices, ns, left, put_sums_compute, &ps);
+                } else {
+                    /* [GPU hook] items with device pieces go through bounce buffers; the others
+                     * run as in kvp_xfer_run_overlap */
+                    for (size_t j = 0; j < m; j++)
+                        item_dev[j] = it[j].status == KVP_OK ? it[j].dev : -1;
+                    struct kvp_devstage_batch db = {.slices = slices, .n = ns, .group = slice_item,
+                                                    .feed = slice_feed, .group_dev = item_dev, .n_groups = m,
+                                                    .sum = sum, .timeout_ms = left, .overlap = put_sums_compute,
+                                                    .arg = &ps};
+                    kvp_devstage_run(c->devstage, &db);
+                    for (size_t j = 0; j < m; j++)
+                        if (item_dev[j] >= 0)
+                            have_sum[j] = true; /* used only when all of the item's slices completed */
+                }
             }
             for (size_t q = 0; q < ns; q++) {
                 size_t j = slice_item[q];
