@@ -194,7 +194,9 @@ int64_t kvp_get_size(kvp_client *c, const char *key);
 
 /**
  * Register [addr, addr+len) as a buffer the caller will pass to put/get (for RDMA memory
- * registration; a no-op on TCP but still validated). The caller keeps ownership.
+ * registration; on TCP only validated, except for GPU device memory: its range is cached and
+ * its device's bounce buffers pinned, see "GPU (device) memory" below). The caller keeps
+ * ownership.
  * Errors: KVP_ERR_INVALID (NULL, 0 length, overlaps a registered buffer).
  */
 int kvp_register_buffer(kvp_client *c, void *addr, size_t len);
