@@ -15,6 +15,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +49,7 @@ static int model_xfer(void *ctx, struct kvp_xfer_slice *s, size_t n, uint32_t ti
 {
     (void)ctx;
     (void)timeout_ms;
-    int call = NET.calls++;
+    int call = __atomic_fetch_add(&NET.calls, 1, __ATOMIC_RELAXED); /* concurrent batches in one test */
     if (NET.timeout_from_call >= 0 && call >= NET.timeout_from_call) {
         for (size_t i = 0; i < n; i++)
             s[i].status = KVP_ERR_TIMEOUT; /* fenced: the engine touched nothing */
@@ -382,6 +383,90 @@ static void test_devstage_poisoned_context_fails_device_items_only(void **state)
     assert_int_equal(ok.status, KVP_OK);
 }
 
+/* Two replicas of one device item (the put's slices: replica 0 then replica 1, feed only on
+ * replica 0), and an item on device 1 in the same batch (a second pipeline): both replicas
+ * hold the bytes, the checksums are those of the objects. */
+static void test_devstage_replicas_and_two_devices(void **state)
+{
+    (void)state;
+    reset_net();
+    uint8_t *d1 = fakecuda_dev_alloc(1, 3 * MIB);
+    assert_non_null(d1);
+    size_t la = 6 * MIB + 5, lb = 3 * MIB;
+    fill(FC.shadow((uintptr_t)DEV_A), la, 21);
+    fill(FC.shadow((uintptr_t)d1), lb, 22);
+    memset(NET.remote, 0, 40 * MIB);
+    struct kvp_xfer_slice s[3] = {slice(DEV_A, la, 0, KVP_XFER_WRITE), slice(DEV_A, la, 10 * MIB, KVP_XFER_WRITE),
+                                  slice(d1, lb, 20 * MIB, KVP_XFER_WRITE)};
+    size_t group[3] = {0, 0, 1};
+    uint8_t feed[3] = {1, 0, 1};
+    int gdev[2] = {0, 1};
+    uint64_t sum[2] = {0};
+    struct kvp_devstage_batch b = {.slices = s, .n = 3, .group = group, .feed = feed, .group_dev = gdev,
+                                   .n_groups = 2, .sum = sum, .timeout_ms = 10000};
+    assert_int_equal(kvp_devstage_run(DS, &b), KVP_OK);
+    const uint8_t *a = FC.shadow((uintptr_t)DEV_A);
+    assert_memory_equal(NET.remote, a, la);
+    assert_memory_equal(NET.remote + 10 * MIB, a, la);
+    assert_memory_equal(NET.remote + 20 * MIB, FC.shadow((uintptr_t)d1), lb);
+    assert_true(sum[0] == XXH3_64bits(a, la));
+    assert_true(sum[1] == XXH3_64bits(FC.shadow((uintptr_t)d1), lb));
+    struct kvp_devstage_stats st;
+    kvp_devstage_stats(DS, &st);
+    assert_true(st.lanes >= 2); /* one per device */
+}
+
+/* More concurrent batches on one device than it has lanes: they wait for a lane, and every one
+ * moves its own bytes. */
+struct conc_arg {
+    int id;
+    int ok;
+};
+
+static void *conc_thread(void *p)
+{
+    struct conc_arg *a = p;
+    a->ok = 1;
+    for (int it = 0; it < 20; it++) {
+        uint8_t *src = DEV_A + (size_t)a->id * 2 * MIB;
+        uint8_t *dst = DEV_B + (size_t)a->id * 2 * MIB;
+        uint64_t roff = 100 * MIB + (uint64_t)a->id * 2 * MIB;
+        struct kvp_xfer_slice s = slice(src, MIB + (size_t)it, roff, KVP_XFER_WRITE);
+        int gdev = 0;
+        uint64_t sum;
+        run_batch(&s, 1, &gdev, &sum);
+        struct kvp_xfer_slice g = slice(dst, MIB + (size_t)it, roff, KVP_XFER_READ);
+        run_batch(&g, 1, &gdev, &sum);
+        if (s.status != KVP_OK || g.status != KVP_OK ||
+            memcmp(FC.shadow((uintptr_t)src), FC.shadow((uintptr_t)dst), MIB + (size_t)it) != 0)
+            a->ok = 0;
+    }
+    return NULL;
+}
+
+static void test_devstage_concurrent_batches_share_lanes(void **state)
+{
+    (void)state;
+    reset_net();
+    enum { T = 6 };
+    fill(FC.shadow((uintptr_t)DEV_A), 2 * MIB * T, 31);
+    pthread_t th[T];
+    struct conc_arg a[T];
+    for (int i = 0; i < T; i++) {
+        a[i] = (struct conc_arg){.id = i};
+        assert_int_equal(pthread_create(&th[i], NULL, conc_thread, &a[i]), 0);
+    }
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(a[i].ok);
+    }
+    struct kvp_devstage_stats st;
+    kvp_devstage_stats(DS, &st);
+    assert_true(st.lanes <= DEVSTAGE_MAX_LANES + 1 /* + device 1's */);
+    assert_int_equal(st.lanes_busy, 0);
+    assert_int_equal(FC.pending(), 0);
+}
+
 static double cpu_ns(void)
 {
     struct timespec ts;
@@ -431,6 +516,8 @@ int main(void)
         cmocka_unit_test(test_devstage_timed_out_get_never_writes_after_return),
         cmocka_unit_test(test_devstage_copy_error_fails_that_item_only),
         cmocka_unit_test(test_devstage_poisoned_context_fails_device_items_only),
+        cmocka_unit_test(test_devstage_replicas_and_two_devices),
+        cmocka_unit_test(test_devstage_concurrent_batches_share_lanes),
         cmocka_unit_test(test_devstage_cpu_per_slice_figure),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
