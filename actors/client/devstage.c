@@ -228,8 +228,9 @@ struct chunk {
     size_t slice;
     uint64_t off, len, boff;
     size_t round;
-    bool dev;  /* the slice's local memory is device memory */
-    bool sent; /* its transfer completed */
+    bool dev;   /* the slice's local memory is device memory */
+    bool sent;  /* its transfer completed */
+    bool alias; /* another replica's chunk: sent from the bounce bytes of its source, not copied */
 };
 
 struct pipe {
@@ -276,7 +277,7 @@ static void feed_round(struct pipe *p, size_t k)
 {
     for (size_t c = p->round_first[k]; c < p->round_first[k + 1]; c++) {
         const struct chunk *ch = &p->ch[c];
-        if (!chunk_live(p, ch) || (p->b->feed && !p->b->feed[ch->slice]))
+        if (!chunk_live(p, ch) || ch->alias || (p->b->feed && !p->b->feed[ch->slice]))
             continue;
         XXH3_state_t *h = p->hs[p->b->group[ch->slice]];
         if (h)
@@ -293,6 +294,8 @@ static void put_issue(struct pipe *p, size_t k)
         if (!chunk_live(p, ch))
             continue;
         const uint8_t *src = (const uint8_t *)p->b->slices[ch->slice].local + ch->off;
+        if (ch->alias)
+            continue; /* its source chunk (same bytes, same boff) is copied */
         if (!ch->dev) {
             memcpy(buf + ch->boff, src, ch->len);
             continue;
@@ -456,6 +459,39 @@ static void run_pipeline(struct pipe *p, bool host, bool put)
 
 /* ------------------------------------------------------------------ the batch */
 
+/* For the slices of device `dev`'s groups: alias[i] = the replica-0 slice (feed 1, same group,
+ * same local range) whose bounce bytes slice i (feed 0) is sent from, else SIZE_MAX;
+ * alias_head/alias_next chain each source's aliases. Within a group (contiguous, as the put
+ * builds them: replica by replica, piece by piece) the k-th feed-0 slice is matched to the
+ * (k mod F)-th of its F feed-1 slices, and kept only when the local range is the same. */
+static void find_aliases(const struct kvp_devstage_batch *b, int dev, size_t *alias, size_t *alias_next,
+                         size_t *alias_head, size_t *twins)
+{
+    size_t g = SIZE_MAX, nf = 0, nz = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        alias[i] = alias_next[i] = alias_head[i] = SIZE_MAX;
+        if (b->group_dev[b->group[i]] != dev)
+            continue;
+        if (b->group[i] != g) {
+            g = b->group[i];
+            nf = nz = 0;
+        }
+        if (b->feed[i]) {
+            if (nz == 0)
+                twins[nf++] = i; /* replica 0's pieces come first */
+            continue;
+        }
+        if (nf == 0)
+            continue;
+        size_t j = twins[nz++ % nf];
+        if (b->slices[j].local == b->slices[i].local && b->slices[j].length == b->slices[i].length) {
+            alias[i] = j;
+            alias_next[i] = alias_head[j];
+            alias_head[j] = i;
+        }
+    }
+}
+
 int kvp_devstage_run(struct kvp_devstage *ds, struct kvp_devstage_batch *b)
 {
     bool any = false;
@@ -475,6 +511,20 @@ int kvp_devstage_run(struct kvp_devstage *ds, struct kvp_devstage_batch *b)
         p.deadline_ms = kvp_clock_now_ms() + b->timeout_ms;
     int rc = KVP_OK;
     bool host_done = false;
+    size_t *alias = NULL, *alias_next = NULL, *alias_head = NULL, *twins = NULL;
+    if (put && b->feed) { /* replicas share their copies (find_aliases); without memory, they do not */
+        alias = malloc(b->n * sizeof *alias);
+        alias_next = malloc(b->n * sizeof *alias_next);
+        alias_head = malloc(b->n * sizeof *alias_head);
+        twins = malloc(b->n * sizeof *twins);
+        if (!alias || !alias_next || !alias_head || !twins) {
+            free(alias);
+            free(alias_next);
+            free(alias_head);
+            free(twins);
+            alias = NULL;
+        }
+    }
     if (!p.gerr || !p.hs || !p.dev_slice || !cu) {
         for (size_t i = 0; i < b->n; i++)
             b->slices[i].status = cu ? KVP_ERR_NOMEM : KVP_ERR_DEVICE;
@@ -524,12 +574,16 @@ int kvp_devstage_run(struct kvp_devstage *ds, struct kvp_devstage_batch *b)
             kvp_log_warn("devstage", "device %d: no staging lane (driver error or no memory): its %zu slice(s) fail "
                          "with KVP_ERR_DEVICE", dev, nslices);
         } else {
+            /* a put's replicas: the slices of replica r >= 1 (feed 0) repeat replica 0's (feed 1)
+             * local ranges; each is sent from its replica-0 twin's bounce bytes (one copy) */
+            if (put && b->feed && alias)
+                find_aliases(b, dev, alias, alias_next, alias_head, twins);
             /* chunks in slice order, packed into rounds of one bounce buffer each */
             p.n_ch = 0;
             p.n_rounds = 0;
             uint64_t fill = ds->window; /* forces a new round at the first chunk */
             for (size_t i = 0; i < b->n; i++) {
-                if (b->group_dev[b->group[i]] != dev)
+                if (b->group_dev[b->group[i]] != dev || (alias && alias[i] != SIZE_MAX))
                     continue;
                 for (uint64_t off = 0; off < b->slices[i].length;) {
                     if (fill == ds->window) {
@@ -541,6 +595,10 @@ int kvp_devstage_run(struct kvp_devstage *ds, struct kvp_devstage_batch *b)
                         len = ds->window - fill;
                     p.ch[p.n_ch++] = (struct chunk){.slice = i, .off = off, .len = len, .boff = fill,
                                                     .round = p.n_rounds - 1, .dev = p.dev_slice[i]};
+                    for (size_t a = alias ? alias_head[i] : SIZE_MAX; a != SIZE_MAX; a = alias_next[a])
+                        p.ch[p.n_ch++] = (struct chunk){.slice = a, .off = off, .len = len, .boff = fill,
+                                                        .round = p.n_rounds - 1, .dev = p.dev_slice[a],
+                                                        .alias = true};
                     off += len;
                     fill += len;
                 }
@@ -607,6 +665,12 @@ int kvp_devstage_run(struct kvp_devstage *ds, struct kvp_devstage_batch *b)
         if (p.hs[g] && b->sum)
             b->sum[g] = XXH3_64bits_digest(p.hs[g]);
 out:
+    if (alias) {
+        free(alias);
+        free(alias_next);
+        free(alias_head);
+        free(twins);
+    }
     if (p.hs)
         for (size_t g = 0; g < b->n_groups; g++)
             if (p.hs[g])

@@ -385,7 +385,7 @@ static void test_devstage_poisoned_context_fails_device_items_only(void **state)
 
 /* Two replicas of one device item (the put's slices: replica 0 then replica 1, feed only on
  * replica 0), and an item on device 1 in the same batch (a second pipeline): both replicas
- * hold the bytes, the checksums are those of the objects. */
+ * hold the bytes from one device-to-host copy, the checksums are those of the objects. */
 static void test_devstage_replicas_and_two_devices(void **state)
 {
     (void)state;
@@ -404,7 +404,14 @@ static void test_devstage_replicas_and_two_devices(void **state)
     uint64_t sum[2] = {0};
     struct kvp_devstage_batch b = {.slices = s, .n = 3, .group = group, .feed = feed, .group_dev = gdev,
                                    .n_groups = 2, .sum = sum, .timeout_ms = 10000};
+    struct kvp_devstage_stats st0;
+    kvp_devstage_stats(DS, &st0);
     assert_int_equal(kvp_devstage_run(DS, &b), KVP_OK);
+    struct kvp_devstage_stats st1;
+    kvp_devstage_stats(DS, &st1);
+    /* replica 1 is sent from replica 0's bounce bytes: 2 copies for item 0 (4 MiB + 2 MiB), 1 for
+     * item 1, not 5 */
+    assert_int_equal(st1.copies - st0.copies, 3);
     const uint8_t *a = FC.shadow((uintptr_t)DEV_A);
     assert_memory_equal(NET.remote, a, la);
     assert_memory_equal(NET.remote + 10 * MIB, a, la);
