@@ -323,7 +323,8 @@ static void test_devstage_copy_error_fails_that_item_only(void **state)
     memset(NET.remote, 0, 3 * 4096);
     struct kvp_devstage_stats st0, st1;
     kvp_devstage_stats(DS, &st0);
-    struct kvp_xfer_slice s[3] = {slice(DEV_A, 4096, 0, KVP_XFER_WRITE), slice(DEV_A + 4096, 4096, 4096, KVP_XFER_WRITE),
+    struct kvp_xfer_slice s[3] = {slice(DEV_A, 4096, 0, KVP_XFER_WRITE),
+                                  slice(DEV_A + 4096, 4096, 4096, KVP_XFER_WRITE),
                                   slice(DEV_A + 8192, 4096, 8192, KVP_XFER_WRITE)};
     int gdev[3] = {0, 0, 0};
     uint64_t sum[3];

@@ -574,10 +574,25 @@ static int copy(int kind, devptr dst, devptr src, size_t n, void *sp)
     RET(enqueue(kind, d, s, n, da, sp));
 }
 
-int cuMemcpyDtoHAsync_v2(void *dst, devptr src, size_t n, void *s) { return copy(FAKECUDA_D2H, (devptr)(uintptr_t)dst, src, n, s ? s : NULL) ; }
-int cuMemcpyHtoDAsync_v2(devptr dst, const void *src, size_t n, void *s) { return copy(FAKECUDA_H2D, dst, (devptr)(uintptr_t)src, n, s); }
-int cuMemcpyDtoH_v2(void *dst, devptr src, size_t n) { return copy(FAKECUDA_D2H, (devptr)(uintptr_t)dst, src, n, NULL); }
-int cuMemcpyHtoD_v2(devptr dst, const void *src, size_t n) { return copy(FAKECUDA_H2D, dst, (devptr)(uintptr_t)src, n, NULL); }
+int cuMemcpyDtoHAsync_v2(void *dst, devptr src, size_t n, void *s)
+{
+    return copy(FAKECUDA_D2H, (devptr)(uintptr_t)dst, src, n, s);
+}
+
+int cuMemcpyHtoDAsync_v2(devptr dst, const void *src, size_t n, void *s)
+{
+    return copy(FAKECUDA_H2D, dst, (devptr)(uintptr_t)src, n, s);
+}
+
+int cuMemcpyDtoH_v2(void *dst, devptr src, size_t n)
+{
+    return copy(FAKECUDA_D2H, (devptr)(uintptr_t)dst, src, n, NULL);
+}
+
+int cuMemcpyHtoD_v2(devptr dst, const void *src, size_t n)
+{
+    return copy(FAKECUDA_H2D, dst, (devptr)(uintptr_t)src, n, NULL);
+}
 
 int cuMemsetD8_v2(devptr dst, unsigned char v, size_t n)
 {
