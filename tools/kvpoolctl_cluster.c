@@ -323,6 +323,7 @@ struct up_opts {
     int segments;
     const char *segment_size;
     int base_port;
+    bool metrics;           /* --metrics: every process gets a metrics_port (cluster.json "metrics") */
     const char *config;
     uint32_t wait_ms;
     uint32_t grace_ms;
@@ -363,6 +364,8 @@ static int parse_opts(struct ctl *c, int argc, char **argv, int first, struct up
         int iv;
         if (strcmp(argv[i], "--json") == 0) {
             c->json = true;
+        } else if (strcmp(argv[i], "--metrics") == 0) {
+            o->metrics = true;
         } else if (want_value(argc, argv, &i, "--dir", &v)) {
             if (!v)
                 goto need;
@@ -568,12 +571,16 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
     uint64_t deadline = mono_ms() + o.wait_ms;
     json_t *st = NULL;
     for (int attempt = 1;; attempt++) {
-        int ctrl[KVP_CFG_MAX_MASTERS], raft[KVP_CFG_MAX_MASTERS], fds[2 * KVP_CFG_MAX_MASTERS];
+        int ctrl[KVP_CFG_MAX_MASTERS], raft[KVP_CFG_MAX_MASTERS], mport[KVP_CFG_MAX_MASTERS];
+        int fds[3 * KVP_CFG_MAX_MASTERS];
         int nfds = 0;
         for (int i = 0; i < n; i++) {
+            mport[i] = 0;
             if (o.base_port) {
                 ctrl[i] = o.base_port + 2 * i;
                 raft[i] = o.base_port + 2 * i + 1;
+                if (o.metrics) /* after the masters' control and Raft ports */
+                    mport[i] = o.base_port + 2 * n + i;
                 continue;
             }
             ctrl[i] = free_port(&fds[nfds]);
@@ -582,7 +589,9 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
             raft[i] = free_port(&fds[nfds]);
             if (raft[i] > 0)
                 nfds++;
-            if (ctrl[i] <= 0 || raft[i] <= 0) {
+            if (o.metrics && (mport[i] = free_port(&fds[nfds])) > 0)
+                nfds++;
+            if (ctrl[i] <= 0 || raft[i] <= 0 || (o.metrics && mport[i] <= 0)) {
                 fprintf(stderr, "kvpoolctl cluster up: no free port: %s\n", strerror(errno));
                 for (int k = 0; k < nfds; k++)
                     close(fds[k]);
@@ -622,9 +631,20 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
                 nftw(data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
             }
             unlink(log);
-            const char *cmd[] = {master_exe, "--id", id, "--listen", listen, "--raft-address", raddr,
-                                 "--data-dir", data, "--members", members, "--config", master_config};
-            size_t ncmd = o.config ? 13 : 11;
+            const char *cmd[16] = {master_exe, "--id", id, "--listen", listen, "--raft-address", raddr,
+                                   "--data-dir", data, "--members", members};
+            size_t ncmd = 11;
+            if (o.config) {
+                cmd[ncmd++] = "--config";
+                cmd[ncmd++] = master_config;
+            }
+            char mp[16], maddr[64];
+            snprintf(mp, sizeof mp, "%d", mport[i]);
+            snprintf(maddr, sizeof maddr, "127.0.0.1:%d", mport[i]);
+            if (o.metrics) {
+                cmd[ncmd++] = "--metrics-port";
+                cmd[ncmd++] = mp;
+            }
             json_t *m = json_object();
             json_object_set_new(m, "id", json_integer(i + 1));
             json_object_set_new(m, "name", json_string(name));
@@ -633,6 +653,8 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
             json_object_set_new(m, "raft_address", json_string(raddr));
             json_object_set_new(m, "data_dir", json_string(data));
             json_object_set_new(m, "log", json_string(log));
+            if (o.metrics)
+                json_object_set_new(m, "metrics", json_string(maddr));
             json_object_set_new(m, "cmdline", str_array(cmd, ncmd));
             pid_t pid = spawn(json_object_get(m, "cmdline"), log);
             json_object_set_new(m, "pid", json_integer(pid));
@@ -687,9 +709,25 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         snprintf(name, sizeof name, "seg-%d", i + 1);
         snprintf(log, sizeof log, "%s/%s.log", dir, name);
         unlink(log);
-        const char *cmd[] = {seg_exe, "--name", name, "--global-segment-size", o.segment_size,
-                             "--master-server-address", masters_list, "--config", seg_config};
-        size_t ncmd = o.config ? 9 : 7;
+        const char *cmd[12] = {seg_exe, "--name", name, "--global-segment-size", o.segment_size,
+                               "--master-server-address", masters_list};
+        size_t ncmd = 7;
+        if (o.config) {
+            cmd[ncmd++] = "--config";
+            cmd[ncmd++] = seg_config;
+        }
+        char mp[16], maddr[64];
+        int sport = 0;
+        if (o.metrics) {
+            int fd = -1;
+            sport = o.base_port ? o.base_port + 3 * n + i : free_port(&fd);
+            if (fd >= 0)
+                close(fd);
+            snprintf(mp, sizeof mp, "%d", sport);
+            snprintf(maddr, sizeof maddr, "127.0.0.1:%d", sport);
+            cmd[ncmd++] = "--metrics-port";
+            cmd[ncmd++] = mp;
+        }
         json_t *s = json_object();
         uint64_t size = 0;
         kvp_cfg_parse_size(o.segment_size, &size);
@@ -697,6 +735,8 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         json_object_set_new(s, "role", json_string("segment"));
         json_object_set_new(s, "log", json_string(log));
         json_object_set_new(s, "size", json_integer((json_int_t)size));
+        if (o.metrics && sport > 0)
+            json_object_set_new(s, "metrics", json_string(maddr));
         json_object_set_new(s, "cmdline", str_array(cmd, ncmd));
         pid_t pid = spawn(json_object_get(s, "cmdline"), log);
         json_object_set_new(s, "pid", json_integer(pid));
@@ -721,6 +761,8 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         printf("cluster up: %d master(s) (leader %lld), %d segment(s); %s\n", n, (long long)leader, o.segments,
                cpath);
         printf("masters: %s\n", masters_list);
+        if (o.metrics)
+            printf("metrics: kvpoolctl --cluster %s top\n", cpath);
     }
     json_decref(cl);
     return 0;

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "actors/client/client.h"
+#include "actors/client/client_metrics.h"
 #include "actors/client/devmem.h"
 #include "actors/client/devstage.h"
 #include "runtime/clock.h"
@@ -113,8 +114,50 @@ static size_t count_pieces(const struct kvp_client_obj *o, uint64_t size)
     return n;
 }
 
+void kvp_client_avoid_note(struct kvp_client *c, uint32_t segment_id)
+{
+    uint64_t now = kvp_clock_now_ms();
+    pthread_mutex_lock(&c->mu);
+    size_t slot = 0;
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX; k++) {
+        if (c->avoid[k].segment_id == segment_id) {
+            slot = k;
+            break;
+        }
+        if (c->avoid[k].until_ms < c->avoid[slot].until_ms)
+            slot = k; /* the oldest (or an empty) entry */
+    }
+    c->avoid[slot].segment_id = segment_id;
+    c->avoid[slot].until_ms = now + KVP_CLIENT_AVOID_MS;
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool kvp_client_avoided(struct kvp_client *c, uint32_t segment_id, uint64_t now_ms)
+{
+    bool yes = false;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX && !yes; k++)
+        yes = c->avoid[k].segment_id == segment_id && c->avoid[k].until_ms > now_ms;
+    pthread_mutex_unlock(&c->mu);
+    return yes;
+}
+
+size_t kvp_client_avoid_list(struct kvp_client *c, uint32_t *out, size_t cap)
+{
+    uint64_t now = kvp_clock_now_ms();
+    size_t n = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX && n < cap; k++)
+        if (c->avoid[k].segment_id && c->avoid[k].until_ms > now)
+            out[n++] = c->avoid[k].segment_id;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 void kvp_client_report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline)
 {
+    for (size_t i = 0; i < n; i++)
+        kvp_client_avoid_note(c, segs[i]);
     for (size_t i = 0; i < n; i++) {
         if (kvp_client_remaining(deadline) == 0)
             return;
@@ -231,19 +274,26 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         s->info = info;
         s->last_err = KVP_ERR_TRANSFER;
         size_t lim = info->n_replicas < 16 ? info->n_replicas : 16;
-        /* the same process first (local transport), then the master's order */
+        /* the same process first (local transport), then the master's order, then the
+         * replicas on segments this client could not reach lately (kvp_client_avoid_note) */
+        uint64_t now_ms = kvp_clock_now_ms();
+        bool avoided[16];
+        for (size_t r = 0; r < lim; r++)
+            avoided[r] = kvp_client_avoided(c, info->replicas[r]->segment_id, now_ms);
         for (size_t r = 0; r < lim; r++) {
             const Kvp__Replica *rep = info->replicas[r];
             if (local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
                 strcmp(rep->host, c->cfg.local_hostname) == 0)
                 s->order[s->n_order++] = r;
         }
-        for (size_t r = 0; r < lim; r++) {
-            const Kvp__Replica *rep = info->replicas[r];
-            if (!(local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
-                  strcmp(rep->host, c->cfg.local_hostname) == 0))
-                s->order[s->n_order++] = r;
-        }
+        for (int pass = 0; pass < 2; pass++)
+            for (size_t r = 0; r < lim; r++) {
+                const Kvp__Replica *rep = info->replicas[r];
+                if (!(local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
+                      strcmp(rep->host, c->cfg.local_hostname) == 0) &&
+                    avoided[r] == (pass == 1))
+                    s->order[s->n_order++] = r;
+            }
         s->pending = true;
         pending++;
     }
@@ -467,13 +517,16 @@ int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const k
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
     if (!objs) {
+        kvp_client_metrics_get(c, KVP_ERR_NOMEM, n, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_get_objs(c, n, objs, timeout_ms, results);
     free(objs);
+    kvp_client_metrics_get(c, KVP_OK, n, results, t0);
     kvp_client_leave(c);
     return KVP_OK;
 }
@@ -488,13 +541,16 @@ int kvp_batch_get(kvp_client *c, size_t n, const char *const keys[], void *const
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, bufs, caps);
     if (!objs) {
+        kvp_client_metrics_get(c, KVP_ERR_NOMEM, n, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_get_objs(c, n, objs, timeout_ms, results);
     free(objs);
+    kvp_client_metrics_get(c, KVP_OK, n, results, t0);
     kvp_client_leave(c);
     return KVP_OK;
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "actors/client/client.h"
+#include "actors/client/client_metrics.h"
 #include "actors/client/devmem.h"
 #include "actors/client/devstage.h"
 #include "actors/client/put_retry.h"
@@ -156,6 +157,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     int *item_dev = NULL;       /* [GPU hook] per item: it[j].dev */
     uint32_t bad[KVP_PUT_MAX_REPORTS]; /* segments whose slices failed with a transfer error */
     size_t n_bad = 0;
+    uint32_t wrote[KVP_PUT_MAX_REPORTS]; /* segments that took a slice: witnesses sent in PutEnd */
+    size_t n_wrote = 0;
     Kvp__Response *start_resp = NULL, *end_resp = NULL;
     size_t m = 0;
     /* NO_SPACE retries while the master evicts (put_retry.c): latest result per item. */
@@ -223,6 +226,10 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
          * it): the master revokes it at ttl, then quarantines the space fence_grace_ms more
          * (contract C3, docs/fencing.md). */
         ps.ttl_ms = (uint64_t)kvp_client_remaining(deadline) + KVP_CLIENT_PUT_TTL_MARGIN_MS;
+        /* segments this client could not reach lately: placed last (issue 18 item 2) */
+        uint32_t avoid[KVP_CLIENT_AVOID_MAX];
+        ps.n_avoid_segments = kvp_client_avoid_list(c, avoid, KVP_CLIENT_AVOID_MAX);
+        ps.avoid_segments = avoid;
         req.body_case = KVP__REQUEST__BODY_PUT_START;
         req.put_start = &ps;
         int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_START, &start_resp);
@@ -353,12 +360,29 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                 /* a segment that refused or dropped the connection: reported at the end, so the
                  * master probes it and stops placing new replicas there once it is found dead
                  * (before, every put with a replica there failed until client_ttl passed) */
+                if (slices[q].status == KVP_OK && slices[q].segment_id) {
+                    bool known = false;
+                    for (size_t b = 0; b < n_wrote && !known; b++)
+                        known = wrote[b] == slices[q].segment_id;
+                    if (!known && n_wrote < KVP_PUT_MAX_REPORTS)
+                        wrote[n_wrote++] = slices[q].segment_id;
+                }
                 if (slices[q].status == KVP_ERR_TRANSFER) {
                     bool known = false;
                     for (size_t b = 0; b < n_bad && !known; b++)
                         known = bad[b] == slices[q].segment_id;
                     if (!known && n_bad < KVP_PUT_MAX_REPORTS)
                         bad[n_bad++] = slices[q].segment_id;
+                }
+                if (slices[q].status == KVP_ERR_TIMEOUT && slices[q].segment_id) {
+                    /* silent (a dropped link, a partition from this client only): placed last
+                     * by this client's next PutStarts and read last, unless a slice of this
+                     * same batch completed there (then it is only slow) */
+                    bool answered = false;
+                    for (size_t q2 = 0; q2 < ns && !answered; q2++)
+                        answered = slices[q2].segment_id == slices[q].segment_id && slices[q2].status == KVP_OK;
+                    if (!answered)
+                        kvp_client_avoid_note(c, slices[q].segment_id);
                 }
                 if (slices[q].status != KVP_OK && it[j].status == KVP_OK) {
                     it[j].status = slice_error(slices[q].status);
@@ -396,6 +420,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         kvp__put_end_req__init(&pe);
         pe.n_items = ne;
         pe.items = ep;
+        pe.n_written_segments = n_wrote;
+        pe.written_segments = wrote;
         req.body_case = KVP__REQUEST__BODY_PUT_END;
         req.put_end = &pe;
         int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_END, &end_resp);
@@ -490,12 +516,15 @@ int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const k
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
     if (!objs) {
+        kvp_client_metrics_put(c, KVP_ERR_NOMEM, n, NULL, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_put_objs(c, n, objs, opts, results);
+    kvp_client_metrics_put(c, KVP_OK, n, objs, results, t0);
     free(objs);
     kvp_client_leave(c);
     return KVP_OK;
@@ -513,12 +542,15 @@ int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void 
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, (void *const *)bufs, lens);
     if (!objs) {
+        kvp_client_metrics_put(c, KVP_ERR_NOMEM, n, NULL, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_put_objs(c, n, objs, opts, results);
+    kvp_client_metrics_put(c, KVP_OK, n, objs, results, t0);
     free(objs);
     kvp_client_leave(c);
     return KVP_OK;
