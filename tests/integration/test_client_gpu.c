@@ -17,6 +17,8 @@
 #include "actors/client/devstage.h"
 #include "actors/transfer/fault.h"
 #include "tests/integration/test_client_util.h"
+#include "tests/lib/http_get.h"
+#include "tests/lib/prom_check.h"
 #include "tests/lib/fakecuda/fakecuda_load.h"
 
 #define MIB (1ull << 20)
@@ -125,12 +127,21 @@ static void test_gpu_put_get_iov_from_device_memory(void **state)
     kvp_client_close(&c);
 }
 
-/* One copy fails: that key fails with KVP_ERR_DEVICE (and is not stored), the rest completes. */
+/* One copy fails: that key fails with KVP_ERR_DEVICE (and is not stored), the rest completes.
+ * The client's metrics endpoint counts the copy errors. */
 static void test_gpu_copy_error_fails_that_key_only(void **state)
 {
     (void)state;
-    kvp_client *c = tc_open(&CL, 20000);
-    assert_non_null(c);
+    kvp_config *cfg = NULL;
+    assert_int_equal(kvp_config_new(&cfg), KVP_OK);
+    assert_int_equal(kvp_config_set(cfg, "cluster_file", CL.file), KVP_OK);
+    uint32_t port = kvp_test_free_port();
+    char ps[16];
+    snprintf(ps, sizeof ps, "%u", port);
+    assert_int_equal(kvp_config_set(cfg, "metrics_port", ps), KVP_OK);
+    kvp_client *c = NULL;
+    assert_int_equal(kvp_client_open(cfg, &c), KVP_OK);
+    kvp_config_destroy(&cfg);
     const char *keys[] = {"gpu-e0", "gpu-e1", "gpu-e2"};
     for (int i = 0; i < 3; i++)
         tc_fill(keys[i], shadow(DEV + (size_t)i * MIB), 10000);
@@ -157,6 +168,17 @@ static void test_gpu_copy_error_fails_that_key_only(void **state)
     kvp_device_stats ds;
     assert_int_equal(kvp_client_device_stats(c, &ds), KVP_OK);
     assert_int_equal(ds.copy_errors, 2);
+    int status = 0;
+    char *body = NULL, why[256];
+    assert_int_equal(kvp_test_http(port, "GET", "/metrics", &status, &body, NULL, 5000), 0);
+    assert_int_equal(status, 200);
+    assert_int_equal(kvp_test_prom_check(body, "kvpool_", why, sizeof why), 0);
+    assert_true(kvp_test_prom_value(body, "kvpool_client_device_copy_errors_total") == 2);
+    assert_true(kvp_test_prom_value(body, "kvpool_client_device_copies_total") >= 6);
+    assert_true(kvp_test_prom_value(body, "kvpool_client_device_staged_bytes_total") >= 4 * 10000);
+    assert_true(kvp_test_prom_value(body, "kvpool_client_device_lanes_busy") == 0);
+    assert_true(kvp_test_prom_value(body, "kvpool_client_device_bounce_bytes") > 0);
+    free(body);
     kvp_client_close(&c);
 }
 
