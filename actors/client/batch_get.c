@@ -35,6 +35,7 @@
 #include "actors/client/client.h"
 #include "actors/client/client_metrics.h"
 #include "actors/client/devmem.h"
+#include "actors/client/devstage.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -85,14 +86,19 @@ static uint64_t cap_of(const struct kvp_client_obj *o)
     return cap;
 }
 
-static int check_obj(const struct kvp_client_obj *o)
+static int check_obj(const struct kvp_client_obj *o, int *dev)
 {
+    *dev = -1;
     if (kvp_client_check_key(o->key) != KVP_OK || (!o->iov && o->iovcnt > 0))
         return kvp_client_invalid(__func__, "bad key (NULL, empty or over 512 bytes), or a NULL iov array with iovcnt > 0");
     for (size_t k = 0; k < o->iovcnt; k++)
         if (o->iov[k].len > 0 && !o->iov[k].base)
             return kvp_client_invalid(__func__, "an iov piece of non-zero length has a NULL base");
-    return kvp_devmem_check_iov("get", o->key, o->iov, o->iovcnt);
+    /* [GPU hook] an object with device pieces is staged (devstage.h) */
+    int cl = kvp_devmem_iov_class("get", o->key, o->iov, o->iovcnt, dev);
+    if (cl <= 0)
+        *dev = -1;
+    return cl < 0 ? cl : KVP_OK;
 }
 
 static size_t count_pieces(const struct kvp_client_obj *o, uint64_t size)
@@ -188,8 +194,11 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     struct kvp_xfer_slice *slices = NULL;
     size_t *slice_slot = NULL;
     Kvp__Response *resp = NULL;
+    int *obj_dev = calloc(n, sizeof *obj_dev);       /* [GPU hook] per slot: device ordinal or -1 */
+    uint64_t *dsum = NULL;                           /* [GPU hook] per staged slot: XXH3 of its bounce bytes */
+    bool any_dev = false;                            /* [GPU hook] some slot is staged */
 
-    if (!keyv || !sorted || !uidx || !ukeys || !sl || !bad) {
+    if (!keyv || !sorted || !uidx || !ukeys || !sl || !bad || !obj_dev) {
         for (size_t i = 0; i < n; i++)
             results[i] = KVP_ERR_NOMEM;
         goto out;
@@ -198,7 +207,8 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     /* 1. validate; distinct keys for the request */
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        results[i] = check_obj(&objs[i]);
+        results[i] = check_obj(&objs[i], &obj_dev[i]);
+        any_dev |= obj_dev[i] >= 0;
         keyv[i] = objs[i].key;
         if (results[i] == KVP_OK)
             sorted[m++] = i;
@@ -345,7 +355,18 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         uint32_t round_ms = round_budget(c, sl, n, left);
         bool capped = round_ms < left;
         /* returns when every slice is terminal: completed, failed or fenced (C2) */
-        kvp_xfer_run(c->xfer, slices, ns, round_ms);
+        /* [GPU hook] slots with device pieces go through bounce buffers; the others run exactly
+         * as kvp_xfer_run */
+        if (any_dev && !dsum && !(dsum = calloc(n, sizeof *dsum))) {
+            for (size_t q = 0; q < ns; q++)
+                slices[q].status = KVP_ERR_NOMEM;
+        } else if (any_dev) {
+            struct kvp_devstage_batch db = {.slices = slices, .n = ns, .group = slice_slot, .group_dev = obj_dev,
+                                            .n_groups = n, .sum = dsum, .timeout_ms = round_ms};
+            kvp_devstage_run(c->devstage, &db);
+        } else {
+            kvp_xfer_run(c->xfer, slices, ns, round_ms);
+        }
         rounds++;
         /* A transfer that ended after the lease may have read an extent already reused by
          * another put: its bytes are never returned (docs/eviction.md). */
@@ -387,7 +408,9 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                 continue;
             }
             if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM ||
-                st == KVP_ERR_FENCE_FAILED) { /* fence failure: reported, not retried (C2 item 3) */
+                st == KVP_ERR_FENCE_FAILED || st == KVP_ERR_DEVICE) {
+                /* fence failure: reported, not retried (C2 item 3); [GPU hook] a GPU copy error is
+                 * local: another replica would not help */
                 results[i] = st;
                 pending--;
                 continue;
@@ -419,7 +442,9 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                 /* every slice completed: verify */
                 const struct kvp_client_obj *o = &objs[i];
                 uint64_t tv = kvp_clock_now_us();
-                uint64_t h = kvp_client_checksum(o->iov, o->iovcnt, sl[i].info->size);
+                /* [GPU hook] a staged slot was summed on its bounce buffers: the CPU never reads
+                 * device memory */
+                uint64_t h = obj_dev[i] >= 0 ? dsum[i] : kvp_client_checksum(o->iov, o->iovcnt, sl[i].info->size);
                 t_verify += kvp_clock_now_us() - tv;
                 if (h == sl[i].info->checksum) {
                     results[i] = (int64_t)sl[i].info->size;
@@ -457,6 +482,8 @@ out:
     free(ukeys);
     free(sl);
     free(bad);
+    free(obj_dev);
+    free(dsum);
 }
 
 void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,

@@ -17,6 +17,7 @@
 #include "actors/client/client.h"
 #include "actors/client/client_metrics.h"
 #include "actors/client/devmem.h"
+#include "actors/client/devstage.h"
 #include "actors/client/put_retry.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -28,6 +29,7 @@ struct put_item {
     uint64_t op_id;
     int status;           /* running status of the item */
     const Kvp__PutStartResult *start; /* PutStart result (borrowed from the response) */
+    int dev;              /* [GPU hook] device ordinal of its device pieces, -1: host memory only */
 };
 
 static uint64_t obj_size(const struct kvp_client_obj *o, int *rc)
@@ -49,15 +51,14 @@ static uint64_t obj_size(const struct kvp_client_obj *o, int *rc)
     }
     if (size == 0)
         *rc = kvp_client_invalid(__func__, "an object of 0 bytes (objects are 1 byte or larger)");
-    if (*rc == KVP_OK)
-        *rc = kvp_devmem_check_iov("put", o->key, o->iov, o->iovcnt);
     return size;
 }
 
 /* Map a slice's terminal status to the put's per-key error. */
 static int slice_error(int st)
 {
-    if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM || st == KVP_ERR_FENCE_FAILED)
+    if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM || st == KVP_ERR_FENCE_FAILED ||
+        st == KVP_ERR_DEVICE)
         return st;
     return KVP_ERR_TRANSFER;
 }
@@ -116,7 +117,7 @@ static void put_sums_compute(void *arg)
 {
     struct put_sums *ps = arg;
     for (size_t j = 0; j < ps->m; j++) {
-        if (ps->it[j].status != KVP_OK)
+        if (ps->it[j].status != KVP_OK || ps->it[j].dev >= 0) /* [GPU hook] staged: summed on its bounce buffers */
             continue;
         const struct kvp_client_obj *o = &ps->objs[ps->it[j].obj];
         ps->sum[j] = kvp_client_checksum(o->iov, o->iovcnt, ps->it[j].size);
@@ -152,6 +153,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     bool *have_sum = calloc(n, sizeof *have_sum);
     struct kvp_xfer_slice *slices = NULL;
     size_t *slice_item = NULL;
+    uint8_t *slice_feed = NULL; /* [GPU hook] 1: replica 0's slices, which feed the staged checksum */
+    int *item_dev = NULL;       /* [GPU hook] per item: it[j].dev */
     uint32_t bad[KVP_PUT_MAX_REPORTS]; /* segments whose slices failed with a transfer error */
     size_t n_bad = 0;
     uint32_t wrote[KVP_PUT_MAX_REPORTS]; /* segments that took a slice: witnesses sent in PutEnd */
@@ -176,6 +179,13 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         uint64_t size = 0;
         if (rc == KVP_OK)
             size = obj_size(&objs[i], &rc);
+        int dev = -1; /* [GPU hook] device pieces are staged (devstage.h) */
+        if (rc == KVP_OK) {
+            int cl = kvp_devmem_iov_class("put", objs[i].key, objs[i].iov, objs[i].iovcnt, &dev);
+            rc = cl < 0 ? cl : KVP_OK;
+            if (cl <= 0)
+                dev = -1;
+        }
         results[i] = rc;
         if (rc != KVP_OK)
             continue;
@@ -184,6 +194,7 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
             .size = size,
             .op_id = c->client_id ^ (atomic_fetch_add(&c->op_counter, 1) + 1),
             .status = KVP_OK,
+            .dev = dev,
         };
         kvp__put_start_item__init(&si[m]);
         si[m].key = (char *)objs[i].key;
@@ -199,6 +210,9 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     }
     if (m == 0)
         goto out;
+    bool any_dev = false; /* [GPU hook] some item is staged */
+    for (size_t j = 0; j < m; j++)
+        any_dev |= it[j].dev >= 0;
 
     /* 2. PutStart for the whole batch */
     {
@@ -277,7 +291,11 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     if (ns > 0) {
         slices = calloc(ns, sizeof *slices);
         slice_item = calloc(ns, sizeof *slice_item);
-        if (!slices || !slice_item) {
+        if (any_dev) {
+            slice_feed = calloc(ns, sizeof *slice_feed);
+            item_dev = calloc(m, sizeof *item_dev);
+        }
+        if (!slices || !slice_item || (any_dev && (!slice_feed || !item_dev))) {
             for (size_t j = 0; j < m; j++)
                 if (it[j].status == KVP_OK) {
                     it[j].status = KVP_ERR_NOMEM;
@@ -305,6 +323,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                         .op = KVP_XFER_WRITE,
                         .status = KVP_ERR_TIMEOUT,
                     };
+                    if (slice_feed)
+                        slice_feed[s] = r == 0;
                     slice_item[s++] = j;
                     off += o->iov[k].len;
                 }
@@ -318,7 +338,22 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
             } else {
                 struct put_sums ps = {.it = it, .m = m, .objs = objs, .sum = sum, .have = have_sum};
                 /* per-slice status is authoritative */
-                kvp_xfer_run_overlap(c->xfer, slices, ns, left, put_sums_compute, &ps);
+                if (!any_dev) {
+                    kvp_xfer_run_overlap(c->xfer, slices, ns, left, put_sums_compute, &ps);
+                } else {
+                    /* [GPU hook] items with device pieces go through bounce buffers; the others
+                     * run as in kvp_xfer_run_overlap */
+                    for (size_t j = 0; j < m; j++)
+                        item_dev[j] = it[j].status == KVP_OK ? it[j].dev : -1;
+                    struct kvp_devstage_batch db = {.slices = slices, .n = ns, .group = slice_item,
+                                                    .feed = slice_feed, .group_dev = item_dev, .n_groups = m,
+                                                    .sum = sum, .timeout_ms = left, .overlap = put_sums_compute,
+                                                    .arg = &ps};
+                    kvp_devstage_run(c->devstage, &db);
+                    for (size_t j = 0; j < m; j++)
+                        if (item_dev[j] >= 0)
+                            have_sum[j] = true; /* used only when all of the item's slices completed */
+                }
             }
             for (size_t q = 0; q < ns; q++) {
                 size_t j = slice_item[q];
@@ -424,6 +459,8 @@ out:
     kvp_msession_response_free(end_resp);
     free(slices);
     free(slice_item);
+    free(slice_feed);
+    free(item_dev);
     free(it);
     free(si);
     free(sp);

@@ -179,6 +179,7 @@ static void client_free(struct kvp_client *c)
     if (local)
         kvp_xfer_unregister_local(c->xfer, local);
     kvp_segment_stop(&c->seg);
+    kvp_devstage_destroy(&c->devstage); /* [GPU hook] no call is in flight: no lane is busy */
     kvp_xfer_engine_destroy(&c->xfer);
     kvp_msession_destroy(&c->ms);
     free(c->bufs);
@@ -236,6 +237,9 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .io_threads = c->cfg.transfer_io_threads ? c->cfg.transfer_io_threads : 2,
     };
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
+    if (rc != KVP_OK)
+        goto fail;
+    rc = kvp_devstage_new(&c->devstage, c->xfer, 0); /* [GPU hook] lanes are made on first use */
     if (rc != KVP_OK)
         goto fail;
 
@@ -448,6 +452,8 @@ int kvp_register_buffer(kvp_client *c, void *addr, size_t len)
     c->bufs[c->n_bufs++] = (struct kvp_client_buf){.addr = a, .len = len};
 out:
     pthread_mutex_unlock(&c->mu);
+    if (rc == KVP_OK)
+        kvp_client_dev_register(c, addr, len); /* [GPU hook] device memory: cache, pin bounce buffers */
     kvp_client_leave(c);
     return rc;
 }
@@ -471,6 +477,8 @@ int kvp_unregister_buffer(kvp_client *c, void *addr)
         }
     }
     pthread_mutex_unlock(&c->mu);
+    if (rc == KVP_OK)
+        kvp_devmem_forget((uintptr_t)addr); /* [GPU hook] no-op for host memory */
     kvp_client_leave(c);
     return rc;
 }

@@ -179,6 +179,23 @@ static void render(void *ctx, struct kvp_metrics_text *t)
         "Pieces a transport could not fence within its bound (a wedged transport; the call waited).", xs.fence_failed);
     one(t, "kvpool_client_stray_bytes_total", "counter", "Bytes that arrived for fenced READs and were drained.",
         xs.stray_bytes);
+    /* GPU staging (docs/gpu.md), only where a CUDA driver is loaded */
+    if (kvp_devmem_available()) {
+        struct kvp_devstage_stats ds;
+        kvp_devstage_stats(c->devstage, &ds);
+        one(t, "kvpool_client_device_registered_bytes", "gauge",
+            "GPU device memory registered with register_buffer (this process).", ds.registered_bytes);
+        one(t, "kvpool_client_device_bounce_bytes", "gauge", "Pinned host bounce memory of the staging lanes.",
+            ds.bounce_bytes);
+        one(t, "kvpool_client_device_lanes", "gauge", "GPU staging lanes (stream + 2 bounce buffers) created.",
+            ds.lanes);
+        one(t, "kvpool_client_device_lanes_busy", "gauge", "GPU staging lanes in use by a call now.", ds.lanes_busy);
+        one(t, "kvpool_client_device_staged_bytes_total", "counter",
+            "Bytes copied between GPU device memory and the bounce buffers.", ds.staged_bytes);
+        one(t, "kvpool_client_device_copies_total", "counter", "GPU copies enqueued by the staging.", ds.copies);
+        one(t, "kvpool_client_device_copy_errors_total", "counter",
+            "GPU copies (or their stream) that failed: their keys got KVP_ERR_DEVICE.", ds.copy_errors);
+    }
 }
 
 /* ------------------------------------------------------------------ lifecycle */

@@ -35,6 +35,7 @@ struct kvp_client {
     struct kvp_cfg_client cfg;      /* copy of the caller's config */
     struct kvp_msession *ms;        /* session with the master quorum (owned) */
     struct kvp_xfer_engine *xfer;   /* transfer engine (owned) */
+    struct kvp_devstage *devstage;  /* GPU staging lanes of this transfer side (owned; devstage.h) */
     struct kvp_segment *seg;        /* embedded segment, NULL when global_segment_size == 0 (owned) */
     uint64_t client_id;             /* random; op ids are client_id ^ counter */
     atomic_uint_fast64_t op_counter;/* per-put counter for op ids */

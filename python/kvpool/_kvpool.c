@@ -717,6 +717,27 @@ static PyObject *Store_segment(PyObject *self, PyObject *args)
     return Py_BuildValue("(ss)", name, ep);
 }
 
+/* device_stats() -> dict of the client's GPU staging counters (kvp_client_device_stats), or
+ * None when not set up. */
+static PyObject *Store_device_stats(PyObject *self, PyObject *args)
+{
+    (void)args;
+    kvp_client *c = take((Store *)self);
+    if (!c)
+        Py_RETURN_NONE;
+    kvp_device_stats d;
+    int rc = kvp_client_device_stats(c, &d);
+    give((Store *)self);
+    if (rc != KVP_OK)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{s:O,s:K,s:K,s:I,s:I,s:K,s:K,s:K,s:K}", "driver_loaded", d.driver_loaded ? Py_True : Py_False,
+                         "registered_bytes", (unsigned long long)d.registered_bytes, "bounce_bytes",
+                         (unsigned long long)d.bounce_bytes, "lanes", d.lanes, "lanes_busy", d.lanes_busy,
+                         "staged_batches", (unsigned long long)d.staged_batches, "staged_bytes",
+                         (unsigned long long)d.staged_bytes, "copies", (unsigned long long)d.copies, "copy_errors",
+                         (unsigned long long)d.copy_errors);
+}
+
 /* _replica_counts(keys) -> list of counts or negative codes. */
 static PyObject *Store_replica_counts(PyObject *self, PyObject *args)
 {
@@ -1336,6 +1357,9 @@ static PyMethodDef Store_methods[] = {
      "batch_get_into_multi_buffers(keys, all_buffer_ptrs, all_sizes, prefer_same_node=False) -> list of total "
      "bytes/negative"},
     {"_segment", (PyCFunction)Store_segment, METH_NOARGS, "_segment() -> (name, endpoint) or None"},
+    {"device_stats", (PyCFunction)Store_device_stats, METH_NOARGS,
+     "device_stats() -> dict of GPU staging counters (registered device bytes, bounce-pool use, copy errors), "
+     "or None when not set up"},
     {"_replica_counts", (PyCFunction)Store_replica_counts, METH_VARARGS, "_replica_counts(keys) -> list"},
     {NULL, NULL, 0, NULL},
 };
@@ -1386,10 +1410,25 @@ static PyObject *mod_log(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *mod_device_pointer(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long p;
+    if (!PyArg_ParseTuple(args, "K:_device_pointer", &p))
+        return NULL;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = kvp_device_pointer((const void *)(uintptr_t)p);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(r < 0 ? map_code(r) : r);
+}
+
 static PyMethodDef mod_methods[] = {
     {"map_code", mod_map_code, METH_VARARGS, "map_code(kvp_err) -> the number the Python API returns for it"},
     {"kvp_errname", mod_kvp_errname, METH_VARARGS, "kvp_errname(kvp_err) -> 'KVP_ERR_...'"},
     {"_log", mod_log, METH_VARARGS, "_log(level, message): one line in kvpool's log"},
+    {"_device_pointer", mod_device_pointer, METH_VARARGS,
+     "_device_pointer(ptr) -> 1 GPU device memory, 0 host memory, or a negative number (driver failure)"},
     {NULL, NULL, 0, NULL},
 };
 
