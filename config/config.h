@@ -52,6 +52,7 @@ struct kvp_cfg_master {
     char log_level[16];               /* `log_level`: error|warn|info|debug (default info) */
     uint64_t repair_bandwidth_bytes_per_s; /* `repair_bandwidth_bytes_per_s`: drain/repair copy cap, 0 = none (default 256 MiB) */
     uint32_t bind_retry_ms;           /* `bind_retry_ms`: keep retrying a held data-dir lock or listen port this long (default 5000) */
+    uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz /get_all_segments, 0 = off (Mooncake's name; default 0) */
 };
 
 /** Settings of a kvpool-segment process. */
@@ -68,6 +69,7 @@ struct kvp_cfg_segment {
     uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: (default 60000) */
     uint32_t bind_retry_ms;           /* `bind_retry_ms`: keep retrying a held data-plane port this long (default 5000) */
     char log_level[16];
+    uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz, 0 = off (default 0) */
 };
 
 /** Settings of an embedded client (kvp_config wraps this). */
@@ -90,6 +92,7 @@ struct kvp_cfg_client {
     uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: bound of kvp_client_drain() (default 30000) */
     char tenant_id[128];              /* `tenant_id`: kept and logged; isolation comes with authentication (default "") */
     char log_level[16];
+    uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz of this client, 0 = off (default 0) */
 };
 
 enum kvp_cfg_kind { KVP_CFG_MASTER, KVP_CFG_SEGMENT, KVP_CFG_CLIENT };

@@ -75,6 +75,9 @@ static const struct kvp_cfg_key master_keys[] = {
     NUM(M, KVP_CFG_T_DURATION_MS, "bind_retry_ms", bind_retry_ms, 0, 600000, "5000",
         "at start, keep retrying (with backoff, one log line per try) a data-dir lock or listen port "
         "still held, e.g. by a killed previous incarnation whose threads are still exiting; then exit 1"),
+    NUM(M, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
+        "HTTP port of /metrics (Prometheus), /healthz, /readyz and /get_all_segments, on the host of "
+        "`listen`; 0 = off (Mooncake's name)"),
 };
 #undef M
 
@@ -102,6 +105,8 @@ static const struct kvp_cfg_key segment_keys[] = {
     STR(S, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
     IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
             "Mooncake transfer-engine metadata server (kvpool has none)"),
+    NUM(S, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
+        "HTTP port of /metrics (Prometheus), /healthz and /readyz, on local_hostname; 0 = off"),
 };
 #undef S
 
@@ -146,6 +151,9 @@ static const struct kvp_cfg_key client_keys[] = {
     IGNORED(KVP_CFG_T_DOUBLE, "eviction_ratio", 0.0, 1.0, "a kvpool-master setting, validated only"),
     IGNORED(KVP_CFG_T_DOUBLE, "eviction_high_watermark_ratio", 0.0, 1.0,
             "a kvpool-master setting, validated only"),
+    NUM(C, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
+        "HTTP port of this client's /metrics (Prometheus), /healthz and /readyz, on local_hostname; 0 = off "
+        "(each process on a host needs its own)"),
 };
 #undef C
 

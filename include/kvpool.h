@@ -59,7 +59,8 @@ typedef enum kvp_err {
     KVP_ERR_CANCELLED = -22,       /* the operation was cancelled */
     KVP_ERR_UNSUPPORTED = -23,     /* feature not available here (e.g. no RDMA device) */
     KVP_ERR_PINNED = -24,          /* refused: the object is soft-pinned */
-    KVP_ERR__LAST = -25
+    KVP_ERR_DEVICE = -25,          /* the CUDA driver failed a copy of GPU memory (or its context is poisoned) */
+    KVP_ERR__LAST = -26
 } kvp_err;
 
 typedef struct kvp_config kvp_config; /* opaque */
@@ -193,7 +194,9 @@ int64_t kvp_get_size(kvp_client *c, const char *key);
 
 /**
  * Register [addr, addr+len) as a buffer the caller will pass to put/get (for RDMA memory
- * registration; a no-op on TCP but still validated). The caller keeps ownership.
+ * registration; on TCP only validated, except for GPU device memory: its range is cached and
+ * its device's bounce buffers pinned, see "GPU (device) memory" below). The caller keeps
+ * ownership.
  * Errors: KVP_ERR_INVALID (NULL, 0 length, overlaps a registered buffer).
  */
 int kvp_register_buffer(kvp_client *c, void *addr, size_t len);
@@ -286,6 +289,50 @@ int kvp_register_buffer_overlap(kvp_client *c, void *addr, size_t len);
  * other calls keep working meanwhile; kvp_client_close() keeps its meaning (no drain).
  */
 int kvp_client_drain(kvp_client *c, uint32_t timeout_ms, uint64_t *left);
+
+/* ------------------------------------------------------------------------------------------
+ * GPU (device) memory (docs/gpu.md).
+ *
+ * Every put and get call (and kvp_register_buffer) takes CUDA device pointers as well as host
+ * pointers: with a CUDA driver present (libcuda.so.1, loaded at run time), device pieces are
+ * copied through pinned host bounce buffers on kvpool's own streams, in the device's primary
+ * context, pipelined with the TCP transfer. Register a whole device allocation once
+ * (kvp_register_buffer) to skip the per-piece driver query and pin the bounce buffers early.
+ * One object's device pieces must be on one device.
+ *
+ * Ordering with the caller's streams: kvpool does not synchronise the caller's compute stream.
+ *  - put: the device memory must already hold the bytes when the call is made (the caller
+ *    synchronises its stream or event first, as vLLM does); kvpool's copies may read it at any
+ *    time until the call returns, and never after.
+ *  - get: when the call returns a byte count for a key, that key's bytes are in device memory
+ *    (kvpool's copies completed); the caller's kernels may read them at once. On any return,
+ *    OK or not, no copy of the call runs any more (C2): a timed-out get never writes the device
+ *    buffer after it returned.
+ * A failed device copy (or a poisoned CUDA context) fails its key with KVP_ERR_DEVICE and a log
+ * line naming the driver error; host keys of the same call are not affected.
+ * ------------------------------------------------------------------------------------------ */
+
+/** GPU staging counters of one client. */
+typedef struct kvp_device_stats {
+    bool driver_loaded;        /* a CUDA driver was found and initialised */
+    uint64_t registered_bytes; /* device memory registered with kvp_register_buffer (process-wide) */
+    uint64_t bounce_bytes;     /* pinned bounce memory this client holds */
+    uint32_t lanes;            /* staging lanes (stream + 2 bounce buffers) created */
+    uint32_t lanes_busy;       /* lanes in use by a call now */
+    uint64_t staged_batches;   /* transfer batches that staged device memory */
+    uint64_t staged_bytes;     /* bytes copied between device memory and bounce buffers */
+    uint64_t copies;           /* driver copies enqueued */
+    uint64_t copy_errors;      /* failed copies (their keys got KVP_ERR_DEVICE) */
+} kvp_device_stats;
+
+/**
+ * 1 when addr is CUDA device memory (kvpool stages it), 0 when host memory (also: no CUDA
+ * driver), KVP_ERR_DEVICE when the driver failed to say (logged). Any thread.
+ */
+int kvp_device_pointer(const void *addr);
+
+/** Fill *out with c's GPU staging counters. Errors: KVP_ERR_INVALID. */
+int kvp_client_device_stats(kvp_client *c, kvp_device_stats *out);
 
 #ifdef __cplusplus
 }

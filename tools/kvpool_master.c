@@ -99,6 +99,13 @@ int main(int argc, char **argv)
         return rc == KVP_ERR_INVALID ? 2 : 1;
     }
     rc = kvp_master_service_run(svc);
+    if (rc == KVP_ERR_IO) {
+        /* The Raft log cannot be written (logged above): raft holds appends it will never see
+         * answered, so no orderly close; what was persisted is on disk, the others lead. */
+        fprintf(stderr, "kvpool-master: stopped: its raft log cannot be written; start it again once the "
+                        "disk is fixed\n");
+        _exit(1);
+    }
     kvp_master_service_destroy(&svc);
     close(lock_fd);
     return rc == KVP_OK ? 0 : 1;

@@ -225,6 +225,8 @@ int kvp_register_buffer_overlap(kvp_client *c, void *addr, size_t len)
     c->bufs[c->n_bufs++] = (struct kvp_client_buf){.addr = (uintptr_t)addr, .len = len};
 out:
     pthread_mutex_unlock(&c->mu);
+    if (rc == KVP_OK)
+        kvp_client_dev_register(c, addr, len); /* [GPU hook] device memory: cache, pin bounce buffers */
     kvp_client_leave(c);
     return rc;
 }

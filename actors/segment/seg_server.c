@@ -53,9 +53,46 @@ void __tsan_release(void *addr);
 #define REGION_RELEASE(s) ((void)(s))
 #endif
 
+/*
+ * Request counters of one connection, for the metrics endpoint (kvp_seg_server_stats). Written
+ * only by the connection's own thread, as load + store (one writer: no read-modify-write, so no
+ * locked instruction on the request path); read by the metrics HTTP thread with relaxed loads.
+ * Relaxed is enough: each counter is an independent monotonic value and nothing else is
+ * published through it; a scrape may see one counter a request ahead of another. Atomics and
+ * not a message: the reader is libmicrohttpd's thread and the writer a blocking I/O thread,
+ * neither of which has a mailbox, and a scrape must not cost the data path a wake-up.
+ */
+struct seg_counters {
+    _Atomic uint64_t bytes_read;    /* READ payload bytes queued for sending */
+    _Atomic uint64_t bytes_written; /* WRITE payload bytes that landed in the region */
+    _Atomic uint64_t req[KVP_SEG_OPS][KVP_SEG_RESULTS];
+    _Atomic uint64_t bad_frames;
+};
+
+static inline void ctr_add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
+}
+
+static int result_index(int st)
+{
+    switch (st) {
+    case KVP_OK: return 0;
+    case KVP_ERR_NOT_FOUND: return 1;
+    case KVP_ERR_INVALID: return 2;
+    case KVP_ERR_TIMEOUT: return 3;
+    default: return 4;
+    }
+}
+
+const char *const kvp_seg_op_names[KVP_SEG_OPS] = {"read", "write", "ping"};
+const char *const kvp_seg_result_names[KVP_SEG_RESULTS] = {"ok", "not_found", "invalid", "deadline_passed",
+                                                           "other"};
+
 struct seg_conn {
     struct kvp_seg_server *srv;
     int fd;
+    struct seg_counters ctr; /* see above */
     pthread_t thread;
     atomic_bool done; /* set by the connection thread as its last act; release/acquire with the reaper */
     char peer[64];
@@ -75,8 +112,9 @@ struct kvp_seg_server {
     int wake_fd;
     pthread_t accept_thread;
     atomic_bool stopping;
-    pthread_mutex_t mu; /* guards conns */
+    pthread_mutex_t mu; /* guards conns and the counters below */
     struct seg_conn *conns;
+    struct kvp_seg_server_stats closed; /* requests of reaped connections; conns_* counts */
     char region_sync;   /* TSan annotation address only (REGION_ACQUIRE/RELEASE) */
 };
 
@@ -476,6 +514,7 @@ static void *conn_main(void *arg)
         if (rc == KVP_OK && f.op != KVP_FRAME_READ && f.op != KVP_FRAME_WRITE && f.op != KVP_FRAME_PING)
             rc = KVP_ERR_MALFORMED;
         if (rc != KVP_OK) {
+            ctr_add(&c->ctr.bad_frames, 1);
             kvp_log_warn(ACTOR, "%s: bad frame header (%s, op %u): closing the connection", c->peer,
                          kvp_errname(rc), hdr[5]);
             out_flush(s, c->fd, o); /* the requests before it are answered */
@@ -483,12 +522,16 @@ static void *conn_main(void *arg)
         }
         int st = check_request(s, &f);
         if (f.op == KVP_FRAME_PING) {
+            ctr_add(&c->ctr.req[2][result_index(st == KVP_ERR_NOT_FOUND ? st : KVP_OK)], 1);
             if (out_add(s, c->fd, o, KVP_FRAME_PONG, st == KVP_ERR_NOT_FOUND ? st : KVP_OK, &f, 0, NULL) != 0)
                 break;
         } else if (f.op == KVP_FRAME_READ) {
             if (st != KVP_OK)
                 kvp_log_debug(ACTOR, "%s: READ seg %u off %lu len %lu: %s", c->peer, f.segment_id,
                               (unsigned long)f.offset, (unsigned long)f.length, kvp_errname(st));
+            ctr_add(&c->ctr.req[0][result_index(st)], 1);
+            if (st == KVP_OK)
+                ctr_add(&c->ctr.bytes_read, f.length);
             if (out_add(s, c->fd, o, KVP_FRAME_READ_RESP, st, &f, st == KVP_OK ? f.length : 0,
                         st == KVP_OK ? s->base + f.offset : NULL) != 0)
                 break;
@@ -504,6 +547,7 @@ static void *conn_main(void *arg)
                                                      &scratch, &landed)
                                        : 0;
                 REGION_RELEASE(s);
+                ctr_add(&c->ctr.bytes_written, landed);
                 if (got < 0)
                     break;
                 if (got == 1) {
@@ -522,6 +566,7 @@ static void *conn_main(void *arg)
                 if (drain(in, &scratch, f.length) != 0)
                     break;
             }
+            ctr_add(&c->ctr.req[1][result_index(st)], 1);
             if (out_add(s, c->fd, o, KVP_FRAME_WRITE_RESP, st, &f, 0, NULL) != 0)
                 break;
         }
@@ -538,6 +583,33 @@ out:
     return NULL;
 }
 
+/* Add a connection's counters to st (relaxed loads: see struct seg_counters). */
+static void fold_counters(struct kvp_seg_server_stats *st, struct seg_counters *c)
+{
+    st->bytes_read += atomic_load_explicit(&c->bytes_read, memory_order_relaxed);
+    st->bytes_written += atomic_load_explicit(&c->bytes_written, memory_order_relaxed);
+    st->bad_frames += atomic_load_explicit(&c->bad_frames, memory_order_relaxed);
+    for (int o = 0; o < KVP_SEG_OPS; o++)
+        for (int r = 0; r < KVP_SEG_RESULTS; r++)
+            st->requests[o][r] += atomic_load_explicit(&c->req[o][r], memory_order_relaxed);
+}
+
+void kvp_seg_server_stats(struct kvp_seg_server *s, struct kvp_seg_server_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    *out = s->closed;
+    out->conns_open = 0;
+    for (struct seg_conn *c = s->conns; c; c = c->next) {
+        fold_counters(out, &c->ctr);
+        if (!atomic_load_explicit(&c->done, memory_order_acquire))
+            out->conns_open++;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* Join and free connections whose thread has finished; returns how many are left.
  * Caller holds s->mu. */
 static unsigned reap_done(struct kvp_seg_server *s)
@@ -548,6 +620,7 @@ static unsigned reap_done(struct kvp_seg_server *s)
         struct seg_conn *c = *pp;
         if (atomic_load_explicit(&c->done, memory_order_acquire)) {
             *pp = c->next;
+            fold_counters(&s->closed, &c->ctr);
             pthread_join(c->thread, NULL);
             close(c->fd);
             free(c);
@@ -588,6 +661,7 @@ static void accept_one(struct kvp_seg_server *s, int lfd)
     addr_to_string((struct sockaddr *)&ss, c->peer, sizeof c->peer);
     pthread_mutex_lock(&s->mu);
     if (reap_done(s) >= KVP_SEG_MAX_CONNS) {
+        s->closed.conns_refused++;
         pthread_mutex_unlock(&s->mu);
         kvp_log_warn(ACTOR, "%s: refused: already %u connections", c->peer, KVP_SEG_MAX_CONNS);
         close(fd);
@@ -608,6 +682,7 @@ static void accept_one(struct kvp_seg_server *s, int lfd)
     }
     c->next = s->conns;
     s->conns = c;
+    s->closed.conns_accepted++;
     pthread_mutex_unlock(&s->mu);
     kvp_log_debug(ACTOR, "%s: connected", c->peer);
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "actors/client/msession.h"
+#include "actors/segment/seg_server.h"
 #include "config/config.h"
 
 struct kvp_segment;
@@ -26,6 +27,11 @@ struct kvp_segment_hooks {
      * It is also called with new_id 0 (base NULL, size 0) when the segment stops or a remount
      * fails, before the region is unmapped: the owner must stop using the old id's memory. */
     void (*on_mount)(void *ctx, uint32_t old_id, uint32_t new_id, void *base, uint64_t size);
+    /* kvpool-segment: when no master answers the first mount (none started yet, no leader),
+     * keep trying, with backoff from 1 s to 10 s and one WARN line per try, instead of failing
+     * with KVP_ERR_UNAVAILABLE after 10 s. start then blocks until a master answers: the
+     * caller ends the wait by exiting (the daemon does on SIGINT/SIGTERM). */
+    bool mount_retry;
 };
 
 /**
@@ -39,6 +45,19 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
 uint32_t kvp_segment_id(const struct kvp_segment *s);
 const char *kvp_segment_name(const struct kvp_segment *s);
 const char *kvp_segment_endpoint(const struct kvp_segment *s);
+
+/** Counters of a running segment, for the metrics endpoint (docs/operations.md "Metrics"). */
+struct kvp_segment_stats {
+    uint32_t segment_id;      /* 0 = not mounted (a remount failed) */
+    uint64_t size_bytes;
+    uint64_t mounts;          /* successful mounts: 1 + remounts after being declared lost */
+    uint64_t mount_failures;  /* mount tries that failed (no master, refused) */
+    struct kvp_seg_server_stats server;
+};
+
+/** Fill *out. Any thread, while the segment is not being stopped (relaxed reads of counters
+ * their writers publish; the data plane's sum takes its connection list's lock). */
+void kvp_segment_stats(struct kvp_segment *s, struct kvp_segment_stats *out);
 
 /**
  * Ask the master to drain this segment (DrainSegment) and wait until the master reports no

@@ -40,7 +40,7 @@ ERRORS = {
     -900: "RPC_FAIL",                 # no master quorum / no leader
     -901: "TIMEOUT",
 }
-for _code in range(-13, -26, -1):
+for _code in range(-13, -27, -1):
     _n = _kvpool.map_code(_code)
     if _n <= _kvpool.KVP_BASE:
         ERRORS.setdefault(_n, _kvpool.kvp_errname(_code))
@@ -375,6 +375,39 @@ class MooncakeDistributedStore(_kvpool.Store):
         counts = self._replica_counts(keys)
         return {k: [ReplicaDescriptor() for _ in range(n)] for k, n in zip(keys, counts) if n > 0}
 
+    def _device_ranges(self, ptr, ks, ds, ss, zs):
+        """get_into_ranges into GPU memory: the CPU must not write it, so each range is one
+        scatter-gather get of the whole object whose piece [s, s+z) lands at ptr+d (through
+        kvpool's staging) and whose other bytes go to host scratch."""
+        import ctypes
+
+        row = []
+        for k, d, s, z in zip(ks, ds, ss, zs):
+            if not (isinstance(d, int) and isinstance(s, int) and isinstance(z, int)) or d < 0 or s < 0 or z <= 0:
+                row.append(-600)
+                continue
+            size = self.get_size(k)
+            if size < 0:
+                row.append(size)
+                continue
+            if s + z > size:
+                row.append(-600)
+                continue
+            ptrs, lens, keep = [], [], []
+            if s > 0:
+                keep.append(ctypes.create_string_buffer(s))
+                ptrs.append(ctypes.addressof(keep[-1]))
+                lens.append(s)
+            ptrs.append(ptr + d)
+            lens.append(z)
+            if size - s - z > 0:
+                keep.append(ctypes.create_string_buffer(size - s - z))
+                ptrs.append(ctypes.addressof(keep[-1]))
+                lens.append(size - s - z)
+            r = self.batch_get_into_multi_buffers([k], [ptrs], [lens])[0]
+            row.append(z if r == size else (r if r < 0 else -600))
+        return row
+
     def get_into_ranges(self, buffer_ptrs, keys, dst_offsets, src_offsets, sizes):
         """Ranged reads, buffer-major: for buffer i and range j, copy sizes[i][j] bytes of object
         keys[i][j] from offset src_offsets[i][j] to buffer_ptrs[i] + dst_offsets[i][j]. Returns
@@ -398,6 +431,15 @@ class MooncakeDistributedStore(_kvpool.Store):
                 continue
             if not (len(ks) == len(ds) == len(ss) == len(zs)):
                 out.append([-600] * len(ks))
+                continue
+            if ptr == 0:  # a NULL buffer: every range of the row, whatever its offset
+                _kvpool._log("warn", "get_into_ranges: buffer_ptrs[%d] is 0 (NULL): -600 for its %d ranges"
+                             % (i, len(ks)))
+                out.append([-600] * len(ks))
+                continue
+            dev = _kvpool._device_pointer(ptr)
+            if dev != 0:
+                out.append(self._device_ranges(ptr, ks, ds, ss, zs) if dev == 1 else [dev] * len(ks))
                 continue
             row = []
             cache = {}

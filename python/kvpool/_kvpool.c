@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/client/devmem.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 
@@ -779,6 +778,27 @@ static PyObject *Store_segment(PyObject *self, PyObject *args)
     return Py_BuildValue("(ss)", name, ep);
 }
 
+/* device_stats() -> dict of the client's GPU staging counters (kvp_client_device_stats), or
+ * None when not set up. */
+static PyObject *Store_device_stats(PyObject *self, PyObject *args)
+{
+    (void)args;
+    kvp_client *c = take((Store *)self);
+    if (!c)
+        Py_RETURN_NONE;
+    kvp_device_stats d;
+    int rc = kvp_client_device_stats(c, &d);
+    give((Store *)self);
+    if (rc != KVP_OK)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{s:O,s:K,s:K,s:I,s:I,s:K,s:K,s:K,s:K}", "driver_loaded", d.driver_loaded ? Py_True : Py_False,
+                         "registered_bytes", (unsigned long long)d.registered_bytes, "bounce_bytes",
+                         (unsigned long long)d.bounce_bytes, "lanes", d.lanes, "lanes_busy", d.lanes_busy,
+                         "staged_batches", (unsigned long long)d.staged_batches, "staged_bytes",
+                         (unsigned long long)d.staged_bytes, "copies", (unsigned long long)d.copies, "copy_errors",
+                         (unsigned long long)d.copy_errors);
+}
+
 /* _replica_counts(keys) -> list of counts or negative codes. */
 static PyObject *Store_replica_counts(PyObject *self, PyObject *args)
 {
@@ -1404,6 +1424,9 @@ static PyMethodDef Store_methods[] = {
      "bytes/negative"},
     {"_segment", (PyCFunction)Store_segment, METH_NOARGS, "_segment() -> (name, endpoint) or None"},
     {"_staging_ok", (PyCFunction)Store_staging_ok_py, METH_VARARGS, "_staging_ok(fn, key, nbytes) -> bool"},
+    {"device_stats", (PyCFunction)Store_device_stats, METH_NOARGS,
+     "device_stats() -> dict of GPU staging counters (registered device bytes, bounce-pool use, copy errors), "
+     "or None when not set up"},
     {"_replica_counts", (PyCFunction)Store_replica_counts, METH_VARARGS, "_replica_counts(keys) -> list"},
     {NULL, NULL, 0, NULL},
 };
@@ -1447,14 +1470,19 @@ static PyObject *mod_copy_out(PyObject *m, PyObject *args)
     }
     if (n == 0)
         return PyLong_FromLong(0);
-    if (p == 0 || p + (uint64_t)n < p) {
-        kvp_log_warn(ACT, "get_into_ranges: destination %#llx + %zd is NULL or wraps around (-600)",
+    if (p < 4096 || p + (uint64_t)n < p) { /* the NULL page (NULL plus an offset), or a wrap-around */
+        kvp_log_warn(ACT, "get_into_ranges: destination %#llx + %zd is in the NULL page or wraps around (-600)",
                      (unsigned long long)p, n);
         return PyLong_FromLong(MC_INVALID);
     }
-    kvp_iov iov = {.base = (void *)(uintptr_t)p, .len = (size_t)n};
-    if (kvp_devmem_check_iov("get_into_ranges", NULL, &iov, 1) != KVP_OK)
-        return PyLong_FromLong(MC_INVALID); /* logged */
+    /* get_into_ranges sends GPU destinations through kvpool's staging before it gets here:
+     * one that still arrives (or a driver that cannot tell) is refused, never written by the CPU */
+    int dev = kvp_device_pointer((const void *)(uintptr_t)p);
+    if (dev != 0) {
+        kvp_log_warn(ACT, "get_into_ranges: destination %#llx is GPU device memory or unknown to the driver "
+                     "(%d): -600", (unsigned long long)p, dev);
+        return PyLong_FromLong(MC_INVALID);
+    }
     memcpy((void *)(uintptr_t)p, src + off, (size_t)n);
     return PyLong_FromSsize_t(n);
 }
@@ -1489,11 +1517,26 @@ static PyObject *mod_log(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *mod_device_pointer(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long p;
+    if (!PyArg_ParseTuple(args, "K:_device_pointer", &p))
+        return NULL;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = kvp_device_pointer((const void *)(uintptr_t)p);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(r < 0 ? map_code(r) : r);
+}
+
 static PyMethodDef mod_methods[] = {
     {"map_code", mod_map_code, METH_VARARGS, "map_code(kvp_err) -> the number the Python API returns for it"},
     {"kvp_errname", mod_kvp_errname, METH_VARARGS, "kvp_errname(kvp_err) -> 'KVP_ERR_...'"},
     {"_log", mod_log, METH_VARARGS, "_log(level, message): one line in kvpool's log"},
     {"_copy_out", mod_copy_out, METH_VARARGS, "_copy_out(dst_ptr, data, src_offset, size) -> size or -600"},
+    {"_device_pointer", mod_device_pointer, METH_VARARGS,
+     "_device_pointer(ptr) -> 1 GPU device memory, 0 host memory, or a negative number (driver failure)"},
     {NULL, NULL, 0, NULL},
 };
 

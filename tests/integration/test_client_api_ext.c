@@ -169,7 +169,7 @@ static void test_api_ext_no_cuda_driver_means_host_memory(void **state)
     static char buf[64];
     kvp_iov iov = {.base = buf, .len = sizeof buf};
     assert_false(kvp_devmem_is_device(buf));
-    assert_int_equal(kvp_devmem_check_iov("test", "k", &iov, 1), KVP_OK);
+    assert_int_equal(kvp_devmem_iov_class("test", "k", &iov, 1, NULL), 0);
 }
 
 int main(void)
