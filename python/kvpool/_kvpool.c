@@ -173,6 +173,12 @@ static void Store_dealloc(PyObject *self)
     Store *s = (Store *)self;
     PyTypeObject *tp = Py_TYPE(self);
     if (s->c) {
+        /* Garbage-collected while set up: no drain here (it may wait drain_timeout_ms, and this
+         * may run at interpreter exit), but the loss must not be silent. */
+        char name[256];
+        if (kvp_client_segment_name(s->c, name, sizeof name) == KVP_OK)
+            kvp_log_warn(ACT, "a store was garbage-collected without close(): its segment %s is dropped "
+                         "undrained (the objects whose only copy is there are lost; close() drains first)", name);
         Py_BEGIN_ALLOW_THREADS
         close_client(s, 0, NULL);
         Py_END_ALLOW_THREADS
