@@ -6,14 +6,26 @@
 
 #define SZ(field, st) sizeof(((st *)0)->field)
 #define STR(st, key, field, allowed, check, def, help)                                             \
-    {key, KVP_CFG_T_STRING, offsetof(st, field), SZ(field, st), 0, 0, allowed, check, def, help}
+    {key, KVP_CFG_T_STRING, offsetof(st, field), SZ(field, st), 0, 0, allowed, check, def, help, NULL, 0}
 #define BOOL(st, key, field, def, help)                                                            \
-    {key, KVP_CFG_T_BOOL, offsetof(st, field), SZ(field, st), 0, 0, NULL, 0, def, help}
+    {key, KVP_CFG_T_BOOL, offsetof(st, field), SZ(field, st), 0, 0, NULL, 0, def, help, NULL, 0}
 #define NUM(st, type, key, field, lo, hi, def, help)                                               \
-    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, 0, def, help}
+    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, 0, def, help, NULL, 0}
 /* Validated, then ignored: keys Mooncake users set on the wrong process kind. */
 #define IGNORED(type, key, lo, hi, help)                                                           \
-    {key, type, KVP_CFG_NO_FIELD, 1024, lo, hi, NULL, 0, NULL, help}
+    {key, type, KVP_CFG_NO_FIELD, 1024, lo, hi, NULL, 0, NULL, help, NULL, 0}
+
+/* Another spelling of the key `of`, writing the same field: a key with Mooncake's name and
+ * Mooncake's unit next to kvpool's own key that carries its unit in its name. */
+#define ALIAS(st, type, key, field, lo, hi, of, help)                                              \
+    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, 0, NULL, help, of, 0}
+/* An old spelling of the key `of`, same type and unit, kept so that existing configs keep
+ * working; each use logs a WARN naming `of`. */
+#define DEPRECATED(st, type, key, field, lo, hi, of)                                               \
+    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, 0, NULL, "old spelling of " of, of, 1}
+/* Mooncake's --rpc_address / --rpc_port: one part of a host:port field. */
+#define HOSTPORT_PART(st, type, key, field, check, lo, hi, help)                                   \
+    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, check, NULL, help, #field, 0}
 
 #define KIB 1024.0
 #define MIB (1024.0 * KIB)
@@ -50,10 +62,13 @@ static const struct kvp_cfg_key master_keys[] = {
         "and go into the next entry (fewer: larger entries, less CPU per command, more latency)"),
     NUM(M, KVP_CFG_T_DURATION_MS, "default_kv_lease_ttl", default_kv_lease_ttl_ms, 1, 3600000, "5000",
         "read lease handed out with a replica list (Mooncake's name; ms)"),
-    NUM(M, KVP_CFG_T_DURATION_S, "client_ttl", client_ttl_ms, 100, 86400000, "10s",
-        "a segment silent this long is declared lost (Mooncake's unit: a plain number is seconds)"),
-    NUM(M, KVP_CFG_T_DURATION_MS, "put_ttl", put_ttl_ms, 100, 86400000, "30000",
-        "deadline of a pending put before the leader revokes it (ms)"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "client_ttl_ms", client_ttl_ms, 100, 86400000, "10000",
+        "a segment silent this long is declared lost"),
+    ALIAS(M, KVP_CFG_T_DURATION_S, "client_ttl", client_ttl_ms, 100, 86400000, "client_ttl_ms",
+          "Mooncake's spelling of client_ttl_ms, in Mooncake's unit: a plain number is seconds"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "put_ttl_ms", put_ttl_ms, 100, 86400000, "30000",
+        "deadline of a pending put before the leader revokes it"),
+    DEPRECATED(M, KVP_CFG_T_DURATION_MS, "put_ttl", put_ttl_ms, 100, 86400000, "put_ttl_ms"),
     NUM(M, KVP_CFG_T_DURATION_MS, "fence_grace_ms", fence_grace_ms, 0, 3600000, "5000",
         "quarantine of freed space before reuse"),
     NUM(M, KVP_CFG_T_DOUBLE, "eviction_ratio", eviction_ratio, 0.0, 1.0, "0.05",
@@ -78,6 +93,20 @@ static const struct kvp_cfg_key master_keys[] = {
     NUM(M, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
         "HTTP port of /metrics (Prometheus), /healthz, /readyz and /get_all_segments, on the host of "
         "`listen`; 0 = off (Mooncake's name)"),
+    /* mooncake_master's flags, so that its command line starts a kvpool-master as it is */
+    HOSTPORT_PART(M, KVP_CFG_T_STRING, "rpc_address", listen, KVP_CFG_CHECK_LISTEN_HOST, 0, 0,
+                  "Mooncake's flag: the host of listen (listen = rpc_address:rpc_port)"),
+    HOSTPORT_PART(M, KVP_CFG_T_U32, "rpc_port", listen, KVP_CFG_CHECK_LISTEN_PORT, 1, 65535,
+                  "Mooncake's flag: the port of listen"),
+    IGNORED(KVP_CFG_T_U32, "rpc_thread_num", 0, 65536,
+            "Mooncake's RPC thread count: not needed, kvpool's master is one actor"),
+    IGNORED(KVP_CFG_T_BOOL, "enable_http_metadata_server", 0, 0,
+            "Mooncake's HTTP metadata server: not needed, kvpool has no transfer-engine metadata "
+            "(metrics_port serves /get_all_segments)"),
+    IGNORED(KVP_CFG_T_STRING, "http_metadata_server_host", 0, 0,
+            "Mooncake's HTTP metadata server: not needed, nothing is bound"),
+    IGNORED(KVP_CFG_T_U32, "http_metadata_server_port", 0, 65535,
+            "Mooncake's HTTP metadata server: not needed, nothing is bound"),
 };
 #undef M
 
@@ -126,8 +155,10 @@ static const struct kvp_cfg_key client_keys[] = {
     STR(C, "protocol", protocol, "tcp|rdma", 0, "tcp", "data-plane transport"),
     STR(C, "device_name", device_name, NULL, 0, "", "RDMA device(s); empty = any"),
     NUM(C, KVP_CFG_T_U32, "replica_num", replica_num, 1, 16, "1", "default replicas of a put"),
-    NUM(C, KVP_CFG_T_DURATION_S, "transfer_timeout", transfer_timeout_ms, 1, 3600000, "10s",
-        "default timeout of one put/get call (Mooncake's unit: a plain number is seconds; \"500ms\" for ms)"),
+    NUM(C, KVP_CFG_T_DURATION_MS, "transfer_timeout_ms", transfer_timeout_ms, 1, 3600000, "10000",
+        "default timeout of one put/get call"),
+    ALIAS(C, KVP_CFG_T_DURATION_S, "transfer_timeout", transfer_timeout_ms, 1, 3600000, "transfer_timeout_ms",
+          "Mooncake's spelling of transfer_timeout_ms, in Mooncake's unit: a plain number is seconds (\"500ms\" for ms)"),
     NUM(C, KVP_CFG_T_DURATION_MS, "rpc_timeout_ms", rpc_timeout_ms, 1, 3600000, "5000",
         "one master RPC including failover retries"),
     NUM(C, KVP_CFG_T_SIZE, "slice_bytes", slice_bytes, 4096, 1 * GIB, "1MiB", "transfer slice size"),
