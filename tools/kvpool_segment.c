@@ -16,6 +16,8 @@
  * keeps trying the mount (backoff 1 s → 10 s, one WARN line per try) until one does.
  * metrics_port > 0: /metrics, /healthz, /readyz on local_hostname:metrics_port from before the
  * mount (readyz: 503 until mounted) until the end (docs/operations.md "Metrics").
+ * Under systemd (Type=notify) it sends READY=1 once mounted and STOPPING=1 on SIGTERM/SIGINT
+ * (packaging/systemd/).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -33,6 +35,7 @@
 #include "kvpool.h"
 #include "metrics/metrics.h"
 #include "runtime/log.h"
+#include "runtime/sdnotify.h"
 
 static void usage(void)
 {
@@ -235,10 +238,16 @@ int main(int argc, char **argv)
     printf("kvpool-segment: %s id %u endpoint %s size %llu\n", kvp_segment_name(seg), kvp_segment_id(seg),
            kvp_segment_endpoint(seg), (unsigned long long)cfg.global_segment_size);
     fflush(stdout);
+    /* Mounted: tell a service manager (systemd Type=notify) the start is done. */
+    char status[400];
+    snprintf(status, sizeof status, "READY=1\nSTATUS=mounted as %s (segment %u, endpoint %s)", kvp_segment_name(seg),
+             kvp_segment_id(seg), kvp_segment_endpoint(seg));
+    kvp_sd_notify("kvpool-segment", status);
 
     int sig = early_sig;
     while (!sig && sigwait(&sigs, &sig) != 0)
         ;
+    kvp_sd_notify("kvpool-segment", sig == SIGTERM ? "STOPPING=1\nSTATUS=draining" : "STOPPING=1\nSTATUS=unmounting");
     if (sig == SIGTERM) {
         kvp_log_info("kvpool-segment", "SIGTERM: draining (up to %u ms)", cfg.drain_timeout_ms);
         rc = kvp_segment_drain(seg, cfg.drain_timeout_ms);
