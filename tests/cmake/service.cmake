@@ -6,3 +6,7 @@ if(EXISTS ${CMAKE_SOURCE_DIR}/tests/integration/test_master_service_units.c)
                LABEL integration TIMEOUT 120)
   add_dependencies(test_master_service_units kvpool-master kvpool-segment)
 endif()
+# The systemd units of packaging/systemd/ (systemd-analyze verify when installed).
+add_test(NAME test_systemd_units COMMAND bash ${CMAKE_SOURCE_DIR}/tests/integration/systemd_units.sh)
+set_tests_properties(test_systemd_units PROPERTIES TIMEOUT 60 LABELS integration
+  ENVIRONMENT "KVP_BUILD_DIR=${CMAKE_BINARY_DIR};KVP_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
