@@ -1003,6 +1003,71 @@ static void test_config_master_mooncake_flags_accepted(void **state)
     free(log);
 }
 
+/* The text of the fenced block (```lang) that follows `after` in docs/migrating-from-mooncake.md
+ * (malloc'd), so that the page's examples are the ones tested. */
+static char *doc_block(const char *after, const char *lang)
+{
+    const char *src = getenv("KVP_SOURCE_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/docs/migrating-from-mooncake.md", src ? src : "..");
+    FILE *f = fopen(path, "r");
+    if (!f)
+        fail_msg("cannot open %s (KVP_SOURCE_DIR)", path);
+    static char doc[65536];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    doc[n] = '\0';
+    fclose(f);
+    const char *a = strstr(doc, after);
+    assert_non_null(a);
+    char fence[32];
+    snprintf(fence, sizeof fence, "```%s\n", lang);
+    const char *b = strstr(a, fence);
+    assert_non_null(b);
+    b += strlen(fence);
+    const char *e = strstr(b, "```");
+    assert_non_null(e);
+    char *out = strndup(b, (size_t)(e - b));
+    assert_non_null(out);
+    return out;
+}
+
+/* docs/migrating-from-mooncake.md: its kvpool-master line and its Mooncake client JSON mean
+ * what the page says they mean. */
+static void test_config_migration_doc_examples_load(void **state)
+{
+    (void)state;
+    char *js = doc_block("## The client config", "json");
+    const char *p = write_tmp("doc-client.json", js);
+    free(js);
+    struct kvp_cfg_client c;
+    kvp_cfg_defaults(KVP_CFG_CLIENT, &c);
+    assert_int_equal(kvp_cfg_load_file(KVP_CFG_CLIENT, &c, p), KVP_OK);
+    assert_string_equal(c.local_hostname, "10.0.0.5");
+    assert_string_equal(c.master_server_address, "10.0.0.1:50051,10.0.0.2:50051");
+    assert_int_equal(c.global_segment_size, 4ull << 30);
+    assert_int_equal(c.local_buffer_size, 16ull << 20);
+    assert_string_equal(c.protocol, "rdma");
+    assert_string_equal(c.device_name, "mlx5_0");
+    assert_int_equal(c.transfer_timeout_ms, 30000);
+
+    /* the kvpool-master line, split into words as a shell would (no quoting in it) */
+    char *sh = doc_block("with the program name changed", "sh");
+    char *argv[64];
+    int argc = 0;
+    for (char *save = NULL, *w = strtok_r(sh, " \\\n", &save); w && argc < 63; w = strtok_r(NULL, " \\\n", &save))
+        argv[argc++] = w;
+    argv[argc] = NULL;
+    assert_string_equal(argv[0], "kvpool-master");
+    struct kvp_cfg_master m;
+    assert_int_equal(kvp_cfg_from_args(KVP_CFG_MASTER, &m, argc, argv, NULL, NULL, 0, NULL), KVP_OK);
+    assert_string_equal(m.listen, "10.0.0.1:50051");
+    assert_string_equal(m.raft_address, "10.0.0.1:7201");
+    assert_int_equal(m.client_ttl_ms, 10000);
+    assert_int_equal(m.default_kv_lease_ttl_ms, 5000);
+    assert_int_equal(m.metrics_port, 9003);
+    free(sh);
+}
+
 /* ------------------------------------------------------------------ master lists */
 
 static void test_config_masters_forms_normalised(void **state)
@@ -1178,6 +1243,7 @@ int main(void)
         cmocka_unit_test(test_config_units_every_own_key_names_its_unit),
         cmocka_unit_test(test_config_units_renamed_keys_and_aliases),
         cmocka_unit_test(test_config_master_mooncake_flags_accepted),
+        cmocka_unit_test(test_config_migration_doc_examples_load),
         cmocka_unit_test(test_config_masters_forms_normalised),
         cmocka_unit_test(test_config_masters_errors_invalid),
         cmocka_unit_test(test_config_masters_cluster_file),
