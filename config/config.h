@@ -9,7 +9,12 @@
  * (all binary, 1K = 1024). Durations are milliseconds (plain numbers, or with ms/s suffix),
  * except the keys with Mooncake's name whose Mooncake unit is seconds (transfer_timeout,
  * client_ttl): there a plain number is seconds ("10" = 10 s; "500ms" still works). Keys of
- * kvpool's own carry their unit in their name (_ms, _bytes).
+ * kvpool's own carry their unit in their name (_ms, _bytes): client_ttl_ms and
+ * transfer_timeout_ms are kvpool's spellings of those two, writing the same field. An old
+ * spelling (put_ttl for put_ttl_ms) still works and logs a WARN naming the new one. The
+ * master also takes mooncake_master's --rpc_address/--rpc_port (the parts of listen) and
+ * accepts --rpc_thread_num and the HTTP metadata server flags as not needed (docs/config.md,
+ * "Other spellings").
  *
  * An invalid value is KVP_ERR_INVALID with a log line naming the key, the value and what is
  * allowed, e.g. "config: replica_num=0: must be an integer in [1, 16]". The struct is unchanged
@@ -40,8 +45,8 @@ struct kvp_cfg_master {
     uint32_t group_commit_max;        /* `group_commit_max`: most commands in one Raft entry (default 512) */
     uint32_t raft_max_inflight_entries; /* `raft_max_inflight_entries`: entries proposed, not yet applied (default 4) */
     uint64_t default_kv_lease_ttl_ms; /* `default_kv_lease_ttl`: read lease, ms (default 5000, as Mooncake) */
-    uint64_t client_ttl_ms;           /* `client_ttl`: a segment silent this long is lost (key in seconds, as Mooncake; default 10 s) */
-    uint64_t put_ttl_ms;              /* `put_ttl`: pending put deadline, ms (default 30000) */
+    uint64_t client_ttl_ms;           /* `client_ttl_ms`, or Mooncake's `client_ttl` in seconds: a segment silent this long is lost (default 10 s) */
+    uint64_t put_ttl_ms;              /* `put_ttl_ms` (old name `put_ttl`, deprecated): pending put deadline, ms (default 30000) */
     uint64_t fence_grace_ms;          /* `fence_grace_ms`: quarantine of freed space, ms (default 5000) */
     double eviction_ratio;            /* `eviction_ratio` (default 0.05) */
     double eviction_high_watermark_ratio; /* `eviction_high_watermark_ratio` (default 0.95) */
@@ -83,7 +88,7 @@ struct kvp_cfg_client {
     char protocol[16];                /* `protocol`: tcp|rdma (default tcp) */
     char device_name[128];            /* `device_name`: RDMA device (default "") */
     uint32_t replica_num;             /* `replica_num`: default replicas of a put, 1..16 (default 1) */
-    uint32_t transfer_timeout_ms;     /* `transfer_timeout`: call timeout (key in seconds, as Mooncake; default 10 s) */
+    uint32_t transfer_timeout_ms;     /* `transfer_timeout_ms`, or Mooncake's `transfer_timeout` in seconds: call timeout (default 10 s) */
     uint32_t rpc_timeout_ms;          /* `rpc_timeout_ms`: one master RPC incl. failover retries (default 5000) */
     uint64_t slice_bytes;             /* `slice_bytes`: transfer slice size (default 1 MiB) */
     uint32_t conns_per_peer;          /* `conns_per_peer`: TCP connections per segment (default 4) */
