@@ -55,6 +55,7 @@ struct kvp_cfg_master {
     bool allow_evict_soft_pinned_objects; /* `allow_evict_soft_pinned_objects` (default true, as Mooncake) */
     uint32_t probe_timeout_ms;        /* `probe_timeout_ms`: data-plane probe of a reported segment (default 500) */
     char log_level[16];               /* `log_level`: error|warn|info|debug (default info) */
+    char log_format[8];               /* `log_format`: text|json (default text; runtime/log.h) */
     uint64_t repair_bandwidth_bytes_per_s; /* `repair_bandwidth_bytes_per_s`: drain/repair copy cap, 0 = none (default 256 MiB) */
     uint32_t bind_retry_ms;           /* `bind_retry_ms`: keep retrying a held data-dir lock or listen port this long (default 5000) */
     uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz /get_all_segments, 0 = off (Mooncake's name; default 0) */
@@ -74,6 +75,7 @@ struct kvp_cfg_segment {
     uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: (default 60000) */
     uint32_t bind_retry_ms;           /* `bind_retry_ms`: keep retrying a held data-plane port this long (default 5000) */
     char log_level[16];
+    char log_format[8];               /* `log_format`: text|json (default text; runtime/log.h) */
     uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz, 0 = off (default 0) */
 };
 

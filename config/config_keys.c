@@ -32,6 +32,7 @@
 #define GIB (1024.0 * MIB)
 #define TIB (1024.0 * GIB)
 #define LOG_LEVELS "error|warn|info|debug"
+#define LOG_FORMATS "text|json"
 
 #define M struct kvp_cfg_master
 static const struct kvp_cfg_key master_keys[] = {
@@ -85,6 +86,8 @@ static const struct kvp_cfg_key master_keys[] = {
     NUM(M, KVP_CFG_T_DURATION_MS, "probe_timeout_ms", probe_timeout_ms, 1, 600000, "500",
         "data-plane probe of a segment that a client reported unreachable"),
     STR(M, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
+    STR(M, "log_format", log_format, LOG_FORMATS, 0, "text",
+        "log lines as text, or as one JSON object per line (ts, level, actor, pid, msg)"),
     NUM(M, KVP_CFG_T_SIZE, "repair_bandwidth_bytes_per_s", repair_bandwidth_bytes_per_s, 0, 64 * TIB,
         "256MiB", "bytes per second the leader hands to movers for drain and repair copies; 0 = no cap"),
     NUM(M, KVP_CFG_T_DURATION_MS, "bind_retry_ms", bind_retry_ms, 0, 600000, "5000",
@@ -132,6 +135,8 @@ static const struct kvp_cfg_key segment_keys[] = {
         "at start, keep retrying (with backoff, one log line per try) a data-plane port still held, "
         "e.g. by a killed previous incarnation whose threads are still exiting; then exit 1"),
     STR(S, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
+    STR(S, "log_format", log_format, LOG_FORMATS, 0, "text",
+        "log lines as text, or as one JSON object per line (ts, level, actor, pid, msg)"),
     IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
             "Mooncake transfer-engine metadata server (kvpool has none)"),
     NUM(S, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",

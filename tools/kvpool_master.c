@@ -72,6 +72,9 @@ int main(int argc, char **argv)
     int lvl = kvp_log_parse_level(cfg.log_level);
     if (lvl >= 0)
         kvp_log_set_level(lvl);
+    int fmt = kvp_log_parse_format(cfg.log_format);
+    if (fmt >= 0)
+        kvp_log_set_format(fmt); /* lines logged before this follow KVPOOL_LOG_FORMAT */
     if (!cfg.data_dir[0]) {
         fprintf(stderr, "kvpool-master: --data-dir is required\n");
         return 2;

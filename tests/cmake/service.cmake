@@ -10,3 +10,5 @@ endif()
 add_test(NAME test_systemd_units COMMAND bash ${CMAKE_SOURCE_DIR}/tests/integration/systemd_units.sh)
 set_tests_properties(test_systemd_units PROPERTIES TIMEOUT 60 LABELS integration
   ENVIRONMENT "KVP_BUILD_DIR=${CMAKE_BINARY_DIR};KVP_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+# Structured logs: log_format json (runtime/log.c).
+kvp_add_test(test_log_format SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_log_format.c LABEL unit TIMEOUT 30)

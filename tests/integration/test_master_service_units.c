@@ -7,7 +7,8 @@
  *  - under a fake NOTIFY_SOCKET (what systemd's Type=notify hands a service) each daemon sends
  *    READY=1 — the master once it serves, the segment once mounted, not before — and
  *    STOPPING=1 when stopped; both exit 0;
- *  - a bad Mooncake flag value exits 2 with a line naming it.
+ *  - a bad Mooncake flag value exits 2 with a line naming it;
+ *  - --log-format json: the daemon's log lines are JSON objects.
  *
  * The only things not from the Mooncake line: the ports (free ones instead of 50051/9003/8080,
  * which other tests on this host may hold), the working directory (a temporary one: the data
@@ -35,6 +36,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "kvpool.h"
 #include "tests/lib/http_get.h"
@@ -292,7 +294,7 @@ static void test_segment_not_mounted_sends_no_ready(void **state)
     snprintf(masters, sizeof masters, "127.0.0.1:%u", fresh_port(taken, 4)); /* nobody there */
     snprintf(log, sizeof log, "%s/seg-orphan.log", C.dir);
     char *argv[] = {exe, "--master-server-address", masters, "--global-segment-size", "16M",
-                    "--hugepages=false", "--segment-prefault=false", NULL};
+                    "--hugepages=false", "--segment-prefault=false", "--log-format", "json", NULL};
     static char env_notify[300];
     snprintf(env_notify, sizeof env_notify, "NOTIFY_SOCKET=%s", npath);
     const char *env[] = {env_notify, NULL};
@@ -302,6 +304,25 @@ static void test_segment_not_mounted_sends_no_ready(void **state)
     for (uint64_t end = now_ms() + 20000; now_ms() < end && !file_has(log, "mount try 1:");)
         sleep_ms(100);
     assert_true(file_has(log, "mount try 1:"));
+    /* --log-format json: every line so far is one JSON object (before the signal's own line) */
+    FILE *lf = fopen(log, "r");
+    assert_non_null(lf);
+    char line[4096];
+    int lines = 0;
+    bool saw_try = false;
+    while (fgets(line, sizeof line, lf)) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        if (!o)
+            fail_msg("log line is not JSON (%s): %s", je.text, line);
+        const char *m = json_string_value(json_object_get(o, "msg"));
+        saw_try |= m && strstr(m, "mount try 1:") && json_object_get(o, "level") && json_object_get(o, "actor");
+        json_decref(o);
+        lines++;
+    }
+    fclose(lf);
+    assert_true(lines >= 1);
+    assert_true(saw_try);
     char msg[256];
     assert_false(notify_recv(fd, msg, sizeof msg, 0));
     assert_int_equal(stop(&pid, SIGTERM, 5000), 143);
