@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "actors/master/fsm_internal.h"
+#include "actors/master/version.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 
@@ -590,6 +591,14 @@ int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
     if (c->body_case != KVP__COMMAND__BODY__NOT_SET && !c->mount) {
         kvp_log_warn(KVP_FSM_ACTOR, "apply: command body %d without a message", (int)c->body_case);
         return KVP_ERR_INVALID;
+    }
+    /* A command logged by a newer leader for a newer cluster: applying it this binary's way
+     * could place or remove differently from the members that understand it. Refuse, loudly. */
+    if (c->feature_level > KVP_FEATURE_LEVEL) {
+        kvp_log_error(KVP_FSM_ACTOR, "apply: command (body %d) needs feature level %u, this master has %u: "
+                      "not applied; upgrade this master (docs/operations.md \"Upgrading\")",
+                      (int)c->body_case, (unsigned)c->feature_level, (unsigned)KVP_FEATURE_LEVEL);
+        return KVP_ERR_VERSION;
     }
     /* The repair scan is skipped while nothing could have created work since a scan that found
      * none (kvp_master_fsm_repair_epoch). Commands that can only take objects away, free space

@@ -107,6 +107,7 @@ void svc_reply(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id
         return;
     svc_metrics_on_reply(s, resp);
     resp->req_id = req_id;
+    resp->feature_level = KVP_FEATURE_LEVEL;
     uint8_t *buf = NULL;
     size_t len = 0;
     int rc = kvp_wire_encode_response(resp, &buf, &len);
@@ -209,6 +210,12 @@ int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command
 {
     cmd->now_wall_ms = kvp_clock_wall_ms();
     cmd->term = s->term;
+    /* Rolling upgrades (version.h): log nothing that a member of the cluster's level would
+     * apply its own way, and stamp what the command needs so that an older member refuses it. */
+    if (cmd->body_case == KVP__COMMAND__BODY_PUT_START && cmd->put_start)
+        kvp_feature_gate_put_start(cmd->put_start, svc_feature_level(s));
+    uint32_t needs = kvp_feature_command_needs(cmd);
+    cmd->feature_level = needs > 1 ? needs : 0;
     size_t len = protobuf_c_message_get_packed_size(&cmd->base);
     uint8_t *buf = malloc(len ? len : 1);
     int rc = KVP_ERR_NOMEM;
@@ -586,7 +593,8 @@ int kvp_master_service_run(struct kvp_master_service *s)
         zloop_reader(s->loop, kvp_raftlog_events(s->rl), on_raftlog_event, s) != 0 ||
         zloop_timer(s->loop, 10, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
         svc_evict_timer_start(s) != KVP_OK ||
-        svc_prober_start(s) != KVP_OK || svc_metrics_timer_start(s) != KVP_OK) {
+        svc_prober_start(s) != KVP_OK || svc_metrics_timer_start(s) != KVP_OK ||
+        svc_version_start(s) != KVP_OK) {
         rc = KVP_ERR_NOMEM;
     } else {
         svc_refresh_leadership(s);
@@ -596,6 +604,7 @@ int kvp_master_service_run(struct kvp_master_service *s)
         if (s->fatal)
             rc = KVP_ERR_IO;
     }
+    svc_version_stop(s);
     zloop_destroy(&s->loop);
     zactor_destroy(&s->prober); /* waits for a probe in progress (bounded by probe_timeout_ms) */
     zhashx_destroy(&s->endpoints);

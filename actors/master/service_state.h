@@ -17,6 +17,7 @@
 #include "actors/master/fsm.h"
 #include "actors/master/liveness.h"
 #include "actors/master/service.h"
+#include "actors/master/version.h"
 #include "config/config.h"
 #include "raftlog/raftlog.h"
 #include "wire/kvpool.pb-c.h"
@@ -98,6 +99,12 @@ struct kvp_master_service {
     char actor[32];                        /* log name, "master-<id>" */
     struct kvp_master_member members[KVP_CFG_MAX_MASTERS]; /* id → control/raft address */
     int n_members;
+    /* Rolling upgrades (service_version.c, version.h): members[i]'s feature level as its last
+     * answer reported, and the DEALER that asks it (leader only, one request a second). */
+    struct kvp_feature_peer feature_peers[KVP_CFG_MAX_MASTERS];
+    zsock_t *feature_sock[KVP_CFG_MAX_MASTERS];
+    char feature_addr[KVP_CFG_MAX_MASTERS][256]; /* what feature_sock[i] is connected to */
+    uint32_t feature_level_logged;         /* cluster level in the last INFO line (0 = none yet) */
 
     zsock_t *router;                       /* ROUTER bound at tcp://cfg.listen */
     zloop_t *loop;                         /* zloop of run() */
@@ -216,6 +223,10 @@ void svc_on_heartbeat_req(struct kvp_master_service *s, zframe_t *identity, cons
 void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp);
 void svc_request_status_refresh(struct kvp_master_service *s);
 int svc_timers_start(struct kvp_master_service *s);
+/* service_version.c: ask the other members for their feature level; the cluster's level now. */
+int svc_version_start(struct kvp_master_service *s);
+void svc_version_stop(struct kvp_master_service *s);
+uint32_t svc_feature_level(struct kvp_master_service *s);
 /* service_soft.c: start the prober actor; ask it to probe a reported segment. */
 int svc_prober_start(struct kvp_master_service *s);
 void svc_probe_segment(struct kvp_master_service *s, uint32_t segment_id);

@@ -1,0 +1,64 @@
+/*
+ * version.h — feature levels for rolling upgrades (docs/operations.md "Upgrading").
+ *
+ * A feature level is a small integer that names what a master binary understands in the Raft
+ * log. Levels so far:
+ *   1  v0.1.0, the first release.
+ *   2  PutStartReq.avoid_segments is read by the FSM when it places a put (issue 18).
+ * A command that a member of an older level would apply differently (or not at all) may only be
+ * logged once every member of the cluster reports the level that introduced it: otherwise the
+ * replicated state machines diverge. The leader asks every other member for its level (each
+ * master's Response carries feature_level; a v0.1.0 master's carries none, read as 1) and
+ * strips what the cluster's level does not allow before it logs the command.
+ * Pure code: no I/O, no globals; safe from any thread.
+ */
+#ifndef KVP_MASTER_VERSION_H
+#define KVP_MASTER_VERSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire/kvpool.pb-c.h"
+
+#define KVP_FEATURE_LEVEL 2u           /* this binary */
+#define KVP_FEATURE_AVOID_SEGMENTS 2u  /* PutStartReq.avoid_segments placed by the FSM */
+
+/* A member's reported level counts while its last answer is younger than this. */
+#define KVP_FEATURE_FRESH_MS 5000u
+
+/** What the leader last heard from one other member. heard_ms 0 = never. */
+struct kvp_feature_peer {
+    uint32_t level;    /* as reported; 0 = unknown */
+    uint64_t heard_ms; /* monotonic ms of that answer */
+};
+
+/**
+ * The cluster's feature level: the lowest of `self` and every peer's level. A peer never heard,
+ * or not heard within KVP_FEATURE_FRESH_MS of `now_ms`, counts as level 1 (features that need
+ * more stay off while a member is down or being replaced).
+ */
+uint32_t kvp_feature_cluster_level(uint32_t self, const struct kvp_feature_peer *peers, size_t n,
+                                   uint64_t now_ms);
+
+/** The level a reply reports: 0 (an older master that sends none) reads as 1. */
+static inline uint32_t kvp_feature_reported(uint32_t field)
+{
+    return field ? field : 1u;
+}
+
+/**
+ * Make a PutStart fit a cluster of `level` before it is logged: below
+ * KVP_FEATURE_AVOID_SEGMENTS the avoid list is dropped (the put is placed as v0.1.0 places it).
+ * Returns how many avoid entries were dropped.
+ */
+size_t kvp_feature_gate_put_start(Kvp__PutStartReq *ps, uint32_t level);
+
+/**
+ * The level a command needs to be applied alike on every member (Command.feature_level).
+ * A member whose KVP_FEATURE_LEVEL is lower refuses it (KVP_ERR_VERSION) rather than apply it
+ * its own way.
+ */
+uint32_t kvp_feature_command_needs(const Kvp__Command *c);
+
+#endif
