@@ -166,6 +166,12 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(doc, "leader_id", json_integer((json_int_t)info.leader_id));
     json_object_set_new(doc, "leader_address", json_string(svc_member_address(s, info.leader_id)));
     json_object_set_new(doc, "term", json_integer((json_int_t)info.term));
+    /* Rolling upgrades (version.h): this binary's level and, on the leader, the cluster's (the
+     * lowest any member reports; features that need more stay off). */
+    json_t *fl = json_object();
+    json_object_set_new(fl, "this_master", json_integer(KVP_FEATURE_LEVEL));
+    json_object_set_new(fl, "cluster", s->is_leader ? json_integer(svc_feature_level(s)) : json_null());
+    json_object_set_new(doc, "feature_level", fl);
     json_object_set_new(doc, "commit_index", json_integer((json_int_t)info.commit_index));
     json_object_set_new(doc, "last_applied", json_integer((json_int_t)info.last_applied));
     /* Group commit as seen by this node while it led: commands per entry, mean commit time. */
