@@ -15,7 +15,6 @@ NEW=$B/tools
 "$REPO/tests/integration/upgrade_build_old.sh" "$REPO" v0.1.0 "$B/upgrade/v0.1.0" || exit $?
 
 D=$(mktemp -d /tmp/kvp-upgrade.XXXXXX)
-PORT=$((20000 + ($$ % 400) * 100))
 CTL="$NEW/kvpoolctl --cluster $D/cluster.json --timeout 20000"
 LOADER=
 fail() {
@@ -32,7 +31,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$OLD/kvpoolctl" cluster up --dir "$D" --masters 3 --segments 3 --segment-size 64MiB --base-port "$PORT" \
+"$OLD/kvpoolctl" cluster up --dir "$D" --masters 3 --segments 3 --segment-size 64MiB \
     >"$D/up.out" 2>&1 || fail "v0.1.0 cluster up: $(cat "$D/up.out")"
 
 # The load: put a fresh random value (2 replicas), read it back, read an older key back.
