@@ -3,7 +3,8 @@
 # "Upgrading"): a 3-master, 3-segment cluster of the first release (tag v0.1.0, built once by
 # upgrade_build_old.sh and cached under BUILD_DIR/upgrade) serves puts and gets from this tree's
 # kvpoolctl while its members are replaced one at a time by this tree's binaries (same data dir,
-# same ports): masters, then segments, then one master back to v0.1.0.
+# same ports): one segment, the masters, the other segments, then one master back to v0.1.0;
+# a v0.1.0 kvpoolctl also puts and gets against the upgraded masters.
 # Checked: every byte read back equals what was put (zero wrong bytes); no put or get fails while
 # only masters change (every replica lives); the cluster's feature level stays 1 until the last
 # v0.1.0 master is gone, is 2 then, and is 1 again once one master is downgraded.
@@ -97,6 +98,11 @@ master_ready='follower \(term|became leader'
 
 wait_reads 10
 [ "$(level)" = none ] || fail "a v0.1.0 cluster reports a feature level: $(level)"
+# One segment of this tree under v0.1.0 masters first (its replicas go: phase 2 rules).
+echo 2 >"$D/phase"
+replace '.segments[] | select(.name == "seg-1")' "$NEW/kvpool-segment" seg-1 "mounted"
+wait_reads 10
+echo 0 >"$D/phase"
 for id in 1 2 3; do
     [ $id = 3 ] && echo 1 >"$D/phase"
     replace ".masters[] | select(.id == $id)" "$NEW/kvpool-master" "$id" "$master_ready"
@@ -124,8 +130,17 @@ for _ in $(seq 100); do [ "$(level)" = 2 ] && break; sleep 0.1; done
 [ "$(level)" = 2 ] || fail "every master upgraded, feature level $(level), want 2"
 for _ in $(seq 30); do grep -q "cluster feature level 2" "$D"/*.log && break; sleep 0.1; done
 grep -q "cluster feature level 2" "$D"/*.log || fail "no master logged level 2"
+# A client of v0.1.0 against masters of this tree.
+for i in 1 2 3; do
+    head -c 3000 /dev/urandom >"$D/old$i"
+    "$OLD/kvpoolctl" --cluster "$D/cluster.json" --timeout 20000 put "old$i" "$D/old$i" >/dev/null ||
+        fail "v0.1.0 kvpoolctl put old$i"
+    "$OLD/kvpoolctl" --cluster "$D/cluster.json" --timeout 20000 get "old$i" "$D/old$i.got" >/dev/null 2>&1 ||
+        fail "v0.1.0 kvpoolctl get old$i"
+    cmp -s "$D/old$i" "$D/old$i.got" || fail "v0.1.0 kvpoolctl read wrong bytes for old$i"
+done
 echo 2 >"$D/phase"
-for s in $(jq -r '.segments[].name' "$D/cluster.json"); do
+for s in $(jq -r '.segments[].name' "$D/cluster.json" | grep -vx seg-1); do
     replace ".segments[] | select(.name == \"$s\")" "$NEW/kvpool-segment" "$s" "mounted"
     wait_reads 10
 done
