@@ -181,10 +181,17 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     int rc = kvp_rl_entry_decode(buf->base, buf->len, &it);
     struct kvp_rl_inflight *mine = inflight_find(g, buf->base);
     if (rc != KVP_OK) {
-        /* Deterministic on every node: the entry is skipped everywhere. Never an error to raft
+        /* Deterministic on every node: the entry is skipped everywhere (a newer entry version is
+         * skipped only by older masters: a new format may be written only once every member reads
+         * it, docs/operations.md "Upgrading"). Never an error to raft
          * (that would wedge the log). */
         g->entries_malformed++;
-        kvp_log_error(g->actor, "entry of %zu bytes skipped: %s", buf->len, kvp_strerror(rc));
+        if (rc == KVP_ERR_VERSION)
+            kvp_log_error(g->actor, "entry of %zu bytes skipped: entry format version %u, this master reads %u "
+                          "(written by a newer master: upgrade this one, docs/operations.md \"Upgrading\")",
+                          buf->len, (unsigned)((const uint8_t *)buf->base)[4], (unsigned)KVP_RL_ENTRY_VERSION);
+        else
+            kvp_log_error(g->actor, "entry of %zu bytes skipped: %s", buf->len, kvp_strerror(rc));
         if (mine != NULL) {
             mine->delivered = true;
             for (uint32_t i = 0; i < mine->n; i++)
@@ -404,7 +411,12 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
     size_t raw_len = 0;
     int rc = kvp_rl_snap_unpack(buf->base, buf->len, &raw, &raw_len);
     if (rc != KVP_OK) {
-        kvp_log_error(g->actor, "snapshot of %zu bytes rejected: %s", buf->len, kvp_strerror(rc));
+        if (rc == KVP_ERR_VERSION)
+            kvp_log_error(g->actor, "snapshot of %zu bytes rejected: container version %u, this master reads %u "
+                          "(taken by a newer master: upgrade this one, docs/operations.md \"Upgrading\")",
+                          buf->len, (unsigned)((const uint8_t *)buf->base)[4], (unsigned)KVP_RL_SNAP_VERSION);
+        else
+            kvp_log_error(g->actor, "snapshot of %zu bytes rejected: %s", buf->len, kvp_strerror(rc));
         return RAFT_MALFORMED;
     }
     if (g->fsm_lock != NULL)
@@ -414,7 +426,9 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
         pthread_rwlock_unlock(g->fsm_lock);
     free(raw);
     if (rc != KVP_OK) {
-        kvp_log_error(g->actor, "fsm restore failed: %s", kvp_strerror(rc));
+        kvp_log_error(g->actor, "fsm restore failed: %s%s", kvp_strerror(rc),
+                      rc == KVP_ERR_VERSION ? " (a snapshot format newer than this master reads: upgrade it, "
+                                              "docs/operations.md \"Upgrading\")" : "");
         return RAFT_IOERR;
     }
     /* On success the FSM owns the buffer raft handed over. */
