@@ -379,6 +379,10 @@ static int on_put_start(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
         free(cands);
         return KVP_ERR_NOMEM;
     }
+    /* The avoid list counts only in a command stamped with its feature level (version.h): a
+     * v0.1.0 leader passes a new client's avoid list through into its log as an unknown field,
+     * and its v0.1.0 members place without it; so must every member here. */
+    size_t n_avoid = c->feature_level >= KVP_FEATURE_AVOID_SEGMENTS ? q->n_avoid_segments : 0;
     for (size_t i = 0; i < q->n_items && rc == KVP_OK; i++) {
         Kvp__PutStartResult *res = malloc(sizeof(*res));
         if (!res) {
@@ -387,8 +391,8 @@ static int on_put_start(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
         }
         kvp__put_start_result__init(res);
         body->results[body->n_results++] = res;
-        rc = put_start_item(f, q->items[i], deadline, c->term, q->avoid_segments,
-                            q->n_avoid_segments < 16 ? q->n_avoid_segments : 16, cands, res);
+        rc = put_start_item(f, q->items[i], deadline, c->term, q->avoid_segments, n_avoid < 16 ? n_avoid : 16,
+                            cands, res);
     }
     free(cands);
     return rc;

@@ -212,10 +212,7 @@ int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command
     cmd->term = s->term;
     /* Rolling upgrades (version.h): log nothing that a member of the cluster's level would
      * apply its own way, and stamp what the command needs so that an older member refuses it. */
-    if (cmd->body_case == KVP__COMMAND__BODY_PUT_START && cmd->put_start)
-        kvp_feature_gate_put_start(cmd->put_start, svc_feature_level(s));
-    uint32_t needs = kvp_feature_command_needs(cmd);
-    cmd->feature_level = needs > 1 ? needs : 0;
+    kvp_feature_prepare_command(cmd, svc_feature_level(s));
     size_t len = protobuf_c_message_get_packed_size(&cmd->base);
     uint8_t *buf = malloc(len ? len : 1);
     int rc = KVP_ERR_NOMEM;

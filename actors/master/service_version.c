@@ -130,7 +130,9 @@ static int on_version_tick(zloop_t *loop, int timer_id, void *arg)
         }
         kvp_log_info(s->actor, "cluster feature level %u (this master %u; members id:level, 0 = not heard: %s)%s",
                      (unsigned)level, (unsigned)KVP_FEATURE_LEVEL, who,
-                     level < KVP_FEATURE_AVOID_SEGMENTS ? "; PutStart avoid lists are not logged until every member has level 2" : "");
+                     level < KVP_FEATURE_AVOID_SEGMENTS
+                         ? "; PutStart avoid lists are not logged until every member has level 2"
+                         : "");
         s->feature_level_logged = level;
     }
     return 0;

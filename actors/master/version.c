@@ -32,3 +32,13 @@ uint32_t kvp_feature_command_needs(const Kvp__Command *c)
         return KVP_FEATURE_AVOID_SEGMENTS;
     return 1u;
 }
+
+void kvp_feature_prepare_command(Kvp__Command *c, uint32_t level)
+{
+    if (!c)
+        return;
+    if (c->body_case == KVP__COMMAND__BODY_PUT_START && c->put_start)
+        kvp_feature_gate_put_start(c->put_start, level);
+    uint32_t needs = kvp_feature_command_needs(c);
+    c->feature_level = needs > 1 ? needs : 0;
+}

@@ -57,8 +57,16 @@ size_t kvp_feature_gate_put_start(Kvp__PutStartReq *ps, uint32_t level);
 /**
  * The level a command needs to be applied alike on every member (Command.feature_level).
  * A member whose KVP_FEATURE_LEVEL is lower refuses it (KVP_ERR_VERSION) rather than apply it
- * its own way.
+ * its own way. A member of this level honours a level-2 field only in a command stamped 2: a
+ * v0.1.0 leader copies a client's avoid list into its log as an unknown field, unstamped.
  */
 uint32_t kvp_feature_command_needs(const Kvp__Command *c);
+
+/**
+ * What the leader does to every command before it logs it, in a cluster of `level`: gate it
+ * (kvp_feature_gate_put_start) and stamp Command.feature_level with what it then needs (0 when
+ * 1, so that a command of level 1 packs to the bytes v0.1.0 would log).
+ */
+void kvp_feature_prepare_command(Kvp__Command *c, uint32_t level);
 
 #endif

@@ -107,7 +107,7 @@ static void test_mixed_members_place_alike(void **state)
         q.n_items = 1;
         snprintf(key, sizeof key, "k%llu", (unsigned long long)op);
         place(&c, &q, &it, key, op, avoid, 1);
-        kvp_feature_gate_put_start(&q, level); /* what svc_submit does before logging */
+        kvp_feature_prepare_command(&c, level); /* what svc_submit does before logging */
         Kvp__Response *a = tf_apply(m2, &c), *b = apply_as_level1(m1, &c);
         assert_int_equal(a->put_start->results[0]->status, KVP_OK);
         assert_int_equal(b->put_start->results[0]->status, KVP_OK);
@@ -145,12 +145,40 @@ static void test_level2_keeps_avoid(void **state)
     q.items = items;
     q.n_items = 1;
     place(&c, &q, &it, "k", 1, avoid, 1);
-    kvp_feature_gate_put_start(&q, level);
-    assert_int_equal(kvp_feature_command_needs(&c), 2);
+    kvp_feature_prepare_command(&c, level);
+    assert_int_equal(c.feature_level, 2);
     Kvp__Response *r = tf_apply(f, &c);
     assert_int_equal(r->put_start->results[0]->replicas[0]->segment_id, s2);
     kvp_master_fsm_response_free(r);
     kvp_master_fsm_destroy(&f);
+}
+
+/* A v0.1.0 leader copies a new client's avoid list into its log (protobuf-c packs unknown
+ * fields back) without a feature_level: members of level 2 must place like its v0.1.0 members. */
+static void test_old_leader_passes_avoid_through(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *m2 = tf_new(1000, 5000), *m1 = tf_new(1000, 5000);
+    uint32_t s1 = 0, s2 = 0;
+    struct kvp_master_fsm *ms[2] = {m2, m1};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(tf_mount(ms[i], "s1", "h1", 4 * MB, 1, &s1), KVP_OK);
+        assert_int_equal(tf_mount(ms[i], "s2", "h2", 2 * MB, 1, &s2), KVP_OK);
+    }
+    Kvp__Command c = KVP__COMMAND__INIT;
+    Kvp__PutStartReq q = KVP__PUT_START_REQ__INIT;
+    Kvp__PutStartItem it = KVP__PUT_START_ITEM__INIT, *items[1] = {&it};
+    uint32_t avoid[1] = {s1};
+    q.items = items;
+    q.n_items = 1;
+    place(&c, &q, &it, "k", 1, avoid, 1); /* feature_level 0: not stamped */
+    Kvp__Response *a = tf_apply(m2, &c), *b = apply_as_level1(m1, &c);
+    assert_int_equal(b->put_start->results[0]->replicas[0]->segment_id, s1);
+    assert_int_equal(a->put_start->results[0]->replicas[0]->segment_id, s1);
+    kvp_master_fsm_response_free(a);
+    kvp_master_fsm_response_free(b);
+    kvp_master_fsm_destroy(&m2);
+    kvp_master_fsm_destroy(&m1);
 }
 
 /* A command stamped with a level above this binary's is refused, not applied its own way. */
@@ -188,6 +216,7 @@ int main(void)
         cmocka_unit_test(test_gate_and_needs),
         cmocka_unit_test(test_mixed_members_place_alike),
         cmocka_unit_test(test_level2_keeps_avoid),
+        cmocka_unit_test(test_old_leader_passes_avoid_through),
         cmocka_unit_test(test_newer_command_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
