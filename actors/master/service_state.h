@@ -105,6 +105,8 @@ struct kvp_master_service {
     zsock_t *feature_sock[KVP_CFG_MAX_MASTERS];
     char feature_addr[KVP_CFG_MAX_MASTERS][256]; /* what feature_sock[i] is connected to */
     uint32_t feature_level_logged;         /* cluster level in the last INFO line (0 = none yet) */
+    uint32_t feature_level;                /* cluster level at the last tick (0 = none yet) */
+    uint64_t feature_level_term;           /* the term that tick ran in (leader) */
 
     zsock_t *router;                       /* ROUTER bound at tcp://cfg.listen */
     zloop_t *loop;                         /* zloop of run() */

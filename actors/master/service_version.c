@@ -4,8 +4,9 @@
  * Once a second, while leader, it sends each other member a MembersReq on a DEALER of its own
  * (connected to the member's control address). Every master's Response carries its
  * feature_level, NOT_LEADER replies included; a v0.1.0 master's carries none (read as 1), and
- * one that does not answer within KVP_FEATURE_FRESH_MS counts as 1. svc_submit gates each
- * command with svc_feature_level(). All of it runs on the service's zloop thread.
+ * one that does not answer within KVP_FEATURE_FRESH_MS counts as 1. The members asked are those
+ * of the Raft configuration (all roles). The cluster's level is computed on each tick, and
+ * svc_submit gates each command with it. All of it runs on the service's zloop thread.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -93,12 +94,18 @@ static void ask_peer(struct kvp_master_service *s, int i)
 
 uint32_t svc_feature_level(struct kvp_master_service *s)
 {
-    struct kvp_feature_peer peers[KVP_CFG_MAX_MASTERS];
-    size_t n = 0;
+    /* Computed by the last tick of this leadership; until then (or not leader): 1. */
+    if (!s->is_leader || s->feature_level_term != s->term || !s->feature_level)
+        return 1u;
+    return s->feature_level;
+}
+
+static int members_index(const struct kvp_master_service *s, uint64_t id)
+{
     for (int i = 0; i < s->n_members; i++)
-        if (s->members[i].id != s->cfg.id)
-            peers[n++] = s->feature_peers[i];
-    return kvp_feature_cluster_level(KVP_FEATURE_LEVEL, peers, n, kvp_clock_now_ms());
+        if (s->members[i].id == id)
+            return i;
+    return -1;
 }
 
 static int on_version_tick(zloop_t *loop, int timer_id, void *arg)
@@ -109,25 +116,42 @@ static int on_version_tick(zloop_t *loop, int timer_id, void *arg)
     if (!s->is_leader) {
         for (int i = 0; i < KVP_CFG_MAX_MASTERS; i++)
             close_peer(s, i);
+        s->feature_level = 0;
         s->feature_level_logged = 0;
         return 0;
     }
-    for (int i = 0; i < s->n_members; i++)
-        if (s->members[i].id != s->cfg.id)
-            ask_peer(s, i);
-    uint32_t level = svc_feature_level(s);
-    if (level != s->feature_level_logged) {
-        char who[512];
-        size_t off = 0;
-        who[0] = '\0';
-        for (int i = 0; i < s->n_members && off < sizeof who; i++) {
-            uint32_t l = s->members[i].id == s->cfg.id ? KVP_FEATURE_LEVEL : s->feature_peers[i].level;
-            int w = snprintf(who + off, sizeof who - off, "%s%llu:%u", off ? " " : "",
-                             (unsigned long long)s->members[i].id, (unsigned)l);
-            if (w < 0)
-                break;
-            off += (size_t)w;
+    /* The Raft configuration, all roles (a standby applies the log too); an address from the
+     * members book. A member without a known address cannot be asked: it counts as level 1. */
+    struct kvp_raftlog_info info;
+    memset(&info, 0, sizeof info);
+    kvp_raftlog_get_info(s->rl, &info);
+    struct kvp_feature_peer peers[9];
+    size_t n = 0;
+    char who[512];
+    size_t off = 0;
+    who[0] = '\0';
+    for (size_t j = 0; j < info.n_members && j < 9; j++) {
+        uint64_t id = info.members[j].id;
+        uint32_t shown = KVP_FEATURE_LEVEL;
+        if (id != s->cfg.id) {
+            int i = members_index(s, id);
+            if (i >= 0)
+                ask_peer(s, i);
+            peers[n] = i >= 0 ? s->feature_peers[i] : (struct kvp_feature_peer){0, 0};
+            shown = peers[n].level;
+            n++;
         }
+        if (off < sizeof who) {
+            int w = snprintf(who + off, sizeof who - off, "%s%llu:%u", off ? " " : "", (unsigned long long)id,
+                             (unsigned)shown);
+            if (w > 0)
+                off += (size_t)w;
+        }
+    }
+    uint32_t level = kvp_feature_cluster_level(KVP_FEATURE_LEVEL, peers, n, kvp_clock_now_ms());
+    s->feature_level = level;
+    s->feature_level_term = s->term;
+    if (level != s->feature_level_logged) {
         kvp_log_info(s->actor, "cluster feature level %u (this master %u; members id:level, 0 = not heard: %s)%s",
                      (unsigned)level, (unsigned)KVP_FEATURE_LEVEL, who,
                      level < KVP_FEATURE_AVOID_SEGMENTS
