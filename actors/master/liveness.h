@@ -23,8 +23,9 @@
  *     only when H >= 1 and some other segment was heard after it fell silent. Otherwise the
  *     master suspects itself: the decision is withheld (one episode, reported once) and nothing
  *     is dropped.
- *  5. Clients as witnesses: a candidate that a client wrote to after its last heartbeat, within
- *     the last ttl / 2, is not lost (the master cannot hear it, clients can reach it): it stays
+ *  5. Clients as witnesses: a candidate that a client wrote to or read from after its last
+ *     heartbeat (PutEnd written_segments, GetReplicaList read_segments), within the last ttl / 2,
+ *     is not lost (the master cannot hear it, clients can reach it): it stays
  *     SUSPECT while clients keep succeeding, and is decided by 3 and 4 once they stop.
  *
  * Thread: one owner (the service thread); not thread-safe.
@@ -43,7 +44,8 @@ struct kvp_liveness_seg {
     uint64_t hb_gap_ms;         /* its heartbeat period as seen here (last two), 0 = unknown */
     uint64_t reported_ms;       /* last client ReportUnreachable */
     uint64_t probe_failed_ms;   /* last failed data-plane probe from this master */
-    uint64_t client_wrote_ms;   /* last client put that wrote to it (PutEnd written_segments) */
+    uint64_t client_wrote_ms;   /* last client witness: a put wrote to it (PutEnd written_segments) or a
+                                 * get read from it (GetReplicaList read_segments) */
 };
 
 enum kvp_liveness_state {

@@ -152,6 +152,17 @@ static void on_put_start(struct kvp_master_service *s, zframe_t *id, Kvp__Reques
     mutate(s, id, req, KVP__COMMAND__BODY_PUT_START, req->put_start);
 }
 
+/* Witnesses for the liveness rule (liveness.h rule 5): a client just wrote to (PutEnd) or read
+ * from (GetReplicaList) these segments. Soft state only: ids this leader does not know are
+ * ignored, and the fields stay out of the Raft log. */
+static void note_client_witness(struct kvp_master_service *s, const uint32_t *segs, size_t n)
+{
+    uint64_t now = svc_now_ms();
+    for (size_t i = 0; i < n; i++)
+        if (segs[i] && svc_map_get(&s->segments, segs[i], NULL))
+            svc_map_put(&s->client_wrote, segs[i], now);
+}
+
 static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     Kvp__PutEndReq *pe = req->put_end;
@@ -164,12 +175,7 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     for (size_t i = 0; i < pe->n_items; i++)
         p->key_hashes[i] = svc_key_hash(pe->items[i]->key);
     p->n_keys = pe->n_items;
-    /* Witnesses for the liveness rule: a client just wrote to these segments. Soft state only:
-     * ids this leader does not know are ignored, and the field stays out of the Raft log. */
-    uint64_t now = svc_now_ms();
-    for (size_t i = 0; i < pe->n_written_segments; i++)
-        if (pe->written_segments[i] && svc_map_get(&s->segments, pe->written_segments[i], NULL))
-            svc_map_put(&s->client_wrote, pe->written_segments[i], now);
+    note_client_witness(s, pe->written_segments, pe->n_written_segments);
     pe->n_written_segments = 0;
     Kvp__Command cmd = KVP__COMMAND__INIT;
     command_set(&cmd, KVP__COMMAND__BODY_PUT_END, pe);
@@ -183,6 +189,8 @@ static void on_put_revoke(struct kvp_master_service *s, zframe_t *id, Kvp__Reque
 
 static void on_get_replicas(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
+    note_client_witness(s, req->get_replicas->read_segments, req->get_replicas->n_read_segments);
+    req->get_replicas->n_read_segments = 0;
     query(s, id, req, req->get_replicas->keys, req->get_replicas->n_keys);
 }
 

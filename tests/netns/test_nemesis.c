@@ -861,6 +861,65 @@ static void sc_masters_cut_from_segments(void)
     assert_true(logs_count("NOT declaring segments") >= 1);
 }
 
+/* Keys (stored, not excluded) whose every replica lies on segments a and b. */
+static unsigned keys_only_on(uint32_t a, uint32_t b)
+{
+    uint32_t pair[2] = {a, b};
+    unsigned nk, ns, nm, n = 0;
+    check_replicas(&nk, &ns, &nm, pair, 2); /* marks them excluded (2): counted, then restored */
+    for (int c = 0; c < NM_CHILDREN; c++)
+        for (unsigned k = 0; k < atomic_load(&N.sh->ch[c].n_keys); k++)
+            if (atomic_load(&N.sh->ch[c].ok[k]) == 2) {
+                atomic_store(&N.sh->ch[c].ok[k], 1);
+                n++;
+            }
+    return n;
+}
+
+/* The masters cut off from the control plane of two of four segments for 3x client_ttl while
+ * clients read (puts paused: a read-only inference fleet serving its prefix cache). The two are
+ * the pair holding both replicas of the most objects. From the heartbeats alone this looks like
+ * two of four segments killed; the clients' successful reads say otherwise: no object may be
+ * lost (a segment that clients read from is not dropped). */
+static void sc_masters_cut_from_half(void)
+{
+    wait_keys(300);
+    pause_puts(true);
+    json_t *d = status();
+    assert_non_null(d);
+    uint32_t id[HOSTS];
+    for (int h = 0; h < HOSTS; h++)
+        id[h] = seg_id(d, h);
+    json_decref(d);
+    int ha = 0, hb = 1;
+    unsigned both = 0;
+    for (int x = 0; x < HOSTS; x++)
+        for (int y = x + 1; y < HOSTS; y++) {
+            unsigned k = keys_only_on(id[x], id[y]);
+            if (k > both)
+                both = k, ha = x, hb = y;
+        }
+    assert_true(both > 0);
+    assert_int_equal(nft_drop(N.ns[ha], "tcp sport 7101-7103", "tcp dport 7101-7103"), 0);
+    assert_int_equal(nft_drop(N.ns[hb], "tcp sport 7101-7103", "tcp dport 7101-7103"), 0);
+    usleep(3 * TTL_MS * 1000);
+    d = status();
+    assert_non_null(d);
+    unsigned dropped = (seg_id(d, ha) != id[ha]) + (seg_id(d, hb) != id[hb]);
+    json_decref(d);
+    nft_heal(N.ns[ha]);
+    nft_heal(N.ns[hb]);
+    pause_puts(false);
+    usleep(2 * TTL_MS * 1000);
+    printf("masters cut from hosts %d and %d (%u objects have both replicas there; clients read from them): %u of "
+           "the two declared lost\n",
+           ha, hb, both, dropped);
+    struct figures f;
+    finish("masters_cut_from_half", &f, 20000);
+    assert_true(dropped < 2);
+    assert_int_equal(f.gets_failed, 0);
+}
+
 /* Two of four segments SIGKILLed at once: both declared lost and repaired; no read of an object
  * with a living replica fails. */
 static void sc_two_segments_killed(void)
@@ -1222,6 +1281,7 @@ static const struct {
 } SCENARIOS[] = {
     {"masters_paused", sc_masters_paused},
     {"masters_cut_from_segments", sc_masters_cut_from_segments},
+    {"masters_cut_from_half", sc_masters_cut_from_half},
     {"two_segments_killed", sc_two_segments_killed},
     {"asymmetric", sc_asymmetric},
     {"leader_isolated", sc_leader_isolated},
