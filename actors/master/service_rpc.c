@@ -289,6 +289,23 @@ static void on_drain(struct kvp_master_service *s, zframe_t *id, Kvp__Request *r
     mutate(s, id, req, KVP__COMMAND__BODY_DRAIN, req->drain);
 }
 
+/* The operator's answer to a withheld episode that does not end (kvpoolctl segment-lost, with
+ * its warning): the segment is declared lost now, whatever the liveness rule says. */
+static void on_segment_lost(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
+{
+    uint32_t seg = req->segment_lost->segment_id;
+    uint64_t st = 0;
+    if (seg == 0 || !svc_map_get(&s->segments, seg, &st) || st - 1 == KVP__SEGMENT_STATE__SEGMENT_LOST) {
+        kvp_log_warn(s->actor, "segment-lost %u: no such active segment", seg);
+        svc_reply_status(s, id, req->req_id, KVP_ERR_NOT_FOUND, "no such active segment");
+        return;
+    }
+    kvp_log_warn(s->actor, "segment %u: declaring it lost: an operator said so (kvpoolctl segment-lost); its "
+                 "replicas are dropped and re-replicated from surviving copies", seg);
+    /* The segment table refresh (every second) takes the LOST state into the soft state. */
+    mutate(s, id, req, KVP__COMMAND__BODY_SEGMENT_LOST, req->segment_lost);
+}
+
 static void on_report_unreachable(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     uint32_t seg = req->report_unreachable->segment_id;
@@ -439,6 +456,7 @@ static void dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *r
     case KVP__REQUEST__BODY_REMOVE: on_remove(s, id, req); break;
     case KVP__REQUEST__BODY_REMOVE_ALL: on_remove_all(s, id, req); break;
     case KVP__REQUEST__BODY_DRAIN: on_drain(s, id, req); break;
+    case KVP__REQUEST__BODY_SEGMENT_LOST: on_segment_lost(s, id, req); break;
     case KVP__REQUEST__BODY_REPORT_UNREACHABLE: on_report_unreachable(s, id, req); break;
     case KVP__REQUEST__BODY_CLUSTER_STATUS: on_cluster_status(s, id, req); break;
     case KVP__REQUEST__BODY_MEMBERS: on_members(s, id, req); break;

@@ -10,3 +10,5 @@ kvp_add_test(test_client_cluster_loss SOURCES ${CMAKE_SOURCE_DIR}/tests/integrat
 kvp_add_test(test_client_avoid SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_client_avoid.c LABEL unit TIMEOUT 30)
 # The calls added for language bindings (issue 16), against a real cluster (3 masters, 1 segment).
 kvp_add_test(test_client_api_ext SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_api_ext.c LABEL integration TIMEOUT 120)
+# kvpoolctl segment-lost ends a withheld episode (3 of 4 segments dead, no client traffic).
+kvp_add_test(test_segment_lost_cmd SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_segment_lost_cmd.c LABEL integration TIMEOUT 90)
