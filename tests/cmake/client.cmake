@@ -12,3 +12,5 @@ kvp_add_test(test_client_avoid SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_clien
 kvp_add_test(test_client_api_ext SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_api_ext.c LABEL integration TIMEOUT 120)
 # kvpoolctl segment-lost ends a withheld episode (3 of 4 segments dead, no client traffic).
 kvp_add_test(test_segment_lost_cmd SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_segment_lost_cmd.c LABEL integration TIMEOUT 90)
+# The breaker when the quorum is lost but a master still answers "not leader" (issue 18 item 3).
+kvp_add_test(test_client_quorum_lost SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_quorum_lost.c LABEL integration TIMEOUT 90)
