@@ -183,8 +183,12 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
         struct kvp_liveness_verdict *v = &out[i];
         if (out[i].candidate == CAND_NONE)
             continue;
-        bool allow = out[i].candidate == CAND_SILENCE ? allow_silence
-                                             : allow_witnessed && heard_after(lv, segs, n, i) >= 1;
+        /* Both kinds need a segment heard well after this one fell silent: one cut off at the same
+         * moment (a partition of the master from every segment) may still count as "heard" when
+         * its period is long against client_ttl (1 s heartbeats, client_ttl 2 s), and must not
+         * vouch for the master's hearing. */
+        bool allow = (out[i].candidate == CAND_SILENCE ? allow_silence : allow_witnessed) &&
+                     heard_after(lv, segs, n, i) >= 1;
         if (allow) {
             v->state = KVP_LIVENESS_LOST;
             size_t len = strlen(v->why);
@@ -194,7 +198,9 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
             v->state = KVP_LIVENESS_WITHHELD;
             size_t len = strlen(v->why);
             snprintf(v->why + len, sizeof v->why - len, "; withheld: %s",
-                     why[0] ? why : "no segment heard since it fell silent: the master suspects itself");
+                     why[0] && !(out[i].candidate == CAND_SILENCE && allow_silence)
+                         ? why
+                         : "no segment heard since it fell silent: the master suspects itself");
             ev->n_withheld++;
         }
     }
@@ -203,7 +209,7 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
         lv->withheld_since_ms = now_ms;
         lv->withheld_episodes++;
         snprintf(lv->withheld_why, sizeof lv->withheld_why, "%s",
-                 why[0] ? why : "no segment heard since the reported one fell silent: the master suspects itself");
+                 why[0] ? why : "no segment heard since the silent ones fell silent: the master suspects itself");
         ev->withhold_began = true;
     } else if (ev->n_withheld > 0) {
         if (why[0])

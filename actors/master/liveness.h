@@ -20,7 +20,9 @@
  *  4. Evidence that the master can hear: H = segments heard within max(ttl / 2, 2 × their
  *     period) (capped at ttl). Candidates by silence alone (a) are declared lost only when
  *     H >= 1 and H >= the number of candidates; candidates witnessed by a client report (b, c)
- *     only when H >= 1 and some other segment was heard after it fell silent. Otherwise the
+ *     only when H >= 1. Both kinds also need some other segment heard after the candidate fell
+ *     silent (a heartbeat more than 1.25 periods after its last one): with 1 s heartbeats and a
+ *     2 s ttl, segments cut off together still count as heard and must not vouch. Otherwise the
  *     master suspects itself: the decision is withheld (one episode, reported once) and nothing
  *     is dropped.
  *  5. Clients as witnesses: a candidate that a client wrote to or read from after its last
