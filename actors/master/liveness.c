@@ -189,6 +189,14 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
          * vouch for the master's hearing. */
         bool allow = (out[i].candidate == CAND_SILENCE ? allow_silence : allow_witnessed) &&
                      heard_after(lv, segs, n, i) >= 1;
+        uint64_t since = segs[i].last_hb_ms > lv->grace_from_ms ? segs[i].last_hb_ms : lv->grace_from_ms;
+        bool successor = !quorum_stale && segs[i].successor_ms > since && now_ms - segs[i].successor_ms < ttl;
+        if (!allow && successor) { /* rule 6 */
+            allow = true;
+            size_t len = strlen(v->why);
+            snprintf(v->why + len, sizeof v->why - len, "; a new process under its name on its host asked to mount "
+                     "%llu ms ago", (unsigned long long)(now_ms - segs[i].successor_ms));
+        }
         if (allow) {
             v->state = KVP_LIVENESS_LOST;
             size_t len = strlen(v->why);

@@ -29,6 +29,11 @@
  *     heartbeat (PutEnd written_segments, GetReplicaList read_segments), within the last ttl / 2,
  *     is not lost (the master cannot hear it, clients can reach it): it stays
  *     SUSPECT while clients keep succeeding, and is decided by 3 and 4 once they stop.
+ *  6. A successor: a candidate whose name a new process on its host asked to mount after its
+ *     last heartbeat, within ttl, is lost without rule 4's evidence: that mount reached this
+ *     master from the segment's host, so the master hears that host while the old process is
+ *     silent (a supervisor restarted it on a new port; with every segment restarted at once,
+ *     nothing else would ever be heard).
  *
  * Thread: one owner (the service thread); not thread-safe.
  */
@@ -48,6 +53,7 @@ struct kvp_liveness_seg {
     uint64_t probe_failed_ms;   /* last failed data-plane probe from this master */
     uint64_t client_wrote_ms;   /* last client witness: a put wrote to it (PutEnd written_segments) or a
                                  * get read from it (GetReplicaList read_segments) */
+    uint64_t successor_ms;      /* last mount under its name from its host, refused (rule 6) */
 };
 
 enum kvp_liveness_state {

@@ -637,6 +637,13 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
             svc_map_put(&s->segments, seg, (uint64_t)KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1);
             svc_map_del(&s->lost_sent, seg, NULL);
             kvp_log_info(s->actor, "segment %u mounted", seg);
+        } else if (resp->status == KVP_ERR_EXISTS && resp->mount && resp->mount->segment_id) {
+            /* A new process under a live segment's name on its host: evidence for the liveness
+             * rule (rule 6) that this master hears that host while the old one is silent. */
+            uint32_t held = resp->mount->segment_id;
+            if (!svc_map_get(&s->successor, held, NULL))
+                kvp_log_info(s->actor, "segment %u: a new process under its name on its host asks to mount", held);
+            svc_map_put(&s->successor, held, now);
         }
         break;
     case KVP__REQUEST__BODY_UNMOUNT:

@@ -200,6 +200,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     svc_map_clear(&s->lost_sent);
     svc_map_clear(&s->heard_via);
     svc_map_clear(&s->client_wrote);
+    svc_map_clear(&s->successor);
     svc_map_clear(&s->probing);
     s->n_verdicts = 0;
     /* A leadership change is a blind period: every segment gets a fresh grace (liveness.h). */
@@ -465,6 +466,7 @@ static void check_liveness(struct kvp_master_service *s)
         (void)svc_map_get(&s->unreachable, seg, &g->reported_ms);
         g->probe_failed_ms = svc_repair_probe_failed_at(s, (uint32_t)seg);
         (void)svc_map_get(&s->client_wrote, seg, &g->client_wrote_ms);
+        (void)svc_map_get(&s->successor, seg, &g->successor_ms);
     }
     struct kvp_liveness_events ev;
     kvp_liveness_check(&s->liveness, now, in, k, s->verdicts, &ev);
@@ -541,6 +543,7 @@ static int on_slow_timer(zloop_t *loop, int timer_id, void *arg)
     uint64_t a[2] = {now, s->cfg.client_ttl_ms};
     svc_map_filter(&s->unreachable, keep_recent, a);
     svc_map_filter(&s->client_wrote, keep_recent, a);
+    svc_map_filter(&s->successor, keep_recent, a);
     uint64_t b[2] = {now, 60000};
     svc_map_filter(&s->lost_sent, keep_recent, b);
     svc_map_filter(&s->probing, keep_recent, b);

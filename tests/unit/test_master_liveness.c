@@ -354,6 +354,37 @@ static void test_liveness_staggered_heartbeats_cut_from_all_withheld(void **stat
     assert_int_equal(staggered_run(10000, 1000, two, 30000), 2);
 }
 
+/* Every segment restarted at once by its supervisor on a new port (fixed names): the old ones
+ * fall silent together and nothing else is heard, so rule 4 withholds; before rule 6 the new
+ * processes' mounts were refused (name in use) until they gave up. A refused mount under a
+ * silent segment's name from its host is the evidence: that one is lost, the others stay. */
+static void test_liveness_successor_mount_declares_the_silent_one_lost(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 10000);
+    for (int i = 0; i < NSEG; i++)
+        s.alive[i] = false;
+    sim_run(&s, TTL + 1000);
+    assert_int_equal(n_lost(&s), 0);
+    assert_true(s.lv.withholding);
+    s.segs[0].successor_ms = s.now;
+    sim_run(&s, 1000);
+    assert_true(s.gone[0]);
+    assert_int_equal(n_lost(&s), 1);
+    assert_non_null(strstr(s.last_why[0], "a new process under its name"));
+    /* A mount refused before the old one's last heartbeat is no evidence (it was alive then). */
+    struct sim t;
+    sim_init(&t);
+    t.segs[1].successor_ms = t.now + 5000;
+    sim_run(&t, 10000);
+    for (int i = 0; i < NSEG; i++)
+        t.alive[i] = false;
+    sim_run(&t, TTL + 1000);
+    assert_int_equal(n_lost(&t), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -367,6 +398,7 @@ int main(void)
         cmocka_unit_test(test_liveness_short_tick_gap_not_blind),
         cmocka_unit_test(test_liveness_silent_but_clients_write_kept),
         cmocka_unit_test(test_liveness_staggered_heartbeats_cut_from_all_withheld),
+        cmocka_unit_test(test_liveness_successor_mount_declares_the_silent_one_lost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
