@@ -25,9 +25,10 @@
  *     2 s ttl, segments cut off together still count as heard and must not vouch. Otherwise the
  *     master suspects itself: the decision is withheld (one episode, reported once) and nothing
  *     is dropped.
- *  5. Clients as witnesses: a candidate that a client wrote to or read from after its last
- *     heartbeat (PutEnd written_segments, GetReplicaList read_segments), within the last ttl / 2,
- *     is not lost (the master cannot hear it, clients can reach it): it stays
+ *  5. Data-plane witnesses: a candidate that a client wrote to or read from after its last
+ *     heartbeat (PutEnd written_segments, GetReplicaList read_segments), or whose data plane
+ *     answered the leader's probe (sent once a segment is silent for ttl / 2), within the last
+ *     ttl / 2, is not lost (the master cannot hear it, clients can reach it): it stays
  *     SUSPECT while clients keep succeeding, and is decided by 3 and 4 once they stop.
  *  6. A successor: a candidate whose name a new process on its host asked to mount after its
  *     last heartbeat, within ttl, is lost without rule 4's evidence: that mount reached this
@@ -51,8 +52,9 @@ struct kvp_liveness_seg {
     uint64_t hb_gap_ms;         /* its heartbeat period as seen here (last two), 0 = unknown */
     uint64_t reported_ms;       /* last client ReportUnreachable */
     uint64_t probe_failed_ms;   /* last failed data-plane probe from this master */
-    uint64_t client_wrote_ms;   /* last client witness: a put wrote to it (PutEnd written_segments) or a
-                                 * get read from it (GetReplicaList read_segments) */
+    uint64_t client_wrote_ms;   /* last data-plane witness: a put wrote to it (PutEnd written_segments),
+                                 * a get read from it (GetReplicaList read_segments), or the leader's
+                                 * probe of a silent segment was answered */
     uint64_t successor_ms;      /* last mount under its name from its host, refused (rule 6) */
 };
 

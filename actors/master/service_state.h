@@ -149,6 +149,7 @@ struct kvp_master_service {
     zactor_t *prober;                      /* runs kvp_xfer_probe; pipe read by the zloop */
     zhashx_t *endpoints;                    /* "segment id" → data-plane endpoint (from refreshes) */
     struct svc_map probing;                /* segment id → time the last probe started (one per 2 s) */
+    unsigned probes_out;                   /* probes sent to the prober, not yet answered */
 
     /* Memory pressure: watermark eviction, prefix hints, release holds (service_evict.c). */
     struct svc_evict *evict;
