@@ -185,7 +185,7 @@ static void rl_log_handover(struct kvp_raftlog *rl, const char *why)
         return;
     int rv = raft_transfer(&rl->raft, &rl->log_transfer, 0, rl_log_transfer_cb);
     rl->log_transfer_busy = rv == 0;
-    kvp_log_warn(rl->actor, "%s: handing leadership over (%s)", why, rv == 0 ? "transfer started" : raft_strerror(rv));
+    kvp_log_warn(rl->actor, "%s: handing leadership over (%s)", why, rv == 0 ? "transfer started" : kvp_rl_strerror(rv));
 }
 
 static void rl_append_free(uv_handle_t *h)
@@ -223,7 +223,7 @@ static void rl_append_done(struct rl_append *w, int status)
             rl->log_failed = true;
             char msg[512];
             snprintf(msg, sizeof msg, "raft log write failed: %s (%s): this member cannot write its log any more",
-                     raft_strerror(status), rl->io.errmsg[0] ? rl->io.errmsg : "no detail");
+                     kvp_rl_strerror(status), rl->io.errmsg[0] ? rl->io.errmsg : "no detail");
             kvp_log_error(rl->actor, "%s; no further write is answered", msg);
             rl_log_handover(rl, "raft log write failed");
             ev_send(rl, KVP_RAFTLOG_EV_LOG_FAILED, 0, KVP_ERR_IO, msg, strlen(msg));
@@ -1012,7 +1012,7 @@ static void *thread_main(void *arg)
     return NULL;
 
 fail:
-    kvp_log_error(rl->actor, "start failed: %s (%s)", raft_strerror(rv),
+    kvp_log_error(rl->actor, "start failed: %s (%s)", kvp_rl_strerror(rv),
                   stage == 3 ? raft_errmsg(&rl->raft) : "");
     {
         int krc = kvp_rl_err_from_raft(rv);

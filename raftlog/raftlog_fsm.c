@@ -12,6 +12,14 @@
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
+const char *kvp_rl_strerror(int rv)
+{
+    switch (rv) {
+    case RAFT_NOSPACE: return "not enough space on disk";
+    default: return raft_strerror(rv);
+    }
+}
+
 int kvp_rl_err_from_raft(int rv)
 {
     switch (rv) {

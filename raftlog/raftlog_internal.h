@@ -109,6 +109,9 @@ void kvp_rl_glue_note_stored(struct kvp_rl_glue *g);
 
 /** Map a raft error code (RAFT_*) to a kvp_err. */
 int kvp_rl_err_from_raft(int rv);
+/** raft_strerror for log lines, with the codes it calls "unknown error" (RAFT_NOSPACE: a full
+ * disk) named. */
+const char *kvp_rl_strerror(int rv);
 
 /** Snapshot framing, exposed for tests. *out is malloc'd (free()). */
 int kvp_rl_snap_pack(const uint8_t *raw, size_t raw_len, uint8_t **out, size_t *out_len);

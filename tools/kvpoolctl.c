@@ -46,6 +46,7 @@ static void usage(FILE *f)
             "  add-member ID CTRL RAFT     add a voter (start it first with kvpool-master --join)\n"
             "  remove-member ID            remove a member from the configuration\n"
             "  drain SEGMENT               mark a segment (id or name) DRAINING\n"
+            "  segment-lost ID --yes       declare a segment lost now (a dead one the leader withholds)\n"
             "  put KEY FILE|- , get KEY [FILE], exists KEY, rm KEY [--force], size KEY\n"
             "  top [--endpoints HOST:PORT,...] [--interval MS] [--count N]   live view from /metrics (default:\n"
             "                              the endpoints of --cluster, started with cluster up --metrics)\n"
@@ -181,6 +182,7 @@ static const struct ctl_cmd CMDS[] = {
     {"add-member", ctl_cmd_add_member},
     {"remove-member", ctl_cmd_remove_member},
     {"drain", ctl_cmd_drain},
+    {"segment-lost", ctl_cmd_segment_lost},
     {"top", ctl_cmd_top},
 };
 

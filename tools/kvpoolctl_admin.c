@@ -330,6 +330,33 @@ int ctl_cmd_remove_member(struct ctl *c, int argc, char **argv)
     return simple_call(c, "remove-member", &req, "member removed");
 }
 
+/* The operator's answer to a withheld episode that does not end (docs/operations.md "How a
+ * segment is declared lost"): refuses without --yes, since a live segment declared lost loses
+ * every object whose only replicas it holds. */
+int ctl_cmd_segment_lost(struct ctl *c, int argc, char **argv)
+{
+    uint64_t id = 0;
+    bool yes = argc == 3 && strcmp(argv[2], "--yes") == 0;
+    if ((argc != 2 && !yes) || !parse_id(argv[1], &id) || id == 0 || id > UINT32_MAX) {
+        fprintf(stderr, "usage: kvpoolctl segment-lost ID --yes\n");
+        return 2;
+    }
+    if (!yes) {
+        fprintf(stderr, "kvpoolctl segment-lost: segment %llu would be declared lost NOW: its replicas are dropped "
+                        "(objects with no other replica are gone) and, if it is alive, it remounts empty.\n"
+                        "Only for a segment you know is dead while the leader withholds the decision "
+                        "(kvpoolctl segments). Repeat with --yes to do it.\n",
+                (unsigned long long)id);
+        return 2;
+    }
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__SegmentLostCmd sl = KVP__SEGMENT_LOST_CMD__INIT;
+    sl.segment_id = (uint32_t)id;
+    req.body_case = KVP__REQUEST__BODY_SEGMENT_LOST;
+    req.segment_lost = &sl;
+    return simple_call(c, "segment-lost", &req, "segment declared lost (replicas dropped; repair re-replicates)");
+}
+
 int ctl_cmd_drain(struct ctl *c, int argc, char **argv)
 {
     if (argc != 2 || !argv[1][0]) {

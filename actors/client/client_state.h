@@ -29,6 +29,7 @@ struct kvp_client_buf {
 struct kvp_client_metrics;
 #define KVP_CLIENT_AVOID_MAX 16
 #define KVP_CLIENT_AVOID_MS 5000u /* how long a reported segment's replicas are tried last */
+#define KVP_CLIENT_READ_WITNESS_MS 1000u /* an older successful read is no witness */
 
 struct kvp_client {
     char name[64];                  /* "client-<pid>" for log lines */
@@ -53,6 +54,11 @@ struct kvp_client {
      * the master may still hear them, so their replicas stay listed). Under mu: every caller thread reads it when ordering replicas; the
      * client is a library called from the caller's threads, not an actor with a mailbox. */
     struct { uint32_t segment_id; uint64_t until_ms; } avoid[KVP_CLIENT_AVOID_MAX];
+    /* Segments this client read from successfully, not yet named to the master: the next
+     * GetReplicaList carries those read within KVP_CLIENT_READ_WITNESS_MS (issue 18 rule 5: a
+     * read-only fleet is the only witness that a segment the master cannot hear lives). Under
+     * mu, for the same reason as avoid. */
+    struct { uint32_t segment_id; uint64_t at_ms; } read_ok[KVP_CLIENT_AVOID_MAX];
 };
 
 #endif

@@ -9,9 +9,11 @@
  * deadline: KVP_ERR_UNAVAILABLE.
  *
  * Fail fast (when enabled, as the client library does): after a call waited its whole timeout
- * and no master answered anything meanwhile, the breaker opens: calls fail at once with
- * KVP_ERR_UNAVAILABLE while the I/O thread probes one master every 200 ms; any reply closes it.
- * A failover in progress never opens it (the followers answer "not leader" meanwhile).
+ * and no leader answered meanwhile nor within KVP_MS_FAILOVER_MS before, the breaker opens:
+ * calls fail at once with KVP_ERR_UNAVAILABLE while the I/O thread probes one master every
+ * 200 ms; a reply that shows a leader closes it. A failover in progress (a leader known within
+ * KVP_MS_FAILOVER_MS) never opens it; a lost quorum does, although the surviving followers
+ * keep answering "not leader".
  */
 #include "actors/client/msession_internal.h"
 
@@ -168,7 +170,15 @@ static void on_reply(struct kvp_msession *s, int from, Kvp__Response *resp, uint
     uint64_t seq = resp->req_id >> 8;
     uint32_t attempt = (uint32_t)(resp->req_id & 0xffu);
     s->last_heard_ms = now ? now : 1;
-    if (s->breaker_open) {
+    /* A leader exists: an answer that is not "not leader", a hint, or a probe's Members reply
+     * naming one (any master answers Members; a follower without a leader names none). */
+    bool leader_shown = resp->status == KVP_ERR_NOT_LEADER ? resp->leader_hint && resp->leader_hint[0]
+                        : seq == KVP_MS_PROBE_SEQ && resp->body_case == KVP__RESPONSE__BODY_MEMBERS
+                            ? resp->status == KVP_OK && resp->members && resp->members->leader_id != 0
+                            : true;
+    if (leader_shown)
+        s->last_leader_ms = s->last_heard_ms;
+    if (s->breaker_open && leader_shown) {
         s->breaker_open = false;
         kvp_log_info(s->name, "master %s answered: calls go through again (they failed at once for %llu ms: %llu calls)",
                      s->masters[from], (unsigned long long)(now - s->breaker_opened_ms),
@@ -224,15 +234,18 @@ static long drive(struct kvp_msession *s, uint64_t now)
         next = c->next;
         if (now >= c->deadline_ms) {
             kvp_log_debug(s->name, "call %llu: no leader answered in time", (unsigned long long)c->seq);
-            if (s->fail_fast && !s->breaker_open && s->last_heard_ms < c->start_ms) {
+            bool no_leader = s->last_leader_ms < c->start_ms && now - s->last_leader_ms > KVP_MS_FAILOVER_MS;
+            if (s->fail_fast && !s->breaker_open && (s->last_heard_ms < c->start_ms || no_leader)) {
                 s->breaker_open = true;
                 s->breaker_opened_ms = now;
                 s->probe_next_ms = now;
                 s->probe_target = c->target >= 0 ? c->target : 0;
                 s->probe_attempt = 0;
                 s->fast_failed_open = 0;
-                kvp_log_warn(s->name, "no master answered for %llu ms (a whole call timeout): calls fail at once "
-                             "with UNAVAILABLE until one answers (probing every %u ms)",
+                kvp_log_warn(s->name, "%s for %llu ms (a whole call timeout): calls fail at once with UNAVAILABLE "
+                             "until one shows a leader (probing every %u ms)",
+                             s->last_heard_ms < c->start_ms ? "no master answered" : "no leader (masters answer "
+                             "\"not leader\" without one: no quorum?)",
                              (unsigned long long)(now - c->start_ms), KVP_MS_PROBE_MS);
             }
             complete(s, c, KVP_ERR_UNAVAILABLE, NULL);

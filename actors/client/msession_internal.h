@@ -25,6 +25,8 @@
 #define KVP_MS_MAX_ATTEMPT_MS 2000u   /* per-attempt timeout grows up to this */
 #define KVP_MS_NOHINT_BACKOFF_MS 20u  /* pause before the next master after a hint-less NOT_LEADER */
 #define KVP_MS_PROBE_MS 200u          /* fail-fast: one probe to the next master this often */
+#define KVP_MS_FAILOVER_MS 3000u      /* fail-fast: a leader known this recently = a failover in progress
+                                       * (an election takes about two election timeouts, C5) */
 #define KVP_MS_PROBE_SEQ 0u           /* call sequence of probes (calls start at 1) */
 
 /** One caller's request, owned by the caller's stack; linked in the session while pending. */
@@ -67,12 +69,15 @@ struct kvp_msession {
     uint64_t sent_ms[KVP_MS_MAX_MASTERS]; /* under mu: last request sent to that master (0 never) */
 
     /* Fail fast (the circuit breaker, docs/internals.md "Master session"), under mu. When on, a
-     * call that waited its whole timeout while no master answered anything (not even "not
-     * leader": so no failover in progress either) opens the breaker: later calls fail at once
+     * call that waited its whole timeout while no leader answered, and no leader was known for
+     * KVP_MS_FAILOVER_MS (so no failover in progress: followers saying "not leader" without a
+     * hint do not count, the quorum may be gone), opens the breaker: later calls fail at once
      * with UNAVAILABLE, and the I/O thread probes one master every KVP_MS_PROBE_MS (a Members
-     * request); the first reply from any master closes it. */
+     * request); the first reply that shows a leader closes it. */
     bool fail_fast;            /* enabled (kvp_msession_set_fail_fast) */
     uint64_t last_heard_ms;    /* last reply of any kind from any master (0 = never) */
+    uint64_t last_leader_ms;   /* last reply showing a leader: a leader's answer, a "not leader"
+                                * with a hint, a Members reply naming one (0 = never) */
     bool breaker_open;
     uint64_t breaker_opened_ms;
     uint64_t probe_next_ms;    /* next probe send time */

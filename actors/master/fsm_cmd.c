@@ -84,12 +84,25 @@ static int on_mount(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
      * process claims a name in use, which must not wipe the live segment's objects. */
     const seg_t *same = kvp_fsm_seg_by_name(f, m->name);
     if (same && same->state != KVP__SEGMENT_STATE__SEGMENT_LOST &&
-        (strcmp(same->endpoint, m->endpoint) != 0 || strcmp(same->host, m->host ? m->host : "") != 0))
+        (strcmp(same->endpoint, m->endpoint) != 0 || strcmp(same->host, m->host ? m->host : "") != 0)) {
+        /* The same host: a successor of a process that may have died (restarted on a new port).
+         * The body names the holder so that the leader's liveness rule can take this mount as
+         * evidence that it hears that host (liveness.h rule 6). Not state: nothing changes. */
+        if (strcmp(same->host, m->host ? m->host : "") == 0) {
+            Kvp__MountSegmentResp *held = malloc(sizeof(*held));
+            if (held) {
+                kvp__mount_segment_resp__init(held);
+                held->segment_id = same->id;
+                r->body_case = KVP__RESPONSE__BODY_MOUNT;
+                r->mount = held;
+            }
+        }
         return kvp_fsm_resp_error(r, KVP_ERR_EXISTS,
                                   "mount %s: name in use by segment %u at %s (host %s); it is free "
                                   "again once that segment unmounts or is declared lost",
                                   m->name, same->id, same->endpoint, same->host),
                KVP_OK;
+    }
     Kvp__MountSegmentResp *body = malloc(sizeof(*body));
     seg_t *s = calloc(1, sizeof(*s));
     if (!body || !s)

@@ -183,8 +183,20 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
         struct kvp_liveness_verdict *v = &out[i];
         if (out[i].candidate == CAND_NONE)
             continue;
-        bool allow = out[i].candidate == CAND_SILENCE ? allow_silence
-                                             : allow_witnessed && heard_after(lv, segs, n, i) >= 1;
+        /* Both kinds need a segment heard well after this one fell silent: one cut off at the same
+         * moment (a partition of the master from every segment) may still count as "heard" when
+         * its period is long against client_ttl (1 s heartbeats, client_ttl 2 s), and must not
+         * vouch for the master's hearing. */
+        bool allow = (out[i].candidate == CAND_SILENCE ? allow_silence : allow_witnessed) &&
+                     heard_after(lv, segs, n, i) >= 1;
+        uint64_t since = segs[i].last_hb_ms > lv->grace_from_ms ? segs[i].last_hb_ms : lv->grace_from_ms;
+        bool successor = !quorum_stale && segs[i].successor_ms > since && now_ms - segs[i].successor_ms < ttl;
+        if (!allow && successor) { /* rule 6 */
+            allow = true;
+            size_t len = strlen(v->why);
+            snprintf(v->why + len, sizeof v->why - len, "; a new process under its name on its host asked to mount "
+                     "%llu ms ago", (unsigned long long)(now_ms - segs[i].successor_ms));
+        }
         if (allow) {
             v->state = KVP_LIVENESS_LOST;
             size_t len = strlen(v->why);
@@ -194,7 +206,9 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
             v->state = KVP_LIVENESS_WITHHELD;
             size_t len = strlen(v->why);
             snprintf(v->why + len, sizeof v->why - len, "; withheld: %s",
-                     why[0] ? why : "no segment heard since it fell silent: the master suspects itself");
+                     why[0] && !(out[i].candidate == CAND_SILENCE && allow_silence)
+                         ? why
+                         : "no segment heard since it fell silent: the master suspects itself");
             ev->n_withheld++;
         }
     }
@@ -203,7 +217,7 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
         lv->withheld_since_ms = now_ms;
         lv->withheld_episodes++;
         snprintf(lv->withheld_why, sizeof lv->withheld_why, "%s",
-                 why[0] ? why : "no segment heard since the reported one fell silent: the master suspects itself");
+                 why[0] ? why : "no segment heard since the silent ones fell silent: the master suspects itself");
         ev->withhold_began = true;
     } else if (ev->n_withheld > 0) {
         if (why[0])

@@ -20,12 +20,21 @@
  *  4. Evidence that the master can hear: H = segments heard within max(ttl / 2, 2 × their
  *     period) (capped at ttl). Candidates by silence alone (a) are declared lost only when
  *     H >= 1 and H >= the number of candidates; candidates witnessed by a client report (b, c)
- *     only when H >= 1 and some other segment was heard after it fell silent. Otherwise the
+ *     only when H >= 1. Both kinds also need some other segment heard after the candidate fell
+ *     silent (a heartbeat more than 1.25 periods after its last one): with 1 s heartbeats and a
+ *     2 s ttl, segments cut off together still count as heard and must not vouch. Otherwise the
  *     master suspects itself: the decision is withheld (one episode, reported once) and nothing
  *     is dropped.
- *  5. Clients as witnesses: a candidate that a client wrote to after its last heartbeat, within
- *     the last ttl / 2, is not lost (the master cannot hear it, clients can reach it): it stays
+ *  5. Data-plane witnesses: a candidate that a client wrote to or read from after its last
+ *     heartbeat (PutEnd written_segments, GetReplicaList read_segments), or whose data plane
+ *     answered the leader's probe (sent once a segment is silent for ttl / 2), within the last
+ *     ttl / 2, is not lost (the master cannot hear it, clients can reach it): it stays
  *     SUSPECT while clients keep succeeding, and is decided by 3 and 4 once they stop.
+ *  6. A successor: a candidate whose name a new process on its host asked to mount after its
+ *     last heartbeat, within ttl, is lost without rule 4's evidence: that mount reached this
+ *     master from the segment's host, so the master hears that host while the old process is
+ *     silent (a supervisor restarted it on a new port; with every segment restarted at once,
+ *     nothing else would ever be heard).
  *
  * Thread: one owner (the service thread); not thread-safe.
  */
@@ -43,7 +52,10 @@ struct kvp_liveness_seg {
     uint64_t hb_gap_ms;         /* its heartbeat period as seen here (last two), 0 = unknown */
     uint64_t reported_ms;       /* last client ReportUnreachable */
     uint64_t probe_failed_ms;   /* last failed data-plane probe from this master */
-    uint64_t client_wrote_ms;   /* last client put that wrote to it (PutEnd written_segments) */
+    uint64_t client_wrote_ms;   /* last data-plane witness: a put wrote to it (PutEnd written_segments),
+                                 * a get read from it (GetReplicaList read_segments), or the leader's
+                                 * probe of a silent segment was answered */
+    uint64_t successor_ms;      /* last mount under its name from its host, refused (rule 6) */
 };
 
 enum kvp_liveness_state {

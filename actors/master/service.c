@@ -444,6 +444,7 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     svc_map_init(&s->lost_sent);
     svc_map_init(&s->heard_via);
     svc_map_init(&s->client_wrote);
+    svc_map_init(&s->successor);
     kvp_liveness_init(&s->liveness, cfg->client_ttl_ms, 0, 0, svc_now_ms());
     svc_map_init(&s->probing);
     if (svc_evict_new(s) != KVP_OK) {
@@ -644,6 +645,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->lost_sent);
     svc_map_fini(&s->heard_via);
     svc_map_fini(&s->client_wrote);
+    svc_map_fini(&s->successor);
     free(s->verdicts);
     svc_map_fini(&s->probing);
     svc_repair_free(s);

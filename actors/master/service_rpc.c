@@ -152,6 +152,17 @@ static void on_put_start(struct kvp_master_service *s, zframe_t *id, Kvp__Reques
     mutate(s, id, req, KVP__COMMAND__BODY_PUT_START, req->put_start);
 }
 
+/* Witnesses for the liveness rule (liveness.h rule 5): a client just wrote to (PutEnd) or read
+ * from (GetReplicaList) these segments. Soft state only: ids this leader does not know are
+ * ignored, and the fields stay out of the Raft log. */
+static void note_client_witness(struct kvp_master_service *s, const uint32_t *segs, size_t n)
+{
+    uint64_t now = svc_now_ms();
+    for (size_t i = 0; i < n; i++)
+        if (segs[i] && svc_map_get(&s->segments, segs[i], NULL))
+            svc_map_put(&s->client_wrote, segs[i], now);
+}
+
 static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     Kvp__PutEndReq *pe = req->put_end;
@@ -164,12 +175,7 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     for (size_t i = 0; i < pe->n_items; i++)
         p->key_hashes[i] = svc_key_hash(pe->items[i]->key);
     p->n_keys = pe->n_items;
-    /* Witnesses for the liveness rule: a client just wrote to these segments. Soft state only:
-     * ids this leader does not know are ignored, and the field stays out of the Raft log. */
-    uint64_t now = svc_now_ms();
-    for (size_t i = 0; i < pe->n_written_segments; i++)
-        if (pe->written_segments[i] && svc_map_get(&s->segments, pe->written_segments[i], NULL))
-            svc_map_put(&s->client_wrote, pe->written_segments[i], now);
+    note_client_witness(s, pe->written_segments, pe->n_written_segments);
     pe->n_written_segments = 0;
     Kvp__Command cmd = KVP__COMMAND__INIT;
     command_set(&cmd, KVP__COMMAND__BODY_PUT_END, pe);
@@ -183,6 +189,8 @@ static void on_put_revoke(struct kvp_master_service *s, zframe_t *id, Kvp__Reque
 
 static void on_get_replicas(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
+    note_client_witness(s, req->get_replicas->read_segments, req->get_replicas->n_read_segments);
+    req->get_replicas->n_read_segments = 0;
     query(s, id, req, req->get_replicas->keys, req->get_replicas->n_keys);
 }
 
@@ -279,6 +287,23 @@ static void on_remove_all(struct kvp_master_service *s, zframe_t *id, Kvp__Reque
 static void on_drain(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     mutate(s, id, req, KVP__COMMAND__BODY_DRAIN, req->drain);
+}
+
+/* The operator's answer to a withheld episode that does not end (kvpoolctl segment-lost, with
+ * its warning): the segment is declared lost now, whatever the liveness rule says. */
+static void on_segment_lost(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
+{
+    uint32_t seg = req->segment_lost->segment_id;
+    uint64_t st = 0;
+    if (seg == 0 || !svc_map_get(&s->segments, seg, &st) || st - 1 == KVP__SEGMENT_STATE__SEGMENT_LOST) {
+        kvp_log_warn(s->actor, "segment-lost %u: no such active segment", seg);
+        svc_reply_status(s, id, req->req_id, KVP_ERR_NOT_FOUND, "no such active segment");
+        return;
+    }
+    kvp_log_warn(s->actor, "segment %u: declaring it lost: an operator said so (kvpoolctl segment-lost); its "
+                 "replicas are dropped and re-replicated from surviving copies", seg);
+    /* The segment table refresh (every second) takes the LOST state into the soft state. */
+    mutate(s, id, req, KVP__COMMAND__BODY_SEGMENT_LOST, req->segment_lost);
 }
 
 static void on_report_unreachable(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
@@ -431,6 +456,7 @@ static void dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *r
     case KVP__REQUEST__BODY_REMOVE: on_remove(s, id, req); break;
     case KVP__REQUEST__BODY_REMOVE_ALL: on_remove_all(s, id, req); break;
     case KVP__REQUEST__BODY_DRAIN: on_drain(s, id, req); break;
+    case KVP__REQUEST__BODY_SEGMENT_LOST: on_segment_lost(s, id, req); break;
     case KVP__REQUEST__BODY_REPORT_UNREACHABLE: on_report_unreachable(s, id, req); break;
     case KVP__REQUEST__BODY_CLUSTER_STATUS: on_cluster_status(s, id, req); break;
     case KVP__REQUEST__BODY_MEMBERS: on_members(s, id, req); break;
@@ -611,6 +637,13 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
             svc_map_put(&s->segments, seg, (uint64_t)KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1);
             svc_map_del(&s->lost_sent, seg, NULL);
             kvp_log_info(s->actor, "segment %u mounted", seg);
+        } else if (resp->status == KVP_ERR_EXISTS && resp->mount && resp->mount->segment_id) {
+            /* A new process under a live segment's name on its host: evidence for the liveness
+             * rule (rule 6) that this master hears that host while the old one is silent. */
+            uint32_t held = resp->mount->segment_id;
+            if (!svc_map_get(&s->successor, held, NULL))
+                kvp_log_info(s->actor, "segment %u: a new process under its name on its host asks to mount", held);
+            svc_map_put(&s->successor, held, now);
         }
         break;
     case KVP__REQUEST__BODY_UNMOUNT:

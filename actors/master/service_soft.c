@@ -200,6 +200,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     svc_map_clear(&s->lost_sent);
     svc_map_clear(&s->heard_via);
     svc_map_clear(&s->client_wrote);
+    svc_map_clear(&s->successor);
     svc_map_clear(&s->probing);
     s->n_verdicts = 0;
     /* A leadership change is a blind period: every segment gets a fresh grace (liveness.h). */
@@ -465,6 +466,7 @@ static void check_liveness(struct kvp_master_service *s)
         (void)svc_map_get(&s->unreachable, seg, &g->reported_ms);
         g->probe_failed_ms = svc_repair_probe_failed_at(s, (uint32_t)seg);
         (void)svc_map_get(&s->client_wrote, seg, &g->client_wrote_ms);
+        (void)svc_map_get(&s->successor, seg, &g->successor_ms);
     }
     struct kvp_liveness_events ev;
     kvp_liveness_check(&s->liveness, now, in, k, s->verdicts, &ev);
@@ -487,6 +489,12 @@ static void check_liveness(struct kvp_master_service *s)
     if (ev.withhold_ended)
         kvp_log_info(s->actor, "withheld lost decisions: episode over (heard %u of %u segments)", s->liveness.heard,
                      s->liveness.total);
+    /* Silent for over half a ttl: probe its data plane (a witness when it answers, rule 5). At
+     * most a few probes queued: the prober runs one at a time, so with many segments cut off
+     * the queue must not grow without bound. */
+    for (size_t i = 0; i < k && s->probes_out < 4; i++)
+        if (s->verdicts[i].state != KVP_LIVENESS_LOST && s->verdicts[i].silent_ms > s->cfg.client_ttl_ms / 2)
+            svc_probe_segment(s, s->verdicts[i].id);
     for (size_t i = 0; i < k; i++) {
         const struct kvp_liveness_verdict *v = &s->verdicts[i];
         if (v->state != KVP_LIVENESS_LOST)
@@ -541,6 +549,7 @@ static int on_slow_timer(zloop_t *loop, int timer_id, void *arg)
     uint64_t a[2] = {now, s->cfg.client_ttl_ms};
     svc_map_filter(&s->unreachable, keep_recent, a);
     svc_map_filter(&s->client_wrote, keep_recent, a);
+    svc_map_filter(&s->successor, keep_recent, a);
     uint64_t b[2] = {now, 60000};
     svc_map_filter(&s->lost_sent, keep_recent, b);
     svc_map_filter(&s->probing, keep_recent, b);
@@ -599,11 +608,18 @@ static int on_probe_result(zloop_t *loop, zsock_t *sock, void *arg)
         int32_t rc;
         memcpy(&seg, zframe_data(fid), 4);
         memcpy(&rc, zframe_data(frc), 4);
+        if (s->probes_out > 0)
+            s->probes_out--;
         if (rc == KVP_OK) {
-            /* The data plane answers: the client's trouble was its own or transient. */
+            /* The data plane answers: the client's trouble was its own or transient, and the
+             * process lives whatever its heartbeats say: a witness for liveness rule 5, like a
+             * client's successful transfer (client_wrote is the map of data-plane witnesses). */
             svc_map_del(&s->unreachable, seg, NULL);
             svc_repair_note_probe(s, seg, rc);
-            kvp_log_info(s->actor, "segment %u: probe answered: unreachable report cleared", seg);
+            if (svc_map_get(&s->segments, seg, NULL))
+                svc_map_put(&s->client_wrote, seg, svc_now_ms());
+            kvp_log_info(s->actor, "segment %u: probe answered: the data plane lives (unreachable report cleared)",
+                         seg);
         } else {
             svc_repair_note_probe(s, seg, rc);
             kvp_log_warn(s->actor, "segment %u: probe failed (%s): lost if its heartbeats stop too", seg,
@@ -633,15 +649,20 @@ int svc_prober_start(struct kvp_master_service *s)
 void svc_probe_segment(struct kvp_master_service *s, uint32_t seg)
 {
     uint64_t started = 0;
-    if (!s->prober || !s->endpoints ||
-        (svc_map_get(&s->probing, seg, &started) && svc_now_ms() - started < 2000))
-        return; /* at most one probe per segment every 2 s */
+    /* At most one probe per segment every 2 s, or every client_ttl / 4 when shorter: an answer
+     * is a witness for client_ttl / 2 (liveness rule 5), so a kept segment is probed again in
+     * time. */
+    uint64_t every = s->cfg.client_ttl_ms / 4 < 2000 ? s->cfg.client_ttl_ms / 4 : 2000;
+    if (!s->prober || !s->endpoints || (svc_map_get(&s->probing, seg, &started) && svc_now_ms() - started < every))
+        return;
     char idbuf[24];
     snprintf(idbuf, sizeof idbuf, "%u", seg);
     const char *ep = zhashx_lookup(s->endpoints, idbuf);
     if (!ep)
         return;
     uint32_t to = s->cfg.probe_timeout_ms ? s->cfg.probe_timeout_ms : 500;
-    if (zsock_send(zactor_sock(s->prober), "sbsb", "PROBE", &seg, sizeof seg, ep, &to, sizeof to) == 0)
+    if (zsock_send(zactor_sock(s->prober), "sbsb", "PROBE", &seg, sizeof seg, ep, &to, sizeof to) == 0) {
         svc_map_put(&s->probing, seg, svc_now_ms());
+        s->probes_out++;
+    }
 }

@@ -139,6 +139,7 @@ struct kvp_master_service {
     struct svc_map lost_sent;              /* segment id → time a SegmentLost was submitted */
     struct svc_map heard_via;              /* segment id → 1 mount, 2 heartbeat: what last_hb was */
     struct svc_map client_wrote;           /* segment id → last PutEnd naming it in written_segments */
+    struct svc_map successor;              /* segment id → last mount under its name from its host, refused */
     /* The "segment lost" rule (liveness.h): blind periods, self-suspicion; restarted on every
      * leadership change. `verdicts` holds the last check's verdicts (status, kvpoolctl segments). */
     struct kvp_liveness liveness;
@@ -157,6 +158,7 @@ struct kvp_master_service {
     zactor_t *prober;                      /* runs kvp_xfer_probe; pipe read by the zloop */
     zhashx_t *endpoints;                    /* "segment id" → data-plane endpoint (from refreshes) */
     struct svc_map probing;                /* segment id → time the last probe started (one per 2 s) */
+    unsigned probes_out;                   /* probes sent to the prober, not yet answered */
 
     /* Memory pressure: watermark eviction, prefix hints, release holds (service_evict.c). */
     struct svc_evict *evict;

@@ -575,7 +575,9 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
                          s->name, MOUNT_EXISTS_RETRIES);
         struct timespec ts = {.tv_sec = 1, .tv_nsec = 0};
         nanosleep(&ts, NULL);
-        rc = do_mount(s, MOUNT_TIMEOUT_MS);
+        /* quiet but for the last try: the WARN above says it retries; one ERROR per second for
+         * up to 30 s said nothing more (a supervisor's restart loop filled logs with them) */
+        rc = do_mount_ex(s, MOUNT_TIMEOUT_MS, i + 1 < MOUNT_EXISTS_RETRIES);
     }
     if (rc != KVP_OK)
         goto fail;

@@ -344,12 +344,13 @@ static void test_msession_fail_fast_after_silent_timeout_until_master_answers(vo
     fakes_stop();
 }
 
-/* A failover in progress: a master answers "not leader" (no leader yet). The call times out, but
- * the breaker stays closed: the next call waits for a leader as before. Off by default. */
+/* A failover in progress: a leader answered a moment ago, now a master answers "not leader" (no
+ * leader yet). The call times out, but the breaker stays closed: the next call waits for a
+ * leader as before. Off by default. */
 static void test_msession_fail_fast_not_while_a_master_answers_or_off(void **state)
 {
     (void)state;
-    enum fake_mode modes[2] = {FAKE_NOHINT, FAKE_SILENT};
+    enum fake_mode modes[2] = {FAKE_OK, FAKE_SILENT};
     fakes_start(2, modes);
     fakes_run();
     const char *masters[2] = {F.m[0].addr, F.m[1].addr};
@@ -357,6 +358,8 @@ static void test_msession_fail_fast_not_while_a_master_answers_or_off(void **sta
     assert_int_equal(kvp_msession_new(&s, masters, 2, "test"), KVP_OK);
     kvp_msession_set_fail_fast(s, true);
     int32_t r = 0;
+    assert_int_equal(call_exists(s, 5000, &r), KVP_OK); /* a leader, well within KVP_MS_FAILOVER_MS */
+    F.m[0].mode = FAKE_NOHINT;
     assert_int_equal(call_exists(s, 400, &r), KVP_ERR_UNAVAILABLE);
     assert_false(kvp_msession_failing_fast(s, NULL));
     assert_int_equal(call_exists(s, 400, &r), KVP_ERR_UNAVAILABLE);
@@ -369,6 +372,37 @@ static void test_msession_fail_fast_not_while_a_master_answers_or_off(void **sta
     assert_int_equal(kvp_msession_new(&s, silent, 1, "test"), KVP_OK);
     assert_int_equal(call_exists(s, 400, &r), KVP_ERR_UNAVAILABLE);
     assert_false(kvp_msession_failing_fast(s, NULL));
+    kvp_msession_destroy(&s);
+    fakes_stop();
+}
+
+/* The quorum is gone but a master runs: it answers "not leader" without a hint, and no leader
+ * was ever known to this session. A whole call timeout of that opens the breaker (before the
+ * fix, every call waited its whole timeout forever); a probe answered with a leader closes it. */
+static void test_msession_fail_fast_when_only_not_leader_without_a_leader(void **state)
+{
+    (void)state;
+    enum fake_mode modes[1] = {FAKE_NOHINT};
+    fakes_start(1, modes);
+    fakes_run();
+    const char *masters[1] = {F.m[0].addr};
+    struct kvp_msession *s = NULL;
+    assert_int_equal(kvp_msession_new(&s, masters, 1, "test"), KVP_OK);
+    kvp_msession_set_fail_fast(s, true);
+    int32_t r = 0;
+    assert_int_equal(call_exists(s, 400, &r), KVP_ERR_UNAVAILABLE);
+    assert_true(kvp_msession_failing_fast(s, NULL));
+    assert_int_equal(call_exists(s, 600000, &r), KVP_ERR_UNAVAILABLE); /* at once */
+    /* Probes answered "not leader" keep it open; a leader's answer closes it. */
+    int before = atomic_load(&F.m[0].requests);
+    for (int i = 0; i < 1000 && atomic_load(&F.m[0].requests) < before + 2; i++)
+        usleep(10000);
+    assert_true(kvp_msession_failing_fast(s, NULL));
+    F.m[0].mode = FAKE_OK;
+    for (int i = 0; i < 1000 && kvp_msession_failing_fast(s, NULL); i++)
+        usleep(10000);
+    assert_false(kvp_msession_failing_fast(s, NULL));
+    assert_int_equal(call_exists(s, 5000, &r), KVP_OK);
     kvp_msession_destroy(&s);
     fakes_stop();
 }
@@ -489,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_msession_no_master_unavailable),
         cmocka_unit_test(test_msession_fail_fast_after_silent_timeout_until_master_answers),
         cmocka_unit_test(test_msession_fail_fast_not_while_a_master_answers_or_off),
+        cmocka_unit_test(test_msession_fail_fast_when_only_not_leader_without_a_leader),
         cmocka_unit_test(test_msession_destroy_inflight_closed),
         cmocka_unit_test(test_msession_many_threads_each_own_reply),
         cmocka_unit_test(test_msession_bad_args_invalid),

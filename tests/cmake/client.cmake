@@ -16,3 +16,7 @@ add_dependencies(test_client_devstage kvp_fakecuda)
 # Device pointers end to end: real cluster + the CUDA driver double (issue 17).
 kvp_add_test(test_client_gpu SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_gpu.c LABEL integration TIMEOUT 120)
 add_dependencies(test_client_gpu kvp_fakecuda)
+# kvpoolctl segment-lost ends a withheld episode (3 of 4 segments dead, no client traffic).
+kvp_add_test(test_segment_lost_cmd SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_segment_lost_cmd.c LABEL integration TIMEOUT 90)
+# The breaker when the quorum is lost but a master still answers "not leader" (issue 18 item 3).
+kvp_add_test(test_client_quorum_lost SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_quorum_lost.c LABEL integration TIMEOUT 90)

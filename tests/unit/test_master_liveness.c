@@ -288,6 +288,103 @@ static void test_liveness_short_tick_gap_not_blind(void **state)
     assert_int_equal(s.lv.blind_periods, 0);
 }
 
+/* Heartbeats every `period` ms, segment i's at phase i * period / NSEG (as real segments do:
+ * each started at its own moment), client_ttl `ttl`, ticks every 500 ms, quorum every second;
+ * alive[i] false = its heartbeats no longer arrive. Returns how many were declared lost. */
+static unsigned staggered_run(uint64_t ttl, uint64_t period, const bool alive_after[NSEG], uint64_t cut_ms)
+{
+    struct kvp_liveness lv;
+    uint64_t now = 100000;
+    kvp_liveness_init(&lv, ttl, 0, 0, now);
+    struct kvp_liveness_seg segs[NSEG];
+    bool gone[NSEG] = {false};
+    memset(segs, 0, sizeof segs);
+    for (int i = 0; i < NSEG; i++) {
+        segs[i].id = (uint32_t)(i + 1);
+        segs[i].last_hb_ms = now;
+    }
+    unsigned lost = 0;
+    for (uint64_t t = 0; t < 10000 + cut_ms; t += 50) {
+        now += 50;
+        for (int i = 0; i < NSEG; i++)
+            if ((t < 10000 || alive_after[i]) && !gone[i] && now % period == (uint64_t)i * period / NSEG) {
+                segs[i].hb_gap_ms = now - segs[i].last_hb_ms;
+                segs[i].last_hb_ms = now;
+            }
+        if (now % 1000 == 0)
+            kvp_liveness_quorum_ok(&lv, now);
+        if (now % 500 != 0)
+            continue;
+        struct kvp_liveness_seg in[NSEG];
+        int idx[NSEG];
+        size_t n = 0;
+        for (int i = 0; i < NSEG; i++)
+            if (!gone[i]) {
+                idx[n] = i;
+                in[n++] = segs[i];
+            }
+        struct kvp_liveness_verdict out[NSEG];
+        struct kvp_liveness_events ev;
+        kvp_liveness_check(&lv, now, in, n, out, &ev);
+        for (size_t k = 0; k < n; k++)
+            if (out[k].state == KVP_LIVENESS_LOST) {
+                gone[idx[k]] = true;
+                lost++;
+                printf("t=%llu ms after the cut: segment %u lost: %s\n", (unsigned long long)(t - 10000), out[k].id,
+                       out[k].why);
+            }
+    }
+    return lost;
+}
+
+/* client_ttl 2 s with the segments' default 1 s heartbeat, their phases spread over the period:
+ * the masters cut off from every segment. Before the fix, a segment cut off a moment after the
+ * candidate still counted as "heard" (within 2 periods = client_ttl), so 3 of 4 healthy
+ * segments were declared lost one after the other; now nothing is. Two of four killed while
+ * two heartbeat: both still declared lost. */
+static void test_liveness_staggered_heartbeats_cut_from_all_withheld(void **state)
+{
+    (void)state;
+    bool none[NSEG] = {false, false, false, false};
+    assert_int_equal(staggered_run(2000, 1000, none, 6000), 0);
+    bool two[NSEG] = {false, true, false, true};
+    assert_int_equal(staggered_run(2000, 1000, two, 6000), 2);
+    /* The default client_ttl (10 s) and period (1 s): the same. */
+    assert_int_equal(staggered_run(10000, 1000, none, 30000), 0);
+    assert_int_equal(staggered_run(10000, 1000, two, 30000), 2);
+}
+
+/* Every segment restarted at once by its supervisor on a new port (fixed names): the old ones
+ * fall silent together and nothing else is heard, so rule 4 withholds; before rule 6 the new
+ * processes' mounts were refused (name in use) until they gave up. A refused mount under a
+ * silent segment's name from its host is the evidence: that one is lost, the others stay. */
+static void test_liveness_successor_mount_declares_the_silent_one_lost(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 10000);
+    for (int i = 0; i < NSEG; i++)
+        s.alive[i] = false;
+    sim_run(&s, TTL + 1000);
+    assert_int_equal(n_lost(&s), 0);
+    assert_true(s.lv.withholding);
+    s.segs[0].successor_ms = s.now;
+    sim_run(&s, 1000);
+    assert_true(s.gone[0]);
+    assert_int_equal(n_lost(&s), 1);
+    assert_non_null(strstr(s.last_why[0], "a new process under its name"));
+    /* A mount refused before the old one's last heartbeat is no evidence (it was alive then). */
+    struct sim t;
+    sim_init(&t);
+    t.segs[1].successor_ms = t.now + 5000;
+    sim_run(&t, 10000);
+    for (int i = 0; i < NSEG; i++)
+        t.alive[i] = false;
+    sim_run(&t, TTL + 1000);
+    assert_int_equal(n_lost(&t), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -300,6 +397,8 @@ int main(void)
         cmocka_unit_test(test_liveness_reported_and_probe_failed),
         cmocka_unit_test(test_liveness_short_tick_gap_not_blind),
         cmocka_unit_test(test_liveness_silent_but_clients_write_kept),
+        cmocka_unit_test(test_liveness_staggered_heartbeats_cut_from_all_withheld),
+        cmocka_unit_test(test_liveness_successor_mount_declares_the_silent_one_lost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -208,6 +208,9 @@ static void test_raftlog_err_from_raft_mapped(void **state)
     assert_int_equal(kvp_rl_err_from_raft(RAFT_BADID), KVP_ERR_INVALID);
     assert_int_equal(kvp_rl_err_from_raft(RAFT_IOERR), KVP_ERR_IO);
     assert_int_equal(kvp_rl_err_from_raft(9999), KVP_ERR_INTERNAL);
+    /* The log line of a full disk names it (raft_strerror calls RAFT_NOSPACE "unknown error"). */
+    assert_string_equal(kvp_rl_strerror(RAFT_NOSPACE), "not enough space on disk");
+    assert_string_equal(kvp_rl_strerror(RAFT_IOERR), raft_strerror(RAFT_IOERR));
 }
 
 int main(void)
