@@ -74,7 +74,9 @@ static void ask_peer(struct kvp_master_service *s, int i)
             return;
         }
         s->feature_sock[i] = d;
-        snprintf(s->feature_addr[i], sizeof s->feature_addr[i], "%s", m->address);
+        size_t l = strnlen(m->address, sizeof s->feature_addr[i] - 1);
+        memcpy(s->feature_addr[i], m->address, l);
+        s->feature_addr[i][l] = '\0';
     }
     Kvp__Request req = KVP__REQUEST__INIT;
     Kvp__MembersReq mr = KVP__MEMBERS_REQ__INIT;
