@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# upgrade_build_old.sh REPO TAG OUT — build kvpool-master, kvpool-segment and kvpoolctl of release
-# TAG (a git tag of REPO) into OUT/bin, once: a later call with the same tag's commit reuses them.
-# Used by the rolling-upgrade test (tests/integration/upgrade_mixed.sh). Exit 77 (skipped) when the
-# tag is not in the clone (a shallow CI checkout without tags: fetch them with `git fetch --tags`).
+# upgrade_build_old.sh REPO TAG OUT [COMMIT] — build kvpool-master, kvpool-segment and kvpoolctl of
+# release TAG (a git tag of REPO) into OUT/bin, once: a later call with the same commit reuses them.
+# Used by the rolling-upgrade test (tests/integration/upgrade_mixed.sh). A clone without the tag
+# (tags are not always carried along) uses COMMIT, the release's commit id, which every full clone
+# of main has; exit 77 (skipped) only when neither is there (a shallow checkout).
 set -euo pipefail
-REPO=$1 TAG=$2 OUT=$3
-rev=$(git -C "$REPO" rev-parse -q --verify "refs/tags/$TAG^{commit}" 2>/dev/null) || {
-    echo "upgrade_build_old: tag $TAG not in $REPO (git fetch --tags); test skipped" >&2
+REPO=$1 TAG=$2 OUT=$3 COMMIT=${4:-}
+rev=$(git -C "$REPO" rev-parse -q --verify "refs/tags/$TAG^{commit}" 2>/dev/null) ||
+    rev=$( [ -n "$COMMIT" ] && git -C "$REPO" rev-parse -q --verify "$COMMIT^{commit}" 2>/dev/null) || {
+    echo "upgrade_build_old: neither tag $TAG nor commit ${COMMIT:-?} in $REPO (a shallow clone?); test skipped" >&2
     exit 77
 }
 if [ -x "$OUT/bin/kvpool-master" ] && [ -x "$OUT/bin/kvpool-segment" ] && [ -x "$OUT/bin/kvpoolctl" ] &&

@@ -13,7 +13,8 @@ set -uo pipefail
 B=$(cd "$1" && pwd) REPO=$2
 OLD=$B/upgrade/v0.1.0/bin
 NEW=$B/tools
-"$REPO/tests/integration/upgrade_build_old.sh" "$REPO" v0.1.0 "$B/upgrade/v0.1.0" || exit $?
+# v0.1.0 is commit a1b3629838558caf204eb5171ed7b195e0801176 (the fallback when the clone has no tags)
+"$REPO/tests/integration/upgrade_build_old.sh" "$REPO" v0.1.0 "$B/upgrade/v0.1.0" a1b3629838558caf204eb5171ed7b195e0801176 || exit $?
 
 D=$(mktemp -d /tmp/kvp-upgrade.XXXXXX)
 CTL="$NEW/kvpoolctl --cluster $D/cluster.json --timeout 20000"
