@@ -20,6 +20,7 @@
 #define _GNU_SOURCE
 #include "actors/segment/seg_server.h"
 
+#include <czmq.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -948,6 +949,11 @@ int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t
         return KVP_ERR_NOMEM;
     s->base = base;
     s->size = size;
+    /* The loops are the first runtime actors of a process that embeds a segment (a client with
+     * global_segment_size, kvpool-segment): the first zactor runs czmq's zsys_init, which would
+     * install czmq's SIGINT/SIGTERM handlers and take Ctrl-C away from the application. Before
+     * the server was an actor such processes never had them; keep it so (docs/runtime.md). */
+    zsys_handler_set(NULL);
     int rc = listen_on(s, host, port);
     for (int i = 0; rc == KVP_OK && i < KVP_SEG_LOOPS; i++) {
         struct seg_loop *l = calloc(1, sizeof *l);
