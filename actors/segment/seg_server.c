@@ -687,9 +687,9 @@ static void conn_add(struct seg_loop *l, int fd, const char *peer)
 /* Drop connections that stalled mid-frame (a partial request, a WRITE payload not finished, or
  * answers the peer does not take) for KVP_SEG_STALL_MS. Idle connections stay (TCP keepalive
  * finds vanished peers). */
-static void sweep_stalled(struct seg_loop *l)
+static void sweep_stalled(struct seg_loop *l, uint64_t skew_ms)
 {
-    uint64_t now = kvp_clock_now_ms();
+    uint64_t now = kvp_clock_now_ms() + skew_ms;
     struct seg_conn *c = l->conns;
     while (c) {
         struct seg_conn *next = c->next;
@@ -796,8 +796,8 @@ static void accept_some(struct kvp_rt_ctx *ctx, struct seg_loop *l, int lfd)
 /*
  * Watch callback: the epoll set has events. It handles them and then, instead of returning to
  * the runtime's poll at once, waits in epoll_wait itself (at most LOOP_WAIT_MS) and handles the
- * next ones, until a wait times out, or the loop's kick_fd says a message came (loop_send,
- * kvp_seg_server_wake, stop), or the server is stopping, or it has run LOOP_WAIT_MS. Why: the runtime's poll of a threaded
+ * next ones, until a wait times out, or the loop's kick_fd says a message came (loop_send:
+ * a new connection, kvp_seg_server_sweep, stop), or the server is stopping, or it has run LOOP_WAIT_MS. Why: the runtime's poll of a threaded
  * actor (zmq_poll over its pipe, mailbox and watches) costs 3 more system calls per wake-up than
  * epoll_wait alone, and a segment wakes once per batch of requests: with it, 4 KiB batch_get(32)
  * ran at about 0.7x the thread-per-connection server's rate (docs/data-plane.md). Messages and
@@ -878,8 +878,8 @@ static int loop_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
     case SEG_MSG_GONE:
         l->live -= (unsigned)msg->arg <= l->live ? (unsigned)msg->arg : l->live;
         break;
-    case SEG_MSG_SWEEP:
-        sweep_stalled(l);
+    case SEG_MSG_SWEEP: /* the timer (arg 0) or kvp_seg_server_sweep (arg: ms ahead) */
+        sweep_stalled(l, msg->arg);
         break;
     case SEG_MSG_REARM:
         if (l->accept_paused)
@@ -1069,14 +1069,10 @@ void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id)
         atomic_store_explicit(&s->segment_id, segment_id, memory_order_relaxed);
 }
 
-void kvp_seg_server_wake(struct kvp_seg_server *s)
+void kvp_seg_server_sweep(struct kvp_seg_server *s, uint64_t ahead_ms)
 {
-    for (int i = 0; s && i < s->n_loops; i++) {
-        kvp_rt_wake(s->loops[i]);
-        uint64_t one = 1;
-        if (write(s->kick_fd[i], &one, sizeof one) < 0)
-            kvp_log_warn(ACTOR, "wake: %s", strerror(errno));
-    }
+    for (int i = 0; s && i < s->n_loops; i++)
+        (void)loop_send(s, i, SEG_MSG_SWEEP, ahead_ms, NULL, NULL);
 }
 
 void kvp_seg_server_stop(struct kvp_seg_server **sp)

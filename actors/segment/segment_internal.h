@@ -35,8 +35,9 @@
 #define KVP_SEG_SCRATCH_BYTES (64u * 1024u)
 
 struct kvp_seg_server;
-/** Make the server's loops re-read the clock and run due timers (tests with a fake clock). */
-void kvp_seg_server_wake(struct kvp_seg_server *s);
+/** Tests: make every loop drop its stalled connections now, as if the clock were ahead_ms ahead
+ * (by message; the test then sees the stalled connections closed). */
+void kvp_seg_server_sweep(struct kvp_seg_server *s, uint64_t ahead_ms);
 
 /**
  * Copy `host` into buf without the brackets of "[v6]" / "[fe80::1%eth0]". Returns 0, or -1 when

@@ -4,8 +4,8 @@
  *    answered one PING so the server has accepted it) while 4 clients read: the process's thread
  *    count does not change with the connections, and every read returns the region's bytes;
  *  - a connection that sent half a header and one that sent half a WRITE payload do not delay
- *    others; with the (fake) clock moved past the stall limit both are dropped, and an idle
- *    connection is not;
+ *    others; a sweep as if the clock were past the stall limit drops both, and no idle
+ *    connection (kvp_seg_server_sweep: the loops' own sweep, with the clock ahead);
  *  - a connection that sends a garbage header is closed while another is served;
  *  - a client that pipelines far more answers than the per-connection cap before reading any
  *    gets every one, in order, with the right bytes (reading is paused and resumed).
@@ -34,7 +34,6 @@
 #include "actors/segment/seg_server.h"
 #include "actors/segment/segment_internal.h"
 #include "kvpool.h"
-#include "runtime/clock.h"
 #include "tests/actor/seg_raw_client.h"
 #include "wire/envelope.h"
 
@@ -295,15 +294,12 @@ static void test_seg_half_frame_staller_delays_nobody(void **state)
         for (int k = 0; k < 20; k++)
             read_check(other[i], (uint64_t)k, (uint64_t)(k * 65536 + i), 256 * 1024, buf);
     }
-    /* Past the stall limit (fake clock): the stallers are dropped, the idle one stays. */
-    uint64_t fake = kvp_clock_now_ns() + (uint64_t)(KVP_SEG_STALL_MS + 2 * KVP_SEG_SWEEP_MS) * 1000000u;
-    kvp_clock_set_fake(&fake);
-    kvp_seg_server_wake(T.srv);
+    /* Past the stall limit: the stallers are dropped, the idle ones stay. */
+    kvp_seg_server_sweep(T.srv, KVP_SEG_STALL_MS + 1000);
     for (int i = 0; i < KVP_SEG_LOOPS * 2; i++) {
         assert_closed(half_hdr[i]);
         assert_closed(half_payload[i]);
     }
-    kvp_clock_set_fake(NULL);
     ping_check(idle);
     for (int i = 0; i < KVP_SEG_LOOPS * 2; i++) {
         read_check(other[i], 99, 4096, 4096, buf);
