@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
 #include <jansson.h>
 
 #include "config/config_internal.h"
@@ -242,7 +243,52 @@ static void describe(const struct kvp_cfg_key *k, char *buf, size_t cap)
     case KVP_CFG_T_DURATION_MS:
         snprintf(buf, cap, "must be a duration in [%.0f, %.0f] ms (e.g. 500, 500ms, 30s)", k->min, k->max);
         break;
+    case KVP_CFG_T_DURATION_S:
+        snprintf(buf, cap, "must be a duration in [%.0f, %.0f] ms; a plain number is seconds, Mooncake's unit "
+                 "(e.g. 30, 30s, 500ms)", k->min, k->max);
+        break;
     }
+}
+
+/* Mooncake's rpc_address / rpc_port: replace the host or the port of the "host:port" field the
+ * key points at (the master's listen), keeping the other part. Later sources win as for any
+ * key: `--listen a:1 --rpc_port 2` is a:2, `--rpc_port 2 --listen a:1` is a:1. */
+static int set_hostport_part(const struct kvp_cfg_key *k, void *cfg, const char *value, const char *source)
+{
+    char *field = (char *)cfg + k->offset;
+    const char *colon = strrchr(field, ':'); /* the field always holds a valid host:port */
+    char out[512];
+    int n = -1;
+    if (colon && k->check == KVP_CFG_CHECK_LISTEN_PORT) {
+        uint64_t u = 0;
+        const char *end = parse_dec(value, &u);
+        if (end && *end == '\0' && (double)u >= k->min && (double)u <= k->max)
+            n = snprintf(out, sizeof out, "%.*s:%" PRIu64, (int)(colon - field), field, u);
+    } else if (colon) {
+        /* a bare IPv6 address gets its brackets: --rpc_address ::1 is listen [::1]:port; any
+         * other value with a ':' (a host:port) is refused */
+        bool v6 = strchr(value, ':') && value[0] != '[';
+        char addr[INET6_ADDRSTRLEN + 1];
+        struct in6_addr a6;
+        size_t alen = strcspn(value, "%");
+        bool v6_ok = v6 && alen < sizeof addr && (memcpy(addr, value, alen), addr[alen] = '\0',
+                                                   inet_pton(AF_INET6, addr, &a6) == 1);
+        if (!v6 || v6_ok)
+            n = snprintf(out, sizeof out, "%s%s%s%s", v6 ? "[" : "", value, v6 ? "]" : "", colon);
+    }
+    if (n < 0 || (size_t)n >= sizeof out || (size_t)n + 1 > k->width ||
+        kvp_cfg_parse_hostport(out, (size_t)n, NULL, 0, NULL) != KVP_OK) {
+        char why[160];
+        if (k->check == KVP_CFG_CHECK_LISTEN_PORT)
+            snprintf(why, sizeof why, "must be a port in [%.0f, %.0f] (it sets the port of %s)", k->min, k->max,
+                     k->alias_of);
+        else
+            snprintf(why, sizeof why, "must be a host name or IP address (it sets the host of %s)", k->alias_of);
+        log_bad(k, value, source, why);
+        return KVP_ERR_INVALID;
+    }
+    memcpy(field, out, (size_t)n + 1);
+    return KVP_OK;
 }
 
 int kvp_cfg_set_key(const struct kvp_cfg_key *k, void *cfg, const char *value, const char *source)
@@ -254,6 +300,8 @@ int kvp_cfg_set_key(const struct kvp_cfg_key *k, void *cfg, const char *value, c
         kvp_log_error(ACTOR, "%s%s%s: no value", source ? source : "", source ? ": " : "", k->name);
         return KVP_ERR_INVALID;
     }
+    if (k->check == KVP_CFG_CHECK_LISTEN_HOST || k->check == KVP_CFG_CHECK_LISTEN_PORT)
+        return set_hostport_part(k, cfg, value, source);
     char *field = k->offset == KVP_CFG_NO_FIELD ? NULL : (char *)cfg + k->offset;
     int rc = KVP_OK;
     uint64_t u = 0;
@@ -308,18 +356,25 @@ int kvp_cfg_set_key(const struct kvp_cfg_key *k, void *cfg, const char *value, c
     case KVP_CFG_T_U32:
     case KVP_CFG_T_U64:
     case KVP_CFG_T_SIZE:
-    case KVP_CFG_T_DURATION_MS: {
+    case KVP_CFG_T_DURATION_MS:
+    case KVP_CFG_T_DURATION_S: {
         const char *end;
-        if (k->type == KVP_CFG_T_SIZE)
+        if (k->type == KVP_CFG_T_SIZE) {
             rc = kvp_cfg_parse_size(value, &u);
-        else if (k->type == KVP_CFG_T_DURATION_MS)
+        } else if (k->type == KVP_CFG_T_DURATION_S && (end = parse_dec(value, &u)) && *end == '\0') {
+            rc = u <= UINT64_MAX / 1000 ? KVP_OK : KVP_ERR_INVALID; /* plain number: seconds */
+            u *= 1000;
+        } else if (k->type == KVP_CFG_T_DURATION_MS || k->type == KVP_CFG_T_DURATION_S) {
             rc = kvp_cfg_parse_duration_ms(value, &u);
-        else
+        } else {
             rc = ((end = parse_dec(value, &u)) && *end == '\0') ? KVP_OK : KVP_ERR_INVALID;
+        }
         if (rc == KVP_OK && ((double)u < k->min || (double)u > k->max))
             rc = KVP_ERR_INVALID;
         if (rc == KVP_OK && field) {
-            size_t w = k->type == KVP_CFG_T_U32 ? 4 : k->type == KVP_CFG_T_DURATION_MS ? k->width : 8;
+            size_t w = k->type == KVP_CFG_T_U32                                              ? 4
+                       : k->type == KVP_CFG_T_DURATION_MS || k->type == KVP_CFG_T_DURATION_S ? k->width
+                                                                                             : 8;
             if (w == 4)
                 *(uint32_t *)field = (uint32_t)u;
             else
@@ -343,6 +398,9 @@ int kvp_cfg_set_key(const struct kvp_cfg_key *k, void *cfg, const char *value, c
     if (!field)
         kvp_log_info(ACTOR, "%s%s%s: accepted, not used here: %s", source ? source : "", source ? ": " : "",
                      k->name, k->help);
+    if (k->deprecated)
+        kvp_log_warn(ACTOR, "%s%s%s is deprecated: use %s (same value, same unit); the old spelling still works",
+                     source ? source : "", source ? ": " : "", k->name, k->alias_of);
     return KVP_OK;
 }
 
@@ -355,7 +413,7 @@ void kvp_cfg_defaults(enum kvp_cfg_kind kind, void *cfg)
         return;
     memset(cfg, 0, t->struct_size);
     for (size_t i = 0; i < t->n_keys; i++) {
-        if (t->keys[i].offset == KVP_CFG_NO_FIELD)
+        if (t->keys[i].offset == KVP_CFG_NO_FIELD || t->keys[i].alias_of)
             continue;
         int rc = kvp_cfg_set_key(&t->keys[i], cfg, t->keys[i].def, "default");
         (void)rc; /* every default is checked by test_config_defaults_all_valid */
@@ -716,6 +774,12 @@ static json_t *key_to_json(const struct kvp_cfg_key *k, const void *cfg)
         if (k->width == 4)
             return json_integer((json_int_t) * (const uint32_t *)field);
         return json_integer((json_int_t) * (const uint64_t *)field);
+    case KVP_CFG_T_DURATION_S: { /* "Nms": a plain number would read back as seconds */
+        char b[32];
+        snprintf(b, sizeof b, "%llums",
+                 (unsigned long long)(k->width == 4 ? *(const uint32_t *)field : *(const uint64_t *)field));
+        return json_string(b);
+    }
     case KVP_CFG_T_U64:
     case KVP_CFG_T_SIZE:
         return json_integer((json_int_t) * (const uint64_t *)field);
@@ -734,8 +798,8 @@ char *kvp_cfg_to_json(enum kvp_cfg_kind kind, const void *cfg)
     if (!o)
         return NULL;
     for (size_t i = 0; i < t->n_keys; i++) {
-        if (t->keys[i].offset == KVP_CFG_NO_FIELD)
-            continue;
+        if (t->keys[i].offset == KVP_CFG_NO_FIELD || t->keys[i].alias_of)
+            continue; /* the key an alias writes is printed under its own name */
         json_t *v = key_to_json(&t->keys[i], cfg);
         if (!v || json_object_set_new(o, t->keys[i].name, v) != 0) {
             json_decref(o);
@@ -761,12 +825,18 @@ char *kvp_cfg_help(enum kvp_cfg_kind kind)
             t->kind_name);
     for (size_t i = 0; i < t->n_keys; i++) {
         const struct kvp_cfg_key *k = &t->keys[i];
-        if (k->offset == KVP_CFG_NO_FIELD)
+        if (k->offset == KVP_CFG_NO_FIELD || k->alias_of)
             continue;
         fprintf(f, "  --%-32s %s", k->name, k->help);
         if (k->def && *k->def)
             fprintf(f, " (default %s)", k->def);
         fputc('\n', f);
+    }
+    fprintf(f, "other spellings (Mooncake's names and units, old names) and keys accepted but not used:\n");
+    for (size_t i = 0; i < t->n_keys; i++) {
+        const struct kvp_cfg_key *k = &t->keys[i];
+        if (k->offset == KVP_CFG_NO_FIELD || k->alias_of)
+            fprintf(f, "  --%-32s %s%s\n", k->name, k->help, k->deprecated ? " (deprecated)" : "");
     }
     fprintf(f, "  --%-32s %s\n", "print-config", "print the effective config as JSON and exit");
     if (fclose(f) != 0) {

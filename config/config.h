@@ -6,8 +6,15 @@
  * (config/config_keys.c) with its type, bounds and default; the same table drives JSON,
  * environment (KVPOOL_<KEY IN UPPER CASE>), flags (--key=value, --key value; '-' and '_' are
  * equal) and --print-config. Sizes accept suffixes: 4096, 4K, 4KB, 4KiB, 512M, 512MiB, 4G, 1T
- * (all binary, 1K = 1024). Durations are milliseconds (plain numbers, or with ms/s suffix);
- * note that a plain number is always ms, also for Mooncake's transfer_timeout: write "30s".
+ * (all binary, 1K = 1024). Durations are milliseconds (plain numbers, or with ms/s suffix),
+ * except the keys with Mooncake's name whose Mooncake unit is seconds (transfer_timeout,
+ * client_ttl): there a plain number is seconds ("10" = 10 s; "500ms" still works). Keys of
+ * kvpool's own carry their unit in their name (_ms, _bytes): client_ttl_ms and
+ * transfer_timeout_ms are kvpool's spellings of those two, writing the same field. An old
+ * spelling (put_ttl for put_ttl_ms) still works and logs a WARN naming the new one. The
+ * master also takes mooncake_master's --rpc_address/--rpc_port (the parts of listen) and
+ * accepts --rpc_thread_num and the HTTP metadata server flags as not needed (docs/config.md,
+ * "Other spellings").
  *
  * An invalid value is KVP_ERR_INVALID with a log line naming the key, the value and what is
  * allowed, e.g. "config: replica_num=0: must be an integer in [1, 16]". The struct is unchanged
@@ -38,8 +45,8 @@ struct kvp_cfg_master {
     uint32_t group_commit_max;        /* `group_commit_max`: most commands in one Raft entry (default 512) */
     uint32_t raft_max_inflight_entries; /* `raft_max_inflight_entries`: entries proposed, not yet applied (default 4) */
     uint64_t default_kv_lease_ttl_ms; /* `default_kv_lease_ttl`: read lease, ms (default 5000, as Mooncake) */
-    uint64_t client_ttl_ms;           /* `client_ttl`: a segment silent this long is lost, ms (default 10000) */
-    uint64_t put_ttl_ms;              /* `put_ttl`: pending put deadline, ms (default 30000) */
+    uint64_t client_ttl_ms;           /* `client_ttl_ms`, or Mooncake's `client_ttl` in seconds: a segment silent this long is lost (default 10 s) */
+    uint64_t put_ttl_ms;              /* `put_ttl_ms` (old name `put_ttl`, deprecated): pending put deadline, ms (default 30000) */
     uint64_t fence_grace_ms;          /* `fence_grace_ms`: quarantine of freed space, ms (default 5000) */
     double eviction_ratio;            /* `eviction_ratio` (default 0.05) */
     double eviction_high_watermark_ratio; /* `eviction_high_watermark_ratio` (default 0.95) */
@@ -48,8 +55,10 @@ struct kvp_cfg_master {
     bool allow_evict_soft_pinned_objects; /* `allow_evict_soft_pinned_objects` (default true, as Mooncake) */
     uint32_t probe_timeout_ms;        /* `probe_timeout_ms`: data-plane probe of a reported segment (default 500) */
     char log_level[16];               /* `log_level`: error|warn|info|debug (default info) */
+    char log_format[8];               /* `log_format`: text|json (default text; runtime/log.h) */
     uint64_t repair_bandwidth_bytes_per_s; /* `repair_bandwidth_bytes_per_s`: drain/repair copy cap, 0 = none (default 256 MiB) */
     uint32_t bind_retry_ms;           /* `bind_retry_ms`: keep retrying a held data-dir lock or listen port this long (default 5000) */
+    uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz /get_all_segments, 0 = off (Mooncake's name; default 0) */
 };
 
 /** Settings of a kvpool-segment process. */
@@ -66,6 +75,8 @@ struct kvp_cfg_segment {
     uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: (default 60000) */
     uint32_t bind_retry_ms;           /* `bind_retry_ms`: keep retrying a held data-plane port this long (default 5000) */
     char log_level[16];
+    char log_format[8];               /* `log_format`: text|json (default text; runtime/log.h) */
+    uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz, 0 = off (default 0) */
 };
 
 /** Settings of an embedded client (kvp_config wraps this). */
@@ -79,13 +90,16 @@ struct kvp_cfg_client {
     char protocol[16];                /* `protocol`: tcp|rdma (default tcp) */
     char device_name[128];            /* `device_name`: RDMA device (default "") */
     uint32_t replica_num;             /* `replica_num`: default replicas of a put, 1..16 (default 1) */
-    uint32_t transfer_timeout_ms;     /* `transfer_timeout`: call timeout, ms (default 10000) */
+    uint32_t transfer_timeout_ms;     /* `transfer_timeout_ms`, or Mooncake's `transfer_timeout` in seconds: call timeout (default 10 s) */
     uint32_t rpc_timeout_ms;          /* `rpc_timeout_ms`: one master RPC incl. failover retries (default 5000) */
     uint64_t slice_bytes;             /* `slice_bytes`: transfer slice size (default 1 MiB) */
     uint32_t conns_per_peer;          /* `conns_per_peer`: TCP connections per segment (default 4) */
     uint32_t transfer_io_threads;     /* `transfer_io_threads`: transfer engine I/O threads, 1..8 (default 2) */
     uint32_t heartbeat_ms;            /* `heartbeat_ms`: embedded segment heartbeat (default 1000) */
+    uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: bound of kvp_client_drain() (default 30000) */
+    char tenant_id[128];              /* `tenant_id`: kept and logged; isolation comes with authentication (default "") */
     char log_level[16];
+    uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz of this client, 0 = off (default 0) */
 };
 
 enum kvp_cfg_kind { KVP_CFG_MASTER, KVP_CFG_SEGMENT, KVP_CFG_CLIENT };

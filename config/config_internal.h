@@ -19,6 +19,8 @@ enum kvp_cfg_type {
     KVP_CFG_T_SIZE,        /* uint64_t bytes; 4096, 4K, 4KB, 4KiB, 512M, 4G, 1T (binary) */
     KVP_CFG_T_DOUBLE,      /* double, finite */
     KVP_CFG_T_DURATION_MS, /* uint32_t or uint64_t (width 4|8) ms; 250, 250ms, 30s */
+    KVP_CFG_T_DURATION_S,  /* as DURATION_MS (stored in ms), but a plain number is seconds: the
+                            * Mooncake keys whose unit is seconds (transfer_timeout, client_ttl) */
 };
 
 /* Extra checks on a string key. */
@@ -26,6 +28,10 @@ enum kvp_cfg_check {
     KVP_CFG_CHECK_NONE = 0,
     KVP_CFG_CHECK_HOSTPORT,  /* "host:port" or "[v6]:port" */
     KVP_CFG_CHECK_MASTERS,   /* empty or a master list kvp_cfg_masters() accepts */
+    KVP_CFG_CHECK_LISTEN_HOST, /* a string key that replaces the host of the "host:port" field at
+                                * `offset` (Mooncake's --rpc_address into the master's listen) */
+    KVP_CFG_CHECK_LISTEN_PORT, /* a U32 key in [min, max] that replaces the port of that field
+                                * (Mooncake's --rpc_port) */
 };
 
 /* A key whose offset is KVP_CFG_NO_FIELD is validated and then ignored (Mooncake keys that
@@ -42,6 +48,14 @@ struct kvp_cfg_key {
     enum kvp_cfg_check check;
     const char *def;         /* default, as a string parsed by the same code as input */
     const char *help;        /* one line */
+    /* Non-NULL: this row is another spelling of the key named here and writes the same field
+     * (Mooncake's name with Mooncake's unit next to kvpool's own `_ms` key, an old kvpool
+     * spelling, or a part of it such as rpc_port of listen). Such a row has no default, is not
+     * in --print-config (the named key is) and is listed apart in the help. */
+    const char *alias_of;
+    /* With alias_of: an old spelling kept so that existing configs work; every use logs one
+     * WARN naming alias_of. */
+    int deprecated;
 };
 
 struct kvp_cfg_table {

@@ -6,20 +6,33 @@
 
 #define SZ(field, st) sizeof(((st *)0)->field)
 #define STR(st, key, field, allowed, check, def, help)                                             \
-    {key, KVP_CFG_T_STRING, offsetof(st, field), SZ(field, st), 0, 0, allowed, check, def, help}
+    {key, KVP_CFG_T_STRING, offsetof(st, field), SZ(field, st), 0, 0, allowed, check, def, help, NULL, 0}
 #define BOOL(st, key, field, def, help)                                                            \
-    {key, KVP_CFG_T_BOOL, offsetof(st, field), SZ(field, st), 0, 0, NULL, 0, def, help}
+    {key, KVP_CFG_T_BOOL, offsetof(st, field), SZ(field, st), 0, 0, NULL, 0, def, help, NULL, 0}
 #define NUM(st, type, key, field, lo, hi, def, help)                                               \
-    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, 0, def, help}
+    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, 0, def, help, NULL, 0}
 /* Validated, then ignored: keys Mooncake users set on the wrong process kind. */
 #define IGNORED(type, key, lo, hi, help)                                                           \
-    {key, type, KVP_CFG_NO_FIELD, 1024, lo, hi, NULL, 0, NULL, help}
+    {key, type, KVP_CFG_NO_FIELD, 1024, lo, hi, NULL, 0, NULL, help, NULL, 0}
+
+/* Another spelling of the key `of`, writing the same field: a key with Mooncake's name and
+ * Mooncake's unit next to kvpool's own key that carries its unit in its name. */
+#define ALIAS(st, type, key, field, lo, hi, of, help)                                              \
+    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, 0, NULL, help, of, 0}
+/* An old spelling of the key `of`, same type and unit, kept so that existing configs keep
+ * working; each use logs a WARN naming `of`. */
+#define DEPRECATED(st, type, key, field, lo, hi, of)                                               \
+    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, 0, NULL, "old spelling of " of, of, 1}
+/* Mooncake's --rpc_address / --rpc_port: one part of a host:port field. */
+#define HOSTPORT_PART(st, type, key, field, check, lo, hi, help)                                   \
+    {key, type, offsetof(st, field), SZ(field, st), lo, hi, NULL, check, NULL, help, #field, 0}
 
 #define KIB 1024.0
 #define MIB (1024.0 * KIB)
 #define GIB (1024.0 * MIB)
 #define TIB (1024.0 * GIB)
 #define LOG_LEVELS "error|warn|info|debug"
+#define LOG_FORMATS "text|json"
 
 #define M struct kvp_cfg_master
 static const struct kvp_cfg_key master_keys[] = {
@@ -50,10 +63,13 @@ static const struct kvp_cfg_key master_keys[] = {
         "and go into the next entry (fewer: larger entries, less CPU per command, more latency)"),
     NUM(M, KVP_CFG_T_DURATION_MS, "default_kv_lease_ttl", default_kv_lease_ttl_ms, 1, 3600000, "5000",
         "read lease handed out with a replica list (Mooncake's name; ms)"),
-    NUM(M, KVP_CFG_T_DURATION_MS, "client_ttl", client_ttl_ms, 100, 86400000, "10000",
-        "a segment silent this long is declared lost (ms)"),
-    NUM(M, KVP_CFG_T_DURATION_MS, "put_ttl", put_ttl_ms, 100, 86400000, "30000",
-        "deadline of a pending put before the leader revokes it (ms)"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "client_ttl_ms", client_ttl_ms, 100, 86400000, "10000",
+        "a segment silent this long is declared lost"),
+    ALIAS(M, KVP_CFG_T_DURATION_S, "client_ttl", client_ttl_ms, 100, 86400000, "client_ttl_ms",
+          "Mooncake's spelling of client_ttl_ms, in Mooncake's unit: a plain number is seconds"),
+    NUM(M, KVP_CFG_T_DURATION_MS, "put_ttl_ms", put_ttl_ms, 100, 86400000, "30000",
+        "deadline of a pending put before the leader revokes it"),
+    DEPRECATED(M, KVP_CFG_T_DURATION_MS, "put_ttl", put_ttl_ms, 100, 86400000, "put_ttl_ms"),
     NUM(M, KVP_CFG_T_DURATION_MS, "fence_grace_ms", fence_grace_ms, 0, 3600000, "5000",
         "quarantine of freed space before reuse"),
     NUM(M, KVP_CFG_T_DOUBLE, "eviction_ratio", eviction_ratio, 0.0, 1.0, "0.05",
@@ -70,11 +86,30 @@ static const struct kvp_cfg_key master_keys[] = {
     NUM(M, KVP_CFG_T_DURATION_MS, "probe_timeout_ms", probe_timeout_ms, 1, 600000, "500",
         "data-plane probe of a segment that a client reported unreachable"),
     STR(M, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
+    STR(M, "log_format", log_format, LOG_FORMATS, 0, "text",
+        "log lines as text, or as one JSON object per line (ts, level, actor, pid, msg)"),
     NUM(M, KVP_CFG_T_SIZE, "repair_bandwidth_bytes_per_s", repair_bandwidth_bytes_per_s, 0, 64 * TIB,
         "256MiB", "bytes per second the leader hands to movers for drain and repair copies; 0 = no cap"),
     NUM(M, KVP_CFG_T_DURATION_MS, "bind_retry_ms", bind_retry_ms, 0, 600000, "5000",
         "at start, keep retrying (with backoff, one log line per try) a data-dir lock or listen port "
         "still held, e.g. by a killed previous incarnation whose threads are still exiting; then exit 1"),
+    NUM(M, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
+        "HTTP port of /metrics (Prometheus), /healthz, /readyz and /get_all_segments, on the host of "
+        "`listen`; 0 = off (Mooncake's name)"),
+    /* mooncake_master's flags, so that its command line starts a kvpool-master as it is */
+    HOSTPORT_PART(M, KVP_CFG_T_STRING, "rpc_address", listen, KVP_CFG_CHECK_LISTEN_HOST, 0, 0,
+                  "Mooncake's flag: the host of listen (listen = rpc_address:rpc_port)"),
+    HOSTPORT_PART(M, KVP_CFG_T_U32, "rpc_port", listen, KVP_CFG_CHECK_LISTEN_PORT, 1, 65535,
+                  "Mooncake's flag: the port of listen"),
+    IGNORED(KVP_CFG_T_U32, "rpc_thread_num", 0, 65536,
+            "Mooncake's RPC thread count: not needed, kvpool's master is one actor"),
+    IGNORED(KVP_CFG_T_BOOL, "enable_http_metadata_server", 0, 0,
+            "Mooncake's HTTP metadata server: not needed, kvpool has no transfer-engine metadata "
+            "(metrics_port serves /get_all_segments)"),
+    IGNORED(KVP_CFG_T_STRING, "http_metadata_server_host", 0, 0,
+            "Mooncake's HTTP metadata server: not needed, nothing is bound"),
+    IGNORED(KVP_CFG_T_U32, "http_metadata_server_port", 0, 65535,
+            "Mooncake's HTTP metadata server: not needed, nothing is bound"),
 };
 #undef M
 
@@ -100,8 +135,12 @@ static const struct kvp_cfg_key segment_keys[] = {
         "at start, keep retrying (with backoff, one log line per try) a data-plane port still held, "
         "e.g. by a killed previous incarnation whose threads are still exiting; then exit 1"),
     STR(S, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
+    STR(S, "log_format", log_format, LOG_FORMATS, 0, "text",
+        "log lines as text, or as one JSON object per line (ts, level, actor, pid, msg)"),
     IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
             "Mooncake transfer-engine metadata server (kvpool has none)"),
+    NUM(S, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
+        "HTTP port of /metrics (Prometheus), /healthz and /readyz, on local_hostname; 0 = off"),
 };
 #undef S
 
@@ -121,8 +160,10 @@ static const struct kvp_cfg_key client_keys[] = {
     STR(C, "protocol", protocol, "tcp|rdma", 0, "tcp", "data-plane transport"),
     STR(C, "device_name", device_name, NULL, 0, "", "RDMA device(s); empty = any"),
     NUM(C, KVP_CFG_T_U32, "replica_num", replica_num, 1, 16, "1", "default replicas of a put"),
-    NUM(C, KVP_CFG_T_DURATION_MS, "transfer_timeout", transfer_timeout_ms, 1, 3600000, "10000",
-        "default timeout of one put/get call (ms; \"30s\" for seconds)"),
+    NUM(C, KVP_CFG_T_DURATION_MS, "transfer_timeout_ms", transfer_timeout_ms, 1, 3600000, "10000",
+        "default timeout of one put/get call"),
+    ALIAS(C, KVP_CFG_T_DURATION_S, "transfer_timeout", transfer_timeout_ms, 1, 3600000, "transfer_timeout_ms",
+          "Mooncake's spelling of transfer_timeout_ms, in Mooncake's unit: a plain number is seconds (\"500ms\" for ms)"),
     NUM(C, KVP_CFG_T_DURATION_MS, "rpc_timeout_ms", rpc_timeout_ms, 1, 3600000, "5000",
         "one master RPC including failover retries"),
     NUM(C, KVP_CFG_T_SIZE, "slice_bytes", slice_bytes, 4096, 1 * GIB, "1MiB", "transfer slice size"),
@@ -131,16 +172,24 @@ static const struct kvp_cfg_key client_keys[] = {
         "transfer I/O threads; a call's transfer runs on the least busy one (each has its own connections)"),
     NUM(C, KVP_CFG_T_DURATION_MS, "heartbeat_ms", heartbeat_ms, 10, 600000, "1000",
         "embedded segment heartbeat period"),
+    NUM(C, KVP_CFG_T_DURATION_MS, "drain_timeout_ms", drain_timeout_ms, 0, 86400000, "30000",
+        "longest wait of kvp_client_drain() for the embedded segment's objects to move"),
+    STR(C, "tenant_id", tenant_id, NULL, 0, "", "tenant (Mooncake's key): kept and logged; isolation comes with authentication"),
     STR(C, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
     IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
             "Mooncake transfer-engine metadata server (kvpool has none)"),
+    IGNORED(KVP_CFG_T_BOOL, "enable_ssd_offload", 0, 0, "Mooncake's SSD tier (not in kvpool): validated only"),
+    IGNORED(KVP_CFG_T_STRING, "ssd_offload_path", 0, 0, "Mooncake's SSD tier (not in kvpool): validated only"),
     IGNORED(KVP_CFG_T_DURATION_MS, "default_kv_lease_ttl", 1, 3600000,
             "a kvpool-master setting, validated only"),
-    IGNORED(KVP_CFG_T_DURATION_MS, "client_ttl", 100, 86400000,
+    IGNORED(KVP_CFG_T_DURATION_S, "client_ttl", 100, 86400000,
             "a kvpool-master setting, validated only"),
     IGNORED(KVP_CFG_T_DOUBLE, "eviction_ratio", 0.0, 1.0, "a kvpool-master setting, validated only"),
     IGNORED(KVP_CFG_T_DOUBLE, "eviction_high_watermark_ratio", 0.0, 1.0,
             "a kvpool-master setting, validated only"),
+    NUM(C, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
+        "HTTP port of this client's /metrics (Prometheus), /healthz and /readyz, on local_hostname; 0 = off "
+        "(each process on a host needs its own)"),
 };
 #undef C
 

@@ -59,7 +59,8 @@ typedef enum kvp_err {
     KVP_ERR_CANCELLED = -22,       /* the operation was cancelled */
     KVP_ERR_UNSUPPORTED = -23,     /* feature not available here (e.g. no RDMA device) */
     KVP_ERR_PINNED = -24,          /* refused: the object is soft-pinned */
-    KVP_ERR__LAST = -25
+    KVP_ERR_DEVICE = -25,          /* the CUDA driver failed a copy of GPU memory (or its context is poisoned) */
+    KVP_ERR__LAST = -26
 } kvp_err;
 
 typedef struct kvp_config kvp_config; /* opaque */
@@ -89,7 +90,9 @@ int kvp_config_new(kvp_config **out);
  * Set one key (Mooncake's names where one exists: local_hostname, master_server_address,
  * global_segment_size, local_buffer_size, protocol, device_name, replica_num,
  * transfer_timeout, default_kv_lease_ttl, eviction_ratio, eviction_high_watermark_ratio,
- * client_ttl; plus cluster_file and kvpool's own keys listed in docs/config.md).
+ * client_ttl, tenant_id; plus cluster_file and kvpool's own keys listed in docs/config.md, e.g.
+ * drain_timeout_ms). protocol "rdma" is accepted and runs on TCP (a WARN at open) until the
+ * RDMA transport exists.
  * Sizes accept suffixes (4G, 512MiB). Errors: KVP_ERR_INVALID with a log line naming the key,
  * the value and what is allowed; the config is unchanged then.
  */
@@ -191,7 +194,9 @@ int64_t kvp_get_size(kvp_client *c, const char *key);
 
 /**
  * Register [addr, addr+len) as a buffer the caller will pass to put/get (for RDMA memory
- * registration; a no-op on TCP but still validated). The caller keeps ownership.
+ * registration; on TCP only validated, except for GPU device memory: its range is cached and
+ * its device's bounce buffers pinned, see "GPU (device) memory" below). The caller keeps
+ * ownership.
  * Errors: KVP_ERR_INVALID (NULL, 0 length, overlaps a registered buffer).
  */
 int kvp_register_buffer(kvp_client *c, void *addr, size_t len);
@@ -204,6 +209,130 @@ const char *kvp_strerror(int err);
 
 /** The code's symbolic name, e.g. "KVP_ERR_NOT_FOUND" (static string). */
 const char *kvp_errname(int err);
+
+/* ------------------------------------------------------------------------------------------
+ * Calls added for language bindings (the Python module, docs/python.md). Same conventions.
+ * ------------------------------------------------------------------------------------------ */
+
+/**
+ * Remove every complete object of the pool (kvpoolctl's and Mooncake's remove_all). Without
+ * force, the whole call is refused with KVP_ERR_LEASED while any object is under a read lease
+ * (or the leader is in its election grace); with force leased objects are removed too (their
+ * space is quarantined, never reused while a reader may read it). Objects being written stay.
+ * *removed (may be NULL) gets how many objects were removed. Blocks for one master RPC.
+ * Errors: KVP_ERR_LEASED, KVP_ERR_INVALID (c NULL), KVP_ERR_UNAVAILABLE, KVP_ERR_TIMEOUT,
+ * KVP_ERR_CLOSED.
+ */
+int kvp_remove_all(kvp_client *c, bool force, uint64_t *removed);
+
+/**
+ * Sizes of n objects: sizes[i] gets the size in bytes of the complete object under keys[i]
+ * (>= 1), or a negative code (KVP_ERR_NOT_FOUND; KVP_ERR_INVALID for a bad key, that slot only;
+ * the RPC's error for every slot when the master could not answer). One GetSize RPC per 8,192
+ * keys; no lease is taken, so a size is a hint for sizing a buffer, not a promise. Returns KVP_OK
+ * when the call ran, or a negative code when it could not run at all (NULL arrays, closed).
+ */
+int kvp_batch_get_size(kvp_client *c, size_t n, const char *const keys[], int64_t sizes[]);
+
+/**
+ * Read the object under key into a buffer this call allocates with malloc(): on success *out
+ * owns it (the caller frees it with free()) and the return is its size in bytes (>= 1). On error
+ * *out is NULL and the return is a negative code as for kvp_get() (KVP_ERR_NOT_FOUND, ...;
+ * KVP_ERR_BUSY when the key was replaced by a larger object four times while it ran). Two RPCs
+ * (GetSize, then the get's GetReplicaList).
+ */
+int64_t kvp_get_alloc(kvp_client *c, const char *key, void **out, uint32_t timeout_ms);
+
+/**
+ * Replica counts of n objects: results[i] gets the number of complete replicas of keys[i]
+ * (>= 1), or a negative code (KVP_ERR_NOT_FOUND, KVP_ERR_INVALID for a bad key). Asks the master
+ * for the replica lists, which grants a read lease on each object found (default 5 s: a remove
+ * without force is refused meanwhile). Returns KVP_OK when the call ran, else a negative code.
+ */
+int kvp_batch_replica_count(kvp_client *c, size_t n, const char *const keys[], int results[]);
+
+/**
+ * The name of the segment this client contributes (global_segment_size > 0), as the master and
+ * `kvpoolctl status` list it and as kvp_put_opts.preferred_segment takes it; written
+ * NUL-terminated into buf (cap bytes). Errors: KVP_ERR_NOT_FOUND (no embedded segment; buf ""),
+ * KVP_ERR_BUFFER_TOO_SMALL (cap too small; buf ""), KVP_ERR_INVALID (NULL argument, cap 0).
+ * Does not block.
+ */
+int kvp_client_segment_name(kvp_client *c, char *buf, size_t cap);
+
+/**
+ * The data-plane endpoint "host:port" of the segment this client contributes (the address its
+ * TCP server listens on; port chosen at open). Same contract and errors as
+ * kvp_client_segment_name().
+ */
+int kvp_client_segment_endpoint(kvp_client *c, char *buf, size_t cap);
+
+/**
+ * kvp_register_buffer() that accepts a range overlapping or nested in ranges already
+ * registered (Mooncake allows it: a small buffer registered inside a larger one). Each call is
+ * one registration; kvp_unregister_buffer(addr) removes the latest registration starting at
+ * addr. The caller keeps ownership of the memory. Errors: KVP_ERR_INVALID (NULL, 0 length,
+ * wrapping range), KVP_ERR_NOMEM, KVP_ERR_CLOSED.
+ */
+int kvp_register_buffer_overlap(kvp_client *c, void *addr, size_t len);
+
+/**
+ * Drain this client's embedded segment before closing it: the master marks it draining (no new
+ * replicas go there, readers move to other copies) and its objects are copied to other segments;
+ * this waits until none is left, at most timeout_ms (0 = config `drain_timeout_ms`, default
+ * 30 s; a configured 0 means no drain: KVP_ERR_TIMEOUT at once). *left (may be NULL) gets the
+ * replicas still on the segment at the end: the objects whose only copy they are are dropped by
+ * kvp_client_close(). When the master does not take the drain request (KVP_ERR_UNAVAILABLE,
+ * KVP_ERR_TIMEOUT) nothing was counted: *left is 0 and the log line says the number is unknown. Returns KVP_OK (drained, or no embedded segment), KVP_ERR_TIMEOUT,
+ * KVP_ERR_NO_SPACE (no other segment is ACTIVE: nothing can move; returns at once),
+ * KVP_ERR_UNAVAILABLE, KVP_ERR_CLOSED, KVP_ERR_INVALID. Logs the outcome (one line). Blocks;
+ * other calls keep working meanwhile; kvp_client_close() keeps its meaning (no drain).
+ */
+int kvp_client_drain(kvp_client *c, uint32_t timeout_ms, uint64_t *left);
+
+/* ------------------------------------------------------------------------------------------
+ * GPU (device) memory (docs/gpu.md).
+ *
+ * Every put and get call (and kvp_register_buffer) takes CUDA device pointers as well as host
+ * pointers: with a CUDA driver present (libcuda.so.1, loaded at run time), device pieces are
+ * copied through pinned host bounce buffers on kvpool's own streams, in the device's primary
+ * context, pipelined with the TCP transfer. Register a whole device allocation once
+ * (kvp_register_buffer) to skip the per-piece driver query and pin the bounce buffers early.
+ * One object's device pieces must be on one device.
+ *
+ * Ordering with the caller's streams: kvpool does not synchronise the caller's compute stream.
+ *  - put: the device memory must already hold the bytes when the call is made (the caller
+ *    synchronises its stream or event first, as vLLM does); kvpool's copies may read it at any
+ *    time until the call returns, and never after.
+ *  - get: when the call returns a byte count for a key, that key's bytes are in device memory
+ *    (kvpool's copies completed); the caller's kernels may read them at once. On any return,
+ *    OK or not, no copy of the call runs any more (C2): a timed-out get never writes the device
+ *    buffer after it returned.
+ * A failed device copy (or a poisoned CUDA context) fails its key with KVP_ERR_DEVICE and a log
+ * line naming the driver error; host keys of the same call are not affected.
+ * ------------------------------------------------------------------------------------------ */
+
+/** GPU staging counters of one client. */
+typedef struct kvp_device_stats {
+    bool driver_loaded;        /* a CUDA driver was found and initialised */
+    uint64_t registered_bytes; /* device memory registered with kvp_register_buffer (process-wide) */
+    uint64_t bounce_bytes;     /* pinned bounce memory this client holds */
+    uint32_t lanes;            /* staging lanes (stream + 2 bounce buffers) created */
+    uint32_t lanes_busy;       /* lanes in use by a call now */
+    uint64_t staged_batches;   /* transfer batches that staged device memory */
+    uint64_t staged_bytes;     /* bytes copied between device memory and bounce buffers */
+    uint64_t copies;           /* driver copies enqueued */
+    uint64_t copy_errors;      /* failed copies (their keys got KVP_ERR_DEVICE) */
+} kvp_device_stats;
+
+/**
+ * 1 when addr is CUDA device memory (kvpool stages it), 0 when host memory (also: no CUDA
+ * driver), KVP_ERR_DEVICE when the driver failed to say (logged). Any thread.
+ */
+int kvp_device_pointer(const void *addr);
+
+/** Fill *out with c's GPU staging counters. Errors: KVP_ERR_INVALID. */
+int kvp_client_device_stats(kvp_client *c, kvp_device_stats *out);
 
 #ifdef __cplusplus
 }

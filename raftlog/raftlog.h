@@ -34,6 +34,8 @@
 
 #include <czmq.h>
 
+#include "metrics/metrics.h"
+
 /** FSM callbacks. All run on the raft thread; `ctx` is theirs. */
 struct kvp_raftlog_fsm {
     void *ctx;
@@ -79,6 +81,12 @@ enum kvp_raftlog_event {
     KVP_RAFTLOG_EV_QUERY = 2,    /* result of kvp_raftlog_query */
     KVP_RAFTLOG_EV_LEADER = 3,   /* leadership changed (see above) */
     KVP_RAFTLOG_EV_ADMIN = 4,    /* result of add/remove/transfer */
+    KVP_RAFTLOG_EV_LOG_FAILED = 5, /* a Raft log write failed: status KVP_ERR_IO, data the reason
+                                      (text). This member can write nothing more (raft_uv stays
+                                      errored, and no later write is answered); a leader has begun
+                                      handing leadership over. The owner should stop the process
+                                      (without kvp_raftlog_stop) and let a supervisor restart it
+                                      once the disk is fixed. Sent once. */
 };
 
 struct kvp_raftlog;
@@ -181,6 +189,8 @@ struct kvp_raftlog_info {
     uint64_t cmd_commit_us_total;
     uint64_t entries_stored;
     uint64_t store_us_total;
+    /* Added for the metrics endpoint: time to take each snapshot (fsm.snapshot + lz4 framing). */
+    struct kvp_metrics_hist snapshot_hist;
 };
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 

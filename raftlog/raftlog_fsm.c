@@ -363,6 +363,7 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
     *bufs = b;
     *n_bufs = 1;
     g->snapshots_taken++;
+    kvp_metrics_hist_observe_us(&g->snapshot_hist, kvp_clock_now_us() - t0);
     kvp_log_info(g->actor, "snapshot taken: %zu bytes raw, %zu framed; fsm %llu ms, lz4 %llu ms", raw_len,
                  packed_len, (unsigned long long)(t1 - t0) / 1000,
                  (unsigned long long)(kvp_clock_now_us() - t1) / 1000);

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "raftlog/entry.h"
+#include "metrics/metrics.h"
 #include "raftlog/raftlog.h"
 
 /* Snapshot header: [u32 magic 'KVPS'][u8 version = 1][u64 raw_len] then one LZ4 frame. */
@@ -85,6 +86,7 @@ struct kvp_rl_glue {
     uint64_t store_us_total;        /* raft_apply → stored, summed over those */
     uint64_t snapshots_taken;
     uint64_t snapshots_restored;
+    struct kvp_metrics_hist snapshot_hist; /* fsm snapshot + lz4 framing time of each snapshot taken */
 };
 
 void kvp_rl_glue_init(struct kvp_rl_glue *g, const struct kvp_raftlog_fsm *user,

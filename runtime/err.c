@@ -33,6 +33,7 @@ static const struct err_entry err_table[] = {
     [22] = {"KVP_ERR_CANCELLED", "cancelled"},
     [23] = {"KVP_ERR_UNSUPPORTED", "not supported here"},
     [24] = {"KVP_ERR_PINNED", "object is soft-pinned"},
+    [25] = {"KVP_ERR_DEVICE", "GPU copy failed (CUDA driver error)"},
 };
 
 static const struct err_entry *lookup(int err)

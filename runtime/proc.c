@@ -14,29 +14,15 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(uint32_t ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
 
 /* Without pidfd_open: the leader is a zombie ('Z' or 'X') and /proc/PID/task lists no thread
  * but the leader. Either file missing means the process is gone. */
@@ -94,11 +80,11 @@ int kvp_proc_wait_gone(pid_t pid, uint32_t timeout_ms)
 {
     if (pid <= 0)
         return KVP_OK;
-    uint64_t deadline = mono_ms() + timeout_ms;
+    uint64_t deadline = kvp_clock_now_ms() + timeout_ms;
     int fd = open_pidfd(pid);
     bool gone = fd == -2;
     while (!gone) {
-        uint64_t now = mono_ms();
+        uint64_t now = kvp_clock_now_ms();
         uint32_t left = now < deadline ? (uint32_t)(deadline - now) : 0;
         if (fd >= 0) {
             struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -110,9 +96,9 @@ int kvp_proc_wait_gone(pid_t pid, uint32_t timeout_ms)
         } else {
             gone = gone_by_proc(pid);
             if (!gone)
-                sleep_ms(left < 5 ? left : 5); /* no pidfd on this kernel: poll /proc */
+                kvp_clock_sleep_ms(left < 5 ? left : 5); /* no pidfd on this kernel: poll /proc */
         }
-        if (!gone && mono_ms() >= deadline)
+        if (!gone && kvp_clock_now_ms() >= deadline)
             break;
     }
     if (fd >= 0)
@@ -126,7 +112,7 @@ int kvp_proc_wait_gone(pid_t pid, uint32_t timeout_ms)
 
 int kvp_retry_start(const char *actor, const char *what, uint32_t budget_ms, kvp_retry_fn attempt, void *arg)
 {
-    uint64_t t0 = mono_ms();
+    uint64_t t0 = kvp_clock_now_ms();
     uint32_t backoff = 25;
     for (unsigned tries = 1;; tries++) {
         char why[256] = "";
@@ -136,10 +122,10 @@ int kvp_retry_start(const char *actor, const char *what, uint32_t budget_ms, kvp
                 kvp_log_error(actor, "%s: %s", what, why[0] ? why : kvp_strerror(rc));
             else if (tries > 1)
                 kvp_log_info(actor, "%s: done at try %u, after %llu ms", what, tries,
-                             (unsigned long long)(mono_ms() - t0));
+                             (unsigned long long)(kvp_clock_now_ms() - t0));
             return rc;
         }
-        uint64_t spent = mono_ms() - t0;
+        uint64_t spent = kvp_clock_now_ms() - t0;
         if (spent >= budget_ms) {
             kvp_log_error(actor, "%s: %s; gave up after %u tries in %llu ms (bind_retry_ms %u)", what,
                           why[0] ? why : "in use", tries, (unsigned long long)spent, budget_ms);
@@ -149,7 +135,7 @@ int kvp_retry_start(const char *actor, const char *what, uint32_t budget_ms, kvp
         uint32_t wait = backoff < left ? backoff : left;
         kvp_log_warn(actor, "%s: %s; retry %u in %u ms (%u ms of bind_retry_ms left)", what,
                      why[0] ? why : "in use", tries + 1, wait, left);
-        sleep_ms(wait);
+        kvp_clock_sleep_ms(wait);
         backoff = backoff >= 250 ? 500 : backoff * 2;
     }
 }

@@ -5,8 +5,8 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config git
       libczmq-dev libzmq3-dev libsodium-dev libraft-dev libuv1-dev liblz4-dev libcmocka-dev
       libibverbs-dev librdmacm-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev
-      libxxhash-dev clang libclang-rt-14-dev gnuplot-nox iproute2 nftables procps psmisc
-      python3)
+      libxxhash-dev libmicrohttpd-dev clang libclang-rt-14-dev gnuplot-nox iproute2 nftables procps psmisc
+      python3 python3-dev python3-pytest python3-setuptools python3-wheel python3-pip)
 # Benchmark baselines only (scripts/bench.sh): KVP_BENCH_DEPS=1 adds them, and linux-perf, which
 # counts the kernel crossings per key. Kept out of the default set because the redis and iperf3
 # packages start system daemons on install.

@@ -7,6 +7,9 @@
  * get:   the same keys are first stored (untimed), then read back in batches of B (timed).
  * mixed: keys stored first (untimed); then each batch is a get of stored keys with
  *        probability --get-ratio, else a put of fresh keys (timed).
+ * exists: keys stored first (untimed), then kvp_batch_exists of batches of B (timed).
+ * --pieces P: each value is P pieces (kvp_batch_put_iov / kvp_batch_get_iov), as vLLM's
+ *        connector stores one piece per layer (the Python binding's benchmark compares it).
  * Latency is per call (one batch); ops are keys. Keys are removed at the end unless --keep.
  */
 #include <arpa/inet.h>
@@ -36,6 +39,7 @@ struct kv_opts {
     bool verify;
     bool keep;
     unsigned warmup; /* put: untimed calls per thread before the timed phase */
+    unsigned pieces; /* pieces per value: 1 = flat batch calls, else the _iov calls */
     uint32_t timeout_ms;
     struct bench_target target;
 };
@@ -53,7 +57,7 @@ struct kv_thread {
     uint64_t put_next; /* mixed: next fresh key index */
     unsigned seed;
     bool timed;
-    int phase; /* 0 put, 1 get, 2 mixed, 3 put warm-up */
+    int phase; /* 0 put, 1 get, 2 mixed, 3 put warm-up, 4 exists */
 };
 
 static uint32_t g_run_id;
@@ -61,6 +65,22 @@ static uint32_t g_run_id;
 static void kv_key(char *k, size_t cap, uint64_t i)
 {
     snprintf(k, cap, "kvb-%08x-%llu", g_run_id, (unsigned long long)i);
+}
+
+/* Value j of a batch as o->pieces pieces of buf (the last takes the remainder). */
+static void split_iov(const struct kv_opts *o, unsigned char *buf, unsigned nb, kvp_iov *iov,
+                      const kvp_iov **iovs, size_t *cnt)
+{
+    size_t piece = o->value_size / o->pieces;
+    for (unsigned j = 0; j < nb; j++) {
+        unsigned char *v = buf + (size_t)j * o->value_size;
+        for (unsigned p = 0; p < o->pieces; p++) {
+            size_t len = p + 1 < o->pieces ? piece : o->value_size - piece * (o->pieces - 1);
+            iov[(size_t)j * o->pieces + p] = (kvp_iov){.base = v + piece * p, .len = len};
+        }
+        iovs[j] = &iov[(size_t)j * o->pieces];
+        cnt[j] = o->pieces;
+    }
 }
 
 static void do_put(struct kv_thread *t, uint64_t k0, unsigned nb)
@@ -84,8 +104,23 @@ static void do_put(struct kv_thread *t, uint64_t k0, unsigned nb)
             bench_pattern_fill(t->buf + (size_t)j * o->value_size, o->value_size, k0 + j);
     }
     kvp_put_opts po = {.replica_num = o->replicas, .timeout_ms = o->timeout_ms};
+    kvp_iov *iov = NULL;
+    const kvp_iov **iovs = NULL;
+    size_t *cnt = NULL;
+    if (o->pieces > 1) {
+        iov = malloc((size_t)nb * o->pieces * sizeof *iov);
+        iovs = malloc(nb * sizeof *iovs);
+        cnt = malloc(nb * sizeof *cnt);
+        if (!iov || !iovs || !cnt)
+            abort();
+        split_iov(o, t->buf, nb, iov, iovs, cnt);
+    }
     uint64_t t0 = bench_now_us();
-    int rc = kvp_batch_put(t->c, nb, kp, bufs, lens, &po, res);
+    int rc = o->pieces > 1 ? kvp_batch_put_iov(t->c, nb, kp, iovs, cnt, &po, res)
+                           : kvp_batch_put(t->c, nb, kp, bufs, lens, &po, res);
+    free(iov);
+    free(iovs);
+    free(cnt);
     if (t->timed) {
         bench_lat_add(&t->lat, bench_now_us() - t0);
         t->calls++;
@@ -120,9 +155,24 @@ static void do_get(struct kv_thread *t, uint64_t k0, unsigned nb)
         bufs[j] = t->buf + (size_t)j * o->value_size;
         caps[j] = o->value_size;
     }
+    kvp_iov *iov = NULL;
+    const kvp_iov **iovs = NULL;
+    size_t *cnt = NULL;
+    if (o->pieces > 1) {
+        iov = malloc((size_t)nb * o->pieces * sizeof *iov);
+        iovs = malloc(nb * sizeof *iovs);
+        cnt = malloc(nb * sizeof *cnt);
+        if (!iov || !iovs || !cnt)
+            abort();
+        split_iov(o, t->buf, nb, iov, iovs, cnt);
+    }
     uint64_t t0 = bench_now_us();
-    int rc = kvp_batch_get(t->c, nb, kp, bufs, caps, o->timeout_ms, res);
+    int rc = o->pieces > 1 ? kvp_batch_get_iov(t->c, nb, kp, iovs, cnt, o->timeout_ms, res)
+                           : kvp_batch_get(t->c, nb, kp, bufs, caps, o->timeout_ms, res);
     bench_lat_add(&t->lat, bench_now_us() - t0);
+    free(iov);
+    free(iovs);
+    free(cnt);
     t->calls++;
     if (rc < 0) {
         bench_errs_add(&t->errs, rc);
@@ -143,6 +193,33 @@ static void do_get(struct kv_thread *t, uint64_t k0, unsigned nb)
     }
 }
 
+static void do_exists(struct kv_thread *t, uint64_t k0, unsigned nb)
+{
+    char keys[nb][48];
+    const char *kp[nb];
+    int res[nb];
+    for (unsigned j = 0; j < nb; j++) {
+        kv_key(keys[j], sizeof keys[j], k0 + j);
+        kp[j] = keys[j];
+    }
+    uint64_t t0 = bench_now_us();
+    int rc = kvp_batch_exists(t->c, nb, kp, res);
+    bench_lat_add(&t->lat, bench_now_us() - t0);
+    t->calls++;
+    if (rc < 0) {
+        bench_errs_add(&t->errs, rc);
+        return;
+    }
+    for (unsigned j = 0; j < nb; j++) {
+        if (res[j] == 1)
+            t->ops_ok++;
+        else if (res[j] < 0)
+            bench_errs_add(&t->errs, res[j]);
+        else
+            bench_errs_add(&t->errs, KVP_ERR_NOT_FOUND);
+    }
+}
+
 static void *kv_thread_main(void *arg)
 {
     struct kv_thread *t = arg;
@@ -159,6 +236,8 @@ static void *kv_thread_main(void *arg)
             do_put(t, k0, nb);
         } else if (t->phase == 1) {
             do_get(t, k0, nb);
+        } else if (t->phase == 4) {
+            do_exists(t, k0, nb);
         } else {
             if ((double)rand_r(&t->seed) / RAND_MAX < o->get_ratio) {
                 do_get(t, k0, nb);
@@ -174,8 +253,8 @@ static void *kv_thread_main(void *arg)
 static void usage_kv(void)
 {
     fprintf(stderr,
-            "usage: kvpool-bench put|get|mixed [--cluster FILE | --masters LIST] --value-size S\n"
-            "         [--count N] [--batch B] [--threads T] [--replicas R] [--get-ratio F]\n"
+            "usage: kvpool-bench put|get|mixed|exists [--cluster FILE | --masters LIST] --value-size S\n"
+            "         [--count N] [--batch B] [--threads T] [--replicas R] [--get-ratio F] [--pieces P]\n"
             "         [--verify] [--keep] [--timeout-ms MS] [--warmup N] [--run-id HEX] [--json]\n");
 }
 
@@ -233,14 +312,14 @@ static int run_phase(struct kv_thread *ts, unsigned n, int phase, bool timed, do
 int bench_kv_main(const char *mode, int argc, char **argv)
 {
     struct kv_opts o = {.mode = mode, .value_size = 4096, .count = 10000, .batch = 1, .threads = 1,
-                        .get_ratio = 0.5, .warmup = 1};
+                        .get_ratio = 0.5, .warmup = 1, .pieces = 1};
     static const struct option lo[] = {
         {"value-size", 1, 0, 's'}, {"count", 1, 0, 'n'},    {"batch", 1, 0, 'b'},
         {"threads", 1, 0, 't'},    {"replicas", 1, 0, 'r'}, {"get-ratio", 1, 0, 'g'},
         {"json", 0, 0, 'j'},       {"verify", 0, 0, 'v'},   {"keep", 0, 0, 'k'},
         {"timeout-ms", 1, 0, 'T'}, {"cluster", 1, 0, 'c'},  {"masters", 1, 0, 'M'},
         {"config", 1, 0, 'C'},     {"help", 0, 0, 'h'},     {"warmup", 1, 0, 'W'},
-        {"run-id", 1, 0, 'R'},     {0, 0, 0, 0}};
+        {"run-id", 1, 0, 'R'},     {"pieces", 1, 0, 'P'},   {0, 0, 0, 0}};
     bool have_run_id = false;
     int ch;
     optind = 1;
@@ -262,6 +341,7 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         case 'k': o.keep = true; break;
         case 'T': o.timeout_ms = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'W': o.warmup = (unsigned)strtoul(optarg, NULL, 10); break;
+        case 'P': o.pieces = (unsigned)strtoul(optarg, NULL, 10); break;
         case 'c': o.target.cluster_file = optarg; break;
         case 'M': o.target.masters = optarg; break;
         case 'C': o.target.config_file = optarg; break;
@@ -279,7 +359,8 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         default: usage_kv(); return 2;
         }
     }
-    if (!o.batch || !o.threads || o.threads > 256 || !o.count || o.batch > 4096 ||
+    if (!o.batch || !o.threads || o.threads > 256 || !o.count || o.batch > 4096 || !o.pieces ||
+        o.pieces > o.value_size || o.pieces > 4096 ||
         (!o.target.cluster_file && !o.target.masters && !o.target.config_file)) {
         usage_kv();
         return 2;
@@ -348,7 +429,7 @@ int bench_kv_main(const char *mode, int argc, char **argv)
             fprintf(stderr, "\n");
         }
         bench_cpu_begin(&cpu, o.target.cluster_file);
-        run_phase(ts, o.threads, !strcmp(mode, "get") ? 1 : 2, true, &secs);
+        run_phase(ts, o.threads, !strcmp(mode, "get") ? 1 : !strcmp(mode, "exists") ? 4 : 2, true, &secs);
     }
     struct bench_lat lat = {0};
     struct bench_errs errs = {0};
@@ -362,8 +443,8 @@ int bench_kv_main(const char *mode, int argc, char **argv)
     json_t *cpu_j = bench_cpu_end(&cpu, ops);
     double ops_s = secs > 0 ? (double)ops / secs : 0, bytes_s = secs > 0 ? (double)bytes / secs : 0;
     if (o.json) {
-        json_t *j = json_pack("{s:s,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:I,s:I,s:I}", "mode", mode, "value_size",
-                              (json_int_t)o.value_size, "count", (json_int_t)o.count, "batch", (int)o.batch,
+        json_t *j = json_pack("{s:s,s:I,s:i,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:f,s:I,s:I,s:I}", "mode", mode, "value_size",
+                              (json_int_t)o.value_size, "pieces", (int)o.pieces, "count", (json_int_t)o.count, "batch", (int)o.batch,
                               "warmup", !strcmp(mode, "put") ? (int)o.warmup : 0,
                               "threads", (int)o.threads, "replicas", (int)o.replicas, "seconds", secs,
                               "ops_per_second", ops_s, "bytes_per_second", bytes_s, "ops_ok", (json_int_t)ops,
@@ -387,8 +468,9 @@ int bench_kv_main(const char *mode, int argc, char **argv)
         json_decref(j);
     } else {
         char b[32];
-        printf("%s: value %llu B, %llu keys, batch %u, threads %u, replicas %u\n", mode,
-               (unsigned long long)o.value_size, (unsigned long long)o.count, o.batch, o.threads, o.replicas);
+        printf("%s: value %llu B (%u pieces), %llu keys, batch %u, threads %u, replicas %u\n", mode,
+               (unsigned long long)o.value_size, o.pieces, (unsigned long long)o.count, o.batch, o.threads,
+               o.replicas);
         printf("  %.0f keys/s, %s/s, %.2f s, %llu calls\n", ops_s, bench_fmt_bytes(bytes_s, b, sizeof b), secs,
                (unsigned long long)calls);
         printf("  latency per call (us): p50 %llu p90 %llu p99 %llu max %llu\n",

@@ -16,7 +16,7 @@ static void usage(void)
             "  trace [FILE]        replay a Mooncake trace against a cluster (the main job)\n"
             "  bounds [FILE]       offline prefix-hit bounds of a trace (infinite cache, LRU)\n"
             "  models              the --model table (KV bytes per token and sources)\n"
-            "  put|get|mixed       key-value throughput and latency through the public API\n"
+            "  put|get|mixed|exists key-value throughput and latency through the public API\n"
             "  baseline-tcp        one loopback TCP stream, measured in-process\n"
             "  baseline-kernel     CPU cost of a system call and of a thread wake-up\n"
             "  meta                master metadata throughput and failover time\n"
@@ -42,7 +42,7 @@ int main(int argc, char **argv)
         return bench_bounds_main(argc, argv);
     if (!strcmp(mode, "models"))
         return bench_models_main();
-    if (!strcmp(mode, "put") || !strcmp(mode, "get") || !strcmp(mode, "mixed"))
+    if (!strcmp(mode, "put") || !strcmp(mode, "get") || !strcmp(mode, "mixed") || !strcmp(mode, "exists"))
         return bench_kv_main(mode, argc, argv);
     if (!strcmp(mode, "meta"))
         return bench_meta_main(argc, argv);

@@ -9,6 +9,11 @@
  * docs/config.md); --print-config prints the effective settings and exits. A data dir that is
  * empty bootstraps from --members unless --join (then the node waits for `kvpoolctl
  * add-member`). SIGINT/SIGTERM stop it cleanly. docs/operations.md.
+ * Mooncake's mooncake_master flags work as they are (--rpc_port, --rpc_address, --client_ttl in
+ * seconds, ...: docs/migrating-from-mooncake.md). Under systemd (Type=notify) it sends READY=1
+ * once its control port is bound and STOPPING=1 when it stops (packaging/systemd/).
+ * Exit status: 0 clean stop; 1 could not start or run (port or data dir held, Raft log not
+ * writable); 2 bad settings.
  */
 #include <errno.h>
 #include <signal.h>
@@ -25,6 +30,7 @@
 #include "kvpool.h"
 #include "runtime/log.h"
 #include "runtime/proc.h"
+#include "runtime/sdnotify.h"
 
 static int mkdir_p(const char *path)
 {
@@ -66,6 +72,9 @@ int main(int argc, char **argv)
     int lvl = kvp_log_parse_level(cfg.log_level);
     if (lvl >= 0)
         kvp_log_set_level(lvl);
+    int fmt = kvp_log_parse_format(cfg.log_format);
+    if (fmt >= 0)
+        kvp_log_set_format(fmt); /* lines logged before this follow KVPOOL_LOG_FORMAT */
     if (!cfg.data_dir[0]) {
         fprintf(stderr, "kvpool-master: --data-dir is required\n");
         return 2;
@@ -98,7 +107,21 @@ int main(int argc, char **argv)
                 rc == KVP_ERR_INVALID ? " (bad settings: see the line above)" : "");
         return rc == KVP_ERR_INVALID ? 2 : 1;
     }
+    /* Bound and wired: a request sent from now on is served (by the leader, or answered "not
+     * leader, try X"). Tell a service manager (systemd Type=notify) the start is done. */
+    char status[400];
+    snprintf(status, sizeof status, "READY=1\nSTATUS=serving on %s (member %llu)", cfg.listen,
+             (unsigned long long)cfg.id);
+    kvp_sd_notify("kvpool-master", status);
     rc = kvp_master_service_run(svc);
+    kvp_sd_notify("kvpool-master", "STOPPING=1");
+    if (rc == KVP_ERR_IO) {
+        /* The Raft log cannot be written (logged above): raft holds appends it will never see
+         * answered, so no orderly close; what was persisted is on disk, the others lead. */
+        fprintf(stderr, "kvpool-master: stopped: its raft log cannot be written; start it again once the "
+                        "disk is fixed\n");
+        _exit(1);
+    }
     kvp_master_service_destroy(&svc);
     close(lock_fd);
     return rc == KVP_OK ? 0 : 1;

@@ -12,11 +12,17 @@
  * SIGINT: unmount and exit 0. SIGTERM: drain (DrainSegment, wait up to drain_timeout_ms for the
  * master to report no replica left here), then unmount and exit 0. docs/data-plane.md.
  * Either signal before the mount has been confirmed (no master answering yet) exits at once
- * with 130 (SIGINT) or 143 (SIGTERM), without mounting.
+ * with 130 (SIGINT) or 143 (SIGTERM), without mounting. With no master answering at start it
+ * keeps trying the mount (backoff 1 s → 10 s, one WARN line per try) until one does.
+ * metrics_port > 0: /metrics, /healthz, /readyz on local_hostname:metrics_port from before the
+ * mount (readyz: 503 until mounted) until the end (docs/operations.md "Metrics").
+ * Under systemd (Type=notify) it sends READY=1 once mounted and STOPPING=1 on SIGTERM/SIGINT
+ * (packaging/systemd/).
  */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +33,9 @@
 #include "actors/segment/segment.h"
 #include "config/config.h"
 #include "kvpool.h"
+#include "metrics/metrics.h"
 #include "runtime/log.h"
+#include "runtime/sdnotify.h"
 
 static void usage(void)
 {
@@ -70,6 +78,79 @@ static void *start_watch_main(void *arg)
     return NULL;
 }
 
+/*
+ * The metrics endpoint's view of the segment. `seg` is stored (release) once the start has
+ * returned and read (acquire) by the HTTP thread; the HTTP server is stopped before the segment
+ * is, so the pointer never dangles. An atomic rather than a message: the reader is
+ * libmicrohttpd's thread (no mailbox) and the segment's counters are themselves published
+ * with relaxed atomics by their single writers (kvp_segment_stats).
+ */
+struct seg_http {
+    _Atomic(struct kvp_segment *) seg;
+    uint64_t size_bytes;
+};
+
+static void seg_render(void *ctx, struct kvp_metrics_text *t)
+{
+    struct seg_http *h = ctx;
+    struct kvp_segment *seg = atomic_load_explicit(&h->seg, memory_order_acquire);
+    struct kvp_segment_stats st;
+    kvp_segment_stats(seg, &st); /* all zero before the start returned */
+    kvp_metrics_family(t, "kvpool_segment_mounted", "gauge", "1 when the segment is mounted at the master.");
+    kvp_metrics_sample_u64(t, "kvpool_segment_mounted", NULL, st.segment_id != 0);
+    if (seg) {
+        char id[16];
+        snprintf(id, sizeof id, "%u", st.segment_id);
+        const char *l[] = {"name", kvp_segment_name(seg), "endpoint", kvp_segment_endpoint(seg), "segment_id", id, NULL};
+        kvp_metrics_family(t, "kvpool_segment_info", "gauge", "Always 1; the labels name the segment.");
+        kvp_metrics_sample_u64(t, "kvpool_segment_info", l, 1);
+    }
+    kvp_metrics_family(t, "kvpool_segment_size_bytes", "gauge", "Bytes of memory this segment contributes.");
+    kvp_metrics_sample_u64(t, "kvpool_segment_size_bytes", NULL, h->size_bytes);
+    kvp_metrics_family(t, "kvpool_segment_mounts_total", "counter",
+                       "Successful mounts (1 + remounts after the master declared the segment lost).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_mounts_total", NULL, st.mounts);
+    kvp_metrics_family(t, "kvpool_segment_mount_failures_total", "counter",
+                       "Mount tries that failed (no master answering, or refused).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_mount_failures_total", NULL, st.mount_failures);
+    kvp_metrics_family(t, "kvpool_segment_transfer_bytes_total", "counter",
+                       "Payload bytes served by the data plane: read = sent to readers, write = landed in the region.");
+    const char *rd[] = {"direction", "read", NULL}, *wr[] = {"direction", "write", NULL};
+    kvp_metrics_sample_u64(t, "kvpool_segment_transfer_bytes_total", rd, st.server.bytes_read);
+    kvp_metrics_sample_u64(t, "kvpool_segment_transfer_bytes_total", wr, st.server.bytes_written);
+    kvp_metrics_family(t, "kvpool_segment_requests_total", "counter", "Data-plane requests by operation and result.");
+    for (int o = 0; o < KVP_SEG_OPS; o++)
+        for (int r = 0; r < KVP_SEG_RESULTS; r++) {
+            const char *l[] = {"op", kvp_seg_op_names[o], "result", kvp_seg_result_names[r], NULL};
+            kvp_metrics_sample_u64(t, "kvpool_segment_requests_total", l, st.server.requests[o][r]);
+        }
+    kvp_metrics_family(t, "kvpool_segment_bad_frames_total", "counter",
+                       "Malformed data-plane frame headers (each closed its connection).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_bad_frames_total", NULL, st.server.bad_frames);
+    kvp_metrics_family(t, "kvpool_segment_connections", "gauge", "Data-plane connections being served.");
+    kvp_metrics_sample_u64(t, "kvpool_segment_connections", NULL, st.server.conns_open);
+    kvp_metrics_family(t, "kvpool_segment_connections_accepted_total", "counter", "Data-plane connections accepted.");
+    kvp_metrics_sample_u64(t, "kvpool_segment_connections_accepted_total", NULL, st.server.conns_accepted);
+    kvp_metrics_family(t, "kvpool_segment_connections_refused_total", "counter",
+                       "Data-plane connections refused (over the connection limit).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_connections_refused_total", NULL, st.server.conns_refused);
+}
+
+static bool seg_ready(void *ctx, char *why, size_t cap)
+{
+    struct seg_http *h = ctx;
+    struct kvp_segment *seg = atomic_load_explicit(&h->seg, memory_order_acquire);
+    if (!seg) {
+        snprintf(why, cap, "not mounted yet (waiting for a master to answer the mount)");
+        return false;
+    }
+    if (kvp_segment_id(seg) == 0) {
+        snprintf(why, cap, "not mounted (a remount failed; the heartbeat retries it)");
+        return false;
+    }
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -93,6 +174,9 @@ int main(int argc, char **argv)
     int lvl = kvp_log_parse_level(cfg.log_level);
     if (lvl >= 0)
         kvp_log_set_level(lvl);
+    int fmt = kvp_log_parse_format(cfg.log_format);
+    if (fmt >= 0)
+        kvp_log_set_format(fmt); /* lines logged before this follow KVPOOL_LOG_FORMAT */
 
     char *masters[KVP_CFG_MAX_MASTERS];
     size_t n_masters = 0;
@@ -103,12 +187,27 @@ int main(int argc, char **argv)
                 kvp_strerror(rc));
         return 2;
     }
+    /* Before the mount: /healthz answers and /readyz says why not yet while no master does. */
+    struct seg_http sh = {.size_bytes = cfg.global_segment_size};
+    atomic_init(&sh.seg, NULL);
+    struct kvp_metrics_http *http = NULL;
+    if (cfg.metrics_port) {
+        struct kvp_metrics_http_ops ops = {.ctx = &sh, .render = seg_render, .ready = seg_ready};
+        rc = kvp_metrics_http_start(&http, "kvpool-segment", cfg.local_hostname, cfg.metrics_port, cfg.bind_retry_ms,
+                                    &ops);
+        if (rc != KVP_OK) {
+            fprintf(stderr, "kvpool-segment: cannot serve metrics on port %u: %s (see the line above)\n",
+                    cfg.metrics_port, kvp_strerror(rc));
+            return rc == KVP_ERR_INVALID ? 2 : 1;
+        }
+    }
     struct kvp_msession *ms = NULL;
     rc = kvp_msession_new(&ms, (const char *const *)masters, n_masters,
                           cfg.name[0] ? cfg.name : "kvpool-segment");
     kvp_cfg_free_masters(masters, n_masters);
     if (rc != KVP_OK) {
         fprintf(stderr, "kvpool-segment: master session: %s\n", kvp_strerror(rc));
+        kvp_metrics_http_stop(&http);
         return 1;
     }
     /* The start (map, serve, mount) can wait up to the mount's timeout for a master; a signal
@@ -121,7 +220,8 @@ int main(int argc, char **argv)
     pthread_mutex_init(&w.mu, NULL);
     bool watching = pthread_create(&w.th, NULL, start_watch_main, &w) == 0;
     struct kvp_segment *seg = NULL;
-    rc = kvp_segment_start(&seg, &cfg, ms, NULL);
+    struct kvp_segment_hooks hooks = {.mount_retry = true};
+    rc = kvp_segment_start(&seg, &cfg, ms, &hooks);
     int early_sig = 0;
     if (watching) {
         pthread_mutex_lock(&w.mu);
@@ -133,16 +233,24 @@ int main(int argc, char **argv)
     }
     if (rc != KVP_OK) {
         fprintf(stderr, "kvpool-segment: cannot start: %s\n", kvp_strerror(rc));
+        kvp_metrics_http_stop(&http);
         kvp_msession_destroy(&ms);
         return 1;
     }
+    atomic_store_explicit(&sh.seg, seg, memory_order_release);
     printf("kvpool-segment: %s id %u endpoint %s size %llu\n", kvp_segment_name(seg), kvp_segment_id(seg),
            kvp_segment_endpoint(seg), (unsigned long long)cfg.global_segment_size);
     fflush(stdout);
+    /* Mounted: tell a service manager (systemd Type=notify) the start is done. */
+    char status[400];
+    snprintf(status, sizeof status, "READY=1\nSTATUS=mounted as %s (segment %u, endpoint %s)", kvp_segment_name(seg),
+             kvp_segment_id(seg), kvp_segment_endpoint(seg));
+    kvp_sd_notify("kvpool-segment", status);
 
     int sig = early_sig;
     while (!sig && sigwait(&sigs, &sig) != 0)
         ;
+    kvp_sd_notify("kvpool-segment", sig == SIGTERM ? "STOPPING=1\nSTATUS=draining" : "STOPPING=1\nSTATUS=unmounting");
     if (sig == SIGTERM) {
         kvp_log_info("kvpool-segment", "SIGTERM: draining (up to %u ms)", cfg.drain_timeout_ms);
         rc = kvp_segment_drain(seg, cfg.drain_timeout_ms);
@@ -151,6 +259,7 @@ int main(int argc, char **argv)
     } else {
         kvp_log_info("kvpool-segment", "SIGINT: unmounting");
     }
+    kvp_metrics_http_stop(&http); /* before the segment it reads goes */
     kvp_segment_stop(&seg);
     kvp_msession_destroy(&ms);
     return 0;

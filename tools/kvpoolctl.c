@@ -47,7 +47,10 @@ static void usage(FILE *f)
             "  remove-member ID            remove a member from the configuration\n"
             "  drain SEGMENT               mark a segment (id or name) DRAINING\n"
             "  put KEY FILE|- , get KEY [FILE], exists KEY, rm KEY [--force], size KEY\n"
+            "  top [--endpoints HOST:PORT,...] [--interval MS] [--count N]   live view from /metrics (default:\n"
+            "                              the endpoints of --cluster, started with cluster up --metrics)\n"
             "  cluster up --dir DIR --masters N [--segments N --segment-size SIZE] [--base-port P] [--config FILE]\n"
+            "             [--metrics]      (every process serves /metrics; cluster.json names each endpoint)\n"
             "  cluster down --dir DIR [--grace-ms MS]\n"
             "  cluster restart --dir DIR ID     (master id, or segment name)\n"
             "every command accepts --json. Masters default to $KVPOOL_MASTER_SERVER_ADDRESS or $KVPOOL_CLUSTER_FILE.\n");
@@ -178,6 +181,7 @@ static const struct ctl_cmd CMDS[] = {
     {"add-member", ctl_cmd_add_member},
     {"remove-member", ctl_cmd_remove_member},
     {"drain", ctl_cmd_drain},
+    {"top", ctl_cmd_top},
 };
 
 static bool is_data_cmd(const char *s)

@@ -201,6 +201,40 @@ int ctl_cmd_members(struct ctl *c, int argc, char **argv)
     return 0;
 }
 
+/* Per segment: when the leader last heard it, from whom, and why it is suspected; then the
+ * rule's state (withheld lost decisions, the last blind period). docs/operations.md. */
+static void print_liveness(json_t *st)
+{
+    size_t i;
+    json_t *s;
+    json_array_foreach(json_object_get(st, "segments"), i, s) {
+        json_t *l = json_object_get(s, "liveness");
+        if (!l)
+            continue;
+        long long h = (long long)jint(l, "last_heard_ms_ago");
+        char heard[128];
+        if (h < 0)
+            snprintf(heard, sizeof heard, "not heard by this leader");
+        else
+            snprintf(heard, sizeof heard, "heard %lld ms ago by %s, period %lld ms", h, jstr(l, "heard_by"),
+                     (long long)jint(l, "heartbeat_period_ms"));
+        printf("  %-4lld %s: %s%s%s\n", (long long)jint(s, "id"), heard, jstr(l, "verdict"), *jstr(l, "why") ? ": " : "",
+               jstr(l, "why"));
+    }
+    json_t *lv = json_object_get(st, "liveness");
+    if (!lv)
+        return;
+    if (json_is_true(json_object_get(lv, "withholding")))
+        printf("WITHHOLDING lost decisions for %lld ms: %s\n", (long long)jint(lv, "withheld_for_ms"),
+               jstr(lv, "withheld_why"));
+    printf("liveness: heard %lld of %lld segments; quorum contact %lld ms ago; %lld blind periods",
+           (long long)jint(lv, "heard"), (long long)jint(lv, "checked"), (long long)jint(lv, "quorum_contact_ms_ago"),
+           (long long)jint(lv, "blind_periods"));
+    if (jint(lv, "blind_periods") > 0)
+        printf(" (last %lld ms ago: %s)", (long long)jint(lv, "last_blind_ms_ago"), jstr(lv, "last_blind_why"));
+    printf("; %lld withheld episodes\n", (long long)jint(lv, "withheld_episodes"));
+}
+
 int ctl_cmd_segments(struct ctl *c, int argc, char **argv)
 {
     int rc = no_args(c, argc, argv);
@@ -213,8 +247,10 @@ int ctl_cmd_segments(struct ctl *c, int argc, char **argv)
     json_t *segs = json_object_get(st, "segments");
     if (c->json)
         ctl_print_json(segs ? segs : json_array());
-    else
+    else {
         print_segments(segs);
+        print_liveness(st);
+    }
     json_decref(st);
     return 0;
 }

@@ -28,24 +28,11 @@
 
 #include "config/config.h"
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/proc.h"
 #include "tools/kvpoolctl_ctl.h"
 
 #define CLUSTER_MAX_SEGMENTS 64
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
-}
 
 /* ------------------------------------------------------------------ processes */
 
@@ -323,6 +310,7 @@ struct up_opts {
     int segments;
     const char *segment_size;
     int base_port;
+    bool metrics;           /* --metrics: every process gets a metrics_port (cluster.json "metrics") */
     const char *config;
     uint32_t wait_ms;
     uint32_t grace_ms;
@@ -363,6 +351,8 @@ static int parse_opts(struct ctl *c, int argc, char **argv, int first, struct up
         int iv;
         if (strcmp(argv[i], "--json") == 0) {
             c->json = true;
+        } else if (strcmp(argv[i], "--metrics") == 0) {
+            o->metrics = true;
         } else if (want_value(argc, argv, &i, "--dir", &v)) {
             if (!v)
                 goto need;
@@ -441,7 +431,7 @@ static json_t *str_array(const char *const *v, size_t n)
 static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t deadline, json_t **status_out)
 {
     int last_err = KVP_ERR_UNAVAILABLE;
-    while (mono_ms() < deadline) {
+    while (kvp_clock_now_ms() < deadline) {
         /* A process that died will not come up: report it at once. */
         const char *groups[] = {"masters", "segments"};
         for (int g = 0; g < 2; g++) {
@@ -458,13 +448,13 @@ static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t dea
                 }
             }
         }
-        uint64_t now = mono_ms();
+        uint64_t now = kvp_clock_now_ms();
         uint32_t t = deadline - now > 2000 ? 2000 : (uint32_t)(deadline - now);
         int err;
         json_t *st = ctl_status(c, t ? t : 1, &err);
         if (!st) {
             last_err = err;
-            sleep_ms(50);
+            kvp_clock_sleep_ms(50);
             continue;
         }
         int active = 0;
@@ -494,7 +484,7 @@ static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t dea
         }
         json_decref(st);
         last_err = KVP_ERR_UNAVAILABLE;
-        sleep_ms(100);
+        kvp_clock_sleep_ms(100);
     }
     return last_err;
 }
@@ -565,15 +555,19 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
     int n = o.masters;
     char members[2048], masters_list[1024];
     json_t *cl = NULL;
-    uint64_t deadline = mono_ms() + o.wait_ms;
+    uint64_t deadline = kvp_clock_now_ms() + o.wait_ms;
     json_t *st = NULL;
     for (int attempt = 1;; attempt++) {
-        int ctrl[KVP_CFG_MAX_MASTERS], raft[KVP_CFG_MAX_MASTERS], fds[2 * KVP_CFG_MAX_MASTERS];
+        int ctrl[KVP_CFG_MAX_MASTERS], raft[KVP_CFG_MAX_MASTERS], mport[KVP_CFG_MAX_MASTERS];
+        int fds[3 * KVP_CFG_MAX_MASTERS];
         int nfds = 0;
         for (int i = 0; i < n; i++) {
+            mport[i] = 0;
             if (o.base_port) {
                 ctrl[i] = o.base_port + 2 * i;
                 raft[i] = o.base_port + 2 * i + 1;
+                if (o.metrics) /* after the masters' control and Raft ports */
+                    mport[i] = o.base_port + 2 * n + i;
                 continue;
             }
             ctrl[i] = free_port(&fds[nfds]);
@@ -582,7 +576,9 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
             raft[i] = free_port(&fds[nfds]);
             if (raft[i] > 0)
                 nfds++;
-            if (ctrl[i] <= 0 || raft[i] <= 0) {
+            if (o.metrics && (mport[i] = free_port(&fds[nfds])) > 0)
+                nfds++;
+            if (ctrl[i] <= 0 || raft[i] <= 0 || (o.metrics && mport[i] <= 0)) {
                 fprintf(stderr, "kvpoolctl cluster up: no free port: %s\n", strerror(errno));
                 for (int k = 0; k < nfds; k++)
                     close(fds[k]);
@@ -622,9 +618,20 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
                 nftw(data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
             }
             unlink(log);
-            const char *cmd[] = {master_exe, "--id", id, "--listen", listen, "--raft-address", raddr,
-                                 "--data-dir", data, "--members", members, "--config", master_config};
-            size_t ncmd = o.config ? 13 : 11;
+            const char *cmd[16] = {master_exe, "--id", id, "--listen", listen, "--raft-address", raddr,
+                                   "--data-dir", data, "--members", members};
+            size_t ncmd = 11;
+            if (o.config) {
+                cmd[ncmd++] = "--config";
+                cmd[ncmd++] = master_config;
+            }
+            char mp[16], maddr[64];
+            snprintf(mp, sizeof mp, "%d", mport[i]);
+            snprintf(maddr, sizeof maddr, "127.0.0.1:%d", mport[i]);
+            if (o.metrics) {
+                cmd[ncmd++] = "--metrics-port";
+                cmd[ncmd++] = mp;
+            }
             json_t *m = json_object();
             json_object_set_new(m, "id", json_integer(i + 1));
             json_object_set_new(m, "name", json_string(name));
@@ -633,6 +640,8 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
             json_object_set_new(m, "raft_address", json_string(raddr));
             json_object_set_new(m, "data_dir", json_string(data));
             json_object_set_new(m, "log", json_string(log));
+            if (o.metrics)
+                json_object_set_new(m, "metrics", json_string(maddr));
             json_object_set_new(m, "cmdline", str_array(cmd, ncmd));
             pid_t pid = spawn(json_object_get(m, "cmdline"), log);
             json_object_set_new(m, "pid", json_integer(pid));
@@ -656,17 +665,17 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
             size_t i;
             json_t *m;
             json_array_foreach(jm, i, m) if (member_alive(m)) kill((pid_t)json_integer_value(json_object_get(m, "pid")), SIGKILL);
-            uint64_t d2 = mono_ms() + 3000;
+            uint64_t d2 = kvp_clock_now_ms() + 3000;
             bool any = true;
-            while (any && mono_ms() < d2) {
+            while (any && kvp_clock_now_ms() < d2) {
                 any = false;
                 json_array_foreach(jm, i, m) any |= member_alive(m);
                 if (any)
-                    sleep_ms(20);
+                    kvp_clock_sleep_ms(20);
             }
             json_decref(cl);
             cl = NULL;
-            deadline = mono_ms() + o.wait_ms;
+            deadline = kvp_clock_now_ms() + o.wait_ms;
             continue;
         }
         if (rc == KVP_ERR_IO)
@@ -687,9 +696,25 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         snprintf(name, sizeof name, "seg-%d", i + 1);
         snprintf(log, sizeof log, "%s/%s.log", dir, name);
         unlink(log);
-        const char *cmd[] = {seg_exe, "--name", name, "--global-segment-size", o.segment_size,
-                             "--master-server-address", masters_list, "--config", seg_config};
-        size_t ncmd = o.config ? 9 : 7;
+        const char *cmd[12] = {seg_exe, "--name", name, "--global-segment-size", o.segment_size,
+                               "--master-server-address", masters_list};
+        size_t ncmd = 7;
+        if (o.config) {
+            cmd[ncmd++] = "--config";
+            cmd[ncmd++] = seg_config;
+        }
+        char mp[16], maddr[64];
+        int sport = 0;
+        if (o.metrics) {
+            int fd = -1;
+            sport = o.base_port ? o.base_port + 3 * n + i : free_port(&fd);
+            if (fd >= 0)
+                close(fd);
+            snprintf(mp, sizeof mp, "%d", sport);
+            snprintf(maddr, sizeof maddr, "127.0.0.1:%d", sport);
+            cmd[ncmd++] = "--metrics-port";
+            cmd[ncmd++] = mp;
+        }
         json_t *s = json_object();
         uint64_t size = 0;
         kvp_cfg_parse_size(o.segment_size, &size);
@@ -697,6 +722,8 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         json_object_set_new(s, "role", json_string("segment"));
         json_object_set_new(s, "log", json_string(log));
         json_object_set_new(s, "size", json_integer((json_int_t)size));
+        if (o.metrics && sport > 0)
+            json_object_set_new(s, "metrics", json_string(maddr));
         json_object_set_new(s, "cmdline", str_array(cmd, ncmd));
         pid_t pid = spawn(json_object_get(s, "cmdline"), log);
         json_object_set_new(s, "pid", json_integer(pid));
@@ -721,6 +748,8 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         printf("cluster up: %d master(s) (leader %lld), %d segment(s); %s\n", n, (long long)leader, o.segments,
                cpath);
         printf("masters: %s\n", masters_list);
+        if (o.metrics)
+            printf("metrics: kvpoolctl --cluster %s top\n", cpath);
     }
     json_decref(cl);
     return 0;
@@ -733,32 +762,32 @@ static int stop_members(json_t **list, size_t n, uint32_t grace_ms, int sig)
     for (size_t i = 0; i < n; i++)
         if (member_alive(list[i]))
             kill((pid_t)json_integer_value(json_object_get(list[i], "pid")), sig);
-    uint64_t deadline = mono_ms() + grace_ms;
+    uint64_t deadline = kvp_clock_now_ms() + grace_ms;
     for (;;) {
         size_t alive = 0;
         for (size_t i = 0; i < n; i++)
             alive += member_alive(list[i]);
         if (!alive)
             break;
-        if (mono_ms() >= deadline) {
+        if (kvp_clock_now_ms() >= deadline) {
             for (size_t i = 0; i < n; i++)
                 if (member_alive(list[i])) {
                     fprintf(stderr, "kvpoolctl cluster down: pid %lld did not stop in %u ms: SIGKILL\n",
                             (long long)json_integer_value(json_object_get(list[i], "pid")), grace_ms);
                     kill((pid_t)json_integer_value(json_object_get(list[i], "pid")), SIGKILL);
                 }
-            uint64_t d2 = mono_ms() + 2000;
-            while (mono_ms() < d2) {
+            uint64_t d2 = kvp_clock_now_ms() + 2000;
+            while (kvp_clock_now_ms() < d2) {
                 alive = 0;
                 for (size_t i = 0; i < n; i++)
                     alive += member_alive(list[i]);
                 if (!alive)
                     break;
-                sleep_ms(20);
+                kvp_clock_sleep_ms(20);
             }
             break;
         }
-        sleep_ms(20);
+        kvp_clock_sleep_ms(20);
     }
     int left = 0;
     for (size_t i = 0; i < n; i++) {

@@ -217,8 +217,12 @@ static int parse(int argc, char **argv, kvp_config *cfg, struct data_args *a)
         } else if (is_flag(name, "cluster", len)) {
             cluster = v;
         } else if (is_flag(name, "timeout", len)) {
-            /* kvpoolctl's global --timeout MS: the call timeout and the master RPC timeout */
-            rc = kvp_config_set(cfg, "transfer_timeout", v);
+            /* kvpoolctl's global --timeout MS: the call timeout and the master RPC timeout
+             * (transfer_timeout's plain number is seconds, Mooncake's unit: say ms) */
+            char ms[64];
+            snprintf(ms, sizeof ms, "%sms", v);
+            rc = strspn(v, "0123456789") == strlen(v) ? kvp_config_set(cfg, "transfer_timeout", ms)
+                                                     : kvp_config_set(cfg, "transfer_timeout", v);
             if (rc == KVP_OK)
                 rc = kvp_config_set(cfg, "rpc_timeout_ms", v);
             if (rc != KVP_OK) {

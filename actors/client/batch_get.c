@@ -33,6 +33,9 @@
 #include <unistd.h>
 
 #include "actors/client/client.h"
+#include "actors/client/client_metrics.h"
+#include "actors/client/devmem.h"
+#include "actors/client/devstage.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -83,14 +86,19 @@ static uint64_t cap_of(const struct kvp_client_obj *o)
     return cap;
 }
 
-static int check_obj(const struct kvp_client_obj *o)
+static int check_obj(const struct kvp_client_obj *o, int *dev)
 {
+    *dev = -1;
     if (kvp_client_check_key(o->key) != KVP_OK || (!o->iov && o->iovcnt > 0))
         return kvp_client_invalid(__func__, "bad key (NULL, empty or over 512 bytes), or a NULL iov array with iovcnt > 0");
     for (size_t k = 0; k < o->iovcnt; k++)
         if (o->iov[k].len > 0 && !o->iov[k].base)
             return kvp_client_invalid(__func__, "an iov piece of non-zero length has a NULL base");
-    return KVP_OK;
+    /* [GPU hook] an object with device pieces is staged (devstage.h) */
+    int cl = kvp_devmem_iov_class("get", o->key, o->iov, o->iovcnt, dev);
+    if (cl <= 0)
+        *dev = -1;
+    return cl < 0 ? cl : KVP_OK;
 }
 
 static size_t count_pieces(const struct kvp_client_obj *o, uint64_t size)
@@ -106,8 +114,50 @@ static size_t count_pieces(const struct kvp_client_obj *o, uint64_t size)
     return n;
 }
 
+void kvp_client_avoid_note(struct kvp_client *c, uint32_t segment_id)
+{
+    uint64_t now = kvp_clock_now_ms();
+    pthread_mutex_lock(&c->mu);
+    size_t slot = 0;
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX; k++) {
+        if (c->avoid[k].segment_id == segment_id) {
+            slot = k;
+            break;
+        }
+        if (c->avoid[k].until_ms < c->avoid[slot].until_ms)
+            slot = k; /* the oldest (or an empty) entry */
+    }
+    c->avoid[slot].segment_id = segment_id;
+    c->avoid[slot].until_ms = now + KVP_CLIENT_AVOID_MS;
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool kvp_client_avoided(struct kvp_client *c, uint32_t segment_id, uint64_t now_ms)
+{
+    bool yes = false;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX && !yes; k++)
+        yes = c->avoid[k].segment_id == segment_id && c->avoid[k].until_ms > now_ms;
+    pthread_mutex_unlock(&c->mu);
+    return yes;
+}
+
+size_t kvp_client_avoid_list(struct kvp_client *c, uint32_t *out, size_t cap)
+{
+    uint64_t now = kvp_clock_now_ms();
+    size_t n = 0;
+    pthread_mutex_lock(&c->mu);
+    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX && n < cap; k++)
+        if (c->avoid[k].segment_id && c->avoid[k].until_ms > now)
+            out[n++] = c->avoid[k].segment_id;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 void kvp_client_report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline)
 {
+    for (size_t i = 0; i < n; i++)
+        kvp_client_avoid_note(c, segs[i]);
     for (size_t i = 0; i < n; i++) {
         if (kvp_client_remaining(deadline) == 0)
             return;
@@ -144,8 +194,11 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     struct kvp_xfer_slice *slices = NULL;
     size_t *slice_slot = NULL;
     Kvp__Response *resp = NULL;
+    int *obj_dev = calloc(n, sizeof *obj_dev);       /* [GPU hook] per slot: device ordinal or -1 */
+    uint64_t *dsum = NULL;                           /* [GPU hook] per staged slot: XXH3 of its bounce bytes */
+    bool any_dev = false;                            /* [GPU hook] some slot is staged */
 
-    if (!keyv || !sorted || !uidx || !ukeys || !sl || !bad) {
+    if (!keyv || !sorted || !uidx || !ukeys || !sl || !bad || !obj_dev) {
         for (size_t i = 0; i < n; i++)
             results[i] = KVP_ERR_NOMEM;
         goto out;
@@ -154,7 +207,8 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     /* 1. validate; distinct keys for the request */
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        results[i] = check_obj(&objs[i]);
+        results[i] = check_obj(&objs[i], &obj_dev[i]);
+        any_dev |= obj_dev[i] >= 0;
         keyv[i] = objs[i].key;
         if (results[i] == KVP_OK)
             sorted[m++] = i;
@@ -220,19 +274,26 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         s->info = info;
         s->last_err = KVP_ERR_TRANSFER;
         size_t lim = info->n_replicas < 16 ? info->n_replicas : 16;
-        /* the same process first (local transport), then the master's order */
+        /* the same process first (local transport), then the master's order, then the
+         * replicas on segments this client could not reach lately (kvp_client_avoid_note) */
+        uint64_t now_ms = kvp_clock_now_ms();
+        bool avoided[16];
+        for (size_t r = 0; r < lim; r++)
+            avoided[r] = kvp_client_avoided(c, info->replicas[r]->segment_id, now_ms);
         for (size_t r = 0; r < lim; r++) {
             const Kvp__Replica *rep = info->replicas[r];
             if (local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
                 strcmp(rep->host, c->cfg.local_hostname) == 0)
                 s->order[s->n_order++] = r;
         }
-        for (size_t r = 0; r < lim; r++) {
-            const Kvp__Replica *rep = info->replicas[r];
-            if (!(local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
-                  strcmp(rep->host, c->cfg.local_hostname) == 0))
-                s->order[s->n_order++] = r;
-        }
+        for (int pass = 0; pass < 2; pass++)
+            for (size_t r = 0; r < lim; r++) {
+                const Kvp__Replica *rep = info->replicas[r];
+                if (!(local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
+                      strcmp(rep->host, c->cfg.local_hostname) == 0) &&
+                    avoided[r] == (pass == 1))
+                    s->order[s->n_order++] = r;
+            }
         s->pending = true;
         pending++;
     }
@@ -294,7 +355,18 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         uint32_t round_ms = round_budget(c, sl, n, left);
         bool capped = round_ms < left;
         /* returns when every slice is terminal: completed, failed or fenced (C2) */
-        kvp_xfer_run(c->xfer, slices, ns, round_ms);
+        /* [GPU hook] slots with device pieces go through bounce buffers; the others run exactly
+         * as kvp_xfer_run */
+        if (any_dev && !dsum && !(dsum = calloc(n, sizeof *dsum))) {
+            for (size_t q = 0; q < ns; q++)
+                slices[q].status = KVP_ERR_NOMEM;
+        } else if (any_dev) {
+            struct kvp_devstage_batch db = {.slices = slices, .n = ns, .group = slice_slot, .group_dev = obj_dev,
+                                            .n_groups = n, .sum = dsum, .timeout_ms = round_ms};
+            kvp_devstage_run(c->devstage, &db);
+        } else {
+            kvp_xfer_run(c->xfer, slices, ns, round_ms);
+        }
         rounds++;
         /* A transfer that ended after the lease may have read an extent already reused by
          * another put: its bytes are never returned (docs/eviction.md). */
@@ -336,7 +408,9 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                 continue;
             }
             if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM ||
-                st == KVP_ERR_FENCE_FAILED) { /* fence failure: reported, not retried (C2 item 3) */
+                st == KVP_ERR_FENCE_FAILED || st == KVP_ERR_DEVICE) {
+                /* fence failure: reported, not retried (C2 item 3); [GPU hook] a GPU copy error is
+                 * local: another replica would not help */
                 results[i] = st;
                 pending--;
                 continue;
@@ -368,7 +442,9 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                 /* every slice completed: verify */
                 const struct kvp_client_obj *o = &objs[i];
                 uint64_t tv = kvp_clock_now_us();
-                uint64_t h = kvp_client_checksum(o->iov, o->iovcnt, sl[i].info->size);
+                /* [GPU hook] a staged slot was summed on its bounce buffers: the CPU never reads
+                 * device memory */
+                uint64_t h = obj_dev[i] >= 0 ? dsum[i] : kvp_client_checksum(o->iov, o->iovcnt, sl[i].info->size);
                 t_verify += kvp_clock_now_us() - tv;
                 if (h == sl[i].info->checksum) {
                     results[i] = (int64_t)sl[i].info->size;
@@ -406,6 +482,8 @@ out:
     free(ukeys);
     free(sl);
     free(bad);
+    free(obj_dev);
+    free(dsum);
 }
 
 void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
@@ -439,13 +517,16 @@ int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const k
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
     if (!objs) {
+        kvp_client_metrics_get(c, KVP_ERR_NOMEM, n, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_get_objs(c, n, objs, timeout_ms, results);
     free(objs);
+    kvp_client_metrics_get(c, KVP_OK, n, results, t0);
     kvp_client_leave(c);
     return KVP_OK;
 }
@@ -460,13 +541,16 @@ int kvp_batch_get(kvp_client *c, size_t n, const char *const keys[], void *const
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, bufs, caps);
     if (!objs) {
+        kvp_client_metrics_get(c, KVP_ERR_NOMEM, n, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_get_objs(c, n, objs, timeout_ms, results);
     free(objs);
+    kvp_client_metrics_get(c, KVP_OK, n, results, t0);
     kvp_client_leave(c);
     return KVP_OK;
 }

@@ -15,6 +15,9 @@
 #include <string.h>
 
 #include "actors/client/client.h"
+#include "actors/client/client_metrics.h"
+#include "actors/client/devmem.h"
+#include "actors/client/devstage.h"
 #include "actors/client/put_retry.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -26,6 +29,7 @@ struct put_item {
     uint64_t op_id;
     int status;           /* running status of the item */
     const Kvp__PutStartResult *start; /* PutStart result (borrowed from the response) */
+    int dev;              /* [GPU hook] device ordinal of its device pieces, -1: host memory only */
 };
 
 static uint64_t obj_size(const struct kvp_client_obj *o, int *rc)
@@ -53,7 +57,8 @@ static uint64_t obj_size(const struct kvp_client_obj *o, int *rc)
 /* Map a slice's terminal status to the put's per-key error. */
 static int slice_error(int st)
 {
-    if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM || st == KVP_ERR_FENCE_FAILED)
+    if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_CLOSED || st == KVP_ERR_NOMEM || st == KVP_ERR_FENCE_FAILED ||
+        st == KVP_ERR_DEVICE)
         return st;
     return KVP_ERR_TRANSFER;
 }
@@ -112,7 +117,7 @@ static void put_sums_compute(void *arg)
 {
     struct put_sums *ps = arg;
     for (size_t j = 0; j < ps->m; j++) {
-        if (ps->it[j].status != KVP_OK)
+        if (ps->it[j].status != KVP_OK || ps->it[j].dev >= 0) /* [GPU hook] staged: summed on its bounce buffers */
             continue;
         const struct kvp_client_obj *o = &ps->objs[ps->it[j].obj];
         ps->sum[j] = kvp_client_checksum(o->iov, o->iovcnt, ps->it[j].size);
@@ -148,8 +153,12 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     bool *have_sum = calloc(n, sizeof *have_sum);
     struct kvp_xfer_slice *slices = NULL;
     size_t *slice_item = NULL;
+    uint8_t *slice_feed = NULL; /* [GPU hook] 1: replica 0's slices, which feed the staged checksum */
+    int *item_dev = NULL;       /* [GPU hook] per item: it[j].dev */
     uint32_t bad[KVP_PUT_MAX_REPORTS]; /* segments whose slices failed with a transfer error */
     size_t n_bad = 0;
+    uint32_t wrote[KVP_PUT_MAX_REPORTS]; /* segments that took a slice: witnesses sent in PutEnd */
+    size_t n_wrote = 0;
     Kvp__Response *start_resp = NULL, *end_resp = NULL;
     size_t m = 0;
     /* NO_SPACE retries while the master evicts (put_retry.c): latest result per item. */
@@ -170,6 +179,13 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         uint64_t size = 0;
         if (rc == KVP_OK)
             size = obj_size(&objs[i], &rc);
+        int dev = -1; /* [GPU hook] device pieces are staged (devstage.h) */
+        if (rc == KVP_OK) {
+            int cl = kvp_devmem_iov_class("put", objs[i].key, objs[i].iov, objs[i].iovcnt, &dev);
+            rc = cl < 0 ? cl : KVP_OK;
+            if (cl <= 0)
+                dev = -1;
+        }
         results[i] = rc;
         if (rc != KVP_OK)
             continue;
@@ -178,6 +194,7 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
             .size = size,
             .op_id = c->client_id ^ (atomic_fetch_add(&c->op_counter, 1) + 1),
             .status = KVP_OK,
+            .dev = dev,
         };
         kvp__put_start_item__init(&si[m]);
         si[m].key = (char *)objs[i].key;
@@ -193,6 +210,9 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     }
     if (m == 0)
         goto out;
+    bool any_dev = false; /* [GPU hook] some item is staged */
+    for (size_t j = 0; j < m; j++)
+        any_dev |= it[j].dev >= 0;
 
     /* 2. PutStart for the whole batch */
     {
@@ -206,6 +226,10 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
          * it): the master revokes it at ttl, then quarantines the space fence_grace_ms more
          * (contract C3, docs/fencing.md). */
         ps.ttl_ms = (uint64_t)kvp_client_remaining(deadline) + KVP_CLIENT_PUT_TTL_MARGIN_MS;
+        /* segments this client could not reach lately: placed last (issue 18 item 2) */
+        uint32_t avoid[KVP_CLIENT_AVOID_MAX];
+        ps.n_avoid_segments = kvp_client_avoid_list(c, avoid, KVP_CLIENT_AVOID_MAX);
+        ps.avoid_segments = avoid;
         req.body_case = KVP__REQUEST__BODY_PUT_START;
         req.put_start = &ps;
         int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_START, &start_resp);
@@ -267,7 +291,11 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     if (ns > 0) {
         slices = calloc(ns, sizeof *slices);
         slice_item = calloc(ns, sizeof *slice_item);
-        if (!slices || !slice_item) {
+        if (any_dev) {
+            slice_feed = calloc(ns, sizeof *slice_feed);
+            item_dev = calloc(m, sizeof *item_dev);
+        }
+        if (!slices || !slice_item || (any_dev && (!slice_feed || !item_dev))) {
             for (size_t j = 0; j < m; j++)
                 if (it[j].status == KVP_OK) {
                     it[j].status = KVP_ERR_NOMEM;
@@ -295,6 +323,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                         .op = KVP_XFER_WRITE,
                         .status = KVP_ERR_TIMEOUT,
                     };
+                    if (slice_feed)
+                        slice_feed[s] = r == 0;
                     slice_item[s++] = j;
                     off += o->iov[k].len;
                 }
@@ -308,19 +338,51 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
             } else {
                 struct put_sums ps = {.it = it, .m = m, .objs = objs, .sum = sum, .have = have_sum};
                 /* per-slice status is authoritative */
-                kvp_xfer_run_overlap(c->xfer, slices, ns, left, put_sums_compute, &ps);
+                if (!any_dev) {
+                    kvp_xfer_run_overlap(c->xfer, slices, ns, left, put_sums_compute, &ps);
+                } else {
+                    /* [GPU hook] items with device pieces go through bounce buffers; the others
+                     * run as in kvp_xfer_run_overlap */
+                    for (size_t j = 0; j < m; j++)
+                        item_dev[j] = it[j].status == KVP_OK ? it[j].dev : -1;
+                    struct kvp_devstage_batch db = {.slices = slices, .n = ns, .group = slice_item,
+                                                    .feed = slice_feed, .group_dev = item_dev, .n_groups = m,
+                                                    .sum = sum, .timeout_ms = left, .overlap = put_sums_compute,
+                                                    .arg = &ps};
+                    kvp_devstage_run(c->devstage, &db);
+                    for (size_t j = 0; j < m; j++)
+                        if (item_dev[j] >= 0)
+                            have_sum[j] = true; /* used only when all of the item's slices completed */
+                }
             }
             for (size_t q = 0; q < ns; q++) {
                 size_t j = slice_item[q];
                 /* a segment that refused or dropped the connection: reported at the end, so the
                  * master probes it and stops placing new replicas there once it is found dead
                  * (before, every put with a replica there failed until client_ttl passed) */
+                if (slices[q].status == KVP_OK && slices[q].segment_id) {
+                    bool known = false;
+                    for (size_t b = 0; b < n_wrote && !known; b++)
+                        known = wrote[b] == slices[q].segment_id;
+                    if (!known && n_wrote < KVP_PUT_MAX_REPORTS)
+                        wrote[n_wrote++] = slices[q].segment_id;
+                }
                 if (slices[q].status == KVP_ERR_TRANSFER) {
                     bool known = false;
                     for (size_t b = 0; b < n_bad && !known; b++)
                         known = bad[b] == slices[q].segment_id;
                     if (!known && n_bad < KVP_PUT_MAX_REPORTS)
                         bad[n_bad++] = slices[q].segment_id;
+                }
+                if (slices[q].status == KVP_ERR_TIMEOUT && slices[q].segment_id) {
+                    /* silent (a dropped link, a partition from this client only): placed last
+                     * by this client's next PutStarts and read last, unless a slice of this
+                     * same batch completed there (then it is only slow) */
+                    bool answered = false;
+                    for (size_t q2 = 0; q2 < ns && !answered; q2++)
+                        answered = slices[q2].segment_id == slices[q].segment_id && slices[q2].status == KVP_OK;
+                    if (!answered)
+                        kvp_client_avoid_note(c, slices[q].segment_id);
                 }
                 if (slices[q].status != KVP_OK && it[j].status == KVP_OK) {
                     it[j].status = slice_error(slices[q].status);
@@ -358,6 +420,8 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         kvp__put_end_req__init(&pe);
         pe.n_items = ne;
         pe.items = ep;
+        pe.n_written_segments = n_wrote;
+        pe.written_segments = wrote;
         req.body_case = KVP__REQUEST__BODY_PUT_END;
         req.put_end = &pe;
         int rc = kvp_client_rpc(c, &req, deadline, KVP__RESPONSE__BODY_PUT_END, &end_resp);
@@ -395,6 +459,8 @@ out:
     kvp_msession_response_free(end_resp);
     free(slices);
     free(slice_item);
+    free(slice_feed);
+    free(item_dev);
     free(it);
     free(si);
     free(sp);
@@ -450,12 +516,15 @@ int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const k
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
     if (!objs) {
+        kvp_client_metrics_put(c, KVP_ERR_NOMEM, n, NULL, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_put_objs(c, n, objs, opts, results);
+    kvp_client_metrics_put(c, KVP_OK, n, objs, results, t0);
     free(objs);
     kvp_client_leave(c);
     return KVP_OK;
@@ -473,12 +542,15 @@ int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void 
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, (void *const *)bufs, lens);
     if (!objs) {
+        kvp_client_metrics_put(c, KVP_ERR_NOMEM, n, NULL, NULL, t0);
         kvp_client_leave(c);
         return KVP_ERR_NOMEM;
     }
     kvp_client_put_objs(c, n, objs, opts, results);
+    kvp_client_metrics_put(c, KVP_OK, n, objs, results, t0);
     free(objs);
     kvp_client_leave(c);
     return KVP_OK;

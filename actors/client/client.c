@@ -4,6 +4,7 @@
  * Puts are in batch_put.c, gets in batch_get.c. Behaviour: docs/client.md.
  */
 #include "actors/client/client.h"
+#include "actors/client/client_metrics.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -172,11 +173,13 @@ static int probe_leader(struct kvp_client *c)
 
 static void client_free(struct kvp_client *c)
 {
+    kvp_client_metrics_stop(c); /* the HTTP thread reads the engine and the counters: first */
     /* No call is in flight: drop the local registration before the region is unmapped. */
     uint32_t local = c->xfer ? atomic_exchange(&c->local_seg_id, 0u) : 0;
     if (local)
         kvp_xfer_unregister_local(c->xfer, local);
     kvp_segment_stop(&c->seg);
+    kvp_devstage_destroy(&c->devstage); /* [GPU hook] no call is in flight: no lane is busy */
     kvp_xfer_engine_destroy(&c->xfer);
     kvp_msession_destroy(&c->ms);
     free(c->bufs);
@@ -202,7 +205,10 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     c->client_id &= ~0xffffffffull; /* the counter fills the low half: op ids never repeat within a client */
 
     int rc;
-    if (strcmp(c->cfg.protocol, "tcp") != 0 && c->cfg.protocol[0]) {
+    if (strcmp(c->cfg.protocol, "rdma") == 0) {
+        /* vLLM's and SGLang's default: run, on TCP, rather than refuse the whole client. */
+        kvp_log_warn(c->name, "protocol=rdma: the RDMA transport is not available yet; using tcp");
+    } else if (strcmp(c->cfg.protocol, "tcp") != 0 && c->cfg.protocol[0]) {
         kvp_log_error(c->name, "protocol=%s: only tcp is available in this build", c->cfg.protocol);
         rc = KVP_ERR_UNSUPPORTED;
         goto fail;
@@ -220,6 +226,9 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     kvp_cfg_free_masters(masters, n_masters);
     if (rc != KVP_OK)
         goto fail;
+    /* An inference server's prefill must not wait seconds per call while the store is down
+     * (issue 18 item 3): after one whole timeout without any master answering, fail at once. */
+    kvp_msession_set_fail_fast(c->ms, true);
 
     struct kvp_xfer_params xp = {
         .conns_per_peer = c->cfg.conns_per_peer ? c->cfg.conns_per_peer : 4,
@@ -228,6 +237,9 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .io_threads = c->cfg.transfer_io_threads ? c->cfg.transfer_io_threads : 2,
     };
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
+    if (rc != KVP_OK)
+        goto fail;
+    rc = kvp_devstage_new(&c->devstage, c->xfer, 0); /* [GPU hook] lanes are made on first use */
     if (rc != KVP_OK)
         goto fail;
 
@@ -261,9 +273,15 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
             goto fail;
         }
     }
-    kvp_log_info(c->name, "open (%s%s)", c->cfg.master_server_address[0] ? c->cfg.master_server_address
-                                                                          : c->cfg.cluster_file,
-                 c->seg ? ", embedded segment" : "");
+    rc = kvp_client_metrics_start(c);
+    if (rc != KVP_OK) {
+        kvp_log_error(c->name, "metrics endpoint on port %u: %s", c->cfg.metrics_port, kvp_errname(rc));
+        goto fail;
+    }
+    kvp_log_info(c->name, "open (%s%s%s%s)", c->cfg.master_server_address[0] ? c->cfg.master_server_address
+                                                                              : c->cfg.cluster_file,
+                 c->seg ? ", embedded segment " : "", c->seg ? kvp_segment_name(c->seg) : "",
+                 c->cfg.tenant_id[0] ? ", tenant_id kept, not yet enforced" : "");
     *out = c;
     return KVP_OK;
 
@@ -304,6 +322,7 @@ int kvp_batch_exists(kvp_client *c, size_t n, const char *const keys[], int resu
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
+    uint64_t t0 = kvp_client_metrics_t0(c);
     char **valid = calloc(n, sizeof *valid);
     size_t *pos = calloc(n, sizeof *pos);
     if (!valid || !pos) {
@@ -338,6 +357,7 @@ int kvp_batch_exists(kvp_client *c, size_t n, const char *const keys[], int resu
 out:
     free(valid);
     free(pos);
+    kvp_client_metrics_exists(c, rc, n, rc == KVP_OK ? results : NULL, t0);
     kvp_client_leave(c);
     return rc;
 }
@@ -432,6 +452,8 @@ int kvp_register_buffer(kvp_client *c, void *addr, size_t len)
     c->bufs[c->n_bufs++] = (struct kvp_client_buf){.addr = a, .len = len};
 out:
     pthread_mutex_unlock(&c->mu);
+    if (rc == KVP_OK)
+        kvp_client_dev_register(c, addr, len); /* [GPU hook] device memory: cache, pin bounce buffers */
     kvp_client_leave(c);
     return rc;
 }
@@ -445,14 +467,18 @@ int kvp_unregister_buffer(kvp_client *c, void *addr)
         return rc;
     rc = KVP_ERR_NOT_FOUND;
     pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < c->n_bufs; i++) {
+    /* the latest registration at addr first (kvp_register_buffer_overlap may have nested ones) */
+    for (size_t i = c->n_bufs; i-- > 0;) {
         if (c->bufs[i].addr == (uintptr_t)addr) {
-            c->bufs[i] = c->bufs[--c->n_bufs];
+            memmove(&c->bufs[i], &c->bufs[i + 1], (c->n_bufs - i - 1) * sizeof c->bufs[0]);
+            c->n_bufs--;
             rc = KVP_OK;
             break;
         }
     }
     pthread_mutex_unlock(&c->mu);
+    if (rc == KVP_OK)
+        kvp_devmem_forget((uintptr_t)addr); /* [GPU hook] no-op for host memory */
     kvp_client_leave(c);
     return rc;
 }

@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 #include "actors/client/client_state.h"
+#include "actors/client/devmem.h"
+#include "actors/client/devstage.h"
 #include "kvpool.h"
 #include "wire/kvpool.pb-c.h"
 
@@ -88,7 +90,17 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
                          const kvp_put_opts *opts, int results[]);
 /** ReportUnreachable for each of segs[0..n-1] (at most 500 ms each, within deadline; the answer
  * does not matter): the master probes them and declares a dead one lost (batch_get.c). */
+/* GPU memory (devreg.c): kvp_register_buffer on device memory remembers the range (no driver
+ * call per piece later) and pins the device's bounce buffers; host memory: nothing. */
+void kvp_client_dev_register(struct kvp_client *c, void *addr, size_t len);
+
 void kvp_client_report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline);
+/** Reads try replicas on segment_id last for KVP_CLIENT_AVOID_MS (reported unreachable). */
+void kvp_client_avoid_note(struct kvp_client *c, uint32_t segment_id);
+/** The segments avoided now (at most cap, into out); returns how many. Any thread. */
+size_t kvp_client_avoid_list(struct kvp_client *c, uint32_t *out, size_t cap);
+/** true while segment_id's replicas are tried last (kvp_client_avoid_note). Any thread. */
+bool kvp_client_avoided(struct kvp_client *c, uint32_t segment_id, uint64_t now_ms);
 /** Get flows (batch_get.c): results[i] = size or negative code. */
 void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
                          uint32_t timeout_ms, int64_t results[]);

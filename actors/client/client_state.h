@@ -26,22 +26,33 @@ struct kvp_client_buf {
     size_t len;     /* bytes, >= 1 */
 };
 
+struct kvp_client_metrics;
+#define KVP_CLIENT_AVOID_MAX 16
+#define KVP_CLIENT_AVOID_MS 5000u /* how long a reported segment's replicas are tried last */
+
 struct kvp_client {
     char name[64];                  /* "client-<pid>" for log lines */
     struct kvp_cfg_client cfg;      /* copy of the caller's config */
     struct kvp_msession *ms;        /* session with the master quorum (owned) */
     struct kvp_xfer_engine *xfer;   /* transfer engine (owned) */
+    struct kvp_devstage *devstage;  /* GPU staging lanes of this transfer side (owned; devstage.h) */
     struct kvp_segment *seg;        /* embedded segment, NULL when global_segment_size == 0 (owned) */
     uint64_t client_id;             /* random; op ids are client_id ^ counter */
     atomic_uint_fast64_t op_counter;/* per-put counter for op ids */
     atomic_uint local_seg_id;       /* embedded segment id registered with the local transport; 0 = none */
 
-    pthread_mutex_t mu;             /* guards closed, inflight, bufs */
+    pthread_mutex_t mu;             /* guards closed, inflight, bufs, avoid */
     pthread_cond_t idle_cv;         /* signalled when inflight drops to 0 */
     bool closed;                    /* kvp_client_close started: new calls get KVP_ERR_CLOSED */
     uint32_t inflight;              /* API calls running */
     struct kvp_client_buf *bufs;    /* registered buffers (unsorted) */
     size_t n_bufs, cap_bufs;
+    struct kvp_client_metrics *metrics; /* client_metrics.c; NULL when metrics_port is 0 */
+    /* Segments this client could not reach lately (it reported them unreachable): gets try their
+     * replicas last and PutStart asks to place on them last until `until_ms` (issue 18 item 2:
+     * the master may still hear them, so their replicas stay listed). Under mu: every caller thread reads it when ordering replicas; the
+     * client is a library called from the caller's threads, not an actor with a mailbox. */
+    struct { uint32_t segment_id; uint64_t until_ms; } avoid[KVP_CLIENT_AVOID_MAX];
 };
 
 #endif

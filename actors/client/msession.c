@@ -7,6 +7,11 @@
  * a hint → the next master after a short pause; no reply within the per-attempt timeout
  * (300 ms, doubling to 2 s, never past the call's deadline) → the next master. At the call's
  * deadline: KVP_ERR_UNAVAILABLE.
+ *
+ * Fail fast (when enabled, as the client library does): after a call waited its whole timeout
+ * and no master answered anything meanwhile, the breaker opens: calls fail at once with
+ * KVP_ERR_UNAVAILABLE while the I/O thread probes one master every 200 ms; any reply closes it.
+ * A failover in progress never opens it (the followers answer "not leader" meanwhile).
  */
 #include "actors/client/msession_internal.h"
 
@@ -110,6 +115,28 @@ static void send_attempt(struct kvp_msession *s, struct kvp_ms_call *c, uint64_t
     free(buf);
 }
 
+/* Under mu. Breaker open: send one Members request (answered by any master, leader or not) to
+ * the next master. A send refused (not connected) just moves on at the next probe time. */
+static void send_probe(struct kvp_msession *s, uint64_t now)
+{
+    s->probe_next_ms = now + KVP_MS_PROBE_MS;
+    int i = s->probe_target % (int)s->n_masters;
+    s->probe_target = (i + 1) % (int)s->n_masters;
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__MembersReq mr = KVP__MEMBERS_REQ__INIT;
+    req.body_case = KVP__REQUEST__BODY_MEMBERS;
+    req.members = &mr;
+    req.req_id = ((uint64_t)KVP_MS_PROBE_SEQ << 8) | (++s->probe_attempt & 0xffu);
+    req.timeout_ms = KVP_MS_PROBE_MS;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (kvp_wire_encode_request(&req, &buf, &len) != KVP_OK)
+        return;
+    if (s->socks[i] && zmq_send(s->socks[i], buf, len, ZMQ_DONTWAIT) >= 0)
+        s->sent_ms[i] = now ? now : 1;
+    free(buf);
+}
+
 /* Under mu. Index of master `addr`, adding it when unknown and there is room; -1 otherwise. */
 static int find_or_add_master(struct kvp_msession *s, const char *addr)
 {
@@ -140,6 +167,17 @@ static void on_reply(struct kvp_msession *s, int from, Kvp__Response *resp, uint
 {
     uint64_t seq = resp->req_id >> 8;
     uint32_t attempt = (uint32_t)(resp->req_id & 0xffu);
+    s->last_heard_ms = now ? now : 1;
+    if (s->breaker_open) {
+        s->breaker_open = false;
+        kvp_log_info(s->name, "master %s answered: calls go through again (they failed at once for %llu ms: %llu calls)",
+                     s->masters[from], (unsigned long long)(now - s->breaker_opened_ms),
+                     (unsigned long long)s->fast_failed_open);
+    }
+    if (seq == KVP_MS_PROBE_SEQ) {
+        kvp__response__free_unpacked(resp, NULL);
+        return;
+    }
     struct kvp_ms_call *c = s->calls;
     while (c && c->seq != seq)
         c = c->next;
@@ -186,6 +224,17 @@ static long drive(struct kvp_msession *s, uint64_t now)
         next = c->next;
         if (now >= c->deadline_ms) {
             kvp_log_debug(s->name, "call %llu: no leader answered in time", (unsigned long long)c->seq);
+            if (s->fail_fast && !s->breaker_open && s->last_heard_ms < c->start_ms) {
+                s->breaker_open = true;
+                s->breaker_opened_ms = now;
+                s->probe_next_ms = now;
+                s->probe_target = c->target >= 0 ? c->target : 0;
+                s->probe_attempt = 0;
+                s->fast_failed_open = 0;
+                kvp_log_warn(s->name, "no master answered for %llu ms (a whole call timeout): calls fail at once "
+                             "with UNAVAILABLE until one answers (probing every %u ms)",
+                             (unsigned long long)(now - c->start_ms), KVP_MS_PROBE_MS);
+            }
             complete(s, c, KVP_ERR_UNAVAILABLE, NULL);
             continue;
         }
@@ -206,6 +255,13 @@ static long drive(struct kvp_msession *s, uint64_t now)
         if (c->done)
             continue;
         long t = c->next_action_ms > now ? (long)(c->next_action_ms - now) : 0;
+        if (t < timeout)
+            timeout = t;
+    }
+    if (s->breaker_open) {
+        if (now >= s->probe_next_ms)
+            send_probe(s, now);
+        long t = s->probe_next_ms > now ? (long)(s->probe_next_ms - now) : 0;
         if (t < timeout)
             timeout = t;
     }
@@ -381,7 +437,8 @@ int kvp_msession_call(struct kvp_msession *s, Kvp__Request *req, uint32_t timeou
     c.req = req;
     c.target = -1;
     c.attempt_ms = KVP_MS_FIRST_ATTEMPT_MS;
-    c.deadline_ms = kvp_clock_now_ms() + timeout_ms;
+    c.start_ms = kvp_clock_now_ms();
+    c.deadline_ms = c.start_ms + timeout_ms;
     pthread_cond_init(&c.cv, NULL);
 
     pthread_mutex_lock(&s->mu);
@@ -389,6 +446,13 @@ int kvp_msession_call(struct kvp_msession *s, Kvp__Request *req, uint32_t timeou
         pthread_mutex_unlock(&s->mu);
         pthread_cond_destroy(&c.cv);
         return KVP_ERR_CLOSED;
+    }
+    if (s->breaker_open) { /* fail fast: no master answered a whole call timeout; probing */
+        s->fast_failed++;
+        s->fast_failed_open++;
+        pthread_mutex_unlock(&s->mu);
+        pthread_cond_destroy(&c.cv);
+        return KVP_ERR_UNAVAILABLE;
     }
     s->inflight++;
     c.seq = s->next_seq++;
@@ -403,6 +467,29 @@ int kvp_msession_call(struct kvp_msession *s, Kvp__Request *req, uint32_t timeou
     pthread_cond_destroy(&c.cv);
     *out = c.resp;
     return c.status;
+}
+
+void kvp_msession_set_fail_fast(struct kvp_msession *s, bool on)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->fail_fast = on;
+    if (!on)
+        s->breaker_open = false;
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool kvp_msession_failing_fast(struct kvp_msession *s, uint64_t *fast_failed)
+{
+    if (!s)
+        return false;
+    pthread_mutex_lock(&s->mu);
+    bool open = s->breaker_open;
+    if (fast_failed)
+        *fast_failed = s->fast_failed;
+    pthread_mutex_unlock(&s->mu);
+    return open;
 }
 
 void kvp_msession_response_free(Kvp__Response *resp)

@@ -9,6 +9,7 @@
 #ifndef KVP_CLIENT_MSESSION_H
 #define KVP_CLIENT_MSESSION_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,19 @@ int kvp_msession_new(struct kvp_msession **out, const char *const *masters, size
 int kvp_msession_call(struct kvp_msession *s, Kvp__Request *req, uint32_t timeout_ms, Kvp__Response **out);
 
 void kvp_msession_response_free(Kvp__Response *resp);
+
+/**
+ * Fail fast (a circuit breaker; off by default, the client library turns it on). When on: once a
+ * call has waited its whole timeout while no master answered anything (no reply, not even "not
+ * leader" — so no failover was in progress), later calls return KVP_ERR_UNAVAILABLE at once
+ * instead of waiting, while the session's I/O thread sends a Members request to one master every
+ * 200 ms; the first reply from any master closes the breaker and calls wait normally again.
+ * Calls already waiting are not cut short. Any thread. Turning it off closes an open breaker.
+ */
+void kvp_msession_set_fail_fast(struct kvp_msession *s, bool on);
+
+/** true while the breaker is open; *fast_failed (may be NULL): calls failed at once so far. */
+bool kvp_msession_failing_fast(struct kvp_msession *s, uint64_t *fast_failed);
 
 /** The control address of the last known leader ("" if none); copied into buf. */
 void kvp_msession_leader(struct kvp_msession *s, char *buf, size_t cap);

@@ -24,6 +24,8 @@
 #define KVP_MS_FIRST_ATTEMPT_MS 300u  /* first per-attempt reply timeout */
 #define KVP_MS_MAX_ATTEMPT_MS 2000u   /* per-attempt timeout grows up to this */
 #define KVP_MS_NOHINT_BACKOFF_MS 20u  /* pause before the next master after a hint-less NOT_LEADER */
+#define KVP_MS_PROBE_MS 200u          /* fail-fast: one probe to the next master this often */
+#define KVP_MS_PROBE_SEQ 0u           /* call sequence of probes (calls start at 1) */
 
 /** One caller's request, owned by the caller's stack; linked in the session while pending. */
 struct kvp_ms_call {
@@ -32,6 +34,7 @@ struct kvp_ms_call {
     uint64_t seq;              /* call sequence number (req_id >> 8) */
     uint32_t attempt;          /* attempts sent so far */
     int target;                /* master index of the current attempt, -1 before the first */
+    uint64_t start_ms;         /* monotonic: when the call was made */
     uint64_t deadline_ms;      /* monotonic: the call ends here with UNAVAILABLE */
     uint64_t next_action_ms;   /* monotonic: resend (0 = send now) */
     uint32_t attempt_ms;       /* current per-attempt reply timeout */
@@ -62,6 +65,21 @@ struct kvp_msession {
     void *zctx;                /* ZeroMQ context */
     void *socks[KVP_MS_MAX_MASTERS]; /* DEALER per master, owned by the I/O thread */
     uint64_t sent_ms[KVP_MS_MAX_MASTERS]; /* under mu: last request sent to that master (0 never) */
+
+    /* Fail fast (the circuit breaker, docs/internals.md "Master session"), under mu. When on, a
+     * call that waited its whole timeout while no master answered anything (not even "not
+     * leader": so no failover in progress either) opens the breaker: later calls fail at once
+     * with UNAVAILABLE, and the I/O thread probes one master every KVP_MS_PROBE_MS (a Members
+     * request); the first reply from any master closes it. */
+    bool fail_fast;            /* enabled (kvp_msession_set_fail_fast) */
+    uint64_t last_heard_ms;    /* last reply of any kind from any master (0 = never) */
+    bool breaker_open;
+    uint64_t breaker_opened_ms;
+    uint64_t probe_next_ms;    /* next probe send time */
+    uint32_t probe_attempt;    /* probes sent in this open period (req_id low byte) */
+    int probe_target;          /* master index of the next probe */
+    uint64_t fast_failed;      /* calls failed at once while open (total) */
+    uint64_t fast_failed_open; /* ... in the current open period (for the closing log line) */
     pthread_t thread;          /* the I/O thread */
 };
 

@@ -212,6 +212,7 @@ static int on_segment_state(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
 struct cand {
     seg_t *s;
     bool preferred;
+    bool avoided;   /* in PutStartReq.avoid_segments: placed last */
     bool taken;
 };
 
@@ -220,6 +221,8 @@ static int cand_cmp(const void *a, const void *b)
     const struct cand *x = a, *y = b;
     if (x->preferred != y->preferred)
         return x->preferred ? -1 : 1;
+    if (x->avoided != y->avoided)
+        return x->avoided ? 1 : -1;
     if (x->s->alloc.free_bytes != y->s->alloc.free_bytes)
         return x->s->alloc.free_bytes > y->s->alloc.free_bytes ? -1 : 1;
     return x->s->id < y->s->id ? -1 : (x->s->id > y->s->id);
@@ -242,7 +245,8 @@ static int fill_replicas(const fsm_t *f, const obj_t *o, Kvp__PutStartResult *re
 
 /* Returns KVP_ERR_NOMEM or KVP_OK with res->status set. cands: scratch of n_segs_ids. */
 static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadline,
-                          uint64_t term, struct cand *cands, Kvp__PutStartResult *res)
+                          uint64_t term, const uint32_t *avoid, size_t n_avoid, struct cand *cands,
+                          Kvp__PutStartResult *res)
 {
     size_t klen;
     if (!kvp_fsm_key_valid(it->key, &klen) || it->size == 0 ||
@@ -275,6 +279,9 @@ static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadli
             cands[n].taken = false;
             cands[n].preferred = it->preferred_segment && it->preferred_segment[0] &&
                                  strcmp(s->name, it->preferred_segment) == 0;
+            cands[n].avoided = false;
+            for (size_t a = 0; a < n_avoid && !cands[n].avoided; a++)
+                cands[n].avoided = avoid[a] == s->id;
             n++;
         }
     }
@@ -379,7 +386,8 @@ static int on_put_start(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
         }
         kvp__put_start_result__init(res);
         body->results[body->n_results++] = res;
-        rc = put_start_item(f, q->items[i], deadline, c->term, cands, res);
+        rc = put_start_item(f, q->items[i], deadline, c->term, q->avoid_segments,
+                            q->n_avoid_segments < 16 ? q->n_avoid_segments : 16, cands, res);
     }
     free(cands);
     return rc;

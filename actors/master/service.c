@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "actors/master/service_evict.h"
+#include "actors/master/service_metrics.h"
 #include "actors/master/service_repair.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
@@ -104,6 +105,7 @@ void svc_reply(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id
 {
     if (!identity)
         return;
+    svc_metrics_on_reply(s, resp);
     resp->req_id = req_id;
     uint8_t *buf = NULL;
     size_t len = 0;
@@ -350,6 +352,14 @@ static int on_raftlog_event(zloop_t *loop, zsock_t *sock, void *arg)
         if (kind == KVP_RAFTLOG_EV_LEADER) {
             /* The payload may be older than get_info(); always take the latest view. */
             svc_refresh_leadership(s);
+        } else if (kind == KVP_RAFTLOG_EV_LOG_FAILED) {
+            /* Nothing more can be persisted here: stop once leadership has moved (on_tick), so
+             * a supervisor restarts this member on a fixed disk; the others go on. */
+            if (!s->log_failed_ms)
+                kvp_log_error(s->actor, "%.*s: stopping (exit 1) once leadership has moved, at most 2000 ms",
+                              (int)len, data ? (const char *)data : "raft log write failed");
+            if (!s->log_failed_ms)
+                s->log_failed_ms = kvp_clock_now_ms();
         } else {
             uint64_t v = 0;
             if (!svc_map_del(&s->pending, corr, &v)) {
@@ -378,6 +388,10 @@ static int on_tick(zloop_t *loop, int timer_id, void *arg)
     if (atomic_load_explicit(&s->stop, memory_order_relaxed)) /* flag only, no data: relaxed */
         return -1;
     svc_refresh_leadership(s);
+    if (s->log_failed_ms && (!s->is_leader || kvp_clock_now_ms() - s->log_failed_ms >= 2000)) {
+        s->fatal = true;
+        return -1;
+    }
     return 0;
 }
 
@@ -424,6 +438,9 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     svc_map_init(&s->unreachable);
     svc_map_init(&s->segments);
     svc_map_init(&s->lost_sent);
+    svc_map_init(&s->heard_via);
+    svc_map_init(&s->client_wrote);
+    kvp_liveness_init(&s->liveness, cfg->client_ttl_ms, 0, 0, svc_now_ms());
     svc_map_init(&s->probing);
     if (svc_evict_new(s) != KVP_OK) {
         kvp_master_service_destroy(&s);
@@ -544,6 +561,10 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
                       cfg->raft_address, cfg->data_dir, kvp_strerror(rc));
         goto fail;
     }
+    /* After raft: a metrics port that cannot be bound fails the start like the control port. */
+    rc = svc_metrics_start(s);
+    if (rc != KVP_OK)
+        goto fail;
     kvp_log_info(s->actor, "serving tcp://%s, raft %s, data %s, %d member(s)%s", cfg->listen,
                  cfg->raft_address, cfg->data_dir, s->n_members, cfg->join ? ", joining" : "");
     *out = s;
@@ -565,12 +586,15 @@ int kvp_master_service_run(struct kvp_master_service *s)
         zloop_reader(s->loop, kvp_raftlog_events(s->rl), on_raftlog_event, s) != 0 ||
         zloop_timer(s->loop, 10, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
         svc_evict_timer_start(s) != KVP_OK ||
-        svc_prober_start(s) != KVP_OK) {
+        svc_prober_start(s) != KVP_OK || svc_metrics_timer_start(s) != KVP_OK) {
         rc = KVP_ERR_NOMEM;
     } else {
         svc_refresh_leadership(s);
         zloop_start(s->loop); /* returns on a handler's -1 (stop) or on SIGINT/SIGTERM */
-        kvp_log_info(s->actor, "stopping (%s)", zsys_interrupted ? "signal" : "requested");
+        kvp_log_info(s->actor, "stopping (%s)", s->fatal ? "its raft log cannot be written"
+                                                 : zsys_interrupted ? "signal" : "requested");
+        if (s->fatal)
+            rc = KVP_ERR_IO;
     }
     zloop_destroy(&s->loop);
     zactor_destroy(&s->prober); /* waits for a probe in progress (bounded by probe_timeout_ms) */
@@ -589,6 +613,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     if (!sp || !*sp)
         return;
     struct kvp_master_service *s = *sp;
+    svc_metrics_destroy(s); /* the HTTP thread first: it reads what the rest frees */
     kvp_raftlog_stop(&s->rl); /* the raft thread no longer touches the FSM after this */
     kvp_master_fsm_destroy(&s->fsm);
     size_t pos = 0;
@@ -611,6 +636,9 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->unreachable);
     svc_map_fini(&s->segments);
     svc_map_fini(&s->lost_sent);
+    svc_map_fini(&s->heard_via);
+    svc_map_fini(&s->client_wrote);
+    free(s->verdicts);
     svc_map_fini(&s->probing);
     svc_repair_free(s);
     svc_evict_destroy(s);

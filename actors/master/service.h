@@ -46,7 +46,10 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
 
 /**
  * Serve until SIGINT/SIGTERM (czmq's zsys_interrupted) or kvp_master_service_request_stop().
- * Blocks the calling thread. Returns KVP_OK on a requested stop.
+ * Blocks the calling thread. Returns KVP_OK on a requested stop; KVP_ERR_IO when it stopped
+ * because its Raft log cannot be written (a full disk, an I/O error: logged, leadership handed
+ * over first, at most 2 s): then the caller must exit without kvp_master_service_destroy
+ * (raft holds appends that will never be answered) and let a supervisor restart the member.
  */
 int kvp_master_service_run(struct kvp_master_service *svc);
 

@@ -648,12 +648,11 @@ void svc_repair_note_probe(struct kvp_master_service *s, uint32_t segment_id, in
         svc_map_put(&r->probe_failed, segment_id, svc_now_ms());
 }
 
-bool svc_repair_probe_failed(struct kvp_master_service *s, uint32_t segment_id, uint64_t after_ms)
+uint64_t svc_repair_probe_failed_at(struct kvp_master_service *s, uint32_t segment_id)
 {
     struct svc_repair *r = R(s);
     uint64_t at = 0;
-    return r && svc_map_get(&r->probe_failed, segment_id, &at) && at > after_ms &&
-           svc_now_ms() - at < s->cfg.client_ttl_ms;
+    return r && svc_map_get(&r->probe_failed, segment_id, &at) ? at : 0;
 }
 
 json_t *svc_repair_status(struct kvp_master_service *s)

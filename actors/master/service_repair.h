@@ -48,7 +48,8 @@ void svc_repair_on_result(struct kvp_master_service *s, struct svc_pending *p, i
 void svc_repair_note_probe(struct kvp_master_service *s, uint32_t segment_id, int rc);
 /** true when a probe of segment_id failed after after_ms (monotonic; e.g. its last heartbeat),
  * within the last client_ttl, and none answered since. */
-bool svc_repair_probe_failed(struct kvp_master_service *s, uint32_t segment_id, uint64_t after_ms);
+/** Time of the last failed probe of the segment (monotonic ms), 0 = none (or answered since). */
+uint64_t svc_repair_probe_failed_at(struct kvp_master_service *s, uint32_t segment_id);
 /** The "repair" object of the status document (new reference). */
 json_t *svc_repair_status(struct kvp_master_service *s);
 

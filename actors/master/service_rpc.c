@@ -9,6 +9,7 @@
 
 #include "actors/master/service_evict.h"
 #include "actors/master/service_repair.h"
+#include "actors/master/service_metrics.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -163,6 +164,13 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     for (size_t i = 0; i < pe->n_items; i++)
         p->key_hashes[i] = svc_key_hash(pe->items[i]->key);
     p->n_keys = pe->n_items;
+    /* Witnesses for the liveness rule: a client just wrote to these segments. Soft state only:
+     * ids this leader does not know are ignored, and the field stays out of the Raft log. */
+    uint64_t now = svc_now_ms();
+    for (size_t i = 0; i < pe->n_written_segments; i++)
+        if (pe->written_segments[i] && svc_map_get(&s->segments, pe->written_segments[i], NULL))
+            svc_map_put(&s->client_wrote, pe->written_segments[i], now);
+    pe->n_written_segments = 0;
     Kvp__Command cmd = KVP__COMMAND__INIT;
     command_set(&cmd, KVP__COMMAND__BODY_PUT_END, pe);
     svc_submit(s, p, &cmd);
@@ -393,7 +401,18 @@ static void on_remove_member(struct kvp_master_service *s, zframe_t *id, Kvp__Re
     admin_done(s, p, kvp_raftlog_remove(s->rl, p->corr, mid), "remove member refused");
 }
 
+static void dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req);
+
 void svc_dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
+{
+    int st;
+    uint64_t su;
+    svc_metrics_begin(s, (int)req->body_case, s->cur_recv_us, &st, &su); /* replies counted by type */
+    dispatch(s, id, req);
+    svc_metrics_end(s, st, su);
+}
+
+static void dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     if (!s->is_leader) {
         svc_reply_status(s, id, req->req_id, KVP_ERR_NOT_LEADER, "not the leader");
@@ -460,6 +479,8 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
         }
         break;
     case SVC_INT_STATUS_REFRESH:
+        if (status == KVP_OK && resp && resp->status == KVP_OK && resp->cluster_status)
+            svc_metrics_note_fsm(s, resp->cluster_status->json);
         svc_on_status_refresh(s, status, resp);
         break;
     case SVC_INT_REPAIR_SCAN:
@@ -516,7 +537,11 @@ void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind
             status = KVP_ERR_INTERNAL;
         }
     }
+    int st;
+    uint64_t su;
+    svc_metrics_begin(s, p->body_case, p->recv_us, &st, &su); /* the reply is counted under p's type */
     finish_result(s, p, kind, status, resp);
+    svc_metrics_end(s, st, su);
     if (resp)
         kvp__response__free_unpacked(resp, NULL);
 }
@@ -582,6 +607,7 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
         if (resp->status == KVP_OK && resp->mount && resp->mount->segment_id) {
             uint32_t seg = resp->mount->segment_id;
             svc_map_put(&s->last_hb, seg, now); /* a mount counts as a heartbeat */
+            svc_map_put(&s->heard_via, seg, 1);
             svc_map_put(&s->segments, seg, (uint64_t)KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1);
             svc_map_del(&s->lost_sent, seg, NULL);
             kvp_log_info(s->actor, "segment %u mounted", seg);

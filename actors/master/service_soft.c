@@ -198,7 +198,12 @@ void svc_soft_reset(struct kvp_master_service *s)
     svc_map_clear(&s->unreachable);
     svc_map_clear(&s->segments);
     svc_map_clear(&s->lost_sent);
+    svc_map_clear(&s->heard_via);
+    svc_map_clear(&s->client_wrote);
     svc_map_clear(&s->probing);
+    s->n_verdicts = 0;
+    /* A leadership change is a blind period: every segment gets a fresh grace (liveness.h). */
+    kvp_liveness_restart(&s->liveness, svc_now_ms(), s->is_leader ? "became leader" : "lost leadership");
     svc_repair_reset(s);
     s->segments_fresh_ms = 0;
     s->status_refresh_inflight = false;
@@ -299,6 +304,7 @@ static void answer_heartbeat(struct kvp_master_service *s, zframe_t *identity, u
     if (svc_map_get(&s->last_hb, seg, &prev) && now > prev)
         svc_map_put(&s->hb_gap, seg, now - prev);
     svc_map_put(&s->last_hb, seg, now);
+    svc_map_put(&s->heard_via, seg, 2);
     Kvp__Response resp = KVP__RESPONSE__INIT;
     Kvp__HeartbeatResp hb = KVP__HEARTBEAT_RESP__INIT;
     hb.state = (Kvp__SegmentState)(st - 1);
@@ -345,6 +351,12 @@ void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__
     if (status == KVP_OK && resp && resp->status == KVP_OK && resp->cluster_status && resp->cluster_status->json) {
         if (svc_segments_from_json(s, resp->cluster_status->json) != KVP_OK)
             status = KVP_ERR_INTERNAL;
+        /* The query ran on the raft thread as leader: quorum contact confirmed (raftlog.h). */
+        uint64_t stale_since = s->liveness.quorum_ok_ms;
+        if (s->is_leader && kvp_liveness_quorum_ok(&s->liveness, svc_now_ms()))
+            kvp_log_warn(s->actor, "quorum contact confirmed again after %llu ms without: every segment gets a "
+                         "fresh grace of client_ttl before it can be declared lost",
+                         (unsigned long long)(svc_now_ms() - stale_since));
     } else if (status == KVP_OK) {
         status = resp ? resp->status : KVP_ERR_INTERNAL;
         if (status == KVP_OK)
@@ -422,58 +434,70 @@ static int on_revoke_timer(zloop_t *loop, int timer_id, void *arg)
     return 0;
 }
 
+/* The segment liveness check (DESIGN.md "Core flows: Segments"; the rule: liveness.h,
+ * docs/operations.md "How a segment is declared lost"). Every LOST decision is logged with its
+ * evidence; a withheld episode gets one WARN when it begins and one INFO when it ends. */
 static void check_liveness(struct kvp_master_service *s)
 {
     if (!s->segments_fresh_ms)
         return;
     uint64_t now = svc_now_ms();
-    uint64_t ttl = s->cfg.client_ttl_ms;
-    uint64_t unreachable_silence = ttl < 3000 ? ttl : 3000;
-    size_t pos = 0;
+    size_t n = s->segments.n;
+    if (n > s->cap_verdicts) {
+        struct kvp_liveness_verdict *nv = realloc(s->verdicts, n * sizeof *nv);
+        if (!nv)
+            return; /* no decision this tick: the conservative outcome */
+        s->verdicts = nv;
+        s->cap_verdicts = n;
+    }
+    struct kvp_liveness_seg *in = calloc(n ? n : 1, sizeof *in);
+    if (!in)
+        return;
+    size_t pos = 0, k = 0;
     uint64_t seg, st;
-    /* Collect first: submitting may not modify `segments`, but keep iteration side-effect free. */
-    uint32_t lost[64];
-    size_t n_lost = 0;
-    while (svc_map_next(&s->segments, &pos, &seg, &st) && n_lost < 64) {
+    while (svc_map_next(&s->segments, &pos, &seg, &st) && k < n) {
         if (st - 1 == KVP__SEGMENT_STATE__SEGMENT_LOST || svc_map_get(&s->lost_sent, seg, NULL))
             continue;
-        uint64_t last = s->leader_since_ms, hb = 0, rep = 0;
-        if (svc_map_get(&s->last_hb, seg, &hb) && hb > last)
-            last = hb;
-        uint64_t silent = now - last;
-        bool reported = svc_map_get(&s->unreachable, seg, &rep) && now - rep < ttl;
-        /* A reported segment is lost after a silence of more than its own heartbeat period and
-         * a half (the period seen here, between its last two heartbeats): 1 s (after a failed
-         * probe) or 3 s (report only) alone is no silence for a live segment with a longer
-         * heartbeat_ms, whose probe may fail while it is busy. */
-        uint64_t gap = 0;
-        (void)svc_map_get(&s->hb_gap, seg, &gap);
-        uint64_t probe_silence = ttl < 1000 ? ttl : 1000;
-        uint64_t report_silence = unreachable_silence;
-        if (gap + gap / 2 > probe_silence)
-            probe_silence = gap + gap / 2;
-        if (gap + gap / 2 > report_silence)
-            report_silence = gap + gap / 2;
-        if (silent > ttl) {
-            kvp_log_warn(s->actor, "segment %llu: no heartbeat for %llu ms (client_ttl %llu ms): declaring it lost",
-                         (unsigned long long)seg, (unsigned long long)silent, (unsigned long long)ttl);
-            lost[n_lost++] = (uint32_t)seg;
-        } else if (reported && svc_repair_probe_failed(s, (uint32_t)seg, last) && silent > probe_silence) {
-            kvp_log_warn(s->actor, "segment %llu: probe failed and no heartbeat for %llu ms: declaring it lost",
-                         (unsigned long long)seg, (unsigned long long)silent);
-            lost[n_lost++] = (uint32_t)seg;
-        } else if (reported && silent > report_silence) {
-            kvp_log_warn(s->actor, "segment %llu: reported unreachable and no heartbeat for %llu ms: declaring it lost",
-                         (unsigned long long)seg, (unsigned long long)silent);
-            lost[n_lost++] = (uint32_t)seg;
-        }
+        struct kvp_liveness_seg *g = &in[k++];
+        g->id = (uint32_t)seg;
+        (void)svc_map_get(&s->last_hb, seg, &g->last_hb_ms);
+        (void)svc_map_get(&s->hb_gap, seg, &g->hb_gap_ms);
+        (void)svc_map_get(&s->unreachable, seg, &g->reported_ms);
+        g->probe_failed_ms = svc_repair_probe_failed_at(s, (uint32_t)seg);
+        (void)svc_map_get(&s->client_wrote, seg, &g->client_wrote_ms);
     }
-    for (size_t i = 0; i < n_lost; i++) {
-        svc_map_put(&s->lost_sent, lost[i], now);
+    struct kvp_liveness_events ev;
+    kvp_liveness_check(&s->liveness, now, in, k, s->verdicts, &ev);
+    s->n_verdicts = k;
+    s->verdicts_at_ms = now;
+    if (ev.blind_detected)
+        kvp_log_warn(s->actor, "%s (a pause or a stall of this leader): silence before now does not count; every "
+                     "segment gets a fresh grace of client_ttl %llu ms",
+                     s->liveness.blind_why, (unsigned long long)s->cfg.client_ttl_ms);
+    if (ev.withhold_began) {
+        char ids[160] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < k && len + 12 < sizeof ids; i++)
+            if (s->verdicts[i].state == KVP_LIVENESS_WITHHELD)
+                len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%u", len ? "," : "", s->verdicts[i].id);
+        kvp_log_warn(s->actor, "NOT declaring segments [%s] lost: %s; withheld until the evidence holds (kvpoolctl "
+                     "segments shows why)",
+                     ids, s->liveness.withheld_why);
+    }
+    if (ev.withhold_ended)
+        kvp_log_info(s->actor, "withheld lost decisions: episode over (heard %u of %u segments)", s->liveness.heard,
+                     s->liveness.total);
+    for (size_t i = 0; i < k; i++) {
+        const struct kvp_liveness_verdict *v = &s->verdicts[i];
+        if (v->state != KVP_LIVENESS_LOST)
+            continue;
+        kvp_log_warn(s->actor, "segment %u: declaring it lost: %s", v->id, v->why);
+        svc_map_put(&s->lost_sent, v->id, now);
         Kvp__SegmentLostCmd body = KVP__SEGMENT_LOST_CMD__INIT;
-        body.segment_id = lost[i];
-        submit_internal(s, SVC_INT_SEGMENT_LOST, KVP__COMMAND__BODY_SEGMENT_LOST, &body, lost[i]);
+        body.segment_id = v->id;
+        submit_internal(s, SVC_INT_SEGMENT_LOST, KVP__COMMAND__BODY_SEGMENT_LOST, &body, v->id);
     }
+    free(in);
 }
 
 /* Every ~500 ms: release quarantine past fence_grace_ms (not during a new leader's grace
@@ -516,6 +540,7 @@ static int on_slow_timer(zloop_t *loop, int timer_id, void *arg)
     svc_map_filter(&s->leases, keep_unexpired, &now);
     uint64_t a[2] = {now, s->cfg.client_ttl_ms};
     svc_map_filter(&s->unreachable, keep_recent, a);
+    svc_map_filter(&s->client_wrote, keep_recent, a);
     uint64_t b[2] = {now, 60000};
     svc_map_filter(&s->lost_sent, keep_recent, b);
     svc_map_filter(&s->probing, keep_recent, b);

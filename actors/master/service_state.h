@@ -15,6 +15,7 @@
 #include <czmq.h>
 
 #include "actors/master/fsm.h"
+#include "actors/master/liveness.h"
 #include "actors/master/service.h"
 #include "config/config.h"
 #include "raftlog/raftlog.h"
@@ -103,6 +104,8 @@ struct kvp_master_service {
     struct kvp_raftlog *rl;                /* raft thread; owns `fsm` while running */
     struct kvp_master_fsm *fsm;            /* created here, destroyed after rl stops */
     atomic_bool stop;                      /* request_stop() flag, checked by a timer */
+    uint64_t log_failed_ms;                /* raftlog said its log cannot be written (0 = never) */
+    bool fatal;                            /* stopped for that: run returns KVP_ERR_IO */
 
     /* Leadership, from KVP_RAFTLOG_EV_LEADER events and kvp_raftlog_get_info(). */
     bool is_leader;
@@ -125,6 +128,14 @@ struct kvp_master_service {
     struct svc_map unreachable;            /* segment id → last ReportUnreachable (monotonic ms) */
     struct svc_map segments;               /* segment id → Kvp__SegmentState + 1 (FSM's view) */
     struct svc_map lost_sent;              /* segment id → time a SegmentLost was submitted */
+    struct svc_map heard_via;              /* segment id → 1 mount, 2 heartbeat: what last_hb was */
+    struct svc_map client_wrote;           /* segment id → last PutEnd naming it in written_segments */
+    /* The "segment lost" rule (liveness.h): blind periods, self-suspicion; restarted on every
+     * leadership change. `verdicts` holds the last check's verdicts (status, kvpoolctl segments). */
+    struct kvp_liveness liveness;
+    struct kvp_liveness_verdict *verdicts;
+    size_t n_verdicts, cap_verdicts;
+    uint64_t verdicts_at_ms;
     uint64_t segments_fresh_ms;            /* when `segments` was last refreshed; 0 = never as leader */
     bool status_refresh_inflight;
     uint64_t fsm_pending_puts;             /* from the last refresh: RevokeExpired only when > 0 */
@@ -157,6 +168,9 @@ struct kvp_master_service {
     uint64_t rl_in_us;
     uint64_t rl_raft_us;
     uint64_t rl_out_us;
+
+    /* Metrics (service_metrics.c): counters, the published snapshot and the HTTP endpoint. */
+    struct svc_metrics *metrics;
 };
 
 /* ------------------------------------------------------------------ shared helpers */

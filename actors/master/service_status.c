@@ -3,6 +3,7 @@
  * document: the FSM's JSON merged with leader, term, members, this node and the settings in
  * force (docs/master.md "ClusterStatus").
  */
+#define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <jansson.h>
 
 #include "actors/master/service_evict.h"
+#include "actors/master/service_metrics.h"
 #include "actors/master/service_repair.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
@@ -20,6 +22,7 @@ void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t l
 {
     bool was = s->is_leader;
     uint64_t old_term = s->term;
+    svc_metrics_on_leader(s, leader_id);
     s->leader_id = leader_id;
     s->term = term;
     if (is_leader && (!was || term != old_term)) {
@@ -43,6 +46,7 @@ void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t l
             kvp_log_info(s->actor, "follower (term %llu), no leader known", (unsigned long long)term);
         s->last_logged_role = role;
         s->last_logged_leader = leader_id;
+        svc_metrics_publish_now(s); /* /readyz and the role series without the 500 ms wait */
     }
 }
 
@@ -73,6 +77,74 @@ void svc_fill_members(struct kvp_master_service *s, struct kvp_raftlog_info *inf
     mr->n_members = n;
     mr->leader_id = info->leader_id;
     mr->term = info->term;
+}
+
+static json_int_t ago(uint64_t now, uint64_t t)
+{
+    return t && now >= t ? (json_int_t)(now - t) : -1;
+}
+
+/* "liveness": the rule's state on this node (docs/operations.md), and per entry of the FSM's
+ * "segments" array what this leader last heard of it, from whom, and why it is suspected. */
+static void svc_liveness_status(struct kvp_master_service *s, json_t *doc)
+{
+    const struct kvp_liveness *lv = &s->liveness;
+    uint64_t now = svc_now_ms();
+    json_t *o = json_object();
+    json_object_set_new(o, "evaluated_by", json_integer(s->is_leader ? (json_int_t)s->cfg.id : 0));
+    json_object_set_new(o, "client_ttl_ms", json_integer((json_int_t)lv->ttl_ms));
+    json_object_set_new(o, "tick_gap_limit_ms", json_integer((json_int_t)lv->tick_gap_ms));
+    json_object_set_new(o, "quorum_stale_limit_ms", json_integer((json_int_t)lv->quorum_stale_ms));
+    json_object_set_new(o, "grace_started_ms_ago", json_integer(ago(now, lv->grace_from_ms)));
+    json_object_set_new(o, "quorum_contact_ms_ago", json_integer(ago(now, lv->quorum_ok_ms)));
+    json_object_set_new(o, "heard", json_integer(lv->heard));
+    json_object_set_new(o, "checked", json_integer(lv->total));
+    json_object_set_new(o, "withholding", json_boolean(s->is_leader && lv->withholding));
+    json_object_set_new(o, "withheld_for_ms", json_integer(lv->withholding ? ago(now, lv->withheld_since_ms) : 0));
+    json_object_set_new(o, "withheld_why", json_string(lv->withholding ? lv->withheld_why : ""));
+    json_object_set_new(o, "withheld_episodes", json_integer((json_int_t)lv->withheld_episodes));
+    json_object_set_new(o, "blind_periods", json_integer((json_int_t)lv->blind_periods));
+    json_object_set_new(o, "last_blind_why", json_string(lv->blind_why));
+    json_object_set_new(o, "last_blind_ms_ago", json_integer(ago(now, lv->blind_at_ms)));
+    json_object_set_new(o, "last_blind_length_ms", json_integer((json_int_t)lv->blind_len_ms));
+    json_object_set_new(doc, "liveness", o);
+    if (!s->is_leader)
+        return;
+    size_t i;
+    json_t *seg;
+    json_array_foreach(json_object_get(doc, "segments"), i, seg) {
+        json_int_t id = json_integer_value(json_object_get(seg, "id"));
+        if (id <= 0)
+            continue;
+        uint64_t hb = 0, via = 0, gap = 0, rep = 0;
+        bool heard = svc_map_get(&s->last_hb, (uint64_t)id, &hb);
+        (void)svc_map_get(&s->heard_via, (uint64_t)id, &via);
+        (void)svc_map_get(&s->hb_gap, (uint64_t)id, &gap);
+        (void)svc_map_get(&s->unreachable, (uint64_t)id, &rep);
+        json_t *l = json_object();
+        json_object_set_new(l, "last_heard_ms_ago", json_integer(heard ? ago(now, hb) : -1));
+        char by[64];
+        snprintf(by, sizeof by, "%s (%s)", s->actor, via == 1 ? "mount" : via == 2 ? "heartbeat" : "nothing yet");
+        json_object_set_new(l, "heard_by", json_string(heard ? by : "not heard by this leader"));
+        json_object_set_new(l, "heartbeat_period_ms", json_integer((json_int_t)gap));
+        json_object_set_new(l, "reported_unreachable_ms_ago", json_integer(ago(now, rep)));
+        json_object_set_new(l, "probe_failed_ms_ago", json_integer(ago(now, svc_repair_probe_failed_at(s, (uint32_t)id))));
+        uint64_t cw = 0;
+        (void)svc_map_get(&s->client_wrote, (uint64_t)id, &cw);
+        json_object_set_new(l, "clients_wrote_ms_ago", json_integer(ago(now, cw)));
+        const char *state = "live", *why = "";
+        for (size_t k = 0; k < s->n_verdicts; k++)
+            if (s->verdicts[k].id == (uint32_t)id) {
+                state = kvp_liveness_state_name(s->verdicts[k].state);
+                why = s->verdicts[k].why;
+            }
+        const char *fsm_state = json_string_value(json_object_get(seg, "state"));
+        if (svc_map_get(&s->lost_sent, (uint64_t)id, NULL) || (fsm_state && strcasestr(fsm_state, "lost")))
+            state = "lost", why = "declared lost";
+        json_object_set_new(l, "verdict", json_string(state));
+        json_object_set_new(l, "why", json_string(why));
+        json_object_set_new(seg, "liveness", l);
+    }
 }
 
 char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
@@ -157,6 +229,7 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(soft, "local_reads", json_integer((json_int_t)s->local_reads));
     json_object_set_new(doc, "soft_state", soft);
     json_object_set_new(doc, "repair", svc_repair_status(s));
+    svc_liveness_status(s, doc);
     svc_evict_status(s, doc);
 
     json_t *set = json_object();

@@ -61,6 +61,45 @@ void __tsan_release(void *addr);
 #define REGION_RELEASE(s) ((void)(s))
 #endif
 
+/*
+ * Request counters of one loop, for the metrics endpoint (kvp_seg_server_stats). Written only by
+ * the loop's own thread, as load + store (one writer: no read-modify-write, so no locked
+ * instruction on the request path); read by the metrics HTTP thread with relaxed loads. Relaxed
+ * is enough: each counter is an independent monotonic value and nothing else is published
+ * through it; a scrape may see one counter a request ahead of another. Atomics and not a
+ * message: the reader is libmicrohttpd's thread, which has no mailbox to take a reply, and a
+ * scrape must not cost the data path a wake-up.
+ */
+struct seg_counters {
+    _Atomic uint64_t bytes_read;    /* READ payload bytes queued for sending */
+    _Atomic uint64_t bytes_written; /* WRITE payload bytes that landed in the region */
+    _Atomic uint64_t req[KVP_SEG_OPS][KVP_SEG_RESULTS];
+    _Atomic uint64_t bad_frames;
+    _Atomic uint64_t conns_open;     /* this loop's connections now */
+    _Atomic uint64_t conns_accepted; /* loop 0 only */
+    _Atomic uint64_t conns_refused;  /* loop 0 only */
+};
+
+static inline void ctr_add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
+}
+
+static int result_index(int st)
+{
+    switch (st) {
+    case KVP_OK: return 0;
+    case KVP_ERR_NOT_FOUND: return 1;
+    case KVP_ERR_INVALID: return 2;
+    case KVP_ERR_TIMEOUT: return 3;
+    default: return 4;
+    }
+}
+
+const char *const kvp_seg_op_names[KVP_SEG_OPS] = {"read", "write", "ping"};
+const char *const kvp_seg_result_names[KVP_SEG_RESULTS] = {"ok", "not_found", "invalid", "deadline_passed",
+                                                           "other"};
+
 /* Messages between the loops. */
 enum {
     SEG_MSG_CONN = 1, /* payload struct seg_newconn: a socket for this loop to serve */
@@ -87,6 +126,7 @@ struct kvp_seg_server {
     int n_lfd;
     struct kvp_rt_actor *loops[KVP_SEG_LOOPS];
     int n_loops;
+    struct seg_counters ctr[KVP_SEG_LOOPS]; /* loop i writes ctr[i]; see struct seg_counters */
     /* One eventfd per loop, in that loop's epoll set: written after a message is sent to the loop
      * (loop_send), so that a loop waiting in its own epoll_wait (loop_on_epoll) returns to the
      * runtime, which delivers the message. The descriptors are set before the loops start and
@@ -159,6 +199,7 @@ struct seg_conn {
 struct seg_loop {
     struct kvp_seg_server *srv;
     int idx;
+    struct seg_counters *ctr; /* &srv->ctr[idx] */
     int epfd;
     struct seg_conn *conns; /* every connection of this loop (doubly linked) */
     unsigned nconns;
@@ -415,6 +456,7 @@ static size_t in_take(struct seg_conn *c, void *dst, uint64_t len)
 static int write_done(struct seg_conn *c)
 {
     c->st = ST_HDR;
+    ctr_add(&c->loop->ctr->req[1][result_index(c->cur_status)], 1);
     return out_add(c, KVP_FRAME_WRITE_RESP, c->cur_status, &c->cur, 0, NULL);
 }
 
@@ -446,8 +488,10 @@ static int take_payload(struct seg_conn *c, uint64_t *budget)
         if (in_avail(c) > 0) { /* came in with the header */
             if (c->st == ST_PAYLOAD) {
                 REGION_ACQUIRE(s);
-                c->got += in_take(c, s->base + c->cur.offset + c->got, want);
+                size_t took = in_take(c, s->base + c->cur.offset + c->got, want);
                 REGION_RELEASE(s);
+                c->got += took;
+                ctr_add(&l->ctr->bytes_written, took);
             } else {
                 c->got += in_take(c, NULL, want);
             }
@@ -474,6 +518,8 @@ static int take_payload(struct seg_conn *c, uint64_t *budget)
             REGION_RELEASE(s);
         if (r > 0) {
             c->got += (uint64_t)r;
+            if (c->st == ST_PAYLOAD)
+                ctr_add(&l->ctr->bytes_written, (uint64_t)r);
             *budget -= (uint64_t)r < *budget ? (uint64_t)r : *budget;
             c->progress_ms = kvp_clock_now_ms();
             if ((uint64_t)r < want)
@@ -562,6 +608,7 @@ static int conn_serve(struct seg_conn *c)
         if (rc == KVP_OK && f.op != KVP_FRAME_READ && f.op != KVP_FRAME_WRITE && f.op != KVP_FRAME_PING)
             rc = KVP_ERR_MALFORMED;
         if (rc != KVP_OK) {
+            ctr_add(&c->loop->ctr->bad_frames, 1);
             kvp_log_warn(ACTOR, "%s: bad frame header (%s, op %u): closing the connection", c->peer,
                          kvp_errname(rc), hdr[5]);
             (void)out_flush(c); /* the requests before it are answered, as far as the kernel takes them */
@@ -569,12 +616,16 @@ static int conn_serve(struct seg_conn *c)
         }
         int st = check_request(s, &f);
         if (f.op == KVP_FRAME_PING) {
+            ctr_add(&c->loop->ctr->req[2][result_index(st == KVP_ERR_NOT_FOUND ? st : KVP_OK)], 1);
             if (out_add(c, KVP_FRAME_PONG, st == KVP_ERR_NOT_FOUND ? st : KVP_OK, &f, 0, NULL) != 0)
                 return -1;
         } else if (f.op == KVP_FRAME_READ) {
             if (st != KVP_OK)
                 kvp_log_debug(ACTOR, "%s: READ seg %u off %lu len %lu: %s", c->peer, f.segment_id,
                               (unsigned long)f.offset, (unsigned long)f.length, kvp_errname(st));
+            ctr_add(&c->loop->ctr->req[0][result_index(st)], 1);
+            if (st == KVP_OK)
+                ctr_add(&c->loop->ctr->bytes_read, f.length);
             if (out_add(c, KVP_FRAME_READ_RESP, st, &f, st == KVP_OK ? f.length : 0,
                         st == KVP_OK ? s->base + f.offset : NULL) != 0)
                 return -1;
@@ -640,6 +691,7 @@ static void conn_close(struct seg_conn *c, bool gone_msg)
     if (c->next)
         c->next->prev = c->prev;
     l->nconns--;
+    atomic_store_explicit(&l->ctr->conns_open, l->nconns, memory_order_relaxed);
     free(c->in);
     free(c->out);
     kvp_log_debug(ACTOR, "%s: closed", c->peer);
@@ -675,6 +727,7 @@ static void conn_add(struct seg_loop *l, int fd, const char *peer)
         l->conns->prev = c;
     l->conns = c;
     l->nconns++;
+    atomic_store_explicit(&l->ctr->conns_open, l->nconns, memory_order_relaxed);
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->ep};
     if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
         kvp_log_warn(ACTOR, "%s: epoll: %s: connection closed", peer, strerror(errno));
@@ -754,6 +807,7 @@ static void accept_some(struct kvp_rt_ctx *ctx, struct seg_loop *l, int lfd)
             char why[64];
             snprintf(why, sizeof why, "already %u connections", KVP_SEG_MAX_CONNS);
             log_refused(l, peer, why);
+            ctr_add(&l->ctr->conns_refused, 1);
             close(fd);
             continue;
         }
@@ -766,6 +820,7 @@ static void accept_some(struct kvp_rt_ctx *ctx, struct seg_loop *l, int lfd)
         setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
         setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
         l->live++;
+        ctr_add(&l->ctr->conns_accepted, 1);
         unsigned to = l->next_loop++ % (unsigned)s->n_loops;
         if (to == 0) {
             conn_add(l, fd, peer);
@@ -1033,6 +1088,7 @@ int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t
         }
         l->srv = s;
         l->idx = i;
+        l->ctr = &s->ctr[i];
         l->epfd = -1;
         char name[32];
         snprintf(name, sizeof name, "seg-loop-%d", i);
@@ -1073,6 +1129,25 @@ void kvp_seg_server_sweep(struct kvp_seg_server *s, uint64_t ahead_ms)
 {
     for (int i = 0; s && i < s->n_loops; i++)
         (void)loop_send(s, i, SEG_MSG_SWEEP, ahead_ms, NULL, NULL);
+}
+
+void kvp_seg_server_stats(struct kvp_seg_server *s, struct kvp_seg_server_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s)
+        return;
+    for (int i = 0; i < KVP_SEG_LOOPS; i++) { /* relaxed loads: see struct seg_counters */
+        struct seg_counters *c = &s->ctr[i];
+        out->bytes_read += atomic_load_explicit(&c->bytes_read, memory_order_relaxed);
+        out->bytes_written += atomic_load_explicit(&c->bytes_written, memory_order_relaxed);
+        out->bad_frames += atomic_load_explicit(&c->bad_frames, memory_order_relaxed);
+        for (int o = 0; o < KVP_SEG_OPS; o++)
+            for (int r = 0; r < KVP_SEG_RESULTS; r++)
+                out->requests[o][r] += atomic_load_explicit(&c->req[o][r], memory_order_relaxed);
+        out->conns_open += atomic_load_explicit(&c->conns_open, memory_order_relaxed);
+        out->conns_accepted += atomic_load_explicit(&c->conns_accepted, memory_order_relaxed);
+        out->conns_refused += atomic_load_explicit(&c->conns_refused, memory_order_relaxed);
+    }
 }
 
 void kvp_seg_server_stop(struct kvp_seg_server **sp)

@@ -26,6 +26,27 @@ int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t
 uint32_t kvp_seg_server_port(const struct kvp_seg_server *s);
 /** Set the segment id requests must carry (0 = reject all until mounted). Thread-safe. */
 void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id);
+/* Request kinds and results counted by the server (names for metrics labels). */
+#define KVP_SEG_OPS 3     /* read, write, ping */
+#define KVP_SEG_RESULTS 5 /* ok, not_found, invalid, deadline_passed, other */
+extern const char *const kvp_seg_op_names[KVP_SEG_OPS];
+extern const char *const kvp_seg_result_names[KVP_SEG_RESULTS];
+
+/** Counters of the data plane since start (docs/operations.md "Metrics"). */
+struct kvp_seg_server_stats {
+    uint64_t bytes_read;      /* READ payload bytes served (queued for sending) */
+    uint64_t bytes_written;   /* WRITE payload bytes that landed in the region */
+    uint64_t requests[KVP_SEG_OPS][KVP_SEG_RESULTS];
+    uint64_t bad_frames;      /* malformed headers (the connection was closed) */
+    uint64_t conns_open;      /* connections being served now */
+    uint64_t conns_accepted;  /* since start */
+    uint64_t conns_refused;   /* over KVP_SEG_MAX_CONNS */
+};
+
+/** Snapshot of the counters. Any thread (the metrics endpoint's): takes the connection list's
+ * lock for the sum; the request path never waits on it. s NULL: all zero. */
+void kvp_seg_server_stats(struct kvp_seg_server *s, struct kvp_seg_server_stats *out);
+
 /** Stop serving, close every connection, join threads, free. Accepts NULL; sets *s NULL. */
 void kvp_seg_server_stop(struct kvp_seg_server **s);
 

@@ -31,6 +31,11 @@
 
 #define HUGE_PAGE_BYTES (2ull << 20)
 #define MOUNT_TIMEOUT_MS 10000u
+/* kvpool-segment at start, no master answering (hooks.mount_retry): each try waits this long
+ * for a leader, then the next one comes after a backoff from 1 s doubling to 10 s. */
+#define MOUNT_RETRY_TRY_MS 2000u
+#define MOUNT_RETRY_FIRST_MS 1000u
+#define MOUNT_RETRY_MAX_MS 10000u
 #define UNMOUNT_TIMEOUT_MS 3000u
 #define DRAIN_POLL_MS 200u
 
@@ -44,6 +49,11 @@ struct kvp_segment {
     bool huge;
     struct kvp_seg_server *srv;
     _Atomic uint32_t id;
+    /* Mount counters for kvp_segment_stats: written by whichever thread mounts (the start, then
+     * the heartbeat thread: one at a time), read by the metrics thread; relaxed, independent
+     * values (see seg_server.c's counters for why atomics and not a message). */
+    _Atomic uint64_t mounts;
+    _Atomic uint64_t mount_failures;
     char name[128];
     char endpoint[300];
     char actor[160];
@@ -70,8 +80,14 @@ static int call(struct kvp_segment *s, Kvp__Request *req, uint32_t timeout_ms, K
 
 #define MOUNT_EXISTS_RETRIES 30 /* seconds: above the default client_ttl (10 s) */
 
-/* MountSegment; on success the new id is stored and the server accepts it. */
-static int do_mount(struct kvp_segment *s, uint32_t timeout_ms)
+static void count(_Atomic uint64_t *c)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
+/* MountSegment; on success the new id is stored and the server accepts it. A failure is logged
+ * as ERROR unless `quiet` (the caller logs its own line). */
+static int do_mount_ex(struct kvp_segment *s, uint32_t timeout_ms, bool quiet)
 {
     Kvp__Request req;
     Kvp__MountSegmentReq m;
@@ -90,12 +106,15 @@ static int do_mount(struct kvp_segment *s, uint32_t timeout_ms)
                          resp->mount->segment_id == 0))
         rc = KVP_ERR_MALFORMED;
     if (rc != KVP_OK) {
-        kvp_log_error(s->actor, "mount (%lu bytes at %s): %s%s%s", (unsigned long)s->size, s->endpoint,
-                      kvp_errname(rc), resp && resp->error && resp->error[0] ? ": " : "",
-                      resp && resp->error ? resp->error : "");
+        count(&s->mount_failures);
+        if (!quiet)
+            kvp_log_error(s->actor, "mount (%lu bytes at %s): %s%s%s", (unsigned long)s->size, s->endpoint,
+                          kvp_errname(rc), resp && resp->error && resp->error[0] ? ": " : "",
+                          resp && resp->error ? resp->error : "");
         kvp_msession_response_free(resp);
         return rc;
     }
+    count(&s->mounts);
     uint32_t old = atomic_load_explicit(&s->id, memory_order_relaxed);
     uint32_t id = resp->mount->segment_id;
     kvp_msession_response_free(resp);
@@ -106,6 +125,42 @@ static int do_mount(struct kvp_segment *s, uint32_t timeout_ms)
     if (s->hooks.on_mount)
         s->hooks.on_mount(s->hooks.ctx, old, id, s->base, s->size);
     return KVP_OK;
+}
+
+static int do_mount(struct kvp_segment *s, uint32_t timeout_ms)
+{
+    return do_mount_ex(s, timeout_ms, false);
+}
+
+/*
+ * The first mount of kvpool-segment (hooks.mount_retry): while no master answers (no leader
+ * elected yet, masters not started), try again with backoff, 1 s doubling to 10 s, one WARN
+ * line per try, for as long as it takes. Only the process's signals end the wait (the daemon
+ * exits on SIGINT/SIGTERM while starting). Any other answer (EXISTS, INVALID, ...) is returned.
+ */
+static int mount_retrying(struct kvp_segment *s)
+{
+    uint32_t backoff = MOUNT_RETRY_FIRST_MS;
+    uint64_t t0 = kvp_clock_now_ms();
+    for (unsigned attempt = 1;; attempt++) {
+        int rc = do_mount_ex(s, MOUNT_RETRY_TRY_MS, true);
+        if (rc != KVP_ERR_UNAVAILABLE && rc != KVP_ERR_TIMEOUT && rc != KVP_ERR_NOT_LEADER) {
+            if (rc == KVP_OK && attempt > 1)
+                kvp_log_info(s->actor, "mount: a master answered at try %u, after %llu ms", attempt,
+                             (unsigned long long)(kvp_clock_now_ms() - t0));
+            else if (rc != KVP_OK)
+                kvp_log_error(s->actor, "mount (%lu bytes at %s): %s", (unsigned long)s->size, s->endpoint,
+                              kvp_errname(rc));
+            return rc;
+        }
+        kvp_log_warn(s->actor, "mount try %u: no master answered within %u ms (%s); retrying in %u ms "
+                     "(waiting %llu ms so far; SIGINT/SIGTERM exit)", attempt, MOUNT_RETRY_TRY_MS,
+                     kvp_errname(rc), backoff, (unsigned long long)(kvp_clock_now_ms() - t0));
+        struct timespec ts = {.tv_sec = backoff / 1000, .tv_nsec = (long)(backoff % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        backoff = backoff * 2 > MOUNT_RETRY_MAX_MS ? MOUNT_RETRY_MAX_MS : backoff * 2;
+    }
 }
 
 /* Wait up to ms on the stop condition. Returns true when stopping. */
@@ -510,7 +565,7 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
     kvp_log_info(s->actor, "region %lu bytes (%s pages), data plane on %s", (unsigned long)s->size,
                  s->huge ? "huge" : "normal", s->endpoint);
 
-    rc = do_mount(s, MOUNT_TIMEOUT_MS);
+    rc = s->hooks.mount_retry ? mount_retrying(s) : do_mount(s, MOUNT_TIMEOUT_MS);
     /* EXISTS: the name is still held by a segment the master thinks is alive at another
      * address (this process restarted on a new port before the old one was declared lost).
      * That resolves within client_ttl (about a second when a client reported it): retry. */
@@ -558,12 +613,27 @@ uint32_t kvp_segment_id(const struct kvp_segment *s)
 }
 
 const char *kvp_segment_name(const struct kvp_segment *s) { return s ? s->name : ""; }
+
+void kvp_segment_stats(struct kvp_segment *s, struct kvp_segment_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s)
+        return;
+    out->segment_id = atomic_load_explicit(&s->id, memory_order_relaxed);
+    out->size_bytes = s->size;
+    out->mounts = atomic_load_explicit(&s->mounts, memory_order_relaxed);
+    out->mount_failures = atomic_load_explicit(&s->mount_failures, memory_order_relaxed);
+    kvp_seg_server_stats(s->srv, &out->server);
+}
 const char *kvp_segment_endpoint(const struct kvp_segment *s) { return s ? s->endpoint : ""; }
 
 /* Replicas the master counts on our segment: >= 0, -1 when the segment is not listed, or an
- * error code (< -1 is impossible: errors are returned through *err). */
-static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err)
+ * error code (< -1 is impossible: errors are returned through *err). *others (may be NULL) gets
+ * the number of ACTIVE segments other than ours: with none, a drain cannot move anything. */
+static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err, int *others)
 {
+    if (others)
+        *others = 0;
     Kvp__Request req;
     Kvp__ClusterStatusReq cs;
     kvp__request__init(&req);
@@ -591,11 +661,14 @@ static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err)
     json_array_foreach(json_object_get(root, "segments"), i, seg)
     {
         json_t *jid = json_object_get(seg, "id");
-        if (!json_is_integer(jid) || (uint32_t)json_integer_value(jid) != id)
+        if (!json_is_integer(jid) || (uint32_t)json_integer_value(jid) != id) {
+            const char *st = json_string_value(json_object_get(seg, "state"));
+            if (others && st && strcmp(st, "ACTIVE") == 0)
+                (*others)++;
             continue;
+        }
         json_t *o = json_object_get(seg, "objects");
         n = json_is_integer(o) ? (int64_t)json_integer_value(o) : 0;
-        break;
     }
     json_decref(root);
     return n;
@@ -630,6 +703,14 @@ static void drain_report(struct kvp_segment *s, uint32_t id, int64_t left)
 
 int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
 {
+    int64_t left = 0;
+    return kvp_segment_drain_left(s, timeout_ms, false, &left);
+}
+
+int kvp_segment_drain_left(struct kvp_segment *s, uint32_t timeout_ms, bool stop_when_alone, int64_t *left)
+{
+    if (left)
+        *left = 0;
     if (!s)
         return KVP_ERR_INVALID;
     uint32_t id = kvp_segment_id(s);
@@ -652,14 +733,18 @@ int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
     kvp_msession_response_free(resp);
     if (rc != KVP_OK) {
         kvp_log_error(s->actor, "segment %u: drain request: %s", id, kvp_errname(rc));
+        if (left)
+            *left = -1; /* the master never counted this segment's replicas: unknown, not 0 */
         return rc;
     }
     kvp_log_info(s->actor, "segment %u: draining (waiting up to %u ms for its replicas to move)", id,
                  timeout_ms);
     int64_t last = -2;
     for (;;) {
-        int err = KVP_OK;
-        int64_t n = objects_on_segment(s, id, &err);
+        int err = KVP_OK, others = 0;
+        int64_t n = objects_on_segment(s, id, &err, &others);
+        if (err == KVP_OK && left)
+            *left = n > 0 ? n : 0;
         if (err == KVP_OK && n <= 0) {
             kvp_log_info(s->actor, "segment %u: drained (%s)", id, n < 0 ? "no longer listed" : "0 objects");
             return KVP_OK;
@@ -667,6 +752,11 @@ int kvp_segment_drain(struct kvp_segment *s, uint32_t timeout_ms)
         if (err == KVP_OK && n != last) {
             kvp_log_info(s->actor, "segment %u: drain: %ld replicas left", id, (long)n);
             last = n;
+        }
+        if (err == KVP_OK && stop_when_alone && others == 0) {
+            kvp_log_warn(s->actor, "segment %u: drain: no other ACTIVE segment: %ld replicas cannot move", id,
+                         (long)n);
+            return KVP_ERR_NO_SPACE;
         }
         uint64_t now = kvp_clock_now_ms();
         if (now >= deadline) {

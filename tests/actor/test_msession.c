@@ -309,6 +309,70 @@ static void test_msession_no_master_unavailable(void **state)
     fakes_stop();
 }
 
+/* Issue 18 item 3: after a whole timeout with no master answering, calls fail at once (even one
+ * with a 10-minute timeout: without the breaker it would hold the test until CTest kills it)
+ * until a probe is answered; then calls go through again. */
+static void test_msession_fail_fast_after_silent_timeout_until_master_answers(void **state)
+{
+    (void)state;
+    enum fake_mode modes[1] = {FAKE_SILENT};
+    fakes_start(1, modes);
+    fakes_run();
+    const char *masters[1] = {F.m[0].addr};
+    struct kvp_msession *s = NULL;
+    assert_int_equal(kvp_msession_new(&s, masters, 1, "test"), KVP_OK);
+    kvp_msession_set_fail_fast(s, true);
+    int32_t r = 0;
+    assert_false(kvp_msession_failing_fast(s, NULL));
+    assert_int_equal(call_exists(s, 400, &r), KVP_ERR_UNAVAILABLE);
+    assert_true(kvp_msession_failing_fast(s, NULL));
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(call_exists(s, 600000, &r), KVP_ERR_UNAVAILABLE);
+    uint64_t ff = 0;
+    assert_true(kvp_msession_failing_fast(s, &ff));
+    assert_int_equal(ff, 3);
+    /* The master answers again: a probe closes the breaker. */
+    int before = atomic_load(&F.m[0].requests);
+    F.m[0].mode = FAKE_OK;
+    for (int i = 0; i < 1000 && kvp_msession_failing_fast(s, NULL); i++)
+        usleep(10000);
+    assert_false(kvp_msession_failing_fast(s, NULL));
+    assert_true(atomic_load(&F.m[0].requests) > before); /* it was a probe that got through */
+    assert_int_equal(call_exists(s, 5000, &r), KVP_OK);
+    assert_int_equal(r, 7);
+    kvp_msession_destroy(&s);
+    fakes_stop();
+}
+
+/* A failover in progress: a master answers "not leader" (no leader yet). The call times out, but
+ * the breaker stays closed: the next call waits for a leader as before. Off by default. */
+static void test_msession_fail_fast_not_while_a_master_answers_or_off(void **state)
+{
+    (void)state;
+    enum fake_mode modes[2] = {FAKE_NOHINT, FAKE_SILENT};
+    fakes_start(2, modes);
+    fakes_run();
+    const char *masters[2] = {F.m[0].addr, F.m[1].addr};
+    struct kvp_msession *s = NULL;
+    assert_int_equal(kvp_msession_new(&s, masters, 2, "test"), KVP_OK);
+    kvp_msession_set_fail_fast(s, true);
+    int32_t r = 0;
+    assert_int_equal(call_exists(s, 400, &r), KVP_ERR_UNAVAILABLE);
+    assert_false(kvp_msession_failing_fast(s, NULL));
+    assert_int_equal(call_exists(s, 400, &r), KVP_ERR_UNAVAILABLE);
+    uint64_t ff = 1;
+    assert_false(kvp_msession_failing_fast(s, &ff));
+    assert_int_equal(ff, 0);
+    kvp_msession_destroy(&s);
+    /* Off (the default, as for segments and kvpoolctl): a silent master never opens it. */
+    const char *silent[1] = {F.m[1].addr};
+    assert_int_equal(kvp_msession_new(&s, silent, 1, "test"), KVP_OK);
+    assert_int_equal(call_exists(s, 400, &r), KVP_ERR_UNAVAILABLE);
+    assert_false(kvp_msession_failing_fast(s, NULL));
+    kvp_msession_destroy(&s);
+    fakes_stop();
+}
+
 struct bg_call {
     struct kvp_msession *s;
     int rc;
@@ -423,6 +487,8 @@ int main(void)
         cmocka_unit_test(test_msession_dead_and_silent_masters_rotated),
         cmocka_unit_test(test_msession_unknown_req_id_dropped),
         cmocka_unit_test(test_msession_no_master_unavailable),
+        cmocka_unit_test(test_msession_fail_fast_after_silent_timeout_until_master_answers),
+        cmocka_unit_test(test_msession_fail_fast_not_while_a_master_answers_or_off),
         cmocka_unit_test(test_msession_destroy_inflight_closed),
         cmocka_unit_test(test_msession_many_threads_each_own_reply),
         cmocka_unit_test(test_msession_bad_args_invalid),

@@ -6,3 +6,13 @@ kvp_add_test(test_client_fakemaster SOURCES ${CMAKE_SOURCE_DIR}/tests/integratio
 # Real processes: 3 kvpool-master + 3 kvpool-segment via `kvpoolctl cluster up` (needs the tools built).
 kvp_add_test(test_client_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_cluster.c LABEL integration TIMEOUT 120)
 kvp_add_test(test_client_cluster_loss SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_cluster_loss.c LABEL integration TIMEOUT 90)
+# The client's memory of unreachable segments (reads try them last): pure, fake clock.
+kvp_add_test(test_client_avoid SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_client_avoid.c LABEL unit TIMEOUT 30)
+# The calls added for language bindings (issue 16), against a real cluster (3 masters, 1 segment).
+kvp_add_test(test_client_api_ext SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_api_ext.c LABEL integration TIMEOUT 120)
+# GPU staging (issue 17) against the CUDA driver double (tests/lib/fakecuda) and a model network.
+kvp_add_test(test_client_devstage SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_client_devstage.c LABEL unit TIMEOUT 120)
+add_dependencies(test_client_devstage kvp_fakecuda)
+# Device pointers end to end: real cluster + the CUDA driver double (issue 17).
+kvp_add_test(test_client_gpu SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_gpu.c LABEL integration TIMEOUT 120)
+add_dependencies(test_client_gpu kvp_fakecuda)

@@ -11,3 +11,5 @@ if(TARGET test_master_restart)
 endif()
 # Pure parts of the service (soft-state map, members parser).
 kvp_add_test(test_master_service SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_service.c LABEL unit TIMEOUT 30)
+# The leader's "segment lost" rule (issue 18): blind periods, self-suspicion, evidence.
+kvp_add_test(test_master_liveness SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_liveness.c LABEL unit TIMEOUT 30)

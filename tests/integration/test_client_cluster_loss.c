@@ -29,7 +29,7 @@ static struct tc_cluster CL;
 static int setup(void **state)
 {
     (void)state;
-    setenv("KVPOOL_CLIENT_TTL", "3000", 1); /* inherited by the masters cluster up starts */
+    setenv("KVPOOL_CLIENT_TTL", "3000ms", 1); /* inherited by the masters cluster up starts */
     int rc = tc_cluster_up(&CL, 3, "128M");
     unsetenv("KVPOOL_CLIENT_TTL");
     if (rc != 0) {

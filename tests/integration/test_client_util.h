@@ -127,7 +127,7 @@ static inline kvp_client *tc_open(const struct tc_cluster *c, uint32_t timeout_m
     if (kvp_config_new(&cfg) != KVP_OK)
         return NULL;
     char t[32];
-    snprintf(t, sizeof t, "%u", timeout_ms);
+    snprintf(t, sizeof t, "%ums", timeout_ms);
     kvp_client *cl = NULL;
     if (kvp_config_set(cfg, "cluster_file", c->file) != KVP_OK ||
         kvp_config_set(cfg, "transfer_timeout", t) != KVP_OK || kvp_client_open(cfg, &cl) != KVP_OK)

@@ -28,7 +28,7 @@ static int setup(void **state)
 {
     (void)state;
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "1500", 1); /* inherited by the masters and segments */
-    setenv("KVPOOL_CLIENT_TTL", "3000", 1);
+    setenv("KVPOOL_CLIENT_TTL", "3000ms", 1);
     setenv("KVPOOL_HEARTBEAT_MS", "300", 1);
     /* The pool here is tiny next to what the tests write in a second: the eviction headroom
      * rule (docs/eviction.md) would evict objects these tests count on keeping. */

@@ -24,7 +24,7 @@ static int setup(void **state)
 {
     (void)state;
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "2000", 1); /* inherited by the masters */
-    setenv("KVPOOL_CLIENT_TTL", "3000", 1);
+    setenv("KVPOOL_CLIENT_TTL", "3000ms", 1);
     setenv("KVPOOL_HEARTBEAT_MS", "300", 1);
     /* The pool here is tiny next to what the tests write in a second: the eviction headroom
      * rule (docs/eviction.md) would evict objects these tests count on keeping. */
@@ -85,6 +85,7 @@ static void test_drain_under_load_zero_failed_gets_three_replicas_exit0(void **s
     json_t *doc = td_status(ms);
     assert_non_null(doc);
     uint32_t id4 = td_segment_id(doc, "seg-4", NULL);
+    long long term0 = td_jint(doc, "term");
     size_t i;
     json_t *s;
     long long on4 = 0;
@@ -117,6 +118,9 @@ static void test_drain_under_load_zero_failed_gets_three_replicas_exit0(void **s
     assert_non_null(doc);
     json_t *rep = json_object_get(doc, "repair");
     long long moved = td_jint(rep, "moved_objects"), moved_b = td_jint(rep, "moved_bytes");
+    /* The repair counters are the leader's own (reset on a leadership change): compare them
+     * only when no election happened during the drain (a loaded 2-core CI host had one). */
+    long long term1 = td_jint(doc, "term");
     const char *st4 = NULL;
     uint32_t still = td_segment_id(doc, "seg-4", &st4);
     json_decref(doc);
@@ -129,8 +133,8 @@ static void test_drain_under_load_zero_failed_gets_three_replicas_exit0(void **s
 
     unsigned nk, nshort, nbad, nmiss;
     td_check_replicas(ms, &L, 3, id4, &nk, &nshort, &nbad, &nmiss);
-    printf("drain: %llu ms, exit code %d, moved %lld objects (%lld bytes)\n", (unsigned long long)drain_ms, code,
-           moved, moved_b);
+    printf("drain: %llu ms, exit code %d, moved %lld objects (%lld bytes)%s\n", (unsigned long long)drain_ms, code,
+           moved, moved_b, term1 != term0 ? " by the leader elected during the drain" : "");
     printf("load: puts ok %lu failed %lu, gets ok %lu failed %lu corrupt %lu\n", po, pf, go, gf, co);
     printf("get throughput: before %.1f MiB/s, during the drain %.1f MiB/s\n", before / 1048576.0,
            during / 1048576.0);
@@ -144,7 +148,8 @@ static void test_drain_under_load_zero_failed_gets_three_replicas_exit0(void **s
     assert_int_equal(gf, 0);
     assert_int_equal(co, 0);
     assert_true(go > 0);
-    assert_true(moved > 0);
+    if (term1 == term0)
+        assert_true(moved > 0);
     assert_true(nk > 0);
     assert_int_equal(nmiss, 0);
     assert_int_equal(nshort, 0);

@@ -31,7 +31,7 @@ enum { N = 16, LEN = 64 << 10, TIMEOUT_MS = 3000 };
 static int setup(void **state)
 {
     (void)state;
-    setenv("KVPOOL_CLIENT_TTL", "30000", 1); /* the stopped segment stays listed during the test */
+    setenv("KVPOOL_CLIENT_TTL", "30000ms", 1); /* the stopped segment stays listed during the test */
     int rc = tc_cluster_up(&CL, 2, "64M");
     unsetenv("KVPOOL_CLIENT_TTL");
     if (rc != 0) {

@@ -70,7 +70,7 @@ static unsigned put_for(struct tm_cluster *c, const char *prefix, unsigned *seq,
 static void test_master_leader_killed_five_times_no_acked_put_lost(void **state)
 {
     struct tm_cluster *c = *state;
-    setenv("KVPOOL_CLIENT_TTL", "600000", 1); /* the fake segment sends heartbeats only sometimes */
+    setenv("KVPOOL_CLIENT_TTL", "600000ms", 1); /* the fake segment sends heartbeats only sometimes */
     assert_int_equal(tm_cluster_up(c), 0);
     unsigned seq = 0;
     uint64_t worst = 0;
@@ -125,7 +125,7 @@ static void test_master_leader_killed_five_times_no_acked_put_lost(void **state)
 static void test_master_all_killed_restarted_objects_back(void **state)
 {
     struct tm_cluster *c = *state;
-    setenv("KVPOOL_CLIENT_TTL", "600000", 1);
+    setenv("KVPOOL_CLIENT_TTL", "600000ms", 1);
     setenv("KVPOOL_SNAPSHOT_THRESHOLD", "64", 1); /* restart from snapshot + log */
     setenv("KVPOOL_SNAPSHOT_TRAILING", "16", 1);
     assert_int_equal(tm_cluster_up(c), 0);

@@ -20,7 +20,7 @@ static int setup(void **state)
 {
     struct tm_cluster *c = calloc(1, sizeof *c);
     *state = c;
-    setenv("KVPOOL_CLIENT_TTL", "600000", 1);
+    setenv("KVPOOL_CLIENT_TTL", "600000ms", 1);
     return c ? 0 : -1;
 }
 

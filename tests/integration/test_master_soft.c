@@ -49,7 +49,7 @@ static int setup(void **state)
 {
     struct tm_cluster *c = calloc(1, sizeof *c);
     *state = c;
-    setenv("KVPOOL_CLIENT_TTL", "2500", 1);
+    setenv("KVPOOL_CLIENT_TTL", "2500ms", 1);
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "1500", 1);
     return c ? 0 : -1;
 }

@@ -27,7 +27,7 @@ static int setup(void **state)
 {
     (void)state;
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "2000", 1); /* inherited by the masters and segments */
-    setenv("KVPOOL_CLIENT_TTL", "3000", 1);
+    setenv("KVPOOL_CLIENT_TTL", "3000ms", 1);
     setenv("KVPOOL_HEARTBEAT_MS", "300", 1);
     setenv("KVPOOL_REPAIR_BANDWIDTH_BYTES_PER_S", "64M", 1);
     int rc = td_cluster_up(&CL, 4, "48M");

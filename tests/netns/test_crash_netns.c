@@ -185,7 +185,7 @@ static int setup(void **state)
     fprintf(f, "{\"master_server_address\": \"%s\"}\n", list);
     fclose(f);
     setenv("KVPOOL_DEFAULT_KV_LEASE_TTL", "2000", 1);
-    setenv("KVPOOL_CLIENT_TTL", "3000", 1);
+    setenv("KVPOOL_CLIENT_TTL", "3000ms", 1);
     setenv("KVPOOL_HEARTBEAT_MS", "300", 1);
     const char *bd = getenv("KVP_BUILD_DIR");
     char mexe[512], sexe[512];

@@ -148,6 +148,14 @@ static void test_config_defaults_documented_values(void **state)
     assert_string_equal(m.log_level, "info");
     assert_string_equal(m.listen, "127.0.0.1:7101");
     assert_int_equal(kvp_cfg_validate(KVP_CFG_MASTER, &m), KVP_OK);
+    /* Mooncake's units: client_ttl in seconds (mooncake_master --client_ttl 10),
+     * default_kv_lease_ttl in milliseconds (--default_kv_lease_ttl 5000) */
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "client_ttl", "3"), KVP_OK);
+    assert_int_equal(m.client_ttl_ms, 3000);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "client_ttl", "2500ms"), KVP_OK);
+    assert_int_equal(m.client_ttl_ms, 2500);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "default_kv_lease_ttl", "5000"), KVP_OK);
+    assert_int_equal(m.default_kv_lease_ttl_ms, 5000);
 
     struct kvp_cfg_segment s;
     kvp_cfg_defaults(KVP_CFG_SEGMENT, &s);
@@ -188,6 +196,11 @@ static void test_config_defaults_all_parse_without_log(void **state)
             assert_non_null(k->help);
             if (k->offset == KVP_CFG_NO_FIELD)
                 continue;
+            if (k->alias_of) { /* another spelling: no default of its own, names a real key */
+                assert_null(k->def);
+                assert_non_null(kvp_cfg_find(t, k->alias_of, strlen(k->alias_of)));
+                continue;
+            }
             assert_non_null(k->def);
             assert_true(k->offset < t->struct_size);
             cap_start();
@@ -280,6 +293,9 @@ static void test_config_set_every_type_stored(void **state)
     assert_int_equal(c.transfer_timeout_ms, 30000);
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "transfer-timeout", "1500ms"), KVP_OK);
     assert_int_equal(c.transfer_timeout_ms, 1500);
+    /* Mooncake's unit for transfer_timeout: a plain number is seconds */
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "transfer_timeout", "7"), KVP_OK);
+    assert_int_equal(c.transfer_timeout_ms, 7000);
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "protocol", "RDMA"), KVP_OK);
     assert_string_equal(c.protocol, "rdma");
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "log_level", "DEBUG"), KVP_OK);
@@ -342,6 +358,8 @@ static void test_config_set_bad_values_invalid_logged_unchanged(void **state)
     expect_bad(KVP_CFG_SEGMENT, "global_segment_size", "65T", "global_segment_size=65T", "size");
     /* duration */
     expect_bad(KVP_CFG_CLIENT, "transfer_timeout", "0", "transfer_timeout=0", "duration in [1, 3600000] ms");
+    expect_bad(KVP_CFG_CLIENT, "transfer_timeout", "3601", "transfer_timeout=3601", "a plain number is seconds");
+    expect_bad(KVP_CFG_MASTER, "client_ttl", "0.5", "client_ttl=0.5", "a plain number is seconds");
     expect_bad(KVP_CFG_CLIENT, "transfer_timeout", "2h", "transfer_timeout=2h", "30s");
     expect_bad(KVP_CFG_CLIENT, "transfer_timeout", "3601s", "transfer_timeout=3601s", "duration");
     expect_bad(KVP_CFG_MASTER, "election_timeout_ms", "10", "election_timeout_ms=10", "[50, 600000]");
@@ -424,6 +442,29 @@ static void test_config_ignored_mooncake_key_accepted_not_stored(void **state)
 }
 
 /* ------------------------------------------------------------------ files */
+
+/* A config file as vLLM/SGLang pass it to Mooncake (MOONCAKE_CONFIG_PATH) loads as it is, with
+ * Mooncake's units: transfer_timeout 30 is 30 s, sizes as "4GB" / "16 MB". */
+static void test_config_mooncake_json_loads_with_mooncake_units(void **state)
+{
+    (void)state;
+    struct kvp_cfg_client c;
+    kvp_cfg_defaults(KVP_CFG_CLIENT, &c);
+    const char *p = write_tmp("mooncake.json",
+                              "{\"local_hostname\": \"10.0.0.5\", \"metadata_server\": \"P2PHANDSHAKE\","
+                              " \"master_server_address\": \"10.0.0.1:50051,10.0.0.2:50051\","
+                              " \"global_segment_size\": \"4GB\", \"local_buffer_size\": \"16 MB\","
+                              " \"protocol\": \"rdma\", \"device_name\": \"mlx5_0\", \"transfer_timeout\": 30,"
+                              " \"tenant_id\": \"team-a\", \"enable_ssd_offload\": false,"
+                              " \"ssd_offload_path\": \"\"}");
+    assert_int_equal(kvp_cfg_load_file(KVP_CFG_CLIENT, &c, p), KVP_OK);
+    assert_int_equal(c.global_segment_size, 4ull << 30);
+    assert_int_equal(c.local_buffer_size, 16ull << 20);
+    assert_int_equal(c.transfer_timeout_ms, 30000);
+    assert_string_equal(c.protocol, "rdma");
+    assert_string_equal(c.tenant_id, "team-a");
+    assert_int_equal(c.drain_timeout_ms, 30000); /* default */
+}
 
 static void test_config_load_file_types_applied(void **state)
 {
@@ -541,7 +582,7 @@ static void test_config_layering_defaults_file_env_flags(void **state)
     char path[512];
     snprintf(path, sizeof path, "%s", p);
     setenv("KVPOOL_REPLICA_NUM", "3", 1);
-    setenv("KVPOOL_TRANSFER_TIMEOUT", "15000", 1);
+    setenv("KVPOOL_TRANSFER_TIMEOUT", "15", 1); /* seconds */
     setenv("KVPOOL_RPC_TIMEOUT_MS", "800", 1);
     char *argv[] = {"prog", "--config", path, "--replica-num=4", "--rpc_timeout_ms", "900", "put", "-", NULL};
     int argc = 8;
@@ -705,7 +746,7 @@ static void test_config_to_json_typed_and_round_trips(void **state)
         for (size_t i = 0; i < t->n_keys; i++) {
             const struct kvp_cfg_key *k = &t->keys[i];
             json_t *v = json_object_get(o, k->name);
-            if (k->offset == KVP_CFG_NO_FIELD) {
+            if (k->offset == KVP_CFG_NO_FIELD || k->alias_of) { /* aliases print as their key */
                 assert_null(v);
                 continue;
             }
@@ -715,13 +756,14 @@ static void test_config_to_json_typed_and_round_trips(void **state)
             case KVP_CFG_T_STRING: assert_true(json_is_string(v)); break;
             case KVP_CFG_T_BOOL: assert_true(json_is_boolean(v)); break;
             case KVP_CFG_T_DOUBLE: assert_true(json_is_real(v)); break;
+            case KVP_CFG_T_DURATION_S: assert_true(json_is_string(v)); break; /* "10000ms" */
             default: assert_true(json_is_integer(v)); break;
             }
         }
         assert_int_equal(json_object_size(o), stored);
         if (kind == KVP_CFG_CLIENT) {
             assert_int_equal(json_integer_value(json_object_get(o, "global_segment_size")), 3ll << 30);
-            assert_int_equal(json_integer_value(json_object_get(o, "transfer_timeout")), 10000);
+            assert_int_equal(json_integer_value(json_object_get(o, "transfer_timeout_ms")), 10000);
             assert_string_equal(json_string_value(json_object_get(o, "master_server_address")), "h:1,[::1]:2");
         }
         json_decref(o);
@@ -751,6 +793,279 @@ static void test_config_help_lists_every_key(void **state)
         free(h);
     }
     assert_null(kvp_cfg_help((enum kvp_cfg_kind)5));
+}
+
+/* ------------------------------------------------------------------ one rule for units (issue 24) */
+
+/* Set key=value on a fresh default struct: rc, and the log it wrote (caller frees). */
+static int set_logged(enum kvp_cfg_kind kind, void *cfg, const char *key, const char *value, char **log)
+{
+    cap_start();
+    int rc = kvp_cfg_set(kind, cfg, key, value);
+    *log = cap_end();
+    return rc;
+}
+
+/* The rule, checked on the tables themselves: every duration or size key either has Mooncake's
+ * name (then Mooncake's unit), or carries its unit in its name; a seconds key is always one of
+ * Mooncake's. A new key without its unit fails here. */
+static void test_config_units_every_own_key_names_its_unit(void **state)
+{
+    (void)state;
+    static const char *const mooncake_names[] = {"default_kv_lease_ttl", "client_ttl", "transfer_timeout",
+                                                 "global_segment_size", "local_buffer_size", NULL};
+    for (int kind = KVP_CFG_MASTER; kind <= KVP_CFG_CLIENT; kind++) {
+        const struct kvp_cfg_table *t = kvp_cfg_table((enum kvp_cfg_kind)kind);
+        for (size_t i = 0; i < t->n_keys; i++) {
+            const struct kvp_cfg_key *k = &t->keys[i];
+            if (k->type != KVP_CFG_T_DURATION_MS && k->type != KVP_CFG_T_DURATION_S && k->type != KVP_CFG_T_SIZE)
+                continue;
+            bool mooncake = false;
+            for (size_t j = 0; mooncake_names[j]; j++)
+                mooncake |= strcmp(k->name, mooncake_names[j]) == 0;
+            if (k->deprecated) { /* an old spelling: its new name carries the unit */
+                assert_non_null(k->alias_of);
+                assert_non_null(strstr(k->alias_of, "_ms"));
+                continue;
+            }
+            if (k->type == KVP_CFG_T_DURATION_S && !mooncake)
+                fail_msg("%s: a plain number is seconds but it is not Mooncake's key", k->name);
+            size_t n = strlen(k->name);
+            bool named = (k->type == KVP_CFG_T_DURATION_MS && n > 3 && strcmp(k->name + n - 3, "_ms") == 0) ||
+                         (k->type == KVP_CFG_T_SIZE && strstr(k->name, "_bytes"));
+            if (!mooncake && !named)
+                fail_msg("kvpool-%s key %s: a kvpool key of its own must carry its unit in its name",
+                         t->kind_name, k->name);
+        }
+    }
+}
+
+/* Every key that changed name or unit: Mooncake's spelling takes Mooncake's unit, kvpool's own
+ * spelling takes the unit in its name, the old spelling still works with one WARN naming the new. */
+static void test_config_units_renamed_keys_and_aliases(void **state)
+{
+    (void)state;
+    char *log;
+    struct kvp_cfg_master m;
+    kvp_cfg_defaults(KVP_CFG_MASTER, &m);
+    /* client_ttl (Mooncake, seconds) and client_ttl_ms (kvpool, ms) write one field */
+    assert_int_equal(set_logged(KVP_CFG_MASTER, &m, "client_ttl", "10", &log), KVP_OK);
+    assert_int_equal(m.client_ttl_ms, 10000);
+    assert_string_equal(log, "");
+    free(log);
+    assert_int_equal(set_logged(KVP_CFG_MASTER, &m, "client_ttl_ms", "2500", &log), KVP_OK);
+    assert_int_equal(m.client_ttl_ms, 2500);
+    assert_string_equal(log, "");
+    free(log);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "client_ttl_ms", "3s"), KVP_OK);
+    assert_int_equal(m.client_ttl_ms, 3000);
+    expect_bad(KVP_CFG_MASTER, "client_ttl_ms", "10", "client_ttl_ms=10", "[100, 86400000] ms");
+    expect_bad(KVP_CFG_MASTER, "client_ttl", "86401", "client_ttl=86401", "a plain number is seconds");
+    /* default_kv_lease_ttl keeps Mooncake's unit, milliseconds */
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "default_kv_lease_ttl", "5000"), KVP_OK);
+    assert_int_equal(m.default_kv_lease_ttl_ms, 5000);
+    /* put_ttl_ms: the new name, silent; put_ttl: the old one, same unit (ms), one WARN */
+    assert_int_equal(set_logged(KVP_CFG_MASTER, &m, "put_ttl_ms", "20000", &log), KVP_OK);
+    assert_int_equal(m.put_ttl_ms, 20000);
+    assert_string_equal(log, "");
+    free(log);
+    assert_int_equal(set_logged(KVP_CFG_MASTER, &m, "put_ttl", "25000", &log), KVP_OK);
+    assert_int_equal(m.put_ttl_ms, 25000);
+    assert_non_null(strstr(log, "WARN"));
+    assert_non_null(strstr(log, "put_ttl is deprecated: use put_ttl_ms"));
+    char *second = strstr(log, "deprecated");
+    assert_null(strstr(second + 1, "deprecated")); /* one line */
+    free(log);
+    expect_bad(KVP_CFG_MASTER, "put_ttl", "50", "put_ttl=50", "[100, 86400000] ms");
+    /* the old spelling in a file, the environment and a flag, naming where it came from */
+    const char *p = write_tmp("old.json", "{\"put_ttl\": 40000}");
+    cap_start();
+    assert_int_equal(kvp_cfg_load_file(KVP_CFG_MASTER, &m, p), KVP_OK);
+    log = cap_end();
+    assert_int_equal(m.put_ttl_ms, 40000);
+    assert_non_null(strstr(log, "old.json: put_ttl is deprecated: use put_ttl_ms"));
+    free(log);
+    setenv("KVPOOL_PUT_TTL", "41000", 1);
+    char *argv[] = {"m", "--put-ttl", "42000", NULL};
+    cap_start();
+    assert_int_equal(kvp_cfg_from_args(KVP_CFG_MASTER, &m, 3, argv, NULL, NULL, 0, NULL), KVP_OK);
+    log = cap_end();
+    assert_int_equal(m.put_ttl_ms, 42000); /* the flag wins */
+    assert_non_null(strstr(log, "env KVPOOL_PUT_TTL: put_ttl is deprecated: use put_ttl_ms"));
+    assert_non_null(strstr(log, "flag --put-ttl: put_ttl is deprecated: use put_ttl_ms"));
+    free(log);
+    clear_kvpool_env();
+    /* print-config writes kvpool's own spellings, which load back as they are */
+    char *js = kvp_cfg_to_json(KVP_CFG_MASTER, &m);
+    assert_non_null(strstr(js, "\"client_ttl_ms\": 10000")); /* from_args started from the defaults */
+    assert_non_null(strstr(js, "\"put_ttl_ms\": 42000"));
+    assert_null(strstr(js, "\"client_ttl\""));
+    assert_null(strstr(js, "\"put_ttl\""));
+    free(js);
+
+    struct kvp_cfg_client c;
+    kvp_cfg_defaults(KVP_CFG_CLIENT, &c);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "transfer_timeout", "30"), KVP_OK);
+    assert_int_equal(c.transfer_timeout_ms, 30000);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "transfer_timeout_ms", "30"), KVP_OK);
+    assert_int_equal(c.transfer_timeout_ms, 30);
+    setenv("KVPOOL_TRANSFER_TIMEOUT_MS", "750", 1);
+    assert_int_equal(kvp_cfg_load_env(KVP_CFG_CLIENT, &c), KVP_OK);
+    assert_int_equal(c.transfer_timeout_ms, 750);
+    clear_kvpool_env();
+    expect_bad(KVP_CFG_CLIENT, "transfer_timeout_ms", "3600001", "transfer_timeout_ms=3600001", "[1, 3600000] ms");
+
+    /* the help lists the other spellings apart, the deprecated one marked */
+    char *h = kvp_cfg_help(KVP_CFG_MASTER);
+    assert_non_null(strstr(h, "--put_ttl_ms"));
+    assert_non_null(strstr(h, "old spelling of put_ttl_ms (deprecated)"));
+    assert_non_null(strstr(h, "--client_ttl "));
+    assert_non_null(strstr(h, "--rpc_port"));
+    free(h);
+}
+
+/* mooncake_master's command line (../shared/clients/mooncake-python.md, last section) as it is:
+ * rpc_address:rpc_port become listen, the units are Mooncake's, the flags kvpool does not need
+ * are accepted with a line saying so. */
+static void test_config_master_mooncake_flags_accepted(void **state)
+{
+    (void)state;
+    char *argv[] = {"kvpool-master", "--rpc_port", "50051", "--rpc_address", "10.1.2.3",
+                    "--default_kv_lease_ttl", "5000", "--client_ttl", "10", "--eviction_ratio", "0.05",
+                    "--eviction_high_watermark_ratio", "0.95", "--metrics_port", "9003", "--rpc_thread_num", "8",
+                    "--enable_http_metadata_server=true", "--http_metadata_server_host", "0.0.0.0",
+                    "--http_metadata_server_port", "8080", NULL};
+    int argc = (int)(sizeof argv / sizeof argv[0]) - 1;
+    struct kvp_cfg_master m;
+    cap_start();
+    int rc = kvp_cfg_from_args(KVP_CFG_MASTER, &m, argc, argv, NULL, NULL, 0, NULL);
+    char *log = cap_end();
+    if (rc != KVP_OK)
+        fail_msg("rc %d: %s", rc, log);
+    assert_string_equal(m.listen, "10.1.2.3:50051");
+    assert_int_equal(m.default_kv_lease_ttl_ms, 5000);
+    assert_int_equal(m.client_ttl_ms, 10000);
+    assert_true(m.eviction_ratio > 0.0499 && m.eviction_ratio < 0.0501);
+    assert_true(m.eviction_high_watermark_ratio > 0.9499 && m.eviction_high_watermark_ratio < 0.9501);
+    assert_int_equal(m.metrics_port, 9003);
+    assert_non_null(strstr(log, "flag --rpc_thread_num: rpc_thread_num: accepted, not used here"));
+    assert_non_null(strstr(log, "flag --enable_http_metadata_server: enable_http_metadata_server: accepted, not "
+                                "used here: Mooncake's HTTP metadata server: not needed"));
+    assert_non_null(strstr(log, "http_metadata_server_host: accepted, not used here"));
+    assert_non_null(strstr(log, "http_metadata_server_port: accepted, not used here"));
+    free(log);
+    char *js = kvp_cfg_to_json(KVP_CFG_MASTER, &m);
+    assert_null(strstr(js, "rpc_port"));
+    assert_null(strstr(js, "http_metadata"));
+    assert_non_null(strstr(js, "\"listen\": \"10.1.2.3:50051\""));
+    free(js);
+
+    /* the space form of a bool and gflags' single dash */
+    char *argv2[] = {"m", "-rpc_port=7400", "--enable_http_metadata_server", "false", NULL};
+    assert_int_equal(kvp_cfg_from_args(KVP_CFG_MASTER, &m, 4, argv2, NULL, NULL, 0, NULL), KVP_OK);
+    assert_string_equal(m.listen, "127.0.0.1:7400");
+
+    /* later wins between listen and its parts; an IPv6 rpc_address gets its brackets */
+    kvp_cfg_defaults(KVP_CFG_MASTER, &m);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "listen", "a.example:1"), KVP_OK);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "rpc_port", "2"), KVP_OK);
+    assert_string_equal(m.listen, "a.example:2");
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "rpc_address", "::1"), KVP_OK);
+    assert_string_equal(m.listen, "[::1]:2");
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "rpc_port", "3"), KVP_OK);
+    assert_string_equal(m.listen, "[::1]:3");
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "rpc_address", "[fe80::1%eth0]"), KVP_OK);
+    assert_string_equal(m.listen, "[fe80::1%eth0]:3");
+    assert_int_equal(kvp_cfg_set(KVP_CFG_MASTER, &m, "listen", "b:4"), KVP_OK);
+    assert_string_equal(m.listen, "b:4");
+
+    /* bad values: an error naming the flag, the struct unchanged */
+    expect_bad(KVP_CFG_MASTER, "rpc_port", "0", "rpc_port=0", "must be a port in [1, 65535] (it sets the port of listen)");
+    expect_bad(KVP_CFG_MASTER, "rpc_port", "65536", "rpc_port=65536", "port in [1, 65535]");
+    expect_bad(KVP_CFG_MASTER, "rpc_port", "http", "rpc_port=http", "port");
+    expect_bad(KVP_CFG_MASTER, "rpc_address", "", "rpc_address=", "must be a host name or IP address");
+    expect_bad(KVP_CFG_MASTER, "rpc_address", "a b", "rpc_address=a b", "host of listen");
+    expect_bad(KVP_CFG_MASTER, "rpc_address", "h:1", "rpc_address=h:1", "host name or IP address");
+    expect_bad(KVP_CFG_MASTER, "rpc_thread_num", "many", "rpc_thread_num=many", "integer");
+    expect_bad(KVP_CFG_MASTER, "enable_http_metadata_server", "maybe", "enable_http_metadata_server=maybe",
+               "true or false");
+    expect_bad(KVP_CFG_MASTER, "http_metadata_server_port", "70000", "http_metadata_server_port=70000", "[0, 65535]");
+    char *argv3[] = {"m", "--rpc_port", "99999", NULL};
+    struct kvp_cfg_master a, b;
+    kvp_cfg_defaults(KVP_CFG_MASTER, &a);
+    memcpy(&b, &a, sizeof a);
+    cap_start();
+    rc = kvp_cfg_from_args(KVP_CFG_MASTER, &a, 3, argv3, NULL, NULL, 0, NULL);
+    log = cap_end();
+    assert_int_equal(rc, KVP_ERR_INVALID);
+    assert_non_null(strstr(log, "flag --rpc_port: rpc_port=99999: must be a port"));
+    assert_memory_equal(&a, &b, sizeof a);
+    free(log);
+}
+
+/* The text of the fenced block (```lang) that follows `after` in docs/migrating-from-mooncake.md
+ * (malloc'd), so that the page's examples are the ones tested. */
+static char *doc_block(const char *after, const char *lang)
+{
+    const char *src = getenv("KVP_SOURCE_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/docs/migrating-from-mooncake.md", src ? src : "..");
+    FILE *f = fopen(path, "r");
+    if (!f)
+        fail_msg("cannot open %s (KVP_SOURCE_DIR)", path);
+    static char doc[65536];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    doc[n] = '\0';
+    fclose(f);
+    const char *a = strstr(doc, after);
+    assert_non_null(a);
+    char fence[32];
+    snprintf(fence, sizeof fence, "```%s\n", lang);
+    const char *b = strstr(a, fence);
+    assert_non_null(b);
+    b += strlen(fence);
+    const char *e = strstr(b, "```");
+    assert_non_null(e);
+    char *out = strndup(b, (size_t)(e - b));
+    assert_non_null(out);
+    return out;
+}
+
+/* docs/migrating-from-mooncake.md: its kvpool-master line and its Mooncake client JSON mean
+ * what the page says they mean. */
+static void test_config_migration_doc_examples_load(void **state)
+{
+    (void)state;
+    char *js = doc_block("## The client config", "json");
+    const char *p = write_tmp("doc-client.json", js);
+    free(js);
+    struct kvp_cfg_client c;
+    kvp_cfg_defaults(KVP_CFG_CLIENT, &c);
+    assert_int_equal(kvp_cfg_load_file(KVP_CFG_CLIENT, &c, p), KVP_OK);
+    assert_string_equal(c.local_hostname, "10.0.0.5");
+    assert_string_equal(c.master_server_address, "10.0.0.1:50051,10.0.0.2:50051");
+    assert_int_equal(c.global_segment_size, 4ull << 30);
+    assert_int_equal(c.local_buffer_size, 16ull << 20);
+    assert_string_equal(c.protocol, "rdma");
+    assert_string_equal(c.device_name, "mlx5_0");
+    assert_int_equal(c.transfer_timeout_ms, 30000);
+
+    /* the kvpool-master line, split into words as a shell would (no quoting in it) */
+    char *sh = doc_block("with the program name changed", "sh");
+    char *argv[64];
+    int argc = 0;
+    for (char *save = NULL, *w = strtok_r(sh, " \\\n", &save); w && argc < 63; w = strtok_r(NULL, " \\\n", &save))
+        argv[argc++] = w;
+    argv[argc] = NULL;
+    assert_string_equal(argv[0], "kvpool-master");
+    struct kvp_cfg_master m;
+    assert_int_equal(kvp_cfg_from_args(KVP_CFG_MASTER, &m, argc, argv, NULL, NULL, 0, NULL), KVP_OK);
+    assert_string_equal(m.listen, "10.0.0.1:50051");
+    assert_string_equal(m.raft_address, "10.0.0.1:7201");
+    assert_int_equal(m.client_ttl_ms, 10000);
+    assert_int_equal(m.default_kv_lease_ttl_ms, 5000);
+    assert_int_equal(m.metrics_port, 9003);
+    free(sh);
 }
 
 /* ------------------------------------------------------------------ master lists */
@@ -914,6 +1229,7 @@ int main(void)
         cmocka_unit_test(test_config_set_bad_values_invalid_logged_unchanged),
         cmocka_unit_test(test_config_set_null_args_invalid),
         cmocka_unit_test(test_config_ignored_mooncake_key_accepted_not_stored),
+        cmocka_unit_test(test_config_mooncake_json_loads_with_mooncake_units),
         cmocka_unit_test(test_config_load_file_types_applied),
         cmocka_unit_test(test_config_load_file_errors_unchanged),
         cmocka_unit_test(test_config_load_env_applies_and_validates),
@@ -924,6 +1240,10 @@ int main(void)
         cmocka_unit_test(test_config_validate_heartbeat_below_election),
         cmocka_unit_test(test_config_to_json_typed_and_round_trips),
         cmocka_unit_test(test_config_help_lists_every_key),
+        cmocka_unit_test(test_config_units_every_own_key_names_its_unit),
+        cmocka_unit_test(test_config_units_renamed_keys_and_aliases),
+        cmocka_unit_test(test_config_master_mooncake_flags_accepted),
+        cmocka_unit_test(test_config_migration_doc_examples_load),
         cmocka_unit_test(test_config_masters_forms_normalised),
         cmocka_unit_test(test_config_masters_errors_invalid),
         cmocka_unit_test(test_config_masters_cluster_file),

@@ -159,6 +159,51 @@ static void test_fsm_put_start_no_room_no_space(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+/* PutStartReq.avoid_segments: placement takes those segments last (issue 18: a client that
+ * cannot reach a segment the master hears), and still takes them when nothing else fits. */
+static void test_fsm_put_start_avoid_segments_placed_last(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(1000, 5000);
+    uint32_t s1, s2, s3;
+    assert_int_equal(tf_mount(f, "s1", "h1", 4 * MB, 1, &s1), KVP_OK); /* most free: first choice */
+    assert_int_equal(tf_mount(f, "s2", "h2", 2 * MB, 1, &s2), KVP_OK);
+    assert_int_equal(tf_mount(f, "s3", "h3", MB, 1, &s3), KVP_OK);
+    Kvp__Command c = KVP__COMMAND__INIT;
+    Kvp__PutStartReq q = KVP__PUT_START_REQ__INIT;
+    Kvp__PutStartItem it = KVP__PUT_START_ITEM__INIT, *items[1] = {&it};
+    uint32_t avoid[2] = {s1, 999};
+    it.key = "k";
+    it.size = 1000;
+    it.replica_num = 2;
+    it.op_id = 1;
+    q.n_items = 1;
+    q.items = items;
+    q.avoid_segments = avoid;
+    q.n_avoid_segments = 2;
+    c.now_wall_ms = 10;
+    c.term = 3;
+    c.body_case = KVP__COMMAND__BODY_PUT_START;
+    c.put_start = &q;
+    Kvp__Response *r = tf_apply(f, &c);
+    assert_int_equal(r->put_start->results[0]->status, KVP_OK);
+    assert_int_equal(r->put_start->results[0]->n_replicas, 2);
+    for (size_t i = 0; i < 2; i++)
+        assert_int_not_equal(r->put_start->results[0]->replicas[i]->segment_id, s1);
+    kvp_master_fsm_response_free(r);
+    /* three replicas wanted: the avoided segment is taken last rather than not at all */
+    it.key = "k3";
+    it.replica_num = 3;
+    it.op_id = 2;
+    r = tf_apply(f, &c);
+    assert_int_equal(r->put_start->results[0]->status, KVP_OK);
+    assert_int_equal(r->put_start->results[0]->n_replicas, 3);
+    assert_int_equal(r->put_start->results[0]->replicas[2]->segment_id, s1);
+    kvp_master_fsm_response_free(r);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    kvp_master_fsm_destroy(&f);
+}
+
 static void test_fsm_put_start_retry_same_op_same_replicas(void **state)
 {
     (void)state;
@@ -773,6 +818,7 @@ int main(void)
         cmocka_unit_test(test_fsm_put_start_huge_ttl_capped),
         cmocka_unit_test(test_fsm_put_start_bad_items_invalid),
         cmocka_unit_test(test_fsm_put_start_no_room_no_space),
+        cmocka_unit_test(test_fsm_put_start_avoid_segments_placed_last),
         cmocka_unit_test(test_fsm_put_start_retry_same_op_same_replicas),
         cmocka_unit_test(test_fsm_put_revoke_quarantines_extents),
         cmocka_unit_test(test_fsm_remove_and_evict_statuses),

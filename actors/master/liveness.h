@@ -1,0 +1,116 @@
+/*
+ * liveness.h — the leader's decision "this segment is lost" (DESIGN.md "Core flows: Segments",
+ * "Known failures we must never have" 3; docs/operations.md "How a segment is declared lost").
+ *
+ * Pure logic: no I/O, no clock reads, no logging. The master service (service_soft.c) feeds it
+ * the times it observed (heartbeats, clients' reports, probe results, its own ticks, confirmed
+ * quorum contact, leadership changes) and asks it, once per liveness tick, which segments are
+ * lost. Every decision comes with its evidence as a sentence the caller logs.
+ *
+ * The rule, in full:
+ *  1. Blind periods do not count. A gap between two ticks longer than tick_gap_ms (the leader's
+ *     own loop did not run: a pause, a VM freeze, a stall), a leadership change, and the end of
+ *     a period without confirmed quorum contact (longer than quorum_stale_ms) each start a fresh
+ *     grace: every segment's silence is measured from that moment at the earliest.
+ *  2. While quorum contact is stale, no decision is made at all (withheld).
+ *  3. A segment is a candidate when (a) silent for more than client_ttl_ms, or (b) reported
+ *     unreachable by a client within client_ttl_ms, a probe from this master failed after its
+ *     last heartbeat, and it is silent for more than max(min(ttl, 1 s), 1.5 × its period), or
+ *     (c) reported and silent for more than max(min(ttl, 3 s), 1.5 × its period).
+ *  4. Evidence that the master can hear: H = segments heard within max(ttl / 2, 2 × their
+ *     period) (capped at ttl). Candidates by silence alone (a) are declared lost only when
+ *     H >= 1 and H >= the number of candidates; candidates witnessed by a client report (b, c)
+ *     only when H >= 1 and some other segment was heard after it fell silent. Otherwise the
+ *     master suspects itself: the decision is withheld (one episode, reported once) and nothing
+ *     is dropped.
+ *  5. Clients as witnesses: a candidate that a client wrote to after its last heartbeat, within
+ *     the last ttl / 2, is not lost (the master cannot hear it, clients can reach it): it stays
+ *     SUSPECT while clients keep succeeding, and is decided by 3 and 4 once they stop.
+ *
+ * Thread: one owner (the service thread); not thread-safe.
+ */
+#ifndef KVP_MASTER_LIVENESS_H
+#define KVP_MASTER_LIVENESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/** What the caller knows of one segment (times monotonic ms; 0 = never / none). */
+struct kvp_liveness_seg {
+    uint32_t id;
+    uint64_t last_hb_ms;        /* last heartbeat or mount heard by this leader */
+    uint64_t hb_gap_ms;         /* its heartbeat period as seen here (last two), 0 = unknown */
+    uint64_t reported_ms;       /* last client ReportUnreachable */
+    uint64_t probe_failed_ms;   /* last failed data-plane probe from this master */
+    uint64_t client_wrote_ms;   /* last client put that wrote to it (PutEnd written_segments) */
+};
+
+enum kvp_liveness_state {
+    KVP_LIVENESS_LIVE = 0,      /* heard recently enough */
+    KVP_LIVENESS_SUSPECT,       /* silent for a while or reported, not (yet) a candidate */
+    KVP_LIVENESS_LOST,          /* declare it lost now (evidence says why) */
+    KVP_LIVENESS_WITHHELD,      /* would be a candidate, but the master suspects itself */
+};
+
+/** The verdict on one segment of a check. */
+struct kvp_liveness_verdict {
+    uint32_t id;
+    enum kvp_liveness_state state;
+    uint64_t silent_ms;         /* silence counted (blind periods excluded) */
+    uint8_t candidate;          /* internal to the check: 0 none, 1 by silence, 2 witnessed by a report */
+    char why[224];              /* evidence (LOST), reason (WITHHELD, SUSPECT), "" when LIVE */
+};
+
+/** Events of one check, for the caller's log lines (one each). */
+struct kvp_liveness_events {
+    unsigned n_lost;
+    unsigned n_withheld;
+    bool blind_detected;        /* this check found a tick gap: fresh grace given */
+    bool withhold_began;        /* first check of a withheld episode: WARN once */
+    bool withhold_ended;        /* the episode is over (INFO) */
+};
+
+struct kvp_liveness {
+    uint64_t ttl_ms;            /* client_ttl */
+    uint64_t tick_gap_ms;       /* a longer gap between ticks is a blind period */
+    uint64_t quorum_stale_ms;   /* no confirmed quorum contact for longer: blind */
+    uint64_t grace_from_ms;     /* silence is counted from here at the earliest */
+    uint64_t last_tick_ms;      /* previous check; 0 = none yet */
+    uint64_t quorum_ok_ms;      /* last confirmed quorum contact */
+    /* The last blind period, for status. */
+    uint64_t blind_periods;
+    uint64_t blind_at_ms;
+    uint64_t blind_len_ms;
+    char blind_why[128];
+    /* The withheld episode. */
+    bool withholding;
+    uint64_t withheld_since_ms;
+    uint64_t withheld_episodes;
+    char withheld_why[224];
+    /* Last check's counts, for status. */
+    unsigned heard, total, candidates;
+};
+
+/** Initialise at `now_ms` (counts as a fresh grace). tick_gap_ms / quorum_stale_ms 0 = derived
+ * defaults: min(1500, ttl / 2) and max(3000, ttl / 2). */
+void kvp_liveness_init(struct kvp_liveness *lv, uint64_t ttl_ms, uint64_t tick_gap_ms, uint64_t quorum_stale_ms,
+                       uint64_t now_ms);
+
+/** A blind period the caller knows of ended at now_ms (leadership change: "became leader"):
+ * fresh grace, quorum contact counted as confirmed, any withheld episode closed silently. */
+void kvp_liveness_restart(struct kvp_liveness *lv, uint64_t now_ms, const char *why);
+
+/** Quorum contact confirmed at now_ms (a query answered as leader). Ending a stale period
+ * starts a fresh grace. Returns true when it ended one not already counted (by a tick gap). */
+bool kvp_liveness_quorum_ok(struct kvp_liveness *lv, uint64_t now_ms);
+
+/** One liveness tick at now_ms over the n segments the FSM holds as active or draining (not lost,
+ * not already being declared lost). Fills out[0..n) (same order) and *ev. Returns the number of
+ * LOST verdicts. */
+unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const struct kvp_liveness_seg *segs,
+                            size_t n, struct kvp_liveness_verdict *out, struct kvp_liveness_events *ev);
+
+const char *kvp_liveness_state_name(enum kvp_liveness_state st);
+
+#endif

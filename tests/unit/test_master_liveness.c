@@ -1,0 +1,306 @@
+/*
+ * test_master_liveness.c — the leader's "segment lost" rule (actors/master/liveness.h) driven
+ * with explicit times, as the service drives it: heartbeats every 300 ms from the segments that
+ * live, a liveness tick every 500 ms, a confirmed quorum contact every second.
+ * Issue 18's two scenarios pin the rule: the masters paused or cut off from every segment for
+ * several client_ttl declare nothing lost; two of four segments silent while two heartbeat are
+ * both declared lost within about one client_ttl.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "actors/master/liveness.h"
+
+#define NSEG 4
+#define TTL 4000u
+
+struct sim {
+    struct kvp_liveness lv;
+    struct kvp_liveness_seg segs[NSEG];
+    bool alive[NSEG];          /* heartbeats arrive */
+    bool quorum;               /* quorum contact confirmed every second */
+    bool gone[NSEG];           /* declared lost (no longer passed in) */
+    uint64_t now;
+    uint64_t lost_at[NSEG];    /* time of the LOST verdict, 0 = never */
+    unsigned withhold_began, withhold_ended, blind, withheld_verdicts;
+    char last_why[NSEG][224];
+};
+
+static void sim_init(struct sim *s)
+{
+    memset(s, 0, sizeof *s);
+    s->now = 100000;
+    kvp_liveness_init(&s->lv, TTL, 0, 0, s->now);
+    for (int i = 0; i < NSEG; i++) {
+        s->segs[i].id = (uint32_t)(i + 1);
+        s->segs[i].last_hb_ms = s->now; /* mounted */
+        s->alive[i] = true;
+    }
+    s->quorum = true;
+}
+
+static void sim_tick(struct sim *s)
+{
+    struct kvp_liveness_seg in[NSEG];
+    int idx[NSEG];
+    size_t n = 0;
+    for (int i = 0; i < NSEG; i++)
+        if (!s->gone[i]) {
+            idx[n] = i;
+            in[n++] = s->segs[i];
+        }
+    struct kvp_liveness_verdict out[NSEG];
+    struct kvp_liveness_events ev;
+    unsigned nl = kvp_liveness_check(&s->lv, s->now, in, n, out, &ev);
+    unsigned seen = 0;
+    for (size_t k = 0; k < n; k++) {
+        assert_int_equal(out[k].id, in[k].id);
+        if (out[k].state == KVP_LIVENESS_LOST) {
+            s->gone[idx[k]] = true;
+            s->lost_at[idx[k]] = s->now;
+            seen++;
+        }
+        if (out[k].state == KVP_LIVENESS_WITHHELD)
+            s->withheld_verdicts++;
+        memcpy(s->last_why[idx[k]], out[k].why, sizeof out[k].why);
+    }
+    assert_int_equal(nl, seen);
+    assert_int_equal(ev.n_lost, seen);
+    s->withhold_began += ev.withhold_began;
+    s->withhold_ended += ev.withhold_ended;
+    s->blind += ev.blind_detected;
+}
+
+/* Run for `ms` in 100 ms steps: heartbeats (300 ms), quorum contact (1 s), ticks (500 ms). */
+static void sim_run(struct sim *s, uint64_t ms)
+{
+    for (uint64_t t = 0; t < ms; t += 100) {
+        s->now += 100;
+        if (s->now % 300 == 0)
+            for (int i = 0; i < NSEG; i++)
+                if (s->alive[i] && !s->gone[i]) {
+                    if (s->segs[i].last_hb_ms)
+                        s->segs[i].hb_gap_ms = s->now - s->segs[i].last_hb_ms;
+                    s->segs[i].last_hb_ms = s->now;
+                }
+        if (s->quorum && s->now % 1000 == 0)
+            kvp_liveness_quorum_ok(&s->lv, s->now);
+        if (s->now % 500 == 0)
+            sim_tick(s);
+    }
+}
+
+static unsigned n_lost(const struct sim *s)
+{
+    unsigned n = 0;
+    for (int i = 0; i < NSEG; i++)
+        n += s->gone[i];
+    return n;
+}
+
+/* Issue 18's report: every master paused for 2 x client_ttl; on the first tick after the resume
+ * (before any heartbeat is read) the old rule declared every segment lost. */
+static void test_liveness_masters_paused_2x_and_5x_ttl_nothing_lost(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 10000);
+    assert_int_equal(n_lost(&s), 0);
+    s.now += 2 * TTL + 900; /* SIGSTOP: no tick, no heartbeat read, no quorum contact */
+    sim_tick(&s);           /* the first tick after SIGCONT */
+    assert_int_equal(n_lost(&s), 0);
+    assert_int_equal(s.blind, 1);
+    sim_run(&s, 3 * TTL);
+    assert_int_equal(n_lost(&s), 0);
+    s.now += 5 * TTL;
+    sim_run(&s, 3 * TTL);
+    assert_int_equal(n_lost(&s), 0);
+    /* The second pause ended with a quorum contact before the next tick: one period, not two. */
+    assert_int_equal(s.lv.blind_periods, 2);
+}
+
+/* The masters cut off from every segment (they keep running and keep their quorum) for 3 x
+ * client_ttl, then healed: nothing lost, one withheld episode, reported once. */
+static void test_liveness_masters_cut_from_all_segments_withheld(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 10000);
+    for (int i = 0; i < NSEG; i++)
+        s.alive[i] = false;
+    sim_run(&s, 3 * TTL);
+    assert_int_equal(n_lost(&s), 0);
+    assert_int_equal(s.withhold_began, 1);
+    assert_true(s.withheld_verdicts > 0);
+    assert_true(s.lv.withholding);
+    assert_non_null(strstr(s.lv.withheld_why, "0 of 4"));
+    for (int i = 0; i < NSEG; i++)
+        s.alive[i] = true;
+    sim_run(&s, 3 * TTL);
+    assert_int_equal(n_lost(&s), 0);
+    assert_int_equal(s.withhold_began, 1);
+    assert_int_equal(s.withhold_ended, 1);
+    assert_false(s.lv.withholding);
+}
+
+/* Cut off from three of four: one heard is fewer than three silent: withheld, not lost. */
+static void test_liveness_three_of_four_silent_withheld(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 5000);
+    s.alive[1] = s.alive[2] = s.alive[3] = false;
+    sim_run(&s, 3 * TTL);
+    assert_int_equal(n_lost(&s), 0);
+    assert_int_equal(s.withhold_began, 1);
+}
+
+/* Two of four SIGKILLed while two heartbeat: both lost, within client_ttl plus two ticks. */
+static void test_liveness_two_of_four_silent_declared_lost(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 5000);
+    uint64_t killed = s.now;
+    s.alive[2] = s.alive[3] = false;
+    sim_run(&s, 3 * TTL);
+    assert_int_equal(n_lost(&s), 2);
+    assert_true(s.gone[2] && s.gone[3]);
+    assert_true(s.lost_at[2] - killed <= TTL + 1000);
+    assert_true(s.lost_at[3] - killed <= TTL + 1000);
+    assert_non_null(strstr(s.last_why[2], "no heartbeat"));
+    assert_non_null(strstr(s.last_why[2], "heard 2 of 4"));
+    assert_int_equal(s.withhold_began, 0);
+}
+
+/* Without confirmed quorum contact nothing is decided; when contact returns, every segment gets
+ * a fresh grace (a segment that died during the stale period is lost one ttl after it). */
+static void test_liveness_quorum_stale_withholds_then_fresh_grace(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 5000);
+    s.quorum = false;
+    s.alive[3] = false;
+    sim_run(&s, TTL + 2000);
+    assert_int_equal(n_lost(&s), 0);
+    assert_true(s.withhold_began >= 1);
+    s.quorum = true;
+    uint64_t back = s.now;
+    sim_run(&s, 1000); /* the next quorum contact lands inside this second */
+    assert_int_equal(n_lost(&s), 0);
+    sim_run(&s, 2 * TTL);
+    assert_int_equal(n_lost(&s), 1);
+    assert_true(s.gone[3]);
+    assert_true(s.lost_at[3] - back >= TTL);
+}
+
+/* A leadership change (restart) is a fresh grace: the silence before it does not count. */
+static void test_liveness_restart_fresh_grace(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 3000);
+    s.alive[0] = false;
+    sim_run(&s, TTL - 1000);
+    kvp_liveness_restart(&s.lv, s.now, "became leader");
+    uint64_t at = s.now;
+    sim_run(&s, TTL - 500);
+    assert_int_equal(n_lost(&s), 0);
+    sim_run(&s, 2000);
+    assert_int_equal(n_lost(&s), 1);
+    assert_true(s.lost_at[0] - at > TTL);
+}
+
+/* A client's report plus a failed probe: lost after about one second of silence, when others
+ * are heard; withheld when the master hears no segment at all. */
+static void test_liveness_reported_and_probe_failed(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 3000);
+    s.alive[1] = false;
+    uint64_t t = s.now;
+    sim_run(&s, 500);
+    s.segs[1].reported_ms = s.now;
+    s.segs[1].probe_failed_ms = s.now;
+    sim_run(&s, 1500);
+    assert_true(s.gone[1]);
+    assert_true(s.lost_at[1] - t < 2500);
+    assert_non_null(strstr(s.last_why[1], "probe failed"));
+
+    sim_init(&s);
+    sim_run(&s, 3000);
+    for (int i = 0; i < NSEG; i++)
+        s.alive[i] = false;
+    sim_run(&s, 500);
+    s.segs[1].reported_ms = s.now;
+    s.segs[1].probe_failed_ms = s.now;
+    sim_run(&s, 2000);
+    assert_int_equal(n_lost(&s), 0);
+    assert_int_equal(s.withhold_began, 1);
+}
+
+/* Asymmetric: the master cannot hear segment 1 but clients keep writing to it: kept while they
+ * do (issue 18 item 2); lost about a ttl after the writes stop too. */
+static void test_liveness_silent_but_clients_write_kept(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 3000);
+    s.alive[0] = false;
+    for (int k = 0; k < 30; k++) { /* 3 x ttl: a client put every 400 ms */
+        s.segs[0].client_wrote_ms = s.now;
+        sim_run(&s, 400);
+    }
+    assert_int_equal(n_lost(&s), 0);
+    assert_non_null(strstr(s.last_why[0], "a client wrote to it"));
+    uint64_t stopped = s.now;
+    sim_run(&s, TTL);
+    assert_true(s.gone[0]);
+    assert_true(s.lost_at[0] - stopped <= TTL / 2 + 500);
+}
+
+/* A stall of the leader's loop shorter than the tick-gap bound is no blind period. */
+static void test_liveness_short_tick_gap_not_blind(void **state)
+{
+    (void)state;
+    struct sim s;
+    sim_init(&s);
+    sim_run(&s, 3000);
+    s.now += 900; /* under min(1500, ttl / 2) = 1500 */
+    sim_run(&s, 2000);
+    assert_int_equal(s.blind, 0);
+    assert_int_equal(s.lv.blind_periods, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_liveness_masters_paused_2x_and_5x_ttl_nothing_lost),
+        cmocka_unit_test(test_liveness_masters_cut_from_all_segments_withheld),
+        cmocka_unit_test(test_liveness_three_of_four_silent_withheld),
+        cmocka_unit_test(test_liveness_two_of_four_silent_declared_lost),
+        cmocka_unit_test(test_liveness_quorum_stale_withholds_then_fresh_grace),
+        cmocka_unit_test(test_liveness_restart_fresh_grace),
+        cmocka_unit_test(test_liveness_reported_and_probe_failed),
+        cmocka_unit_test(test_liveness_short_tick_gap_not_blind),
+        cmocka_unit_test(test_liveness_silent_but_clients_write_kept),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
