@@ -1,29 +1,36 @@
 /*
  * seg_server.c — the TCP data plane of one segment (see seg_server.h, docs/data-plane.md).
  *
- * Threads: one accept thread (poll over the listen sockets and a wake-up eventfd) and one
- * thread per connection doing blocking I/O. A connection serves its requests one after the
- * other, in order, so responses leave in request order. Payload bytes move straight between
- * the socket and the region: WRITE payloads are received into base+offset, READ responses go
- * out with one sendmsg of [header, region bytes].
+ * Actors: KVP_SEG_LOOPS threaded runtime actors ("seg-loop-N"), each owning an epoll set and
+ * the connections in it; nothing else touches a connection. Loop 0 also owns the listen
+ * sockets: it accepts and hands each new socket to a loop, round robin, by message
+ * (SEG_MSG_CONN; to itself directly). A loop closing a connection tells loop 0 (SEG_MSG_GONE),
+ * which keeps the count behind the per-segment connection cap. Every socket is non-blocking;
+ * a loop never waits on one connection, so idle connections cost memory (a struct and, only
+ * while bytes are buffered, a receive buffer), not threads, and a peer that stalls mid-frame
+ * delays nobody (it is dropped after KVP_SEG_STALL_MS without progress).
  *
- * Stop: the accept thread is woken and joined, then every connection socket is shut down
- * (which makes its blocking recv/send return) and every connection thread is joined.
+ * A connection serves its requests in order, so responses leave in request order. Payload
+ * bytes move straight between the socket and the region: WRITE payloads are received into
+ * base+offset, READ responses go out with one sendmsg of [header, region bytes].
+ *
+ * Stop: every loop actor is stopped (its fini closes its connections and epoll set), then
+ * the listen sockets are closed and the server freed.
  */
 #define _GNU_SOURCE
 #include "actors/segment/seg_server.h"
 
+#include <czmq.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -31,6 +38,7 @@
 
 #include "actors/segment/segment_internal.h"
 #include "kvpool.h"
+#include "runtime/actor.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 #include "wire/envelope.h"
@@ -38,10 +46,10 @@
 #define ACTOR "seg-server"
 
 /*
- * The region is written and read by several connection threads. Their order is set by the
- * clients (a client sends a READ only after its WRITE was answered), i.e. through sockets that
- * ThreadSanitizer cannot follow. In TSan builds every region access acquires/releases one sync
- * object, which tells TSan about that order; other builds compile this away.
+ * The region is written and read by several loops. Their order is set by the clients (a client
+ * sends a READ only after its WRITE was answered), i.e. through sockets that ThreadSanitizer
+ * cannot follow. In TSan builds every region access acquires/releases one sync object, which
+ * tells TSan about that order; other builds compile this away.
  */
 #if defined(__SANITIZE_THREAD__)
 void __tsan_acquire(void *addr);
@@ -54,19 +62,22 @@ void __tsan_release(void *addr);
 #endif
 
 /*
- * Request counters of one connection, for the metrics endpoint (kvp_seg_server_stats). Written
- * only by the connection's own thread, as load + store (one writer: no read-modify-write, so no
- * locked instruction on the request path); read by the metrics HTTP thread with relaxed loads.
- * Relaxed is enough: each counter is an independent monotonic value and nothing else is
- * published through it; a scrape may see one counter a request ahead of another. Atomics and
- * not a message: the reader is libmicrohttpd's thread and the writer a blocking I/O thread,
- * neither of which has a mailbox, and a scrape must not cost the data path a wake-up.
+ * Request counters of one loop, for the metrics endpoint (kvp_seg_server_stats). Written only by
+ * the loop's own thread, as load + store (one writer: no read-modify-write, so no locked
+ * instruction on the request path); read by the metrics HTTP thread with relaxed loads. Relaxed
+ * is enough: each counter is an independent monotonic value and nothing else is published
+ * through it; a scrape may see one counter a request ahead of another. Atomics and not a
+ * message: the reader is libmicrohttpd's thread, which has no mailbox to take a reply, and a
+ * scrape must not cost the data path a wake-up.
  */
 struct seg_counters {
     _Atomic uint64_t bytes_read;    /* READ payload bytes queued for sending */
     _Atomic uint64_t bytes_written; /* WRITE payload bytes that landed in the region */
     _Atomic uint64_t req[KVP_SEG_OPS][KVP_SEG_RESULTS];
     _Atomic uint64_t bad_frames;
+    _Atomic uint64_t conns_open;     /* this loop's connections now */
+    _Atomic uint64_t conns_accepted; /* loop 0 only */
+    _Atomic uint64_t conns_refused;  /* loop 0 only */
 };
 
 static inline void ctr_add(_Atomic uint64_t *c, uint64_t v)
@@ -89,34 +100,148 @@ const char *const kvp_seg_op_names[KVP_SEG_OPS] = {"read", "write", "ping"};
 const char *const kvp_seg_result_names[KVP_SEG_RESULTS] = {"ok", "not_found", "invalid", "deadline_passed",
                                                            "other"};
 
-struct seg_conn {
-    struct kvp_seg_server *srv;
-    int fd;
-    struct seg_counters ctr; /* see above */
-    pthread_t thread;
-    atomic_bool done; /* set by the connection thread as its last act; release/acquire with the reaper */
-    char peer[64];
-    struct seg_conn *next;
+/* Messages between the loops. */
+enum {
+    SEG_MSG_CONN = 1, /* payload struct seg_newconn: a socket for this loop to serve */
+    SEG_MSG_GONE = 2, /* to loop 0: arg connections of the sender were closed */
+    SEG_MSG_SWEEP = 3,  /* timer: drop connections stalled mid-frame */
+    SEG_MSG_REARM = 4,  /* timer: accept again after running out of descriptors */
+    SEG_MSG_STOP = 5,   /* the server stops: wait in the runtime's poll from now on */
+    SEG_MSG_LISTEN = 6, /* to loop 0, once every loop runs: start accepting */
 };
+
+struct seg_loop;
 
 struct kvp_seg_server {
     uint8_t *base;
     uint64_t size;
-    /* The id requests must carry. Written by set_id from any thread, read by every connection
-     * thread before each request: relaxed is enough, the id is a single independent value and
-     * no other memory is published through it. */
+    /* The id requests must carry. Written by set_id from any thread (the segment runtime, often
+     * from inside its own actor callback, where it cannot block on a call), read by every loop
+     * before each request; set_id must hold when it returns (an unmounted segment refuses at
+     * once), which a message to the loops would not give without a blocking call. Relaxed is
+     * enough: a single independent value, no other memory is published through it. */
     _Atomic uint32_t segment_id;
     uint32_t port;
     int lfd[KVP_SEG_MAX_LISTEN];
     int n_lfd;
-    int wake_fd;
-    pthread_t accept_thread;
-    atomic_bool stopping;
-    pthread_mutex_t mu; /* guards conns and the counters below */
-    struct seg_conn *conns;
-    struct kvp_seg_server_stats closed; /* requests of reaped connections; conns_* counts */
-    char region_sync;   /* TSan annotation address only (REGION_ACQUIRE/RELEASE) */
+    struct kvp_rt_actor *loops[KVP_SEG_LOOPS];
+    int n_loops;
+    struct seg_counters ctr[KVP_SEG_LOOPS]; /* loop i writes ctr[i]; see struct seg_counters */
+    /* One eventfd per loop, in that loop's epoll set: written after a message is sent to the loop
+     * (loop_send), so that a loop waiting in its own epoll_wait (loop_on_epoll) returns to the
+     * runtime, which delivers the message. The descriptors are set before the loops start and
+     * closed after they stopped; writing one is a system call, no memory is shared through it. */
+    int kick_fd[KVP_SEG_LOOPS];
+    char region_sync; /* TSan annotation address only (REGION_ACQUIRE/RELEASE) */
 };
+
+/* What an epoll event points to: a listen socket or a connection (first member of both). */
+enum { EP_LISTEN = 1, EP_CONN = 2, EP_KICK = 3 };
+struct seg_ep {
+    int kind;
+    int fd;
+};
+
+/*
+ * Responses of one connection waiting to go out. A client pipelines many requests; the loop
+ * answers into this queue while more requests are buffered and sends them together (one
+ * sendmsg) when none is left, when OUT_FLUSH answers or OUT_FLUSH_BYTES are queued, and before
+ * a WRITE payload is received while a READ answer is queued (READ payloads stay in the region
+ * until sent; that flush keeps a READ from seeing a later WRITE of its connection). A send the
+ * kernel takes only in part leaves the rest here (EPOLLOUT). At OUT_MAX answers or
+ * KVP_SEG_CONN_INFLIGHT_BYTES unsent the loop stops reading the connection's requests until
+ * the peer has taken them all: the per-connection cap on bytes in flight.
+ */
+#define OUT_MAX 64
+#define OUT_FLUSH 32
+#define OUT_FLUSH_BYTES (1u << 20)
+
+struct out_q {
+    uint8_t hdr[OUT_MAX][KVP_FRAME_HEADER_BYTES];
+    struct iovec iov[2 * OUT_MAX];
+    int n;      /* answers queued */
+    int iovcnt; /* iovecs used */
+    int head;   /* first iovec not yet (fully) sent */
+    uint64_t bytes; /* unsent bytes */
+    bool region;    /* some iovec points into the region (TSan annotation; WRITE ordering) */
+};
+
+/* Request headers (and the payloads of small WRITEs) are read through a buffer: one recv takes
+ * every header a pipelining client has queued. A connection holds one only while it has
+ * buffered bytes (a partial header is kept in the connection itself): idle ones hold none. */
+#define IN_BYTES (64u * 1024u)
+#define IN_CACHE 16 /* empty buffers (and out queues) a loop keeps for reuse */
+
+/* What a connection is doing. */
+enum { ST_HDR = 0, ST_PAYLOAD = 1, ST_DRAIN = 2 };
+
+struct seg_conn {
+    struct seg_ep ep; /* first */
+    struct seg_loop *loop;
+    struct seg_conn *prev, *next;
+    uint32_t events; /* what epoll watches for it now */
+    uint8_t *in;     /* receive buffer or NULL; unread bytes are in[off, len) */
+    size_t off, len;
+    uint8_t part[KVP_FRAME_HEADER_BYTES]; /* a partial header while no buffer is held */
+    size_t npart;
+    bool short_read; /* the last recv into the buffer got less than it asked: socket drained */
+    int st;          /* ST_*: what the next bytes are */
+    struct kvp_frame cur; /* ST_PAYLOAD / ST_DRAIN: the WRITE whose payload comes */
+    uint64_t got;         /* payload bytes taken so far */
+    int cur_status;       /* the WRITE's answer status */
+    bool wait_out;        /* read no request bytes until the out queue is empty */
+    bool capped;          /* the in-flight cap was logged for this connection */
+    struct out_q *out;    /* NULL while nothing is queued */
+    uint64_t progress_ms; /* monotonic time of the last byte in or out */
+    char peer[64];
+};
+
+struct seg_loop {
+    struct kvp_seg_server *srv;
+    int idx;
+    struct seg_counters *ctr; /* &srv->ctr[idx] */
+    int epfd;
+    struct seg_conn *conns; /* every connection of this loop (doubly linked) */
+    unsigned nconns;
+    uint8_t *cache[IN_CACHE]; /* empty receive buffers */
+    int ncache;
+    struct out_q *ocache[IN_CACHE]; /* empty out queues */
+    int nocache;
+    uint8_t *scratch; /* drains refused or late WRITE payloads (KVP_SEG_SCRATCH_BYTES) */
+    /* loop 0 only: the listen sockets and the connection count of the whole server */
+    struct seg_ep lep[KVP_SEG_MAX_LISTEN];
+    unsigned live;
+    unsigned next_loop;
+    bool accept_paused;
+    uint64_t refused, refused_logged_ms;
+    struct seg_ep kick_ep;
+    bool stopping; /* SEG_MSG_STOP came: do not wait in loop_on_epoll */
+};
+
+/* Send a message to loop `to` and make it return to the runtime to take it (kick_fd). */
+static int loop_send(struct kvp_seg_server *s, int to, uint32_t type, uint64_t arg, void **payload,
+                     kvp_rt_free_fn free_fn)
+{
+    int rc = kvp_rt_send(s->loops[to], 0, type, arg, payload, free_fn);
+    uint64_t one = 1;
+    if (rc == KVP_OK && write(s->kick_fd[to], &one, sizeof one) < 0 && errno != EAGAIN)
+        kvp_log_warn(ACTOR, "loop %d: kick: %s", to, strerror(errno));
+    return rc;
+}
+
+/* A socket handed to a loop (SEG_MSG_CONN). */
+struct seg_newconn {
+    int fd;
+    char peer[64];
+};
+
+static void newconn_free(void *p)
+{
+    struct seg_newconn *nc = p;
+    if (nc && nc->fd >= 0)
+        close(nc->fd);
+    free(nc);
+}
 
 int kvp_seg_strip_brackets(const char *host, char *buf, size_t cap)
 {
@@ -150,151 +275,9 @@ static void addr_to_string(const struct sockaddr *sa, char *buf, size_t cap)
     kvp_seg_format_endpoint(buf, cap, h, (uint32_t)atoi(p));
 }
 
-struct out_batch;
-static int out_flush(struct kvp_seg_server *s, int fd, struct out_batch *o);
-static bool out_pending(const struct out_batch *o);
+/* ------------------------------------------------------------------ one connection */
 
-/*
- * The receive side of one connection. Request headers are read through a buffer: one recv
- * takes every header a pipelining client has queued (a batch of 32 small READs costs one recv
- * instead of 32), and with them the payloads of small WRITEs (a batch of 4 KiB WRITEs: about
- * 16 per recv). Bytes of a WRITE payload that came in with its header are copied from the
- * buffer (at most IN_BYTES of it); the rest of the payload goes straight from the socket into
- * the region.
- *
- * timeo_ms is the SO_RCVTIMEO now set on the socket (0 = none: recv blocks until data). It is
- * set only to bound a WRITE payload's blocking receive before its deadline (recv_region); a
- * recv that times out (EAGAIN on this blocking socket) is simply retried elsewhere.
- */
-#define IN_BYTES (64u * 1024u)
-
-struct conn_in {
-    int fd;
-    struct kvp_seg_server *srv;
-    struct out_batch *out; /* this connection's queued responses (recv_payload flushes them) */
-    uint8_t buf[IN_BYTES];
-    size_t off, len; /* unread bytes are buf[off, len) */
-    bool short_read;  /* the last recv into buf returned less than it asked: socket drained */
-    uint32_t timeo_ms;
-};
-
-static size_t in_avail(const struct conn_in *in) { return in->len - in->off; }
-
-/* recv into the buffer. Returns 1 (got bytes), 0 (nothing there: only without `block`), -1 (EOF:
- * errno 0, or error). */
-static int in_fill(struct conn_in *in, bool block)
-{
-    if (in->off > 0) {
-        memmove(in->buf, in->buf + in->off, in->len - in->off);
-        in->len -= in->off;
-        in->off = 0;
-    }
-    for (;;) {
-        size_t room = IN_BYTES - in->len;
-        ssize_t r = recv(in->fd, in->buf + in->len, room, block ? 0 : MSG_DONTWAIT);
-        if (r > 0) {
-            in->len += (size_t)r;
-            in->short_read = (size_t)r < room;
-            return 1;
-        }
-        if (r == 0) {
-            errno = 0;
-            return -1;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            if (!block)
-                return 0;
-            continue; /* SO_RCVTIMEO passed while idle */
-        }
-        return -1;
-    }
-}
-
-/* Copy up to len buffered bytes to dst (NULL: discard them). Returns how many. */
-static size_t in_take(struct conn_in *in, void *dst, uint64_t len)
-{
-    size_t n = in_avail(in) < len ? in_avail(in) : (size_t)len;
-    if (dst && n)
-        memcpy(dst, in->buf + in->off, n);
-    in->off += n;
-    if (in->off == in->len)
-        in->off = in->len = 0;
-    return n;
-}
-
-/*
- * recv of payload bytes straight from the socket (flags: MSG_WAITALL, or MSG_DONTWAIT). A
- * connection never waits for bytes with responses queued: while some are, a blocking receive
- * first looks without waiting, and if nothing is there it sends them and answers EAGAIN (the
- * caller checks its deadline again and calls again). So the answers of a pipelined batch of
- * WRITEs whose payloads are already in the socket leave in one sendmsg, as READ answers do,
- * and an answer never waits on a slow sender.
- */
-static ssize_t recv_payload(struct conn_in *in, void *dst, size_t len, int flags)
-{
-    if (!(flags & MSG_DONTWAIT) && out_pending(in->out)) {
-        ssize_t r = recv(in->fd, dst, len, MSG_DONTWAIT);
-        if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
-            return r;
-        if (out_flush(in->srv, in->fd, in->out) != 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                errno = EIO; /* not a retry */
-            return -1;
-        }
-        errno = EAGAIN;
-        return -1;
-    }
-    return recv(in->fd, dst, len, flags);
-}
-
-/* Receive exactly len bytes straight from the socket (the buffer must be empty). Returns 0, or
- * -1 on EOF/error (errno kept; 0 for EOF). */
-static int recv_all(struct conn_in *in, void *buf, size_t len)
-{
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t r = recv_payload(in, p, len, MSG_WAITALL);
-        if (r == 0) {
-            errno = 0;
-            return -1;
-        }
-        if (r < 0) {
-            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
-                continue; /* EAGAIN: SO_RCVTIMEO passed; keep waiting */
-            return -1;
-        }
-        p += r;
-        len -= (size_t)r;
-    }
-    return 0;
-}
-
-/* Send an iovec completely (handles partial sends). Modifies iov. Returns 0 or -1. */
-static int send_iov_all(int fd, struct iovec *iov, int cnt)
-{
-    while (cnt > 0) {
-        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
-        ssize_t r = sendmsg(fd, &m, MSG_NOSIGNAL);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        size_t left = (size_t)r;
-        while (cnt > 0 && left >= iov->iov_len) {
-            left -= iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + left;
-            iov->iov_len -= left;
-        }
-    }
-    return 0;
-}
+static void conn_close(struct seg_conn *c, bool gone_msg);
 
 /* 0 when the request may touch the region, else the error code for the reply. */
 static int check_request(const struct kvp_seg_server *s, const struct kvp_frame *f)
@@ -307,46 +290,76 @@ static int check_request(const struct kvp_seg_server *s, const struct kvp_frame 
     return KVP_OK;
 }
 
-/*
- * Responses of one connection waiting to go out in one sendmsg. A client pipelines many
- * requests; while the next request header is already in the socket, the server answers into
- * this list instead of sending at once, and flushes before it would wait for bytes (no header
- * waiting, or a WRITE payload not yet arrived: recv_payload), when the list is full, and before
- * a WRITE payload is received while a READ response is queued. READ payloads stay in the
- * region until the sendmsg (no copy); that last flush keeps a READ on the same connection from
- * seeing a later WRITE.
- */
-#define OUT_MAX 32
-#define OUT_MAX_BYTES (1u << 20)
+static bool out_pending(const struct seg_conn *c) { return c->out && c->out->n > 0; }
 
-struct out_batch {
-    uint8_t hdr[OUT_MAX][KVP_FRAME_HEADER_BYTES];
-    struct iovec iov[2 * OUT_MAX];
-    int n;      /* responses queued */
-    int iovcnt;
-    uint64_t bytes;
-    bool region; /* some iovec points into the region (TSan annotation) */
-};
-
-static bool out_pending(const struct out_batch *o) { return o->n > 0; }
-
-static int out_flush(struct kvp_seg_server *s, int fd, struct out_batch *o)
+/* The out queue is at the in-flight cap: read no more requests until it drains. */
+static bool out_full(const struct seg_conn *c)
 {
-    if (o->n == 0)
-        return 0;
-    int rc = send_iov_all(fd, o->iov, o->iovcnt);
-    if (o->region)
-        REGION_RELEASE(s);
-    o->n = o->iovcnt = 0;
-    o->bytes = 0;
-    o->region = false;
-    return rc;
+    return c->out && (c->out->n >= OUT_MAX || c->out->bytes >= KVP_SEG_CONN_INFLIGHT_BYTES);
 }
 
-/* Queue a response; the payload (READ) points into the region. Flushes when full. */
-static int out_add(struct kvp_seg_server *s, int fd, struct out_batch *o, uint8_t op, int status,
-                   const struct kvp_frame *req, uint64_t length, const void *payload)
+/* Send what the kernel takes of the out queue without waiting. Returns 0 (the queue is empty
+ * now, or the kernel is full: EPOLLOUT will call again) or -1 (the connection failed). */
+static int out_flush(struct seg_conn *c)
 {
+    struct out_q *o = c->out;
+    struct kvp_seg_server *s = c->loop->srv;
+    while (o && o->n > 0) {
+        int cnt = o->iovcnt - o->head;
+        struct msghdr m = {.msg_iov = o->iov + o->head, .msg_iovlen = (size_t)(cnt > 1024 ? 1024 : cnt)};
+        ssize_t r = sendmsg(c->ep.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            return -1;
+        }
+        c->progress_ms = kvp_clock_now_ms();
+        size_t left = (size_t)r;
+        o->bytes -= left;
+        while (o->head < o->iovcnt && left >= o->iov[o->head].iov_len) {
+            left -= o->iov[o->head].iov_len;
+            o->head++;
+        }
+        if (o->head < o->iovcnt) {
+            o->iov[o->head].iov_base = (uint8_t *)o->iov[o->head].iov_base + left;
+            o->iov[o->head].iov_len -= left;
+            continue; /* the kernel took part: the next try says EAGAIN or takes more */
+        }
+        if (o->region)
+            REGION_RELEASE(s);
+        o->n = o->iovcnt = o->head = 0;
+        o->bytes = 0;
+        o->region = false;
+        /* Empty: back to the loop, so idle connections hold no queue. */
+        struct seg_loop *l = c->loop;
+        if (l->nocache < IN_CACHE)
+            l->ocache[l->nocache++] = o;
+        else
+            free(o);
+        c->out = o = NULL;
+    }
+    return 0;
+}
+
+/* Queue an answer; a READ's payload points into the region. Flushes at the flush marks. */
+static int out_add(struct seg_conn *c, uint8_t op, int status, const struct kvp_frame *req,
+                   uint64_t length, const void *payload)
+{
+    if (c->out && c->out->n == OUT_MAX) { /* not reached: callers stop at out_full */
+        if (out_flush(c) != 0)
+            return -1;
+        if (c->out)
+            return -1;
+    }
+    if (!c->out) {
+        struct seg_loop *l = c->loop;
+        c->out = l->nocache > 0 ? l->ocache[--l->nocache] : calloc(1, sizeof *c->out);
+        if (!c->out)
+            return -1;
+    }
+    struct out_q *o = c->out;
     struct kvp_frame f = {.op = op,
                           .status = (int16_t)status,
                           .segment_id = req->segment_id,
@@ -358,358 +371,613 @@ static int out_add(struct kvp_seg_server *s, int fd, struct out_batch *o, uint8_
     o->bytes += KVP_FRAME_HEADER_BYTES;
     if (payload && length) {
         if (!o->region)
-            REGION_ACQUIRE(s);
+            REGION_ACQUIRE(c->loop->srv);
         o->region = true;
         o->iov[o->iovcnt++] = (struct iovec){(void *)payload, length};
         o->bytes += length;
     }
     o->n++;
-    if (o->n == OUT_MAX || o->bytes >= OUT_MAX_BYTES)
-        return out_flush(s, fd, o);
+    if (o->n >= OUT_FLUSH || o->bytes >= OUT_FLUSH_BYTES)
+        return out_flush(c);
     return 0;
 }
 
-/*
- * Read the next request header. With responses queued and no complete header buffered, first
- * look without blocking: if the header is not (all) there yet, flush and then wait. Returns 0
- * or -1 (EOF/error; errno 0 = EOF).
- */
-static int next_header(struct kvp_seg_server *s, struct conn_in *in, struct out_batch *o, uint8_t *hdr)
+static size_t in_avail(const struct seg_conn *c) { return c->in ? c->len - c->off : 0; }
+
+/* Give the receive buffer back to the loop once empty; a partial header moves into c->part. */
+static void in_release(struct seg_conn *c)
 {
-    while (in_avail(in) < KVP_FRAME_HEADER_BYTES) {
-        /* After a short recv the socket was drained: answer now rather than look again. */
-        if (o->n > 0 && !in->short_read) {
-            int r = in_fill(in, false);
-            if (r < 0)
-                return -1;
-            if (r > 0)
-                continue;
+    if (!c->in)
+        return;
+    size_t n = c->len - c->off;
+    if (n >= KVP_FRAME_HEADER_BYTES)
+        return; /* a whole request is still buffered */
+    memcpy(c->part, c->in + c->off, n);
+    c->npart = n;
+    struct seg_loop *l = c->loop;
+    if (l->ncache < IN_CACHE)
+        l->cache[l->ncache++] = c->in;
+    else
+        free(c->in);
+    c->in = NULL;
+    c->off = c->len = 0;
+}
+
+/* recv into the buffer without waiting. Returns 1 (got bytes), 0 (nothing there), -1 (EOF:
+ * errno 0, or error). */
+static int in_fill(struct seg_conn *c)
+{
+    if (!c->in) {
+        struct seg_loop *l = c->loop;
+        c->in = l->ncache > 0 ? l->cache[--l->ncache] : malloc(IN_BYTES);
+        if (!c->in)
+            return -1;
+        memcpy(c->in, c->part, c->npart);
+        c->off = 0;
+        c->len = c->npart;
+        c->npart = 0;
+    } else if (c->off > 0) {
+        memmove(c->in, c->in + c->off, c->len - c->off);
+        c->len -= c->off;
+        c->off = 0;
+    }
+    for (;;) {
+        size_t room = IN_BYTES - c->len;
+        ssize_t r = recv(c->ep.fd, c->in + c->len, room, MSG_DONTWAIT);
+        if (r > 0) {
+            c->len += (size_t)r;
+            c->short_read = (size_t)r < room;
+            c->progress_ms = kvp_clock_now_ms();
+            return 1;
         }
-        if (o->n > 0 && out_flush(s, in->fd, o) != 0)
+        if (r == 0) {
+            errno = 0;
             return -1;
-        if (in_fill(in, true) < 0)
-            return -1;
-    }
-    in_take(in, hdr, KVP_FRAME_HEADER_BYTES);
-    return 0;
-}
-
-/* Drain len bytes (buffered first) into scratch. Returns 0, or -1 on EOF/error. */
-static int drain(struct conn_in *in, uint8_t **scratch, uint64_t left)
-{
-    left -= in_take(in, NULL, left);
-    if (left > 0 && !*scratch && !(*scratch = malloc(KVP_SEG_SCRATCH_BYTES)))
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
         return -1;
-    while (left > 0) {
-        size_t chunk = left > KVP_SEG_SCRATCH_BYTES ? KVP_SEG_SCRATCH_BYTES : (size_t)left;
-        if (recv_all(in, *scratch, chunk) != 0)
-            return -1;
-        left -= chunk;
     }
-    return 0;
+}
+
+/* Copy up to len buffered bytes to dst (NULL: discard them). Returns how many. */
+static size_t in_take(struct seg_conn *c, void *dst, uint64_t len)
+{
+    size_t n = in_avail(c) < len ? in_avail(c) : (size_t)len;
+    if (dst && n)
+        memcpy(dst, c->in + c->off, n);
+    c->off += n;
+    return n;
+}
+
+/* The WRITE in c->cur got all its payload: answer it. */
+static int write_done(struct seg_conn *c)
+{
+    c->st = ST_HDR;
+    ctr_add(&c->loop->ctr->req[1][result_index(c->cur_status)], 1);
+    return out_add(c, KVP_FRAME_WRITE_RESP, c->cur_status, &c->cur, 0, NULL);
 }
 
 /*
- * A WRITE payload's blocking receive runs with SO_RCVTIMEO at most (time left) - this, so it
- * returns well before the deadline even with the timer rounded up to the kernel tick; below
- * RECV_FAST_MIN_MS left, the receive polls instead (recv_region).
+ * Take WRITE payload bytes: buffered ones first, then straight from the socket into the region
+ * (or into scratch when draining). The write deadline (contract C3, docs/fencing.md) is checked
+ * before every copy into the region: past it, the rest is drained and the answer is TIMEOUT,
+ * so no byte lands in the region after the deadline, give or take the one recv that copies
+ * bytes already queued. Returns 1 (payload complete), 0 (the socket has no more now; *budget
+ * may be spent), -1 (connection failed).
  */
-#define RECV_TIMEO_MARGIN_MS 20
-#define RECV_FAST_MIN_MS 500
-
-/* SO_RCVTIMEO for a blocking receive that must end by `left_ms` from now: keep the one set while
- * it is short enough and not much shorter than needed (one setsockopt per call timeout, not per
- * request). Returns false if it could not be set. */
-static bool set_timeo(struct conn_in *in, int32_t left_ms)
+static int take_payload(struct seg_conn *c, uint64_t *budget)
 {
-    uint32_t max = (uint32_t)(left_ms - RECV_TIMEO_MARGIN_MS);
-    if (in->timeo_ms != 0 && in->timeo_ms <= max && in->timeo_ms >= max / 4)
-        return true;
-    uint32_t t = max / 2;
-    struct timeval tv = {.tv_sec = t / 1000, .tv_usec = (suseconds_t)(t % 1000) * 1000};
-    if (setsockopt(in->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0)
-        return false;
-    in->timeo_ms = t;
-    return true;
-}
-
-/*
- * Receive a WRITE payload into the region, enforcing the frame's write deadline (contract C3,
- * docs/fencing.md): the clock is read before every copy into the region, and no receive into
- * the region can wait past the deadline: with more than RECV_FAST_MIN_MS left, one blocking
- * recv (MSG_WAITALL) bounded by SO_RCVTIMEO ending RECV_TIMEO_MARGIN_MS before the deadline at
- * the latest takes the whole payload (one syscall instead of one per arriving chunk); closer to
- * the deadline, recv never waits (MSG_DONTWAIT; poll waits instead). So no byte lands in the
- * region after the deadline — give or take the one recv call that copies bytes already queued.
- * Past the deadline the rest is drained into scratch. Returns 0 (all landed), 1 (deadline
- * passed, drained), -1 (EOF/error).
- */
-static int recv_region(struct conn_in *in, uint8_t *dst, uint64_t len, uint32_t deadline,
-                       uint8_t **scratch, uint64_t *landed)
-{
-    *landed = 0;
-    if (deadline == 0) {
-        *landed = in_take(in, dst, len);
-        if (*landed < len && recv_all(in, dst + *landed, len - *landed) != 0)
-            return -1;
-        *landed = len;
-        return 0;
-    }
-    while (*landed < len) {
-        uint64_t now = kvp_clock_wall_ms();
-        if (kvp_frame_deadline_passed(deadline, now))
-            return drain(in, scratch, len - *landed) == 0 ? 1 : -1;
-        if (in_avail(in) > 0) { /* came in with the header */
-            *landed += in_take(in, dst + *landed, len - *landed);
+    struct seg_loop *l = c->loop;
+    struct kvp_seg_server *s = l->srv;
+    while (c->got < c->cur.length) {
+        uint64_t want = c->cur.length - c->got;
+        if (c->st == ST_PAYLOAD && c->cur.deadline &&
+            kvp_frame_deadline_passed(c->cur.deadline, kvp_clock_wall_ms())) {
+            /* The writer's call is over; the master may have given this space to another
+             * object. Late bytes land nowhere (C3). */
+            kvp_log_warn(ACTOR, "%s: WRITE seg %u off %lu len %lu arrived past its deadline: "
+                         "%lu bytes landed before it, the rest drained",
+                         c->peer, c->cur.segment_id, (unsigned long)c->cur.offset,
+                         (unsigned long)c->cur.length, (unsigned long)c->got);
+            c->st = ST_DRAIN;
+            c->cur_status = KVP_ERR_TIMEOUT;
+        }
+        if (in_avail(c) > 0) { /* came in with the header */
+            if (c->st == ST_PAYLOAD) {
+                REGION_ACQUIRE(s);
+                size_t took = in_take(c, s->base + c->cur.offset + c->got, want);
+                REGION_RELEASE(s);
+                c->got += took;
+                ctr_add(&l->ctr->bytes_written, took);
+            } else {
+                c->got += in_take(c, NULL, want);
+            }
             continue;
         }
-        int32_t left_ms = (int32_t)(deadline - (uint32_t)now);
-        bool fast = left_ms > RECV_FAST_MIN_MS && set_timeo(in, left_ms);
-        ssize_t r = recv_payload(in, dst + *landed, len - *landed, fast ? MSG_WAITALL : MSG_DONTWAIT);
+        if (*budget == 0)
+            return 0;
+        uint8_t *dst;
+        if (c->st == ST_PAYLOAD) {
+            dst = s->base + c->cur.offset + c->got;
+        } else {
+            if (!l->scratch && !(l->scratch = malloc(KVP_SEG_SCRATCH_BYTES)))
+                return -1;
+            dst = l->scratch;
+            if (want > KVP_SEG_SCRATCH_BYTES)
+                want = KVP_SEG_SCRATCH_BYTES;
+        }
+        if (want > *budget)
+            want = *budget;
+        if (c->st == ST_PAYLOAD)
+            REGION_ACQUIRE(s);
+        ssize_t r = recv(c->ep.fd, dst, (size_t)want, MSG_DONTWAIT);
+        if (c->st == ST_PAYLOAD)
+            REGION_RELEASE(s);
         if (r > 0) {
-            *landed += (uint64_t)r;
+            c->got += (uint64_t)r;
+            if (c->st == ST_PAYLOAD)
+                ctr_add(&l->ctr->bytes_written, (uint64_t)r);
+            *budget -= (uint64_t)r < *budget ? (uint64_t)r : *budget;
+            c->progress_ms = kvp_clock_now_ms();
+            if ((uint64_t)r < want)
+                return 0; /* the socket is drained */
             continue;
         }
         if (r == 0) {
             errno = 0;
             return -1;
         }
-        if (errno == EINTR || (fast && (errno == EAGAIN || errno == EWOULDBLOCK)))
+        if (errno == EINTR)
             continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return -1;
-        if (out_pending(in->out) && out_flush(in->srv, in->fd, in->out) != 0)
-            return -1;
-        struct pollfd pf = {.fd = in->fd, .events = POLLIN};
-        if (poll(&pf, 1, 50) < 0 && errno != EINTR)
-            return -1;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        return -1;
     }
-    return 0;
+    return 1;
 }
 
-static void *conn_main(void *arg)
+/* Bytes of socket input one connection may take per event, so that a fast sender does not keep
+ * a loop from the others (level-triggered epoll brings it back). */
+#define SERVE_BUDGET (4u << 20)
+
+/*
+ * Serve what a connection has: parse buffered requests, answer them, take WRITE payloads, read
+ * more from the socket while it has some (within SERVE_BUDGET). Never waits. Returns 0, or -1
+ * when the connection must be closed (logged here when it is the peer's fault).
+ */
+static int conn_serve(struct seg_conn *c)
 {
-    struct seg_conn *c = arg;
-    struct kvp_seg_server *s = c->srv;
-    uint8_t *scratch = NULL;
-    uint8_t hdr[KVP_FRAME_HEADER_BYTES];
-    struct out_batch *o = calloc(1, sizeof *o);
-    struct conn_in *in = malloc(sizeof *in);
-    if (!o || !in)
-        goto out;
-    in->fd = c->fd;
-    in->srv = s;
-    in->out = o;
-    in->off = in->len = 0;
-    in->short_read = false;
-    in->timeo_ms = 0;
+    struct kvp_seg_server *s = c->loop->srv;
+    uint64_t budget = SERVE_BUDGET;
     for (;;) {
-        if (next_header(s, in, o, hdr) != 0) {
-            if (errno != 0 && !atomic_load(&s->stopping))
-                kvp_log_debug(ACTOR, "%s: recv: %s", c->peer, strerror(errno));
-            break;
+        if (c->wait_out) {
+            if (out_pending(c))
+                return 0; /* EPOLLOUT brings us back */
+            c->wait_out = false;
         }
+        if (c->st != ST_HDR) {
+            int r = take_payload(c, &budget);
+            if (r < 0)
+                return -1;
+            if (r == 0)
+                return out_flush(c);
+            if (write_done(c) != 0)
+                return -1;
+            continue;
+        }
+        if (out_full(c)) {
+            if (out_flush(c) != 0)
+                return -1;
+            if (out_full(c)) {
+                if (!c->capped) {
+                    c->capped = true;
+                    kvp_log_info(ACTOR, "%s: %d answers (%lu bytes) not yet taken by the peer: "
+                                 "reading its requests paused until it takes them (cap %d answers, "
+                                 "%u bytes per connection; logged once per connection)",
+                                 c->peer, c->out->n, (unsigned long)c->out->bytes, OUT_MAX,
+                                 KVP_SEG_CONN_INFLIGHT_BYTES);
+                }
+                c->wait_out = true;
+                return 0;
+            }
+        }
+        if (in_avail(c) < KVP_FRAME_HEADER_BYTES) {
+            /* After a short recv the socket was drained: answer now rather than look again. */
+            if ((out_pending(c) && c->short_read) || budget == 0) {
+                c->short_read = false;
+                in_release(c);
+                return out_flush(c);
+            }
+            int r = in_fill(c);
+            if (r < 0)
+                return -1;
+            if (r == 0) {
+                in_release(c);
+                return out_flush(c);
+            }
+            budget -= c->len < budget ? c->len : budget;
+            continue;
+        }
+        uint8_t hdr[KVP_FRAME_HEADER_BYTES];
+        in_take(c, hdr, KVP_FRAME_HEADER_BYTES);
         struct kvp_frame f;
         int rc = kvp_frame_decode(hdr, &f);
         if (rc == KVP_OK && f.op != KVP_FRAME_READ && f.op != KVP_FRAME_WRITE && f.op != KVP_FRAME_PING)
             rc = KVP_ERR_MALFORMED;
         if (rc != KVP_OK) {
-            ctr_add(&c->ctr.bad_frames, 1);
+            ctr_add(&c->loop->ctr->bad_frames, 1);
             kvp_log_warn(ACTOR, "%s: bad frame header (%s, op %u): closing the connection", c->peer,
                          kvp_errname(rc), hdr[5]);
-            out_flush(s, c->fd, o); /* the requests before it are answered */
-            break;
+            (void)out_flush(c); /* the requests before it are answered, as far as the kernel takes them */
+            return -1;
         }
         int st = check_request(s, &f);
         if (f.op == KVP_FRAME_PING) {
-            ctr_add(&c->ctr.req[2][result_index(st == KVP_ERR_NOT_FOUND ? st : KVP_OK)], 1);
-            if (out_add(s, c->fd, o, KVP_FRAME_PONG, st == KVP_ERR_NOT_FOUND ? st : KVP_OK, &f, 0, NULL) != 0)
-                break;
+            ctr_add(&c->loop->ctr->req[2][result_index(st == KVP_ERR_NOT_FOUND ? st : KVP_OK)], 1);
+            if (out_add(c, KVP_FRAME_PONG, st == KVP_ERR_NOT_FOUND ? st : KVP_OK, &f, 0, NULL) != 0)
+                return -1;
         } else if (f.op == KVP_FRAME_READ) {
             if (st != KVP_OK)
                 kvp_log_debug(ACTOR, "%s: READ seg %u off %lu len %lu: %s", c->peer, f.segment_id,
                               (unsigned long)f.offset, (unsigned long)f.length, kvp_errname(st));
-            ctr_add(&c->ctr.req[0][result_index(st)], 1);
+            ctr_add(&c->loop->ctr->req[0][result_index(st)], 1);
             if (st == KVP_OK)
-                ctr_add(&c->ctr.bytes_read, f.length);
-            if (out_add(s, c->fd, o, KVP_FRAME_READ_RESP, st, &f, st == KVP_OK ? f.length : 0,
+                ctr_add(&c->loop->ctr->bytes_read, f.length);
+            if (out_add(c, KVP_FRAME_READ_RESP, st, &f, st == KVP_OK ? f.length : 0,
                         st == KVP_OK ? s->base + f.offset : NULL) != 0)
-                break;
+                return -1;
         } else { /* WRITE */
-            /* A queued READ response still points into the region: send it before this
-             * payload can overwrite its bytes. WRITE answers stay queued (recv_payload). */
-            if (o->region && out_flush(s, c->fd, o) != 0)
-                break;
-            if (st == KVP_OK) {
-                uint64_t landed = 0;
-                REGION_ACQUIRE(s);
-                int got = f.length > 0 ? recv_region(in, s->base + f.offset, f.length, f.deadline,
-                                                     &scratch, &landed)
-                                       : 0;
-                REGION_RELEASE(s);
-                ctr_add(&c->ctr.bytes_written, landed);
-                if (got < 0)
-                    break;
-                if (got == 1) {
-                    /* The writer's call is over; the master may have given this space to
-                     * another object. Late bytes land nowhere (C3). */
-                    kvp_log_warn(ACTOR, "%s: WRITE seg %u off %lu len %lu arrived past its deadline: "
-                                 "%lu bytes landed before it, the rest drained",
-                                 c->peer, f.segment_id, (unsigned long)f.offset, (unsigned long)f.length,
-                                 (unsigned long)landed);
-                    st = KVP_ERR_TIMEOUT;
-                }
-            } else {
+            c->cur = f;
+            c->got = 0;
+            c->cur_status = st;
+            c->st = st == KVP_OK ? ST_PAYLOAD : ST_DRAIN;
+            if (st != KVP_OK)
                 kvp_log_debug(ACTOR, "%s: WRITE seg %u off %lu len %lu: %s (payload drained)", c->peer,
                               f.segment_id, (unsigned long)f.offset, (unsigned long)f.length,
                               kvp_errname(st));
-                if (drain(in, &scratch, f.length) != 0)
-                    break;
+            /* A queued READ answer still points into the region: send it before this payload
+             * can overwrite its bytes. WRITE answers stay queued. */
+            if (c->out && c->out->region) {
+                if (out_flush(c) != 0)
+                    return -1;
+                if (out_pending(c))
+                    c->wait_out = true;
             }
-            ctr_add(&c->ctr.req[1][result_index(st)], 1);
-            if (out_add(s, c->fd, o, KVP_FRAME_WRITE_RESP, st, &f, 0, NULL) != 0)
-                break;
         }
     }
-    if (o && o->region)
-        REGION_RELEASE(s);
-out:
-    free(o);
-    free(in);
-    free(scratch);
-    /* The peer sees the end now; the descriptor itself is closed when the thread is reaped. */
-    shutdown(c->fd, SHUT_RDWR);
-    atomic_store_explicit(&c->done, true, memory_order_release);
-    return NULL;
 }
 
-/* Add a connection's counters to st (relaxed loads: see struct seg_counters). */
-static void fold_counters(struct kvp_seg_server_stats *st, struct seg_counters *c)
+/* Make epoll watch what the connection needs now. */
+static int conn_arm(struct seg_conn *c)
 {
-    st->bytes_read += atomic_load_explicit(&c->bytes_read, memory_order_relaxed);
-    st->bytes_written += atomic_load_explicit(&c->bytes_written, memory_order_relaxed);
-    st->bad_frames += atomic_load_explicit(&c->bad_frames, memory_order_relaxed);
-    for (int o = 0; o < KVP_SEG_OPS; o++)
-        for (int r = 0; r < KVP_SEG_RESULTS; r++)
-            st->requests[o][r] += atomic_load_explicit(&c->req[o][r], memory_order_relaxed);
+    uint32_t want = (c->wait_out ? 0 : EPOLLIN) | (out_pending(c) ? EPOLLOUT : 0);
+    if (want == c->events)
+        return 0;
+    struct epoll_event ev = {.events = want, .data.ptr = &c->ep};
+    if (epoll_ctl(c->loop->epfd, EPOLL_CTL_MOD, c->ep.fd, &ev) != 0)
+        return -1;
+    c->events = want;
+    return 0;
 }
 
-void kvp_seg_server_stats(struct kvp_seg_server *s, struct kvp_seg_server_stats *out)
+static void conn_event(struct seg_conn *c, uint32_t events)
 {
-    memset(out, 0, sizeof *out);
-    if (!s)
-        return;
-    pthread_mutex_lock(&s->mu);
-    *out = s->closed;
-    out->conns_open = 0;
-    for (struct seg_conn *c = s->conns; c; c = c->next) {
-        fold_counters(out, &c->ctr);
-        if (!atomic_load_explicit(&c->done, memory_order_acquire))
-            out->conns_open++;
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-/* Join and free connections whose thread has finished; returns how many are left.
- * Caller holds s->mu. */
-static unsigned reap_done(struct kvp_seg_server *s)
-{
-    unsigned live = 0;
-    struct seg_conn **pp = &s->conns;
-    while (*pp) {
-        struct seg_conn *c = *pp;
-        if (atomic_load_explicit(&c->done, memory_order_acquire)) {
-            *pp = c->next;
-            fold_counters(&s->closed, &c->ctr);
-            pthread_join(c->thread, NULL);
-            close(c->fd);
-            free(c);
-        } else {
-            pp = &c->next;
-            live++;
-        }
-    }
-    return live;
-}
-
-static void accept_one(struct kvp_seg_server *s, int lfd)
-{
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
-    if (fd < 0) {
-        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-            kvp_log_warn(ACTOR, "accept: %s", strerror(errno));
+    if ((events & EPOLLOUT) && out_flush(c) != 0) {
+        kvp_log_debug(ACTOR, "%s: send: %s", c->peer, strerror(errno));
+        conn_close(c, true);
         return;
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    /* A client host that vanished (no FIN/RST) is detected in about a minute, so its
-     * connection thread does not wait in recv forever. */
-    int idle = 30, intvl = 10, cnt = 3;
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    if (conn_serve(c) != 0 || conn_arm(c) != 0) {
+        if (errno != 0)
+            kvp_log_debug(ACTOR, "%s: %s", c->peer, strerror(errno));
+        conn_close(c, true);
+    }
+}
+
+/* Close and free a connection. gone_msg: tell loop 0 (not at stop). */
+static void conn_close(struct seg_conn *c, bool gone_msg)
+{
+    struct seg_loop *l = c->loop;
+    if (c->out && c->out->region)
+        REGION_RELEASE(l->srv);
+    close(c->ep.fd); /* also leaves the epoll set */
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        l->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    l->nconns--;
+    atomic_store_explicit(&l->ctr->conns_open, l->nconns, memory_order_relaxed);
+    free(c->in);
+    free(c->out);
+    kvp_log_debug(ACTOR, "%s: closed", c->peer);
+    free(c);
+    if (!gone_msg)
+        return;
+    if (l->idx == 0)
+        l->live--;
+    else
+        (void)kvp_rt_send(l->srv->loops[0], 0, SEG_MSG_GONE, 1, NULL, NULL); /* loop 0 closed: stopping */
+}
+
+/* Start serving a socket in this loop. Takes fd. */
+static void conn_add(struct seg_loop *l, int fd, const char *peer)
+{
     struct seg_conn *c = calloc(1, sizeof *c);
     if (!c) {
+        kvp_log_warn(ACTOR, "%s: out of memory: connection closed", peer);
         close(fd);
+        if (l->idx == 0)
+            l->live--;
+        else
+            (void)kvp_rt_send(l->srv->loops[0], 0, SEG_MSG_GONE, 1, NULL, NULL);
         return;
     }
-    c->srv = s;
-    c->fd = fd;
-    addr_to_string((struct sockaddr *)&ss, c->peer, sizeof c->peer);
-    pthread_mutex_lock(&s->mu);
-    if (reap_done(s) >= KVP_SEG_MAX_CONNS) {
-        s->closed.conns_refused++;
-        pthread_mutex_unlock(&s->mu);
-        kvp_log_warn(ACTOR, "%s: refused: already %u connections", c->peer, KVP_SEG_MAX_CONNS);
-        close(fd);
-        free(c);
+    c->ep = (struct seg_ep){EP_CONN, fd};
+    c->loop = l;
+    c->events = EPOLLIN;
+    c->progress_ms = kvp_clock_now_ms();
+    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    c->next = l->conns;
+    if (l->conns)
+        l->conns->prev = c;
+    l->conns = c;
+    l->nconns++;
+    atomic_store_explicit(&l->ctr->conns_open, l->nconns, memory_order_relaxed);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->ep};
+    if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        kvp_log_warn(ACTOR, "%s: epoll: %s: connection closed", peer, strerror(errno));
+        conn_close(c, true);
         return;
     }
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, KVP_SEG_THREAD_STACK_BYTES);
-    int prc = pthread_create(&c->thread, &attr, conn_main, c);
-    pthread_attr_destroy(&attr);
-    if (prc != 0) {
-        pthread_mutex_unlock(&s->mu);
-        kvp_log_warn(ACTOR, "%s: cannot start a connection thread", c->peer);
-        close(fd);
-        free(c);
-        return;
-    }
-    c->next = s->conns;
-    s->conns = c;
-    s->closed.conns_accepted++;
-    pthread_mutex_unlock(&s->mu);
-    kvp_log_debug(ACTOR, "%s: connected", c->peer);
+    kvp_log_debug(ACTOR, "%s: connected (loop %d)", peer, l->idx);
 }
 
-static void *accept_main(void *arg)
+/* Drop connections that stalled mid-frame (a partial request, a WRITE payload not finished, or
+ * answers the peer does not take) for KVP_SEG_STALL_MS. Idle connections stay (TCP keepalive
+ * finds vanished peers). */
+static void sweep_stalled(struct seg_loop *l, uint64_t skew_ms)
 {
-    struct kvp_seg_server *s = arg;
-    struct pollfd pf[KVP_SEG_MAX_LISTEN + 1];
-    for (int i = 0; i < s->n_lfd; i++)
-        pf[i] = (struct pollfd){.fd = s->lfd[i], .events = POLLIN};
-    pf[s->n_lfd] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
-    while (!atomic_load(&s->stopping)) {
-        int r = poll(pf, (nfds_t)s->n_lfd + 1, -1);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            kvp_log_error(ACTOR, "poll: %s", strerror(errno));
-            break;
+    uint64_t now = kvp_clock_now_ms() + skew_ms;
+    struct seg_conn *c = l->conns;
+    while (c) {
+        struct seg_conn *next = c->next;
+        bool mid = c->st != ST_HDR || c->npart > 0 || in_avail(c) > 0 || out_pending(c);
+        if (mid && now - c->progress_ms >= KVP_SEG_STALL_MS) {
+            kvp_log_warn(ACTOR, "%s: no progress for %u ms in the middle of a %s: connection dropped",
+                         c->peer, (unsigned)(now - c->progress_ms),
+                         out_pending(c) ? "answer the peer does not take" : "request");
+            conn_close(c, true);
         }
-        if (pf[s->n_lfd].revents)
-            break;
-        for (int i = 0; i < s->n_lfd; i++)
-            if (pf[i].revents & POLLIN)
-                accept_one(s, s->lfd[i]);
+        c = next;
     }
-    return NULL;
 }
+
+/* ------------------------------------------------------------------ accepting (loop 0) */
+
+/* Stop or resume watching the listen sockets (out of descriptors: retried after a pause). */
+static void accept_pause(struct kvp_rt_ctx *ctx, struct seg_loop *l, bool pause)
+{
+    for (int i = 0; i < l->srv->n_lfd; i++) {
+        struct epoll_event ev = {.events = pause ? 0 : EPOLLIN, .data.ptr = &l->lep[i]};
+        (void)epoll_ctl(l->epfd, EPOLL_CTL_MOD, l->lep[i].fd, &ev);
+    }
+    l->accept_paused = pause;
+    if (pause)
+        (void)kvp_rt_timer_start(ctx, KVP_SEG_ACCEPT_RETRY_MS, 0, SEG_MSG_REARM, NULL);
+}
+
+/* Refusals are logged at most once a second, with how many there were. */
+static void log_refused(struct seg_loop *l, const char *peer, const char *why)
+{
+    l->refused++;
+    uint64_t now = kvp_clock_now_ms();
+    if (l->refused_logged_ms != 0 && now - l->refused_logged_ms < 1000)
+        return;
+    kvp_log_warn(ACTOR, "%s: refused: %s (%lu refused since the last such line)", peer, why,
+                 (unsigned long)l->refused);
+    l->refused = 0;
+    l->refused_logged_ms = now;
+}
+
+static void accept_some(struct kvp_rt_ctx *ctx, struct seg_loop *l, int lfd)
+{
+    struct kvp_seg_server *s = l->srv;
+    for (int k = 0; k < 64; k++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                kvp_log_warn(ACTOR, "accept: %s (%u connections): not accepting for %u ms", strerror(errno),
+                             l->live, KVP_SEG_ACCEPT_RETRY_MS);
+                accept_pause(ctx, l, true);
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+                kvp_log_warn(ACTOR, "accept: %s", strerror(errno));
+            }
+            return;
+        }
+        char peer[64];
+        addr_to_string((struct sockaddr *)&ss, peer, sizeof peer);
+        if (l->live >= KVP_SEG_MAX_CONNS) {
+            char why[64];
+            snprintf(why, sizeof why, "already %u connections", KVP_SEG_MAX_CONNS);
+            log_refused(l, peer, why);
+            ctr_add(&l->ctr->conns_refused, 1);
+            close(fd);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        /* A client host that vanished (no FIN/RST) is detected in about a minute. */
+        int idle = 30, intvl = 10, cnt = 3;
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+        l->live++;
+        ctr_add(&l->ctr->conns_accepted, 1);
+        unsigned to = l->next_loop++ % (unsigned)s->n_loops;
+        if (to == 0) {
+            conn_add(l, fd, peer);
+            continue;
+        }
+        struct seg_newconn *nc = malloc(sizeof *nc);
+        if (!nc) {
+            close(fd);
+            l->live--;
+            continue;
+        }
+        nc->fd = fd;
+        snprintf(nc->peer, sizeof nc->peer, "%s", peer);
+        void *p = nc;
+        if (loop_send(s, (int)to, SEG_MSG_CONN, 0, &p, newconn_free) != KVP_OK) {
+            newconn_free(p); /* that loop is closing: the server is stopping */
+            l->live--;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ the loop actor */
+
+/* How long loop_on_epoll waits in its own epoll_wait before it returns to the runtime (which
+ * then runs due timers: the stall sweep, the accept retry). */
+#define LOOP_WAIT_MS 100
+
+/*
+ * Watch callback: the epoll set has events. It handles them and then, instead of returning to
+ * the runtime's poll at once, waits in epoll_wait itself (at most LOOP_WAIT_MS) and handles the
+ * next ones, until a wait times out, or the loop's kick_fd says a message came (loop_send:
+ * a new connection, kvp_seg_server_sweep, stop), or the server is stopping, or it has run LOOP_WAIT_MS. Why: the runtime's poll of a threaded
+ * actor (zmq_poll over its pipe, mailbox and watches) costs 3 more system calls per wake-up than
+ * epoll_wait alone, and a segment wakes once per batch of requests: with it, 4 KiB batch_get(32)
+ * ran at about 0.7x the thread-per-connection server's rate (docs/data-plane.md). Messages and
+ * timers still run on this thread, between two calls of this callback; none of them is urgent
+ * to within LOOP_WAIT_MS except those kick_fd announces.
+ */
+static int loop_on_epoll(struct kvp_rt_ctx *ctx, void *handle)
+{
+    (void)handle;
+    struct seg_loop *l = kvp_rt_state(ctx);
+    struct epoll_event ev[64];
+    int wait_ms = 0; /* the runtime saw the set readable: take what is there first */
+    uint64_t start = kvp_clock_now_ms();
+    for (;;) {
+        int n = epoll_wait(l->epfd, ev, 64, wait_ms);
+        if (n < 0) {
+            if (errno == EINTR)
+                return KVP_OK;
+            kvp_log_error(ACTOR, "loop %d: epoll_wait: %s", l->idx, strerror(errno));
+            return KVP_OK;
+        }
+        if (n == 0)
+            return KVP_OK; /* timers, messages */
+        bool kicked = false;
+        for (int i = 0; i < n; i++) {
+            struct seg_ep *ep = ev[i].data.ptr;
+            if (ep->kind == EP_KICK) {
+                uint64_t cnt;
+                if (read(ep->fd, &cnt, sizeof cnt) < 0 && errno != EAGAIN)
+                    kvp_log_warn(ACTOR, "loop %d: kick read: %s", l->idx, strerror(errno));
+                kicked = true;
+            } else if (ep->kind == EP_LISTEN) {
+                if (!l->accept_paused)
+                    accept_some(ctx, l, ep->fd);
+            } else {
+                conn_event((struct seg_conn *)ep, ev[i].events);
+            }
+        }
+        /* Busy for LOOP_WAIT_MS: give the runtime its turn (timers) even under steady load. */
+        if (kicked || l->stopping || kvp_clock_now_ms() - start >= LOOP_WAIT_MS)
+            return KVP_OK;
+        wait_ms = LOOP_WAIT_MS;
+    }
+}
+
+static int loop_init(struct kvp_rt_ctx *ctx)
+{
+    struct seg_loop *l = kvp_rt_state(ctx);
+    l->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (l->epfd < 0) {
+        kvp_log_error(ACTOR, "loop %d: epoll_create1: %s", l->idx, strerror(errno));
+        return KVP_ERR_IO;
+    }
+    l->kick_ep = (struct seg_ep){EP_KICK, l->srv->kick_fd[l->idx]};
+    struct epoll_event kev = {.events = EPOLLIN, .data.ptr = &l->kick_ep};
+    if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->kick_ep.fd, &kev) != 0) {
+        kvp_log_error(ACTOR, "epoll add kick fd: %s", strerror(errno));
+        return KVP_ERR_IO;
+    }
+    int rc = kvp_rt_watch_fd(ctx, l->epfd, loop_on_epoll);
+    if (rc == KVP_OK)
+        rc = kvp_rt_timer_start(ctx, KVP_SEG_SWEEP_MS, KVP_SEG_SWEEP_MS, SEG_MSG_SWEEP, NULL);
+    return rc;
+}
+
+static int loop_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    struct seg_loop *l = kvp_rt_state(ctx);
+    switch (msg->type) {
+    case SEG_MSG_CONN: {
+        struct seg_newconn *nc = msg->payload;
+        if (nc) {
+            conn_add(l, nc->fd, nc->peer);
+            nc->fd = -1; /* taken */
+        }
+        break;
+    }
+    case SEG_MSG_GONE:
+        l->live -= (unsigned)msg->arg <= l->live ? (unsigned)msg->arg : l->live;
+        break;
+    case SEG_MSG_SWEEP: /* the timer (arg 0) or kvp_seg_server_sweep (arg: ms ahead) */
+        sweep_stalled(l, msg->arg);
+        break;
+    case SEG_MSG_REARM:
+        if (l->accept_paused)
+            accept_pause(ctx, l, false);
+        break;
+    case SEG_MSG_STOP:
+        l->stopping = true;
+        break;
+    case SEG_MSG_LISTEN:
+        /* Sent once every loop is spawned, so s->loops[] and s->n_loops are complete (and seen:
+         * the message orders them) before the first accept hands a socket to another loop. */
+        for (int i = 0; i < l->srv->n_lfd; i++) {
+            l->lep[i] = (struct seg_ep){EP_LISTEN, l->srv->lfd[i]};
+            struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &l->lep[i]};
+            if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->srv->lfd[i], &ev) != 0) {
+                kvp_log_error(ACTOR, "epoll add listen socket: %s", strerror(errno));
+                return KVP_ERR_IO;
+            }
+        }
+        break;
+    default:
+        kvp_log_warn(ACTOR, "loop %d: unknown message %u", l->idx, msg->type);
+        break;
+    }
+    return KVP_OK;
+}
+
+static void loop_fini(struct kvp_rt_ctx *ctx)
+{
+    struct seg_loop *l = kvp_rt_state(ctx);
+    while (l->conns)
+        conn_close(l->conns, false);
+    for (int i = 0; i < l->ncache; i++)
+        free(l->cache[i]);
+    for (int i = 0; i < l->nocache; i++)
+        free(l->ocache[i]);
+    free(l->scratch);
+    if (l->epfd >= 0)
+        close(l->epfd);
+    free(l);
+}
+
+/* ------------------------------------------------------------------ listening */
 
 static int listen_on(struct kvp_seg_server *s, const char *host, uint32_t port)
 {
@@ -738,14 +1006,14 @@ static int listen_on(struct kvp_seg_server *s, const char *host, uint32_t port)
             else if (a->ai_family == AF_INET6)
                 ((struct sockaddr_in6 *)a->ai_addr)->sin6_port = htons((uint16_t)s->port);
         }
-        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
         if (fd < 0)
             continue;
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         if (a->ai_family == AF_INET6)
             setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
             int e = errno;
             char as[96];
             addr_to_string(a->ai_addr, as, sizeof as);
@@ -776,6 +1044,19 @@ static int listen_on(struct kvp_seg_server *s, const char *host, uint32_t port)
     return err;
 }
 
+static void stop_loops(struct kvp_seg_server *s)
+{
+    /* Out of their own epoll_wait first (SEG_MSG_STOP), so that the runtime's stop is seen at
+     * once. Stop them all before dropping any reference: a loop may still send to loop 0. */
+    for (int i = 0; i < s->n_loops; i++)
+        (void)loop_send(s, i, SEG_MSG_STOP, 0, NULL, NULL);
+    for (int i = 0; i < s->n_loops; i++)
+        (void)kvp_rt_stop(s->loops[i]);
+    for (int i = 0; i < s->n_loops; i++)
+        kvp_rt_destroy(&s->loops[i]);
+    s->n_loops = 0;
+}
+
 int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t port, void *base,
                          uint64_t size)
 {
@@ -788,28 +1069,50 @@ int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t
         return KVP_ERR_NOMEM;
     s->base = base;
     s->size = size;
-    s->wake_fd = -1;
-    pthread_mutex_init(&s->mu, NULL);
+    /* The loops are the first runtime actors of a process that embeds a segment (a client with
+     * global_segment_size, kvpool-segment): the first zactor runs czmq's zsys_init, which would
+     * install czmq's SIGINT/SIGTERM handlers and take Ctrl-C away from the application. Before
+     * the server was an actor such processes never had them; keep it so (docs/runtime.md). */
+    zsys_handler_set(NULL);
+    for (int i = 0; i < KVP_SEG_LOOPS; i++)
+        s->kick_fd[i] = -1;
     int rc = listen_on(s, host, port);
-    if (rc == KVP_OK) {
-        s->wake_fd = eventfd(0, EFD_CLOEXEC);
-        if (s->wake_fd < 0)
+    for (int i = 0; rc == KVP_OK && i < KVP_SEG_LOOPS; i++)
+        if ((s->kick_fd[i] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
             rc = KVP_ERR_IO;
+    for (int i = 0; rc == KVP_OK && i < KVP_SEG_LOOPS; i++) {
+        struct seg_loop *l = calloc(1, sizeof *l);
+        if (!l) {
+            rc = KVP_ERR_NOMEM;
+            break;
+        }
+        l->srv = s;
+        l->idx = i;
+        l->ctr = &s->ctr[i];
+        l->epfd = -1;
+        char name[32];
+        snprintf(name, sizeof name, "seg-loop-%d", i);
+        struct kvp_rt_spec spec = {.name = name, .init = loop_init, .handle = loop_handle,
+                                   .fini = loop_fini, .state = l};
+        rc = kvp_rt_spawn(&s->loops[i], &spec, NULL); /* on failure fini ran: l is freed */
+        if (rc == KVP_OK)
+            s->n_loops++;
     }
-    if (rc == KVP_OK && pthread_create(&s->accept_thread, NULL, accept_main, s) != 0)
-        rc = KVP_ERR_NOMEM;
+    if (rc == KVP_OK)
+        rc = loop_send(s, 0, SEG_MSG_LISTEN, 0, NULL, NULL);
     if (rc != KVP_OK) {
+        stop_loops(s);
         for (int i = 0; i < s->n_lfd; i++)
             close(s->lfd[i]);
-        if (s->wake_fd >= 0)
-            close(s->wake_fd);
-        pthread_mutex_destroy(&s->mu);
+        for (int i = 0; i < KVP_SEG_LOOPS; i++)
+            if (s->kick_fd[i] >= 0)
+                close(s->kick_fd[i]);
         free(s);
         return rc;
     }
-    kvp_log_info(ACTOR, "listening on %s port %u (%d address%s), region %lu bytes",
+    kvp_log_info(ACTOR, "listening on %s port %u (%d address%s), region %lu bytes, %d loops",
                  host && host[0] ? host : "*", s->port, s->n_lfd, s->n_lfd > 1 ? "es" : "",
-                 (unsigned long)size);
+                 (unsigned long)size, s->n_loops);
     *out = s;
     return KVP_OK;
 }
@@ -822,32 +1125,42 @@ void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id)
         atomic_store_explicit(&s->segment_id, segment_id, memory_order_relaxed);
 }
 
+void kvp_seg_server_sweep(struct kvp_seg_server *s, uint64_t ahead_ms)
+{
+    for (int i = 0; s && i < s->n_loops; i++)
+        (void)loop_send(s, i, SEG_MSG_SWEEP, ahead_ms, NULL, NULL);
+}
+
+void kvp_seg_server_stats(struct kvp_seg_server *s, struct kvp_seg_server_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s)
+        return;
+    for (int i = 0; i < KVP_SEG_LOOPS; i++) { /* relaxed loads: see struct seg_counters */
+        struct seg_counters *c = &s->ctr[i];
+        out->bytes_read += atomic_load_explicit(&c->bytes_read, memory_order_relaxed);
+        out->bytes_written += atomic_load_explicit(&c->bytes_written, memory_order_relaxed);
+        out->bad_frames += atomic_load_explicit(&c->bad_frames, memory_order_relaxed);
+        for (int o = 0; o < KVP_SEG_OPS; o++)
+            for (int r = 0; r < KVP_SEG_RESULTS; r++)
+                out->requests[o][r] += atomic_load_explicit(&c->req[o][r], memory_order_relaxed);
+        out->conns_open += atomic_load_explicit(&c->conns_open, memory_order_relaxed);
+        out->conns_accepted += atomic_load_explicit(&c->conns_accepted, memory_order_relaxed);
+        out->conns_refused += atomic_load_explicit(&c->conns_refused, memory_order_relaxed);
+    }
+}
+
 void kvp_seg_server_stop(struct kvp_seg_server **sp)
 {
     if (!sp || !*sp)
         return;
     struct kvp_seg_server *s = *sp;
     *sp = NULL;
-    atomic_store(&s->stopping, true);
-    uint64_t one = 1;
-    if (write(s->wake_fd, &one, sizeof one) < 0)
-        kvp_log_warn(ACTOR, "stop: wake: %s", strerror(errno));
-    pthread_join(s->accept_thread, NULL);
+    stop_loops(s);
     for (int i = 0; i < s->n_lfd; i++)
         close(s->lfd[i]);
-    close(s->wake_fd);
-    pthread_mutex_lock(&s->mu);
-    for (struct seg_conn *c = s->conns; c; c = c->next)
-        shutdown(c->fd, SHUT_RDWR);
-    while (s->conns) {
-        struct seg_conn *c = s->conns;
-        s->conns = c->next;
-        pthread_join(c->thread, NULL);
-        close(c->fd);
-        free(c);
-    }
-    pthread_mutex_unlock(&s->mu);
-    pthread_mutex_destroy(&s->mu);
+    for (int i = 0; i < KVP_SEG_LOOPS; i++)
+        close(s->kick_fd[i]);
     kvp_log_info(ACTOR, "port %u: stopped", s->port);
     free(s);
 }

@@ -11,14 +11,33 @@
 /* Largest number of addresses one server listens on (a host name may resolve to several). */
 #define KVP_SEG_MAX_LISTEN 8
 
-/* Most connections one server serves at once (one thread each); more are refused with a WARN. */
-#define KVP_SEG_MAX_CONNS 4096u
+/* Most connections one server serves at once; more are refused with a WARN (at most one line a
+ * second). An idle connection costs a small struct and its kernel socket, no thread. */
+#define KVP_SEG_MAX_CONNS 16384u
 
-/* Stack of a connection thread (it needs little: a 40-byte header and a few locals). */
-#define KVP_SEG_THREAD_STACK_BYTES (512u * 1024u)
+/* Event loops (threaded runtime actors) of one server; connections are spread round robin. */
+#define KVP_SEG_LOOPS 2
 
-/* Bytes of the per-connection scratch buffer that drains the payload of a refused WRITE. */
+/* Bytes of answers one connection may have queued and not yet taken by its peer (READ payloads
+ * are not copied: they are the region's bytes); past it, or past 64 answers, the server reads no
+ * more of that connection's requests until the peer takes them. */
+#define KVP_SEG_CONN_INFLIGHT_BYTES (16u << 20)
+
+/* A connection in the middle of a frame (a partial request, a WRITE payload, answers not taken)
+ * that makes no progress for this long is dropped; checked every KVP_SEG_SWEEP_MS. */
+#define KVP_SEG_STALL_MS 30000u
+#define KVP_SEG_SWEEP_MS 1000u
+
+/* After accept fails for lack of descriptors or memory, accepting resumes after this long. */
+#define KVP_SEG_ACCEPT_RETRY_MS 100u
+
+/* Bytes of the per-loop scratch buffer that drains the payload of a refused or late WRITE. */
 #define KVP_SEG_SCRATCH_BYTES (64u * 1024u)
+
+struct kvp_seg_server;
+/** Tests: make every loop drop its stalled connections now, as if the clock were ahead_ms ahead
+ * (by message; the test then sees the stalled connections closed). */
+void kvp_seg_server_sweep(struct kvp_seg_server *s, uint64_t ahead_ms);
 
 /**
  * Copy `host` into buf without the brackets of "[v6]" / "[fe80::1%eth0]". Returns 0, or -1 when

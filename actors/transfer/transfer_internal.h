@@ -165,6 +165,14 @@ struct kvp_xfer_engine {
     unsigned running;           /* kvp_xfer_run calls on this engine (relaxed atomic) */
 };
 
+/* Counters of struct kvp_xfer_engine: relaxed atomic adds (read by kvp_xfer_stats). */
+#define STAT_ADD(e, f, n) __atomic_add_fetch(&(e)->f, (uint64_t)(n), __ATOMIC_RELAXED)
+
+/* xfer_local.c: the local transport (registered segments copied with memcpy; caller holds
+ * e->local_lock for reading around both calls). */
+const struct xfer_local *xfer_local_find(const struct kvp_xfer_engine *e, uint32_t id);
+void xfer_local_copy(struct kvp_xfer_engine *e, struct kvp_xfer_slice *s, uint64_t start_ns, uint32_t timeout_ms);
+
 /* xfer_net.c */
 int xfer_set_nonblock(int fd);
 int xfer_connect_start(const struct sockaddr_storage *addr, unsigned len, int *fd_out);

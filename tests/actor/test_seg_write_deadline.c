@@ -1,7 +1,7 @@
 /*
  * test_seg_write_deadline.c — the segment server's WRITE receive against a raw TCP client that
- * paces its bytes (actors/segment/seg_server.c recv_region, contract C3):
- *  - a WRITE with a long deadline (the blocking MSG_WAITALL path under SO_RCVTIMEO) whose payload
+ * paces its bytes (actors/segment/seg_server.c take_payload, contract C3):
+ *  - a WRITE with a long deadline (formerly the blocking MSG_WAITALL path; now taken as it arrives) whose payload
  *    comes in three parts with pauses, after a header that arrived together with the first part
  *    and a second pipelined request: every byte lands, both answered in order;
  *  - a WRITE with a 1.5 s deadline whose payload stops after 1 KiB and resumes after the
