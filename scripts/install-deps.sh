@@ -6,7 +6,11 @@ PKGS=(build-essential cmake pkg-config git
       libczmq-dev libzmq3-dev libsodium-dev libraft-dev libuv1-dev liblz4-dev libcmocka-dev
       libibverbs-dev librdmacm-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev
       libxxhash-dev libmicrohttpd-dev clang libclang-rt-14-dev gnuplot-nox iproute2 nftables procps psmisc
-      python3 python3-dev python3-pytest python3-setuptools python3-wheel python3-pip)
+      python3 python3-dev python3-pytest python3-setuptools python3-wheel python3-pip
+      prometheus)
+# prometheus: for promtool (`promtool check metrics` in the metrics tests). Its server must not run
+# on a build machine: a policy-rc.d keeps every package's daemon from starting during the install,
+# and the prometheus unit is disabled afterwards where systemd runs.
 # Benchmark baselines only (scripts/bench.sh): KVP_BENCH_DEPS=1 adds them, and linux-perf, which
 # counts the kernel crossings per key. Kept out of the default set because the redis and iperf3
 # packages start system daemons on install.
@@ -24,5 +28,14 @@ SUDO=""
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
+POLICY=/usr/sbin/policy-rc.d
+own_policy=0
+if [ ! -e "$POLICY" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$POLICY" >/dev/null && $SUDO chmod +x "$POLICY" && own_policy=1
+fi
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+[ "$own_policy" = 1 ] && $SUDO rm -f "$POLICY"
+if [ -d /run/systemd/system ] && systemctl is-enabled prometheus >/dev/null 2>&1; then
+  $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
 echo "install-deps: done"
