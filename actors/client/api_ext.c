@@ -176,59 +176,35 @@ int64_t kvp_get_alloc(kvp_client *c, const char *key, void **out, uint32_t timeo
     return KVP_ERR_BUSY;
 }
 
-int kvp_client_segment_name(kvp_client *c, char *buf, size_t cap)
+/* Copy the embedded segment's name or endpoint (which) into buf: the two calls below. */
+static int segment_string(kvp_client *c, char *buf, size_t cap, bool endpoint, const char *fn)
 {
     if (!c || !buf || cap == 0)
-        return kvp_client_invalid(__func__, "client or buf NULL, or cap 0");
+        return kvp_client_invalid(fn, "client or buf NULL, or cap 0");
     buf[0] = '\0';
     if (!c->seg)
         return KVP_ERR_NOT_FOUND;
-    const char *name = kvp_segment_name(c->seg);
-    if (strlen(name) + 1 > cap)
+    const char *v = endpoint ? kvp_segment_endpoint(c->seg) : kvp_segment_name(c->seg);
+    size_t n = strlen(v) + 1;
+    if (n > cap)
         return KVP_ERR_BUFFER_TOO_SMALL;
-    memcpy(buf, name, strlen(name) + 1);
+    memcpy(buf, v, n);
     return KVP_OK;
+}
+
+int kvp_client_segment_name(kvp_client *c, char *buf, size_t cap)
+{
+    return segment_string(c, buf, cap, false, __func__);
 }
 
 int kvp_client_segment_endpoint(kvp_client *c, char *buf, size_t cap)
 {
-    if (!c || !buf || cap == 0)
-        return kvp_client_invalid(__func__, "client or buf NULL, or cap 0");
-    buf[0] = '\0';
-    if (!c->seg)
-        return KVP_ERR_NOT_FOUND;
-    const char *ep = kvp_segment_endpoint(c->seg);
-    if (strlen(ep) + 1 > cap)
-        return KVP_ERR_BUFFER_TOO_SMALL;
-    memcpy(buf, ep, strlen(ep) + 1);
-    return KVP_OK;
+    return segment_string(c, buf, cap, true, __func__);
 }
 
 int kvp_register_buffer_overlap(kvp_client *c, void *addr, size_t len)
 {
-    if (!c || !addr || len == 0 || (uintptr_t)addr + len < (uintptr_t)addr)
-        return kvp_client_invalid(__func__, "client or addr NULL, len 0, or the range wraps around");
-    int rc = kvp_client_enter(c);
-    if (rc != KVP_OK)
-        return rc;
-    pthread_mutex_lock(&c->mu);
-    if (c->n_bufs == c->cap_bufs) {
-        size_t cap = c->cap_bufs ? c->cap_bufs * 2 : 8;
-        struct kvp_client_buf *nb = realloc(c->bufs, cap * sizeof *nb);
-        if (!nb) {
-            rc = KVP_ERR_NOMEM;
-            goto out;
-        }
-        c->bufs = nb;
-        c->cap_bufs = cap;
-    }
-    c->bufs[c->n_bufs++] = (struct kvp_client_buf){.addr = (uintptr_t)addr, .len = len};
-out:
-    pthread_mutex_unlock(&c->mu);
-    if (rc == KVP_OK)
-        kvp_client_dev_register(c, addr, len); /* [GPU hook] device memory: cache, pin bounce buffers */
-    kvp_client_leave(c);
-    return rc;
+    return kvp_client_register_range(c, addr, len, true, __func__);
 }
 
 int kvp_client_drain(kvp_client *c, uint32_t timeout_ms, uint64_t *left)

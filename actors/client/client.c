@@ -423,16 +423,16 @@ int64_t kvp_get_size(kvp_client *c, const char *key)
 
 /* ------------------------------------------------------------------ registered buffers */
 
-int kvp_register_buffer(kvp_client *c, void *addr, size_t len)
+int kvp_client_register_range(kvp_client *c, void *addr, size_t len, bool allow_overlap, const char *fn)
 {
     if (!c || !addr || len == 0 || (uintptr_t)addr + len < (uintptr_t)addr)
-        return kvp_client_invalid(__func__, "client or addr NULL, len 0, or the range wraps around");
+        return kvp_client_invalid(fn, "client or addr NULL, len 0, or the range wraps around");
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
     uintptr_t a = (uintptr_t)addr;
     pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < c->n_bufs; i++) {
+    for (size_t i = 0; !allow_overlap && i < c->n_bufs; i++) {
         if (a < c->bufs[i].addr + c->bufs[i].len && c->bufs[i].addr < a + len) {
             kvp_log_warn(c->name, "register_buffer %p+%zu overlaps a registered buffer", addr, len);
             rc = KVP_ERR_INVALID;
@@ -456,6 +456,11 @@ out:
         kvp_client_dev_register(c, addr, len); /* [GPU hook] device memory: cache, pin bounce buffers */
     kvp_client_leave(c);
     return rc;
+}
+
+int kvp_register_buffer(kvp_client *c, void *addr, size_t len)
+{
+    return kvp_client_register_range(c, addr, len, false, __func__);
 }
 
 int kvp_unregister_buffer(kvp_client *c, void *addr)

@@ -105,4 +105,9 @@ bool kvp_client_avoided(struct kvp_client *c, uint32_t segment_id, uint64_t now_
 void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
                          uint32_t timeout_ms, int64_t results[]);
 
+/* kvp_register_buffer (allow_overlap false: an overlap is KVP_ERR_INVALID with a WARN) and
+ * kvp_register_buffer_overlap (true: overlapping and nested ranges, the latest wins at
+ * unregister). fn names the public call in log lines. Errors as kvp_register_buffer. */
+int kvp_client_register_range(kvp_client *c, void *addr, size_t len, bool allow_overlap, const char *fn);
+
 #endif
