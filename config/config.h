@@ -59,6 +59,12 @@ struct kvp_cfg_master {
     uint64_t repair_bandwidth_bytes_per_s; /* `repair_bandwidth_bytes_per_s`: drain/repair copy cap, 0 = none (default 256 MiB) */
     uint32_t bind_retry_ms;           /* `bind_retry_ms`: keep retrying a held data-dir lock or listen port this long (default 5000) */
     uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz /get_all_segments, 0 = off (Mooncake's name; default 0) */
+    /* authentication (auth/auth.h, docs/security.md) */
+    char auth[8];                     /* `auth`: curve|none (default curve) */
+    char auth_key[1024];              /* `auth_key`: this master's key pair (PATH_secret) */
+    char auth_allowed_dir[1024];      /* `auth_allowed_dir`: public keys allowed to connect */
+    char auth_master_keys[1024];      /* `auth_master_keys`: the masters' public keys (peer polls) */
+    bool raft_network_trusted;        /* `raft_network_trusted`: allow Raft on a non-loopback address with auth on */
 };
 
 /** Settings of a kvpool-segment process. */
@@ -77,6 +83,9 @@ struct kvp_cfg_segment {
     char log_level[16];
     char log_format[8];               /* `log_format`: text|json (default text; runtime/log.h) */
     uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz, 0 = off (default 0) */
+    char auth[8];                     /* `auth`: curve|none; "" = the cluster file's, else curve */
+    char auth_key[1024];              /* `auth_key`: this segment's key pair (PATH_secret) */
+    char auth_master_keys[1024];      /* `auth_master_keys`: directory of the masters' public keys */
 };
 
 /** Settings of an embedded client (kvp_config wraps this). */
@@ -97,9 +106,12 @@ struct kvp_cfg_client {
     uint32_t transfer_io_threads;     /* `transfer_io_threads`: transfer engine I/O threads, 1..8 (default 2) */
     uint32_t heartbeat_ms;            /* `heartbeat_ms`: embedded segment heartbeat (default 1000) */
     uint32_t drain_timeout_ms;        /* `drain_timeout_ms`: bound of kvp_client_drain() (default 30000) */
-    char tenant_id[128];              /* `tenant_id`: kept and logged; isolation comes with authentication (default "") */
+    char tenant_id[128];              /* `tenant_id`: must agree with the key's tenant when set (default "") */
     char log_level[16];
     uint32_t metrics_port;            /* `metrics_port`: HTTP /metrics /healthz /readyz of this client, 0 = off (default 0) */
+    char auth[8];                     /* `auth`: curve|none; "" = the cluster file's, else curve */
+    char auth_key[1024];              /* `auth_key`: this client's key pair (PATH_secret) */
+    char auth_master_keys[1024];      /* `auth_master_keys`: directory of the masters' public keys */
 };
 
 enum kvp_cfg_kind { KVP_CFG_MASTER, KVP_CFG_SEGMENT, KVP_CFG_CLIENT };

@@ -110,6 +110,16 @@ static const struct kvp_cfg_key master_keys[] = {
             "Mooncake's HTTP metadata server: not needed, nothing is bound"),
     IGNORED(KVP_CFG_T_U32, "http_metadata_server_port", 0, 65535,
             "Mooncake's HTTP metadata server: not needed, nothing is bound"),
+    STR(M, "auth", auth, "curve|none", 0, "curve",
+        "authentication of every port (docs/security.md): curve, or none (one WARN at start)"),
+    STR(M, "auth_key", auth_key, NULL, 0, "", "this master's key pair (kvpoolctl keygen; the PATH_secret file)"),
+    STR(M, "auth_allowed_dir", auth_allowed_dir, NULL, 0, "",
+        "directory of the public keys allowed to connect (their role and tenant are in each file)"),
+    STR(M, "auth_master_keys", auth_master_keys, NULL, 0, "",
+        "directory of the masters' public keys (for this master's polls of its peers)"),
+    BOOL(M, "raft_network_trusted", raft_network_trusted, "false",
+         "with auth on, Raft binds only loopback addresses unless this says the Raft network is closed "
+         "to anyone else (Raft peers are not authenticated; docs/security.md)"),
 };
 #undef M
 
@@ -141,6 +151,11 @@ static const struct kvp_cfg_key segment_keys[] = {
             "Mooncake transfer-engine metadata server (kvpool has none)"),
     NUM(S, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
         "HTTP port of /metrics (Prometheus), /healthz and /readyz, on local_hostname; 0 = off"),
+    STR(S, "auth", auth, NULL, 0, "",
+        "curve|none; empty = the cluster file's \"auth\" mode, else curve (docs/security.md)"),
+    STR(S, "auth_key", auth_key, NULL, 0, "", "this process's key pair (PATH_secret); empty = the cluster file's"),
+    STR(S, "auth_master_keys", auth_master_keys, NULL, 0, "",
+        "directory of the masters' public keys; empty = the cluster file's"),
 };
 #undef S
 
@@ -174,7 +189,7 @@ static const struct kvp_cfg_key client_keys[] = {
         "embedded segment heartbeat period"),
     NUM(C, KVP_CFG_T_DURATION_MS, "drain_timeout_ms", drain_timeout_ms, 0, 86400000, "30000",
         "longest wait of kvp_client_drain() for the embedded segment's objects to move"),
-    STR(C, "tenant_id", tenant_id, NULL, 0, "", "tenant (Mooncake's key): kept and logged; isolation comes with authentication"),
+    STR(C, "tenant_id", tenant_id, NULL, 0, "", "tenant (Mooncake's key): when set, must be the tenant the key is authorised for"),
     STR(C, "log_level", log_level, LOG_LEVELS, 0, "info", "log level"),
     IGNORED(KVP_CFG_T_STRING, "metadata_server", 0, 0,
             "Mooncake transfer-engine metadata server (kvpool has none)"),
@@ -190,6 +205,11 @@ static const struct kvp_cfg_key client_keys[] = {
     NUM(C, KVP_CFG_T_U32, "metrics_port", metrics_port, 0, 65535, "0",
         "HTTP port of this client's /metrics (Prometheus), /healthz and /readyz, on local_hostname; 0 = off "
         "(each process on a host needs its own)"),
+    STR(C, "auth", auth, NULL, 0, "",
+        "curve|none; empty = the cluster file's \"auth\" mode, else curve (docs/security.md)"),
+    STR(C, "auth_key", auth_key, NULL, 0, "", "this process's key pair (PATH_secret); empty = the cluster file's"),
+    STR(C, "auth_master_keys", auth_master_keys, NULL, 0, "",
+        "directory of the masters' public keys; empty = the cluster file's"),
 };
 #undef C
 

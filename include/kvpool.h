@@ -60,7 +60,8 @@ typedef enum kvp_err {
     KVP_ERR_UNSUPPORTED = -23,     /* feature not available here (e.g. no RDMA device) */
     KVP_ERR_PINNED = -24,          /* refused: the object is soft-pinned */
     KVP_ERR_DEVICE = -25,          /* the CUDA driver failed a copy of GPU memory (or its context is poisoned) */
-    KVP_ERR__LAST = -26
+    KVP_ERR_DENIED = -26,          /* refused: not authenticated, or not authorised for it (tenant, role) */
+    KVP_ERR__LAST = -27
 } kvp_err;
 
 typedef struct kvp_config kvp_config; /* opaque */

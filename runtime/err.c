@@ -34,6 +34,7 @@ static const struct err_entry err_table[] = {
     [23] = {"KVP_ERR_UNSUPPORTED", "not supported here"},
     [24] = {"KVP_ERR_PINNED", "object is soft-pinned"},
     [25] = {"KVP_ERR_DEVICE", "GPU copy failed (CUDA driver error)"},
+    [26] = {"KVP_ERR_DENIED", "refused: not authenticated or not authorised"},
 };
 
 static const struct err_entry *lookup(int err)

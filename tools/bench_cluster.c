@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "actors/client/msession.h"
+#include "auth/auth.h"
 #include "tools/bench_internal.h"
 
 int bench_client_open(const struct bench_target *t, kvp_client **out)
@@ -101,7 +102,13 @@ int bench_msession_open(const struct bench_target *t, const char *name, struct k
         return KVP_ERR_INVALID;
     const char *m[16];
     size_t n = split_masters(list, m, 16);
-    int rc = n ? kvp_msession_new(out, m, n, name) : KVP_ERR_INVALID;
+    struct kvp_auth_client *auth = NULL; /* the cluster file's admin key, or KVPOOL_AUTH* (docs/security.md) */
+    int rc = n ? kvp_auth_client_load(&auth, getenv("KVPOOL_AUTH"), getenv("KVPOOL_AUTH_KEY"),
+                                      getenv("KVPOOL_AUTH_MASTER_KEYS"), t->cluster_file, "admin_key", name)
+               : KVP_ERR_INVALID;
+    if (rc == KVP_OK)
+        rc = kvp_msession_new_auth(out, m, n, name, &auth);
+    kvp_auth_client_destroy(&auth);
     free(list);
     return rc;
 }

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "actors/client/msession.h"
+#include "auth/auth.h"
 #include "actors/segment/segment.h"
 #include "config/config.h"
 #include "kvpool.h"
@@ -202,8 +203,13 @@ int main(int argc, char **argv)
         }
     }
     struct kvp_msession *ms = NULL;
-    rc = kvp_msession_new(&ms, (const char *const *)masters, n_masters,
-                          cfg.name[0] ? cfg.name : "kvpool-segment");
+    struct kvp_auth_client *auth = NULL; /* CURVE keys (docs/security.md) */
+    rc = kvp_auth_client_load(&auth, cfg.auth, cfg.auth_key, cfg.auth_master_keys, cfg.cluster_file, "segment_key",
+                              "kvpool-segment");
+    if (rc == KVP_OK)
+        rc = kvp_msession_new_auth(&ms, (const char *const *)masters, n_masters,
+                                   cfg.name[0] ? cfg.name : "kvpool-segment", &auth);
+    kvp_auth_client_destroy(&auth);
     kvp_cfg_free_masters(masters, n_masters);
     if (rc != KVP_OK) {
         fprintf(stderr, "kvpool-segment: master session: %s\n", kvp_strerror(rc));

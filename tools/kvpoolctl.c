@@ -53,6 +53,8 @@ static void usage(FILE *f)
             "  cluster up --dir DIR --masters N [--segments N --segment-size SIZE] [--base-port P] [--config FILE]\n"
             "             [--metrics]      (every process serves /metrics; cluster.json names each endpoint)\n"
             "  cluster down --dir DIR [--grace-ms MS]\n"
+            "  keygen PATH [--role client|segment|admin|master] [--tenant T] [--name N] [--address HOST:PORT]\n"
+            "                              a key pair: PATH (public, for the allowed-keys directory), PATH_secret\n"
             "  cluster restart --dir DIR ID     (master id, or segment name)\n"
             "every command accepts --json. Masters default to $KVPOOL_MASTER_SERVER_ADDRESS or $KVPOOL_CLUSTER_FILE.\n");
 }
@@ -101,7 +103,7 @@ int ctl_call(struct ctl *c, Kvp__Request *req, uint32_t timeout_ms, Kvp__Respons
     if (ctl_resolve_masters(c) != 0)
         return KVP_ERR_INVALID;
     if (!c->ms) {
-        int rc = kvp_msession_new(&c->ms, (const char *const *)c->masters, c->n_masters, "kvpoolctl");
+        int rc = ctl_msession_open(c); /* CURVE keys: kvpoolctl_auth.c */
         if (rc != KVP_OK)
             return rc;
     }
@@ -184,6 +186,7 @@ static const struct ctl_cmd CMDS[] = {
     {"drain", ctl_cmd_drain},
     {"segment-lost", ctl_cmd_segment_lost},
     {"top", ctl_cmd_top},
+    {"keygen", ctl_cmd_keygen},
 };
 
 static bool is_data_cmd(const char *s)

@@ -311,6 +311,7 @@ struct up_opts {
     const char *segment_size;
     int base_port;
     bool metrics;           /* --metrics: every process gets a metrics_port (cluster.json "metrics") */
+    bool auth_off;          /* --auth none: no keys, every process runs with auth none */
     const char *config;
     uint32_t wait_ms;
     uint32_t grace_ms;
@@ -353,6 +354,12 @@ static int parse_opts(struct ctl *c, int argc, char **argv, int first, struct up
             c->json = true;
         } else if (strcmp(argv[i], "--metrics") == 0) {
             o->metrics = true;
+        } else if (want_value(argc, argv, &i, "--auth", &v)) {
+            if (!v || (strcmp(v, "none") != 0 && strcmp(v, "curve") != 0)) {
+                fprintf(stderr, "kvpoolctl cluster: --auth must be curve or none\n");
+                return 2;
+            }
+            o->auth_off = strcmp(v, "none") == 0;
         } else if (want_value(argc, argv, &i, "--dir", &v)) {
             if (!v)
                 goto need;
@@ -601,6 +608,18 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         json_object_set_new(cl, "dir", json_string(dir));
         if (o.config)
             json_object_set_new(cl, "config", json_string(config));
+        {
+            char addrs[KVP_CFG_MAX_MASTERS][64];
+            const char *ap[KVP_CFG_MAX_MASTERS];
+            for (int i = 0; i < n; i++) {
+                snprintf(addrs[i], sizeof addrs[i], "127.0.0.1:%d", ctrl[i]);
+                ap[i] = addrs[i];
+            }
+            if (ctl_cluster_keys(dir, n, ap, o.auth_off, cl) != 0) { /* kvpoolctl_auth.c */
+                json_decref(cl);
+                return 1;
+            }
+        }
         json_t *jm = json_array(), *js = json_array();
         json_object_set_new(cl, "masters", jm);
         json_object_set_new(cl, "segments", js);
@@ -618,9 +637,10 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
                 nftw(data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
             }
             unlink(log);
-            const char *cmd[16] = {master_exe, "--id", id, "--listen", listen, "--raft-address", raddr,
+            const char *cmd[24] = {master_exe, "--id", id, "--listen", listen, "--raft-address", raddr,
                                    "--data-dir", data, "--members", members};
-            size_t ncmd = 11;
+            char keyarg[PATH_MAX + 64];
+            size_t ncmd = ctl_cluster_auth_args(cl, "master", i, cmd, 11, keyarg, sizeof keyarg);
             if (o.config) {
                 cmd[ncmd++] = "--config";
                 cmd[ncmd++] = master_config;
@@ -655,6 +675,7 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         }
         cluster_save(dir, cl);
         ctl_set_masters(c, masters_list);
+        c->cluster_file = cpath; /* its "auth" section: the admin key (kvpoolctl_auth.c) */
 
         rc = wait_ready(c, cl, 0, deadline, &st);
         if (rc == KVP_OK)
@@ -696,9 +717,10 @@ static int cluster_up(struct ctl *c, int argc, char **argv)
         snprintf(name, sizeof name, "seg-%d", i + 1);
         snprintf(log, sizeof log, "%s/%s.log", dir, name);
         unlink(log);
-        const char *cmd[12] = {seg_exe, "--name", name, "--global-segment-size", o.segment_size,
+        const char *cmd[20] = {seg_exe, "--name", name, "--global-segment-size", o.segment_size,
                                "--master-server-address", masters_list};
-        size_t ncmd = 7;
+        char keyarg[PATH_MAX + 64];
+        size_t ncmd = ctl_cluster_auth_args(cl, "segment", i, cmd, 7, keyarg, sizeof keyarg);
         if (o.config) {
             cmd[ncmd++] = "--config";
             cmd[ncmd++] = seg_config;

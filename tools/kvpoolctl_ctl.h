@@ -55,5 +55,16 @@ int ctl_cmd_segment_lost(struct ctl *c, int argc, char **argv);
 int ctl_cmd_cluster(struct ctl *c, int argc, char **argv);
 /* kvpoolctl_top.c: live view from the processes' /metrics endpoints. */
 int ctl_cmd_top(struct ctl *c, int argc, char **argv);
+/** kvpoolctl keygen (kvpoolctl_auth.c). */
+int ctl_cmd_keygen(struct ctl *c, int argc, char **argv);
+/** Open c->ms with the CURVE keys of the cluster file or the environment (kvpoolctl_auth.c). */
+int ctl_msession_open(struct ctl *c);
+/** cluster up: fresh keys in DIR/keys (masters with their control addresses, client, segment,
+ * admin; public halves in keys/allowed, masters' also in keys/masters) and cl's "auth"
+ * section; with auth_off only {"mode":"none"}. Returns 0, or 1 (printed). */
+int ctl_cluster_keys(const char *dir, int n_masters, const char *const *master_addrs, bool auth_off, json_t *cl);
+/** Append a process's auth flags (from cl's "auth") to cmd; returns the new count. buf holds a path. */
+size_t ctl_cluster_auth_args(json_t *cl, const char *role, int master_index, const char **cmd, size_t ncmd,
+                             char *buf, size_t cap);
 
 #endif

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "actors/client/api_config.h"
+#include "auth/auth.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -222,7 +223,14 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
                       kvp_errname(rc));
         goto fail;
     }
-    rc = kvp_msession_new(&c->ms, (const char *const *)masters, n_masters, c->name);
+    struct kvp_auth_client *auth = NULL; /* CURVE keys and the key's tenant (docs/security.md) */
+    rc = kvp_auth_client_load(&auth, c->cfg.auth, c->cfg.auth_key, c->cfg.auth_master_keys, c->cfg.cluster_file,
+                              "client_key", c->name);
+    if (rc == KVP_OK)
+        rc = kvp_auth_client_check_tenant(auth, c->cfg.tenant_id, c->name);
+    if (rc == KVP_OK)
+        rc = kvp_msession_new_auth(&c->ms, (const char *const *)masters, n_masters, c->name, &auth);
+    kvp_auth_client_destroy(&auth);
     kvp_cfg_free_masters(masters, n_masters);
     if (rc != KVP_OK)
         goto fail;

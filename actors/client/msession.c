@@ -25,6 +25,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "auth/auth.h"
 #include "include/kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -50,6 +51,10 @@ static int open_socket(struct kvp_msession *s, size_t i)
     zmq_setsockopt(z, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
     char ep[300];
     snprintf(ep, sizeof ep, "tcp://%s", s->masters[i]);
+    if (kvp_auth_client_apply(s->auth, z, s->masters[i]) != KVP_OK) { /* CURVE (docs/security.md) */
+        zmq_close(z);
+        return KVP_ERR_INVALID;
+    }
     if (zmq_connect(z, ep) != 0) {
         kvp_log_warn(s->name, "master %s: connect: %s", s->masters[i], zmq_strerror(errno));
         zmq_close(z);
@@ -365,6 +370,12 @@ static void *io_main(void *arg)
 
 int kvp_msession_new(struct kvp_msession **out, const char *const *masters, size_t n, const char *name)
 {
+    return kvp_msession_new_auth(out, masters, n, name, NULL);
+}
+
+int kvp_msession_new_auth(struct kvp_msession **out, const char *const *masters, size_t n, const char *name,
+                          struct kvp_auth_client **auth)
+{
     if (!out || !masters || n == 0 || n > KVP_MS_MAX_MASTERS)
         return KVP_ERR_INVALID;
     for (size_t i = 0; i < n; i++)
@@ -374,6 +385,7 @@ int kvp_msession_new(struct kvp_msession **out, const char *const *masters, size
     if (!s)
         return KVP_ERR_NOMEM;
     snprintf(s->name, sizeof s->name, "%s", name && *name ? name : "msession");
+    s->auth = auth ? *auth : NULL;
     s->leader = -1;
     s->next_seq = 1;
     s->wake_fd = -1;
@@ -400,6 +412,8 @@ int kvp_msession_new(struct kvp_msession **out, const char *const *masters, size
         rc = KVP_ERR_NOMEM;
         goto fail_sync;
     }
+    if (auth)
+        *auth = NULL; /* owned by the session now */
     *out = s;
     return KVP_OK;
 
@@ -543,6 +557,7 @@ void kvp_msession_destroy(struct kvp_msession **sp)
     close(s->wake_fd);
     for (size_t i = 0; i < s->n_masters; i++)
         free(s->masters[i]);
+    kvp_auth_client_destroy(&s->auth);
     pthread_cond_destroy(&s->idle_cv);
     pthread_mutex_destroy(&s->mu);
     free(s);

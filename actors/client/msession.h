@@ -23,6 +23,15 @@ struct kvp_msession;
  */
 int kvp_msession_new(struct kvp_msession **out, const char *const *masters, size_t n, const char *name);
 
+struct kvp_auth_client;
+/**
+ * kvp_msession_new with CURVE: every master socket authenticates with *auth (auth/auth.h;
+ * NULL or *auth NULL = no authentication). On success the session owns *auth and sets it NULL;
+ * on error the caller still owns it. KVP_ERR_INVALID also when a master's public key is unknown.
+ */
+int kvp_msession_new_auth(struct kvp_msession **out, const char *const *masters, size_t n, const char *name,
+                          struct kvp_auth_client **auth);
+
 /**
  * Send `req` (its req_id and timeout_ms are filled in by the session; the caller keeps
  * ownership of req) to the leader and wait for the reply, at most timeout_ms in all

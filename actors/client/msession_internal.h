@@ -65,6 +65,7 @@ struct kvp_msession {
     bool io_polling;           /* under mu: the I/O thread is in (or about to enter) its poll */
     bool wake_sent;            /* under mu: wake_fd written since the I/O thread last read it */
     void *zctx;                /* ZeroMQ context */
+    struct kvp_auth_client *auth; /* CURVE keys (auth/auth.h); NULL = auth off; freed at destroy */
     void *socks[KVP_MS_MAX_MASTERS]; /* DEALER per master, owned by the I/O thread */
     uint64_t sent_ms[KVP_MS_MAX_MASTERS]; /* under mu: last request sent to that master (0 never) */
 

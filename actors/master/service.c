@@ -311,7 +311,8 @@ static int on_router_readable(zloop_t *loop, zsock_t *sock, void *arg)
             if (rc != KVP_OK)
                 log_bad_frame(s, body, "decode request", rc);
             else {
-                svc_dispatch(s, identity, req);
+                if (svc_auth_admit(s, identity, body, req)) /* role and tenant (service_auth.c) */
+                    svc_dispatch(s, identity, req);
                 protobuf_c_message_free_unpacked(&req->base, NULL);
             }
         }
@@ -506,6 +507,9 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     zsock_set_rcvhwm(s->router, 100000);
     zsock_set_sndhwm(s->router, 100000);
     zsock_set_linger(s->router, 0);
+    rc = svc_auth_start(s); /* CURVE before bind (service_auth.c) */
+    if (rc != KVP_OK)
+        goto fail;
     /* A port still held (by a killed previous incarnation whose threads are still exiting, or
      * by anything else) is retried for bind_retry_ms, with one log line per try (issue 15). */
     char what[300];
@@ -592,7 +596,7 @@ int kvp_master_service_run(struct kvp_master_service *s)
         zloop_timer(s->loop, 10, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
         svc_evict_timer_start(s) != KVP_OK ||
         svc_prober_start(s) != KVP_OK || svc_metrics_timer_start(s) != KVP_OK ||
-        svc_version_start(s) != KVP_OK) {
+        svc_version_start(s) != KVP_OK || svc_auth_loop_start(s) != KVP_OK) {
         rc = KVP_ERR_NOMEM;
     } else {
         svc_refresh_leadership(s);
@@ -653,6 +657,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     zactor_destroy(&s->prober);
     zhashx_destroy(&s->endpoints);
     zsock_destroy(&s->router);
+    svc_auth_stop(s);
     free(s);
     *sp = NULL;
 }

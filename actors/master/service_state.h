@@ -14,6 +14,8 @@
 
 #include <czmq.h>
 
+#include "auth/auth.h"
+
 #include "actors/master/fsm.h"
 #include "actors/master/liveness.h"
 #include "actors/master/service.h"
@@ -109,6 +111,11 @@ struct kvp_master_service {
     uint64_t feature_level_term;           /* the term that tick ran in (leader) */
 
     zsock_t *router;                       /* ROUTER bound at tcp://cfg.listen */
+    struct kvp_auth_server *auth;          /* CURVE server end + ZAP handler; NULL = auth none (service_auth.c) */
+    struct kvp_auth_client *peer_auth;     /* this master's keys toward its peers (feature polls) */
+    zsock_t *auth_mon;                     /* the ROUTER's handshake monitor (not owned: auth's) */
+    struct kvp_auth_ratelog denied_log;    /* refused requests, rate-limited lines */
+    uint64_t denied_requests;              /* requests refused for role or tenant */
     zloop_t *loop;                         /* zloop of run() */
     struct kvp_raftlog *rl;                /* raft thread; owns `fsm` while running */
     struct kvp_master_fsm *fsm;            /* created here, destroyed after rl stops */
@@ -244,5 +251,15 @@ void svc_fill_members(struct kvp_master_service *s, struct kvp_raftlog_info *inf
                       Kvp__Member *storage, Kvp__Member **ptrs, size_t cap);
 void svc_refresh_leadership(struct kvp_master_service *s);
 void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t leader_id, uint64_t term);
+
+/* service_auth.c: authentication of the control port and the tenant scope of requests
+ * (docs/security.md). start: before the ROUTER binds; loop_start: in run; admit: true when the
+ * request may be dispatched (keys scoped to the sender's tenant), false when it was refused and
+ * answered KVP_ERR_DENIED. */
+int svc_auth_start(struct kvp_master_service *s);
+int svc_auth_loop_start(struct kvp_master_service *s);
+bool svc_auth_admit(struct kvp_master_service *s, zframe_t *identity, zframe_t *body, Kvp__Request *req);
+int svc_auth_peer_socket(struct kvp_master_service *s, zsock_t *dealer, const char *addr);
+void svc_auth_stop(struct kvp_master_service *s);
 
 #endif

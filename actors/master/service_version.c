@@ -69,7 +69,8 @@ static void ask_peer(struct kvp_master_service *s, int i)
         zsock_set_linger(d, 0);
         zsock_set_sndhwm(d, 4); /* an unreachable member queues a few asks, not thousands */
         zsock_set_sndtimeo(d, 0);
-        if (zsock_connect(d, "tcp://%s", m->address) != 0 || zloop_reader(s->loop, d, on_peer_reply, s) != 0) {
+        if (svc_auth_peer_socket(s, d, m->address) != KVP_OK || /* CURVE (service_auth.c) */
+            zsock_connect(d, "tcp://%s", m->address) != 0 || zloop_reader(s->loop, d, on_peer_reply, s) != 0) {
             zsock_destroy(&d);
             return;
         }
