@@ -202,10 +202,15 @@ class MooncakeDistributedStore(_kvpool.Store):
     def setup(self, local_hostname=None, metadata_server=None, global_segment_size=None,
               local_buffer_size=None, protocol="tcp", rdma_devices="", master_server_addr=None,
               engine=None, *, enable_ssd_offload=False, ssd_offload_path="", tenant_id="",
-              enable_client_http_server=False, client_http_port=0, drain_timeout_ms=None):
+              enable_client_http_server=False, client_http_port=0, drain_timeout_ms=None,
+              cluster_file=None, auth=None, auth_key=None, auth_master_keys=None):
         """setup(local_hostname, metadata_server, global_segment_size, local_buffer_size,
         protocol, rdma_devices, master_server_addr, engine=None, **kwargs) or setup(dict).
-        Returns 0 or a negative number; raises TypeError/ValueError for a wrong argument type."""
+        Returns 0 or a negative number; raises TypeError/ValueError for a wrong argument type.
+        Authentication (docs/security.md): cluster_file (a cluster.json whose "auth" section
+        names this client's key and the masters' public keys), or auth_key (the PATH_secret of
+        this client's key pair) and auth_master_keys (directory of the masters' public keys);
+        auth="none" connects without. tenant_id, when given, must be the key's tenant."""
         if isinstance(local_hostname, dict):
             if metadata_server is not None or master_server_addr is not None:
                 raise TypeError("setup(dict) takes the dict only")
@@ -235,6 +240,12 @@ class MooncakeDistributedStore(_kvpool.Store):
         }
         if drain_timeout_ms is not None:
             cfg["drain_timeout_ms"] = drain_timeout_ms
+        for name, v in (("cluster_file", cluster_file), ("auth", auth), ("auth_key", auth_key),
+                        ("auth_master_keys", auth_master_keys)):
+            if v is not None:
+                if not isinstance(v, str):
+                    raise TypeError("%s must be str, not %s" % (name, type(v).__name__))
+                cfg[name] = v
         if engine is not None:
             _kvpool._log("info", "setup: engine=%r is ignored (kvpool has its own transfer engine)"
                          % type(engine).__name__)
@@ -308,8 +319,7 @@ class MooncakeDistributedStore(_kvpool.Store):
             if seg:
                 _own_segments[seg[1]] = seg[0]
             if self.tenant_id:
-                _kvpool._log("info", "setup: tenant_id=%r kept (isolation comes with authentication)"
-                             % self.tenant_id)
+                _kvpool._log("info", "setup: tenant_id=%r (the key's tenant)" % self.tenant_id)
         return rc
 
     def close(self):

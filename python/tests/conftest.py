@@ -37,6 +37,10 @@ class Cluster:
         with open(os.path.join(self.dir, "cluster.json")) as f:
             self.info = json.load(f)
         self.masters = self.info["master_server_address"]
+        self.file = os.path.join(self.dir, "cluster.json")
+        # Authentication is on (cluster up made the keys): every client of these tests finds its
+        # key through the cluster file, also those that call setup() with a master list only.
+        os.environ["KVPOOL_CLUSTER_FILE"] = self.file
 
     def status(self):
         out = subprocess.run([KVPOOLCTL, "--cluster", self.dir, "status", "--json"], check=True, timeout=30,
@@ -66,6 +70,7 @@ def make_store(cluster, global_segment_size=0, local_buffer_size=64 << 20, **kw)
     import kvpool
 
     s = kvpool.MooncakeDistributedStore()
+    kw.setdefault("cluster_file", cluster.file)
     rc = s.setup("127.0.0.1", "P2PHANDSHAKE", global_segment_size, local_buffer_size, "tcp", "",
                  cluster.masters, **kw)
     assert rc == 0

@@ -359,7 +359,7 @@ static inline pid_t td_spawn_segment(const struct tc_cluster *cl, const char *na
             close(fd);
         }
         char *argv[] = {exe, "--name", (char *)name, "--global-segment-size", (char *)size,
-                        "--master-server-address", list, NULL};
+                        "--master-server-address", list, "--cluster-file", (char *)cl->file, NULL}; /* keys */
         execv(exe, argv);
         _exit(127);
     }

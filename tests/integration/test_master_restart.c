@@ -222,6 +222,7 @@ static void test_master_second_on_data_dir_in_use_exits_untouched(void **state)
         dup2(fd, 1);
         dup2(fd, 2);
         setenv("KVPOOL_BIND_RETRY_MS", "600", 1); /* give up on the lock soon */
+        setenv("KVPOOL_AUTH", "none", 1);         /* this test is about the data-dir lock, not keys */
         execv(argv[0], argv);
         _exit(127);
     }

@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "auth/auth.h"
 #include "actors/master/service.h"
 #include "tests/integration/test_master_util.h"
 
@@ -348,6 +349,18 @@ static void test_master_joined_member_added_leads_then_removed(void **state)
     snprintf(raft, sizeof raft, "127.0.0.1:%d", ports[1]);
     snprintf(data, sizeof data, "%s/master-4", c->dir);
     snprintf(log, sizeof log, "%s/master-4.log", c->dir);
+    /* Member 4's key pair, its public half in the allowed and the masters' key directories
+     * (docs/security.md "Adding a master"). */
+    char key4[500], pub4[500], allowed[500], mkeys[500];
+    snprintf(key4, sizeof key4, "%s/keys/master-4", c->dir);
+    snprintf(allowed, sizeof allowed, "%s/keys/allowed", c->dir);
+    snprintf(mkeys, sizeof mkeys, "%s/keys/masters", c->dir);
+    assert_int_equal(kvp_auth_keygen(key4, "master-4", "master", "", listen), KVP_OK);
+    snprintf(pub4, sizeof pub4, "%s/master-4", allowed);
+    assert_int_equal(kvp_auth_export_public(key4, pub4), KVP_OK);
+    snprintf(pub4, sizeof pub4, "%s/master-4", mkeys);
+    assert_int_equal(kvp_auth_export_public(key4, pub4), KVP_OK);
+    snprintf(key4, sizeof key4, "%s/keys/master-4_secret", c->dir);
     const char *bd = getenv("KVP_BUILD_DIR");
     snprintf(master, sizeof master, "%s/tools/kvpool-master", bd ? bd : ".");
     pid_t pid = fork();
@@ -355,7 +368,7 @@ static void test_master_joined_member_added_leads_then_removed(void **state)
         FILE *f = freopen(log, "w", stderr);
         (void)f;
         execl(master, master, "--id", "4", "--listen", listen, "--raft-address", raft, "--data-dir", data, "--join",
-              (char *)NULL);
+              "--auth-key", key4, "--auth-allowed-dir", allowed, "--auth-master-keys", mkeys, (char *)NULL);
         _exit(127);
     }
     assert_true(pid > 0);

@@ -212,6 +212,9 @@ static int group_setup(void **state)
     memset(&C, 0, sizeof C);
     const char *bd = getenv("KVP_BUILD_DIR");
     snprintf(C.bin, sizeof C.bin, "%s/tools", bd ? bd : ".");
+    /* The processes this test starts by hand carry no keys: auth none (this test is about the
+     * metrics endpoints; authentication has its own tests, test_auth_cluster.c). */
+    setenv("KVPOOL_AUTH", "none", 1);
     snprintf(C.dir, sizeof C.dir, "/tmp/kvp-metrics-test-XXXXXX");
     if (!mkdtemp(C.dir))
         return -1;
@@ -479,6 +482,7 @@ static void test_metrics_counters_move_with_puts_and_gets(void **state)
     kvp_client *c = NULL;
     assert_int_equal(kvp_config_new(&cfg), KVP_OK);
     assert_int_equal(kvp_config_set(cfg, "master_server_address", C.masters), KVP_OK);
+    assert_int_equal(kvp_config_set(cfg, "auth", "none"), KVP_OK);
     uint32_t cport = kvp_test_free_port();
     char cps[16];
     snprintf(cps, sizeof cps, "%u", cport);
