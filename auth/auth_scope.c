@@ -10,11 +10,12 @@
 
 #include "kvpool.h"
 
-/* What a role may ask. Admin and master: everything. A segment (a storage host, trusted with
- * the bytes it stores): its own lifecycle, the mover's calls, reads of status; not membership,
- * not whole-pool removal. A client: data calls within its tenant, plus the lifecycle of an
- * embedded segment (mount, heartbeat, mover polls: an embedding process holds the bytes of its
- * segment anyway, docs/security.md). */
+/* What a role may ask (docs/security.md "Roles"). Admin and master: everything. A segment (a
+ * storage host): its own lifecycle, drain, the mover's calls, status; not membership, not
+ * whole-pool removal. A client: data calls within its tenant, status, and the lifecycle of an
+ * embedded segment (inference servers contribute memory; a process that contributes a segment
+ * holds whatever bytes are placed in it, of any tenant: docs/security.md says so). RemoveAll
+ * (every tenant's objects) only with the default tenant's key (the pool owner's). */
 static bool role_allows(enum kvp_auth_role role, const char *tenant, Kvp__Request__BodyCase b)
 {
     if (role == KVP_AUTH_ROLE_ADMIN || role == KVP_AUTH_ROLE_MASTER)
@@ -23,6 +24,8 @@ static bool role_allows(enum kvp_auth_role role, const char *tenant, Kvp__Reques
     case KVP__REQUEST__BODY_MOUNT:
     case KVP__REQUEST__BODY_UNMOUNT:
     case KVP__REQUEST__BODY_HEARTBEAT:
+    case KVP__REQUEST__BODY_MOVER_POLL:
+    case KVP__REQUEST__BODY_DRAIN:
     case KVP__REQUEST__BODY_PUT_START:
     case KVP__REQUEST__BODY_PUT_END:
     case KVP__REQUEST__BODY_PUT_REVOKE:
@@ -33,10 +36,7 @@ static bool role_allows(enum kvp_auth_role role, const char *tenant, Kvp__Reques
     case KVP__REQUEST__BODY_REPORT_UNREACHABLE:
     case KVP__REQUEST__BODY_CLUSTER_STATUS:
     case KVP__REQUEST__BODY_MEMBERS:
-    case KVP__REQUEST__BODY_MOVER_POLL:
         return true;
-    case KVP__REQUEST__BODY_DRAIN: /* a storage host drains itself on SIGTERM */
-        return role == KVP_AUTH_ROLE_SEGMENT;
     case KVP__REQUEST__BODY_REMOVE_ALL:
         /* Removes every object of the pool: the default tenant (the pool owner's key) only. */
         return role == KVP_AUTH_ROLE_CLIENT && tenant[0] == '\0';

@@ -65,6 +65,7 @@ struct kvp_cfg_master {
     char auth_allowed_dir[1024];      /* `auth_allowed_dir`: public keys allowed to connect */
     char auth_master_keys[1024];      /* `auth_master_keys`: the masters' public keys (peer polls) */
     bool raft_network_trusted;        /* `raft_network_trusted`: allow Raft on a non-loopback address with auth on */
+    char tenant_quota[1024];          /* `tenant_quota`: "TENANT=SIZE,..." (default "": none) */
 };
 
 /** Settings of a kvpool-segment process. */

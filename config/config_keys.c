@@ -120,6 +120,9 @@ static const struct kvp_cfg_key master_keys[] = {
     BOOL(M, "raft_network_trusted", raft_network_trusted, "false",
          "with auth on, Raft binds only loopback addresses unless this says the Raft network is closed "
          "to anyone else (Raft peers are not authenticated; docs/security.md)"),
+    STR(M, "tenant_quota", tenant_quota, NULL, 0, "",
+        "bytes each tenant may hold, TENANT=SIZE,... (e.g. a=4GiB,b=1GiB); a tenant over its quota evicts its "
+        "own least recently used objects first (docs/security.md)"),
 };
 #undef M
 

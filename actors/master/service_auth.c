@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "actors/master/service_quota.h"
 #include "actors/master/service_state.h"
 #include "auth/auth_scope.h"
 #include "kvpool.h"
@@ -29,8 +30,14 @@ int svc_auth_start(struct kvp_master_service *s)
     int rc = kvp_auth_server_new(&s->auth, s->cfg.auth, s->cfg.auth_key, s->cfg.auth_allowed_dir, s->actor);
     if (rc != KVP_OK)
         return rc;
-    if (!s->auth)
+    if (!s->auth) {
+        if (s->cfg.tenant_quota[0])
+            kvp_log_warn(s->actor, "tenant_quota ignored: tenants come from keys, and auth is none");
         return KVP_OK; /* auth none: WARN logged */
+    }
+    rc = svc_quota_new(s);
+    if (rc != KVP_OK)
+        return rc;
     if (!loopback(s->cfg.raft_address) && !s->cfg.raft_network_trusted) {
         kvp_log_error(s->actor,
                       "raft_address=%s is not a loopback address: the Raft transport does not authenticate its "
@@ -89,8 +96,8 @@ bool svc_auth_admit(struct kvp_master_service *s, zframe_t *identity, zframe_t *
     } else {
         rc = kvp_auth_scope_request(req, &p, why, sizeof why);
     }
-    if (rc == KVP_OK)
-        return true;
+    if (rc == KVP_OK) /* a tenant's PutStart over its quota is answered NO_SPACE there */
+        return p.role != KVP_AUTH_ROLE_CLIENT || svc_quota_admit(s, identity, req, p.tenant);
     s->denied_requests++;
     const char *peer = zframe_meta(body, "Peer-Address");
     uint64_t sup = 0;
@@ -112,6 +119,7 @@ int svc_auth_peer_socket(struct kvp_master_service *s, zsock_t *dealer, const ch
 
 void svc_auth_stop(struct kvp_master_service *s)
 {
+    svc_quota_destroy(s);
     kvp_auth_client_destroy(&s->peer_auth);
     s->auth_mon = NULL;
     kvp_auth_server_destroy(&s->auth);

@@ -24,6 +24,7 @@
 
 #include "actors/master/service_evict.h"
 #include "actors/master/service_repair.h"
+#include "actors/master/service_quota.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "metrics/metrics.h"
@@ -381,6 +382,7 @@ static void publish(struct kvp_master_service *s)
     render_rpc(m, &t);
     render_soft(s, &t);
     render_repair_evict(s, &t);
+    svc_quota_render(s, &t); /* auth refusals, use per tenant (service_quota.c) */
     one(&t, "kvpool_master_pool_view", "gauge",
         "1 when the object and pool series below come from this master (the leader with a fresh state-machine view).",
         fsm_fresh);

@@ -116,6 +116,7 @@ struct kvp_master_service {
     zsock_t *auth_mon;                     /* the ROUTER's handshake monitor (not owned: auth's) */
     struct kvp_auth_ratelog denied_log;    /* refused requests, rate-limited lines */
     uint64_t denied_requests;              /* requests refused for role or tenant */
+    struct svc_quota *quota;               /* use and quota per tenant (service_quota.c); NULL = auth none */
     zloop_t *loop;                         /* zloop of run() */
     struct kvp_raftlog *rl;                /* raft thread; owns `fsm` while running */
     struct kvp_master_fsm *fsm;            /* created here, destroyed after rl stops */

@@ -14,6 +14,7 @@
 #include "actors/master/service_evict.h"
 #include "actors/master/service_metrics.h"
 #include "actors/master/service_repair.h"
+#include "actors/master/service_quota.h"
 #include "actors/master/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -173,6 +174,7 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(fl, "cluster", s->is_leader ? json_integer(svc_feature_level(s)) : json_null());
     json_object_set_new(doc, "feature_level", fl);
     json_object_set_new(doc, "commit_index", json_integer((json_int_t)info.commit_index));
+    svc_quota_status(s, doc); /* use per tenant (service_quota.c) */
     json_object_set_new(doc, "last_applied", json_integer((json_int_t)info.last_applied));
     /* Group commit as seen by this node while it led: commands per entry, mean commit time. */
     json_t *rj = json_object();

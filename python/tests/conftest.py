@@ -42,6 +42,17 @@ class Cluster:
         # key through the cluster file, also those that call setup() with a master list only.
         os.environ["KVPOOL_CLUSTER_FILE"] = self.file
 
+    def tenant_key(self, tenant):
+        """A client key of `tenant`, allowed by the masters (its public half in the allowed-keys
+        directory, which the masters reread when it changes). Returns setup() kwargs."""
+        keys = os.path.join(self.dir, "keys")
+        path = os.path.join(keys, "tenant-" + tenant)
+        if not os.path.exists(path + "_secret"):
+            subprocess.run([KVPOOLCTL, "keygen", path, "--tenant", tenant], check=True, timeout=30,
+                           stdout=subprocess.DEVNULL)
+            shutil.copy(path, os.path.join(self.info["auth"]["allowed_dir"], "tenant-" + tenant))
+        return {"auth_key": path + "_secret", "auth_master_keys": self.info["auth"]["master_keys"]}
+
     def status(self):
         out = subprocess.run([KVPOOLCTL, "--cluster", self.dir, "status", "--json"], check=True, timeout=30,
                              stdout=subprocess.PIPE).stdout

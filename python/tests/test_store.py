@@ -58,7 +58,7 @@ def test_setup_positional_engine_and_kwargs(cluster):
     # "rdma" runs on TCP with a WARN.
     rc = s.setup("127.0.0.1:12345", "http://127.0.0.1:8080/metadata", 16 << 20, 16 << 20, "rdma", "mlx5_0",
                  cluster.masters, None, tenant_id="t1", enable_ssd_offload=False, ssd_offload_path="",
-                 enable_client_http_server=False, client_http_port=0)
+                 enable_client_http_server=False, client_http_port=0, **cluster.tenant_key("t1"))
     assert rc == 0
     assert s.tenant_id == "t1"
     host = s.get_hostname()
@@ -470,3 +470,29 @@ def test_8_threads_x_100_puts_and_gets_of_1_mib_on_one_object():
         s.close()
         cluster.down()
     assert errors == []
+
+
+def test_tenants_isolated_and_tenant_id_checked(cluster):
+    """Issue 25: the tenant is the key's; another tenant's objects are invisible to reads,
+    exists, remove and batches; a tenant_id that disagrees with the key is refused."""
+    sa = make_store(cluster, tenant_id="pa", **cluster.tenant_key("pa"))
+    sb = make_store(cluster, **cluster.tenant_key("pb"))
+    try:
+        k = uniq("tenant")
+        assert sa.put(k, b"a" * 64) == 0
+        assert sb.get(k) == b""
+        assert sb.is_exist(k) == 0
+        assert sb.batch_is_exist([k]) == [0]
+        assert sb.get_batch([k]) == [b""]
+        assert sb.get_size(k) == NOT_FOUND
+        assert sb.remove(k, force=True) == NOT_FOUND
+        assert sb.put(k, b"b" * 32) == 0  # the same name in its own scope
+        assert sa.get(k) == b"a" * 64
+        assert sb.get(k) == b"b" * 32
+    finally:
+        sa.close()
+        sb.close()
+    s = kvpool.MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", "", 0, 1 << 20, "tcp", "", cluster.masters, tenant_id="pb",
+                 **cluster.tenant_key("pa"))
+    assert rc != 0

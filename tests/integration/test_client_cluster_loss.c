@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 
 #include "actors/client/msession.h"
+#include "auth/auth.h"
 #include "config/config.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
@@ -191,7 +192,9 @@ static void test_client_cluster_leader_killed_calls_continue(void **state)
     size_t nm = 0;
     assert_int_equal(kvp_cfg_masters(NULL, CL.file, masters, KVP_CFG_MAX_MASTERS, &nm), KVP_OK);
     struct kvp_msession *ms = NULL;
-    assert_int_equal(kvp_msession_new(&ms, (const char *const *)masters, nm, "test"), KVP_OK);
+    struct kvp_auth_client *auth = NULL; /* the cluster's admin key (cluster.json "auth") */
+    assert_int_equal(kvp_auth_client_load(&auth, NULL, NULL, NULL, CL.file, "admin_key", "test"), KVP_OK);
+    assert_int_equal(kvp_msession_new_auth(&ms, (const char *const *)masters, nm, "test", &auth), KVP_OK);
     kvp_cfg_free_masters(masters, nm);
     Kvp__Request req;
     Kvp__ExistsReq ex;

@@ -18,6 +18,7 @@
 
 #include "actors/client/client_state.h"
 #include "actors/client/msession.h"
+#include "auth/auth.h"
 #include "actors/transfer/fault.h"
 #include "config/config.h"
 #include "runtime/clock.h"
@@ -80,7 +81,9 @@ static uint32_t first_on(kvp_client *c, const char *name, char keys[][32], size_
     size_t nm = 0;
     assert_int_equal(kvp_cfg_masters(NULL, CL.file, masters, KVP_CFG_MAX_MASTERS, &nm), KVP_OK);
     struct kvp_msession *ms = NULL;
-    assert_int_equal(kvp_msession_new(&ms, (const char *const *)masters, nm, "test"), KVP_OK);
+    struct kvp_auth_client *auth = NULL; /* the cluster's admin key (cluster.json "auth") */
+    assert_int_equal(kvp_auth_client_load(&auth, NULL, NULL, NULL, CL.file, "admin_key", "test"), KVP_OK);
+    assert_int_equal(kvp_msession_new_auth(&ms, (const char *const *)masters, nm, "test", &auth), KVP_OK);
     kvp_cfg_free_masters(masters, nm);
     char *kv[N + 1];
     kv[0] = probe;
