@@ -1,0 +1,8 @@
+# Authentication and tenants (issue 25, docs/security.md).
+# Pure: request scope per tenant, roles, the refusal log, key names.
+kvp_add_test(test_auth_scope SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_auth_scope.c LABEL unit TIMEOUT 30)
+# Real processes (`kvpoolctl cluster up`, 1 master, 2 segments): every refusal on the control and
+# Raft ports, tenants isolated, roles, tenant_id, quota eviction.
+kvp_add_test(test_auth_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_auth_cluster.c LABEL integration TIMEOUT 120)
+set_tests_properties(test_auth_cluster PROPERTIES LABELS "integration;auth")
+set_tests_properties(test_auth_scope PROPERTIES LABELS "unit;auth")
