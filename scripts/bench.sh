@@ -17,9 +17,12 @@
 #  - meta: PutStart+PutEnd pairs/s at 1, 16, 64 callers, GetReplicaList/s, leader RSS per object
 #    (KVP_BENCH_OBJECTS, default 200000), failover over KVP_BENCH_KILLS (default 10) leader kills.
 #    KVP_BENCH_META=0 skips it (the kv part alone takes about a minute).
+#  - KVP_BENCH_AUTH=1: instead of all this, authentication on against off (scripts/bench-auth.sh).
 # The cluster's data dir is on the ordinary disk (KVP_BENCH_DIR, default ./bench-run-<pid>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# KVP_BENCH_AUTH=1: only authentication's cost, auth on against auth none (scripts/bench-auth.sh).
+if [ "${KVP_BENCH_AUTH:-0}" = 1 ]; then exec scripts/bench-auth.sh; fi
 B=${KVP_BUILD_DIR:-build}
 CTL=$B/tools/kvpoolctl
 BENCH=$B/tools/kvpool-bench

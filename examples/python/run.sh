@@ -14,5 +14,7 @@ trap '"$B/tools/kvpoolctl" cluster down --dir "$DIR" >/dev/null 2>&1 || true; rm
 "$B/tools/kvpoolctl" cluster up --dir "$DIR" --masters 1 --segments 1 --segment-size 128M >"$DIR/up.log" 2>&1 || {
   cat "$DIR/up.log"; exit 1; }
 MASTERS=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["master_server_address"])' "$DIR/cluster.json")
-KVPOOL_LOG_LEVEL=${KVPOOL_LOG_LEVEL:-warn} PYTHONPATH="$B/python${PYTHONPATH:+:$PYTHONPATH}" \
+# SGLang's setup() call names no keys: the client finds them through the cluster file
+# (docs/security.md; KVPOOL_AUTH_KEY and KVPOOL_AUTH_MASTER_KEYS work too).
+KVPOOL_CLUSTER_FILE="$DIR/cluster.json" KVPOOL_LOG_LEVEL=${KVPOOL_LOG_LEVEL:-warn} PYTHONPATH="$B/python${PYTHONPATH:+:$PYTHONPATH}" \
   "$PY" "$SRC/examples/python/hicache_example.py" "$MASTERS"

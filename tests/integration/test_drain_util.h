@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "actors/client/msession.h"
+#include "auth/auth.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
 
@@ -235,8 +236,12 @@ static inline struct kvp_msession *td_session(const struct tc_cluster *cl)
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t && n < 8; t = strtok_r(NULL, ",", &save))
         m[n++] = t;
     struct kvp_msession *ms = NULL;
-    if (kvp_msession_new(&ms, m, n, "test") != KVP_OK)
+    struct kvp_auth_client *auth = NULL; /* the cluster's admin key (cluster.json "auth") */
+    if (kvp_auth_client_load(&auth, NULL, NULL, NULL, cl->file, "admin_key", "test") != KVP_OK ||
+        kvp_msession_new_auth(&ms, m, n, "test", &auth) != KVP_OK) {
+        kvp_auth_client_destroy(&auth);
         return NULL;
+    }
     return ms;
 }
 

@@ -24,6 +24,7 @@
 #include <jansson.h>
 
 #include "actors/client/msession.h"
+#include "auth/auth.h"
 #include "kvpool.h"
 #include "runtime/proc.h"
 #include "wire/envelope.h"
@@ -158,8 +159,12 @@ static int tm_cluster_up(struct tm_cluster *c)
     const char *list[TM_MASTERS];
     for (int i = 0; i < TM_MASTERS; i++)
         list[i] = c->addr[i + 1];
-    if (kvp_msession_new(&c->ms, list, TM_MASTERS, "test") != KVP_OK)
+    struct kvp_auth_client *auth = NULL; /* the cluster's admin key (cluster.json "auth") */
+    if (kvp_auth_client_load(&auth, NULL, NULL, NULL, c->file, "admin_key", "test") != KVP_OK ||
+        kvp_msession_new_auth(&c->ms, list, TM_MASTERS, "test", &auth) != KVP_OK) {
+        kvp_auth_client_destroy(&auth);
         return -1;
+    }
     Kvp__Request req = KVP__REQUEST__INIT;
     Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
     m.name = "fake-seg";
