@@ -68,7 +68,8 @@ int kvp_auth_export_public(const char *secret_path, const char *public_path);
 
 /**
  * What a DEALER needs to open a CURVE session to the masters: its own key pair and every
- * master's public key by control address. Opaque; immutable after load, so any thread may use it.
+ * master's public key by control address. Opaque; one owner at a time (kvp_auth_client_apply
+ * may reread the masters' directory).
  */
 struct kvp_auth_client;
 
@@ -88,10 +89,11 @@ int kvp_auth_client_load(struct kvp_auth_client **out, const char *mode, const c
 /**
  * Set the CURVE client options on a (libzmq) socket that will connect to the master at
  * control address `addr` ("host:port" or "tcp://host:port"). NULL `a` is a no-op (auth off).
- * Must run before zmq_connect. Errors: KVP_ERR_INVALID (no public key known for that master;
- * logged), KVP_ERR_IO.
+ * A master not among the loaded keys makes it reread the masters' directory once. Must run
+ * before zmq_connect. Errors: KVP_ERR_INVALID (no public key known for that master; logged),
+ * KVP_ERR_IO.
  */
-int kvp_auth_client_apply(const struct kvp_auth_client *a, void *zmq_socket, const char *addr);
+int kvp_auth_client_apply(struct kvp_auth_client *a, void *zmq_socket, const char *addr);
 
 /** The tenant and role in this process's own certificate (what the masters will say). */
 const char *kvp_auth_client_tenant(const struct kvp_auth_client *a);

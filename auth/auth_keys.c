@@ -133,6 +133,7 @@ struct kvp_auth_client {
     zcert_t *cert;
     enum kvp_auth_role role;
     char tenant[KVP_AUTH_TENANT_MAX];
+    char master_keys_dir[1024]; /* reread when a master's key is missing (a member added later) */
     size_t n_masters;
     struct {
         char address[256];
@@ -163,7 +164,10 @@ static int load_master_keys(struct kvp_auth_client *a, const char *dir, const ch
         if (!c)
             continue;
         const char *addr = zcert_meta(c, "address");
-        if (addr && *addr && a->n_masters < KVP_AUTH_MAX_MASTER_KEYS) {
+        bool known = false;
+        for (size_t i = 0; addr && i < a->n_masters; i++)
+            known |= strcmp(a->masters[i].address, strip_tcp(addr)) == 0;
+        if (addr && *addr && !known && a->n_masters < KVP_AUTH_MAX_MASTER_KEYS) {
             snprintf(a->masters[a->n_masters].address, sizeof a->masters[0].address, "%s", strip_tcp(addr));
             snprintf(a->masters[a->n_masters].pub, sizeof a->masters[0].pub, "%s", zcert_public_txt(c));
             a->n_masters++;
@@ -241,6 +245,7 @@ int kvp_auth_client_load(struct kvp_auth_client **out, const char *mode_in, cons
     snprintf(a->tenant, sizeof a->tenant, "%s", t ? t : "");
     int r = kvp_auth_role_parse(zcert_meta(a->cert, "role"));
     a->role = r < 0 ? KVP_AUTH_ROLE_CLIENT : (enum kvp_auth_role)r;
+    snprintf(a->master_keys_dir, sizeof a->master_keys_dir, "%s", mdir);
     int rc = load_master_keys(a, mdir, who);
     if (rc != KVP_OK) {
         kvp_auth_client_destroy(&a);
@@ -250,15 +255,19 @@ int kvp_auth_client_load(struct kvp_auth_client **out, const char *mode_in, cons
     return KVP_OK;
 }
 
-int kvp_auth_client_apply(const struct kvp_auth_client *a, void *z, const char *addr)
+int kvp_auth_client_apply(struct kvp_auth_client *a, void *z, const char *addr)
 {
     if (!a)
         return KVP_OK;
     const char *want = strip_tcp(addr);
     const char *pub = NULL;
-    for (size_t i = 0; i < a->n_masters; i++)
-        if (strcmp(a->masters[i].address, want) == 0)
-            pub = a->masters[i].pub;
+    for (int pass = 0; pass < 2 && !pub; pass++) {
+        if (pass == 1) /* a master added since the load (kvpoolctl add-member): read the directory again */
+            (void)load_master_keys(a, a->master_keys_dir, "auth");
+        for (size_t i = 0; i < a->n_masters; i++)
+            if (strcmp(a->masters[i].address, want) == 0)
+                pub = a->masters[i].pub;
+    }
     if (!pub) {
         kvp_log_warn("auth", "master %s: no public key for it among the masters' keys: not connecting", want);
         return KVP_ERR_INVALID;

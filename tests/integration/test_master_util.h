@@ -135,6 +135,9 @@ static void tm_atexit(void)
 
 /* `kvpoolctl cluster up --dir <tmp> --masters 3` (free ports). KVPOOL_* from the environment
  * reach the masters. Then a session and a fake segment of 4 GiB mounted. */
+/* cluster.json of the cluster started last (tm_dealer takes its admin key). */
+static char tm_cluster_file[400];
+
 static int tm_cluster_up(struct tm_cluster *c)
 {
     memset(c, 0, sizeof *c);
@@ -159,6 +162,7 @@ static int tm_cluster_up(struct tm_cluster *c)
     const char *list[TM_MASTERS];
     for (int i = 0; i < TM_MASTERS; i++)
         list[i] = c->addr[i + 1];
+    snprintf(tm_cluster_file, sizeof tm_cluster_file, "%s", c->file);
     struct kvp_auth_client *auth = NULL; /* the cluster's admin key (cluster.json "auth") */
     if (kvp_auth_client_load(&auth, NULL, NULL, NULL, c->file, "admin_key", "test") != KVP_OK ||
         kvp_msession_new_auth(&c->ms, list, TM_MASTERS, "test", &auth) != KVP_OK) {
@@ -378,14 +382,20 @@ static int tm_transfer(struct tm_cluster *c, int id, uint32_t timeout_ms)
 
 /* ------------------------------------------------------------------ raw access */
 
-/* A DEALER straight to one master (no session: no retries, no rotation). */
+/* A DEALER straight to one master (no session: no retries, no rotation), with the admin key of
+ * the cluster started last (cluster.json "auth"). */
 static zsock_t *tm_dealer(const char *addr)
 {
     zsock_t *d = zsock_new(ZMQ_DEALER);
     if (!d)
         return NULL;
     zsock_set_linger(d, 0);
-    if (zsock_connect(d, "tcp://%s", addr) != 0) {
+    struct kvp_auth_client *auth = NULL;
+    int arc = kvp_auth_client_load(&auth, NULL, NULL, NULL, tm_cluster_file, "admin_key", "test");
+    if (arc == KVP_OK)
+        arc = kvp_auth_client_apply(auth, zsock_resolve(d), addr);
+    kvp_auth_client_destroy(&auth);
+    if (arc != KVP_OK || zsock_connect(d, "tcp://%s", addr) != 0) {
         zsock_destroy(&d);
         return NULL;
     }
