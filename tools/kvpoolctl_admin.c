@@ -108,6 +108,18 @@ int ctl_cmd_status(struct ctl *c, int argc, char **argv)
                jstr(ev, "policy"), (long long)jint(ev, "rounds"), (long long)jint(ev, "objects_evicted"),
                (long long)jint(ev, "blocked_rounds"),
                json_is_true(json_object_get(ev, "blocked")) ? " (blocked: everything leased or pinned)" : "");
+    size_t ti;
+    json_t *tn; /* use per tenant (docs/security.md); absent with auth none */
+    json_array_foreach(json_object_get(st, "tenants"), ti, tn) {
+        char tu[32], tq[32] = "none";
+        human_bytes((uint64_t)jint(tn, "used_bytes"), tu, sizeof tu);
+        if (jint(tn, "quota_bytes"))
+            human_bytes((uint64_t)jint(tn, "quota_bytes"), tq, sizeof tq);
+        const char *name = jstr(tn, "tenant");
+        printf("tenant   %-16s %s used, %lld objects, quota %s, %lld quota evictions, %lld refused puts\n",
+               name && *name ? name : "(default)", tu, (long long)jint(tn, "objects"), tq,
+               (long long)jint(tn, "quota_evictions"), (long long)jint(tn, "quota_refusals"));
+    }
     json_t *segs = json_object_get(st, "segments");
     printf("segments %zu\n", json_array_size(segs));
     if (json_array_size(segs))
