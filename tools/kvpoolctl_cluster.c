@@ -499,6 +499,9 @@ static int wait_ready(struct ctl *c, json_t *cl, int want_segments, uint64_t dea
 static int cluster_up(struct ctl *c, int argc, char **argv)
 {
     struct up_opts o = {.masters = 3, .segment_size = "256M", .wait_ms = 30000};
+    /* KVPOOL_AUTH=none is inherited by every process started: make no keys then either. */
+    const char *env_auth = getenv("KVPOOL_AUTH");
+    o.auth_off = env_auth && strcmp(env_auth, "none") == 0;
     char *pos[4];
     int npos;
     int rc = parse_opts(c, argc, argv, 2, &o, pos, &npos);
