@@ -283,6 +283,46 @@ static void test_auth_raft_non_loopback_refused(void **state)
     assert_non_null(strstr(buf, "raft_network_trusted"));
 }
 
+/* auth none: the master starts and serves, with exactly one WARN saying so. */
+static void test_auth_none_warns_once(void **state)
+{
+    const char *bd = getenv("KVP_BUILD_DIR");
+    char exe[600], listen[64], raft[64], data[500], log[500];
+    snprintf(exe, sizeof exe, "%s/tools/kvpool-master", bd ? bd : ".");
+    snprintf(listen, sizeof listen, "127.0.0.1:%u", kvp_test_free_port());
+    snprintf(raft, sizeof raft, "127.0.0.1:%u", kvp_test_free_port());
+    snprintf(data, sizeof data, "%s/authnone", A.cl.dir);
+    snprintf(log, sizeof log, "%s/authnone.log", A.cl.dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(exe, exe, "--id", "1", "--listen", listen, "--raft-address", raft, "--data-dir", data, "--auth", "none",
+              (char *)NULL);
+        _exit(127);
+    }
+    int warns = 0;
+    bool serving = false;
+    for (uint64_t end = kvp_clock_now_ms() + 10000; !serving && kvp_clock_now_ms() < end; kvp_clock_sleep_ms(100)) {
+        FILE *f = fopen(log, "r");
+        char line[2048];
+        warns = 0;
+        while (f && fgets(line, sizeof line, f)) {
+            warns += strstr(line, "WARN") && strstr(line, "auth: none") ? 1 : 0;
+            serving |= strstr(line, "serving tcp://") != NULL;
+        }
+        if (f)
+            fclose(f);
+    }
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    assert_true(serving);
+    assert_int_equal(warns, 1);
+}
+
 static void test_auth_tenants_isolated(void **state)
 {
     char ka[600], kb[600];
@@ -441,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_auth_control_refuses_garbage_before_handshake),
         cmocka_unit_test(test_auth_raft_port_drops_garbage),
         cmocka_unit_test(test_auth_raft_non_loopback_refused),
+        cmocka_unit_test(test_auth_none_warns_once),
         cmocka_unit_test(test_auth_tenants_isolated),
         cmocka_unit_test(test_auth_tenant_id_disagreeing_refused),
         cmocka_unit_test(test_auth_role_denied),
