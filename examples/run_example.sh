@@ -66,12 +66,18 @@ expect 1 "$CTL" exists "$K" $C
 expect 1 "$CTL" get "$K" $C
 expect 1 "$CTL" rm "$K" $C
 MS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["master_server_address"])' "$DIR/cluster.json")
-KVPOOL_MASTER_SERVER_ADDRESS="$MS" "$CTL" exists "ex-$$-b" >/dev/null || fail "env masters"
+# masters from the environment: the keys too (docs/security.md; the cluster file would name them)
+KEY=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["auth"]["client_key"])' "$DIR/cluster.json")
+MKEYS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["auth"]["master_keys"])' "$DIR/cluster.json")
+KVPOOL_MASTER_SERVER_ADDRESS="$MS" KVPOOL_AUTH_KEY="$KEY" KVPOOL_AUTH_MASTER_KEYS="$MKEYS" \
+  "$CTL" exists "ex-$$-b" >/dev/null || fail "env masters"
+# no keys at all: refused at open with a line naming what is missing (exit 2)
+expect 2 env KVPOOL_MASTER_SERVER_ADDRESS="$MS" "$CTL" exists "ex-$$-b"
 expect 2 "$CTL" exists "ex-$$-b" --masters "not-a-master-list"
 expect 2 "$CTL" exists "ex-$$-b" $C --replica-num 0
 # no master answers: the operation failed (1); exists says 2 for any error; --json still prints
 # the error object on stdout
-NOMASTER="--masters 127.0.0.1:1 --timeout 300"
+NOMASTER="--masters 127.0.0.1:1 --timeout 300 --auth none"
 expect 1 "$CTL" get "ex-$$-b" $NOMASTER
 expect 1 "$CTL" rm "ex-$$-b" $NOMASTER
 expect 2 "$CTL" exists "ex-$$-b" $NOMASTER
