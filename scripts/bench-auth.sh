@@ -61,6 +61,16 @@ for name, field, label in (("get4m", "bytes_per_second", "4 MiB get (batch 1)"),
         ratios.append(on / off if off else 0.0)
     print("%-28s auth on/off per round: %s  median %.3f (target >= 0.97)"
           % (label, " ".join("%.3f" % x for x in ratios), statistics.median(ratios)))
+    # CPU per operation is less sensitive to a loaded machine than throughput: the masters' and
+    # the client's (kvpool-bench's), median over the rounds, on against off.
+    for who in ("masters", "bench", "segments"):
+        cpu = {}
+        for m in ("on", "off"):
+            v = [(json.load(open("%s/%s-%s-%d.json" % (out, name, m, r))).get("cpu_us_per_op") or {}).get(who)
+                 for r in range(1, rounds + 1)]
+            v = [x for x in v if x is not None]
+            cpu[m] = statistics.median(v) if v else float("nan")
+        print("%-28s   CPU us/op %-8s on %.2f  off %.2f  (%+.2f)" % ("", who, cpu["on"], cpu["off"], cpu["on"] - cpu["off"]))
 PY
 echo "new connection: CURVE adds one round trip to ZeroMQ's handshake (HELLO/WELCOME, then INITIATE/READY"
 echo "in place of NULL's READY/READY: ZMTP RFC 26); per-connection, not per request."
