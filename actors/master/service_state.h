@@ -82,6 +82,13 @@ struct svc_pending {
      * the FSM (its status comes from the FSM's reply, in forwarded order). */
     int32_t *remove_status;
     size_t n_remove;
+    /* Remove, RemoveAll, Evict: the lease horizon (wall-clock ms) of the objects it frees: no
+     * read lease granted by this leader or an older one can be used after it. svc_submit commits
+     * it (docs/master.md, "Leases and failover"); 0 = none. */
+    uint64_t hold_wall_ms;
+    /* Un-forced Remove: its forwarded keys are hidden from GetReplicaList (svc_evict_hide) until
+     * its result, so that no lease is granted between the lease check and the commit. */
+    bool hides;
 };
 
 /** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
@@ -220,6 +227,14 @@ void svc_pending_sweep(struct kvp_master_service *s);
 /* service_soft.c: soft state and timers. */
 void svc_soft_reset(struct kvp_master_service *s);
 bool svc_in_election_grace(const struct kvp_master_service *s);
+/** The wall-clock ms at which the monotonic time mono_ms falls (leases are kept in monotonic ms). */
+uint64_t svc_mono_to_wall(uint64_t mono_ms);
+/** The lease horizon, in wall-clock ms, that this leader commits with a command freeing the
+ * objects whose key hashes are given (n may be 0): the latest of their leases here and, during
+ * the election grace, the grace's end (an older leader's leases expire by then). 0 = none. */
+uint64_t svc_lease_horizon(const struct kvp_master_service *s, const uint64_t *key_hashes, size_t n);
+/** Submit a QuarantineRelease now unless one is in flight (leader only). */
+void svc_release_now(struct kvp_master_service *s);
 bool svc_key_leased(const struct kvp_master_service *s, uint64_t key_hash);
 void svc_grant_lease(struct kvp_master_service *s, uint64_t key_hash);
 void svc_touch(struct kvp_master_service *s, uint64_t key_hash);
