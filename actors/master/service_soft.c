@@ -236,8 +236,12 @@ uint64_t svc_lease_horizon(const struct kvp_master_service *s, const uint64_t *k
     for (size_t i = 0; i < n; i++)
         if (svc_map_get(&s->leases, key_hashes[i], &exp) && exp > now && exp > until)
             until = exp;
-    if (svc_in_election_grace(s) && s->leader_since_ms + s->cfg.default_kv_lease_ttl_ms > until)
-        until = s->leader_since_ms + s->cfg.default_kv_lease_ttl_ms;
+    /* An older leader's leases: granted before this node's election, or (a deposed leader still
+     * answering local reads, docs/raftlog.md) at most about an election timeout after it; two
+     * election timeouts of margin. */
+    uint64_t grace_end = s->leader_since_ms + s->cfg.default_kv_lease_ttl_ms + 2 * s->cfg.election_timeout_ms;
+    if (svc_in_election_grace(s) && grace_end > until)
+        until = grace_end;
     return until ? svc_mono_to_wall(until) : 0;
 }
 

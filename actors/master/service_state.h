@@ -231,7 +231,8 @@ bool svc_in_election_grace(const struct kvp_master_service *s);
 uint64_t svc_mono_to_wall(uint64_t mono_ms);
 /** The lease horizon, in wall-clock ms, that this leader commits with a command freeing the
  * objects whose key hashes are given (n may be 0): the latest of their leases here and, during
- * the election grace, the grace's end (an older leader's leases expire by then). 0 = none. */
+ * the election grace, the grace's end plus two election timeouts (an older leader's leases
+ * expire by then). 0 = none. */
 uint64_t svc_lease_horizon(const struct kvp_master_service *s, const uint64_t *key_hashes, size_t n);
 /** Submit a QuarantineRelease now unless one is in flight (leader only). */
 void svc_release_now(struct kvp_master_service *s);
