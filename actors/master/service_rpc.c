@@ -307,8 +307,12 @@ static void on_remove_all(struct kvp_master_service *s, zframe_t *id, Kvp__Reque
                          "objects are under read leases (or the leader is new); use force");
         return;
     }
-    /* Forced: the space waits for the last lease (and the election grace) before reuse. */
+    /* The space waits for the last lease (and the election grace) before reuse; and, as
+     * RemoveAll cannot hide every key while it is in flight, for a lease granted meanwhile: at
+     * least one lease TTL from now. */
     uint64_t hold = svc_lease_horizon(s, NULL, 0);
+    if (svc_mono_to_wall(svc_now_ms() + s->cfg.default_kv_lease_ttl_ms) > hold)
+        hold = svc_mono_to_wall(svc_now_ms() + s->cfg.default_kv_lease_ttl_ms);
     size_t pos = 0;
     uint64_t k, exp, now = svc_now_ms(), last = 0;
     while (svc_map_next(&s->leases, &pos, &k, &exp))

@@ -247,10 +247,14 @@ uint64_t svc_lease_horizon(const struct kvp_master_service *s, const uint64_t *k
 
 void svc_release_now(struct kvp_master_service *s)
 {
-    if (!s->is_leader || s->release_inflight)
+    /* At most one every 50 ms: writers waiting for space retry every 5-200 ms each, and every
+     * QuarantineRelease is a Raft entry even when nothing is due. */
+    uint64_t now = svc_now_ms();
+    if (!s->is_leader || s->release_inflight || (s->release_sent_ms && now - s->release_sent_ms < 50))
         return;
     Kvp__QuarantineReleaseCmd body = KVP__QUARANTINE_RELEASE_CMD__INIT;
     s->release_inflight = true;
+    s->release_sent_ms = now;
     submit_internal(s, SVC_INT_QUARANTINE_RELEASE, KVP__COMMAND__BODY_QUARANTINE_RELEASE, &body, 0);
 }
 

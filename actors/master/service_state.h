@@ -160,6 +160,7 @@ struct kvp_master_service {
     zlist_t *hb_waiters;                   /* struct svc_hb_waiter *, answered at the next refresh */
     bool revoke_inflight;                  /* one RevokeExpired at a time */
     bool release_inflight;                 /* one QuarantineRelease at a time */
+    uint64_t release_sent_ms;              /* when the last one was submitted (svc_release_now) */
 
     /* Data-plane probe of reported segments (ReportUnreachable), off the loop thread. */
     zactor_t *prober;                      /* runs kvp_xfer_probe; pipe read by the zloop */
