@@ -7,11 +7,14 @@
  * fence_grace_ms 500, no headroom eviction (puts wait for space only when the pool is full).
  *
  *  1. full pool: the pool is filled, the first leader's election grace waited out, a quarter of
- *     the pool removed (quarantined, not yet reusable) and the leader killed at once. The first put after the kill succeeds well inside the lease TTL
- *     (its time is printed; the bound asserted is LEASE_MS - 1500 ms, the old rule needed more
- *     than LEASE_MS); every object written before and after the kill reads back exactly (C1),
- *     the removed ones are NOT_FOUND, and nothing else changed (C3).
- *  2. pending intents, an old-term writer and a leased reader across one kill, with a full pool:
+ *     the pool removed (quarantined, not yet reusable) and the leader killed at once. The first
+ *     put after the kill succeeds well inside the lease TTL (its time is printed; the bound
+ *     asserted is LEASE_MS - 1500 ms, generous against a slow election on a loaded machine; the
+ *     old rule needs more than LEASE_MS: 6,998 ms against commit 5aeb1d2's binaries); every
+ *     object written before and after the kill reads back exactly or, removed or evicted, is
+ *     NOT_FOUND (C1, C3).
+ *  2. pending intents, an old-term writer and a leased reader across one kill, the pool full
+ *     but for six objects:
  *     - writer A (its WRITEs land 700 ms late, timeout 6 s): its put started under the old leader
  *       completes under the new one and reads back exactly;
  *     - writer B (WRITEs 3 s late, timeout 1.2 s): its put times out; its late WRITE frames reach
@@ -20,7 +23,8 @@
  *     - reader R (its READ answered 1.5 s late) got its replica list and lease from the old
  *       leader; the new leader force-removes that object and the parent's puts wait for space:
  *       R gets the exact bytes or a clean error, never CORRUPT (another object's bytes).
- *     Then every object in the pool reads back exactly.
+ *     Then every object reads back exactly, or is NOT_FOUND where removed, revoked or evicted
+ *     (the objects that must stay are soft-pinned, allow_evict_soft_pinned_objects=false).
  */
 #include <setjmp.h>
 #include <stdarg.h>
