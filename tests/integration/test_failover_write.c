@@ -52,6 +52,9 @@ static void sleep_ms(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
+/* The test's cluster: started by setup, stopped by teardown, also when the test fails. */
+static struct tc_cluster CL;
+
 static int cluster_start(struct tc_cluster *c)
 {
     setenv("KVPOOL_FENCE_GRACE_MS", "500", 1);
@@ -68,6 +71,19 @@ static int cluster_start(struct tc_cluster *c)
         tc_cluster_down(c);
     }
     return -1;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return cluster_start(&CL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tc_cluster_down(&CL);
+    return 0;
 }
 
 /* `kvpoolctl --cluster FILE --json status`, parsed; NULL on failure. */
@@ -143,8 +159,7 @@ static void assert_pool_full(const struct tc_cluster *c)
 static void test_failover_full_pool_first_put_within_bound(void **state)
 {
     (void)state;
-    struct tc_cluster cl;
-    assert_int_equal(cluster_start(&cl), 0);
+    struct tc_cluster cl = CL;
     kvp_client *c = tc_open(&cl, 20000);
     assert_non_null(c);
     uint8_t *buf = malloc(OBJ);
@@ -222,7 +237,6 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
             present, n_removed, n_removed);
     free(buf);
     kvp_client_close(&c);
-    tc_cluster_down(&cl);
 }
 
 /* Child: one put of KEY with its WRITEs late by late_ms, timeout timeout_ms. Exit 0 when the
@@ -294,8 +308,7 @@ static int wait_child(pid_t pid)
 static void test_failover_pending_intents_old_writer_leased_reader(void **state)
 {
     (void)state;
-    struct tc_cluster cl;
-    assert_int_equal(cluster_start(&cl), 0);
+    struct tc_cluster cl = CL;
     kvp_client *c = tc_open(&cl, 20000);
     assert_non_null(c);
     uint8_t *buf = malloc(OBJ);
@@ -367,14 +380,13 @@ static void test_failover_pending_intents_old_writer_leased_reader(void **state)
     fprintf(stderr, "%d of %d older objects still present (the rest evicted)\n", present, n_p - 1);
     free(buf);
     kvp_client_close(&c);
-    tc_cluster_down(&cl);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_failover_full_pool_first_put_within_bound),
-        cmocka_unit_test(test_failover_pending_intents_old_writer_leased_reader),
+        cmocka_unit_test_setup_teardown(test_failover_full_pool_first_put_within_bound, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failover_pending_intents_old_writer_leased_reader, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
