@@ -210,6 +210,17 @@ int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command
 {
     cmd->now_wall_ms = kvp_clock_wall_ms();
     cmd->term = s->term;
+    /* A lease horizon (docs/master.md, "Leases and failover"): the FSM quarantines the space a
+     * Remove, RemoveAll or Evict frees as freed at now_wall_ms and reuses it fence_grace_ms
+     * later; a horizon later than that moves the command's time forward, so the space waits for
+     * the leases as well, on every member and after any failover. Only these three commands read
+     * now_wall_ms for nothing but that (fsm_cmd.c), so the log stays what every level applies
+     * alike. */
+    uint64_t grace = s->cfg.fence_grace_ms;
+    if (p->hold_wall_ms > grace && p->hold_wall_ms - grace > cmd->now_wall_ms &&
+        (cmd->body_case == KVP__COMMAND__BODY_REMOVE || cmd->body_case == KVP__COMMAND__BODY_REMOVE_ALL ||
+         cmd->body_case == KVP__COMMAND__BODY_EVICT))
+        cmd->now_wall_ms = p->hold_wall_ms - grace;
     /* Rolling upgrades (version.h): log nothing that a member of the cluster's level would
      * apply its own way, and stamp what the command needs so that an older member refuses it. */
     kvp_feature_prepare_command(cmd, svc_feature_level(s));

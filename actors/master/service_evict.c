@@ -48,8 +48,8 @@ struct svc_evict {
     char blocked_why[160];
     /* Hints and holds. */
     struct svc_map parents;    /* key hash → parent key hash (prefix hint) */
-    struct svc_map evicting;   /* key hash → 1 while an EvictCmd naming it is in flight */
-    uint64_t release_hold_until; /* no QuarantineRelease before this (forced removes of leased keys) */
+    struct svc_map evicting;   /* key hash → how many EvictCmd / un-forced Remove commands naming
+                                  it are in flight (svc_evict_hide) */
     /* Counters (since this node became leader). */
     uint64_t rounds, objects, bytes, pinned_bytes_evicted, blocked_rounds;
     uint64_t lists; /* scans answered with the object list (O(objects) each) */
@@ -104,21 +104,22 @@ bool svc_evict_hides(const struct kvp_master_service *s, uint64_t key_hash)
     return s->evict && s->evict->evicting.n > 0 && svc_map_get(&s->evict->evicting, key_hash, NULL);
 }
 
-void svc_evict_note_forced_remove(struct kvp_master_service *s, uint64_t key_hash)
+void svc_evict_hide(struct kvp_master_service *s, uint64_t key_hash)
 {
-    uint64_t exp = 0;
-    if (!s->evict || !svc_map_get(&s->leases, key_hash, &exp) || exp <= svc_now_ms())
+    uint64_t n = 0;
+    if (!s->evict)
         return;
-    if (exp > s->evict->release_hold_until) {
-        s->evict->release_hold_until = exp;
-        kvp_log_info(s->actor, "forced remove of a leased object: no quarantine release for %llu ms",
-                     (unsigned long long)(exp - svc_now_ms()));
-    }
+    svc_map_get(&s->evict->evicting, key_hash, &n);
+    svc_map_put(&s->evict->evicting, key_hash, n + 1);
 }
 
-bool svc_evict_release_allowed(const struct kvp_master_service *s)
+void svc_evict_unhide(struct kvp_master_service *s, uint64_t key_hash)
 {
-    return !s->evict || svc_now_ms() >= s->evict->release_hold_until;
+    uint64_t n = 0;
+    if (!s->evict || !svc_map_del(&s->evict->evicting, key_hash, &n))
+        return;
+    if (n > 1)
+        svc_map_put(&s->evict->evicting, key_hash, n - 1);
 }
 
 void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStartReq *ps)
@@ -193,7 +194,9 @@ static void start_scan(struct kvp_master_service *s)
 static void maybe_scan(struct kvp_master_service *s)
 {
     struct svc_evict *e = s->evict;
-    if (!e || !s->is_leader || e->scan_inflight || e->evict_inflight || svc_in_election_grace(s))
+    /* A new leader evicts too: what it evicts during its election grace is held past the
+     * grace's end (the lease horizon of submit_evict), in case an older leader leased it. */
+    if (!e || !s->is_leader || e->scan_inflight || e->evict_inflight)
         return;
     if (e->dirty || e->need)
         start_scan(s);
@@ -230,16 +233,15 @@ void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *
     e->dirty = true;
     if (!resp || !resp->put_start)
         return;
-    bool grace = svc_in_election_grace(s);
+    bool release = false;
     for (size_t i = 0; i < resp->put_start->n_results; i++) {
         Kvp__PutStartResult *r = resp->put_start->results[i];
         if (r->status != KVP_ERR_NO_SPACE)
             continue;
+        release = true;
         const char *why;
         bool evicting = true;
-        if (grace) {
-            why = "no space; this leader is new and evicts nothing for one lease TTL: retry";
-        } else if (e->blocked && e->quar == 0 && !e->evict_inflight && svc_now_ms() - e->scan_ms < 1000) {
+        if (e->blocked && e->quar == 0 && !e->evict_inflight && svc_now_ms() - e->scan_ms < 1000) {
             why = e->blocked_why;
             evicting = false;
         } else {
@@ -259,6 +261,10 @@ void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *
         r->reason = dup;
         r->evicting = evicting;
     }
+    /* Quarantine that has served its time comes back now rather than at the next 500 ms tick
+     * (a new leader's first puts into a full pool wait for nothing else). */
+    if (release)
+        svc_release_now(s);
     maybe_scan(s);
 }
 
@@ -279,8 +285,9 @@ static void submit_evict(struct kvp_master_service *s, char **keys, uint64_t *ha
     p->internal = SVC_INT_EVICT;
     p->key_hashes = hashes;
     p->n_keys = n;
+    p->hold_wall_ms = svc_lease_horizon(s, hashes, n);
     for (size_t i = 0; i < n; i++)
-        svc_map_put(&e->evicting, hashes[i], 1);
+        svc_evict_hide(s, hashes[i]);
     Kvp__EvictCmd body = KVP__EVICT_CMD__INIT;
     body.keys = keys;
     body.n_keys = n;
@@ -443,7 +450,7 @@ void svc_evict_on_internal(struct kvp_master_service *s, struct svc_pending *p, 
         return;
     e->evict_inflight = false;
     for (size_t i = 0; i < p->n_keys; i++)
-        svc_map_del(&e->evicting, p->key_hashes[i], NULL);
+        svc_evict_unhide(s, p->key_hashes[i]);
     if (st != KVP_OK || !resp->remove) {
         if (st != KVP_ERR_NOT_LEADER)
             kvp_log_warn(s->actor, "eviction of %zu objects not committed: %s", p->n_keys, kvp_strerror(st));

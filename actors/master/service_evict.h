@@ -29,12 +29,12 @@ void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *
 void svc_evict_on_remove_all(struct kvp_master_service *s);
 /** Results of SVC_INT_EVICT_SCAN / SVC_INT_EVICT internal work. */
 void svc_evict_on_internal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp);
-/** GetReplicaList: true while an EvictCmd naming this key is in flight (answer NOT_FOUND). */
+/** GetReplicaList: true while an EvictCmd or un-forced Remove naming this key is in flight (answer NOT_FOUND). */
 bool svc_evict_hides(const struct kvp_master_service *s, uint64_t key_hash);
-/** A forced Remove of a key that may be leased: hold QuarantineRelease until its lease expires. */
-void svc_evict_note_forced_remove(struct kvp_master_service *s, uint64_t key_hash);
-/** false while a forced remove's lease may still be read from (QuarantineRelease waits). */
-bool svc_evict_release_allowed(const struct kvp_master_service *s);
+/** Hide a key from GetReplicaList (no new lease) while a command freeing it is in flight; every
+ * hide needs one unhide (counted, so an eviction and a remove of one key may overlap). */
+void svc_evict_hide(struct kvp_master_service *s, uint64_t key_hash);
+void svc_evict_unhide(struct kvp_master_service *s, uint64_t key_hash);
 /** Add the "eviction" object to the ClusterStatus document (a json_t * object). */
 void svc_evict_status(struct kvp_master_service *s, void *json_doc);
 

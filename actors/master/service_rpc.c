@@ -37,19 +37,27 @@ static void command_set(Kvp__Command *c, Kvp__Command__BodyCase bc, void *body)
     }
 }
 
-/* A mutation: the request body becomes the body of a Raft command. */
-static struct svc_pending *mutate(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
-                                  Kvp__Command__BodyCase bc, void *body)
+/* A mutation: the request body becomes the body of a Raft command; hold_wall_ms is its lease
+ * horizon (svc_pending.hold_wall_ms, 0 = none). */
+static struct svc_pending *mutate_hold(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
+                                       Kvp__Command__BodyCase bc, void *body, uint64_t hold_wall_ms)
 {
     struct svc_pending *p = svc_pending_new(s, identity, req);
     if (!p) {
         svc_reply_status(s, identity, req->req_id, KVP_ERR_NOMEM, "out of memory");
         return NULL;
     }
+    p->hold_wall_ms = hold_wall_ms;
     Kvp__Command cmd = KVP__COMMAND__INIT;
     command_set(&cmd, bc, body);
     svc_submit(s, p, &cmd);
     return p;
+}
+
+static struct svc_pending *mutate(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
+                                  Kvp__Command__BodyCase bc, void *body)
+{
+    return mutate_hold(s, identity, req, bc, body, 0);
 }
 
 static bool key_hashes(struct svc_pending *p, char **keys, size_t n)
@@ -230,16 +238,27 @@ static void on_remove(struct kvp_master_service *s, zframe_t *id, Kvp__Request *
     }
     size_t nf = 0;
     bool grace = svc_in_election_grace(s);
+    uint64_t *fwd_hashes = calloc(n ? n : 1, sizeof(uint64_t));
+    if (!fwd_hashes) {
+        svc_pending_free(p);
+        svc_reply_status(s, id, req->req_id, KVP_ERR_NOMEM, "out of memory");
+        free(fwd);
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
-        if (!rr->force && (grace || svc_key_leased(s, svc_key_hash(rr->keys[i])))) {
+        if (!rr->force && (grace || svc_key_leased(s, p->key_hashes[i]))) {
             p->remove_status[i] = KVP_ERR_LEASED;
         } else {
             p->remove_status[i] = 1;
+            fwd_hashes[nf] = p->key_hashes[i];
             fwd[nf++] = rr->keys[i];
-            if (rr->force)
-                svc_evict_note_forced_remove(s, svc_key_hash(rr->keys[i]));
         }
     }
+    /* A forced remove of leased keys commits their lease horizon: their space is reused only
+     * after the last lease on them (and, during the election grace, after the grace: an older
+     * leader's leases), on whichever leader releases it (docs/master.md, "Leases and failover"). */
+    if (rr->force)
+        p->hold_wall_ms = svc_lease_horizon(s, fwd_hashes, nf);
     if (nf == 0) {
         /* Nothing for the FSM: answer now. */
         Kvp__Response resp = KVP__RESPONSE__INIT;
@@ -251,6 +270,7 @@ static void on_remove(struct kvp_master_service *s, zframe_t *id, Kvp__Request *
         svc_reply(s, id, req->req_id, &resp);
         svc_pending_free(p);
         free(fwd);
+        free(fwd_hashes);
         return;
     }
     Kvp__RemoveReq sub = KVP__REMOVE_REQ__INIT;
@@ -259,8 +279,14 @@ static void on_remove(struct kvp_master_service *s, zframe_t *id, Kvp__Request *
     sub.force = rr->force;
     Kvp__Command cmd = KVP__COMMAND__INIT;
     command_set(&cmd, KVP__COMMAND__BODY_REMOVE, &sub);
-    svc_submit(s, p, &cmd);
+    if (svc_submit(s, p, &cmd) == KVP_OK && !rr->force) {
+        /* Un-forced: no lease was found; none may be granted before the commit either. */
+        p->hides = true;
+        for (size_t i = 0; i < nf; i++)
+            svc_evict_hide(s, fwd_hashes[i]);
+    }
     free(fwd);
+    free(fwd_hashes);
 }
 
 static bool any_lease(const struct kvp_master_service *s)
@@ -281,7 +307,20 @@ static void on_remove_all(struct kvp_master_service *s, zframe_t *id, Kvp__Reque
                          "objects are under read leases (or the leader is new); use force");
         return;
     }
-    mutate(s, id, req, KVP__COMMAND__BODY_REMOVE_ALL, req->remove_all);
+    /* The space waits for the last lease (and the election grace) before reuse; and, as
+     * RemoveAll cannot hide every key while it is in flight, for a lease granted meanwhile: at
+     * least one lease TTL from now. */
+    uint64_t hold = svc_lease_horizon(s, NULL, 0);
+    if (svc_mono_to_wall(svc_now_ms() + s->cfg.default_kv_lease_ttl_ms) > hold)
+        hold = svc_mono_to_wall(svc_now_ms() + s->cfg.default_kv_lease_ttl_ms);
+    size_t pos = 0;
+    uint64_t k, exp, now = svc_now_ms(), last = 0;
+    while (svc_map_next(&s->leases, &pos, &k, &exp))
+        if (exp > now && exp > last)
+            last = exp;
+    if (last && svc_mono_to_wall(last) > hold)
+        hold = svc_mono_to_wall(last);
+    mutate_hold(s, id, req, KVP__COMMAND__BODY_REMOVE_ALL, req->remove_all, hold);
 }
 
 static void on_drain(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
@@ -580,6 +619,12 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
     if (p->internal) {
         on_internal_result(s, p, status, resp);
         return;
+    }
+    if (p->hides) {
+        for (size_t i = 0; i < p->n_remove && i < p->n_keys; i++)
+            if (p->remove_status[i] == 1)
+                svc_evict_unhide(s, p->key_hashes[i]);
+        p->hides = false;
     }
     if (p->deadline_ms && svc_now_ms() > p->deadline_ms) {
         kvp_log_debug(s->actor, "req %llu: result after the caller's deadline: dropped",

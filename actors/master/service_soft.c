@@ -21,6 +21,7 @@
 #include "actors/master/service_state.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 /* ------------------------------------------------------------------ u64 map */
@@ -218,6 +219,43 @@ void svc_soft_reset(struct kvp_master_service *s)
 bool svc_in_election_grace(const struct kvp_master_service *s)
 {
     return s->is_leader && svc_now_ms() < s->leader_since_ms + s->cfg.default_kv_lease_ttl_ms;
+}
+
+static void submit_internal(struct kvp_master_service *s, int kind, Kvp__Command__BodyCase bc, void *body,
+                            uint32_t segment_id);
+
+uint64_t svc_mono_to_wall(uint64_t mono_ms)
+{
+    uint64_t now = svc_now_ms(), wall = kvp_clock_wall_ms();
+    return mono_ms >= now ? wall + (mono_ms - now) : (wall > now - mono_ms ? wall - (now - mono_ms) : 0);
+}
+
+uint64_t svc_lease_horizon(const struct kvp_master_service *s, const uint64_t *key_hashes, size_t n)
+{
+    uint64_t now = svc_now_ms(), until = 0, exp;
+    for (size_t i = 0; i < n; i++)
+        if (svc_map_get(&s->leases, key_hashes[i], &exp) && exp > now && exp > until)
+            until = exp;
+    /* An older leader's leases: granted before this node's election, or (a deposed leader still
+     * answering local reads, docs/raftlog.md) at most about an election timeout after it; two
+     * election timeouts of margin. */
+    uint64_t grace_end = s->leader_since_ms + s->cfg.default_kv_lease_ttl_ms + 2 * s->cfg.election_timeout_ms;
+    if (svc_in_election_grace(s) && grace_end > until)
+        until = grace_end;
+    return until ? svc_mono_to_wall(until) : 0;
+}
+
+void svc_release_now(struct kvp_master_service *s)
+{
+    /* At most one every 50 ms: writers waiting for space retry every 5-200 ms each, and every
+     * QuarantineRelease is a Raft entry even when nothing is due. */
+    uint64_t now = svc_now_ms();
+    if (!s->is_leader || s->release_inflight || (s->release_sent_ms && now - s->release_sent_ms < 50))
+        return;
+    Kvp__QuarantineReleaseCmd body = KVP__QUARANTINE_RELEASE_CMD__INIT;
+    s->release_inflight = true;
+    s->release_sent_ms = now;
+    submit_internal(s, SVC_INT_QUARANTINE_RELEASE, KVP__COMMAND__BODY_QUARANTINE_RELEASE, &body, 0);
 }
 
 bool svc_key_leased(const struct kvp_master_service *s, uint64_t key_hash)
@@ -508,19 +546,17 @@ static void check_liveness(struct kvp_master_service *s)
     free(in);
 }
 
-/* Every ~500 ms: release quarantine past fence_grace_ms (not during a new leader's grace
- * window: it frees no space then), and check segment liveness. */
+/* Every ~500 ms: release quarantine past fence_grace_ms, and check segment liveness. A new
+ * leader releases at once too: every quarantine entry already waits for the leases on what it
+ * held (the lease horizon each freeing command committed, docs/master.md "Leases and
+ * failover"), so nothing here depends on leases only the old leader knew. */
 static int on_release_timer(zloop_t *loop, int timer_id, void *arg)
 {
     struct kvp_master_service *s = arg;
     if (!s->is_leader)
         return 0;
-    if (!s->release_inflight && !svc_in_election_grace(s) && svc_evict_release_allowed(s) &&
-        (!s->segments_fresh_ms || s->fsm_quarantined_bytes > 0)) {
-        Kvp__QuarantineReleaseCmd body = KVP__QUARANTINE_RELEASE_CMD__INIT;
-        s->release_inflight = true;
-        submit_internal(s, SVC_INT_QUARANTINE_RELEASE, KVP__COMMAND__BODY_QUARANTINE_RELEASE, &body, 0);
-    }
+    if (!s->segments_fresh_ms || s->fsm_quarantined_bytes > 0)
+        svc_release_now(s);
     check_liveness(s);
     return 0;
 }

@@ -84,6 +84,13 @@ struct svc_pending {
      * the FSM (its status comes from the FSM's reply, in forwarded order). */
     int32_t *remove_status;
     size_t n_remove;
+    /* Remove, RemoveAll, Evict: the lease horizon (wall-clock ms) of the objects it frees: no
+     * read lease granted by this leader or an older one can be used after it. svc_submit commits
+     * it (docs/master.md, "Leases and failover"); 0 = none. */
+    uint64_t hold_wall_ms;
+    /* Un-forced Remove: its forwarded keys are hidden from GetReplicaList (svc_evict_hide) until
+     * its result, so that no lease is granted between the lease check and the commit. */
+    bool hides;
 };
 
 /** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
@@ -161,6 +168,7 @@ struct kvp_master_service {
     zlist_t *hb_waiters;                   /* struct svc_hb_waiter *, answered at the next refresh */
     bool revoke_inflight;                  /* one RevokeExpired at a time */
     bool release_inflight;                 /* one QuarantineRelease at a time */
+    uint64_t release_sent_ms;              /* when the last one was submitted (svc_release_now) */
 
     /* Data-plane probe of reported segments (ReportUnreachable), off the loop thread. */
     zactor_t *prober;                      /* runs kvp_xfer_probe; pipe read by the zloop */
@@ -228,6 +236,15 @@ void svc_pending_sweep(struct kvp_master_service *s);
 /* service_soft.c: soft state and timers. */
 void svc_soft_reset(struct kvp_master_service *s);
 bool svc_in_election_grace(const struct kvp_master_service *s);
+/** The wall-clock ms at which the monotonic time mono_ms falls (leases are kept in monotonic ms). */
+uint64_t svc_mono_to_wall(uint64_t mono_ms);
+/** The lease horizon, in wall-clock ms, that this leader commits with a command freeing the
+ * objects whose key hashes are given (n may be 0): the latest of their leases here and, during
+ * the election grace, the grace's end plus two election timeouts (an older leader's leases
+ * expire by then). 0 = none. */
+uint64_t svc_lease_horizon(const struct kvp_master_service *s, const uint64_t *key_hashes, size_t n);
+/** Submit a QuarantineRelease now unless one is in flight (leader only). */
+void svc_release_now(struct kvp_master_service *s);
 bool svc_key_leased(const struct kvp_master_service *s, uint64_t key_hash);
 void svc_grant_lease(struct kvp_master_service *s, uint64_t key_hash);
 void svc_touch(struct kvp_master_service *s, uint64_t key_hash);

@@ -38,7 +38,8 @@ void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t l
     int role = is_leader ? 1 : 0;
     if (role != s->last_logged_role || (!is_leader && leader_id != s->last_logged_leader)) {
         if (is_leader)
-            kvp_log_info(s->actor, "became leader (term %llu); every object counts as leased for %llu ms",
+            kvp_log_info(s->actor, "became leader (term %llu); for %llu ms every object counts as leased "
+                         "(un-forced removes refused, space freed held past that window)",
                          (unsigned long long)term, (unsigned long long)s->cfg.default_kv_lease_ttl_ms);
         else if (leader_id)
             kvp_log_info(s->actor, "follower (term %llu), leader is %llu at %s", (unsigned long long)term,

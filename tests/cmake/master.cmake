@@ -22,3 +22,8 @@ add_test(NAME test_master_upgrade
          COMMAND bash ${CMAKE_SOURCE_DIR}/tests/integration/upgrade_mixed.sh ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_master_upgrade PROPERTIES TIMEOUT 600 LABELS integration SKIP_RETURN_CODE 77
                      RUN_SERIAL TRUE)
+# issue 21: the write path across a leader kill (full pool, pending intents, late old-term
+# writer, leased reader); real processes, about 30 s.
+kvp_add_test(test_failover_write SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_failover_write.c LABEL integration TIMEOUT 120)
+set_tests_properties(test_failover_write PROPERTIES RUN_SERIAL TRUE)
+add_dependencies(test_failover_write kvpool-master kvpool-segment kvpoolctl)

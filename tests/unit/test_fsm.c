@@ -592,6 +592,32 @@ static void test_fsm_quarantine_no_reuse_before_grace(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+/* The lease horizon (docs/master.md "Leases and failover"): a leader commits a Remove or Evict
+ * with now_wall_ms moved forward to horizon - fence_grace_ms. Those commands read their time
+ * only as the freed-at time of what they quarantine: the space comes back at the horizon and
+ * not before, on every member; nothing else of the state moves (a pending put keeps its
+ * deadline, other objects stay). */
+static void test_fsm_remove_evict_later_time_holds_quarantine(void **state)
+{
+    (void)state;
+    const uint64_t grace = 500, horizon = 9000;
+    struct kvp_master_fsm *f = tf_new(grace, 5000);
+    assert_int_equal(tf_mount(f, "s1", "h", 256, 1, NULL), KVP_OK); /* four 64-byte blocks */
+    assert_int_equal(tf_put(f, "a", 64, 1, 1, 1000), KVP_OK);
+    assert_int_equal(tf_put(f, "b", 64, 1, 2, 1000), KVP_OK);
+    assert_int_equal(tf_put(f, "c", 64, 1, 3, 1000), KVP_OK);
+    assert_int_equal(tf_put_start(f, "p", 64, 1, 4, 1000), KVP_OK); /* deadline 1000 + 5000 */
+    assert_int_equal(tf_remove(f, "a", false, horizon - grace), KVP_OK); /* Remove */
+    assert_int_equal(tf_remove(f, "b", true, horizon - grace), KVP_OK);  /* Evict */
+    assert_int_equal(tf_release(f, 1000 + grace), 0);
+    assert_int_equal(tf_release(f, horizon - 1), 0);
+    assert_int_equal(tf_exists(f, "c"), 1);
+    assert_int_equal(tf_revoke_expired(f, 5999), 0); /* the pending put is still pending */
+    assert_int_equal(tf_release(f, horizon), 2);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    kvp_master_fsm_destroy(&f);
+}
+
 /* A revoked pending put's space is reused only after its deadline + grace: its writer's
  * frames may land until the write deadline (C3). */
 static void test_fsm_revoked_pending_quarantined_until_deadline(void **state)
@@ -830,6 +856,7 @@ int main(void)
         cmocka_unit_test(test_fsm_segment_lost_drops_replicas_revokes_pending),
         cmocka_unit_test(test_fsm_unmount_drops_replicas),
         cmocka_unit_test(test_fsm_quarantine_no_reuse_before_grace),
+        cmocka_unit_test(test_fsm_remove_evict_later_time_holds_quarantine),
         cmocka_unit_test(test_fsm_revoked_pending_quarantined_until_deadline),
         cmocka_unit_test(test_fsm_revoke_expired_after_deadline),
         cmocka_unit_test(test_fsm_queries_exists_size_status),
