@@ -6,7 +6,7 @@ foreach(T order timeout close supervision hosted watch)
   endif()
 endforeach()
 # Pure runtime pieces and API misuse: label `unit`.
-foreach(T containers api)
+foreach(T containers api err)
   kvp_add_test(test_runtime_${T} SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_runtime_${T}.c
                LABEL unit TIMEOUT 60)
 endforeach()
