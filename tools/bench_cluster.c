@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "tools/bench_internal.h"
 
 int bench_client_open(const struct bench_target *t, kvp_client **out)

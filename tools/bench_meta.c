@@ -1,6 +1,6 @@
 /*
  * bench_meta.c — `kvpool-bench meta`: metadata throughput of the master quorum, measured with
- * raw master sessions (actors/client/msession.h), no data plane:
+ * raw master sessions (actors/session/msession.h), no data plane:
  *  - mounts a fake segment ("bench-meta-<pid>", never contacted: no bytes are ever written) and
  *    heartbeats it; every put is placed on it (preferred_segment, replica_num 1);
  *  - PutStart+PutEnd pairs/s and GetReplicaList/s at each --callers level for --seconds;

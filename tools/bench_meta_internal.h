@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "tools/bench_internal.h"
 
 #define META_OBJ_BYTES 64

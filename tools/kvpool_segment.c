@@ -29,7 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "actors/segment/segment.h"
 #include "config/config.h"
 #include "kvpool.h"

@@ -1,6 +1,6 @@
 /*
  * kvpoolctl.c — the operator CLI: entry point, global options, master calls (through the
- * master session, actors/client/msession.h) and dispatch to the commands.
+ * master session, actors/session/msession.h) and dispatch to the commands.
  *
  *   kvpoolctl [--cluster DIR/cluster.json | --masters host:port,...] [--json] [--timeout MS] CMD ...
  *
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "config/config.h"
 #include "kvpool.h"
 #include "runtime/log.h"

@@ -11,7 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 
 struct kvp_mover;
 

@@ -21,7 +21,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "kvpool.h"
 #include "wire/envelope.h"
 

@@ -19,7 +19,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "config/config.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"

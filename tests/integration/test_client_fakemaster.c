@@ -29,7 +29,7 @@
 #include "actors/client/api_config.h"
 #include "actors/client/client.h"
 #include "actors/client/client_state.h"
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "actors/master/fsm.h"
 #include "actors/segment/seg_server.h"
 #include "kvpool.h"

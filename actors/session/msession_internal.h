@@ -1,5 +1,5 @@
 /*
- * msession_internal.h — state of a master session (actors/client/msession.c).
+ * msession_internal.h — state of a master session (actors/session/msession.c).
  *
  * One I/O thread owns one ZeroMQ DEALER socket per master. Caller threads put a `struct
  * kvp_ms_call` (on their own stack) on the session's list under `mu`, wake the I/O thread
@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 
 #define KVP_MS_MAX_MASTERS 16
 #define KVP_MS_FIRST_ATTEMPT_MS 300u  /* first per-attempt reply timeout */

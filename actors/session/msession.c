@@ -15,7 +15,7 @@
  * KVP_MS_FAILOVER_MS) never opens it; a lost quorum does, although the surviving followers
  * keep answering "not leader".
  */
-#include "actors/client/msession_internal.h"
+#include "actors/session/msession_internal.h"
 
 #include <errno.h>
 #include <poll.h>
