@@ -1,31 +1,31 @@
 /*
- * msession.c — a session with the master quorum (see msession.h and msession_internal.h).
+ * msession.c — the master session actor (see msession.h and msession_internal.h).
  *
- * Threading: callers enqueue a call and sleep on its condvar; the I/O thread does every
- * socket operation. Leader discovery (docs/internals.md "Leadership"): send to the last known
- * leader; NOT_LEADER with a hint → the hinted master (added when unknown); NOT_LEADER without
- * a hint → the next master after a short pause; no reply within the per-attempt timeout
- * (300 ms, doubling to 2 s, never past the call's deadline) → the next master. At the call's
- * deadline: KVP_ERR_UNAVAILABLE.
+ * Threading: the session is a runtime actor; its thread does every socket operation and owns
+ * every field of struct kvp_ms_state. A caller's kvp_msession_call is a runtime request
+ * (kvp_rt_call) that the actor answers once. Leader discovery (docs/internals.md
+ * "Leadership"): send to the last known leader; NOT_LEADER with a hint → the hinted master
+ * (added when unknown); NOT_LEADER without a hint → the next master after a short pause; no
+ * reply within the per-attempt timeout (300 ms, doubling to 2 s, never past the call's deadline)
+ * → the next master. At the call's deadline: KVP_ERR_UNAVAILABLE.
  *
  * Fail fast (when enabled, as the client library does): after a call waited its whole timeout
  * and no leader answered meanwhile nor within KVP_MS_FAILOVER_MS before, the breaker opens:
- * calls fail at once with KVP_ERR_UNAVAILABLE while the I/O thread probes one master every
+ * calls fail at once with KVP_ERR_UNAVAILABLE while the actor probes one master every
  * 200 ms; a reply that shows a leader closes it. A failover in progress (a leader known within
  * KVP_MS_FAILOVER_MS) never opens it; a lost quorum does, although the surviving followers
  * keep answering "not leader".
  */
 #include "actors/session/msession_internal.h"
 
+#include <czmq.h>
 #include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 #include <zmq.h>
 
 #include "include/kvpool.h"
+#include "runtime/actor.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 #include "wire/envelope.h"
@@ -38,7 +38,7 @@ static const char *strip_scheme(const char *a)
     return strncmp(a, "tcp://", 6) == 0 ? a + 6 : a;
 }
 
-static int open_socket(struct kvp_msession *s, size_t i)
+static int open_socket(struct kvp_ms_state *s, size_t i)
 {
     void *z = zmq_socket(s->zctx, ZMQ_DEALER);
     if (!z)
@@ -59,8 +59,16 @@ static int open_socket(struct kvp_msession *s, size_t i)
     return KVP_OK;
 }
 
-/* Under mu. Complete a call and wake its caller. */
-static void complete(struct kvp_msession *s, struct kvp_ms_call *c, int status, Kvp__Response *resp)
+static void call_free(struct kvp_ms_call *c)
+{
+    if (c->owned_req)
+        kvp__request__free_unpacked(c->req, NULL);
+    free(c);
+}
+
+/* Answer a call (its caller is blocked in kvp_rt_call, or an actor waits for the reply) and
+ * forget it. */
+static void complete(struct kvp_ms_state *s, struct kvp_ms_call *c, int status, Kvp__Response *resp)
 {
     struct kvp_ms_call **pp = &s->calls;
     while (*pp && *pp != c)
@@ -69,13 +77,20 @@ static void complete(struct kvp_msession *s, struct kvp_ms_call *c, int status, 
         *pp = c->next;
     c->next = NULL;
     c->done = true;
-    c->status = status;
-    c->resp = resp;
-    pthread_cond_signal(&c->cv);
+    void *payload = resp;
+    int rc = kvp_rt_reply(s->ctx, c->token, status, 0, resp ? &payload : NULL,
+                          (kvp_rt_free_fn)kvp_msession_response_free);
+    if (rc != KVP_OK) { /* the caller is gone (only at close): the reply stays ours */
+        kvp_log_debug(s->name, "call %llu: reply not delivered: %s", (unsigned long long)c->seq,
+                      kvp_errname(rc));
+        kvp_msession_response_free(payload);
+    }
+    call_free(c);
 }
 
-/* Under mu. Send the next attempt of c to master c->target (chosen by the caller of this). */
-static void send_attempt(struct kvp_msession *s, struct kvp_ms_call *c, uint64_t now)
+/* Send the next attempt of c to master c->target (chosen by the caller of this). Returns true
+ * when c was answered instead (the request cannot be encoded) and is gone. */
+static bool send_attempt(struct kvp_ms_state *s, struct kvp_ms_call *c, uint64_t now)
 {
     uint64_t remaining = c->deadline_ms > now ? c->deadline_ms - now : 0;
     c->attempt++;
@@ -97,7 +112,7 @@ static void send_attempt(struct kvp_msession *s, struct kvp_ms_call *c, uint64_t
         kvp_log_warn(s->name, "request (body %d) not sent: cannot encode it: %s%s", (int)c->req->body_case,
                      kvp_errname(rc), rc == KVP_ERR_TOO_LARGE ? " (over the message limit: fewer or shorter keys)" : "");
         complete(s, c, rc, NULL);
-        return;
+        return true;
     }
     if (!z || zmq_send(z, buf, len, ZMQ_DONTWAIT) < 0) {
         /* Not connected (ZMQ_IMMEDIATE) or queue full: retry this master a few times (a fresh
@@ -115,11 +130,12 @@ static void send_attempt(struct kvp_msession *s, struct kvp_ms_call *c, uint64_t
         c->unsent = 0;
     }
     free(buf);
+    return false;
 }
 
-/* Under mu. Breaker open: send one Members request (answered by any master, leader or not) to
+/* Breaker open: send one Members request (answered by any master, leader or not) to
  * the next master. A send refused (not connected) just moves on at the next probe time. */
-static void send_probe(struct kvp_msession *s, uint64_t now)
+static void send_probe(struct kvp_ms_state *s, uint64_t now)
 {
     s->probe_next_ms = now + KVP_MS_PROBE_MS;
     int i = s->probe_target % (int)s->n_masters;
@@ -139,8 +155,8 @@ static void send_probe(struct kvp_msession *s, uint64_t now)
     free(buf);
 }
 
-/* Under mu. Index of master `addr`, adding it when unknown and there is room; -1 otherwise. */
-static int find_or_add_master(struct kvp_msession *s, const char *addr)
+/* Index of master `addr`, adding it when unknown and there is room; -1 otherwise. */
+static int find_or_add_master(struct kvp_ms_state *s, const char *addr)
 {
     addr = strip_scheme(addr);
     if (!*addr)
@@ -164,8 +180,8 @@ static int find_or_add_master(struct kvp_msession *s, const char *addr)
     return (int)i;
 }
 
-/* Under mu. A reply from master `from`. */
-static void on_reply(struct kvp_msession *s, int from, Kvp__Response *resp, uint64_t now)
+/* A reply from master `from`. */
+static void on_reply(struct kvp_ms_state *s, int from, Kvp__Response *resp, uint64_t now)
 {
     uint64_t seq = resp->req_id >> 8;
     uint32_t attempt = (uint32_t)(resp->req_id & 0xffu);
@@ -225,8 +241,8 @@ static void on_reply(struct kvp_msession *s, int from, Kvp__Response *resp, uint
     complete(s, c, KVP_OK, resp);
 }
 
-/* Under mu. Start, resend or expire calls; returns the poll timeout in ms. */
-static long drive(struct kvp_msession *s, uint64_t now)
+/* Start, resend or expire calls; returns the poll timeout in ms. */
+static long drive(struct kvp_ms_state *s, uint64_t now)
 {
     long timeout = 1000;
     struct kvp_ms_call *c = s->calls, *next;
@@ -253,7 +269,8 @@ static long drive(struct kvp_msession *s, uint64_t now)
         }
         if (c->target < 0) { /* new call */
             c->target = s->leader >= 0 ? s->leader : 0;
-            send_attempt(s, c, now);
+            if (send_attempt(s, c, now))
+                continue; /* answered (could not encode): c is gone */
         } else if (now >= c->next_action_ms) {
             if (c->sent) { /* the attempt timed out: next master, longer wait */
                 if (s->leader == c->target)
@@ -263,10 +280,9 @@ static long drive(struct kvp_msession *s, uint64_t now)
                 if (c->attempt_ms > KVP_MS_MAX_ATTEMPT_MS)
                     c->attempt_ms = KVP_MS_MAX_ATTEMPT_MS;
             }
-            send_attempt(s, c, now);
+            if (send_attempt(s, c, now))
+                continue;
         }
-        if (c->done)
-            continue;
         long t = c->next_action_ms > now ? (long)(c->next_action_ms - now) : 0;
         if (t < timeout)
             timeout = t;
@@ -281,6 +297,7 @@ static long drive(struct kvp_msession *s, uint64_t now)
     return timeout;
 }
 
+
 /* A master not sent to for this long is left out of the poll (unless it is the leader): every
  * zmq socket in a zmq_poll costs two system calls per pass (its mailbox is checked before and
  * after the wait), so polling the three sockets of a three-master list made ~14 poll and ~16
@@ -289,78 +306,177 @@ static long drive(struct kvp_msession *s, uint64_t now)
  * again, and is then dropped as unknown. */
 #define MS_QUIET_MS 60000u
 
-static void *io_main(void *arg)
+static int on_socket(struct kvp_rt_ctx *ctx, void *handle);
+
+/* After every event: run the calls (drive), then fit the poll set and the timer to them. */
+static int settle(struct kvp_rt_ctx *ctx, struct kvp_ms_state *s)
 {
-    struct kvp_msession *s = arg;
-    zmq_pollitem_t items[KVP_MS_MAX_MASTERS + 1];
-    size_t idx[KVP_MS_MAX_MASTERS]; /* items[k] polls socks[idx[k]] */
+    uint64_t now = kvp_clock_now_ms();
+    long timeout = drive(s, now);
+    for (size_t i = 0; i < s->n_masters; i++) {
+        bool want = s->socks[i] && ((int)i == s->leader || (s->sent_ms[i] && now - s->sent_ms[i] <= MS_QUIET_MS));
+        if (want == s->watched[i])
+            continue;
+        int rc = want ? kvp_rt_watch(ctx, s->socks[i], on_socket) : kvp_rt_unwatch(ctx, s->socks[i]);
+        if (rc != KVP_OK && rc != KVP_ERR_CLOSED) {
+            kvp_log_error(s->name, "master %s: %s its socket: %s", s->masters[i], want ? "watch" : "unwatch",
+                          kvp_errname(rc));
+            return rc; /* fails the actor: supervision reports it */
+        }
+        s->watched[i] = want;
+    }
+    if (!s->calls && !s->breaker_open)
+        return KVP_OK; /* nothing due: an armed timer just finds nothing to do */
+    uint64_t due = now + (uint64_t)timeout;
+    if (s->timer_id && s->timer_due_ms <= due)
+        return KVP_OK; /* the armed timer comes first; drive() runs again then */
+    if (s->timer_id)
+        kvp_rt_timer_cancel(ctx, s->timer_id);
+    s->timer_id = 0;
+    int rc = kvp_rt_timer_start(ctx, (uint32_t)timeout, 0, MS_MSG_TICK, &s->timer_id);
+    if (rc != KVP_OK && rc != KVP_ERR_CLOSED) {
+        kvp_log_error(s->name, "timer: %s", kvp_errname(rc));
+        return rc;
+    }
+    s->timer_due_ms = due;
+    return KVP_OK;
+}
+
+/* A watched DEALER socket is readable: take every reply waiting on it. */
+static int on_socket(struct kvp_rt_ctx *ctx, void *handle)
+{
+    struct kvp_ms_state *s = kvp_rt_state(ctx);
+    s->ctx = ctx;
+    size_t i = 0;
+    while (i < s->n_masters && s->socks[i] != handle)
+        i++;
+    if (i == s->n_masters)
+        return KVP_OK;
     for (;;) {
-        pthread_mutex_lock(&s->mu);
-        if (s->closing) {
-            while (s->calls)
-                complete(s, s->calls, KVP_ERR_CLOSED, NULL);
-            pthread_mutex_unlock(&s->mu);
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s->socks[i], ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
             break;
         }
-        uint64_t now = kvp_clock_now_ms();
-        long timeout = drive(s, now);
-        size_t n = 0;
-        for (size_t i = 0; i < s->n_masters; i++) {
-            if ((int)i != s->leader && (s->sent_ms[i] == 0 || now - s->sent_ms[i] > MS_QUIET_MS))
-                continue;
-            items[n] = (zmq_pollitem_t){.socket = s->socks[i], .events = ZMQ_POLLIN};
-            idx[n++] = i;
-        }
-        /* From here until the poll returns, a new call must write wake_fd; before, drive()
-         * above has sent every call queued (both under mu, so no call falls in between). */
-        s->io_polling = true;
-        pthread_mutex_unlock(&s->mu);
-        items[n] = (zmq_pollitem_t){.socket = NULL, .fd = s->wake_fd, .events = ZMQ_POLLIN};
-
-        int rc = zmq_poll(items, (int)n + 1, timeout);
-        if (rc < 0 && errno != EINTR) {
-            kvp_log_error(s->name, "poll: %s", zmq_strerror(errno));
-            usleep(10000);
+        Kvp__Response *resp = NULL;
+        int drc = kvp_wire_decode_response(zmq_msg_data(&m), zmq_msg_size(&m), &resp);
+        zmq_msg_close(&m);
+        if (drc != KVP_OK) {
+            kvp_log_warn(s->name, "master %s: reply dropped: %s", s->masters[i], kvp_errname(drc));
             continue;
         }
-        pthread_mutex_lock(&s->mu);
-        s->io_polling = false;
-        bool woken = s->wake_sent;
-        s->wake_sent = false;
-        pthread_mutex_unlock(&s->mu);
-        if (woken || (items[n].revents & ZMQ_POLLIN)) {
-            uint64_t v;
-            if (read(s->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
-                kvp_log_warn(s->name, "wake read: %s", strerror(errno));
-        }
-        for (size_t k = 0; k < n; k++) {
-            if (!(items[k].revents & ZMQ_POLLIN))
-                continue;
-            size_t i = idx[k];
-            for (;;) { /* drain every reply waiting on this socket */
-                zmq_msg_t m;
-                zmq_msg_init(&m);
-                if (zmq_msg_recv(&m, s->socks[i], ZMQ_DONTWAIT) < 0) {
-                    zmq_msg_close(&m);
-                    break;
-                }
-                Kvp__Response *resp = NULL;
-                int drc = kvp_wire_decode_response(zmq_msg_data(&m), zmq_msg_size(&m), &resp);
-                zmq_msg_close(&m);
-                if (drc != KVP_OK) {
-                    kvp_log_warn(s->name, "master %s: reply dropped: %s", s->masters[i], kvp_errname(drc));
-                    continue;
-                }
-                pthread_mutex_lock(&s->mu);
-                on_reply(s, (int)i, resp, kvp_clock_now_ms());
-                pthread_mutex_unlock(&s->mu);
-            }
-        }
+        on_reply(s, (int)i, resp, kvp_clock_now_ms());
     }
-    for (size_t i = 0; i < s->n_masters; i++)
+    return settle(ctx, s);
+}
+
+static int on_call(struct kvp_rt_ctx *ctx, struct kvp_ms_state *s, struct kvp_rt_msg *msg)
+{
+    const struct ms_call_msg *cm = msg->payload;
+    if (s->breaker_open) { /* fail fast: no master answered a whole call timeout; probing */
+        s->fast_failed++;
+        s->fast_failed_open++;
+        kvp_rt_reply(ctx, msg->corr_id, KVP_ERR_UNAVAILABLE, 0, NULL, NULL);
+        return KVP_OK;
+    }
+    struct kvp_ms_call *c = calloc(1, sizeof *c);
+    if (!c) {
+        kvp_rt_reply(ctx, msg->corr_id, KVP_ERR_NOMEM, 0, NULL, NULL);
+        return KVP_OK;
+    }
+    c->req = cm->req;
+    c->owned_req = cm->owned;
+    if (cm->owned)
+        ((struct ms_call_msg *)msg->payload)->req = NULL; /* the record owns it now */
+    c->token = msg->corr_id;
+    c->target = -1;
+    c->attempt_ms = KVP_MS_FIRST_ATTEMPT_MS;
+    c->start_ms = cm->start_ms;
+    c->deadline_ms = cm->start_ms + cm->timeout_ms;
+    c->seq = s->next_seq++;
+    c->next = s->calls;
+    s->calls = c;
+    return settle(ctx, s);
+}
+
+static int ms_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    struct kvp_ms_state *s = kvp_rt_state(ctx);
+    s->ctx = ctx;
+    switch (msg->type) {
+    case MS_MSG_CALL:
+    case MS_MSG_REQUEST:
+        if (msg->kind == KVP_RT_REQUEST && msg->payload)
+            return on_call(ctx, s, msg);
+        break;
+    case MS_MSG_TICK:
+        if (msg->kind == KVP_RT_TIMER && msg->corr_id == s->timer_id) {
+            s->timer_id = 0;
+            return settle(ctx, s);
+        }
+        return KVP_OK; /* a timer cancelled after it fired */
+    case MS_MSG_FAIL_FAST:
+        s->fail_fast = msg->arg != 0;
+        if (!s->fail_fast)
+            s->breaker_open = false;
+        return KVP_OK;
+    case MS_MSG_STATUS:
+        kvp_rt_reply(ctx, msg->corr_id, KVP_OK, s->fast_failed << 1 | (s->breaker_open ? 1u : 0u), NULL, NULL);
+        return KVP_OK;
+    case MS_MSG_LEADER: {
+        void *addr = s->leader >= 0 ? strdup(s->masters[s->leader]) : NULL;
+        kvp_rt_reply(ctx, msg->corr_id, KVP_OK, 0, addr ? &addr : NULL, NULL);
+        free(addr); /* NULL unless the reply failed */
+        return KVP_OK;
+    }
+    default:
+        break;
+    }
+    kvp_log_warn(s->name, "message type %u (kind %u) not handled here; dropped", msg->type, msg->kind);
+    if (msg->kind == KVP_RT_REQUEST)
+        kvp_rt_reply(ctx, msg->corr_id, KVP_ERR_INVALID, 0, NULL, NULL);
+    return KVP_OK;
+}
+
+static void state_free(struct kvp_ms_state *s)
+{
+    for (size_t i = 0; i < KVP_MS_MAX_MASTERS; i++) {
         if (s->socks[i])
             zmq_close(s->socks[i]);
-    return NULL;
+        free(s->masters[i]);
+    }
+    if (s->zctx)
+        zmq_ctx_term(s->zctx);
+    free(s);
+}
+
+/* On the actor's thread: the sockets are made here, so only this thread ever touches them. */
+static int ms_init(struct kvp_rt_ctx *ctx)
+{
+    struct kvp_ms_state *s = kvp_rt_state(ctx);
+    s->zctx = zmq_ctx_new();
+    if (!s->zctx)
+        return KVP_ERR_IO;
+    for (size_t i = 0; i < s->n_masters; i++) {
+        int rc = open_socket(s, i);
+        if (rc != KVP_OK)
+            return rc;
+    }
+    return KVP_OK;
+}
+
+/* Calls still listed were answered CLOSED by the runtime at close (their tokens were owed);
+ * the records, the sockets and the context go here, on the actor's thread. */
+static void ms_fini(struct kvp_rt_ctx *ctx)
+{
+    struct kvp_ms_state *s = kvp_rt_state(ctx);
+    while (s->calls) {
+        struct kvp_ms_call *c = s->calls;
+        s->calls = c->next;
+        call_free(c);
+    }
+    state_free(s);
 }
 
 int kvp_msession_new(struct kvp_msession **out, const char *const *masters, size_t n, const char *name)
@@ -370,72 +486,39 @@ int kvp_msession_new(struct kvp_msession **out, const char *const *masters, size
     for (size_t i = 0; i < n; i++)
         if (!masters[i] || !*strip_scheme(masters[i]) || strlen(masters[i]) > 255)
             return KVP_ERR_INVALID;
-    struct kvp_msession *s = calloc(1, sizeof *s);
-    if (!s)
+    struct kvp_msession *h = calloc(1, sizeof *h);
+    struct kvp_ms_state *s = calloc(1, sizeof *s);
+    if (!h || !s) {
+        free(h);
+        free(s);
         return KVP_ERR_NOMEM;
+    }
     snprintf(s->name, sizeof s->name, "%s", name && *name ? name : "msession");
     s->leader = -1;
     s->next_seq = 1;
-    s->wake_fd = -1;
-    int rc = KVP_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
         s->masters[i] = strdup(strip_scheme(masters[i]));
-        if (!s->masters[i])
-            goto fail;
+        if (!s->masters[i]) {
+            state_free(s);
+            free(h);
+            return KVP_ERR_NOMEM;
+        }
         s->n_masters++;
     }
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->idle_cv, NULL);
-    s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    s->zctx = zmq_ctx_new();
-    rc = KVP_ERR_IO;
-    if (s->wake_fd < 0 || !s->zctx)
-        goto fail_sync;
-    for (size_t i = 0; i < n; i++) {
-        rc = open_socket(s, i);
-        if (rc != KVP_OK)
-            goto fail_sync;
+    /* The session may be the first runtime actor of a process (a client, kvpool-segment,
+     * kvpoolctl): the first zactor runs czmq's zsys_init, which would install czmq's
+     * SIGINT/SIGTERM handlers and take Ctrl-C away from the application. Before the session was
+     * an actor such processes never had them; keep it so (docs/runtime.md "Signals"). */
+    zsys_handler_set(NULL);
+    struct kvp_rt_spec spec = {.name = s->name, .init = ms_init, .handle = ms_handle,
+                               .fini = ms_fini, .state = s};
+    int rc = kvp_rt_spawn(&h->actor, &spec, NULL); /* on failure fini ran: s is freed */
+    if (rc != KVP_OK) {
+        free(h);
+        return rc;
     }
-    if (pthread_create(&s->thread, NULL, io_main, s) != 0) {
-        rc = KVP_ERR_NOMEM;
-        goto fail_sync;
-    }
-    *out = s;
+    *out = h;
     return KVP_OK;
-
-fail_sync:
-    for (size_t i = 0; i < n; i++)
-        if (s->socks[i])
-            zmq_close(s->socks[i]);
-    if (s->zctx)
-        zmq_ctx_term(s->zctx);
-    if (s->wake_fd >= 0)
-        close(s->wake_fd);
-    pthread_cond_destroy(&s->idle_cv);
-    pthread_mutex_destroy(&s->mu);
-fail:
-    for (size_t i = 0; i < s->n_masters; i++)
-        free(s->masters[i]);
-    free(s);
-    return rc;
-}
-
-static void wake(struct kvp_msession *s)
-{
-    uint64_t one = 1;
-    if (write(s->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
-        kvp_log_warn(s->name, "wake: %s", strerror(errno));
-}
-
-/* Under mu. Wake the I/O thread only when it is polling and no wake-up is pending: while it
- * is busy it runs drive() again before it polls, and that sends the new call. Saves a write
- * (and the thread's read) per call when many threads call at once. */
-static void wake_if_polling(struct kvp_msession *s)
-{
-    if (s->io_polling && !s->wake_sent) {
-        s->wake_sent = true;
-        wake(s);
-    }
 }
 
 int kvp_msession_call(struct kvp_msession *s, Kvp__Request *req, uint32_t timeout_ms, Kvp__Response **out)
@@ -443,65 +526,87 @@ int kvp_msession_call(struct kvp_msession *s, Kvp__Request *req, uint32_t timeou
     if (!s || !req || !out)
         return KVP_ERR_INVALID;
     *out = NULL;
-    if (timeout_ms == 0)
-        timeout_ms = DEFAULT_CALL_TIMEOUT_MS;
-    struct kvp_ms_call c;
-    memset(&c, 0, sizeof c);
-    c.req = req;
-    c.target = -1;
-    c.attempt_ms = KVP_MS_FIRST_ATTEMPT_MS;
-    c.start_ms = kvp_clock_now_ms();
-    c.deadline_ms = c.start_ms + timeout_ms;
-    pthread_cond_init(&c.cv, NULL);
+    struct ms_call_msg cm = {.req = req, .timeout_ms = timeout_ms ? timeout_ms : DEFAULT_CALL_TIMEOUT_MS,
+                             .start_ms = kvp_clock_now_ms()};
+    struct ms_call_msg *p = malloc(sizeof *p);
+    if (!p)
+        return KVP_ERR_NOMEM;
+    *p = cm;
+    void *payload = p;
+    struct kvp_rt_msg *reply = NULL;
+    /* No timeout here: the actor answers every call by its deadline (or CLOSED at destroy), and
+     * it borrows `req` until then, so the caller must not return before the answer. */
+    int rc = kvp_rt_call(s->actor, 0, MS_MSG_CALL, 0, &payload, NULL, 0, &reply);
+    if (rc != KVP_OK) {
+        free(payload); /* still ours when the send failed */
+        return rc;
+    }
+    rc = reply->status;
+    if (rc == KVP_OK)
+        *out = kvp_rt_msg_take(reply);
+    kvp_rt_msg_destroy(&reply);
+    return rc;
+}
 
-    pthread_mutex_lock(&s->mu);
-    if (s->closing) {
-        pthread_mutex_unlock(&s->mu);
-        pthread_cond_destroy(&c.cv);
-        return KVP_ERR_CLOSED;
+static void call_msg_free(void *p)
+{
+    struct ms_call_msg *cm = p;
+    if (cm && cm->owned && cm->req)
+        kvp__request__free_unpacked(cm->req, NULL);
+    free(cm);
+}
+
+int kvp_msession_request(struct kvp_rt_ctx *ctx, struct kvp_msession *s, const Kvp__Request *req,
+                         uint32_t timeout_ms, uint64_t *corr_id)
+{
+    if (!ctx || !s || !req)
+        return KVP_ERR_INVALID;
+    /* The copy: packed and unpacked, so the session owns every byte of it. */
+    size_t len = kvp__request__get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    struct ms_call_msg *cm = calloc(1, sizeof *cm);
+    if (!buf || !cm) {
+        free(buf);
+        free(cm);
+        return KVP_ERR_NOMEM;
     }
-    if (s->breaker_open) { /* fail fast: no master answered a whole call timeout; probing */
-        s->fast_failed++;
-        s->fast_failed_open++;
-        pthread_mutex_unlock(&s->mu);
-        pthread_cond_destroy(&c.cv);
-        return KVP_ERR_UNAVAILABLE;
+    kvp__request__pack(req, buf);
+    cm->req = kvp__request__unpack(NULL, len, buf);
+    free(buf);
+    if (!cm->req) {
+        free(cm);
+        return KVP_ERR_MALFORMED;
     }
-    s->inflight++;
-    c.seq = s->next_seq++;
-    c.next = s->calls;
-    s->calls = &c;
-    wake_if_polling(s);
-    while (!c.done)
-        pthread_cond_wait(&c.cv, &s->mu);
-    if (--s->inflight == 0 && s->closing)
-        pthread_cond_broadcast(&s->idle_cv);
-    pthread_mutex_unlock(&s->mu);
-    pthread_cond_destroy(&c.cv);
-    *out = c.resp;
-    return c.status;
+    cm->owned = true;
+    cm->timeout_ms = timeout_ms ? timeout_ms : DEFAULT_CALL_TIMEOUT_MS;
+    cm->start_ms = kvp_clock_now_ms();
+    void *payload = cm;
+    /* No runtime deadline: the session answers by the call's own timeout. */
+    int rc = kvp_rt_request(ctx, s->actor, 0, MS_MSG_REQUEST, 0, &payload, call_msg_free, 0, corr_id);
+    if (rc != KVP_OK)
+        call_msg_free(payload);
+    return rc;
 }
 
 void kvp_msession_set_fail_fast(struct kvp_msession *s, bool on)
 {
-    if (!s)
-        return;
-    pthread_mutex_lock(&s->mu);
-    s->fail_fast = on;
-    if (!on)
-        s->breaker_open = false;
-    pthread_mutex_unlock(&s->mu);
+    if (s)
+        kvp_rt_send(s->actor, 0, MS_MSG_FAIL_FAST, on ? 1 : 0, NULL, NULL);
 }
 
 bool kvp_msession_failing_fast(struct kvp_msession *s, uint64_t *fast_failed)
 {
+    if (fast_failed)
+        *fast_failed = 0;
     if (!s)
         return false;
-    pthread_mutex_lock(&s->mu);
-    bool open = s->breaker_open;
-    if (fast_failed)
-        *fast_failed = s->fast_failed;
-    pthread_mutex_unlock(&s->mu);
+    struct kvp_rt_msg *reply = NULL;
+    if (kvp_rt_call(s->actor, 0, MS_MSG_STATUS, 0, NULL, NULL, 0, &reply) != KVP_OK)
+        return false;
+    bool open = reply->status == KVP_OK && (reply->arg & 1u);
+    if (fast_failed && reply->status == KVP_OK)
+        *fast_failed = reply->arg >> 1;
+    kvp_rt_msg_destroy(&reply);
     return open;
 }
 
@@ -518,10 +623,12 @@ void kvp_msession_leader(struct kvp_msession *s, char *buf, size_t cap)
     buf[0] = '\0';
     if (!s)
         return;
-    pthread_mutex_lock(&s->mu);
-    if (s->leader >= 0)
-        snprintf(buf, cap, "%s", s->masters[s->leader]);
-    pthread_mutex_unlock(&s->mu);
+    struct kvp_rt_msg *reply = NULL;
+    if (kvp_rt_call(s->actor, 0, MS_MSG_LEADER, 0, NULL, NULL, 0, &reply) != KVP_OK)
+        return;
+    if (reply->status == KVP_OK && reply->payload)
+        snprintf(buf, cap, "%s", (const char *)reply->payload);
+    kvp_rt_msg_destroy(&reply);
 }
 
 void kvp_msession_destroy(struct kvp_msession **sp)
@@ -530,20 +637,11 @@ void kvp_msession_destroy(struct kvp_msession **sp)
         return;
     struct kvp_msession *s = *sp;
     *sp = NULL;
-    pthread_mutex_lock(&s->mu);
-    s->closing = true;
-    wake(s);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL); /* completes every pending call with CLOSED, closes sockets */
-    pthread_mutex_lock(&s->mu);
-    while (s->inflight > 0)
-        pthread_cond_wait(&s->idle_cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
-    zmq_ctx_term(s->zctx);
-    close(s->wake_fd);
-    for (size_t i = 0; i < s->n_masters; i++)
-        free(s->masters[i]);
-    pthread_cond_destroy(&s->idle_cv);
-    pthread_mutex_destroy(&s->mu);
+    /* Close answers every call in flight CLOSED (queued ones and those the actor holds); stop
+     * runs fini on the actor's thread (sockets, context, state). */
+    int rc = kvp_rt_stop(s->actor);
+    if (rc != KVP_OK)
+        kvp_log_error("msession", "session actor %s had failed: %s", kvp_rt_name(s->actor), kvp_errname(rc));
+    kvp_rt_destroy(&s->actor);
     free(s);
 }

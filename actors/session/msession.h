@@ -6,8 +6,8 @@
  * Every request kvpool sends is idempotent (puts carry op ids), so the session retries any
  * request whose reply did not arrive, until the call's timeout.
  */
-#ifndef KVP_CLIENT_MSESSION_H
-#define KVP_CLIENT_MSESSION_H
+#ifndef KVP_SESSION_MSESSION_H
+#define KVP_SESSION_MSESSION_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,7 +26,8 @@ int kvp_msession_new(struct kvp_msession **out, const char *const *masters, size
 /**
  * Send `req` (its req_id and timeout_ms are filled in by the session; the caller keeps
  * ownership of req) to the leader and wait for the reply, at most timeout_ms in all
- * (0 = 5000). Thread-safe: many threads may call at once.
+ * (0 = 5000). Thread-safe: many threads may call at once. Blocks the caller: not from an
+ * actor's callback (use kvp_msession_request there).
  * On KVP_OK, *out is the leader's Response (free with kvp_msession_response_free); its status
  * may itself be an error for the request. Errors: KVP_ERR_UNAVAILABLE (no leader answered within
  * the timeout), KVP_ERR_CLOSED, KVP_ERR_NOMEM, KVP_ERR_MALFORMED (a reply failed to decode).
@@ -34,6 +35,25 @@ int kvp_msession_new(struct kvp_msession **out, const char *const *masters, size
 int kvp_msession_call(struct kvp_msession *s, Kvp__Request *req, uint32_t timeout_ms, Kvp__Response **out);
 
 void kvp_msession_response_free(Kvp__Response *resp);
+
+struct kvp_rt_ctx;
+
+/**
+ * The same call, from inside another actor, without blocking it: the session gets its own copy
+ * of `req` (the caller may free or change it at once), and the answer comes back to the calling
+ * actor (or hosted actor) as a KVP_RT_REPLY message with msg->corr_id == *corr_id and msg->type
+ * == KVP_MSESSION_REPLY_TYPE: msg->status is KVP_OK with msg->payload the leader's Response (take
+ * it with kvp_rt_msg_take and free it with kvp_msession_response_free, or leave it to the
+ * runtime), or an error as for kvp_msession_call. Exactly one such reply comes, at the latest at
+ * the call's timeout (0 = 5000 ms). Errors (no reply will come): KVP_ERR_INVALID,
+ * KVP_ERR_NOMEM, KVP_ERR_MALFORMED (req cannot be encoded), KVP_ERR_CLOSED (session destroyed).
+ * Only from an actor's callback (ctx).
+ */
+int kvp_msession_request(struct kvp_rt_ctx *ctx, struct kvp_msession *s, const Kvp__Request *req,
+                         uint32_t timeout_ms, uint64_t *corr_id);
+
+/** msg->type of the replies to kvp_msession_request (for the requester's dispatch). */
+#define KVP_MSESSION_REPLY_TYPE 0x4d530001u
 
 /**
  * Fail fast (a circuit breaker; off by default, the client library turns it on). When on: once a

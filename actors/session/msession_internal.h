@@ -1,20 +1,26 @@
 /*
- * msession_internal.h — state of a master session (actors/session/msession.c).
+ * msession_internal.h — state of the master session actor (actors/session/msession.c).
  *
- * One I/O thread owns one ZeroMQ DEALER socket per master. Caller threads put a `struct
- * kvp_ms_call` (on their own stack) on the session's list under `mu`, wake the I/O thread
- * through an eventfd and wait on the call's condvar. The I/O thread encodes and sends each
- * attempt, matches replies by req_id, follows NOT_LEADER hints, rotates through the masters on
- * silence, and completes the call (status + response) at the latest at its deadline.
+ * The session is a runtime actor (runtime/actor.h, a threaded actor named after its owner).
+ * Its thread owns everything below: one ZeroMQ DEALER socket per master, the list of calls in
+ * flight, the leader and the fail-fast breaker. No lock: callers reach it only by message.
+ *
+ *  - a caller's kvp_msession_call() is a runtime request (MS_MSG_CALL, payload struct
+ *    ms_call_msg) through kvp_rt_call; the caller blocks on its reply. The actor keeps the reply
+ *    token in a `struct kvp_ms_call` and answers it once: the leader's Response, or UNAVAILABLE at
+ *    the call's deadline, or CLOSED when the session is destroyed (the runtime answers requests
+ *    still owed at close).
+ *  - replies from the masters arrive on the watched DEALER sockets;
+ *  - resends, per-attempt timeouts, call deadlines and fail-fast probes run from one runtime
+ *    timer (MS_MSG_TICK), armed for the earliest thing due.
  *
  * req_id layout: (call sequence << 8) | (attempt number & 0xff), so a late reply to an earlier
  * attempt of the same call is still recognised (and accepted when it is a real answer:
  * every request is idempotent).
  */
-#ifndef KVP_CLIENT_MSESSION_INTERNAL_H
-#define KVP_CLIENT_MSESSION_INTERNAL_H
+#ifndef KVP_SESSION_MSESSION_INTERNAL_H
+#define KVP_SESSION_MSESSION_INTERNAL_H
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -29,10 +35,33 @@
                                        * (an election takes about two election timeouts, C5) */
 #define KVP_MS_PROBE_SEQ 0u           /* call sequence of probes (calls start at 1) */
 
-/** One caller's request, owned by the caller's stack; linked in the session while pending. */
+/** Messages the session actor handles (kvp_rt_msg.type). */
+enum kvp_ms_msg {
+    MS_MSG_CALL = 1,      /* request: payload struct ms_call_msg; reply payload Kvp__Response */
+    MS_MSG_REQUEST = KVP_MSESSION_REPLY_TYPE, /* as MS_MSG_CALL with an owned request (ms_call_msg.owned) */
+    MS_MSG_FAIL_FAST = 2, /* one-way: arg 1 = on, 0 = off */
+    MS_MSG_STATUS = 3,    /* request: reply arg = fast-failed count << 1 | breaker open */
+    MS_MSG_LEADER = 4,    /* request: reply payload = the leader's "host:port" (malloc'd) or none */
+    MS_MSG_TICK = 5,      /* the session's timer */
+};
+
+/** Payload of MS_MSG_CALL / MS_MSG_REQUEST. MS_MSG_CALL: `req` stays the caller's (it blocks in
+ * kvp_rt_call until the reply). MS_MSG_REQUEST: `req` is a decoded copy owned by the message
+ * (then by the call record), freed with kvp__request__free_unpacked. */
+struct ms_call_msg {
+    Kvp__Request *req;
+    bool owned;
+    uint32_t timeout_ms;       /* the call's whole budget */
+    uint64_t start_ms;         /* monotonic: when the caller made the call */
+};
+
+/** One call in flight, owned by the actor; linked in the session while pending. */
 struct kvp_ms_call {
     struct kvp_ms_call *next;
-    Kvp__Request *req;         /* borrowed from the caller until done */
+    Kvp__Request *req;         /* borrowed from the caller (blocked in kvp_rt_call) until answered,
+                                * or owned (owned_req) for kvp_msession_request */
+    bool owned_req;            /* req is ours: freed with the record */
+    uint64_t token;            /* the runtime reply token */
     uint64_t seq;              /* call sequence number (req_id >> 8) */
     uint32_t attempt;          /* attempts sent so far */
     int target;                /* master index of the current attempt, -1 before the first */
@@ -42,37 +71,31 @@ struct kvp_ms_call {
     uint32_t attempt_ms;       /* current per-attempt reply timeout */
     uint32_t unsent;           /* consecutive sends refused by the current target (not connected) */
     bool sent;                 /* an attempt is outstanding (next_action_ms is its timeout) */
-    bool done;                 /* completed: status/resp are final */
-    int status;                /* KVP_OK or error */
-    Kvp__Response *resp;       /* on KVP_OK: the reply (caller frees) */
-    pthread_cond_t cv;         /* signalled when done */
+    bool done;                 /* answered; unlinked */
 };
 
-struct kvp_msession {
+/** The actor's state. */
+struct kvp_ms_state {
     char name[64];             /* owner name for log lines */
     char *masters[KVP_MS_MAX_MASTERS]; /* "host:port" (malloc'd) */
     size_t n_masters;          /* masters known; hints may add up to KVP_MS_MAX_MASTERS */
-    int leader;                /* index of the last known leader, -1 if none (I/O thread writes; under mu) */
-
-    pthread_mutex_t mu;        /* guards the call list, leader, closing, inflight, n_masters */
+    int leader;                /* index of the last known leader, -1 if none */
     struct kvp_ms_call *calls; /* pending calls */
     uint64_t next_seq;         /* next call sequence */
-    bool closing;              /* destroy started: new calls get CLOSED */
-    uint32_t inflight;         /* callers inside kvp_msession_call */
-    pthread_cond_t idle_cv;    /* signalled when inflight drops to 0 while closing */
+    void *zctx;                /* ZeroMQ context (the session's own) */
+    void *socks[KVP_MS_MAX_MASTERS]; /* DEALER per master */
+    bool watched[KVP_MS_MAX_MASTERS]; /* socket is in the actor's poll set */
+    uint64_t sent_ms[KVP_MS_MAX_MASTERS]; /* last request sent to that master (0 never) */
+    struct kvp_rt_ctx *ctx;    /* the running callback's context (set on entry of each callback;
+                                * complete() answers calls through it) */
+    uint64_t timer_id;         /* the armed MS_MSG_TICK timer, 0 none */
+    uint64_t timer_due_ms;     /* when it fires */
 
-    int wake_fd;               /* eventfd: callers wake the I/O thread */
-    bool io_polling;           /* under mu: the I/O thread is in (or about to enter) its poll */
-    bool wake_sent;            /* under mu: wake_fd written since the I/O thread last read it */
-    void *zctx;                /* ZeroMQ context */
-    void *socks[KVP_MS_MAX_MASTERS]; /* DEALER per master, owned by the I/O thread */
-    uint64_t sent_ms[KVP_MS_MAX_MASTERS]; /* under mu: last request sent to that master (0 never) */
-
-    /* Fail fast (the circuit breaker, docs/internals.md "Master session"), under mu. When on, a
-     * call that waited its whole timeout while no leader answered, and no leader was known for
+    /* Fail fast (the circuit breaker, docs/internals.md "Leadership"). When on, a call that
+     * waited its whole timeout while no leader answered, and no leader was known for
      * KVP_MS_FAILOVER_MS (so no failover in progress: followers saying "not leader" without a
      * hint do not count, the quorum may be gone), opens the breaker: later calls fail at once
-     * with UNAVAILABLE, and the I/O thread probes one master every KVP_MS_PROBE_MS (a Members
+     * with UNAVAILABLE, and the actor probes one master every KVP_MS_PROBE_MS (a Members
      * request); the first reply that shows a leader closes it. */
     bool fail_fast;            /* enabled (kvp_msession_set_fail_fast) */
     uint64_t last_heard_ms;    /* last reply of any kind from any master (0 = never) */
@@ -85,7 +108,12 @@ struct kvp_msession {
     int probe_target;          /* master index of the next probe */
     uint64_t fast_failed;      /* calls failed at once while open (total) */
     uint64_t fast_failed_open; /* ... in the current open period (for the closing log line) */
-    pthread_t thread;          /* the I/O thread */
+};
+
+/** The handle callers hold. */
+struct kvp_msession {
+    struct kvp_rt_actor *actor; /* the session actor (owner's reference); its state is a
+                                 * struct kvp_ms_state, freed by its fini */
 };
 
 #endif
