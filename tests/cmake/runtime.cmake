@@ -1,5 +1,5 @@
 # Runtime (actor) tests: label `actor`; they also run under ASan+UBSan and TSan.
-foreach(T order timeout close supervision hosted watch)
+foreach(T order timeout close supervision supervisor hosted watch)
   if(EXISTS ${CMAKE_SOURCE_DIR}/tests/actor/test_runtime_${T}.c)
     kvp_add_test(test_runtime_${T} SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_runtime_${T}.c
                  LABEL actor TIMEOUT 60)
