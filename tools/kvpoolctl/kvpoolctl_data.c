@@ -1,6 +1,6 @@
 /*
  * kvpoolctl_data.c — kvpoolctl put/get/exists/rm/size: one key at a time through the public
- * client API (include/kvpool.h), as any application would use it. See tools/kvpoolctl.h.
+ * client API (include/kvpool.h), as any application would use it. See tools/kvpoolctl/kvpoolctl.h.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 
 #include "actors/client/api_config.h" /* kvp_config_load_env: proposed for kvpool.h */
 #include "kvpool.h"
-#include "tools/kvpoolctl.h"
+#include "tools/kvpoolctl/kvpoolctl.h"
 
 enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 

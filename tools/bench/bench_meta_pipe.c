@@ -13,8 +13,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "tools/bench_internal.h"
-#include "tools/bench_meta_internal.h"
+#include "tools/bench/bench_internal.h"
+#include "tools/bench/bench_meta_internal.h"
 #include "wire/envelope.h"
 
 #define META_PIPE_SOCKETS 8

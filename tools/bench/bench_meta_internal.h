@@ -12,7 +12,7 @@
 #include <stdio.h>
 
 #include "actors/session/msession.h"
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 #define META_OBJ_BYTES 64
 #define META_SESSIONS_MAX 8

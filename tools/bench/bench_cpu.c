@@ -13,7 +13,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 static uint64_t proc_cpu_ns(int pid)
 {

@@ -8,7 +8,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 /* ---------------------------------------------------------------- pattern */
 

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "actors/session/msession.h"
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 int bench_client_open(const struct bench_target *t, kvp_client **out)
 {

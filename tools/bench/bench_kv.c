@@ -25,7 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 struct kv_opts {
     const char *mode;

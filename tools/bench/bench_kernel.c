@@ -27,7 +27,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 struct pingpong {
     int in, out;   /* eventfds: this side blocks on `in`, wakes the other through `out` */

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
 {

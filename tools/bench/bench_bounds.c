@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 /* id -> dense index map (insert-only, open addressing, linear probing). */
 struct idmap {

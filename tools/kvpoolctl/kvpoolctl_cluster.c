@@ -30,7 +30,7 @@
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/proc.h"
-#include "tools/kvpoolctl_ctl.h"
+#include "tools/kvpoolctl/kvpoolctl_ctl.h"
 
 #define CLUSTER_MAX_SEGMENTS 64
 

@@ -1,5 +1,5 @@
 /*
- * bench_internal.h — shared pieces of kvpool-bench (tools/bench_*.c).
+ * bench_internal.h — shared pieces of kvpool-bench (tools/bench/bench_*.c).
  *
  * Modes: trace (bench_trace.c), put/get/mixed and baseline-tcp (bench_kv.c), meta
  * (bench_meta.c). Pure helpers that unit tests drive directly: the trace parser

@@ -17,11 +17,11 @@
 #include "config/config.h"
 #include "kvpool.h"
 #include "runtime/log.h"
-#include "tools/kvpoolctl_ctl.h"
+#include "tools/kvpoolctl/kvpoolctl_ctl.h"
 
 #if defined(__has_include)
-#if __has_include("tools/kvpoolctl.h")
-#include "tools/kvpoolctl.h"
+#if __has_include("tools/kvpoolctl/kvpoolctl.h")
+#include "tools/kvpoolctl/kvpoolctl.h"
 #endif
 #endif
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "kvpool.h"
-#include "tools/kvpoolctl_ctl.h"
+#include "tools/kvpoolctl/kvpoolctl_ctl.h"
 
 static int no_args(struct ctl *c, int argc, char **argv)
 {

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "kvpool_hint.h"
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 /* KV bytes per token = layers x 2 (K and V) x kv_heads x head_dim x bytes per element (bf16 = 2).
  * Figures from each model's config.json on Hugging Face (num_hidden_layers,

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "runtime/log.h"
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 static void usage(void)
 {

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "actors/master/evict_policy.h"
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 struct map { /* trace hash id + 1 → slot + 1 in `stored` (0 = absent) */
     uint64_t *k;

@@ -24,8 +24,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "tools/bench_internal.h"
-#include "tools/bench_meta_internal.h"
+#include "tools/bench/bench_internal.h"
+#include "tools/bench/bench_meta_internal.h"
 
 struct caller {
     struct meta *m;

@@ -1,6 +1,6 @@
 /*
  * kvpoolctl.h — pieces of the kvpoolctl operator CLI implemented in separate files.
- * tools/kvpoolctl.c (main, dispatch, cluster/segments commands) calls these.
+ * tools/kvpoolctl/kvpoolctl.c (main, dispatch, cluster/segments commands) calls these.
  */
 #ifndef KVP_TOOLS_KVPOOLCTL_H
 #define KVP_TOOLS_KVPOOLCTL_H

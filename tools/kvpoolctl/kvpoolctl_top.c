@@ -30,7 +30,7 @@
 
 #include <jansson.h>
 
-#include "tools/kvpoolctl_ctl.h"
+#include "tools/kvpoolctl/kvpoolctl_ctl.h"
 
 #define TOP_MAX_EP 32
 
