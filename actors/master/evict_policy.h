@@ -83,21 +83,6 @@ struct kvp_write_rate {
 void kvp_write_rate_add(struct kvp_write_rate *r, uint64_t bytes);
 
 /**
- * Count `bytes` asked for the key whose soft-state hash is key_hash, at most once per
- * max(window_ms, 1,000) per key; seen (key hash → ms of its last count) remembers the keys.
- * A put that found no space is asked again every 5-200 ms until its timeout (put_retry.c), and
- * a key put again while its first copy holds space asks for none: counting every ask made the
- * rate, and so the headroom, grow with the retries of writers that wait. Returns true when the
- * bytes were counted.
- */
-struct svc_map;
-bool kvp_write_rate_add_key(struct kvp_write_rate *r, struct svc_map *seen, uint64_t key_hash, uint64_t bytes,
-                            uint64_t now_ms, uint64_t window_ms);
-
-/** Forget the keys of `seen` counted max(window_ms, 1,000) ms or more before now_ms. */
-void kvp_write_rate_forget(struct svc_map *seen, uint64_t now_ms, uint64_t window_ms);
-
-/**
  * Close the current bucket when it is at least 1,000 ms old at now_ms (monotonic ms) and
  * recompute r->bps over the newest buckets spanning window_ms (at least one); returns r->bps.
  */

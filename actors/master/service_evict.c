@@ -484,3 +484,35 @@ void svc_evict_status(struct kvp_master_service *s, void *json_doc)
     json_object_set_new(ev, "headroom_bytes", json_integer((json_int_t)e->headroom));
     json_object_set_new(doc, "eviction", ev);
 }
+
+/* ------------------------------------------------------------------ write rate per key */
+
+static uint64_t key_window(uint64_t window_ms) { return window_ms > 1000 ? window_ms : 1000; }
+
+bool kvp_write_rate_add_key(struct kvp_write_rate *r, struct svc_map *seen, uint64_t key_hash, uint64_t bytes,
+                            uint64_t now_ms, uint64_t window_ms)
+{
+    uint64_t at = 0;
+    if (svc_map_get(seen, key_hash, &at) && now_ms >= at && now_ms - at < key_window(window_ms))
+        return false;
+    kvp_write_rate_add(r, bytes);
+    svc_map_put(seen, key_hash, now_ms); /* out of memory: counted again next time, no harm */
+    return true;
+}
+
+struct forget_ctx {
+    uint64_t now, window;
+};
+
+static bool key_fresh(uint64_t key, uint64_t at, void *ctx)
+{
+    (void)key;
+    const struct forget_ctx *x = ctx;
+    return x->now >= at && x->now - at < x->window;
+}
+
+void kvp_write_rate_forget(struct svc_map *seen, uint64_t now_ms, uint64_t window_ms)
+{
+    struct forget_ctx x = {.now = now_ms, .window = key_window(window_ms)};
+    svc_map_filter(seen, key_fresh, &x);
+}

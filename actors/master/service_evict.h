@@ -10,9 +10,26 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "actors/master/evict_policy.h"
 #include "actors/master/service_state.h"
 
 struct svc_evict;
+
+/* The write rate counted once per key (evict_policy.h has struct kvp_write_rate; these use the
+ * service's soft-state map, so they live with the service). */
+/**
+ * Count `bytes` asked for the key whose soft-state hash is key_hash, at most once per
+ * max(window_ms, 1,000) per key; seen (key hash → ms of its last count) remembers the keys.
+ * A put that found no space is asked again every 5-200 ms until its timeout (put_retry.c), and
+ * a key put again while its first copy holds space asks for none: counting every ask made the
+ * rate, and so the headroom, grow with the retries of writers that wait. Returns true when the
+ * bytes were counted.
+ */
+bool kvp_write_rate_add_key(struct kvp_write_rate *r, struct svc_map *seen, uint64_t key_hash, uint64_t bytes,
+                            uint64_t now_ms, uint64_t window_ms);
+
+/** Forget the keys of `seen` counted max(window_ms, 1,000) ms or more before now_ms. */
+void kvp_write_rate_forget(struct svc_map *seen, uint64_t now_ms, uint64_t window_ms);
 
 /** Create / destroy (s->evict). new returns KVP_OK or KVP_ERR_NOMEM. */
 int svc_evict_new(struct kvp_master_service *s);

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "actors/master/evict_policy.h"
+#include "actors/master/service_evict.h"
 #include "actors/master/service_state.h"
 
 static struct kvp_evict_cand cand(uint64_t hash, uint64_t parent, uint64_t at, uint64_t size)
