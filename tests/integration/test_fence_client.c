@@ -30,7 +30,7 @@
 
 #include "actors/client/client_state.h"
 #include "actors/session/msession.h"
-#include "actors/master/fsm.h"
+#include "actors/master/fsm/fsm.h"
 #include "actors/segment/seg_server.h"
 #include "actors/transfer/fault.h"
 #include "actors/transfer/transfer.h"

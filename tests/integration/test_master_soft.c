@@ -23,7 +23,7 @@
 
 #include <cmocka.h>
 
-#include "actors/master/service.h"
+#include "actors/master/service/service.h"
 #include "tests/integration/test_master_util.h"
 
 /* True once a listener can bind 127.0.0.1:port (SO_REUSEADDR, as zmq binds), within ms. */

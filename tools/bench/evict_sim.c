@@ -1,6 +1,6 @@
 /*
  * evict_sim.c — `kvpool-evict-sim`: replay a Mooncake trace offline through the master's own
- * eviction choice (actors/master/evict_policy.c) at a given capacity, with the watermark rule of
+ * eviction choice (actors/master/fsm/evict_policy.c) at a given capacity, with the watermark rule of
  * service_evict.c (at `high` × capacity, evict down to (high − ratio) × capacity), for the lru and
  * prefix policies. Prints the prefix hit rate (blocks) of each (docs/eviction.md, Measurements).
  *
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/master/evict_policy.h"
+#include "actors/master/fsm/evict_policy.h"
 #include "tools/bench/bench_internal.h"
 
 struct map { /* trace hash id + 1 → slot + 1 in `stored` (0 = absent) */

@@ -25,7 +25,7 @@
 
 #include <czmq.h>
 
-#include "actors/master/service.h"
+#include "actors/master/service/service.h"
 #include "config/config.h"
 #include "kvpool.h"
 #include "runtime/log.h"

@@ -1,7 +1,7 @@
 /*
  * version.c — feature levels for rolling upgrades (version.h).
  */
-#include "actors/master/version.h"
+#include "actors/master/fsm/version.h"
 
 uint32_t kvp_feature_cluster_level(uint32_t self, const struct kvp_feature_peer *peers, size_t n,
                                    uint64_t now_ms)

@@ -11,10 +11,10 @@
 
 #include <jansson.h>
 
-#include "actors/master/service_evict.h"
-#include "actors/master/service_metrics.h"
-#include "actors/master/service_repair.h"
-#include "actors/master/service_state.h"
+#include "actors/master/service/service_evict.h"
+#include "actors/master/service/service_metrics.h"
+#include "actors/master/service/service_repair.h"
+#include "actors/master/service/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 

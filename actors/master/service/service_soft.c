@@ -16,9 +16,9 @@
 #include <jansson.h>
 #include <xxhash.h>
 
-#include "actors/master/service_evict.h"
-#include "actors/master/service_repair.h"
-#include "actors/master/service_state.h"
+#include "actors/master/service/service_evict.h"
+#include "actors/master/service/service_repair.h"
+#include "actors/master/service/service_state.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
 #include "runtime/log.h"

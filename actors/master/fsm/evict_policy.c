@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/master/evict_policy.h"
-#include "actors/master/fsm.h"
+#include "actors/master/fsm/evict_policy.h"
+#include "actors/master/fsm/fsm.h"
 #include "kvpool.h"
 
 int kvp_evict_policy_parse(const char *name)

@@ -1,5 +1,5 @@
 /* alloc.c — treap of free extents (see alloc.h for the design). */
-#include "actors/master/alloc.h"
+#include "actors/master/fsm/alloc.h"
 
 #include <stdlib.h>
 

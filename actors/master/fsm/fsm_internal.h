@@ -13,8 +13,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "actors/master/alloc.h"
-#include "actors/master/fsm.h"
+#include "actors/master/fsm/alloc.h"
+#include "actors/master/fsm/fsm.h"
 
 #define KVP_FSM_ACTOR "master-fsm"
 #define KVP_FSM_KEY_MAX 512u

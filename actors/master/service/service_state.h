@@ -14,10 +14,10 @@
 
 #include <czmq.h>
 
-#include "actors/master/fsm.h"
-#include "actors/master/liveness.h"
-#include "actors/master/service.h"
-#include "actors/master/version.h"
+#include "actors/master/fsm/fsm.h"
+#include "actors/master/service/liveness.h"
+#include "actors/master/service/service.h"
+#include "actors/master/fsm/version.h"
 #include "config/config.h"
 #include "raftlog/raftlog.h"
 #include "wire/kvpool.pb-c.h"

@@ -3,7 +3,7 @@
  * docs/drain-repair.md.
  */
 #define _GNU_SOURCE
-#include "actors/master/service_repair.h"
+#include "actors/master/service/service_repair.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -12,7 +12,7 @@
 
 #include <xxhash.h>
 
-#include "actors/master/service_state.h"
+#include "actors/master/service/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "actors/master/liveness.h"
+#include "actors/master/service/liveness.h"
 
 const char *kvp_liveness_state_name(enum kvp_liveness_state st)
 {

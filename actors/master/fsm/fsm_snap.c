@@ -12,7 +12,7 @@
 
 #include <xxhash.h>
 
-#include "actors/master/fsm_internal.h"
+#include "actors/master/fsm/fsm_internal.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 #include "wire/snapshot.pb-c.h"

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/master/fsm_internal.h"
-#include "actors/master/version.h"
+#include "actors/master/fsm/fsm_internal.h"
+#include "actors/master/fsm/version.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 

@@ -14,7 +14,7 @@
  * last FSM ClusterStatus document of the leader's 1 s refresh (objects, pool bytes per
  * segment). A follower has no FSM document: it exports no object or pool series.
  */
-#include "actors/master/service_metrics.h"
+#include "actors/master/service/service_metrics.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,9 +22,9 @@
 
 #include <jansson.h>
 
-#include "actors/master/service_evict.h"
-#include "actors/master/service_repair.h"
-#include "actors/master/service_state.h"
+#include "actors/master/service/service_evict.h"
+#include "actors/master/service/service_repair.h"
+#include "actors/master/service/service_state.h"
 #include "kvpool.h"
 #include "metrics/metrics.h"
 #include "runtime/clock.h"

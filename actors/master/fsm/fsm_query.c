@@ -8,8 +8,8 @@
 
 #include <jansson.h>
 
-#include "actors/master/evict_policy.h"
-#include "actors/master/fsm_internal.h"
+#include "actors/master/fsm/evict_policy.h"
+#include "actors/master/fsm/fsm_internal.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 

@@ -10,8 +10,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "actors/master/evict_policy.h"
-#include "actors/master/service_state.h"
+#include "actors/master/fsm/evict_policy.h"
+#include "actors/master/service/service_state.h"
 
 struct svc_evict;
 

@@ -23,8 +23,8 @@
 
 #include <jansson.h>
 
-#include "actors/master/evict_policy.h"
-#include "actors/master/service_evict.h"
+#include "actors/master/fsm/evict_policy.h"
+#include "actors/master/service/service_evict.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 
