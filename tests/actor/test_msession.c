@@ -38,7 +38,7 @@ enum fake_mode {
 
 struct fake_master {
     void *sock;
-    enum fake_mode mode;
+    _Atomic enum fake_mode mode; /* the test thread changes it while the fake masters run */
     char addr[64]; /* "127.0.0.1:port" */
     char hint[128];
     atomic_int requests;

@@ -125,11 +125,13 @@ static void test_supervisor_child_failing_too_often_given_up(void **unused)
     kvp_rt_destroy(&sup);
 }
 
-static volatile sig_atomic_t got_sigterm;
+/* Set by the handler, which runs on the supervisor's thread (raise() there): an atomic, not a
+ * sig_atomic_t, so the test thread's read is ordered with it (lock-free, so signal-safe). */
+static atomic_int got_sigterm;
 static void on_sigterm(int sig)
 {
     (void)sig;
-    got_sigterm = 1;
+    atomic_store(&got_sigterm, 1);
 }
 
 /* Default policy end: the process is stopped (SIGTERM) after an ERROR line naming the child. */
@@ -152,7 +154,7 @@ static void test_supervisor_give_up_default_stops_process_with_log_line(void **u
     assert_int_equal(kvp_rt_sup_new(&sup, "sup", &pol), KVP_OK);
     struct child_arg a = {.fail_starts = 1000};
     assert_int_equal(kvp_rt_sup_add(sup, "flaky", child_start, &a), KVP_OK);
-    for (int i = 0; i < 2000 && !got_sigterm; i++)
+    for (int i = 0; i < 2000 && !atomic_load(&got_sigterm); i++)
         usleep(1000);
     kvp_rt_destroy(&sup);
 
@@ -160,7 +162,7 @@ static void test_supervisor_give_up_default_stops_process_with_log_line(void **u
     dup2(saved, 2);
     close(saved);
     sigaction(SIGTERM, &old, NULL);
-    assert_int_equal(got_sigterm, 1);
+    assert_int_equal(atomic_load(&got_sigterm), 1);
     assert_int_equal(atomic_load(&a.starts), 1);
     char buf[8192];
     rewind(log);
