@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvpool.h"
 #include "runtime/clock.h"
@@ -52,6 +53,14 @@ static struct sup_child *find(struct sup_state *s, const char *name)
     return NULL;
 }
 
+/* The default end: SIGTERM to the whole process (not raise(): a daemon that takes its signals
+ * with sigwait blocks them in every other thread, and a signal sent to this thread would stay
+ * pending here). The process's own handling of SIGTERM then stops it. */
+static void stop_process(void)
+{
+    kill(getpid(), SIGTERM);
+}
+
 static void on_failed(struct kvp_rt_ctx *ctx, struct sup_state *s, const struct kvp_rt_failure *f)
 {
     const char *sup = kvp_rt_ctx_name(ctx);
@@ -77,7 +86,7 @@ static void on_failed(struct kvp_rt_ctx *ctx, struct sup_state *s, const struct 
         if (s->policy.give_up)
             s->policy.give_up(s->policy.give_up_arg, c->name, f->err);
         else
-            raise(SIGTERM);
+            stop_process();
         return;
     }
     kvp_log_warn(sup, "child %s failed (%s): restarting it (failure %u of at most %u within %u ms)", c->name,
@@ -90,7 +99,7 @@ static void on_failed(struct kvp_rt_ctx *ctx, struct sup_state *s, const struct 
         if (s->policy.give_up)
             s->policy.give_up(s->policy.give_up_arg, c->name, rc);
         else
-            raise(SIGTERM);
+            stop_process();
         return;
     }
     c->restarts++;

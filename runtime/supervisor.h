@@ -8,7 +8,7 @@
  * runs) and starts it again with the same start function, so the child begins from fresh state.
  * When a child fails more than `max_restarts` times within `window_ms`, the supervisor gives up
  * on it: it logs at ERROR and calls the policy's give_up, whose default stops the process
- * (raise(SIGTERM): the process's own signal path stops its actors; a daemon exits).
+ * (kill(getpid(), SIGTERM): the process's own signal path stops its actors; a daemon exits).
  *
  * Threads: every child is started and stopped on the supervisor's thread (it is their owner).
  * kvp_rt_sup_add / kvp_rt_sup_stop_child / kvp_rt_sup_restarts block the calling thread until
@@ -35,7 +35,7 @@ struct kvp_rt_sup_policy {
     uint32_t window_ms;    /* failures older than this are forgotten; 0 = 60000 */
     /**
      * Called on the supervisor's thread when it gives up on `child` (which stays stopped), after
-     * the ERROR line. NULL = stop the process: raise(SIGTERM).
+     * the ERROR line. NULL = stop the process: kill(getpid(), SIGTERM).
      */
     void (*give_up)(void *arg, const char *child, int err);
     void *give_up_arg;

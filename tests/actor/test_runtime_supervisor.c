@@ -125,8 +125,9 @@ static void test_supervisor_child_failing_too_often_given_up(void **unused)
     kvp_rt_destroy(&sup);
 }
 
-/* Set by the handler, which runs on the supervisor's thread (raise() there): an atomic, not a
- * sig_atomic_t, so the test thread's read is ordered with it (lock-free, so signal-safe). */
+/* Set by the handler, which may run on any thread of the process (the signal is sent to the
+ * process): an atomic, not a sig_atomic_t, so the test thread's read is ordered with it
+ * (lock-free, so signal-safe). */
 static atomic_int got_sigterm;
 static void on_sigterm(int sig)
 {
