@@ -1,7 +1,8 @@
 /*
  * msession.h — a session with the master quorum: keeps the master list, finds the leader,
  * follows "not leader" hints, rotates through the list, retries requests across a failover.
- * Used by the client library, kvpool-segment, kvpoolctl and kvpool-bench.
+ * Used by the client library, kvpool-segment, kvpoolctl and kvpool-bench. It runs as a runtime
+ * actor (msession_internal.h); these calls reach it by message.
  *
  * Every request kvpool sends is idempotent (puts carry op ids), so the session retries any
  * request whose reply did not arrive, until the call's timeout.
@@ -59,7 +60,7 @@ int kvp_msession_request(struct kvp_rt_ctx *ctx, struct kvp_msession *s, const K
  * Fail fast (a circuit breaker; off by default, the client library turns it on). When on: once a
  * call has waited its whole timeout while no master answered anything (no reply, not even "not
  * leader" — so no failover was in progress), later calls return KVP_ERR_UNAVAILABLE at once
- * instead of waiting, while the session's I/O thread sends a Members request to one master every
+ * instead of waiting, while the session actor sends a Members request to one master every
  * 200 ms; the first reply from any master closes the breaker and calls wait normally again.
  * Calls already waiting are not cut short. Any thread. Turning it off closes an open breaker.
  */
@@ -71,7 +72,10 @@ bool kvp_msession_failing_fast(struct kvp_msession *s, uint64_t *fast_failed);
 /** The control address of the last known leader ("" if none); copied into buf. */
 void kvp_msession_leader(struct kvp_msession *s, char *buf, size_t cap);
 
-/** Close: calls in flight return KVP_ERR_CLOSED; frees. Accepts NULL; sets *s NULL. */
+/**
+ * Close: calls in flight return KVP_ERR_CLOSED; frees. Accepts NULL; sets *s NULL. Calls must
+ * not start on other threads once this started (the handle is freed; the client's close waits
+ * for its callers first). */
 void kvp_msession_destroy(struct kvp_msession **s);
 
 #endif
