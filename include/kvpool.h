@@ -32,37 +32,50 @@ extern "C" {
 /**
  * Error codes. All negative; values never change (they cross the wire).
  * KVP_OK is 0. Codes below -100 are internal and not normally returned by the public API.
+ *
+ * KVP_ERR_LIST is the one list of the codes: X(NAME, value, "description") per code, in value
+ * order. It generates enum kvp_err below and the table behind kvp_errname() / kvp_strerror()
+ * (runtime/err.c); a new code is one line here. The description is kvp_strerror()'s text; the
+ * comment after each line says when the code is returned.
  */
+#define KVP_ERR_LIST(X) \
+    X(KVP_OK, 0, "success") /* the call did what it says */ \
+    X(KVP_ERR_NOT_FOUND, -1, "no such object") /* no complete object under that key */ \
+    X(KVP_ERR_EXISTS, -2, "object already exists") /* put of a key that exists (complete or being written) */ \
+    X(KVP_ERR_NO_SPACE, -3, "no space left in the pool") /* the pool cannot hold the object */ \
+    X(KVP_ERR_TIMEOUT, -4, "timed out (outstanding transfers were fenced)") /* the call gave up at its timeout; every slice was fenced first */ \
+    X(KVP_ERR_TRANSFER, -5, "data transfer failed") /* a data transfer failed (peer gone, connection error) */ \
+    X(KVP_ERR_CORRUPT, -6, "checksum mismatch") /* checksum mismatch: bytes were not returned */ \
+    X(KVP_ERR_LEASE_EXPIRED, -7, "read lease expired before the transfer finished") /* the read lease ran out before the transfer finished */ \
+    X(KVP_ERR_UNAVAILABLE, -8, "no master quorum available") /* no master quorum / no leader reachable */ \
+    X(KVP_ERR_INVALID, -9, "invalid argument") /* bad argument or bad config value */ \
+    X(KVP_ERR_TOO_LARGE, -10, "object too large") /* object larger than any segment / than allowed */ \
+    X(KVP_ERR_BUFFER_TOO_SMALL, -11, "buffer too small for the object") /* the caller's buffer is smaller than the object */ \
+    X(KVP_ERR_CLOSED, -12, "closed") /* the client (or actor) was closed */ \
+    X(KVP_ERR_NOMEM, -13, "out of memory") /* local memory allocation failed */ \
+    X(KVP_ERR_MALFORMED, -14, "malformed message") /* a message failed to decode (truncated, oversized, bad magic) */ \
+    X(KVP_ERR_VERSION, -15, "unsupported wire version") /* unknown wire version */ \
+    X(KVP_ERR_NOT_LEADER, -16, "not the leader") /* this master is not the Raft leader (reply carries a hint) */ \
+    X(KVP_ERR_LEASED, -17, "object is under a read lease") /* refused: the object is under a read lease (use force) */ \
+    X(KVP_ERR_BUSY, -18, "busy (object being written or operation in progress)") /* the object is being written, or the operation is in progress */ \
+    X(KVP_ERR_IO, -19, "I/O error") /* local I/O error (file, socket set-up) */ \
+    X(KVP_ERR_INTERNAL, -20, "internal error") /* an internal invariant failed; logged */ \
+    X(KVP_ERR_FENCE_FAILED, -21, "outstanding transfers could not be fenced") /* slices could not be fenced within the bound (wedged transport) */ \
+    X(KVP_ERR_CANCELLED, -22, "cancelled") /* the operation was cancelled */ \
+    X(KVP_ERR_UNSUPPORTED, -23, "not supported here") /* feature not available here (e.g. no RDMA device) */ \
+    X(KVP_ERR_PINNED, -24, "object is soft-pinned") /* refused: the object is soft-pinned */ \
+    X(KVP_ERR_DEVICE, -25, "GPU copy failed (CUDA driver error)") /* the CUDA driver failed a copy of GPU memory (or its context is poisoned) */ \
+    X(KVP_ERR_DENIED, -26, "refused: not authenticated or not authorised") /* refused: not authenticated, or not authorised for it (tenant, role) */
+
+#define KVP_ERR_ENUM_ITEM_(name, value, text) name = value,
+#define KVP_ERR_COUNT_ITEM_(name, value, text) +1
 typedef enum kvp_err {
-    KVP_OK = 0,
-    KVP_ERR_NOT_FOUND = -1,        /* no complete object under that key */
-    KVP_ERR_EXISTS = -2,           /* put of a key that exists (complete or being written) */
-    KVP_ERR_NO_SPACE = -3,         /* the pool cannot hold the object */
-    KVP_ERR_TIMEOUT = -4,          /* the call gave up at its timeout; every slice was fenced first */
-    KVP_ERR_TRANSFER = -5,         /* a data transfer failed (peer gone, connection error) */
-    KVP_ERR_CORRUPT = -6,          /* checksum mismatch: bytes were not returned */
-    KVP_ERR_LEASE_EXPIRED = -7,    /* the read lease ran out before the transfer finished */
-    KVP_ERR_UNAVAILABLE = -8,      /* no master quorum / no leader reachable */
-    KVP_ERR_INVALID = -9,          /* bad argument or bad config value */
-    KVP_ERR_TOO_LARGE = -10,       /* object larger than any segment / than allowed */
-    KVP_ERR_BUFFER_TOO_SMALL = -11,/* the caller's buffer is smaller than the object */
-    KVP_ERR_CLOSED = -12,          /* the client (or actor) was closed */
-    KVP_ERR_NOMEM = -13,           /* local memory allocation failed */
-    KVP_ERR_MALFORMED = -14,       /* a message failed to decode (truncated, oversized, bad magic) */
-    KVP_ERR_VERSION = -15,         /* unknown wire version */
-    KVP_ERR_NOT_LEADER = -16,      /* this master is not the Raft leader (reply carries a hint) */
-    KVP_ERR_LEASED = -17,          /* refused: the object is under a read lease (use force) */
-    KVP_ERR_BUSY = -18,            /* the object is being written, or the operation is in progress */
-    KVP_ERR_IO = -19,              /* local I/O error (file, socket set-up) */
-    KVP_ERR_INTERNAL = -20,        /* an internal invariant failed; logged */
-    KVP_ERR_FENCE_FAILED = -21,    /* slices could not be fenced within the bound (wedged transport) */
-    KVP_ERR_CANCELLED = -22,       /* the operation was cancelled */
-    KVP_ERR_UNSUPPORTED = -23,     /* feature not available here (e.g. no RDMA device) */
-    KVP_ERR_PINNED = -24,          /* refused: the object is soft-pinned */
-    KVP_ERR_DEVICE = -25,          /* the CUDA driver failed a copy of GPU memory (or its context is poisoned) */
-    KVP_ERR_DENIED = -26,          /* refused: not authenticated, or not authorised for it (tenant, role) */
-    KVP_ERR__LAST = -27
+    KVP_ERR_LIST(KVP_ERR_ENUM_ITEM_)
+    /* One past the last code (-27): the list's length, negated. */
+    KVP_ERR__LAST = -(0 KVP_ERR_LIST(KVP_ERR_COUNT_ITEM_))
 } kvp_err;
+#undef KVP_ERR_ENUM_ITEM_
+#undef KVP_ERR_COUNT_ITEM_
 
 typedef struct kvp_config kvp_config; /* opaque */
 typedef struct kvp_client kvp_client; /* opaque */

@@ -12,7 +12,7 @@
  * How values reach the HTTP thread (the thread never reads an actor's live state):
  *  - kvp_metrics_pub: a slot holding documents an actor renders on its own thread and hands
  *    over whole (kvp_metrics_pub_set takes ownership); the HTTP thread copies the current one.
- *    The master service publishes this way (actors/master/service_metrics.c).
+ *    The master service publishes this way (actors/master/service/service_metrics.c).
  *  - or the owner's callbacks read counters that their writers publish with relaxed atomic
  *    stores (one writer per counter), as the segment's data plane does (seg_server.c).
  */

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "actors/segment/segment.h"
 #include "actors/transfer/transfer.h"
 #include "config/config.h"

@@ -7,7 +7,7 @@
 #include <time.h>
 
 #include "actors/client/put_retry.h"
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "kvpool_hint.h"
 #include "runtime/log.h"
 

@@ -1,27 +1,28 @@
 /*
- * mover.c — see mover.h.
+ * mover.c — the mover actor (see mover.h). Its state is touched only on its thread: a timer
+ * (MOVER_MSG_POLL) starts a poll, the session's reply brings the tasks.
  */
 #define _GNU_SOURCE
 #include "actors/segment/mover.h"
 
-#include <errno.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <xxhash.h>
 
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
+#include "runtime/actor.h"
 #include "runtime/log.h"
 
 #define MOVER_IDLE_MS 250u
 #define MOVER_MAX_TASKS 16u
 #define MOVER_COPY_TIMEOUT_MS 8000u
 #define MOVER_RPC_TIMEOUT_MS 2000u
+
+enum { MOVER_MSG_POLL = 1 };
 
 struct kvp_mover {
     struct kvp_msession *ms;
@@ -30,31 +31,17 @@ struct kvp_mover {
     uint64_t size;
     char actor[200];
     struct kvp_xfer_engine *xe;
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stopping;
-    struct kvp_mover_stats st;
+    uint64_t copies_ok, copies_failed, bytes_moved; /* logged at stop */
     /* reports waiting for the next poll */
     Kvp__MoveDone *done;
     size_t n_done, cap_done;
+    /* the poll in flight */
+    bool polling;
+    uint64_t poll_corr;
+    uint32_t poll_id;      /* segment id it was sent for */
+    size_t poll_reports;   /* reports it carries (the first ones of done[]) */
+    bool failing;          /* polls fail: logged once */
 };
-
-static bool wait_stop(struct kvp_mover *m, uint32_t ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
-    ts.tv_sec += (time_t)(ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
-    pthread_mutex_lock(&m->mu);
-    while (!m->stopping)
-        if (pthread_cond_timedwait(&m->cv, &m->mu, &ts) == ETIMEDOUT)
-            break;
-    bool st = m->stopping;
-    pthread_mutex_unlock(&m->mu);
-    return st;
-}
 
 static void clear_done(struct kvp_mover *m)
 {
@@ -83,14 +70,12 @@ static void add_done(struct kvp_mover *m, const Kvp__MoveTask *t, int status)
     d->target_segment_id = t->target ? t->target->segment_id : 0;
     d->target_offset = t->target ? t->target->offset : 0;
     m->n_done++;
-    pthread_mutex_lock(&m->mu);
     if (status == KVP_OK) {
-        m->st.copies_ok++;
-        m->st.bytes_moved += t->size;
+        m->copies_ok++;
+        m->bytes_moved += t->size;
     } else {
-        m->st.copies_failed++;
+        m->copies_failed++;
     }
-    pthread_mutex_unlock(&m->mu);
 }
 
 /* Run the tasks of one poll as one transfer batch. */
@@ -133,121 +118,126 @@ static void run_tasks(struct kvp_mover *m, uint32_t id, Kvp__MoveTask **tasks, s
     }
 }
 
-static void *mover_main(void *arg)
+/* Start the next poll after delay_ms. */
+static int schedule(struct kvp_rt_ctx *ctx, uint32_t delay_ms)
 {
-    struct kvp_mover *m = arg;
-    bool busy = false, failing = false;
-    while (!wait_stop(m, busy ? 0 : MOVER_IDLE_MS)) {
-        uint32_t id = atomic_load_explicit(m->id, memory_order_relaxed);
-        busy = false;
-        if (id == 0)
-            continue;
-        Kvp__Request req;
-        Kvp__MoverPollReq q;
-        Kvp__MoveDone *dp[256];
-        kvp__request__init(&req);
-        kvp__mover_poll_req__init(&q);
-        q.segment_id = id;
-        q.max_tasks = MOVER_MAX_TASKS;
-        size_t nd = m->n_done < 256 ? m->n_done : 256;
-        for (size_t i = 0; i < nd; i++)
-            dp[i] = &m->done[i];
-        q.done = dp;
-        q.n_done = nd;
-        req.body_case = KVP__REQUEST__BODY_MOVER_POLL;
-        req.mover_poll = &q;
-        Kvp__Response *resp = NULL;
-        int rc = kvp_msession_call(m->ms, &req, MOVER_RPC_TIMEOUT_MS, &resp);
-        if (rc == KVP_OK)
-            rc = resp->status;
-        if (rc != KVP_OK) {
-            if (!failing)
-                kvp_log_debug(m->actor, "mover poll: %s", kvp_errname(rc));
-            failing = true;
-            kvp_msession_response_free(resp);
-            continue; /* reports kept for the next poll */
-        }
-        failing = false;
-        /* delivered: drop the reports sent */
-        for (size_t i = 0; i < nd; i++)
-            free(m->done[i].key);
-        if (nd > 0) { /* m->done may be NULL when nothing was reported */
-            memmove(m->done, m->done + nd, (m->n_done - nd) * sizeof *m->done);
-            m->n_done -= nd;
-        }
-        if (resp->body_case == KVP__RESPONSE__BODY_MOVER_POLL && resp->mover_poll &&
-            resp->mover_poll->n_tasks) {
-            run_tasks(m, id, resp->mover_poll->tasks, resp->mover_poll->n_tasks);
-            busy = true;
-        }
-        if (m->n_done)
-            busy = true;
-        kvp_msession_response_free(resp);
-    }
-    return NULL;
+    int rc = kvp_rt_timer_start(ctx, delay_ms, 0, MOVER_MSG_POLL, NULL);
+    return rc == KVP_ERR_CLOSED ? KVP_OK : rc; /* NOMEM fails the actor: its supervisor restarts it */
 }
 
-int kvp_mover_start(struct kvp_mover **out, struct kvp_msession *ms, _Atomic uint32_t *id, void *base,
-                    uint64_t size, const char *actor)
+static int on_poll_timer(struct kvp_rt_ctx *ctx, struct kvp_mover *m)
 {
-    if (!out || !ms || !id || !base)
+    uint32_t id = atomic_load_explicit(m->id, memory_order_relaxed);
+    if (id == 0 || m->polling)
+        return m->polling ? KVP_OK : schedule(ctx, MOVER_IDLE_MS);
+    Kvp__Request req;
+    Kvp__MoverPollReq q;
+    Kvp__MoveDone *dp[256];
+    kvp__request__init(&req);
+    kvp__mover_poll_req__init(&q);
+    q.segment_id = id;
+    q.max_tasks = MOVER_MAX_TASKS;
+    size_t nd = m->n_done < 256 ? m->n_done : 256;
+    for (size_t i = 0; i < nd; i++)
+        dp[i] = &m->done[i];
+    q.done = dp;
+    q.n_done = nd;
+    req.body_case = KVP__REQUEST__BODY_MOVER_POLL;
+    req.mover_poll = &q;
+    int rc = kvp_msession_request(ctx, m->ms, &req, MOVER_RPC_TIMEOUT_MS, &m->poll_corr);
+    if (rc != KVP_OK) {
+        if (rc == KVP_ERR_NOMEM)
+            return rc;
+        if (!m->failing)
+            kvp_log_debug(m->actor, "mover poll: %s", kvp_errname(rc));
+        m->failing = true;
+        return schedule(ctx, MOVER_IDLE_MS);
+    }
+    m->polling = true;
+    m->poll_id = id;
+    m->poll_reports = nd;
+    return KVP_OK;
+}
+
+static int on_poll_reply(struct kvp_rt_ctx *ctx, struct kvp_mover *m, struct kvp_rt_msg *msg)
+{
+    m->polling = false;
+    Kvp__Response *resp = msg->status == KVP_OK ? kvp_rt_msg_take(msg) : NULL;
+    int rc = msg->status == KVP_OK ? (resp ? resp->status : KVP_ERR_MALFORMED) : msg->status;
+    if (rc != KVP_OK) {
+        if (!m->failing)
+            kvp_log_debug(m->actor, "mover poll: %s", kvp_errname(rc));
+        m->failing = true;
+        kvp_msession_response_free(resp);
+        return schedule(ctx, MOVER_IDLE_MS); /* reports kept for the next poll */
+    }
+    m->failing = false;
+    /* delivered: drop the reports sent */
+    size_t nd = m->poll_reports;
+    for (size_t i = 0; i < nd; i++)
+        free(m->done[i].key);
+    if (nd > 0) { /* m->done may be NULL when nothing was reported */
+        memmove(m->done, m->done + nd, (m->n_done - nd) * sizeof *m->done);
+        m->n_done -= nd;
+    }
+    bool busy = false;
+    if (resp->body_case == KVP__RESPONSE__BODY_MOVER_POLL && resp->mover_poll && resp->mover_poll->n_tasks) {
+        run_tasks(m, m->poll_id, resp->mover_poll->tasks, resp->mover_poll->n_tasks);
+        busy = true;
+    }
+    if (m->n_done)
+        busy = true;
+    kvp_msession_response_free(resp);
+    return schedule(ctx, busy ? 0 : MOVER_IDLE_MS);
+}
+
+static int mover_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    struct kvp_mover *m = kvp_rt_state(ctx);
+    if (msg->kind == KVP_RT_TIMER && msg->type == MOVER_MSG_POLL)
+        return on_poll_timer(ctx, m);
+    if (msg->kind == KVP_RT_REPLY && m->polling && msg->corr_id == m->poll_corr)
+        return on_poll_reply(ctx, m, msg);
+    return KVP_OK;
+}
+
+static int mover_init(struct kvp_rt_ctx *ctx)
+{
+    return schedule(ctx, MOVER_IDLE_MS);
+}
+
+static void mover_fini(struct kvp_rt_ctx *ctx)
+{
+    struct kvp_mover *m = kvp_rt_state(ctx);
+    if (m->copies_ok || m->copies_failed)
+        kvp_log_info(m->actor, "stopped: %llu copies done (%llu bytes), %llu failed",
+                     (unsigned long long)m->copies_ok, (unsigned long long)m->bytes_moved,
+                     (unsigned long long)m->copies_failed);
+    kvp_xfer_engine_destroy(&m->xe);
+    clear_done(m);
+    free(m->done);
+    free(m);
+}
+
+int kvp_mover_spawn(struct kvp_rt_actor **out, struct kvp_rt_actor *parent, const struct kvp_mover_cfg *cfg)
+{
+    if (!out || !cfg || !cfg->ms || !cfg->id || !cfg->base)
         return KVP_ERR_INVALID;
     struct kvp_mover *m = calloc(1, sizeof *m);
     if (!m)
         return KVP_ERR_NOMEM;
-    m->ms = ms;
-    m->id = id;
-    m->base = base;
-    m->size = size;
-    snprintf(m->actor, sizeof m->actor, "%s mover", actor ? actor : "segment");
-    pthread_mutex_init(&m->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&m->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    m->ms = cfg->ms;
+    m->id = cfg->id;
+    m->base = cfg->base;
+    m->size = cfg->size;
+    snprintf(m->actor, sizeof m->actor, "%s mover", cfg->actor ? cfg->actor : "segment");
     struct kvp_xfer_params xp = {.conns_per_peer = 2, .slice_bytes = 1u << 20, .connect_timeout_ms = 1000};
     int rc = kvp_xfer_engine_new(&m->xe, &xp);
-    if (rc != KVP_OK)
-        goto fail;
-    if (pthread_create(&m->th, NULL, mover_main, m) != 0) {
-        rc = KVP_ERR_NOMEM;
-        goto fail;
+    if (rc != KVP_OK) {
+        free(m);
+        return rc;
     }
-    *out = m;
-    return KVP_OK;
-fail:
-    kvp_xfer_engine_destroy(&m->xe);
-    pthread_cond_destroy(&m->cv);
-    pthread_mutex_destroy(&m->mu);
-    free(m);
-    return rc;
-}
-
-void kvp_mover_get_stats(struct kvp_mover *m, struct kvp_mover_stats *st)
-{
-    if (!m || !st)
-        return;
-    pthread_mutex_lock(&m->mu);
-    *st = m->st;
-    pthread_mutex_unlock(&m->mu);
-}
-
-void kvp_mover_stop(struct kvp_mover **mp)
-{
-    if (!mp || !*mp)
-        return;
-    struct kvp_mover *m = *mp;
-    *mp = NULL;
-    pthread_mutex_lock(&m->mu);
-    m->stopping = true;
-    pthread_cond_broadcast(&m->cv);
-    pthread_mutex_unlock(&m->mu);
-    pthread_join(m->th, NULL);
-    kvp_xfer_engine_destroy(&m->xe);
-    clear_done(m);
-    free(m->done);
-    pthread_cond_destroy(&m->cv);
-    pthread_mutex_destroy(&m->mu);
-    free(m);
+    struct kvp_rt_spec spec = {.name = "mover", .init = mover_init, .handle = mover_handle, .fini = mover_fini,
+                               .state = m};
+    return kvp_rt_spawn(out, &spec, parent); /* on failure fini ran: m is freed */
 }

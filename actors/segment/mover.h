@@ -1,9 +1,14 @@
 /*
- * mover.h — a segment's mover (docs/drain-repair.md): one thread that polls the master leader
- * (MoverPoll) for copy tasks whose source is this segment, checks the source bytes against the
- * object's XXH3-64, writes them to the target segment with its own transfer engine (TCP
- * WRITE, pipelined, one batch per poll) and reports each outcome in its next poll.
- * Idle: one poll every 250 ms; busy: the next poll right after the reports are ready.
+ * mover.h — a segment's mover (docs/drain-repair.md): a runtime actor ("mover", a child of the
+ * segment's supervisor, segment_state.h) that polls the master leader (MoverPoll, through the
+ * master session without blocking) for copy tasks whose source is this segment, checks the
+ * source bytes against the object's XXH3-64, writes them to the target segment with its own
+ * transfer engine (TCP WRITE, pipelined, one batch per poll) and reports each outcome in its
+ * next poll. Idle: one poll every 250 ms; busy: the next poll right after the reports are ready.
+ *
+ * The copy itself is the transfer engine's blocking kvp_xfer_run (at most 8 s per batch): the
+ * mover has its own thread so that only its own messages wait meanwhile; it becomes a request to
+ * the engine when the engine is an actor (issue 19).
  */
 #ifndef KVP_SEGMENT_MOVER_H
 #define KVP_SEGMENT_MOVER_H
@@ -11,23 +16,23 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 
-struct kvp_mover;
+struct kvp_rt_actor;
 
-struct kvp_mover_stats {
-    uint64_t copies_ok, copies_failed, bytes_moved;
+/** What the mover works for: all borrowed, and they outlive the mover. */
+struct kvp_mover_cfg {
+    struct kvp_msession *ms;
+    _Atomic uint32_t *id; /* the segment's current id (0 = not mounted: no polls); relaxed reads */
+    void *base;           /* the region [base, base + size) */
+    uint64_t size;
+    const char *actor;    /* the segment's log name; " mover" is appended */
 };
 
 /**
- * Start the mover of the segment whose current id is *id (0 = not mounted: no polls) and whose
- * region is [base, base+size). `ms` and `id` are borrowed and must outlive the mover.
- * Errors: KVP_ERR_NOMEM, KVP_ERR_IO.
+ * Spawn the mover as a threaded actor with `parent` (its supervisor) as parent. Errors:
+ * KVP_ERR_INVALID, KVP_ERR_NOMEM, KVP_ERR_IO, the transfer engine's.
  */
-int kvp_mover_start(struct kvp_mover **out, struct kvp_msession *ms, _Atomic uint32_t *id, void *base,
-                    uint64_t size, const char *actor);
-void kvp_mover_get_stats(struct kvp_mover *m, struct kvp_mover_stats *st);
-/** Stop the thread (a copy in flight finishes or times out first), free. Accepts NULL. */
-void kvp_mover_stop(struct kvp_mover **m);
+int kvp_mover_spawn(struct kvp_rt_actor **out, struct kvp_rt_actor *parent, const struct kvp_mover_cfg *cfg);
 
 #endif

@@ -2,16 +2,16 @@
  * segment.c — one contributed segment: region (mmap), data-plane server, mount, heartbeat,
  * drain, unmount. See segment.h and docs/data-plane.md.
  *
- * Threads: the caller of kvp_segment_start/drain/stop, and one heartbeat thread. The segment
- * id is an atomic (relaxed: a single independent value; the server keeps its own copy).
+ * Runs on: the caller of kvp_segment_start/drain/stop (the first mount, the drain, the unmount:
+ * blocking calls of this API), and the segment's actors under its supervisor (segment_state.h):
+ * heartbeat (seg_heartbeat.c), mover (mover.c), prefault (below). No lock; the shared atomics
+ * are described in segment_state.h.
  */
 #define _GNU_SOURCE
 #include "actors/segment/segment.h"
 
 #include <errno.h>
 #include <jansson.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -24,10 +24,13 @@
 #include "actors/segment/mover.h"
 #include "actors/segment/seg_server.h"
 #include "actors/segment/segment_internal.h"
+#include "actors/segment/segment_state.h"
 #include "kvpool.h"
+#include "runtime/actor.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 #include "runtime/proc.h"
+#include "runtime/supervisor.h"
 
 #define HUGE_PAGE_BYTES (2ull << 20)
 #define MOUNT_TIMEOUT_MS 10000u
@@ -38,36 +41,6 @@
 #define MOUNT_RETRY_MAX_MS 10000u
 #define UNMOUNT_TIMEOUT_MS 3000u
 #define DRAIN_POLL_MS 200u
-
-struct kvp_segment {
-    struct kvp_cfg_segment cfg;
-    struct kvp_msession *ms;
-    struct kvp_segment_hooks hooks;
-    void *base;
-    size_t map_bytes;
-    uint64_t size;
-    bool huge;
-    struct kvp_seg_server *srv;
-    _Atomic uint32_t id;
-    /* Mount counters for kvp_segment_stats: written by whichever thread mounts (the start, then
-     * the heartbeat thread: one at a time), read by the metrics thread; relaxed, independent
-     * values (see seg_server.c's counters for why atomics and not a message). */
-    _Atomic uint64_t mounts;
-    _Atomic uint64_t mount_failures;
-    char name[128];
-    char endpoint[300];
-    char actor[160];
-    pthread_t hb_thread;
-    bool hb_started;
-    struct kvp_mover *mover; /* drain/repair copies from this segment (mover.h) */
-    bool drain_signalled;    /* heartbeat thread only */
-    pthread_mutex_t mu; /* guards stopping */
-    pthread_cond_t cv;
-    bool stopping;
-    pthread_t prefault_thread; /* segment_prefault: populates the region in the background */
-    bool prefault_started;
-    atomic_bool prefault_stop;
-};
 
 static int call(struct kvp_segment *s, Kvp__Request *req, uint32_t timeout_ms, Kvp__Response **out)
 {
@@ -85,23 +58,25 @@ static void count(_Atomic uint64_t *c)
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
 }
 
-/* MountSegment; on success the new id is stored and the server accepts it. A failure is logged
- * as ERROR unless `quiet` (the caller logs its own line). */
-static int do_mount_ex(struct kvp_segment *s, uint32_t timeout_ms, bool quiet)
+void kvp_seg_mount_req(struct kvp_segment *s, Kvp__Request *req, Kvp__MountSegmentReq *m)
 {
-    Kvp__Request req;
-    Kvp__MountSegmentReq m;
-    kvp__request__init(&req);
-    kvp__mount_segment_req__init(&m);
-    m.name = s->name;
-    m.host = s->cfg.local_hostname;
-    m.endpoint = s->endpoint;
-    m.size = s->size;
-    m.owner_pid = (uint64_t)getpid();
-    req.body_case = KVP__REQUEST__BODY_MOUNT;
-    req.mount = &m;
-    Kvp__Response *resp = NULL;
-    int rc = call(s, &req, timeout_ms, &resp);
+    kvp__request__init(req);
+    kvp__mount_segment_req__init(m);
+    m->name = s->name;
+    m->host = s->cfg.local_hostname;
+    m->endpoint = s->endpoint;
+    m->size = s->size;
+    m->owner_pid = (uint64_t)getpid();
+    req->body_case = KVP__REQUEST__BODY_MOUNT;
+    req->mount = m;
+}
+
+int kvp_seg_mount_apply(struct kvp_segment *s, int rc, Kvp__Response *resp, bool quiet)
+{
+    if (rc == KVP_OK && !resp)
+        rc = KVP_ERR_MALFORMED;
+    if (rc == KVP_OK)
+        rc = resp->status;
     if (rc == KVP_OK && (resp->body_case != KVP__RESPONSE__BODY_MOUNT || !resp->mount ||
                          resp->mount->segment_id == 0))
         rc = KVP_ERR_MALFORMED;
@@ -125,6 +100,18 @@ static int do_mount_ex(struct kvp_segment *s, uint32_t timeout_ms, bool quiet)
     if (s->hooks.on_mount)
         s->hooks.on_mount(s->hooks.ctx, old, id, s->base, s->size);
     return KVP_OK;
+}
+
+/* MountSegment, blocking (the start); on success the new id is stored and the server accepts
+ * it. A failure is logged as ERROR unless `quiet` (the caller logs its own line). */
+static int do_mount_ex(struct kvp_segment *s, uint32_t timeout_ms, bool quiet)
+{
+    Kvp__Request req;
+    Kvp__MountSegmentReq m;
+    kvp_seg_mount_req(s, &req, &m);
+    Kvp__Response *resp = NULL;
+    int rc = kvp_msession_call(s->ms, &req, timeout_ms, &resp);
+    return kvp_seg_mount_apply(s, rc, resp, quiet);
 }
 
 static int do_mount(struct kvp_segment *s, uint32_t timeout_ms)
@@ -161,101 +148,6 @@ static int mount_retrying(struct kvp_segment *s)
             ;
         backoff = backoff * 2 > MOUNT_RETRY_MAX_MS ? MOUNT_RETRY_MAX_MS : backoff * 2;
     }
-}
-
-/* Wait up to ms on the stop condition. Returns true when stopping. */
-static bool wait_stop(struct kvp_segment *s, uint32_t ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
-    ts.tv_sec += (time_t)(ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
-    pthread_mutex_lock(&s->mu);
-    while (!s->stopping)
-        if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT)
-            break;
-    bool st = s->stopping;
-    pthread_mutex_unlock(&s->mu);
-    return st;
-}
-
-static void *hb_main(void *arg)
-{
-    struct kvp_segment *s = arg;
-    uint32_t period = s->cfg.heartbeat_ms ? s->cfg.heartbeat_ms : 1000;
-    uint32_t timeout = period < 1000 ? 1000 : period;
-    bool failing = false, fenced = false;
-    uint64_t last_wake = kvp_clock_now_ms();
-    while (!wait_stop(s, period)) {
-        uint32_t id = atomic_load_explicit(&s->id, memory_order_relaxed);
-        int rc;
-        uint64_t woke = kvp_clock_now_ms();
-        if (id && woke - last_wake > 3ull * period + 1000u) {
-            /* We were stopped (SIGSTOP, VM pause): the master may have declared us lost and
-             * dropped our replicas. Refuse data until a heartbeat confirms the id. */
-            kvp_log_warn(s->actor, "segment %u: stalled for %llu ms: refusing data until the master "
-                         "confirms this segment", id, (unsigned long long)(woke - last_wake));
-            kvp_seg_server_set_id(s->srv, 0);
-            fenced = true;
-        }
-        last_wake = woke;
-        if (id == 0) {
-            rc = KVP_ERR_NOT_FOUND; /* a remount failed earlier: try again */
-        } else {
-            Kvp__Request req;
-            Kvp__HeartbeatReq hb;
-            kvp__request__init(&req);
-            kvp__heartbeat_req__init(&hb);
-            hb.segment_id = id;
-            req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
-            req.heartbeat = &hb;
-            Kvp__Response *resp = NULL;
-            rc = call(s, &req, timeout, &resp);
-            if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
-                resp->heartbeat->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
-                rc = KVP_ERR_NOT_FOUND; /* same meaning: the master dropped our replicas */
-            if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
-                resp->heartbeat->state == KVP__SEGMENT_STATE__SEGMENT_DRAINING && !s->hooks.on_mount &&
-                !s->drain_signalled) {
-                /* `kvpoolctl drain` of a kvpool-segment daemon (no hooks): take its SIGTERM path
-                 * (drain until empty, unmount, exit 0). Embedded segments keep running. */
-                s->drain_signalled = true;
-                kvp_log_info(s->actor, "segment %u: the master marked it DRAINING: draining, then exiting", id);
-                kill(getpid(), SIGTERM);
-            }
-            kvp_msession_response_free(resp);
-        }
-        if (rc == KVP_ERR_NOT_FOUND) {
-            /* The master declared us lost: the bytes we held are gone from its view. Remount as
-             * a new segment; memory is considered empty (nothing references the old id). */
-            kvp_log_warn(s->actor, "segment %u unknown to the master: remounting as a new segment", id);
-            kvp_seg_server_set_id(s->srv, 0);
-            if (do_mount(s, timeout) != KVP_OK) {
-                uint32_t old = atomic_exchange_explicit(&s->id, 0, memory_order_relaxed);
-                if (old && s->hooks.on_mount)
-                    s->hooks.on_mount(s->hooks.ctx, old, 0, NULL, 0);
-            }
-            failing = false;
-            fenced = false;
-            continue;
-        }
-        if (rc != KVP_OK) {
-            if (!failing)
-                kvp_log_warn(s->actor, "segment %u: heartbeat: %s (retrying every %u ms)", id,
-                             kvp_errname(rc), period);
-            failing = true;
-        } else if (failing) {
-            kvp_log_info(s->actor, "segment %u: heartbeat answered again", id);
-            failing = false;
-        }
-        if (rc == KVP_OK && fenced) {
-            kvp_seg_server_set_id(s->srv, id);
-            kvp_log_info(s->actor, "segment %u: confirmed by the master: serving again", id);
-            fenced = false;
-        }
-    }
-    return NULL;
 }
 
 static int map_region(struct kvp_segment *s)
@@ -399,80 +291,131 @@ static uint64_t prefault_allow(uint64_t want, char *why, size_t cap)
  * cgroup limit of the process (a container's) is below max(limit / 10, 512 MiB) plus the next
  * 64 MiB (memcg.c); hugetlb regions are reserved at mmap.
  */
-static void *prefault_main(void *arg)
+enum { PF_MSG_STEP = 1 };
+
+struct pf_state {
+    struct kvp_segment *s;
+    uint64_t t0;          /* ms: when it started */
+    size_t done;          /* bytes populated */
+    size_t allowed;       /* bytes below which memory was checked */
+    bool populate;        /* MADV_POPULATE_WRITE works (else: touch page by page) */
+    bool ended;           /* the closing line was logged */
+    char why[768];        /* why it stopped early ("" = it did not) */
+};
+
+static void pf_log_end(struct pf_state *p)
+{
+    struct kvp_segment *s = p->s;
+    p->ended = true;
+    if (p->why[0])
+        kvp_log_warn(s->actor, "prefault stopped after %zu of %zu bytes: %s (the rest faults on first write)",
+                     p->done, s->map_bytes, p->why);
+    else
+        kvp_log_info(s->actor, "prefault: %zu of %zu bytes populated in %llu ms%s", p->done, s->map_bytes,
+                     (unsigned long long)(kvp_clock_now_ms() - p->t0), p->populate ? "" : " (page by page)");
+}
+
+/* One chunk (PREFAULT_CHUNK_BYTES) per message: between two, the actor's mailbox runs, so a stop
+ * (close drops the next PF_MSG_STEP) waits for one madvise call at most. */
+static int pf_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    struct pf_state *p = kvp_rt_state(ctx);
+    struct kvp_segment *s = p->s;
+    if (msg->type != PF_MSG_STEP || p->ended)
+        return KVP_OK;
+    if (p->done >= s->map_bytes) {
+        pf_log_end(p);
+        return KVP_OK;
+    }
+    size_t n = s->map_bytes - p->done < PREFAULT_CHUNK_BYTES ? s->map_bytes - p->done : PREFAULT_CHUNK_BYTES;
+    if (p->done + n > p->allowed) {
+        uint64_t step = s->map_bytes - p->done < PREFAULT_MEMCHECK_BYTES ? s->map_bytes - p->done
+                                                                        : PREFAULT_MEMCHECK_BYTES;
+        if (prefault_allow(step, p->why, sizeof p->why) < step) {
+            pf_log_end(p);
+            return KVP_OK;
+        }
+        p->allowed = p->done + step;
+    }
+    uint8_t *at = (uint8_t *)s->base + p->done;
+    bool again = false;
+    if (p->populate && madvise(at, n, MADV_POPULATE_WRITE) != 0) {
+        if (errno == EINTR) {
+            again = true; /* the same chunk again */
+        } else if (errno == EINVAL) {
+            p->populate = false; /* kernel without it: touch below */
+        } else {
+            snprintf(p->why, sizeof p->why, "%s", strerror(errno));
+            pf_log_end(p);
+            return KVP_OK;
+        }
+    }
+    if (!again) {
+        if (!p->populate)
+            for (size_t off = 0; off < n; off += 4096)
+                __atomic_fetch_or(at + off, (uint8_t)0, __ATOMIC_RELAXED);
+        p->done += n;
+    }
+    kvp_rt_send(kvp_rt_self(ctx), 0, PF_MSG_STEP, 0, NULL, NULL); /* CLOSED when stopping: fini logs */
+    return KVP_OK;
+}
+
+static int pf_init(struct kvp_rt_ctx *ctx)
+{
+    return kvp_rt_send(kvp_rt_self(ctx), 0, PF_MSG_STEP, 0, NULL, NULL);
+}
+
+/* Stopped before the end (a drain, the segment's stop): the closing line as the thread had it. */
+static void pf_fini(struct kvp_rt_ctx *ctx)
+{
+    struct pf_state *p = kvp_rt_state(ctx);
+    if (!p->ended)
+        pf_log_end(p);
+    free(p);
+}
+
+int kvp_seg_prefault_spawn(void *arg, struct kvp_rt_actor *parent, struct kvp_rt_actor **out)
 {
     struct kvp_segment *s = arg;
-    uint64_t t0 = kvp_clock_now_ms();
-    size_t done = 0, allowed = s->map_bytes; /* bytes below which memory was checked */
-    bool populate = true;
-    const char *why = NULL;
-    char whybuf[768];
-    if (!s->huge)
-        allowed = 0;
-    while (done < s->map_bytes && !atomic_load_explicit(&s->prefault_stop, memory_order_relaxed)) {
-        size_t n = s->map_bytes - done < PREFAULT_CHUNK_BYTES ? s->map_bytes - done : PREFAULT_CHUNK_BYTES;
-        if (done + n > allowed) {
-            uint64_t step = s->map_bytes - done < PREFAULT_MEMCHECK_BYTES ? s->map_bytes - done
-                                                                          : PREFAULT_MEMCHECK_BYTES;
-            if (prefault_allow(step, whybuf, sizeof whybuf) < step) {
-                why = whybuf;
-                break;
-            }
-            allowed = done + step;
-        }
-        uint8_t *p = (uint8_t *)s->base + done;
-        if (populate && madvise(p, n, MADV_POPULATE_WRITE) != 0) {
-            if (errno == EINTR)
-                continue; /* the same chunk again */
-            if (errno == EINVAL) {
-                populate = false; /* kernel without it: touch below */
-            } else {
-                why = strerror(errno);
-                break;
-            }
-        }
-        if (!populate)
-            for (size_t off = 0; off < n; off += 4096)
-                __atomic_fetch_or(p + off, (uint8_t)0, __ATOMIC_RELAXED);
-        done += n;
-    }
-    if (why)
-        kvp_log_warn(s->actor, "prefault stopped after %zu of %zu bytes: %s (the rest faults on first write)", done,
-                     s->map_bytes, why);
-    else
-        kvp_log_info(s->actor, "prefault: %zu of %zu bytes populated in %llu ms%s", done, s->map_bytes,
-                     (unsigned long long)(kvp_clock_now_ms() - t0), populate ? "" : " (page by page)");
-    return NULL;
+    struct pf_state *p = calloc(1, sizeof *p);
+    if (!p)
+        return KVP_ERR_NOMEM;
+    p->s = s;
+    p->t0 = kvp_clock_now_ms();
+    p->populate = true;
+    p->allowed = s->huge ? s->map_bytes : 0;
+    struct kvp_rt_spec spec = {.name = "prefault", .init = pf_init, .handle = pf_handle, .fini = pf_fini,
+                               .state = p};
+    return kvp_rt_spawn(out, &spec, parent); /* on failure fini ran: p is freed */
 }
 
 static void prefault_start(struct kvp_segment *s)
 {
     if (!s->cfg.segment_prefault)
         return;
-    atomic_init(&s->prefault_stop, false);
-    s->prefault_started = pthread_create(&s->prefault_thread, NULL, prefault_main, s) == 0;
-    if (!s->prefault_started)
-        kvp_log_warn(s->actor, "prefault thread not started: pages fault on first write");
-}
-
-static void prefault_stop(struct kvp_segment *s)
-{
-    if (!s->prefault_started)
-        return;
-    atomic_store(&s->prefault_stop, true);
-    pthread_join(s->prefault_thread, NULL);
-    s->prefault_started = false;
+    if (kvp_rt_sup_add(s->sup, "prefault", kvp_seg_prefault_spawn, s) != KVP_OK)
+        kvp_log_warn(s->actor, "prefault actor not started: pages fault on first write");
 }
 
 static void segment_free(struct kvp_segment *s)
 {
-    prefault_stop(s); /* before munmap */
+    kvp_rt_destroy(&s->sup); /* its children first (prefault, mover, heartbeat): before munmap */
     kvp_seg_server_stop(&s->srv);
     if (s->base)
         munmap(s->base, s->map_bytes);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
     free(s);
+}
+
+/* The supervisor's last resort for a child failing again and again: a kvpool-segment daemon
+ * stops (the default: SIGTERM, its drain-and-exit path); an embedded segment (a client's) never
+ * stops its application: the child stays stopped, said at ERROR (without heartbeats the master
+ * declares the segment lost and the client keeps working without it). */
+static void embedded_give_up(void *arg, const char *child, int err)
+{
+    struct kvp_segment *s = arg;
+    kvp_log_error(s->actor, "%s stays stopped (%s): this segment %s", child, kvp_errname(err),
+                  strcmp(child, "heartbeat") == 0 ? "will be declared lost by the master"
+                                                  : "keeps serving without it");
 }
 
 struct srv_try {
@@ -509,12 +452,6 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
     s->ms = ms;
     if (hooks)
         s->hooks = *hooks;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
     snprintf(s->actor, sizeof s->actor, "segment %.120s", cfg->name[0] ? cfg->name : cfg->local_hostname);
 
     int rc = map_region(s);
@@ -561,7 +498,16 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
         snprintf(s->name, sizeof s->name, "%.100s-%u", host, port);
     kvp_seg_format_endpoint(s->endpoint, sizeof s->endpoint, host, port);
     snprintf(s->actor, sizeof s->actor, "segment %.120s", s->name);
-    prefault_start(s); /* after s->actor is final: the thread logs with it */
+    /* The supervisor of the segment's actors: a failing child is restarted up to 3 times a
+     * minute; then the daemon stops, an embedded segment goes on without it. */
+    char supname[KVP_RT_NAME_MAX + 1];
+    snprintf(supname, sizeof supname, "seg %s", s->name);
+    struct kvp_rt_sup_policy pol = {.max_restarts = 3, .window_ms = 60000,
+                                    .give_up = s->hooks.on_mount ? embedded_give_up : NULL, .give_up_arg = s};
+    rc = kvp_rt_sup_new(&s->sup, supname, &pol);
+    if (rc != KVP_OK)
+        goto fail;
+    prefault_start(s); /* after s->actor is final: the actor logs with it */
     kvp_log_info(s->actor, "region %lu bytes (%s pages), data plane on %s", (unsigned long)s->size,
                  s->huge ? "huge" : "normal", s->endpoint);
 
@@ -581,12 +527,10 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
     }
     if (rc != KVP_OK)
         goto fail;
-    if (pthread_create(&s->hb_thread, NULL, hb_main, s) != 0) {
-        rc = KVP_ERR_NOMEM;
+    rc = kvp_rt_sup_add(s->sup, "heartbeat", kvp_seg_heartbeat_spawn, s);
+    if (rc != KVP_OK)
         goto fail_mounted;
-    }
-    s->hb_started = true;
-    if (kvp_mover_start(&s->mover, s->ms, &s->id, s->base, s->size, s->actor) != KVP_OK)
+    if (kvp_rt_sup_add(s->sup, "mover", kvp_seg_mover_spawn, s) != KVP_OK)
         kvp_log_warn(s->actor, "mover did not start: replicas here cannot be moved by a drain");
     *out = s;
     return KVP_OK;
@@ -719,9 +663,9 @@ int kvp_segment_drain_left(struct kvp_segment *s, uint32_t timeout_ms, bool stop
     if (id == 0)
         return KVP_ERR_NOT_FOUND;
     /* A draining segment takes no new data: populating the rest of its region is wasted work.
-     * Only the flag: the thread is joined where it always is, before the unmap. */
-    if (s->prefault_started)
-        atomic_store(&s->prefault_stop, true);
+     * (NOT_FOUND: no prefault, or it ended already.) */
+    if (s->cfg.segment_prefault)
+        kvp_rt_sup_stop_child(s->sup, "prefault");
     uint64_t deadline = kvp_clock_now_ms() + timeout_ms;
     Kvp__Request req;
     Kvp__DrainSegmentReq d;
@@ -769,8 +713,10 @@ int kvp_segment_drain_left(struct kvp_segment *s, uint32_t timeout_ms, bool stop
             return KVP_ERR_TIMEOUT;
         }
         uint64_t left = deadline - now;
-        if (wait_stop(s, left < DRAIN_POLL_MS ? (uint32_t)left : DRAIN_POLL_MS))
-            return KVP_ERR_CLOSED;
+        uint32_t wait = left < DRAIN_POLL_MS ? (uint32_t)left : DRAIN_POLL_MS;
+        struct timespec ts = {.tv_sec = wait / 1000, .tv_nsec = (long)(wait % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
     }
 }
 
@@ -780,13 +726,7 @@ void kvp_segment_stop(struct kvp_segment **sp)
         return;
     struct kvp_segment *s = *sp;
     *sp = NULL;
-    pthread_mutex_lock(&s->mu);
-    s->stopping = true;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    if (s->hb_started)
-        pthread_join(s->hb_thread, NULL);
-    kvp_mover_stop(&s->mover);
+    kvp_rt_destroy(&s->sup); /* heartbeat, mover and prefault stop (their finis ran) */
     uint32_t id = atomic_load(&s->id);
     kvp_seg_server_set_id(s->srv, 0);
     if (id) {
@@ -810,4 +750,11 @@ void kvp_segment_stop(struct kvp_segment **sp)
             s->hooks.on_mount(s->hooks.ctx, id, 0, NULL, 0);
     }
     segment_free(s);
+}
+
+int kvp_seg_mover_spawn(void *arg, struct kvp_rt_actor *parent, struct kvp_rt_actor **out)
+{
+    struct kvp_segment *s = arg;
+    struct kvp_mover_cfg mc = {.ms = s->ms, .id = &s->id, .base = s->base, .size = s->size, .actor = s->actor};
+    return kvp_mover_spawn(out, parent, &mc);
 }

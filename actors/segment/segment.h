@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "actors/segment/seg_server.h"
 #include "config/config.h"
 

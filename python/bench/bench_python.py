@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The Python side of the binding's benchmark: the same work as `kvpool-bench put|get|exists`
-(tools/bench_kv.c) through kvpool.MooncakeDistributedStore, T threads on one store object.
+(tools/bench/bench_kv.c) through kvpool.MooncakeDistributedStore, T threads on one store object.
 
   put:    batch_put_from_multi_buffers of B keys, each value P pieces of value_size/P bytes
   get:    keys stored first (untimed), then batch_get_into_multi_buffers of B keys (timed)

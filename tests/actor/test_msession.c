@@ -1,7 +1,8 @@
 /*
  * test_msession.c — the master session against fake masters (ZeroMQ ROUTERs in a thread of
  * the test): NOT_LEADER hints are followed, dead and silent masters are skipped, replies with
- * unknown req_ids are dropped, no master → UNAVAILABLE, destroy → in-flight calls get CLOSED.
+ * unknown req_ids are dropped, no master → UNAVAILABLE, destroy → in-flight calls get CLOSED,
+ * many caller threads through leader changes each get their own answer.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,8 +22,9 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "kvpool.h"
+#include "runtime/actor.h"
 #include "wire/envelope.h"
 
 enum fake_mode {
@@ -31,11 +33,12 @@ enum fake_mode {
     FAKE_NOHINT,      /* answer NOT_LEADER without hint */
     FAKE_SILENT,      /* never answer */
     FAKE_BOGUS_FIRST, /* answer a reply with a wrong req_id, then the right one */
+    FAKE_FOLLOW,      /* F.leader's index: answer as FAKE_OK; F.mute: silent; else NOT_LEADER + hint */
 };
 
 struct fake_master {
     void *sock;
-    enum fake_mode mode;
+    _Atomic enum fake_mode mode; /* the test thread changes it while the fake masters run */
     char addr[64]; /* "127.0.0.1:port" */
     char hint[128];
     atomic_int requests;
@@ -48,6 +51,8 @@ static struct {
     int n;
     atomic_bool stop;
     pthread_t thread;
+    atomic_int leader; /* FAKE_FOLLOW: index of the leader */
+    atomic_int mute;   /* FAKE_FOLLOW: index of a master that answers nothing (-1 none) */
 } F;
 
 static void fake_reply(struct fake_master *m, zmq_msg_t *id, const Kvp__Request *req)
@@ -58,7 +63,15 @@ static void fake_reply(struct fake_master *m, zmq_msg_t *id, const Kvp__Request 
     kvp__exists_resp__init(&ex);
     int32_t results[1] = {7};
     resp.req_id = req->req_id;
-    switch (m->mode) {
+    enum fake_mode mode = m->mode;
+    if (mode == FAKE_FOLLOW) {
+        int me = (int)(m - F.m);
+        int leader = atomic_load(&F.leader);
+        mode = me == atomic_load(&F.mute) ? FAKE_SILENT : me == leader ? FAKE_OK : FAKE_HINT;
+        if (mode == FAKE_HINT)
+            resp.leader_hint = F.m[leader].addr;
+    }
+    switch (mode) {
     case FAKE_HINT:
         resp.status = KVP_ERR_NOT_LEADER;
         resp.leader_hint = m->hint;
@@ -67,6 +80,7 @@ static void fake_reply(struct fake_master *m, zmq_msg_t *id, const Kvp__Request 
         resp.status = KVP_ERR_NOT_LEADER;
         break;
     case FAKE_SILENT:
+    case FAKE_FOLLOW: /* resolved above */
         return;
     case FAKE_BOGUS_FIRST:
     case FAKE_OK:
@@ -77,7 +91,7 @@ static void fake_reply(struct fake_master *m, zmq_msg_t *id, const Kvp__Request 
         resp.exists = &ex;
         break;
     }
-    int n_send = m->mode == FAKE_BOGUS_FIRST ? 2 : 1;
+    int n_send = mode == FAKE_BOGUS_FIRST ? 2 : 1;
     for (int k = 0; k < n_send; k++) {
         if (n_send == 2 && k == 0)
             resp.req_id = req->req_id + 12345678ull; /* nobody's */
@@ -495,6 +509,144 @@ static void test_msession_many_threads_each_own_reply(void **state)
     fakes_stop();
 }
 
+struct follower {
+    struct kvp_msession *s;
+    atomic_int *done_calls;
+    int ok, bad;
+};
+
+static void *follower_main(void *arg)
+{
+    struct follower *f = arg;
+    for (int i = 0; i < 60; i++) {
+        Kvp__Request req;
+        Kvp__ExistsReq ex;
+        char *keys[1];
+        make_exists(&req, &ex, keys);
+        Kvp__Response *resp = NULL;
+        int rc = kvp_msession_call(f->s, &req, 10000, &resp);
+        if (rc == KVP_OK && resp->status == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_EXISTS &&
+            resp->exists->n_results == 1 && resp->exists->results[0] == 7)
+            f->ok++;
+        else
+            f->bad++;
+        kvp_msession_response_free(resp);
+        atomic_fetch_add(f->done_calls, 1);
+    }
+    return NULL;
+}
+
+/* Many caller threads on one session while the leader changes under them: the old leader goes
+ * silent mid-call (calls in flight to it must move on after their attempt timeout), then answers
+ * "not leader" with a hint to the new one. Every call still gets its own answer, none fails. */
+static void test_msession_many_threads_leader_change_mid_call(void **state)
+{
+    (void)state;
+    enum fake_mode modes[3] = {FAKE_FOLLOW, FAKE_FOLLOW, FAKE_FOLLOW};
+    fakes_start(3, modes);
+    atomic_store(&F.leader, 0);
+    atomic_store(&F.mute, -1);
+    fakes_run();
+    const char *masters[3] = {F.m[0].addr, F.m[1].addr, F.m[2].addr};
+    struct kvp_msession *s = NULL;
+    assert_int_equal(kvp_msession_new(&s, masters, 3, "test"), KVP_OK);
+    enum { N = 12 };
+    struct follower f[N];
+    pthread_t t[N];
+    atomic_int done_calls = 0;
+    for (int i = 0; i < N; i++) {
+        f[i] = (struct follower){.s = s, .done_calls = &done_calls};
+        assert_int_equal(pthread_create(&t[i], NULL, follower_main, &f[i]), 0);
+    }
+    /* a third of the calls done: the leader (0) dies for the calls in flight, 2 takes over */
+    while (atomic_load(&done_calls) < N * 20)
+        usleep(1000);
+    atomic_store(&F.mute, 0);
+    atomic_store(&F.leader, 2);
+    int at_change = atomic_load(&done_calls);
+    /* the old leader comes back as a follower with a hint once the session moved on */
+    while (atomic_load(&done_calls) < at_change + N)
+        usleep(1000);
+    atomic_store(&F.mute, -1);
+    /* and the leadership moves once more, to 1, announced only by hints */
+    while (atomic_load(&done_calls) < N * 45)
+        usleep(1000);
+    atomic_store(&F.leader, 1);
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(f[i].bad, 0);
+        assert_int_equal(f[i].ok, 60);
+    }
+    char leader[64];
+    kvp_msession_leader(s, leader, sizeof leader);
+    assert_string_equal(leader, F.m[1].addr);
+    assert_true(atomic_load(&F.m[2].requests) > 0);
+    kvp_msession_destroy(&s);
+    fakes_stop();
+}
+
+struct asker {
+    struct kvp_msession *s;
+    uint64_t corr;
+    int replies, status;
+    int32_t result;
+    uint32_t type;
+};
+
+static int asker_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    struct asker *a = kvp_rt_state(ctx);
+    if (msg->kind == KVP_RT_REPLY && msg->corr_id == a->corr) {
+        a->replies++;
+        a->status = msg->status;
+        a->type = msg->type;
+        Kvp__Response *resp = kvp_rt_msg_take(msg);
+        if (resp && resp->body_case == KVP__RESPONSE__BODY_EXISTS && resp->exists->n_results == 1)
+            a->result = resp->exists->results[0];
+        kvp_msession_response_free(resp);
+    }
+    return KVP_OK;
+}
+
+static int asker_init(struct kvp_rt_ctx *ctx)
+{
+    struct asker *a = kvp_rt_state(ctx);
+    Kvp__Request req;
+    Kvp__ExistsReq ex;
+    char *keys[1];
+    make_exists(&req, &ex, keys);
+    /* the request lives on this stack frame only: the session must have its own copy */
+    return kvp_msession_request(ctx, a->s, &req, 5000, &a->corr);
+}
+
+/* From inside an actor: the call does not block it, the answer comes back as a reply message. */
+static void test_msession_request_from_actor_replied_by_message(void **state)
+{
+    (void)state;
+    enum fake_mode modes[2] = {FAKE_HINT, FAKE_OK};
+    fakes_start(2, modes);
+    snprintf(F.m[0].hint, sizeof F.m[0].hint, "%s", F.m[1].addr);
+    fakes_run();
+    const char *masters[2] = {F.m[0].addr, F.m[1].addr};
+    struct kvp_msession *s = NULL;
+    assert_int_equal(kvp_msession_new(&s, masters, 2, "test"), KVP_OK);
+    struct asker a = {.s = s};
+    struct kvp_rt_spec spec = {.name = "asker", .init = asker_init, .handle = asker_handle, .state = &a};
+    struct kvp_rt_actor *act = NULL;
+    assert_int_equal(kvp_rt_spawn_manual(&act, &spec, NULL), KVP_OK);
+    for (int i = 0; i < 500 && a.replies == 0; i++) {
+        kvp_rt_poll(act);
+        usleep(10000);
+    }
+    assert_int_equal(a.replies, 1);
+    assert_int_equal(a.status, KVP_OK);
+    assert_int_equal(a.type, KVP_MSESSION_REPLY_TYPE);
+    assert_int_equal(a.result, 7);
+    kvp_msession_destroy(&s);
+    kvp_rt_destroy(&act);
+    fakes_stop();
+}
+
 static void test_msession_bad_args_invalid(void **state)
 {
     (void)state;
@@ -526,6 +678,8 @@ int main(void)
         cmocka_unit_test(test_msession_fail_fast_when_only_not_leader_without_a_leader),
         cmocka_unit_test(test_msession_destroy_inflight_closed),
         cmocka_unit_test(test_msession_many_threads_each_own_reply),
+        cmocka_unit_test(test_msession_many_threads_leader_change_mid_call),
+        cmocka_unit_test(test_msession_request_from_actor_replied_by_message),
         cmocka_unit_test(test_msession_bad_args_invalid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "actors/segment/segment.h"
 #include "actors/transfer/transfer.h"
 #include "config/config.h"

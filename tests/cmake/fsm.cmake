@@ -1,4 +1,4 @@
-# Master FSM and its allocator (actors/master/fsm*.c, alloc.c).
+# Master FSM and its allocator (actors/master/fsm/fsm*.c, alloc.c).
 kvp_add_test(test_alloc SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_alloc.c LABEL unit TIMEOUT 120)
 kvp_add_test(test_fsm SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm.c LABEL unit TIMEOUT 60)
 kvp_add_test(test_fsm_snap SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_snap.c LABEL unit TIMEOUT 120)

@@ -1,12 +1,12 @@
 # Runtime (actor) tests: label `actor`; they also run under ASan+UBSan and TSan.
-foreach(T order timeout close supervision hosted watch)
+foreach(T order timeout close supervision supervisor hosted watch)
   if(EXISTS ${CMAKE_SOURCE_DIR}/tests/actor/test_runtime_${T}.c)
     kvp_add_test(test_runtime_${T} SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_runtime_${T}.c
                  LABEL actor TIMEOUT 60)
   endif()
 endforeach()
 # Pure runtime pieces and API misuse: label `unit`.
-foreach(T containers api)
+foreach(T containers api err)
   kvp_add_test(test_runtime_${T} SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_runtime_${T}.c
                LABEL unit TIMEOUT 60)
 endforeach()

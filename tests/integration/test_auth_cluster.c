@@ -21,7 +21,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "auth/auth.h"
 #include "config/config.h"
 #include "runtime/clock.h"

@@ -19,7 +19,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "auth/auth.h"
 #include "config/config.h"
 #include "runtime/clock.h"

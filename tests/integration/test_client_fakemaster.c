@@ -1,6 +1,6 @@
 /*
  * test_client_fakemaster.c — the client library's flows against the real master state
- * machine (actors/master/fsm.h) behind a one-thread fake master service (tests/lib/fake_master.h:
+ * machine (actors/master/fsm/fsm.h) behind a one-thread fake master service (tests/lib/fake_master.h:
  * a ROUTER in this process, no Raft, every mutation applied directly) and three real segment
  * data-plane servers (actors/segment/seg_server.h) over loopback TCP.
  *
@@ -29,8 +29,8 @@
 #include "actors/client/api_config.h"
 #include "actors/client/client.h"
 #include "actors/client/client_state.h"
-#include "actors/client/msession.h"
-#include "actors/master/fsm.h"
+#include "actors/session/msession.h"
+#include "actors/master/fsm/fsm.h"
 #include "actors/segment/seg_server.h"
 #include "kvpool.h"
 #include "runtime/clock.h"

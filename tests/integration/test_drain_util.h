@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "auth/auth.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"

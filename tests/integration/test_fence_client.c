@@ -29,8 +29,8 @@
 #include <zmq.h>
 
 #include "actors/client/client_state.h"
-#include "actors/client/msession.h"
-#include "actors/master/fsm.h"
+#include "actors/session/msession.h"
+#include "actors/master/fsm/fsm.h"
 #include "actors/segment/seg_server.h"
 #include "actors/transfer/fault.h"
 #include "actors/transfer/transfer.h"

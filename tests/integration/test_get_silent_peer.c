@@ -17,7 +17,7 @@
 #include <cmocka.h>
 
 #include "actors/client/client_state.h"
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "auth/auth.h"
 #include "actors/transfer/fault.h"
 #include "config/config.h"

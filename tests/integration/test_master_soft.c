@@ -23,8 +23,8 @@
 
 #include <cmocka.h>
 
+#include "actors/master/service/service.h"
 #include "auth/auth.h"
-#include "actors/master/service.h"
 #include "tests/integration/test_master_util.h"
 
 /* True once a listener can bind 127.0.0.1:port (SO_REUSEADDR, as zmq binds), within ms. */

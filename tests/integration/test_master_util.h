@@ -23,7 +23,7 @@
 #include <czmq.h>
 #include <jansson.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "auth/auth.h"
 #include "kvpool.h"
 #include "runtime/proc.h"

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 #include <zmq.h>
 
-#include "actors/client/msession.h"
+#include "actors/session/msession.h"
 #include "runtime/clock.h"
 #include "wire/envelope.h"
 

@@ -1,6 +1,6 @@
 /*
  * fake_master.h — an in-process fake master service for client integration tests: the real
- * master state machine (actors/master/fsm.h) behind one ZMQ ROUTER thread in the test process.
+ * master state machine (actors/master/fsm/fsm.h) behind one ZMQ ROUTER thread in the test process.
  * No Raft: every mutation (mount, unmount, put start/end/revoke, remove) is applied directly at
  * term 1 with the wall clock, get-replicas / exists / get-size are FSM queries (replica leases
  * of 5 s), REPORT_UNREACHABLE is counted, anything else is answered with an empty response.
@@ -15,7 +15,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "actors/master/fsm.h"
+#include "actors/master/fsm/fsm.h"
 #include "kvpool.h"
 
 struct kvp_fake_master {

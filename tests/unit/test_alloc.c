@@ -1,4 +1,4 @@
-/* test_alloc.c — the per-segment offset allocator (actors/master/alloc.h). */
+/* test_alloc.c — the per-segment offset allocator (actors/master/fsm/alloc.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "actors/master/alloc.h"
+#include "actors/master/fsm/alloc.h"
 #include "kvpool.h"
 
 static void test_alloc_round_aligns_and_rejects_overflow(void **state)

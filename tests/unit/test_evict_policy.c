@@ -1,5 +1,5 @@
 /*
- * test_evict_policy.c — the pure eviction choice (actors/master/evict_policy.h): LRU order,
+ * test_evict_policy.c — the pure eviction choice (actors/master/fsm/evict_policy.h): LRU order,
  * leases never chosen, soft pins only when nothing else can go (and never when not allowed),
  * the prefix policy's leaf-first order, determinism, edge cases.
  */
@@ -12,8 +12,9 @@
 
 #include <cmocka.h>
 
-#include "actors/master/evict_policy.h"
-#include "actors/master/service_state.h"
+#include "actors/master/fsm/evict_policy.h"
+#include "actors/master/service/service_evict.h"
+#include "actors/master/service/service_state.h"
 
 static struct kvp_evict_cand cand(uint64_t hash, uint64_t parent, uint64_t at, uint64_t size)
 {

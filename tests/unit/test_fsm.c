@@ -183,7 +183,7 @@ static void test_fsm_put_start_avoid_segments_placed_last(void **state)
     q.n_avoid_segments = 2;
     c.now_wall_ms = 10;
     c.term = 3;
-    c.feature_level = 2; /* as a level-2 leader logs it (actors/master/version.h) */
+    c.feature_level = 2; /* as a level-2 leader logs it (actors/master/fsm/version.h) */
     c.body_case = KVP__COMMAND__BODY_PUT_START;
     c.put_start = &q;
     Kvp__Response *r = tf_apply(f, &c);

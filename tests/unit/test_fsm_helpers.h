@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/master/fsm.h"
+#include "actors/master/fsm/fsm.h"
 #include "kvpool.h"
 
 static inline struct kvp_master_fsm *tf_new(uint64_t grace_ms, uint64_t ttl_ms)

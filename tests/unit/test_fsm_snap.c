@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "actors/master/fsm_internal.h"
+#include "actors/master/fsm/fsm_internal.h"
 #include "test_fsm_helpers.h"
 #include "wire/snapshot.pb-c.h"
 #include <xxhash.h>

@@ -1,5 +1,5 @@
 /*
- * test_master_liveness.c — the leader's "segment lost" rule (actors/master/liveness.h) driven
+ * test_master_liveness.c — the leader's "segment lost" rule (actors/master/service/liveness.h) driven
  * with explicit times, as the service drives it: heartbeats every 300 ms from the segments that
  * live, a liveness tick every 500 ms, a confirmed quorum contact every second.
  * Issue 18's two scenarios pin the rule: the masters paused or cut off from every segment for
@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "actors/master/liveness.h"
+#include "actors/master/service/liveness.h"
 
 #define NSEG 4
 #define TTL 4000u

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "actors/master/service_state.h"
+#include "actors/master/service/service_state.h"
 #include "kvpool.h"
 
 #define REF_N 5000

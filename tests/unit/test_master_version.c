@@ -1,5 +1,5 @@
 /*
- * test_master_version.c — rolling upgrades (actors/master/version.h): the cluster's feature
+ * test_master_version.c — rolling upgrades (actors/master/fsm/version.h): the cluster's feature
  * level from what the members report, the PutStart gate, and why it exists: two members, one of
  * level 2 and one of level 1 (v0.1.0 ignores PutStartReq.avoid_segments), apply the commands
  * the leader logs and must place every put alike.
@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "actors/master/version.h"
+#include "actors/master/fsm/version.h"
 #include "test_fsm_helpers.h"
 
 #define MB (1024u * 1024u)

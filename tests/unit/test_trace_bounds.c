@@ -1,6 +1,6 @@
 /*
  * test_trace_bounds.c — kvpool-bench's trace parser, offline hit-rate bounds and block byte
- * pattern (tools/bench_tracefile.c, bench_bounds.c, bench_util.c). The full-trace case checks
+ * pattern (tools/bench/bench_tracefile.c, bench_bounds.c, bench_util.c). The full-trace case checks
  * the bounds against ../shared/data/traces/stats.json (computed independently offline).
  */
 #include <setjmp.h>
@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "tools/bench_internal.h"
+#include "tools/bench/bench_internal.h"
 
 static int parse(const char *s, struct bench_trace *t, size_t *line)
 {

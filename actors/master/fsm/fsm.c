@@ -1,0 +1,577 @@
+/*
+ * fsm.c — the master FSM's tables (segments, objects, pending puts, quarantine), lifecycle,
+ * the apply/query entry points and response helpers. Command handlers: fsm_cmd.c; queries:
+ * fsm_query.c; snapshot/restore and byte adapters: fsm_snap.c.
+ *
+ * Responses: every Response returned by apply/query is built from malloc'd parts only (each
+ * sub-message, repeated array and string is its own malloc; unset strings keep protobuf-c's
+ * shared empty default), so kvp_master_fsm_response_free() frees it with
+ * protobuf_c_message_free_unpacked(), exactly like a decoded message.
+ */
+#define _GNU_SOURCE /* vasprintf */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "actors/master/fsm/fsm_internal.h"
+#include "kvpool.h"
+#include "runtime/log.h"
+
+/* ------------------------------------------------------------------ helpers */
+
+char *kvp_fsm_strdup(const char *s)
+{
+    return strdup(s ? s : "");
+}
+
+uint32_t kvp_fsm_hash(const char *key, size_t len)
+{
+    return (uint32_t)XXH3_64bits(key, len);
+}
+
+bool kvp_fsm_key_valid(const char *key, size_t *len)
+{
+    if (!key)
+        return false;
+    size_t n = strnlen(key, KVP_FSM_KEY_MAX + 1);
+    if (n == 0 || n > KVP_FSM_KEY_MAX)
+        return false;
+    *len = n;
+    return true;
+}
+
+/* ------------------------------------------------------------------ object table */
+
+struct kvp_fsm_obj *kvp_fsm_obj_find(const struct kvp_master_fsm *f, const char *key, size_t len)
+{
+    if (!f->tab_cap)
+        return NULL;
+    uint32_t h = kvp_fsm_hash(key, len);
+    uint64_t mask = f->tab_cap - 1;
+    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+        struct kvp_fsm_obj *o = f->tab[i];
+        if (!o)
+            return NULL;
+        if (o->hash == h && o->key_len == len && memcmp(kvp_fsm_obj_key(o), key, len) == 0)
+            return o;
+    }
+}
+
+static void tab_place(struct kvp_fsm_obj **tab, uint64_t cap, struct kvp_fsm_obj *o)
+{
+    uint64_t mask = cap - 1;
+    uint64_t i = o->hash & mask;
+    while (tab[i])
+        i = (i + 1) & mask;
+    tab[i] = o;
+}
+
+static int tab_grow(struct kvp_master_fsm *f)
+{
+    uint64_t cap = f->tab_cap ? f->tab_cap * 2 : 1024;
+    struct kvp_fsm_obj **t = calloc(cap, sizeof(*t));
+    if (!t)
+        return KVP_ERR_NOMEM;
+    for (uint64_t i = 0; i < f->tab_cap; i++)
+        if (f->tab[i])
+            tab_place(t, cap, f->tab[i]);
+    free(f->tab);
+    f->tab = t;
+    f->tab_cap = cap;
+    return KVP_OK;
+}
+
+int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
+{
+    if ((f->n_objects + 1) * 4 > f->tab_cap * 3) {
+        int rc = tab_grow(f);
+        if (rc)
+            return rc;
+    }
+    tab_place(f->tab, f->tab_cap, o);
+    f->n_objects++;
+    return KVP_OK;
+}
+
+void kvp_fsm_obj_unlink(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
+{
+    uint64_t mask = f->tab_cap - 1;
+    uint64_t i = o->hash & mask;
+    while (f->tab[i] != o)
+        i = (i + 1) & mask;
+    /* Backward-shift deletion keeps probe chains intact without tombstones. */
+    uint64_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        struct kvp_fsm_obj *n = f->tab[j];
+        if (!n)
+            break;
+        uint64_t k = n->hash & mask;
+        bool movable = (i <= j) ? (k <= i || k > j) : (k <= i && k > j);
+        if (movable) {
+            f->tab[i] = n;
+            i = j;
+        }
+    }
+    f->tab[i] = NULL;
+    f->n_objects--;
+}
+
+struct kvp_fsm_obj *kvp_fsm_obj_alloc(const char *key, size_t key_len, unsigned n_replicas)
+{
+    struct kvp_fsm_obj *o =
+        malloc(sizeof(*o) + n_replicas * sizeof(struct kvp_fsm_replica) + key_len + 1);
+    if (!o)
+        return NULL;
+    memset(o, 0, sizeof(*o));
+    o->n_replicas = (uint8_t)n_replicas;
+    o->key_len = (uint16_t)key_len;
+    o->hash = kvp_fsm_hash(key, key_len);
+    char *k = kvp_fsm_obj_key(o);
+    memcpy(k, key, key_len);
+    k[key_len] = '\0';
+    return o;
+}
+
+int kvp_fsm_pending_add(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
+{
+    if (f->n_pending == f->pending_cap) {
+        uint64_t cap = f->pending_cap ? f->pending_cap * 2 : 64;
+        struct kvp_fsm_obj **p = realloc(f->pending, cap * sizeof(*p));
+        if (!p)
+            return KVP_ERR_NOMEM;
+        f->pending = p;
+        f->pending_cap = cap;
+    }
+    o->pending_idx = (uint32_t)f->n_pending;
+    f->pending[f->n_pending++] = o;
+    return KVP_OK;
+}
+
+void kvp_fsm_pending_del(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
+{
+    uint64_t i = o->pending_idx;
+    struct kvp_fsm_obj *last = f->pending[--f->n_pending];
+    f->pending[i] = last;
+    last->pending_idx = (uint32_t)i;
+}
+
+/* ------------------------------------------------------------------ segments */
+
+struct kvp_fsm_seg *kvp_fsm_seg_get(const struct kvp_master_fsm *f, uint32_t id)
+{
+    if (id == 0 || id > f->n_segs_ids)
+        return NULL;
+    return f->segs[id - 1];
+}
+
+struct kvp_fsm_seg *kvp_fsm_seg_by_name(const struct kvp_master_fsm *f, const char *name)
+{
+    for (uint32_t i = 0; i < f->n_segs_ids; i++) {
+        struct kvp_fsm_seg *s = f->segs[i];
+        if (s && s->state != KVP__SEGMENT_STATE__SEGMENT_LOST && strcmp(s->name, name) == 0)
+            return s;
+    }
+    return NULL;
+}
+
+void kvp_fsm_seg_free(struct kvp_fsm_seg *s)
+{
+    if (!s)
+        return;
+    kvp_alloc_fini(&s->alloc);
+    free(s->q);
+    free(s->name);
+    free(s->host);
+    free(s->endpoint);
+    free(s);
+}
+
+int kvp_fsm_quarantine_push(struct kvp_fsm_seg *s, uint64_t off, uint64_t len, uint64_t now_ms)
+{
+    if (s->q_head > 0 && s->q_head * 2 >= s->q_len) { /* compact the consumed prefix */
+        memmove(s->q, s->q + s->q_head, (s->q_len - s->q_head) * sizeof(*s->q));
+        s->q_len -= s->q_head;
+        s->q_head = 0;
+    }
+    if (s->q_len == s->q_cap) {
+        uint64_t cap = s->q_cap ? s->q_cap * 2 : 16;
+        struct kvp_fsm_quar *q = realloc(s->q, cap * sizeof(*q));
+        if (!q)
+            return KVP_ERR_NOMEM;
+        s->q = q;
+        s->q_cap = cap;
+    }
+    if (s->q_len > s->q_head && s->q[s->q_len - 1].freed_at_ms > now_ms)
+        now_ms = s->q[s->q_len - 1].freed_at_ms;
+    s->q[s->q_len++] = (struct kvp_fsm_quar){.offset = off, .len = len, .freed_at_ms = now_ms};
+    s->quarantined_bytes += len;
+    return KVP_OK;
+}
+
+void kvp_fsm_obj_destroy(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t now_ms)
+{
+    uint64_t len = kvp_alloc_round(o->size);
+    /* A pending put's writer may still have WRITE frames in flight until its deadline (the
+     * segment refuses payload after the frame's write deadline, which the client sets no later
+     * than the put's deadline; docs/fencing.md). So its space counts as freed at the deadline,
+     * not now: reuse waits for deadline + fence_grace_ms (contract C3). */
+    uint64_t freed_at = now_ms;
+    if (o->state == KVP_FSM_OBJ_PENDING && o->u.deadline_ms > freed_at)
+        freed_at = o->u.deadline_ms;
+    for (unsigned i = 0; i < o->n_replicas; i++) {
+        struct kvp_fsm_seg *s = kvp_fsm_seg_get(f, o->rep[i].segment_id);
+        if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+            continue;
+        s->used_bytes -= len;
+        s->n_replicas--;
+        if (kvp_fsm_quarantine_push(s, o->rep[i].offset, len, freed_at) != KVP_OK)
+            kvp_log_error(KVP_FSM_ACTOR, "segment %u: quarantine %llu bytes at %llu: no memory, "
+                          "extent leaked until restore", s->id, (unsigned long long)len,
+                          (unsigned long long)o->rep[i].offset);
+    }
+    if (o->state == KVP_FSM_OBJ_PENDING)
+        kvp_fsm_pending_del(f, o);
+    else if (o->soft_pin)
+        f->pinned_bytes -= o->size;
+    kvp_fsm_obj_unlink(f, o);
+    free(o);
+}
+
+/* Remove replica i of o (on a segment that is gone); the key moves down with the array. */
+static void obj_drop_replica(struct kvp_fsm_obj *o, unsigned i)
+{
+    memmove(&o->rep[i], &o->rep[i + 1],
+            (o->n_replicas - i - 1) * sizeof(o->rep[0]) + o->key_len + 1u);
+    o->n_replicas--;
+}
+
+uint64_t kvp_fsm_drop_segment_replicas(struct kvp_master_fsm *f, struct kvp_fsm_seg *s,
+                                       uint64_t now_ms)
+{
+    if (s->n_replicas == 0)
+        return 0;
+    /* Collect first: destroying objects reshuffles the table. */
+    uint64_t n = 0, cap = s->n_replicas;
+    struct kvp_fsm_obj **hit = malloc(cap * sizeof(*hit));
+    uint64_t affected = 0;
+    if (!hit) {
+        kvp_log_error(KVP_FSM_ACTOR, "segment %u: drop replicas: no memory", s->id);
+        return 0;
+    }
+    for (uint64_t i = 0; i < f->tab_cap && n < cap; i++) {
+        struct kvp_fsm_obj *o = f->tab[i];
+        if (!o)
+            continue;
+        for (unsigned r = 0; r < o->n_replicas; r++)
+            if (o->rep[r].segment_id == s->id) {
+                hit[n++] = o;
+                break;
+            }
+    }
+    uint64_t len;
+    for (uint64_t k = 0; k < n; k++) {
+        struct kvp_fsm_obj *o = hit[k];
+        len = kvp_alloc_round(o->size);
+        for (unsigned r = 0; r < o->n_replicas;) {
+            if (o->rep[r].segment_id == s->id) {
+                obj_drop_replica(o, r);
+                s->used_bytes -= len;
+                s->n_replicas--;
+            } else {
+                r++;
+            }
+        }
+        bool any_complete = false; /* a PENDING repair replica alone holds no data */
+        for (unsigned r = 0; r < o->n_replicas; r++)
+            any_complete |= o->rep[r].state == KVP__REPLICA_STATE__REPLICA_COMPLETE;
+        if (o->state == KVP_FSM_OBJ_PENDING || !any_complete) {
+            kvp_fsm_obj_destroy(f, o, now_ms);
+            affected++;
+        }
+    }
+    free(hit);
+    return affected;
+}
+
+void kvp_fsm_state_clear(struct kvp_master_fsm *f)
+{
+    for (uint64_t i = 0; i < f->tab_cap; i++)
+        free(f->tab[i]);
+    free(f->tab);
+    f->tab = NULL;
+    f->tab_cap = 0;
+    f->n_objects = 0;
+    free(f->pending);
+    f->pending = NULL;
+    f->n_pending = f->pending_cap = 0;
+    for (uint32_t i = 0; i < f->n_segs_ids; i++)
+        kvp_fsm_seg_free(f->segs[i]);
+    free(f->segs);
+    f->segs = NULL;
+    f->n_segs_ids = f->segs_cap = 0;
+    f->pinned_bytes = 0;
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+int kvp_master_fsm_new(struct kvp_master_fsm **out, const struct kvp_master_fsm_params *p)
+{
+    if (!out || !p)
+        return KVP_ERR_INVALID;
+    struct kvp_master_fsm *f = calloc(1, sizeof(*f));
+    if (!f)
+        return KVP_ERR_NOMEM;
+    f->params = *p;
+    f->repair_epoch = 1;
+    *out = f;
+    return KVP_OK;
+}
+
+uint64_t kvp_master_fsm_repair_epoch(const struct kvp_master_fsm *fsm)
+{
+    return fsm ? fsm->repair_epoch : 0;
+}
+
+void kvp_master_fsm_destroy(struct kvp_master_fsm **fsm)
+{
+    if (!fsm || !*fsm)
+        return;
+    kvp_fsm_state_clear(*fsm);
+    free(*fsm);
+    *fsm = NULL;
+}
+
+/* ------------------------------------------------------------------ responses */
+
+Kvp__Response *kvp_fsm_resp_new(void)
+{
+    Kvp__Response *r = malloc(sizeof(*r));
+    if (r)
+        kvp__response__init(r);
+    return r;
+}
+
+int kvp_fsm_resp_error(Kvp__Response *r, int status, const char *fmt, ...)
+{
+    r->status = status;
+    char *msg = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vasprintf(&msg, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && msg) {
+        if (r->error && r->error != protobuf_c_empty_string)
+            free(r->error);
+        r->error = msg;
+    }
+    return status;
+}
+
+Kvp__Replica *kvp_fsm_replica_msg(const struct kvp_fsm_seg *s, const struct kvp_fsm_replica *rp)
+{
+    Kvp__Replica *m = malloc(sizeof(*m));
+    if (!m)
+        return NULL;
+    kvp__replica__init(m);
+    m->segment_id = rp->segment_id;
+    m->offset = rp->offset;
+    m->state = (Kvp__ReplicaState)rp->state;
+    m->owner_pid = s->owner_pid;
+    m->endpoint = kvp_fsm_strdup(s->endpoint);
+    m->host = kvp_fsm_strdup(s->host);
+    if (!m->endpoint || !m->host) {
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+        return NULL;
+    }
+    return m;
+}
+
+void kvp_master_fsm_response_free(Kvp__Response *resp)
+{
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+}
+
+/* ------------------------------------------------------------------ entry points */
+
+int kvp_master_fsm_apply(struct kvp_master_fsm *fsm, const Kvp__Command *cmd, Kvp__Response **out)
+{
+    if (!fsm || !cmd || !out)
+        return KVP_ERR_INVALID;
+    *out = NULL;
+    Kvp__Response *r = kvp_fsm_resp_new();
+    if (!r)
+        return KVP_ERR_NOMEM;
+    int rc = kvp_fsm_apply_cmd(fsm, cmd, r);
+    if (rc != KVP_OK) {
+        kvp_master_fsm_response_free(r);
+        return rc;
+    }
+    *out = r;
+    return KVP_OK;
+}
+
+int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *req,
+                         Kvp__Response **out)
+{
+    if (!fsm || !req || !out)
+        return KVP_ERR_INVALID;
+    *out = NULL;
+    Kvp__Response *r = kvp_fsm_resp_new();
+    if (!r)
+        return KVP_ERR_NOMEM;
+    r->req_id = req->req_id;
+    int rc = kvp_fsm_query_req(fsm, req, r);
+    if (rc != KVP_OK) {
+        kvp_master_fsm_response_free(r);
+        return rc;
+    }
+    *out = r;
+    return KVP_OK;
+}
+
+void kvp_master_fsm_stats(const struct kvp_master_fsm *fsm, struct kvp_master_fsm_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    for (uint32_t i = 0; i < fsm->n_segs_ids; i++) {
+        const struct kvp_fsm_seg *s = fsm->segs[i];
+        if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+            continue;
+        out->segments++;
+        out->capacity_bytes += s->alloc.capacity;
+        out->used_bytes += s->used_bytes;
+        out->quarantined_bytes += s->quarantined_bytes;
+    }
+    out->objects = fsm->n_objects - fsm->n_pending;
+    out->pending_puts = fsm->n_pending;
+    out->pinned_bytes = fsm->pinned_bytes;
+}
+
+void kvp_master_fsm_foreach_object(const struct kvp_master_fsm *fsm,
+                                   void (*cb)(void *ctx, const char *key, uint64_t size,
+                                              bool soft_pin),
+                                   void *ctx)
+{
+    for (uint64_t i = 0; i < fsm->tab_cap; i++) {
+        const struct kvp_fsm_obj *o = fsm->tab[i];
+        if (o && o->state == KVP_FSM_OBJ_COMPLETE)
+            cb(ctx, kvp_fsm_obj_key(o), o->size, o->soft_pin != 0);
+    }
+}
+
+/* ------------------------------------------------------------------ invariants (tests) */
+
+int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
+{
+    uint64_t objects = 0, pending = 0, pinned = 0;
+    /* Rebuild every live segment's allocator from the recorded extents: any overlap fails. */
+    struct kvp_alloc *shadow = calloc(fsm->n_segs_ids ? fsm->n_segs_ids : 1, sizeof(*shadow));
+    uint64_t *used = calloc(fsm->n_segs_ids ? fsm->n_segs_ids : 1, sizeof(*used));
+    uint64_t *reps = calloc(fsm->n_segs_ids ? fsm->n_segs_ids : 1, sizeof(*reps));
+    int rc = 0;
+    if (!shadow || !used || !reps) {
+        rc = -100;
+        goto out;
+    }
+    for (uint32_t i = 0; i < fsm->n_segs_ids; i++) {
+        const struct kvp_fsm_seg *s = fsm->segs[i];
+        if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+            continue;
+        if (kvp_alloc_check(&s->alloc)) {
+            rc = -1;
+            goto out;
+        }
+        if (s->alloc.free_bytes + s->used_bytes + s->quarantined_bytes != s->alloc.capacity) {
+            rc = -2;
+            goto out;
+        }
+        if (kvp_alloc_init(&shadow[i], s->size)) {
+            rc = -100;
+            goto out;
+        }
+        uint64_t qb = 0;
+        for (uint64_t k = s->q_head; k < s->q_len; k++) {
+            if (k > s->q_head && s->q[k].freed_at_ms < s->q[k - 1].freed_at_ms) {
+                rc = -3;
+                goto out;
+            }
+            if (kvp_alloc_reserve(&shadow[i], s->q[k].offset, s->q[k].len)) {
+                rc = -4;
+                goto out;
+            }
+            qb += s->q[k].len;
+        }
+        if (qb != s->quarantined_bytes) {
+            rc = -5;
+            goto out;
+        }
+    }
+    for (uint64_t t = 0; t < fsm->tab_cap; t++) {
+        const struct kvp_fsm_obj *o = fsm->tab[t];
+        if (!o)
+            continue;
+        objects++;
+        if (kvp_fsm_obj_find(fsm, kvp_fsm_obj_key(o), o->key_len) != o) {
+            rc = -6;
+            goto out;
+        }
+        if (o->state == KVP_FSM_OBJ_PENDING) {
+            pending++;
+            if (o->pending_idx >= fsm->n_pending || fsm->pending[o->pending_idx] != o) {
+                rc = -7;
+                goto out;
+            }
+        } else if (o->soft_pin) {
+            pinned += o->size;
+        }
+        if (o->n_replicas == 0) {
+            rc = -8;
+            goto out;
+        }
+        for (unsigned r = 0; r < o->n_replicas; r++) {
+            uint32_t id = o->rep[r].segment_id;
+            const struct kvp_fsm_seg *s = kvp_fsm_seg_get(fsm, id);
+            if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST) {
+                rc = -9;
+                goto out;
+            }
+            for (unsigned r2 = 0; r2 < r; r2++)
+                if (o->rep[r2].segment_id == id) {
+                    rc = -10;
+                    goto out;
+                }
+            if (kvp_alloc_reserve(&shadow[id - 1], o->rep[r].offset, o->size)) {
+                rc = -11;
+                goto out;
+            }
+            used[id - 1] += kvp_alloc_round(o->size);
+            reps[id - 1]++;
+        }
+    }
+    if (objects != fsm->n_objects || pending != fsm->n_pending || pinned != fsm->pinned_bytes) {
+        rc = -12;
+        goto out;
+    }
+    for (uint32_t i = 0; i < fsm->n_segs_ids; i++) {
+        const struct kvp_fsm_seg *s = fsm->segs[i];
+        if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+            continue;
+        if (used[i] != s->used_bytes || reps[i] != s->n_replicas ||
+            shadow[i].free_bytes != s->alloc.free_bytes || shadow[i].n_free != s->alloc.n_free) {
+            rc = -13;
+            goto out;
+        }
+    }
+out:
+    if (shadow)
+        for (uint32_t i = 0; i < fsm->n_segs_ids; i++)
+            kvp_alloc_fini(&shadow[i]);
+    free(shadow);
+    free(used);
+    free(reps);
+    return rc;
+}

@@ -1,0 +1,141 @@
+/*
+ * fsm_internal.h — the master FSM's state, shared by fsm*.c. Nothing here is public.
+ *
+ * Memory layout of an object (the big table: target < 200 bytes/object at 1e6 objects):
+ *   one malloc per object = struct kvp_fsm_obj header (48 bytes) + n_replicas * 16 bytes +
+ *   key bytes + NUL; plus one 8-byte slot pointer in the open-addressing table (load <= 0.75).
+ * Replica count never grows after PutStart (only shrinks when a segment is lost), so the
+ * replica array is exactly sized.
+ */
+#ifndef KVP_MASTER_FSM_INTERNAL_H
+#define KVP_MASTER_FSM_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/master/fsm/alloc.h"
+#include "actors/master/fsm/fsm.h"
+
+#define KVP_FSM_ACTOR "master-fsm"
+#define KVP_FSM_KEY_MAX 512u
+#define KVP_FSM_MAX_REPLICAS 16u
+
+enum { KVP_FSM_OBJ_PENDING = 0, KVP_FSM_OBJ_COMPLETE = 1 };
+
+struct kvp_fsm_replica {
+    uint32_t segment_id;
+    uint32_t state; /* KVP__REPLICA_STATE__REPLICA_* */
+    uint64_t offset;
+};
+
+struct kvp_fsm_obj {
+    uint64_t size;    /* bytes as requested (allocation is rounded to KVP_FSM_ALIGN) */
+    uint64_t op_id;   /* client-chosen id of the put that created it */
+    uint64_t term;    /* Raft term of the PutStart command */
+    union {
+        uint64_t checksum;    /* COMPLETE: XXH3-64 given by PutEnd */
+        uint64_t deadline_ms; /* PENDING: wall-clock deadline (ms since epoch) */
+    } u;
+    uint32_t hash;        /* low bits of XXH3-64(key): table probe and fast compare */
+    uint32_t pending_idx; /* PENDING: index in fsm->pending */
+    uint16_t key_len;
+    uint8_t state; /* KVP_FSM_OBJ_* */
+    uint8_t soft_pin;
+    uint8_t n_replicas;
+    uint8_t pad[3];
+    struct kvp_fsm_replica rep[]; /* n_replicas, then the key bytes + NUL */
+};
+
+static inline char *kvp_fsm_obj_key(const struct kvp_fsm_obj *o)
+{
+    return (char *)(o->rep + o->n_replicas);
+}
+
+/* A quarantined extent: freed at freed_at_ms, reusable once freed_at_ms + fence_grace_ms <= now. */
+struct kvp_fsm_quar {
+    uint64_t offset, len, freed_at_ms;
+};
+
+struct kvp_fsm_seg {
+    uint32_t id;
+    int state; /* KVP__SEGMENT_STATE__SEGMENT_* */
+    char *name, *host, *endpoint;
+    uint64_t size, owner_pid;
+    uint64_t used_bytes;  /* rounded bytes of replicas (pending and complete) */
+    uint64_t n_replicas;  /* replicas stored on it */
+    struct kvp_alloc alloc;
+    /* Quarantine FIFO: q[q_head..q_len) in non-decreasing freed_at_ms order (freed_at_ms is
+     * clamped up to the tail's, so a clock step back never releases early). */
+    struct kvp_fsm_quar *q;
+    uint64_t q_head, q_len, q_cap;
+    uint64_t quarantined_bytes;
+};
+
+struct kvp_master_fsm {
+    struct kvp_master_fsm_params params;
+    /* Segments by id: segs[id - 1]; NULL once forgotten (unmount). Ids are never reused. */
+    struct kvp_fsm_seg **segs;
+    uint32_t n_segs_ids; /* ids handed out so far (next id = n_segs_ids + 1) */
+    uint32_t segs_cap;
+    /* Objects: open addressing, linear probing, backward-shift deletion. */
+    struct kvp_fsm_obj **tab;
+    uint64_t tab_cap; /* power of two */
+    uint64_t n_objects; /* complete + pending */
+    /* Pending puts (unordered; obj->pending_idx is the index). */
+    struct kvp_fsm_obj **pending;
+    uint64_t n_pending, pending_cap;
+    uint64_t pinned_bytes; /* sizes of complete soft-pinned objects */
+    /* Bumped by every applied command that can create repair work (kvp_master_fsm_repair_epoch);
+     * not part of the state proper: not in snapshots, bumped by restore. */
+    uint64_t repair_epoch;
+};
+
+/* fsm.c: tables and helpers */
+uint32_t kvp_fsm_hash(const char *key, size_t len);
+
+/* Bytes of one SnapObject (wire/snapshot.proto) as protobuf-c would pack it, written to p
+ * (at least KVP_FSM_SNAP_OBJECT_MAX bytes); returns the length. fsm_snap.c. */
+#define KVP_FSM_SNAP_OBJECT_MAX (KVP_FSM_KEY_MAX + 16 + 9 * 11 + KVP_FSM_MAX_REPLICAS * 30)
+size_t kvp_fsm_snap_object_encode(const struct kvp_fsm_obj *ob, uint8_t *p);
+bool kvp_fsm_key_valid(const char *key, size_t *len);
+struct kvp_fsm_obj *kvp_fsm_obj_find(const struct kvp_master_fsm *f, const char *key, size_t len);
+int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
+void kvp_fsm_obj_unlink(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
+struct kvp_fsm_obj *kvp_fsm_obj_alloc(const char *key, size_t key_len, unsigned n_replicas);
+int kvp_fsm_pending_add(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
+void kvp_fsm_pending_del(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
+struct kvp_fsm_seg *kvp_fsm_seg_get(const struct kvp_master_fsm *f, uint32_t id);
+struct kvp_fsm_seg *kvp_fsm_seg_by_name(const struct kvp_master_fsm *f, const char *name);
+void kvp_fsm_seg_free(struct kvp_fsm_seg *s);
+int kvp_fsm_quarantine_push(struct kvp_fsm_seg *s, uint64_t off, uint64_t len, uint64_t now_ms);
+/* Remove an object entirely: unlink, quarantine every replica extent on a live segment (freed
+ * at now_ms), drop it from the pending list, free its memory. */
+void kvp_fsm_obj_destroy(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t now_ms);
+/* Drop every replica on segment s; pending puts touching it are revoked, complete objects left
+ * without replicas are removed. Returns the number of objects removed or revoked. */
+uint64_t kvp_fsm_drop_segment_replicas(struct kvp_master_fsm *f, struct kvp_fsm_seg *s,
+                                       uint64_t now_ms);
+void kvp_fsm_state_clear(struct kvp_master_fsm *f);
+
+/* fsm_cmd.c */
+int kvp_fsm_apply_cmd(struct kvp_master_fsm *f, const Kvp__Command *cmd, Kvp__Response *r);
+
+/* fsm_repair.c (drain and repair, docs/drain-repair.md). The wanted replica count of an
+ * object is kept in pad[0] (PutStart's replica_num, 0 → 1). */
+#define KVP_FSM_OBJ_WANT(o) ((o)->pad[0] ? (unsigned)(o)->pad[0] : (unsigned)(o)->n_replicas)
+int kvp_fsm_repair_start(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+int kvp_fsm_repair_end(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+int kvp_fsm_replica_drop(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+int kvp_fsm_repair_scan(const struct kvp_master_fsm *f, const Kvp__RepairScanReq *q, Kvp__Response *r);
+
+/* fsm_query.c */
+int kvp_fsm_query_req(const struct kvp_master_fsm *f, const Kvp__Request *req, Kvp__Response *r);
+
+/* Response helpers (fsm.c). */
+Kvp__Response *kvp_fsm_resp_new(void);
+int kvp_fsm_resp_error(Kvp__Response *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+Kvp__Replica *kvp_fsm_replica_msg(const struct kvp_fsm_seg *s, const struct kvp_fsm_replica *rp);
+char *kvp_fsm_strdup(const char *s);
+
+#endif

@@ -1,0 +1,44 @@
+/*
+ * version.c — feature levels for rolling upgrades (version.h).
+ */
+#include "actors/master/fsm/version.h"
+
+uint32_t kvp_feature_cluster_level(uint32_t self, const struct kvp_feature_peer *peers, size_t n,
+                                   uint64_t now_ms)
+{
+    uint32_t level = self;
+    for (size_t i = 0; i < n; i++) {
+        const struct kvp_feature_peer *p = &peers[i];
+        bool fresh = p->heard_ms && now_ms >= p->heard_ms && now_ms - p->heard_ms < KVP_FEATURE_FRESH_MS;
+        uint32_t l = fresh && p->level ? p->level : 1u;
+        if (l < level)
+            level = l;
+    }
+    return level ? level : 1u;
+}
+
+size_t kvp_feature_gate_put_start(Kvp__PutStartReq *ps, uint32_t level)
+{
+    if (!ps || level >= KVP_FEATURE_AVOID_SEGMENTS)
+        return 0;
+    size_t n = ps->n_avoid_segments;
+    ps->n_avoid_segments = 0; /* the array stays owned by the request; only the count goes */
+    return n;
+}
+
+uint32_t kvp_feature_command_needs(const Kvp__Command *c)
+{
+    if (c && c->body_case == KVP__COMMAND__BODY_PUT_START && c->put_start && c->put_start->n_avoid_segments)
+        return KVP_FEATURE_AVOID_SEGMENTS;
+    return 1u;
+}
+
+void kvp_feature_prepare_command(Kvp__Command *c, uint32_t level)
+{
+    if (!c)
+        return;
+    if (c->body_case == KVP__COMMAND__BODY_PUT_START && c->put_start)
+        kvp_feature_gate_put_start(c->put_start, level);
+    uint32_t needs = kvp_feature_command_needs(c);
+    c->feature_level = needs > 1 ? needs : 0;
+}

@@ -1,0 +1,674 @@
+/*
+ * service.c — the master service actor's lifecycle and plumbing: members list, ROUTER, raftlog
+ * start with the FSM wired in, the zloop, frame decoding, replies, and raftlog events.
+ * Request handlers live in service_rpc.c, soft state and timers in service_soft.c, the status
+ * document and leadership tracking in service_status.c.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "actors/master/service/service_evict.h"
+#include "actors/master/service/service_metrics.h"
+#include "actors/master/service/service_repair.h"
+#include "actors/master/service/service_state.h"
+#include "kvpool.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+#include "runtime/proc.h"
+#include "wire/envelope.h"
+
+uint64_t svc_now_ms(void)
+{
+    return kvp_clock_now_ms();
+}
+
+/* ------------------------------------------------------------------ members */
+
+static int parse_hostport(const char *s, size_t n, char *out, size_t cap)
+{
+    if (n == 0 || n >= cap)
+        return KVP_ERR_INVALID;
+    const char *colon = memrchr(s, ':', n);
+    if (!colon || colon == s || colon == s + n - 1)
+        return KVP_ERR_INVALID;
+    for (const char *p = colon + 1; p < s + n; p++)
+        if (!isdigit((unsigned char)*p))
+            return KVP_ERR_INVALID;
+    memcpy(out, s, n);
+    out[n] = '\0';
+    return KVP_OK;
+}
+
+int kvp_master_members_parse(const char *s, struct kvp_master_member *out, int cap)
+{
+    if (!s || !out || cap <= 0)
+        return KVP_ERR_INVALID;
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        if (!*p)
+            break;
+        const char *end = p;
+        while (*end && *end != ',')
+            end++;
+        const char *e = end;
+        while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+            e--;
+        const char *at1 = memchr(p, '@', (size_t)(e - p));
+        const char *at2 = at1 ? memchr(at1 + 1, '@', (size_t)(e - at1 - 1)) : NULL;
+        if (!at1 || !at2 || n >= cap)
+            return KVP_ERR_INVALID;
+        char idbuf[32];
+        size_t idn = (size_t)(at1 - p);
+        if (idn == 0 || idn >= sizeof idbuf)
+            return KVP_ERR_INVALID;
+        memcpy(idbuf, p, idn);
+        idbuf[idn] = '\0';
+        char *idend = NULL;
+        errno = 0;
+        unsigned long long id = strtoull(idbuf, &idend, 10);
+        if (errno || *idend || id == 0 || idbuf[0] == '-')
+            return KVP_ERR_INVALID;
+        struct kvp_master_member *m = &out[n];
+        memset(m, 0, sizeof *m);
+        m->id = id;
+        if (parse_hostport(at1 + 1, (size_t)(at2 - at1 - 1), m->address, sizeof m->address) ||
+            parse_hostport(at2 + 1, (size_t)(e - at2 - 1), m->raft_address, sizeof m->raft_address))
+            return KVP_ERR_INVALID;
+        for (int i = 0; i < n; i++)
+            if (out[i].id == id)
+                return KVP_ERR_INVALID;
+        n++;
+        p = end;
+    }
+    return n;
+}
+
+const char *svc_member_address(const struct kvp_master_service *s, uint64_t id)
+{
+    for (int i = 0; i < s->n_members; i++)
+        if (s->members[i].id == id)
+            return s->members[i].address;
+    return "";
+}
+
+/* ------------------------------------------------------------------ replies */
+
+void svc_reply(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id, Kvp__Response *resp)
+{
+    if (!identity)
+        return;
+    svc_metrics_on_reply(s, resp);
+    resp->req_id = req_id;
+    resp->feature_level = KVP_FEATURE_LEVEL;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = kvp_wire_encode_response(resp, &buf, &len);
+    if (rc != KVP_OK) {
+        kvp_log_error(s->actor, "req %llu: encode reply: %s", (unsigned long long)req_id, kvp_strerror(rc));
+        /* Answer with the code rather than not at all (the caller would wait out its timeout
+         * and retry the same request on every master). A bare status always encodes. */
+        if (resp->body_case != KVP__RESPONSE__BODY_EMPTY)
+            svc_reply_status(s, identity, req_id, rc,
+                             rc == KVP_ERR_TOO_LARGE ? "reply over the message limit: ask for fewer keys"
+                                                     : "reply could not be encoded");
+        return;
+    }
+    zframe_t *id = zframe_dup(identity);
+    zframe_t *body = zframe_new(buf, len);
+    free(buf);
+    if (!id || !body || zframe_send(&id, s->router, ZFRAME_MORE) != 0 ||
+        zframe_send(&body, s->router, 0) != 0) {
+        kvp_log_warn(s->actor, "req %llu: reply not sent: %s", (unsigned long long)req_id,
+                     zmq_strerror(zmq_errno()));
+        zframe_destroy(&id);
+        zframe_destroy(&body);
+    }
+}
+
+void svc_reply_status(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id, int status,
+                      const char *error)
+{
+    Kvp__Response resp = KVP__RESPONSE__INIT;
+    Kvp__Empty empty = KVP__EMPTY__INIT;
+    resp.status = status;
+    resp.error = (char *)(error ? error : "");
+    if (status == KVP_ERR_NOT_LEADER) {
+        const char *hint = s->is_leader ? "" : svc_member_address(s, s->leader_id);
+        resp.leader_hint = (char *)hint;
+    }
+    resp.body_case = KVP__RESPONSE__BODY_EMPTY;
+    resp.empty = &empty;
+    svc_reply(s, identity, req_id, &resp);
+}
+
+void svc_reply_empty(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id)
+{
+    svc_reply_status(s, identity, req_id, KVP_OK, NULL);
+}
+
+/* ------------------------------------------------------------------ pending */
+
+struct svc_pending *svc_pending_new(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+{
+    struct svc_pending *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->corr = s->next_corr++;
+    p->created_ms = svc_now_ms();
+    p->recv_us = identity ? s->cur_recv_us : 0;
+    if (identity) {
+        p->identity = zframe_dup(identity);
+        if (!p->identity) {
+            free(p);
+            return NULL;
+        }
+    }
+    if (req) {
+        p->req_id = req->req_id;
+        p->body_case = (int)req->body_case;
+        if (req->timeout_ms)
+            p->deadline_ms = svc_now_ms() + req->timeout_ms;
+    }
+    return p;
+}
+
+void svc_pending_free(struct svc_pending *p)
+{
+    if (!p)
+        return;
+    zframe_destroy(&p->identity);
+    free(p->key_hashes);
+    free(p->remove_status);
+    free(p);
+}
+
+static int pending_track(struct kvp_master_service *s, struct svc_pending *p)
+{
+    return svc_map_put(&s->pending, p->corr, (uint64_t)(uintptr_t)p);
+}
+
+static void pending_fail(struct kvp_master_service *s, struct svc_pending *p, int rc, const char *what)
+{
+    uint64_t dummy;
+    svc_map_del(&s->pending, p->corr, &dummy);
+    if (p->identity)
+        svc_reply_status(s, p->identity, p->req_id, rc, what);
+    else
+        svc_on_result(s, p, 0, rc, NULL, 0);
+    svc_pending_free(p);
+}
+
+int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command *cmd)
+{
+    cmd->now_wall_ms = kvp_clock_wall_ms();
+    cmd->term = s->term;
+    /* A lease horizon (docs/master.md, "Leases and failover"): the FSM quarantines the space a
+     * Remove, RemoveAll or Evict frees as freed at now_wall_ms and reuses it fence_grace_ms
+     * later; a horizon later than that moves the command's time forward, so the space waits for
+     * the leases as well, on every member and after any failover. Only these three commands read
+     * now_wall_ms for nothing but that (fsm_cmd.c), so the log stays what every level applies
+     * alike. */
+    uint64_t grace = s->cfg.fence_grace_ms;
+    if (p->hold_wall_ms > grace && p->hold_wall_ms - grace > cmd->now_wall_ms &&
+        (cmd->body_case == KVP__COMMAND__BODY_REMOVE || cmd->body_case == KVP__COMMAND__BODY_REMOVE_ALL ||
+         cmd->body_case == KVP__COMMAND__BODY_EVICT))
+        cmd->now_wall_ms = p->hold_wall_ms - grace;
+    /* Rolling upgrades (version.h): log nothing that a member of the cluster's level would
+     * apply its own way, and stamp what the command needs so that an older member refuses it. */
+    kvp_feature_prepare_command(cmd, svc_feature_level(s));
+    size_t len = protobuf_c_message_get_packed_size(&cmd->base);
+    uint8_t *buf = malloc(len ? len : 1);
+    int rc = KVP_ERR_NOMEM;
+    if (buf && (rc = pending_track(s, p)) == KVP_OK) {
+        protobuf_c_message_pack(&cmd->base, buf);
+        rc = kvp_raftlog_submit(s->rl, p->corr, buf, len);
+        if (rc == KVP_OK && p->recv_us)
+            p->submit_us = kvp_clock_now_us();
+    }
+    free(buf);
+    if (rc != KVP_OK)
+        pending_fail(s, p, rc, "submit to raft log failed");
+    return rc;
+}
+
+int svc_query(struct kvp_master_service *s, struct svc_pending *p, const Kvp__Request *req)
+{
+    size_t len = protobuf_c_message_get_packed_size(&req->base);
+    uint8_t *buf = malloc(len ? len : 1);
+    int rc = KVP_ERR_NOMEM;
+    if (buf && (rc = pending_track(s, p)) == KVP_OK) {
+        protobuf_c_message_pack(&req->base, buf);
+        rc = kvp_raftlog_query(s->rl, p->corr, buf, len);
+    }
+    free(buf);
+    if (rc != KVP_OK)
+        pending_fail(s, p, rc, "query to raft log failed");
+    return rc;
+}
+
+void svc_pending_sweep(struct kvp_master_service *s)
+{
+    /* raftlog answers every submit and query (APPLIED/QUERY/ADMIN, NOT_LEADER on leadership
+     * loss); an entry still here long after its deadline means a result was lost. Free it so
+     * memory and the one-in-flight timer flags do not stay stuck. */
+    uint64_t now = svc_now_ms();
+    uint64_t stale[256];
+    size_t n = 0, pos = 0;
+    uint64_t k, v;
+    while (n < 256 && svc_map_next(&s->pending, &pos, &k, &v)) {
+        struct svc_pending *p = (struct svc_pending *)(uintptr_t)v;
+        uint64_t limit = p->deadline_ms ? p->deadline_ms + 30000 : p->created_ms + 120000;
+        if (now > limit)
+            stale[n++] = k;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!svc_map_del(&s->pending, stale[i], &v))
+            continue;
+        struct svc_pending *p = (struct svc_pending *)(uintptr_t)v;
+        kvp_log_error(s->actor, "corr %llu (request %llu): no raft log result after %llu ms: dropped",
+                      (unsigned long long)p->corr, (unsigned long long)p->req_id,
+                      (unsigned long long)(now - p->created_ms));
+        if (p->internal)
+            svc_on_result(s, p, 0, KVP_ERR_TIMEOUT, NULL, 0); /* clears its in-flight flag */
+        svc_pending_free(p);
+    }
+}
+
+/* ------------------------------------------------------------------ zloop handlers */
+
+static void log_bad_frame(struct kvp_master_service *s, zframe_t *frame, const char *why, int rc)
+{
+    uint64_t now = svc_now_ms();
+    s->bad_total++;
+    if (now - s->bad_window_ms >= 1000) {
+        if (s->bad_in_window > 20)
+            kvp_log_warn(s->actor, "%u more bad frames in the last second (log lines suppressed)",
+                         s->bad_in_window - 20);
+        s->bad_window_ms = now;
+        s->bad_in_window = 0;
+    }
+    if (++s->bad_in_window > 20)
+        return;
+    const char *peer = frame ? zframe_meta(frame, "Peer-Address") : NULL;
+    kvp_log_warn(s->actor, "bad frame from %s (%zu bytes): %s: %s (dropped, no reply)",
+                 peer ? peer : "unknown peer", frame ? zframe_size(frame) : (size_t)0, why,
+                 kvp_strerror(rc));
+}
+
+static int on_router_readable(zloop_t *loop, zsock_t *sock, void *arg)
+{
+    struct kvp_master_service *s = arg;
+    /* Drain up to a batch of messages per wakeup, so timers and raftlog events stay served. */
+    for (int i = 0; i < 256; i++) {
+        zmsg_t *msg = zmsg_recv_nowait(sock);
+        if (!msg)
+            break;
+        s->cur_recv_us = kvp_clock_now_us();
+        zframe_t *identity = zmsg_pop(msg);
+        zframe_t *body = zmsg_pop(msg);
+        if (!identity || !body || zmsg_size(msg) != 0) {
+            log_bad_frame(s, body, "not one frame", KVP_ERR_MALFORMED);
+        } else {
+            Kvp__Request *req = NULL;
+            int rc = kvp_wire_decode_request(zframe_data(body), zframe_size(body), &req);
+            if (rc != KVP_OK)
+                log_bad_frame(s, body, "decode request", rc);
+            else {
+                if (svc_auth_admit(s, identity, body, req)) /* role and tenant (service_auth.c) */
+                    svc_dispatch(s, identity, req);
+                protobuf_c_message_free_unpacked(&req->base, NULL);
+            }
+        }
+        zframe_destroy(&identity);
+        zframe_destroy(&body);
+        zmsg_destroy(&msg);
+    }
+    s->cur_recv_us = 0;
+    return 0;
+}
+
+static int frame_u64(zframe_t *f, uint64_t *out)
+{
+    if (!f || zframe_size(f) != 8)
+        return -1;
+    memcpy(out, zframe_data(f), 8);
+    return 0;
+}
+
+static int on_raftlog_event(zloop_t *loop, zsock_t *sock, void *arg)
+{
+    struct kvp_master_service *s = arg;
+    for (int i = 0; i < 256; i++) {
+        zmsg_t *msg = zmsg_recv_nowait(sock);
+        if (!msg)
+            break;
+        zframe_t *fk = zmsg_first(msg);
+        zframe_t *fc = zmsg_next(msg);
+        zframe_t *fs = zmsg_next(msg);
+        zframe_t *fr = zmsg_next(msg);
+        uint64_t corr = 0;
+        int32_t status = 0;
+        if (!fk || zframe_size(fk) != 1 || frame_u64(fc, &corr) || !fs || zframe_size(fs) != 4) {
+            kvp_log_error(s->actor, "raftlog event with a bad shape (%zu frames): ignored", zmsg_size(msg));
+            zmsg_destroy(&msg);
+            continue;
+        }
+        uint8_t kind = zframe_data(fk)[0];
+        memcpy(&status, zframe_data(fs), 4);
+        const uint8_t *data = fr ? zframe_data(fr) : NULL;
+        size_t len = fr ? zframe_size(fr) : 0;
+        if (kind == KVP_RAFTLOG_EV_LEADER) {
+            /* The payload may be older than get_info(); always take the latest view. */
+            svc_refresh_leadership(s);
+        } else if (kind == KVP_RAFTLOG_EV_LOG_FAILED) {
+            /* Nothing more can be persisted here: stop once leadership has moved (on_tick), so
+             * a supervisor restarts this member on a fixed disk; the others go on. */
+            if (!s->log_failed_ms)
+                kvp_log_error(s->actor, "%.*s: stopping (exit 1) once leadership has moved, at most 2000 ms",
+                              (int)len, data ? (const char *)data : "raft log write failed");
+            if (!s->log_failed_ms)
+                s->log_failed_ms = kvp_clock_now_ms();
+        } else {
+            uint64_t v = 0;
+            if (!svc_map_del(&s->pending, corr, &v)) {
+                kvp_log_debug(s->actor, "raftlog result for unknown corr %llu", (unsigned long long)corr);
+            } else {
+                struct svc_pending *p = (struct svc_pending *)(uintptr_t)v;
+                uint64_t t_ev = p->submit_us ? kvp_clock_now_us() : 0;
+                svc_on_result(s, p, kind, status, data, len);
+                if (t_ev) {
+                    s->rl_requests++;
+                    s->rl_in_us += p->submit_us - p->recv_us;
+                    s->rl_raft_us += t_ev - p->submit_us;
+                    s->rl_out_us += kvp_clock_now_us() - t_ev;
+                }
+                svc_pending_free(p);
+            }
+        }
+        zmsg_destroy(&msg);
+    }
+    return 0;
+}
+
+static int on_tick(zloop_t *loop, int timer_id, void *arg)
+{
+    struct kvp_master_service *s = arg;
+    if (atomic_load_explicit(&s->stop, memory_order_relaxed)) /* flag only, no data: relaxed */
+        return -1;
+    svc_refresh_leadership(s);
+    if (s->log_failed_ms && (!s->is_leader || kvp_clock_now_ms() - s->log_failed_ms >= 2000)) {
+        s->fatal = true;
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+struct bind_try {
+    zsock_t *router;
+    const char *listen;
+};
+
+/* One bind of the ROUTER: BUSY while the port is held (retried), any other error is final. */
+static int router_bind_attempt(void *arg, char *why, size_t why_cap)
+{
+    struct bind_try *t = arg;
+    if (zsock_bind(t->router, "tcp://%s", t->listen) >= 0)
+        return KVP_OK;
+    int e = zmq_errno();
+    snprintf(why, why_cap, "%s", zmq_strerror(e));
+    return e == EADDRINUSE ? KVP_ERR_BUSY : KVP_ERR_IO;
+}
+
+static int raft_probe_attempt(void *arg, char *why, size_t why_cap)
+{
+    return kvp_probe_listen(arg, why, why_cap);
+}
+
+int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg_master *cfg)
+{
+    if (!out || !cfg)
+        return KVP_ERR_INVALID;
+    struct kvp_master_service *s = calloc(1, sizeof *s);
+    if (!s)
+        return KVP_ERR_NOMEM;
+    s->cfg = *cfg;
+    snprintf(s->actor, sizeof s->actor, "master-%llu", (unsigned long long)cfg->id);
+    s->next_corr = 1;
+    s->last_logged_role = -1;
+    atomic_init(&s->stop, false);
+    svc_map_init(&s->pending);
+    svc_map_init(&s->leases);
+    svc_map_init(&s->last_access);
+    svc_map_init(&s->last_hb);
+    svc_map_init(&s->hb_gap);
+    svc_map_init(&s->unreachable);
+    svc_map_init(&s->segments);
+    svc_map_init(&s->lost_sent);
+    svc_map_init(&s->heard_via);
+    svc_map_init(&s->client_wrote);
+    svc_map_init(&s->successor);
+    kvp_liveness_init(&s->liveness, cfg->client_ttl_ms, 0, 0, svc_now_ms());
+    svc_map_init(&s->probing);
+    if (svc_evict_new(s) != KVP_OK) {
+        kvp_master_service_destroy(&s);
+        return KVP_ERR_NOMEM;
+    }
+    s->hb_waiters = zlist_new();
+    int rc = KVP_OK;
+    if (!s->hb_waiters) {
+        rc = KVP_ERR_NOMEM;
+        goto fail;
+    }
+
+    if (cfg->id == 0) {
+        kvp_log_error(s->actor, "id must be >= 1");
+        rc = KVP_ERR_INVALID;
+        goto fail;
+    }
+    if (cfg->members[0]) {
+        int n = kvp_master_members_parse(cfg->members, s->members, KVP_CFG_MAX_MASTERS);
+        if (n < 0) {
+            kvp_log_error(s->actor, "members=\"%s\": expected ID@HOST:PORT@HOST:PORT,... (at most %d)",
+                          cfg->members, KVP_CFG_MAX_MASTERS);
+            rc = KVP_ERR_INVALID;
+            goto fail;
+        }
+        s->n_members = n;
+    } else {
+        s->members[0].id = cfg->id;
+        snprintf(s->members[0].address, sizeof s->members[0].address, "%s", cfg->listen);
+        snprintf(s->members[0].raft_address, sizeof s->members[0].raft_address, "%s", cfg->raft_address);
+        s->n_members = 1;
+    }
+    bool self = false;
+    for (int i = 0; i < s->n_members; i++)
+        if (s->members[i].id == cfg->id)
+            self = true;
+    if (!self && !cfg->join) {
+        kvp_log_error(s->actor, "members=\"%s\" does not list this node's id %llu", cfg->members,
+                      (unsigned long long)cfg->id);
+        rc = KVP_ERR_INVALID;
+        goto fail;
+    }
+    if (!self && s->n_members < KVP_CFG_MAX_MASTERS) {
+        /* A joining node knows its own addresses even if the list does not name it. */
+        struct kvp_master_member *m = &s->members[s->n_members++];
+        m->id = cfg->id;
+        snprintf(m->address, sizeof m->address, "%s", cfg->listen);
+        snprintf(m->raft_address, sizeof m->raft_address, "%s", cfg->raft_address);
+    }
+
+    /* The ROUTER first: a port in use should fail before raft touches the data dir. */
+    s->router = zsock_new(ZMQ_ROUTER);
+    if (!s->router) {
+        rc = KVP_ERR_IO;
+        goto fail;
+    }
+    zsock_set_maxmsgsize(s->router, (int64_t)KVP_WIRE_HEADER_BYTES + KVP_WIRE_MAX_BODY);
+    zsock_set_rcvhwm(s->router, 100000);
+    zsock_set_sndhwm(s->router, 100000);
+    zsock_set_linger(s->router, 0);
+    rc = svc_auth_start(s); /* CURVE before bind (service_auth.c) */
+    if (rc != KVP_OK)
+        goto fail;
+    /* A port still held (by a killed previous incarnation whose threads are still exiting, or
+     * by anything else) is retried for bind_retry_ms, with one log line per try (issue 15). */
+    char what[300];
+    snprintf(what, sizeof what, "bind tcp://%s", cfg->listen);
+    struct bind_try bt = {.router = s->router, .listen = cfg->listen};
+    rc = kvp_retry_start(s->actor, what, cfg->bind_retry_ms, router_bind_attempt, &bt);
+    if (rc != KVP_OK) {
+        rc = KVP_ERR_IO;
+        goto fail;
+    }
+    /* The Raft transport binds inside raft_start, where a held port cannot be retried: wait
+     * here until it can be taken (the same incarnation held both; a TIME-WAIT does not count). */
+    snprintf(what, sizeof what, "bind Raft address %s", cfg->raft_address);
+    rc = kvp_retry_start(s->actor, what, cfg->bind_retry_ms, raft_probe_attempt, (void *)cfg->raft_address);
+    if (rc != KVP_OK) {
+        rc = rc == KVP_ERR_INVALID ? KVP_ERR_INVALID : KVP_ERR_IO;
+        goto fail;
+    }
+
+    struct kvp_master_fsm_params fp = {.fence_grace_ms = cfg->fence_grace_ms, .put_ttl_ms = cfg->put_ttl_ms};
+    rc = kvp_master_fsm_new(&s->fsm, &fp);
+    if (rc != KVP_OK) {
+        kvp_log_error(s->actor, "create state machine: %s", kvp_strerror(rc));
+        goto fail;
+    }
+
+    struct kvp_raftlog_params *rp = calloc(1, sizeof *rp);
+    if (!rp) {
+        rc = KVP_ERR_NOMEM;
+        goto fail;
+    }
+    rp->id = cfg->id;
+    snprintf(rp->raft_address, sizeof rp->raft_address, "%s", cfg->raft_address);
+    snprintf(rp->data_dir, sizeof rp->data_dir, "%s", cfg->data_dir);
+    for (int i = 0; i < s->n_members && i < 9; i++) {
+        rp->members[i].id = s->members[i].id;
+        snprintf(rp->members[i].raft_address, sizeof rp->members[i].raft_address, "%s",
+                 s->members[i].raft_address);
+    }
+    rp->n_members = (size_t)s->n_members;
+    rp->join = cfg->join;
+    rp->election_timeout_ms = cfg->election_timeout_ms;
+    rp->heartbeat_ms = cfg->raft_heartbeat_ms;
+    rp->snapshot_threshold = cfg->snapshot_threshold;
+    rp->snapshot_trailing = cfg->snapshot_trailing;
+    rp->snapshot_log_bytes = cfg->snapshot_log_bytes;
+    rp->group_commit_max = cfg->group_commit_max;
+    rp->max_inflight_entries = cfg->raft_max_inflight_entries;
+    rp->fsm.ctx = s->fsm;
+    rp->fsm.apply = kvp_master_fsm_apply_bytes;
+    rp->fsm.query = kvp_master_fsm_query_bytes;
+    rp->fsm.snapshot = kvp_master_fsm_snapshot_bytes;
+    rp->fsm.restore = kvp_master_fsm_restore_bytes;
+    rc = kvp_raftlog_start(&s->rl, rp);
+    free(rp);
+    if (rc != KVP_OK) {
+        kvp_log_error(s->actor, "start raft (id %llu, raft %s, data %s): %s", (unsigned long long)cfg->id,
+                      cfg->raft_address, cfg->data_dir, kvp_strerror(rc));
+        goto fail;
+    }
+    /* After raft: a metrics port that cannot be bound fails the start like the control port. */
+    rc = svc_metrics_start(s);
+    if (rc != KVP_OK)
+        goto fail;
+    kvp_log_info(s->actor, "serving tcp://%s, raft %s, data %s, %d member(s)%s", cfg->listen,
+                 cfg->raft_address, cfg->data_dir, s->n_members, cfg->join ? ", joining" : "");
+    *out = s;
+    return KVP_OK;
+fail:
+    kvp_master_service_destroy(&s);
+    return rc;
+}
+
+int kvp_master_service_run(struct kvp_master_service *s)
+{
+    if (!s)
+        return KVP_ERR_INVALID;
+    s->loop = zloop_new();
+    if (!s->loop)
+        return KVP_ERR_NOMEM;
+    int rc = KVP_OK;
+    if (zloop_reader(s->loop, s->router, on_router_readable, s) != 0 ||
+        zloop_reader(s->loop, kvp_raftlog_events(s->rl), on_raftlog_event, s) != 0 ||
+        zloop_timer(s->loop, 10, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
+        svc_evict_timer_start(s) != KVP_OK ||
+        svc_prober_start(s) != KVP_OK || svc_metrics_timer_start(s) != KVP_OK ||
+        svc_version_start(s) != KVP_OK || svc_auth_loop_start(s) != KVP_OK) {
+        rc = KVP_ERR_NOMEM;
+    } else {
+        svc_refresh_leadership(s);
+        zloop_start(s->loop); /* returns on a handler's -1 (stop) or on SIGINT/SIGTERM */
+        kvp_log_info(s->actor, "stopping (%s)", s->fatal ? "its raft log cannot be written"
+                                                 : zsys_interrupted ? "signal" : "requested");
+        if (s->fatal)
+            rc = KVP_ERR_IO;
+    }
+    svc_version_stop(s);
+    zloop_destroy(&s->loop);
+    zactor_destroy(&s->prober); /* waits for a probe in progress (bounded by probe_timeout_ms) */
+    zhashx_destroy(&s->endpoints);
+    return rc;
+}
+
+void kvp_master_service_request_stop(struct kvp_master_service *s)
+{
+    if (s)
+        atomic_store_explicit(&s->stop, true, memory_order_relaxed);
+}
+
+void kvp_master_service_destroy(struct kvp_master_service **sp)
+{
+    if (!sp || !*sp)
+        return;
+    struct kvp_master_service *s = *sp;
+    svc_metrics_destroy(s); /* the HTTP thread first: it reads what the rest frees */
+    kvp_raftlog_stop(&s->rl); /* the raft thread no longer touches the FSM after this */
+    kvp_master_fsm_destroy(&s->fsm);
+    size_t pos = 0;
+    uint64_t k, v;
+    while (svc_map_next(&s->pending, &pos, &k, &v))
+        svc_pending_free((struct svc_pending *)(uintptr_t)v);
+    if (s->hb_waiters) {
+        struct svc_hb_waiter *w;
+        while ((w = zlist_pop(s->hb_waiters))) {
+            zframe_destroy(&w->identity);
+            free(w);
+        }
+        zlist_destroy(&s->hb_waiters);
+    }
+    svc_map_fini(&s->pending);
+    svc_map_fini(&s->leases);
+    svc_map_fini(&s->last_access);
+    svc_map_fini(&s->last_hb);
+    svc_map_fini(&s->hb_gap);
+    svc_map_fini(&s->unreachable);
+    svc_map_fini(&s->segments);
+    svc_map_fini(&s->lost_sent);
+    svc_map_fini(&s->heard_via);
+    svc_map_fini(&s->client_wrote);
+    svc_map_fini(&s->successor);
+    free(s->verdicts);
+    svc_map_fini(&s->probing);
+    svc_repair_free(s);
+    svc_evict_destroy(s);
+    zactor_destroy(&s->prober);
+    zhashx_destroy(&s->endpoints);
+    zsock_destroy(&s->router);
+    svc_auth_stop(s);
+    free(s);
+    *sp = NULL;
+}

@@ -1,0 +1,282 @@
+/*
+ * service_state.h — all mutable state of the master service actor (service.h), field by field,
+ * and the functions the service_*.c files share. Owned by the service's thread only: nothing
+ * here is touched by the raft thread (that one owns the FSM and talks to us through the
+ * raftlog events socket).
+ */
+#ifndef KVP_MASTER_SERVICE_STATE_H
+#define KVP_MASTER_SERVICE_STATE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <czmq.h>
+
+#include "actors/master/fsm/fsm.h"
+#include "actors/master/service/liveness.h"
+#include "actors/master/service/service.h"
+#include "actors/master/fsm/version.h"
+#include "auth/auth.h"
+#include "config/config.h"
+#include "raftlog/raftlog.h"
+#include "wire/kvpool.pb-c.h"
+
+/* ------------------------------------------------------------------ u64 → u64 map
+ * Open addressing, linear probing, backward-shift deletion. Key 0 is reserved (never stored):
+ * corr ids start at 1, segment ids start at 1, key hashes map 0 to 1. Used for every soft-state
+ * table so that a million leased keys cost 16 bytes each, not a strdup'd string. */
+struct svc_map {
+    uint64_t *keys; /* 0 = empty slot */
+    uint64_t *vals;
+    size_t cap;     /* power of two, or 0 before the first put */
+    size_t n;
+};
+
+void svc_map_init(struct svc_map *m);
+void svc_map_fini(struct svc_map *m);
+void svc_map_clear(struct svc_map *m);
+/** Insert or overwrite. Returns KVP_OK or KVP_ERR_NOMEM / KVP_ERR_INVALID (key 0). */
+int svc_map_put(struct svc_map *m, uint64_t key, uint64_t val);
+/** true and *val when present. val may be NULL. */
+bool svc_map_get(const struct svc_map *m, uint64_t key, uint64_t *val);
+/** Remove; true if it was present (and *val its value, val may be NULL). */
+bool svc_map_del(struct svc_map *m, uint64_t key, uint64_t *val);
+/** Keep only the entries for which keep(key, val, ctx) is true. */
+void svc_map_filter(struct svc_map *m, bool (*keep)(uint64_t key, uint64_t val, void *ctx), void *ctx);
+/** Iterate: *pos starts at 0; returns false at the end. Do not modify the map while iterating. */
+bool svc_map_next(const struct svc_map *m, size_t *pos, uint64_t *key, uint64_t *val);
+
+/** The soft-state key of an object key: XXH3-64 of its bytes (0 mapped to 1). A collision only
+ * makes a lease look held longer: the safe direction. */
+uint64_t svc_key_hash(const char *key);
+
+/* ------------------------------------------------------------------ pending work */
+
+enum svc_internal_kind {
+    SVC_INT_NONE = 0,
+    SVC_INT_REVOKE_EXPIRED,
+    SVC_INT_QUARANTINE_RELEASE,
+    SVC_INT_SEGMENT_LOST,
+    SVC_INT_STATUS_REFRESH,
+    SVC_INT_EVICT_SCAN,        /* service_evict.c: usage / candidates query */
+    SVC_INT_EVICT,             /* service_evict.c: EvictCmd */
+};
+
+/** One request waiting for a raftlog result (APPLIED, QUERY or ADMIN event), keyed by corr. */
+struct svc_pending {
+    uint64_t corr;
+    zframe_t *identity;        /* ROUTER identity of the caller; NULL for internal work */
+    uint64_t req_id;           /* echoed in the Response */
+    uint64_t deadline_ms;      /* monotonic; 0 = none. Replies after it are dropped. */
+    uint64_t created_ms;       /* monotonic; the sweep drops entries raftlog never answered */
+    uint64_t recv_us;          /* monotonic µs the request frame was taken off the ROUTER; 0 = internal */
+    uint64_t submit_us;        /* monotonic µs of kvp_raftlog_submit; 0 = not submitted */
+    int body_case;             /* Kvp__Request__BodyCase of the request, or 0 */
+    int internal;              /* enum svc_internal_kind for timer-driven work */
+    uint32_t segment_id;       /* SEGMENT_LOST / UNMOUNT: the segment concerned */
+    /* GetReplicaList / PutEnd: hashes of the keys, in request order (leases, last access). */
+    uint64_t *key_hashes;
+    size_t n_keys;
+    /* Remove: per original key, the status decided here (KVP_ERR_LEASED), or 1 = forwarded to
+     * the FSM (its status comes from the FSM's reply, in forwarded order). */
+    int32_t *remove_status;
+    size_t n_remove;
+    /* Remove, RemoveAll, Evict: the lease horizon (wall-clock ms) of the objects it frees: no
+     * read lease granted by this leader or an older one can be used after it. svc_submit commits
+     * it (docs/master.md, "Leases and failover"); 0 = none. */
+    uint64_t hold_wall_ms;
+    /* Un-forced Remove: its forwarded keys are hidden from GetReplicaList (svc_evict_hide) until
+     * its result, so that no lease is granted between the lease check and the commit. */
+    bool hides;
+};
+
+/** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
+struct svc_hb_waiter {
+    zframe_t *identity;
+    uint64_t req_id;
+    uint64_t deadline_ms;
+    uint32_t segment_id;
+};
+
+/* ------------------------------------------------------------------ the actor state */
+
+struct kvp_master_service {
+    struct kvp_cfg_master cfg;             /* settings in force (copied at new) */
+    char actor[32];                        /* log name, "master-<id>" */
+    struct kvp_master_member members[KVP_CFG_MAX_MASTERS]; /* id → control/raft address */
+    int n_members;
+    /* Rolling upgrades (service_version.c, version.h): members[i]'s feature level as its last
+     * answer reported, and the DEALER that asks it (leader only, one request a second). */
+    struct kvp_feature_peer feature_peers[KVP_CFG_MAX_MASTERS];
+    zsock_t *feature_sock[KVP_CFG_MAX_MASTERS];
+    char feature_addr[KVP_CFG_MAX_MASTERS][256]; /* what feature_sock[i] is connected to */
+    uint32_t feature_level_logged;         /* cluster level in the last INFO line (0 = none yet) */
+    uint32_t feature_level;                /* cluster level at the last tick (0 = none yet) */
+    uint64_t feature_level_term;           /* the term that tick ran in (leader) */
+
+    zsock_t *router;                       /* ROUTER bound at tcp://cfg.listen */
+    struct kvp_auth_server *auth;          /* CURVE server end + ZAP handler; NULL = auth none (service_auth.c) */
+    struct kvp_auth_client *peer_auth;     /* this master's keys toward its peers (feature polls) */
+    zsock_t *auth_mon;                     /* the ROUTER's handshake monitor (not owned: auth's) */
+    struct kvp_auth_ratelog denied_log;    /* refused requests, rate-limited lines */
+    uint64_t denied_requests;              /* requests refused for role or tenant */
+    struct svc_quota *quota;               /* use and quota per tenant (service_quota.c); NULL = auth none */
+    zloop_t *loop;                         /* zloop of run() */
+    struct kvp_raftlog *rl;                /* raft thread; owns `fsm` while running */
+    struct kvp_master_fsm *fsm;            /* created here, destroyed after rl stops */
+    atomic_bool stop;                      /* request_stop() flag, checked by a timer */
+    uint64_t log_failed_ms;                /* raftlog said its log cannot be written (0 = never) */
+    bool fatal;                            /* stopped for that: run returns KVP_ERR_IO */
+
+    /* Leadership, from KVP_RAFTLOG_EV_LEADER events and kvp_raftlog_get_info(). */
+    bool is_leader;
+    uint64_t leader_id;                    /* 0 = unknown */
+    uint64_t term;
+    uint64_t leader_since_ms;              /* monotonic time this node became leader */
+    int last_logged_role;                  /* -1 unknown, 0 follower, 1 leader: one INFO per change */
+    uint64_t last_logged_leader;
+
+    /* Requests in flight towards the raftlog: corr → struct svc_pending *. */
+    struct svc_map pending;
+    uint64_t next_corr;                    /* starts at 1 */
+
+    /* Leader-only soft state (cleared on every leadership change). */
+    struct svc_map leases;                 /* key hash → lease expiry (monotonic ms) */
+    struct svc_map last_access;            /* key hash → last read/write (monotonic ms), for LRU */
+    struct svc_map last_hb;                /* segment id → last heartbeat or mount (monotonic ms) */
+    struct svc_map hb_gap;                 /* segment id → ms between its last two heartbeats (its
+                                              period as seen here: check_liveness's silences) */
+    struct svc_map unreachable;            /* segment id → last ReportUnreachable (monotonic ms) */
+    struct svc_map segments;               /* segment id → Kvp__SegmentState + 1 (FSM's view) */
+    struct svc_map lost_sent;              /* segment id → time a SegmentLost was submitted */
+    struct svc_map heard_via;              /* segment id → 1 mount, 2 heartbeat: what last_hb was */
+    struct svc_map client_wrote;           /* segment id → last PutEnd naming it in written_segments */
+    struct svc_map successor;              /* segment id → last mount under its name from its host, refused */
+    /* The "segment lost" rule (liveness.h): blind periods, self-suspicion; restarted on every
+     * leadership change. `verdicts` holds the last check's verdicts (status, kvpoolctl segments). */
+    struct kvp_liveness liveness;
+    struct kvp_liveness_verdict *verdicts;
+    size_t n_verdicts, cap_verdicts;
+    uint64_t verdicts_at_ms;
+    uint64_t segments_fresh_ms;            /* when `segments` was last refreshed; 0 = never as leader */
+    bool status_refresh_inflight;
+    uint64_t fsm_pending_puts;             /* from the last refresh: RevokeExpired only when > 0 */
+    uint64_t fsm_quarantined_bytes;        /* from the last refresh: QuarantineRelease only when > 0 */
+    zlist_t *hb_waiters;                   /* struct svc_hb_waiter *, answered at the next refresh */
+    bool revoke_inflight;                  /* one RevokeExpired at a time */
+    bool release_inflight;                 /* one QuarantineRelease at a time */
+    uint64_t release_sent_ms;              /* when the last one was submitted (svc_release_now) */
+
+    /* Data-plane probe of reported segments (ReportUnreachable), off the loop thread. */
+    zactor_t *prober;                      /* runs kvp_xfer_probe; pipe read by the zloop */
+    zhashx_t *endpoints;                    /* "segment id" → data-plane endpoint (from refreshes) */
+    struct svc_map probing;                /* segment id → time the last probe started (one per 2 s) */
+    unsigned probes_out;                   /* probes sent to the prober, not yet answered */
+
+    /* Memory pressure: watermark eviction, prefix hints, release holds (service_evict.c). */
+    struct svc_evict *evict;
+
+    /* Bad-frame log rate limit. */
+    uint64_t bad_window_ms;
+    unsigned bad_in_window;
+    uint64_t bad_total;
+
+    /* Reads answered on this thread (kvp_raftlog_read_begin) rather than on the raft thread. */
+    uint64_t local_reads;
+
+    /* Latency split of client requests that went through the raft log (svc_submit), summed in
+     * µs: frame received → submitted, submitted → result event taken off the events socket,
+     * result event → handled (reply sent). ClusterStatus "request_latency". */
+    uint64_t cur_recv_us;                  /* receive time of the request being dispatched */
+    uint64_t rl_requests;
+    uint64_t rl_in_us;
+    uint64_t rl_raft_us;
+    uint64_t rl_out_us;
+
+    /* Metrics (service_metrics.c): counters, the published snapshot and the HTTP endpoint. */
+    struct svc_metrics *metrics;
+};
+
+/* ------------------------------------------------------------------ shared helpers */
+
+uint64_t svc_now_ms(void);
+
+/** The control address of `id` ("" when unknown). */
+const char *svc_member_address(const struct kvp_master_service *s, uint64_t id);
+
+/** Encode `resp` (req_id set from req_id) and send it to identity. Does not take ownership. */
+void svc_reply(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id, Kvp__Response *resp);
+/** Reply with a status and an error string, no body (NOT_LEADER adds the leader hint). */
+void svc_reply_status(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id, int status,
+                      const char *error);
+void svc_reply_empty(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id);
+
+/** New pending entry for a request (identity duplicated) or internal work (identity NULL). */
+struct svc_pending *svc_pending_new(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+void svc_pending_free(struct svc_pending *p);
+
+/** Pack cmd_body into a Command (now_wall_ms, term) and submit it under p->corr. On error the
+ * pending entry is freed and, for a request, answered with the error. */
+int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command *cmd);
+/** Pack req as a raw Request and run it as a raftlog query under p->corr (same error rule). */
+int svc_query(struct kvp_master_service *s, struct svc_pending *p, const Kvp__Request *req);
+
+/* service_rpc.c: one handler per request type; dispatch. */
+void svc_dispatch(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req);
+/* service_rpc.c: a raftlog result for a pending request or internal work. */
+void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind, int status,
+                   const uint8_t *data, size_t len);
+
+/* service.c: drop pending entries that raftlog never answered (a bug guard; logged). */
+void svc_pending_sweep(struct kvp_master_service *s);
+
+/* service_soft.c: soft state and timers. */
+void svc_soft_reset(struct kvp_master_service *s);
+bool svc_in_election_grace(const struct kvp_master_service *s);
+/** The wall-clock ms at which the monotonic time mono_ms falls (leases are kept in monotonic ms). */
+uint64_t svc_mono_to_wall(uint64_t mono_ms);
+/** The lease horizon, in wall-clock ms, that this leader commits with a command freeing the
+ * objects whose key hashes are given (n may be 0): the latest of their leases here and, during
+ * the election grace, the grace's end plus two election timeouts (an older leader's leases
+ * expire by then). 0 = none. */
+uint64_t svc_lease_horizon(const struct kvp_master_service *s, const uint64_t *key_hashes, size_t n);
+/** Submit a QuarantineRelease now unless one is in flight (leader only). */
+void svc_release_now(struct kvp_master_service *s);
+bool svc_key_leased(const struct kvp_master_service *s, uint64_t key_hash);
+void svc_grant_lease(struct kvp_master_service *s, uint64_t key_hash);
+void svc_touch(struct kvp_master_service *s, uint64_t key_hash);
+void svc_on_heartbeat_req(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp);
+void svc_request_status_refresh(struct kvp_master_service *s);
+int svc_timers_start(struct kvp_master_service *s);
+/* service_version.c: ask the other members for their feature level; the cluster's level now. */
+int svc_version_start(struct kvp_master_service *s);
+void svc_version_stop(struct kvp_master_service *s);
+uint32_t svc_feature_level(struct kvp_master_service *s);
+/* service_soft.c: start the prober actor; ask it to probe a reported segment. */
+int svc_prober_start(struct kvp_master_service *s);
+void svc_probe_segment(struct kvp_master_service *s, uint32_t segment_id);
+/** Parse an FSM ClusterStatus JSON document into s->segments. Returns KVP_OK or KVP_ERR_MALFORMED. */
+int svc_segments_from_json(struct kvp_master_service *s, const char *json);
+
+/* service_status.c: the ClusterStatus document and Members. */
+char *svc_status_json(struct kvp_master_service *s, const char *fsm_json);
+/* Fill mr from kvp_raftlog_get_info() into *info; mr's strings point into *info and s. */
+void svc_fill_members(struct kvp_master_service *s, struct kvp_raftlog_info *info, Kvp__MembersResp *mr,
+                      Kvp__Member *storage, Kvp__Member **ptrs, size_t cap);
+void svc_refresh_leadership(struct kvp_master_service *s);
+void svc_set_leadership(struct kvp_master_service *s, bool is_leader, uint64_t leader_id, uint64_t term);
+
+/* service_auth.c: authentication of the control port and the tenant scope of requests
+ * (docs/security.md). start: before the ROUTER binds; loop_start: in run; admit: true when the
+ * request may be dispatched (keys scoped to the sender's tenant), false when it was refused and
+ * answered KVP_ERR_DENIED. */
+int svc_auth_start(struct kvp_master_service *s);
+int svc_auth_loop_start(struct kvp_master_service *s);
+bool svc_auth_admit(struct kvp_master_service *s, zframe_t *identity, zframe_t *body, Kvp__Request *req);
+int svc_auth_peer_socket(struct kvp_master_service *s, zsock_t *dealer, const char *addr);
+void svc_auth_stop(struct kvp_master_service *s);
+
+#endif

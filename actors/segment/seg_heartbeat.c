@@ -1,0 +1,206 @@
+/*
+ * seg_heartbeat.c — the segment's heartbeat actor ("heartbeat", a child of the segment's
+ * supervisor; see segment_state.h).
+ *
+ * Every heartbeat_ms (a runtime timer) it sends a Heartbeat through the master session without
+ * blocking (kvp_msession_request; the answer is a reply message); at most one request is in
+ * flight, a tick that finds one still out is skipped. From the answers:
+ *  - LOST or unknown (NOT_FOUND): the master dropped this segment's replicas: remount as a new
+ *    segment (the data plane refuses data meanwhile); a failed remount leaves id 0 and the next
+ *    tick tries again;
+ *  - DRAINING on a kvpool-segment daemon (no on_mount hook): SIGTERM to itself, once, which runs
+ *    the daemon's drain-and-exit path;
+ *  - other errors: one WARN, retried every period; one INFO when answered again.
+ * Stall fence: when two ticks are more than 3 periods + 1 s apart (SIGSTOP, a paused VM), the
+ * master may have declared the segment lost: the data plane refuses data until a heartbeat
+ * confirms the id.
+ */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "actors/segment/seg_server.h"
+#include "actors/segment/segment_state.h"
+#include "actors/session/msession.h"
+#include "kvpool.h"
+#include "runtime/actor.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+enum { HB_MSG_TICK = 1 };
+
+enum hb_wait { HB_IDLE, HB_BEAT, HB_MOUNT }; /* what the request in flight is */
+
+struct hb_state {
+    struct kvp_segment *s;
+    uint32_t period;     /* ms between heartbeats */
+    uint32_t timeout;    /* ms: a heartbeat's (and a remount's) call timeout */
+    enum hb_wait wait;   /* the request in flight */
+    uint64_t corr;       /* its correlation id */
+    uint32_t beat_id;    /* the id the heartbeat in flight was for */
+    bool failing;        /* a WARN was logged for the current run of failures */
+    bool fenced;         /* the data plane refuses data until a heartbeat confirms the id */
+    bool drain_signalled;
+    uint64_t last_tick_ms;
+};
+
+static int send_mount(struct kvp_rt_ctx *ctx, struct hb_state *h)
+{
+    Kvp__Request req;
+    Kvp__MountSegmentReq m;
+    kvp_seg_mount_req(h->s, &req, &m);
+    int rc = kvp_msession_request(ctx, h->s->ms, &req, h->timeout, &h->corr);
+    if (rc == KVP_OK)
+        h->wait = HB_MOUNT;
+    return rc;
+}
+
+/* The master does not know the segment (or declared it lost): remount as a new one. */
+static int remount(struct kvp_rt_ctx *ctx, struct hb_state *h, uint32_t id)
+{
+    struct kvp_segment *s = h->s;
+    kvp_log_warn(s->actor, "segment %u unknown to the master: remounting as a new segment", id);
+    kvp_seg_server_set_id(s->srv, 0);
+    int rc = send_mount(ctx, h);
+    if (rc == KVP_ERR_NOMEM)
+        return rc; /* fails the actor: the supervisor restarts it */
+    if (rc != KVP_OK)
+        kvp_log_warn(s->actor, "remount: %s (next try in %u ms)", kvp_errname(rc), h->period);
+    return KVP_OK;
+}
+
+static void on_mount_reply(struct hb_state *h, int rc, Kvp__Response *resp)
+{
+    struct kvp_segment *s = h->s;
+    if (kvp_seg_mount_apply(s, rc, resp, false) != KVP_OK) {
+        uint32_t old = atomic_exchange_explicit(&s->id, 0, memory_order_relaxed);
+        if (old && s->hooks.on_mount)
+            s->hooks.on_mount(s->hooks.ctx, old, 0, NULL, 0);
+    }
+    h->failing = false;
+    h->fenced = false;
+}
+
+static int on_beat_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, int rc, Kvp__Response *resp)
+{
+    struct kvp_segment *s = h->s;
+    uint32_t id = h->beat_id;
+    if (rc == KVP_OK)
+        rc = resp->status;
+    if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
+        resp->heartbeat->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+        rc = KVP_ERR_NOT_FOUND; /* same meaning: the master dropped our replicas */
+    if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
+        resp->heartbeat->state == KVP__SEGMENT_STATE__SEGMENT_DRAINING && !s->hooks.on_mount &&
+        !h->drain_signalled) {
+        /* `kvpoolctl drain` of a kvpool-segment daemon (no hooks): take its SIGTERM path
+         * (drain until empty, unmount, exit 0). Embedded segments keep running. */
+        h->drain_signalled = true;
+        kvp_log_info(s->actor, "segment %u: the master marked it DRAINING: draining, then exiting", id);
+        kill(getpid(), SIGTERM);
+    }
+    if (rc == KVP_ERR_NOT_FOUND)
+        return remount(ctx, h, id);
+    if (rc != KVP_OK) {
+        if (!h->failing)
+            kvp_log_warn(s->actor, "segment %u: heartbeat: %s (retrying every %u ms)", id, kvp_errname(rc),
+                         h->period);
+        h->failing = true;
+    } else if (h->failing) {
+        kvp_log_info(s->actor, "segment %u: heartbeat answered again", id);
+        h->failing = false;
+    }
+    if (rc == KVP_OK && h->fenced) {
+        kvp_seg_server_set_id(s->srv, id);
+        kvp_log_info(s->actor, "segment %u: confirmed by the master: serving again", id);
+        h->fenced = false;
+    }
+    return KVP_OK;
+}
+
+static int on_tick(struct kvp_rt_ctx *ctx, struct hb_state *h)
+{
+    struct kvp_segment *s = h->s;
+    uint64_t now = kvp_clock_now_ms();
+    uint32_t id = atomic_load_explicit(&s->id, memory_order_relaxed);
+    if (id && now - h->last_tick_ms > 3ull * h->period + 1000u) {
+        /* We were stopped (SIGSTOP, VM pause): the master may have declared us lost and
+         * dropped our replicas. Refuse data until a heartbeat confirms the id. */
+        kvp_log_warn(s->actor, "segment %u: stalled for %llu ms: refusing data until the master "
+                     "confirms this segment", id, (unsigned long long)(now - h->last_tick_ms));
+        kvp_seg_server_set_id(s->srv, 0);
+        h->fenced = true;
+    }
+    h->last_tick_ms = now;
+    if (h->wait != HB_IDLE)
+        return KVP_OK; /* the previous request is still out: it ends by its own timeout */
+    if (id == 0)
+        return remount(ctx, h, id); /* a remount failed earlier: try again */
+    Kvp__Request req;
+    Kvp__HeartbeatReq hb;
+    kvp__request__init(&req);
+    kvp__heartbeat_req__init(&hb);
+    hb.segment_id = id;
+    req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    int rc = kvp_msession_request(ctx, s->ms, &req, h->timeout, &h->corr);
+    if (rc == KVP_ERR_NOMEM)
+        return rc;
+    if (rc != KVP_OK) {
+        if (!h->failing)
+            kvp_log_warn(s->actor, "segment %u: heartbeat: %s (retrying every %u ms)", id, kvp_errname(rc),
+                         h->period);
+        h->failing = true;
+        return KVP_OK;
+    }
+    h->wait = HB_BEAT;
+    h->beat_id = id;
+    return KVP_OK;
+}
+
+static int hb_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    struct hb_state *h = kvp_rt_state(ctx);
+    if (msg->kind == KVP_RT_TIMER && msg->type == HB_MSG_TICK)
+        return on_tick(ctx, h);
+    if (msg->kind != KVP_RT_REPLY || h->wait == HB_IDLE || msg->corr_id != h->corr)
+        return KVP_OK;
+    enum hb_wait w = h->wait;
+    h->wait = HB_IDLE;
+    Kvp__Response *resp = msg->status == KVP_OK ? kvp_rt_msg_take(msg) : NULL;
+    int rc = msg->status == KVP_OK && !resp ? KVP_ERR_MALFORMED : msg->status;
+    if (w == HB_MOUNT) {
+        on_mount_reply(h, rc, resp); /* frees resp */
+        return KVP_OK;
+    }
+    rc = on_beat_reply(ctx, h, rc, resp);
+    kvp_msession_response_free(resp);
+    return rc;
+}
+
+static int hb_init(struct kvp_rt_ctx *ctx)
+{
+    struct hb_state *h = kvp_rt_state(ctx);
+    h->last_tick_ms = kvp_clock_now_ms();
+    return kvp_rt_timer_start(ctx, h->period, h->period, HB_MSG_TICK, NULL);
+}
+
+static void hb_fini(struct kvp_rt_ctx *ctx)
+{
+    free(kvp_rt_state(ctx));
+}
+
+int kvp_seg_heartbeat_spawn(void *arg, struct kvp_rt_actor *parent, struct kvp_rt_actor **out)
+{
+    struct kvp_segment *s = arg;
+    struct hb_state *h = calloc(1, sizeof *h);
+    if (!h)
+        return KVP_ERR_NOMEM;
+    h->s = s;
+    h->period = s->cfg.heartbeat_ms ? s->cfg.heartbeat_ms : 1000;
+    h->timeout = h->period < 1000 ? 1000 : h->period;
+    struct kvp_rt_spec spec = {.name = "heartbeat", .init = hb_init, .handle = hb_handle, .fini = hb_fini,
+                               .state = h};
+    return kvp_rt_spawn(out, &spec, parent); /* on failure fini ran: h is freed */
+}

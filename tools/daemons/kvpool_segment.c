@@ -1,0 +1,272 @@
+/*
+ * kvpool_segment.c — the `kvpool-segment` daemon: contributes one memory region to the pool.
+ *
+ *   kvpool-segment --master-server-address 127.0.0.1:7101,127.0.0.1:7102 \
+ *                  --global-segment-size 4G --local-hostname 10.0.0.5 --port 7301 [--name seg-a]
+ *   kvpool-segment --cluster-file DIR/cluster.json --global-segment-size 1G
+ *
+ * Settings: defaults < --config FILE (JSON) < KVPOOL_* environment < flags (config/config.h,
+ * docs/config.md); --print-config prints the effective settings and exits.
+ * Once mounted it prints one line on stdout:
+ *   kvpool-segment: <name> id <id> endpoint <endpoint> size <bytes>
+ * SIGINT: unmount and exit 0. SIGTERM: drain (DrainSegment, wait up to drain_timeout_ms for the
+ * master to report no replica left here), then unmount and exit 0. docs/data-plane.md.
+ * Either signal before the mount has been confirmed (no master answering yet) exits at once
+ * with 130 (SIGINT) or 143 (SIGTERM), without mounting. With no master answering at start it
+ * keeps trying the mount (backoff 1 s → 10 s, one WARN line per try) until one does.
+ * metrics_port > 0: /metrics, /healthz, /readyz on local_hostname:metrics_port from before the
+ * mount (readyz: 503 until mounted) until the end (docs/operations.md "Metrics").
+ * Under systemd (Type=notify) it sends READY=1 once mounted and STOPPING=1 on SIGTERM/SIGINT
+ * (packaging/systemd/).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "actors/session/msession.h"
+#include "auth/auth.h"
+#include "actors/segment/segment.h"
+#include "config/config.h"
+#include "kvpool.h"
+#include "metrics/metrics.h"
+#include "runtime/log.h"
+#include "runtime/sdnotify.h"
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: kvpool-segment [--config FILE] [--key value ...] [--print-config] [--help]\n");
+    char *h = kvp_cfg_help(KVP_CFG_SEGMENT);
+    if (h) {
+        fputs(h, stderr);
+        free(h);
+    }
+}
+
+/* The signal watcher of the start (main). */
+struct start_watch {
+    sigset_t sigs;
+    pthread_t th;
+    pthread_mutex_t mu;
+    bool started; /* kvp_segment_start has returned: hand the signal over */
+    int sig;      /* the signal taken after that, for main */
+};
+
+static void *start_watch_main(void *arg)
+{
+    struct start_watch *w = arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&w->sigs, &sig) != 0)
+            continue;
+        pthread_mutex_lock(&w->mu);
+        if (w->started) {
+            if (!w->sig)
+                w->sig = sig;
+            pthread_mutex_unlock(&w->mu);
+            continue; /* main cancels this thread next */
+        }
+        /* Still starting: the mount may be waiting for a master. Leave at once. */
+        fprintf(stderr, "kvpool-segment: %s while starting: exiting without mounting\n",
+                sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        _exit(sig == SIGTERM ? 143 : 130);
+    }
+    return NULL;
+}
+
+/*
+ * The metrics endpoint's view of the segment. `seg` is stored (release) once the start has
+ * returned and read (acquire) by the HTTP thread; the HTTP server is stopped before the segment
+ * is, so the pointer never dangles. An atomic rather than a message: the reader is
+ * libmicrohttpd's thread (no mailbox) and the segment's counters are themselves published
+ * with relaxed atomics by their single writers (kvp_segment_stats).
+ */
+struct seg_http {
+    _Atomic(struct kvp_segment *) seg;
+    uint64_t size_bytes;
+};
+
+static void seg_render(void *ctx, struct kvp_metrics_text *t)
+{
+    struct seg_http *h = ctx;
+    struct kvp_segment *seg = atomic_load_explicit(&h->seg, memory_order_acquire);
+    struct kvp_segment_stats st;
+    kvp_segment_stats(seg, &st); /* all zero before the start returned */
+    kvp_metrics_family(t, "kvpool_segment_mounted", "gauge", "1 when the segment is mounted at the master.");
+    kvp_metrics_sample_u64(t, "kvpool_segment_mounted", NULL, st.segment_id != 0);
+    if (seg) {
+        char id[16];
+        snprintf(id, sizeof id, "%u", st.segment_id);
+        const char *l[] = {"name", kvp_segment_name(seg), "endpoint", kvp_segment_endpoint(seg), "segment_id", id, NULL};
+        kvp_metrics_family(t, "kvpool_segment_info", "gauge", "Always 1; the labels name the segment.");
+        kvp_metrics_sample_u64(t, "kvpool_segment_info", l, 1);
+    }
+    kvp_metrics_family(t, "kvpool_segment_size_bytes", "gauge", "Bytes of memory this segment contributes.");
+    kvp_metrics_sample_u64(t, "kvpool_segment_size_bytes", NULL, h->size_bytes);
+    kvp_metrics_family(t, "kvpool_segment_mounts_total", "counter",
+                       "Successful mounts (1 + remounts after the master declared the segment lost).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_mounts_total", NULL, st.mounts);
+    kvp_metrics_family(t, "kvpool_segment_mount_failures_total", "counter",
+                       "Mount tries that failed (no master answering, or refused).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_mount_failures_total", NULL, st.mount_failures);
+    kvp_metrics_family(t, "kvpool_segment_transfer_bytes_total", "counter",
+                       "Payload bytes served by the data plane: read = sent to readers, write = landed in the region.");
+    const char *rd[] = {"direction", "read", NULL}, *wr[] = {"direction", "write", NULL};
+    kvp_metrics_sample_u64(t, "kvpool_segment_transfer_bytes_total", rd, st.server.bytes_read);
+    kvp_metrics_sample_u64(t, "kvpool_segment_transfer_bytes_total", wr, st.server.bytes_written);
+    kvp_metrics_family(t, "kvpool_segment_requests_total", "counter", "Data-plane requests by operation and result.");
+    for (int o = 0; o < KVP_SEG_OPS; o++)
+        for (int r = 0; r < KVP_SEG_RESULTS; r++) {
+            const char *l[] = {"op", kvp_seg_op_names[o], "result", kvp_seg_result_names[r], NULL};
+            kvp_metrics_sample_u64(t, "kvpool_segment_requests_total", l, st.server.requests[o][r]);
+        }
+    kvp_metrics_family(t, "kvpool_segment_bad_frames_total", "counter",
+                       "Malformed data-plane frame headers (each closed its connection).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_bad_frames_total", NULL, st.server.bad_frames);
+    kvp_metrics_family(t, "kvpool_segment_connections", "gauge", "Data-plane connections being served.");
+    kvp_metrics_sample_u64(t, "kvpool_segment_connections", NULL, st.server.conns_open);
+    kvp_metrics_family(t, "kvpool_segment_connections_accepted_total", "counter", "Data-plane connections accepted.");
+    kvp_metrics_sample_u64(t, "kvpool_segment_connections_accepted_total", NULL, st.server.conns_accepted);
+    kvp_metrics_family(t, "kvpool_segment_connections_refused_total", "counter",
+                       "Data-plane connections refused (over the connection limit).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_connections_refused_total", NULL, st.server.conns_refused);
+}
+
+static bool seg_ready(void *ctx, char *why, size_t cap)
+{
+    struct seg_http *h = ctx;
+    struct kvp_segment *seg = atomic_load_explicit(&h->seg, memory_order_acquire);
+    if (!seg) {
+        snprintf(why, cap, "not mounted yet (waiting for a master to answer the mount)");
+        return false;
+    }
+    if (kvp_segment_id(seg) == 0) {
+        snprintf(why, cap, "not mounted (a remount failed; the heartbeat retries it)");
+        return false;
+    }
+    return true;
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage();
+            return 0;
+        }
+    /* Signals are taken synchronously by main (sigwait): block them before any thread starts,
+     * so every thread inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct kvp_cfg_segment cfg;
+    int done = kvp_cfg_daemon_args(KVP_CFG_SEGMENT, &cfg, "kvpool-segment", argc, argv);
+    if (done >= 0)
+        return done;
+    int lvl = kvp_log_parse_level(cfg.log_level);
+    if (lvl >= 0)
+        kvp_log_set_level(lvl);
+    int fmt = kvp_log_parse_format(cfg.log_format);
+    if (fmt >= 0)
+        kvp_log_set_format(fmt); /* lines logged before this follow KVPOOL_LOG_FORMAT */
+
+    char *masters[KVP_CFG_MAX_MASTERS];
+    size_t n_masters = 0;
+    int rc = kvp_cfg_masters(cfg.master_server_address, cfg.cluster_file, masters, KVP_CFG_MAX_MASTERS,
+                             &n_masters);
+    if (rc != KVP_OK) {
+        fprintf(stderr, "kvpool-segment: no masters: set master_server_address or cluster_file (%s)\n",
+                kvp_strerror(rc));
+        return 2;
+    }
+    /* Before the mount: /healthz answers and /readyz says why not yet while no master does. */
+    struct seg_http sh = {.size_bytes = cfg.global_segment_size};
+    atomic_init(&sh.seg, NULL);
+    struct kvp_metrics_http *http = NULL;
+    if (cfg.metrics_port) {
+        struct kvp_metrics_http_ops ops = {.ctx = &sh, .render = seg_render, .ready = seg_ready};
+        rc = kvp_metrics_http_start(&http, "kvpool-segment", cfg.local_hostname, cfg.metrics_port, cfg.bind_retry_ms,
+                                    &ops);
+        if (rc != KVP_OK) {
+            fprintf(stderr, "kvpool-segment: cannot serve metrics on port %u: %s (see the line above)\n",
+                    cfg.metrics_port, kvp_strerror(rc));
+            return rc == KVP_ERR_INVALID ? 2 : 1;
+        }
+    }
+    struct kvp_msession *ms = NULL;
+    struct kvp_auth_client *auth = NULL; /* CURVE keys (docs/security.md) */
+    rc = kvp_auth_client_load(&auth, cfg.auth, cfg.auth_key, cfg.auth_master_keys, cfg.cluster_file, "segment_key",
+                              "kvpool-segment");
+    if (rc == KVP_OK)
+        rc = kvp_msession_new_auth(&ms, (const char *const *)masters, n_masters,
+                                   cfg.name[0] ? cfg.name : "kvpool-segment", &auth);
+    kvp_auth_client_destroy(&auth);
+    kvp_cfg_free_masters(masters, n_masters);
+    if (rc != KVP_OK) {
+        fprintf(stderr, "kvpool-segment: master session: %s\n", kvp_strerror(rc));
+        kvp_metrics_http_stop(&http);
+        return 1;
+    }
+    /* The start (map, serve, mount) can wait up to the mount's timeout for a master; a signal
+     * then must not wait for it. A watcher thread takes SIGINT/SIGTERM meanwhile: before the
+     * start has returned it exits the process at once (nothing to undo: the master has not
+     * confirmed the segment; were the mount to commit at that moment, the silent segment is
+     * declared lost after client_ttl_ms, holding no object); after, it hands the signal to
+     * main, which handles it as below. */
+    struct start_watch w = {.sigs = sigs};
+    pthread_mutex_init(&w.mu, NULL);
+    bool watching = pthread_create(&w.th, NULL, start_watch_main, &w) == 0;
+    struct kvp_segment *seg = NULL;
+    struct kvp_segment_hooks hooks = {.mount_retry = true};
+    rc = kvp_segment_start(&seg, &cfg, ms, &hooks);
+    int early_sig = 0;
+    if (watching) {
+        pthread_mutex_lock(&w.mu);
+        w.started = true;
+        early_sig = w.sig;
+        pthread_mutex_unlock(&w.mu);
+        pthread_cancel(w.th); /* it waits in sigwait, a cancellation point */
+        pthread_join(w.th, NULL);
+    }
+    if (rc != KVP_OK) {
+        fprintf(stderr, "kvpool-segment: cannot start: %s\n", kvp_strerror(rc));
+        kvp_metrics_http_stop(&http);
+        kvp_msession_destroy(&ms);
+        return 1;
+    }
+    atomic_store_explicit(&sh.seg, seg, memory_order_release);
+    printf("kvpool-segment: %s id %u endpoint %s size %llu\n", kvp_segment_name(seg), kvp_segment_id(seg),
+           kvp_segment_endpoint(seg), (unsigned long long)cfg.global_segment_size);
+    fflush(stdout);
+    /* Mounted: tell a service manager (systemd Type=notify) the start is done. */
+    char status[400];
+    snprintf(status, sizeof status, "READY=1\nSTATUS=mounted as %s (segment %u, endpoint %s)", kvp_segment_name(seg),
+             kvp_segment_id(seg), kvp_segment_endpoint(seg));
+    kvp_sd_notify("kvpool-segment", status);
+
+    int sig = early_sig;
+    while (!sig && sigwait(&sigs, &sig) != 0)
+        ;
+    kvp_sd_notify("kvpool-segment", sig == SIGTERM ? "STOPPING=1\nSTATUS=draining" : "STOPPING=1\nSTATUS=unmounting");
+    if (sig == SIGTERM) {
+        kvp_log_info("kvpool-segment", "SIGTERM: draining (up to %u ms)", cfg.drain_timeout_ms);
+        rc = kvp_segment_drain(seg, cfg.drain_timeout_ms);
+        if (rc != KVP_OK)
+            kvp_log_warn("kvpool-segment", "drain: %s; unmounting anyway", kvp_errname(rc));
+    } else {
+        kvp_log_info("kvpool-segment", "SIGINT: unmounting");
+    }
+    kvp_metrics_http_stop(&http); /* before the segment it reads goes */
+    kvp_segment_stop(&seg);
+    kvp_msession_destroy(&ms);
+    return 0;
+}
