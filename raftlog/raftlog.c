@@ -82,6 +82,12 @@ struct kvp_raftlog {
     uv_timer_t timer;
     uv_check_t check; /* after every loop iteration's I/O: read_lease_refresh */
     bool async_inited, timer_inited, check_inited;
+    /* Incremental snapshot: while a build runs, an idle handle makes every loop iteration poll
+     * for I/O without blocking and then build one chunk (kvp_rl_glue_snap_work). */
+    uv_idle_t snap_idle;
+    bool snap_idle_inited, snap_idle_on;
+    uint64_t last_tick_us;    /* when on_tick last ran (stall measurement) */
+    uint64_t max_stall_us;    /* largest tick lateness: the raft thread's longest stall */
     struct raft_uv_transport transport;
     /* raft_uv_tcp's own connect, wrapped by rl_connect (TCP_NODELAY on Raft connections) */
     int (*tcp_connect)(struct raft_uv_transport *t, struct raft_uv_connect *req, raft_id id,
@@ -436,6 +442,12 @@ static void update_info(struct kvp_raftlog *rl)
     in->entries_stored = rl->glue.entries_stored;
     in->store_us_total = rl->glue.store_us_total;
     in->snapshot_hist = rl->glue.snapshot_hist;
+    in->max_stall_us = rl->max_stall_us;
+    in->max_snap_step_us = rl->glue.max_snap_step_us;
+    in->max_restore_us = rl->glue.max_restore_us;
+    in->last_snap_wall_us = rl->glue.last_snap_wall_us;
+    in->last_snap_busy_us = rl->glue.last_snap_busy_us;
+    in->last_snap_bytes = rl->glue.last_snap_bytes;
     pthread_mutex_unlock(&rl->mu);
 }
 
@@ -712,6 +724,8 @@ static void on_raft_closed(struct raft *r)
         uv_close((uv_handle_t *)&rl->timer, on_handle_closed);
     if (rl->check_inited)
         uv_close((uv_handle_t *)&rl->check, on_handle_closed);
+    if (rl->snap_idle_inited)
+        uv_close((uv_handle_t *)&rl->snap_idle, on_handle_closed);
     if (rl->async_inited)
         uv_close((uv_handle_t *)&rl->async, on_handle_closed);
     while (rl->held) { /* never written, never answered: raft is closed */
@@ -734,6 +748,9 @@ static void finish_close(struct kvp_raftlog *rl)
         uv_timer_stop(&rl->timer);
     if (rl->check_inited)
         uv_check_stop(&rl->check);
+    if (rl->snap_idle_inited)
+        uv_idle_stop(&rl->snap_idle);
+    rl->snap_idle_on = false;
     raft_close(&rl->raft, on_raft_closed);
 }
 
@@ -827,6 +844,15 @@ static void on_async(uv_async_t *h)
 static void on_tick(uv_timer_t *t)
 {
     struct kvp_raftlog *rl = t->data;
+    /* A repeating libuv timer fires RL_TICK_MS after its previous run once the loop gets to
+     * it: lateness beyond that is time the thread spent in one stretch of callbacks. */
+    uint64_t now_us = kvp_clock_now_us();
+    if (rl->last_tick_us != 0 && now_us - rl->last_tick_us > RL_TICK_MS * 1000u) {
+        uint64_t late = now_us - rl->last_tick_us - RL_TICK_MS * 1000u;
+        if (late > rl->max_stall_us)
+            rl->max_stall_us = late;
+    }
+    rl->last_tick_us = now_us;
     if (rl->raft_closing) {
         if (drained(rl))
             finish_close(rl);
@@ -850,12 +876,27 @@ static void on_tick(uv_timer_t *t)
  * raft's state before the thread sleeps again. The only other refresh is in ev_send. Also
  * where the in-flight entries that reached the local log are timed (a store completes in an
  * I/O callback of this iteration). */
+static void on_snap_idle(uv_idle_t *h)
+{
+    struct kvp_raftlog *rl = h->data;
+    if (!rl->raft_closing)
+        kvp_rl_glue_snap_work(&rl->glue);
+    if (rl->raft_closing || !kvp_rl_glue_snap_pending(&rl->glue)) {
+        uv_idle_stop(&rl->snap_idle);
+        rl->snap_idle_on = false;
+    }
+}
+
 static void on_check(uv_check_t *h)
 {
     struct kvp_raftlog *rl = h->data;
     if (!rl->raft_closing)
         read_lease_refresh(rl);
     kvp_rl_glue_note_stored(&rl->glue);
+    if (rl->snap_idle_inited && !rl->snap_idle_on && !rl->raft_closing && kvp_rl_glue_snap_pending(&rl->glue)) {
+        uv_idle_start(&rl->snap_idle, on_snap_idle); /* a build began during this iteration */
+        rl->snap_idle_on = true;
+    }
 }
 
 /* ---- thread ---- */
@@ -978,9 +1019,13 @@ static void *thread_main(void *arg)
     rl->glue.base_threshold = rl->p.snapshot_threshold > 0 ? (unsigned)rl->p.snapshot_threshold : 1024; /* raft's defaults */
     rl->glue.base_trailing = rl->p.snapshot_trailing > 0 ? (unsigned)rl->p.snapshot_trailing : 128;
     rl->glue.snap_log_bytes = rl->p.snapshot_log_bytes;
-    if (rl->p.fsm.snapshot == NULL || rl->p.fsm.restore == NULL) {
+    if ((rl->p.fsm.snapshot == NULL && !rl->glue.inc) || rl->p.fsm.restore == NULL) {
         raft_set_snapshot_threshold(&rl->raft, 0xFFFFFFFFu);
         rl->glue.snap_log_bytes = 0;
+        rl->glue.inc = false;
+    } else if (rl->glue.inc) {
+        /* The glue starts builds itself and lowers the threshold to 1 once one is built. */
+        raft_set_snapshot_threshold(&rl->raft, 0xFFFFFFFFu);
     }
     if (!rl->p.join) {
         rv = bootstrap(rl);
@@ -1001,6 +1046,9 @@ static void *thread_main(void *arg)
     rl->check.data = rl;
     rl->check_inited = true;
     uv_check_start(&rl->check, on_check);
+    uv_idle_init(&rl->loop, &rl->snap_idle);
+    rl->snap_idle.data = rl;
+    rl->snap_idle_inited = true;
     update_info(rl);
     rl->started_ms = kvp_clock_now_ms();
     kvp_log_info(rl->actor, "started on %s, data dir %s", rl->p.raft_address, rl->p.data_dir);
