@@ -487,7 +487,8 @@ int kvp_rl_glue_snap_work(struct kvp_rl_glue *g)
     bool last = false;
     if (g->fsm_lock != NULL)
         pthread_rwlock_rdlock(g->fsm_lock);
-    int rc = g->user.snap_next(g->user.ctx, KVP_RL_SNAP_CHUNK_RAW, &raw, &raw_len, &last);
+    int rc = g->user.snap_next(g->user.ctx, g->chunk_raw ? g->chunk_raw : KVP_RL_SNAP_CHUNK_RAW, &raw, &raw_len,
+                               &last);
     if (g->fsm_lock != NULL)
         pthread_rwlock_unlock(g->fsm_lock);
     if (rc == KVP_OK)
@@ -555,6 +556,7 @@ static int build_emit(struct kvp_rl_glue *g, struct raft_buffer *bufs[], unsigne
     hdr[4] = (uint8_t)KVP_RL_SNAP_VERSION2;
     put_le(hdr + 5, g->n_chunks, 4);
     put_le(hdr + 9, n_tail_recs, 4);
+    g->snap_tail_entries += n_tail_recs;
     put_le(hdr + 13, g->build_raw, 8);
     put_le(hdr + 21, total, 8);
     put_le(hdr + 29, XXH3_64bits(hdr, 29), 8);

@@ -105,6 +105,8 @@ struct kvp_rl_glue {
      * building or built, every entry applied is copied into tail (replayed on restore). */
     bool inc;
     int build;
+    size_t chunk_raw;               /* raw bytes per chunk; 0 = KVP_RL_SNAP_CHUNK_RAW (tests: small) */
+    uint64_t snap_tail_entries;     /* log entries carried in the tails of snapshots taken */
     uint8_t **chunks;               /* framed chunk records */
     size_t *chunk_lens;
     size_t n_chunks, chunks_cap;

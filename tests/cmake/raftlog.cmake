@@ -1,6 +1,8 @@
 # raftlog tests: entry/snapshot codecs, FSM glue on raft's fixture, 3 real nodes on loopback.
 kvp_add_test(test_raftlog_entry SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_raftlog_entry.c LABEL unit TIMEOUT 60)
 kvp_add_test(test_raftlog_fixture SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_raftlog_fixture.c LABEL unit TIMEOUT 60)
+# Incremental snapshots of the master FSM on the fixture (issue 22).
+kvp_add_test(test_raftlog_snapshot SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_raftlog_snapshot.c LABEL unit TIMEOUT 120)
 kvp_add_test(test_raftlog_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_raftlog_cluster.c LABEL actor TIMEOUT 120)
 # Fuzz target for the entry decoder: libFuzzer build with KVP_FUZZ=ON (clang), and always a
 # replay run of a generated corpus as an ordinary ctest.
