@@ -206,6 +206,8 @@ struct kvp_raftlog_info {
      * incremental snapshot step and snapshot restore; the last incremental snapshot's wall time
      * from begin to handing it to raft, its raft-thread busy time, and its framed size. */
     uint64_t max_stall_us;
+    uint64_t max_busy_stall_us; /* of that lateness, the most the thread spent on its own CPU
+                                   work (not waiting to be scheduled on a busy machine) */
     uint64_t max_snap_step_us;
     uint64_t max_restore_us;
     uint64_t last_snap_wall_us;

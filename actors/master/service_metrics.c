@@ -231,6 +231,22 @@ static void render_raft(struct kvp_master_service *s, struct svc_metrics *m, str
     kvp_metrics_family(t, "kvpool_raft_snapshot_duration_seconds", "histogram",
                        "Time to take one snapshot (state machine serialisation and LZ4 framing).");
     kvp_metrics_sample_hist(t, "kvpool_raft_snapshot_duration_seconds", NULL, &in.snapshot_hist);
+    one(t, "kvpool_raft_max_stall_microseconds", "gauge",
+        "Longest stretch the Raft thread ran without getting back to its loop since start (lateness of its "
+        "20 ms tick).", in.max_stall_us);
+    one(t, "kvpool_raft_max_busy_stall_microseconds", "gauge",
+        "Of the longest tick lateness, the most the Raft thread spent on its own CPU work (a lateness while "
+        "it waited for a CPU is not counted).", in.max_busy_stall_us);
+    one(t, "kvpool_raft_snapshot_max_step_microseconds", "gauge",
+        "Longest single step (one chunk) of an incremental snapshot build since start.", in.max_snap_step_us);
+    one(t, "kvpool_raft_snapshot_restore_max_microseconds", "gauge",
+        "Longest snapshot restore (install or start-up load) on the Raft thread since start.", in.max_restore_us);
+    one(t, "kvpool_raft_snapshot_last_wall_microseconds", "gauge",
+        "Last snapshot taken: time from the start of its build to handing it to Raft.", in.last_snap_wall_us);
+    one(t, "kvpool_raft_snapshot_last_busy_microseconds", "gauge",
+        "Last snapshot taken: Raft-thread time spent building it (sum of its steps).", in.last_snap_busy_us);
+    one(t, "kvpool_raft_snapshot_last_bytes", "gauge", "Last snapshot taken: its size as stored.",
+        in.last_snap_bytes);
     one(t, "kvpool_raft_entries_proposed_total", "counter", "Raft entries this master proposed as leader.",
         in.entries_proposed);
     one(t, "kvpool_raft_commands_proposed_total", "counter",

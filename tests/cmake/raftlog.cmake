@@ -19,3 +19,8 @@ endif()
 add_executable(raftlog_bench ${CMAKE_SOURCE_DIR}/tests/actor/test_raftlog_bench.c)
 target_compile_options(raftlog_bench PRIVATE ${KVP_WARN})
 target_link_libraries(raftlog_bench PRIVATE kvpool_static ${KVP_DEP_LIBS})
+# The master at scale (issue 22; not a ctest: prints figures): scripts/bench-scale.sh runs it
+# against a real 3-master cluster of $KVP_BUILD_DIR.
+add_executable(bench_master_scale ${CMAKE_SOURCE_DIR}/tests/integration/bench_master_scale.c)
+target_compile_options(bench_master_scale PRIVATE ${KVP_WARN})
+target_link_libraries(bench_master_scale PRIVATE kvpool_static ${KVP_DEP_LIBS})
