@@ -221,10 +221,30 @@ static void *hb_main(void *arg)
     return NULL;
 }
 
+static _Atomic int loading;
+static double changes_total(struct msnap *m);
+
 static void *sampler_main(void *arg)
 {
     (void)arg;
+    uint64_t last_print = tm_now_ms(), t_start = tm_now_ms();
     while (!atomic_load(&stop_sampler)) {
+        if (atomic_load(&loading) && tm_now_ms() - last_print >= 15000) {
+            /* progress, so a run cut short still says how far it got */
+            struct msnap ms[TM_MASTERS + 1];
+            double term = 0;
+            for (int id = 1; id <= TM_MASTERS; id++) {
+                read_metrics(id, &ms[id]);
+                if (ms[id].term > term)
+                    term = ms[id].term;
+            }
+            printf("  [%5.0f s] %llu objects; leader changes seen %.0f, term %.0f; RSS %.0f / %.0f / %.0f MiB\n",
+                   (tm_now_ms() - t_start) / 1000.0, (unsigned long long)atomic_load(&objects_done),
+                   changes_total(ms), term, C.pids[1] > 0 ? proc_rss_kb(C.pids[1]) / 1024.0 : 0,
+                   C.pids[2] > 0 ? proc_rss_kb(C.pids[2]) / 1024.0 : 0, C.pids[3] > 0 ? proc_rss_kb(C.pids[3]) / 1024.0 : 0);
+            fflush(stdout);
+            last_print = tm_now_ms();
+        }
         tm_load(&C);
         for (int id = 1; id <= TM_MASTERS; id++) {
             uint64_t kb = C.pids[id] > 0 ? proc_rss_kb(C.pids[id]) : 0;
@@ -329,8 +349,11 @@ static void load(uint64_t upto)
 /* Longest "snapshot taken" time in a master's log, and how many. Newer builds log the
  * raft-thread work ("M ms of raft-thread work"), older ones the whole synchronous take
  * ("fsm X ms, lz4 Y ms"). */
+static uint64_t log_max_cpu_ms;
+
 static void log_snapshots(int id, unsigned *n, uint64_t *max_thread_ms, uint64_t *max_wall_ms)
 {
+    log_max_cpu_ms = 0;
     char path[400], line[1024];
     snprintf(path, sizeof path, "%s/master-%d.log", C.dir, id);
     *n = 0;
@@ -348,6 +371,10 @@ static void log_snapshots(int id, unsigned *n, uint64_t *max_thread_ms, uint64_t
             (*n)++;
             if (b > *max_thread_ms)
                 *max_thread_ms = b;
+            unsigned long long cpu = 0;
+            char *w = strstr(p, "work (");
+            if (w && sscanf(w, "work (%llu", &cpu) == 1 && cpu > log_max_cpu_ms)
+                log_max_cpu_ms = cpu;
             if (a > *max_wall_ms)
                 *max_wall_ms = a;
         } else if ((q = strstr(p, "fsm ")) && sscanf(q, "fsm %llu ms, lz4 %llu ms", &a, &b) == 2) {
@@ -502,7 +529,9 @@ int main(int argc, char **argv)
     uint64_t rss0 = proc_rss_kb(C.pids[leader]);
     atomic_store(&sampling_snapshot, 1); /* snapshots run throughout a load this size */
     uint64_t t0 = tm_now_ms();
+    atomic_store(&loading, 1);
     load(O.objects);
+    atomic_store(&loading, 0);
     uint64_t t1 = tm_now_ms();
     /* let the last snapshot of the load finish (its log tail is small by now) */
     tm_sleep_ms(3000);
@@ -527,8 +556,10 @@ int main(int argc, char **argv)
         unsigned n;
         uint64_t thr, wall;
         log_snapshots(id, &n, &thr, &wall);
-        printf("master %d%s: %u snapshots logged, longest raft-thread time of one %llu ms, longest begin->taken %llu ms",
-               id, id == leader_after ? " (leader)" : "", n, (unsigned long long)thr, (unsigned long long)wall);
+        printf("master %d%s: %u snapshots logged, longest raft-thread time of one %llu ms (CPU %llu ms), longest "
+               "begin->taken %llu ms",
+               id, id == leader_after ? " (leader)" : "", n, (unsigned long long)thr,
+               (unsigned long long)log_max_cpu_ms, (unsigned long long)wall);
         if (after[id].stall_us >= 0)
             printf("; max raft-thread stall %.1f ms (of it busy %.1f ms), longest build step %.1f ms, last snapshot %.1f MB built in %.0f ms "
                    "(%.0f ms of thread time)",
