@@ -29,7 +29,10 @@
 #define RL_MIN_UPTIME_MS 1000
 #define RL_DEFAULT_GROUP_MAX 256
 #define RL_DEFAULT_INFLIGHT 4
-#define RL_ENTRY_SOFT_BYTES (4u << 20) /* stop adding commands to an entry past this size */
+/* Stop adding commands to an entry past this size. Every node applies an entry in one go on its
+ * raft thread, so its size bounds that stall: 1 MiB of metadata puts (~20k objects) applies in
+ * tens of ms on this VM; at 4 MiB the longest apply was ~200 ms (issue 22). */
+#define RL_ENTRY_SOFT_BYTES (1u << 20)
 /* A local read (kvp_raftlog_read_begin) trusts leadership the raft thread confirmed at most this
  * long ago. The raft thread re-confirms after every loop iteration (uv_check) and before every
  * event it sends; with nothing else to do it still wakes every tick (RL_TICK_MS), so two ticks
@@ -448,6 +451,7 @@ static void update_info(struct kvp_raftlog *rl)
     in->max_stall_us = rl->max_stall_us;
     in->max_busy_stall_us = rl->max_busy_stall_us;
     in->max_snap_step_us = rl->glue.max_snap_step_us;
+    in->max_apply_us = rl->glue.max_apply_us;
     in->max_restore_us = rl->glue.max_restore_us;
     in->last_snap_wall_us = rl->glue.last_snap_wall_us;
     in->last_snap_busy_us = rl->glue.last_snap_busy_us;

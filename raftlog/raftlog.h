@@ -209,6 +209,7 @@ struct kvp_raftlog_info {
     uint64_t max_busy_stall_us; /* of that lateness, the most the thread spent on its own CPU
                                    work (not waiting to be scheduled on a busy machine) */
     uint64_t max_snap_step_us;
+    uint64_t max_apply_us;      /* longest apply of one entry (all its commands) */
     uint64_t max_restore_us;
     uint64_t last_snap_wall_us;
     uint64_t last_snap_busy_us;

@@ -218,6 +218,7 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     }
     struct kvp_rl_cmd cmd;
     uint32_t i = 0;
+    uint64_t t0 = kvp_clock_now_us();
     while (kvp_rl_entry_next(&it, &cmd)) {
         uint8_t *res = NULL;
         size_t res_len = 0;
@@ -234,6 +235,9 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     }
     if (mine != NULL)
         mine->delivered = true;
+    uint64_t apply_us = kvp_clock_now_us() - t0;
+    if (apply_us > g->max_apply_us)
+        g->max_apply_us = apply_us;
     g->entries_applied++;
     g->cmds_applied += it.count;
     g->log_bytes += buf->len;

@@ -239,6 +239,8 @@ static void render_raft(struct kvp_master_service *s, struct svc_metrics *m, str
         "it waited for a CPU is not counted).", in.max_busy_stall_us);
     one(t, "kvpool_raft_snapshot_max_step_microseconds", "gauge",
         "Longest single step (one chunk) of an incremental snapshot build since start.", in.max_snap_step_us);
+    one(t, "kvpool_raft_apply_max_microseconds", "gauge",
+        "Longest apply of one Raft entry (all its commands) on the Raft thread since start.", in.max_apply_us);
     one(t, "kvpool_raft_snapshot_restore_max_microseconds", "gauge",
         "Longest snapshot restore (install or start-up load) on the Raft thread since start.", in.max_restore_us);
     one(t, "kvpool_raft_snapshot_last_wall_microseconds", "gauge",

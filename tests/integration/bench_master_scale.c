@@ -149,7 +149,7 @@ static double metric(const char *text, const char *name, const char *label)
 
 struct msnap {
     double term, is_leader, changes, stall_us, busy_us, taken, restored, last_wall, last_busy, last_bytes, restore_max,
-        applied, commit, step_max;
+        applied, commit, step_max, apply_max;
 };
 
 static bool read_metrics(int id, struct msnap *m)
@@ -170,6 +170,7 @@ static bool read_metrics(int id, struct msnap *m)
     m->last_bytes = metric(t, "kvpool_raft_snapshot_last_bytes", NULL);
     m->restore_max = metric(t, "kvpool_raft_snapshot_restore_max_microseconds", NULL);
     m->step_max = metric(t, "kvpool_raft_snapshot_max_step_microseconds", NULL);
+    m->apply_max = metric(t, "kvpool_raft_apply_max_microseconds", NULL);
     m->applied = metric(t, "kvpool_raft_last_applied_index", NULL);
     m->commit = metric(t, "kvpool_raft_commit_index", NULL);
     free(t);
@@ -528,6 +529,12 @@ int main(int argc, char **argv)
         read_metrics(id, &before[id]);
     uint64_t rss0 = proc_rss_kb(C.pids[leader]);
     atomic_store(&sampling_snapshot, 1); /* snapshots run throughout a load this size */
+    char la[128] = "";
+    FILE *lf = fopen("/proc/loadavg", "r");
+    if (lf && fgets(la, sizeof la, lf))
+        printf("host load average before the load: %s", la);
+    if (lf)
+        fclose(lf);
     uint64_t t0 = tm_now_ms();
     atomic_store(&loading, 1);
     load(O.objects);
@@ -536,6 +543,11 @@ int main(int argc, char **argv)
     /* let the last snapshot of the load finish (its log tail is small by now) */
     tm_sleep_ms(3000);
     atomic_store(&sampling_snapshot, 0);
+    lf = fopen("/proc/loadavg", "r");
+    if (lf && fgets(la, sizeof la, lf))
+        printf("host load average after the load: %s", la);
+    if (lf)
+        fclose(lf);
     for (int id = 1; id <= TM_MASTERS; id++)
         read_metrics(id, &after[id]);
     int leader_after = tm_leader(&C, 5000);
@@ -561,9 +573,10 @@ int main(int argc, char **argv)
                id, id == leader_after ? " (leader)" : "", n, (unsigned long long)thr,
                (unsigned long long)log_max_cpu_ms, (unsigned long long)wall);
         if (after[id].stall_us >= 0)
-            printf("; max raft-thread stall %.1f ms (of it busy %.1f ms), longest build step %.1f ms, last snapshot %.1f MB built in %.0f ms "
+            printf("; max raft-thread stall %.1f ms (of it busy %.1f ms), longest entry apply %.1f ms, longest build step %.1f ms, last snapshot %.1f MB built in %.0f ms "
                    "(%.0f ms of thread time)",
-                   after[id].stall_us / 1000.0, after[id].busy_us / 1000.0, after[id].step_max / 1000.0, after[id].last_bytes / 1e6,
+                   after[id].stall_us / 1000.0, after[id].busy_us / 1000.0, after[id].apply_max / 1000.0,
+                   after[id].step_max / 1000.0, after[id].last_bytes / 1e6,
                    after[id].last_wall / 1000.0, after[id].last_busy / 1000.0);
         printf("\n");
     }
