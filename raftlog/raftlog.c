@@ -90,6 +90,7 @@ struct kvp_raftlog {
      * for I/O without blocking and then build one chunk (kvp_rl_glue_snap_work). */
     uv_idle_t snap_idle;
     bool snap_idle_inited, snap_idle_on;
+    bool slot_freed;          /* an in-flight entry settled: pump (or close) in on_check */
     uint64_t last_tick_us;    /* when on_tick last ran (stall measurement) */
     uint64_t last_tick_cpu_us; /* the raft thread's CPU time then */
     uint64_t max_stall_us;    /* largest tick lateness: the raft thread's longest stall */
@@ -612,15 +613,16 @@ static void pump(struct kvp_raftlog *rl)
 static void finish_close(struct kvp_raftlog *rl);
 static bool drained(struct kvp_raftlog *rl);
 
+/* An in-flight entry settled. This runs inside raft's apply callback, and raft 0.15 also fails
+ * a deposed leader's entries from convertClearLeader: after it has freed the leader's progress
+ * array but while raft_state() still says RAFT_LEADER. A raft_apply from there walked the freed
+ * progress (SIGSEGV in replicationProgress; 3 crashes of the issue-22 scale bench under load).
+ * So nothing calls into raft from here: the next proposals (or the close) wait for on_check,
+ * at the end of this loop iteration. */
 static void on_slot_free(void *ctx)
 {
     struct kvp_raftlog *rl = ctx;
-    if (rl->raft_closing) {
-        if (drained(rl))
-            finish_close(rl);
-        return;
-    }
-    pump(rl);
+    rl->slot_freed = true;
 }
 
 /* ---- admin (raft thread) ---- */
@@ -912,6 +914,13 @@ static void on_check(uv_check_t *h)
     if (!rl->raft_closing)
         read_lease_refresh(rl);
     kvp_rl_glue_note_stored(&rl->glue);
+    if (rl->slot_freed) { /* see on_slot_free */
+        rl->slot_freed = false;
+        if (!rl->raft_closing)
+            pump(rl);
+        else if (drained(rl))
+            finish_close(rl);
+    }
     if (rl->snap_idle_inited && !rl->snap_idle_on && !rl->raft_closing && kvp_rl_glue_snap_pending(&rl->glue)) {
         uv_idle_start(&rl->snap_idle, on_snap_idle); /* a build began during this iteration */
         rl->snap_idle_on = true;
