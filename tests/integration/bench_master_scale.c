@@ -20,7 +20,8 @@
  *     the follower's), the follower is restarted; time until it has applied the leader's commit.
  *  5. Failover: the leader is SIGKILLed --failovers times; time from the kill until a put is
  *     acknowledged by a new leader; the killed master is restarted in between.
- * Options: --objects N --segments S --batch B --loaders L --hb-ms MS --failovers K --extra N.
+ * Options: --objects N --segments S --batch B --loaders L --hb-ms MS --failovers K --extra N
+ * --load-deadline-s S (stop the main load after S seconds on a slow host; the rest still runs).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -33,6 +34,7 @@
 struct opts {
     uint64_t objects, extra;
     unsigned segments, batch, loaders, hb_ms, failovers;
+    unsigned load_deadline_s; /* stop the main load after this long (0 = none); figures follow */
 };
 
 static struct opts O = {.objects = 1000000, .extra = 0, .segments = 100, .batch = 1024, .loaders = 4,
@@ -314,12 +316,15 @@ static int put_batch(struct kvp_msession *ms, uint64_t k, unsigned n, uint64_t o
 
 static uint64_t load_target;
 static uint64_t op_base;
+static uint64_t load_stop_at_ms; /* 0 = none */
 
 static void *loader_main(void *arg)
 {
     (void)arg;
     struct kvp_msession *ms = session();
     for (;;) {
+        if (load_stop_at_ms && tm_now_ms() >= load_stop_at_ms)
+            break;
         uint64_t k = atomic_fetch_add(&next_key, O.batch);
         if (k >= load_target)
             break;
@@ -462,6 +467,8 @@ int main(int argc, char **argv)
             O.failovers = (unsigned)v;
         else if (!strcmp(argv[i], "--extra"))
             O.extra = v;
+        else if (!strcmp(argv[i], "--load-deadline-s"))
+            O.load_deadline_s = (unsigned)v;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -537,8 +544,15 @@ int main(int argc, char **argv)
         fclose(lf);
     uint64_t t0 = tm_now_ms();
     atomic_store(&loading, 1);
+    load_stop_at_ms = O.load_deadline_s ? tm_now_ms() + O.load_deadline_s * 1000ull : 0;
     load(O.objects);
+    load_stop_at_ms = 0;
     atomic_store(&loading, 0);
+    if (atomic_load(&objects_done) < O.objects) {
+        printf("load stopped by --load-deadline-s %u at %llu objects: the figures below are at that size\n",
+               O.load_deadline_s, (unsigned long long)atomic_load(&objects_done));
+        O.objects = atomic_load(&next_key) < O.objects ? atomic_load(&next_key) : O.objects;
+    }
     uint64_t t1 = tm_now_ms();
     /* let the last snapshot of the load finish (its log tail is small by now) */
     tm_sleep_ms(3000);
@@ -561,7 +575,7 @@ int main(int argc, char **argv)
            (unsigned long long)atomic_load(&hb_failed));
     printf("leader RSS: %.1f MiB before, %.1f MiB after -> %.0f B/object; peak during the load (snapshots "
            "running): leader %.1f MiB, masters %.1f / %.1f / %.1f MiB\n",
-           rss0 / 1024.0, rss1 / 1024.0, (double)(rss1 - rss0) * 1024.0 / (double)O.objects,
+           rss0 / 1024.0, rss1 / 1024.0, (double)(rss1 - rss0) * 1024.0 / (double)atomic_load(&objects_done),
            atomic_load(&peak_rss_snap_kb[leader_after]) / 1024.0, atomic_load(&peak_rss_snap_kb[1]) / 1024.0,
            atomic_load(&peak_rss_snap_kb[2]) / 1024.0, atomic_load(&peak_rss_snap_kb[3]) / 1024.0);
     for (int id = 1; id <= TM_MASTERS; id++) {
