@@ -149,6 +149,13 @@ static double metric(const char *text, const char *name, const char *label)
     return -1;
 }
 
+/* A _seconds gauge in microseconds (-1 when absent: an older build). */
+static double us_metric(const char *text, const char *name)
+{
+    double v = metric(text, name, NULL);
+    return v < 0 ? v : v * 1e6;
+}
+
 struct msnap {
     double term, is_leader, changes, stall_us, busy_us, taken, restored, last_wall, last_busy, last_bytes, restore_max,
         applied, commit, step_max, apply_max;
@@ -163,16 +170,16 @@ static bool read_metrics(int id, struct msnap *m)
     m->term = metric(t, "kvpool_raft_term", NULL);
     m->is_leader = metric(t, "kvpool_raft_is_leader", NULL);
     m->changes = metric(t, "kvpool_raft_leader_changes_total", NULL);
-    m->stall_us = metric(t, "kvpool_raft_max_stall_microseconds", NULL);
-    m->busy_us = metric(t, "kvpool_raft_max_busy_stall_microseconds", NULL);
+    m->stall_us = us_metric(t, "kvpool_raft_max_stall_seconds");
+    m->busy_us = us_metric(t, "kvpool_raft_max_busy_stall_seconds");
     m->taken = metric(t, "kvpool_raft_snapshots_total", "taken");
     m->restored = metric(t, "kvpool_raft_snapshots_total", "restored");
-    m->last_wall = metric(t, "kvpool_raft_snapshot_last_wall_microseconds", NULL);
-    m->last_busy = metric(t, "kvpool_raft_snapshot_last_busy_microseconds", NULL);
+    m->last_wall = us_metric(t, "kvpool_raft_snapshot_last_wall_seconds");
+    m->last_busy = us_metric(t, "kvpool_raft_snapshot_last_busy_seconds");
     m->last_bytes = metric(t, "kvpool_raft_snapshot_last_bytes", NULL);
-    m->restore_max = metric(t, "kvpool_raft_snapshot_restore_max_microseconds", NULL);
-    m->step_max = metric(t, "kvpool_raft_snapshot_max_step_microseconds", NULL);
-    m->apply_max = metric(t, "kvpool_raft_apply_max_microseconds", NULL);
+    m->restore_max = us_metric(t, "kvpool_raft_snapshot_restore_max_seconds");
+    m->step_max = us_metric(t, "kvpool_raft_snapshot_max_step_seconds");
+    m->apply_max = us_metric(t, "kvpool_raft_apply_max_seconds");
     m->applied = metric(t, "kvpool_raft_last_applied_index", NULL);
     m->commit = metric(t, "kvpool_raft_commit_index", NULL);
     free(t);
