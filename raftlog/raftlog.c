@@ -453,6 +453,8 @@ static void update_info(struct kvp_raftlog *rl)
     in->max_busy_stall_us = rl->max_busy_stall_us;
     in->max_snap_step_us = rl->glue.max_snap_step_us;
     in->max_apply_us = rl->glue.max_apply_us;
+    in->max_snap_step_cpu_us = rl->glue.max_snap_step_cpu_us;
+    in->max_apply_cpu_us = rl->glue.max_apply_cpu_us;
     in->max_restore_us = rl->glue.max_restore_us;
     in->last_snap_wall_us = rl->glue.last_snap_wall_us;
     in->last_snap_busy_us = rl->glue.last_snap_busy_us;

@@ -210,6 +210,8 @@ struct kvp_raftlog_info {
                                    work (not waiting to be scheduled on a busy machine) */
     uint64_t max_snap_step_us;
     uint64_t max_apply_us;      /* longest apply of one entry (all its commands) */
+    uint64_t max_snap_step_cpu_us; /* the same two in the raft thread's CPU time (a thread waiting */
+    uint64_t max_apply_cpu_us;     /* for a CPU on a busy host takes longer in wall time) */
     uint64_t max_restore_us;
     uint64_t last_snap_wall_us;
     uint64_t last_snap_busy_us;

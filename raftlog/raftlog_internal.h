@@ -118,7 +118,8 @@ struct kvp_rl_glue {
     size_t n_tail, tail_cap;
     uint64_t tail_bytes;
     uint64_t build_t0_us, build_busy_us, build_cpu_us;
-    uint64_t max_snap_step_us, max_restore_us, max_apply_us;
+    uint64_t max_snap_step_us, max_restore_us, max_apply_us; /* wall time */
+    uint64_t max_snap_step_cpu_us, max_apply_cpu_us;         /* the raft thread's CPU time */
     uint64_t last_snap_wall_us, last_snap_busy_us, last_snap_bytes;
 };
 

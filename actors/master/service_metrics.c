@@ -241,10 +241,15 @@ static void render_raft(struct kvp_master_service *s, struct svc_metrics *m, str
         "Longest stretch the Raft thread ran without getting back to its loop since start (lateness of its "
         "20 ms tick).", in.max_stall_us);
     one_s(t, "kvpool_raft_max_busy_stall_seconds",
-        "Of the longest tick lateness, the most the Raft thread spent on its own CPU work (a lateness while "
-        "it waited for a CPU is not counted).", in.max_busy_stall_us);
+          "CPU time the Raft thread used over its latest-ending tick interval, at most the lateness: an upper "
+          "bound of the stall its own work caused (a lateness spent waiting for a CPU is not counted).",
+          in.max_busy_stall_us);
     one_s(t, "kvpool_raft_snapshot_max_step_seconds",
         "Longest single step (one chunk) of an incremental snapshot build since start.", in.max_snap_step_us);
+    one_s(t, "kvpool_raft_snapshot_max_step_cpu_seconds",
+          "Raft-thread CPU time of the longest incremental snapshot step since start.", in.max_snap_step_cpu_us);
+    one_s(t, "kvpool_raft_apply_max_cpu_seconds",
+          "Raft-thread CPU time of the longest apply of one Raft entry since start.", in.max_apply_cpu_us);
     one_s(t, "kvpool_raft_apply_max_seconds",
         "Longest apply of one Raft entry (all its commands) on the Raft thread since start.", in.max_apply_us);
     one_s(t, "kvpool_raft_snapshot_restore_max_seconds",

@@ -158,7 +158,7 @@ static double us_metric(const char *text, const char *name)
 
 struct msnap {
     double term, is_leader, changes, stall_us, busy_us, taken, restored, last_wall, last_busy, last_bytes, restore_max,
-        applied, commit, step_max, apply_max;
+        applied, commit, step_max, apply_max, step_cpu, apply_cpu;
 };
 
 static bool read_metrics(int id, struct msnap *m)
@@ -180,6 +180,8 @@ static bool read_metrics(int id, struct msnap *m)
     m->restore_max = us_metric(t, "kvpool_raft_snapshot_restore_max_seconds");
     m->step_max = us_metric(t, "kvpool_raft_snapshot_max_step_seconds");
     m->apply_max = us_metric(t, "kvpool_raft_apply_max_seconds");
+    m->step_cpu = us_metric(t, "kvpool_raft_snapshot_max_step_cpu_seconds");
+    m->apply_cpu = us_metric(t, "kvpool_raft_apply_max_cpu_seconds");
     m->applied = metric(t, "kvpool_raft_last_applied_index", NULL);
     m->commit = metric(t, "kvpool_raft_commit_index", NULL);
     free(t);
@@ -594,10 +596,12 @@ int main(int argc, char **argv)
                id, id == leader_after ? " (leader)" : "", n, (unsigned long long)thr,
                (unsigned long long)log_max_cpu_ms, (unsigned long long)wall);
         if (after[id].stall_us >= 0)
-            printf("; max raft-thread stall %.1f ms (of it busy %.1f ms), longest entry apply %.1f ms, longest build step %.1f ms, last snapshot %.1f MB built in %.0f ms "
+            printf("; max raft-thread stall %.1f ms (CPU used over it %.1f ms), longest entry apply %.1f ms (CPU %.1f ms), "
+                   "longest build step %.1f ms (CPU %.1f ms); last snapshot %.1f MB built in %.0f ms "
                    "(%.0f ms of thread time)",
                    after[id].stall_us / 1000.0, after[id].busy_us / 1000.0, after[id].apply_max / 1000.0,
-                   after[id].step_max / 1000.0, after[id].last_bytes / 1e6,
+                   after[id].apply_cpu / 1000.0, after[id].step_max / 1000.0, after[id].step_cpu / 1000.0,
+                   after[id].last_bytes / 1e6,
                    after[id].last_wall / 1000.0, after[id].last_busy / 1000.0);
         printf("\n");
     }
