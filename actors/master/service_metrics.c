@@ -241,8 +241,8 @@ static void render_raft(struct kvp_master_service *s, struct svc_metrics *m, str
         "Longest stretch the Raft thread ran without getting back to its loop since start (lateness of its "
         "20 ms tick).", in.max_stall_us);
     one_s(t, "kvpool_raft_max_busy_stall_seconds",
-          "CPU time the Raft thread used over its latest-ending tick interval, at most the lateness: an upper "
-          "bound of the stall its own work caused (a lateness spent waiting for a CPU is not counted).",
+          "Largest, over late tick intervals, of the CPU time the Raft thread used in the interval (capped at "
+          "its lateness): an upper bound of the stall its own work caused (waiting for a CPU is not counted).",
           in.max_busy_stall_us);
     one_s(t, "kvpool_raft_snapshot_max_step_seconds",
         "Longest single step (one chunk) of an incremental snapshot build since start.", in.max_snap_step_us);
