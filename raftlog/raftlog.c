@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <malloc.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <uv.h>
@@ -28,7 +29,10 @@
 #define RL_MIN_UPTIME_MS 1000
 #define RL_DEFAULT_GROUP_MAX 256
 #define RL_DEFAULT_INFLIGHT 4
-#define RL_ENTRY_SOFT_BYTES (4u << 20) /* stop adding commands to an entry past this size */
+/* Stop adding commands to an entry past this size. Every node applies an entry in one go on its
+ * raft thread, so its size bounds that stall: 1 MiB of metadata puts (~20k objects) applies in
+ * tens of ms on this VM; at 4 MiB the longest apply was ~200 ms (issue 22). */
+#define RL_ENTRY_SOFT_BYTES (1u << 20)
 /* A local read (kvp_raftlog_read_begin) trusts leadership the raft thread confirmed at most this
  * long ago. The raft thread re-confirms after every loop iteration (uv_check) and before every
  * event it sends; with nothing else to do it still wakes every tick (RL_TICK_MS), so two ticks
@@ -82,6 +86,15 @@ struct kvp_raftlog {
     uv_timer_t timer;
     uv_check_t check; /* after every loop iteration's I/O: read_lease_refresh */
     bool async_inited, timer_inited, check_inited;
+    /* Incremental snapshot: while a build runs, an idle handle makes every loop iteration poll
+     * for I/O without blocking and then build one chunk (kvp_rl_glue_snap_work). */
+    uv_idle_t snap_idle;
+    bool snap_idle_inited, snap_idle_on;
+    bool slot_freed;          /* an in-flight entry settled: pump (or close) in on_check */
+    uint64_t last_tick_us;    /* when on_tick last ran (stall measurement) */
+    uint64_t last_tick_cpu_us; /* the raft thread's CPU time then */
+    uint64_t max_stall_us;    /* largest tick lateness: the raft thread's longest stall */
+    uint64_t max_busy_stall_us; /* the part of a lateness the thread spent on its own CPU work */
     struct raft_uv_transport transport;
     /* raft_uv_tcp's own connect, wrapped by rl_connect (TCP_NODELAY on Raft connections) */
     int (*tcp_connect)(struct raft_uv_transport *t, struct raft_uv_connect *req, raft_id id,
@@ -436,6 +449,16 @@ static void update_info(struct kvp_raftlog *rl)
     in->entries_stored = rl->glue.entries_stored;
     in->store_us_total = rl->glue.store_us_total;
     in->snapshot_hist = rl->glue.snapshot_hist;
+    in->max_stall_us = rl->max_stall_us;
+    in->max_busy_stall_us = rl->max_busy_stall_us;
+    in->max_snap_step_us = rl->glue.max_snap_step_us;
+    in->max_apply_us = rl->glue.max_apply_us;
+    in->max_snap_step_cpu_us = rl->glue.max_snap_step_cpu_us;
+    in->max_apply_cpu_us = rl->glue.max_apply_cpu_us;
+    in->max_restore_us = rl->glue.max_restore_us;
+    in->last_snap_wall_us = rl->glue.last_snap_wall_us;
+    in->last_snap_busy_us = rl->glue.last_snap_busy_us;
+    in->last_snap_bytes = rl->glue.last_snap_bytes;
     pthread_mutex_unlock(&rl->mu);
 }
 
@@ -592,15 +615,16 @@ static void pump(struct kvp_raftlog *rl)
 static void finish_close(struct kvp_raftlog *rl);
 static bool drained(struct kvp_raftlog *rl);
 
+/* An in-flight entry settled. This runs inside raft's apply callback, and raft 0.15 also fails
+ * a deposed leader's entries from convertClearLeader: after it has freed the leader's progress
+ * array but while raft_state() still says RAFT_LEADER. A raft_apply from there walked the freed
+ * progress (SIGSEGV in replicationProgress; 3 crashes of the issue-22 scale bench under load).
+ * So nothing calls into raft from here: the next proposals (or the close) wait for on_check,
+ * at the end of this loop iteration. */
 static void on_slot_free(void *ctx)
 {
     struct kvp_raftlog *rl = ctx;
-    if (rl->raft_closing) {
-        if (drained(rl))
-            finish_close(rl);
-        return;
-    }
-    pump(rl);
+    rl->slot_freed = true;
 }
 
 /* ---- admin (raft thread) ---- */
@@ -712,6 +736,8 @@ static void on_raft_closed(struct raft *r)
         uv_close((uv_handle_t *)&rl->timer, on_handle_closed);
     if (rl->check_inited)
         uv_close((uv_handle_t *)&rl->check, on_handle_closed);
+    if (rl->snap_idle_inited)
+        uv_close((uv_handle_t *)&rl->snap_idle, on_handle_closed);
     if (rl->async_inited)
         uv_close((uv_handle_t *)&rl->async, on_handle_closed);
     while (rl->held) { /* never written, never answered: raft is closed */
@@ -734,6 +760,9 @@ static void finish_close(struct kvp_raftlog *rl)
         uv_timer_stop(&rl->timer);
     if (rl->check_inited)
         uv_check_stop(&rl->check);
+    if (rl->snap_idle_inited)
+        uv_idle_stop(&rl->snap_idle);
+    rl->snap_idle_on = false;
     raft_close(&rl->raft, on_raft_closed);
 }
 
@@ -827,6 +856,26 @@ static void on_async(uv_async_t *h)
 static void on_tick(uv_timer_t *t)
 {
     struct kvp_raftlog *rl = t->data;
+    /* A repeating libuv timer fires RL_TICK_MS after its previous run once the loop gets to
+     * it: lateness beyond that is time the thread spent in one stretch of callbacks. */
+    uint64_t now_us = kvp_clock_now_us();
+    struct timespec cts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cts);
+    uint64_t cpu_us = (uint64_t)cts.tv_sec * 1000000u + (uint64_t)cts.tv_nsec / 1000u;
+    if (rl->last_tick_us != 0 && now_us - rl->last_tick_us > RL_TICK_MS * 1000u) {
+        uint64_t late = now_us - rl->last_tick_us - RL_TICK_MS * 1000u;
+        if (late > rl->max_stall_us)
+            rl->max_stall_us = late;
+        /* On a loaded machine the thread may be late only because it was not scheduled: the
+         * lateness it spent running (its CPU time over the interval, at most the lateness) is
+         * the stall its own work caused. */
+        uint64_t cpu = cpu_us - rl->last_tick_cpu_us;
+        uint64_t busy = cpu < late ? cpu : late;
+        if (busy > rl->max_busy_stall_us)
+            rl->max_busy_stall_us = busy;
+    }
+    rl->last_tick_us = now_us;
+    rl->last_tick_cpu_us = cpu_us;
     if (rl->raft_closing) {
         if (drained(rl))
             finish_close(rl);
@@ -850,12 +899,34 @@ static void on_tick(uv_timer_t *t)
  * raft's state before the thread sleeps again. The only other refresh is in ev_send. Also
  * where the in-flight entries that reached the local log are timed (a store completes in an
  * I/O callback of this iteration). */
+static void on_snap_idle(uv_idle_t *h)
+{
+    struct kvp_raftlog *rl = h->data;
+    if (!rl->raft_closing)
+        kvp_rl_glue_snap_work(&rl->glue);
+    if (rl->raft_closing || !kvp_rl_glue_snap_pending(&rl->glue)) {
+        uv_idle_stop(&rl->snap_idle);
+        rl->snap_idle_on = false;
+    }
+}
+
 static void on_check(uv_check_t *h)
 {
     struct kvp_raftlog *rl = h->data;
     if (!rl->raft_closing)
         read_lease_refresh(rl);
     kvp_rl_glue_note_stored(&rl->glue);
+    if (rl->slot_freed) { /* see on_slot_free */
+        rl->slot_freed = false;
+        if (!rl->raft_closing)
+            pump(rl);
+        else if (drained(rl))
+            finish_close(rl);
+    }
+    if (rl->snap_idle_inited && !rl->snap_idle_on && !rl->raft_closing && kvp_rl_glue_snap_pending(&rl->glue)) {
+        uv_idle_start(&rl->snap_idle, on_snap_idle); /* a build began during this iteration */
+        rl->snap_idle_on = true;
+    }
 }
 
 /* ---- thread ---- */
@@ -978,9 +1049,13 @@ static void *thread_main(void *arg)
     rl->glue.base_threshold = rl->p.snapshot_threshold > 0 ? (unsigned)rl->p.snapshot_threshold : 1024; /* raft's defaults */
     rl->glue.base_trailing = rl->p.snapshot_trailing > 0 ? (unsigned)rl->p.snapshot_trailing : 128;
     rl->glue.snap_log_bytes = rl->p.snapshot_log_bytes;
-    if (rl->p.fsm.snapshot == NULL || rl->p.fsm.restore == NULL) {
+    if ((rl->p.fsm.snapshot == NULL && !rl->glue.inc) || rl->p.fsm.restore == NULL) {
         raft_set_snapshot_threshold(&rl->raft, 0xFFFFFFFFu);
         rl->glue.snap_log_bytes = 0;
+        rl->glue.inc = false;
+    } else if (rl->glue.inc) {
+        /* The glue starts builds itself and lowers the threshold to 1 once one is built. */
+        raft_set_snapshot_threshold(&rl->raft, 0xFFFFFFFFu);
     }
     if (!rl->p.join) {
         rv = bootstrap(rl);
@@ -1001,6 +1076,9 @@ static void *thread_main(void *arg)
     rl->check.data = rl;
     rl->check_inited = true;
     uv_check_start(&rl->check, on_check);
+    uv_idle_init(&rl->loop, &rl->snap_idle);
+    rl->snap_idle.data = rl;
+    rl->snap_idle_inited = true;
     update_info(rl);
     rl->started_ms = kvp_clock_now_ms();
     kvp_log_info(rl->actor, "started on %s, data dir %s", rl->p.raft_address, rl->p.data_dir);

@@ -49,6 +49,16 @@ struct kvp_raftlog_fsm {
     int (*snapshot)(void *ctx, uint8_t **buf, size_t *len);
     /* Replace the whole state with a snapshot produced by snapshot(). */
     int (*restore)(void *ctx, const uint8_t *buf, size_t len);
+    /* Added, optional (all three or none): the incremental snapshot (docs/raftlog.md
+     * "Snapshots"). snap_begin freezes the state as of the last applied command (cheap);
+     * snap_next returns the next malloc'd chunk (*chunk, raftlog frees) of about max_bytes of the
+     * same bytes snapshot() would write, *last on the final one. apply may run between
+     * snap_next calls and must not change what the running snapshot writes. snap_abort drops
+     * a running one. With them raftlog builds snapshots a chunk per loop iteration and never
+     * calls snapshot(). */
+    int (*snap_begin)(void *ctx);
+    int (*snap_next)(void *ctx, size_t max_bytes, uint8_t **chunk, size_t *len, bool *last);
+    void (*snap_abort)(void *ctx);
 };
 
 struct kvp_raftlog_member {
@@ -191,6 +201,21 @@ struct kvp_raftlog_info {
     uint64_t store_us_total;
     /* Added for the metrics endpoint: time to take each snapshot (fsm.snapshot + lz4 framing). */
     struct kvp_metrics_hist snapshot_hist;
+    /* Added (issue 22): the raft thread's longest stall since start: the largest lateness of its
+     * 20 ms tick (time between two ticks less 20 ms), microseconds; the longest single
+     * incremental snapshot step and snapshot restore; the last incremental snapshot's wall time
+     * from begin to handing it to raft, its raft-thread busy time, and its framed size. */
+    uint64_t max_stall_us;
+    uint64_t max_busy_stall_us; /* of that lateness, the most the thread spent on its own CPU
+                                   work (not waiting to be scheduled on a busy machine) */
+    uint64_t max_snap_step_us;
+    uint64_t max_apply_us;      /* longest apply of one entry (all its commands) */
+    uint64_t max_snap_step_cpu_us; /* the same two in the raft thread's CPU time (a thread waiting */
+    uint64_t max_apply_cpu_us;     /* for a CPU on a busy host takes longer in wall time) */
+    uint64_t max_restore_us;
+    uint64_t last_snap_wall_us;
+    uint64_t last_snap_busy_us;
+    uint64_t last_snap_bytes;
 };
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 

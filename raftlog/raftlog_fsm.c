@@ -3,14 +3,26 @@
  * caller's opaque FSM, group entries proposed with one raft_apply each, and the LZ4-framed
  * snapshot format. Runs on the raft thread (or the test thread driving raft's fixture).
  */
+#include <lz4.h>
 #include <lz4frame.h>
+#include <xxhash.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvpool.h"
 #include "raftlog/raftlog_internal.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+
+/* CPU time of the calling thread: on a host short of CPUs a stretch of work can take far longer
+ * in wall time than it costs; both are recorded. */
+static uint64_t thread_cpu_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 const char *kvp_rl_strerror(int rv)
 {
@@ -181,6 +193,8 @@ void kvp_rl_glue_note_stored(struct kvp_rl_glue *g)
 
 /* ---- raft_fsm ---- */
 
+static void snap_inc_after_apply(struct kvp_rl_glue *g, const void *entry, size_t len);
+
 static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
 {
     struct kvp_rl_glue *g = fsm->data;
@@ -205,7 +219,7 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
             for (uint32_t i = 0; i < mine->n; i++)
                 g->deliver(g->deliver_ctx, mine->corrs[i], KVP_ERR_INTERNAL, NULL, 0);
         }
-        return 0;
+        return 0; /* not in a snapshot's tail either: a replay would skip it the same way */
     }
     if (mine != NULL && mine->n != it.count) {
         kvp_log_error(g->actor, "own entry holds %u commands, expected %u", it.count, mine->n);
@@ -213,6 +227,7 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     }
     struct kvp_rl_cmd cmd;
     uint32_t i = 0;
+    uint64_t t0 = kvp_clock_now_us(), c0 = thread_cpu_us();
     while (kvp_rl_entry_next(&it, &cmd)) {
         uint8_t *res = NULL;
         size_t res_len = 0;
@@ -229,10 +244,19 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     }
     if (mine != NULL)
         mine->delivered = true;
+    uint64_t apply_us = kvp_clock_now_us() - t0, apply_cpu = thread_cpu_us() - c0;
+    if (apply_us > g->max_apply_us)
+        g->max_apply_us = apply_us;
+    if (apply_cpu > g->max_apply_cpu_us)
+        g->max_apply_cpu_us = apply_cpu;
     g->entries_applied++;
     g->cmds_applied += it.count;
     g->log_bytes += buf->len;
     g->log_entries++;
+    if (g->inc) {
+        snap_inc_after_apply(g, buf->base, buf->len);
+        return 0;
+    }
     if (g->snap_log_bytes > 0 && g->log_bytes >= g->snap_log_bytes && !g->snap_forced && g->raft != NULL &&
         g->user.snapshot != NULL) {
         /* raft checks the threshold right after this apply batch, so a snapshot follows now. */
@@ -333,6 +357,250 @@ int kvp_rl_snap_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *ra
     return KVP_OK;
 }
 
+
+/* ---- snapshot container version 2 (raftlog_internal.h) ---- */
+
+#define RL_NO_THRESHOLD 0xFFFFFFFFu /* raft never takes a snapshot on its own count */
+#define RL_TAIL_BLOCK ((size_t)4 << 20)
+
+static int vec_push(uint8_t ***v, size_t **lens, size_t *n, size_t *cap, uint8_t *p, size_t len)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 64;
+        uint8_t **nv = realloc(*v, c * sizeof(**v));
+        if (nv == NULL)
+            return KVP_ERR_NOMEM;
+        *v = nv;
+        size_t *nl = realloc(*lens, c * sizeof(**lens));
+        if (nl == NULL)
+            return KVP_ERR_NOMEM;
+        *lens = nl;
+        *cap = c;
+    }
+    (*v)[*n] = p;
+    (*lens)[*n] = len;
+    (*n)++;
+    return KVP_OK;
+}
+
+/* LZ4-compress raw into one chunk record and add it to the build. */
+static int chunk_add(struct kvp_rl_glue *g, const uint8_t *raw, size_t raw_len)
+{
+    if (raw_len > (size_t)LZ4_MAX_INPUT_SIZE)
+        return KVP_ERR_TOO_LARGE;
+    int bound = LZ4_compressBound((int)raw_len);
+    uint8_t *rec = malloc(KVP_RL_SNAP2_CHUNK_HDR + (size_t)bound);
+    if (rec == NULL)
+        return KVP_ERR_NOMEM;
+    int n = LZ4_compress_default((const char *)raw, (char *)rec + KVP_RL_SNAP2_CHUNK_HDR, (int)raw_len, bound);
+    if (n <= 0 && raw_len > 0) {
+        free(rec);
+        return KVP_ERR_INTERNAL;
+    }
+    put_le(rec, raw_len, 4);
+    put_le(rec + 4, (uint64_t)n, 4);
+    put_le(rec + 8, XXH3_64bits(rec + KVP_RL_SNAP2_CHUNK_HDR, (size_t)n), 8);
+    size_t len = KVP_RL_SNAP2_CHUNK_HDR + (size_t)n;
+    uint8_t *shrunk = realloc(rec, len); /* give back the bound's slack */
+    if (shrunk != NULL)
+        rec = shrunk;
+    if (vec_push(&g->chunks, &g->chunk_lens, &g->n_chunks, &g->chunks_cap, rec, len) != KVP_OK) {
+        free(rec);
+        return KVP_ERR_NOMEM;
+    }
+    g->build_raw += raw_len;
+    g->build_framed += len;
+    return KVP_OK;
+}
+
+/* Copy an applied entry into the tail (blocks of up to 4 MiB of records). */
+static int tail_add(struct kvp_rl_glue *g, const void *entry, size_t len)
+{
+    size_t need = KVP_RL_SNAP2_TAIL_HDR + len;
+    size_t last = g->n_tail ? g->tail_lens[g->n_tail - 1] : 0;
+    if (g->n_tail == 0 || last + need > RL_TAIL_BLOCK) {
+        size_t cap = need > RL_TAIL_BLOCK ? need : RL_TAIL_BLOCK;
+        uint8_t *blk = malloc(cap);
+        if (blk == NULL)
+            return KVP_ERR_NOMEM;
+        if (vec_push(&g->tail, &g->tail_lens, &g->n_tail, &g->tail_cap, blk, 0) != KVP_OK) {
+            free(blk);
+            return KVP_ERR_NOMEM;
+        }
+        last = 0;
+    }
+    uint8_t *p = g->tail[g->n_tail - 1] + last;
+    put_le(p, len, 4);
+    put_le(p + 4, XXH3_64bits(entry, len), 8);
+    memcpy(p + KVP_RL_SNAP2_TAIL_HDR, entry, len);
+    g->tail_lens[g->n_tail - 1] = last + need;
+    g->tail_bytes += need;
+    return KVP_OK;
+}
+
+static void build_free(struct kvp_rl_glue *g)
+{
+    for (size_t i = 0; i < g->n_chunks; i++)
+        free(g->chunks[i]);
+    for (size_t i = 0; i < g->n_tail; i++)
+        free(g->tail[i]);
+    free(g->chunks);
+    free(g->chunk_lens);
+    free(g->tail);
+    free(g->tail_lens);
+    g->chunks = g->tail = NULL;
+    g->chunk_lens = g->tail_lens = NULL;
+    g->n_chunks = g->chunks_cap = g->n_tail = g->tail_cap = 0;
+    g->build_raw = g->build_framed = g->tail_bytes = 0;
+    g->build_busy_us = 0;
+}
+
+void kvp_rl_glue_snap_drop(struct kvp_rl_glue *g)
+{
+    if (g->build == 1 && g->user.snap_abort != NULL)
+        g->user.snap_abort(g->user.ctx);
+    if (g->build != 0 && g->raft != NULL)
+        raft_set_snapshot_threshold(g->raft, RL_NO_THRESHOLD);
+    g->build = 0;
+    build_free(g);
+}
+
+int kvp_rl_glue_snap_start(struct kvp_rl_glue *g)
+{
+    if (!g->inc)
+        return KVP_ERR_INVALID;
+    if (g->build != 0)
+        return KVP_OK;
+    uint64_t t0 = kvp_clock_now_us();
+    /* Read lock: begin only marks objects (generations) that readers never look at. */
+    if (g->fsm_lock != NULL)
+        pthread_rwlock_rdlock(g->fsm_lock);
+    int rc = g->user.snap_begin(g->user.ctx);
+    if (g->fsm_lock != NULL)
+        pthread_rwlock_unlock(g->fsm_lock);
+    if (rc != KVP_OK) {
+        kvp_log_error(g->actor, "snapshot not begun: %s", kvp_strerror(rc));
+        return rc;
+    }
+    g->build = 1;
+    g->build_t0_us = t0;
+    g->build_busy_us = kvp_clock_now_us() - t0;
+    g->build_cpu_us = 0;
+    return KVP_OK;
+}
+
+bool kvp_rl_glue_snap_pending(const struct kvp_rl_glue *g)
+{
+    return g->build == 1;
+}
+
+int kvp_rl_glue_snap_work(struct kvp_rl_glue *g)
+{
+    if (g->build != 1)
+        return KVP_OK;
+    uint64_t t0 = kvp_clock_now_us(), c0 = thread_cpu_us();
+    uint8_t *raw = NULL;
+    size_t raw_len = 0;
+    bool last = false;
+    if (g->fsm_lock != NULL)
+        pthread_rwlock_rdlock(g->fsm_lock);
+    int rc = g->user.snap_next(g->user.ctx, g->chunk_raw ? g->chunk_raw : KVP_RL_SNAP_CHUNK_RAW, &raw, &raw_len,
+                               &last);
+    if (g->fsm_lock != NULL)
+        pthread_rwlock_unlock(g->fsm_lock);
+    if (rc == KVP_OK)
+        rc = chunk_add(g, raw != NULL ? raw : (const uint8_t *)"", raw != NULL ? raw_len : 0);
+    free(raw);
+    if (rc != KVP_OK) {
+        kvp_log_error(g->actor, "snapshot build dropped after %zu chunks: %s", g->n_chunks, kvp_strerror(rc));
+        if (!last)
+            g->build = 1; /* snap_drop aborts the FSM's side unless it already ended */
+        else
+            g->build = 2;
+        kvp_rl_glue_snap_drop(g);
+        return rc;
+    }
+    uint64_t us = kvp_clock_now_us() - t0;
+    uint64_t cpu = thread_cpu_us() - c0;
+    g->build_busy_us += us;
+    g->build_cpu_us += cpu;
+    if (us > g->max_snap_step_us)
+        g->max_snap_step_us = us;
+    if (cpu > g->max_snap_step_cpu_us)
+        g->max_snap_step_cpu_us = cpu;
+    if (last) {
+        g->build = 2;
+        /* raft checks its threshold after every apply: the snapshot is taken after the next. */
+        if (g->raft != NULL)
+            raft_set_snapshot_threshold(g->raft, 1);
+    }
+    return KVP_OK;
+}
+
+static void snap_inc_after_apply(struct kvp_rl_glue *g, const void *entry, size_t len)
+{
+    if (g->build != 0) {
+        if (tail_add(g, entry, len) != KVP_OK) {
+            kvp_log_error(g->actor, "snapshot build dropped: no memory for the log tail");
+            kvp_rl_glue_snap_drop(g);
+        }
+        return;
+    }
+    bool by_bytes = g->snap_log_bytes > 0 && g->log_bytes >= g->snap_log_bytes;
+    if (by_bytes || (g->base_threshold > 0 && g->log_entries >= g->base_threshold)) {
+        if (kvp_rl_glue_snap_start(g) == KVP_OK && by_bytes)
+            g->snapshots_by_bytes++;
+    }
+}
+
+/* Hand the finished build to raft: header + chunk records + tail blocks, no copy. */
+static int build_emit(struct kvp_rl_glue *g, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+    size_t n = 1 + g->n_chunks + g->n_tail;
+    if (n > 0xFFFFFFFFu || g->n_chunks > 0xFFFFFFFFu)
+        return RAFT_TOOBIG;
+    struct raft_buffer *b = raft_malloc(n * sizeof(*b));
+    uint8_t *hdr = malloc(KVP_RL_SNAP2_HDR_BYTES);
+    if (b == NULL || hdr == NULL) {
+        raft_free(b);
+        free(hdr);
+        return RAFT_NOMEM;
+    }
+    uint32_t n_tail_recs = 0;
+    for (size_t i = 0; i < g->n_tail; i++)
+        for (size_t off = 0; off < g->tail_lens[i];) {
+            off += KVP_RL_SNAP2_TAIL_HDR + get_le(g->tail[i] + off, 4);
+            n_tail_recs++;
+        }
+    uint64_t total = KVP_RL_SNAP2_HDR_BYTES + g->build_framed + g->tail_bytes;
+    put_le(hdr, KVP_RL_SNAP_MAGIC, 4);
+    hdr[4] = (uint8_t)KVP_RL_SNAP_VERSION2;
+    put_le(hdr + 5, g->n_chunks, 4);
+    put_le(hdr + 9, n_tail_recs, 4);
+    g->snap_tail_entries += n_tail_recs;
+    put_le(hdr + 13, g->build_raw, 8);
+    put_le(hdr + 21, total, 8);
+    put_le(hdr + 29, XXH3_64bits(hdr, 29), 8);
+    b[0] = (struct raft_buffer){.base = hdr, .len = KVP_RL_SNAP2_HDR_BYTES};
+    for (size_t i = 0; i < g->n_chunks; i++)
+        b[1 + i] = (struct raft_buffer){.base = g->chunks[i], .len = g->chunk_lens[i]};
+    for (size_t i = 0; i < g->n_tail; i++)
+        b[1 + g->n_chunks + i] = (struct raft_buffer){.base = g->tail[i], .len = g->tail_lens[i]};
+    /* The records now belong to raft's buffers (freed in fsm_snapshot_finalize). */
+    free(g->chunks);
+    free(g->chunk_lens);
+    free(g->tail);
+    free(g->tail_lens);
+    g->chunks = g->tail = NULL;
+    g->chunk_lens = g->tail_lens = NULL;
+    g->n_chunks = g->chunks_cap = g->n_tail = g->tail_cap = 0;
+    g->last_snap_bytes = total;
+    g->build_raw = g->build_framed = g->tail_bytes = 0;
+    *bufs = b;
+    *n_bufs = (unsigned)n;
+    return 0;
+}
+
 /* The log restarts at a snapshot (taken or installed): nothing counts toward the byte bound
  * any more, and a threshold lowered to force the snapshot goes back. */
 static void log_bound_reset(struct kvp_rl_glue *g)
@@ -344,44 +612,8 @@ static void log_bound_reset(struct kvp_rl_glue *g)
     g->log_entries = 0;
 }
 
-static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+static void set_trailing(struct kvp_rl_glue *g)
 {
-    struct kvp_rl_glue *g = fsm->data;
-    if (g->user.snapshot == NULL)
-        return RAFT_INVALID;
-    uint8_t *raw = NULL;
-    size_t raw_len = 0;
-    uint64_t t0 = kvp_clock_now_us();
-    int rc = g->user.snapshot(g->user.ctx, &raw, &raw_len);
-    uint64_t t1 = kvp_clock_now_us();
-    if (rc != KVP_OK) {
-        kvp_log_error(g->actor, "fsm snapshot failed: %s", kvp_strerror(rc));
-        free(raw);
-        return RAFT_IOERR;
-    }
-    uint8_t *packed = NULL;
-    size_t packed_len = 0;
-    rc = kvp_rl_snap_pack(raw != NULL ? raw : (const uint8_t *)"", raw != NULL ? raw_len : 0, &packed,
-                          &packed_len);
-    free(raw);
-    if (rc != KVP_OK) {
-        kvp_log_error(g->actor, "snapshot of %zu bytes not framed: %s; not stored", raw_len, kvp_strerror(rc));
-        return RAFT_NOMEM;
-    }
-    struct raft_buffer *b = raft_malloc(sizeof(*b));
-    if (b == NULL) {
-        free(packed);
-        return RAFT_NOMEM;
-    }
-    b->base = packed; /* freed by fsm_snapshot_finalize with free() */
-    b->len = packed_len;
-    *bufs = b;
-    *n_bufs = 1;
-    g->snapshots_taken++;
-    kvp_metrics_hist_observe_us(&g->snapshot_hist, kvp_clock_now_us() - t0);
-    kvp_log_info(g->actor, "snapshot taken: %zu bytes raw, %zu framed; fsm %llu ms, lz4 %llu ms", raw_len,
-                 packed_len, (unsigned long long)(t1 - t0) / 1000,
-                 (unsigned long long)(kvp_clock_now_us() - t1) / 1000);
     if (g->raft != NULL && g->snap_log_bytes > 0) {
         /* Trailing entries (kept for followers slightly behind) bounded to ~1/8 of the byte
          * bound at this log's mean entry size; raft reads it when the snapshot is stored. */
@@ -393,6 +625,74 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
             keep = g->base_trailing;
         raft_set_snapshot_trailing(g->raft, (unsigned)keep);
     }
+}
+
+static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+    struct kvp_rl_glue *g = fsm->data;
+    if (g->user.snapshot == NULL && !g->inc)
+        return RAFT_INVALID;
+    uint64_t t0 = kvp_clock_now_us();
+    if (g->inc) {
+        if (g->build != 2) {
+            /* raft asked before the build finished (not through our threshold): finish it now,
+             * holding the thread. Only a threshold set from outside gets here. */
+            kvp_log_warn(g->actor, "snapshot asked for before its build finished: built synchronously");
+            if (g->build == 0 && kvp_rl_glue_snap_start(g) != KVP_OK)
+                return RAFT_NOMEM;
+            while (g->build == 1)
+                if (kvp_rl_glue_snap_work(g) != KVP_OK)
+                    return RAFT_NOMEM;
+        }
+    } else {
+        /* One call to the FSM, framed in chunks. */
+        uint8_t *raw = NULL;
+        size_t raw_len = 0;
+        int rc = g->user.snapshot(g->user.ctx, &raw, &raw_len);
+        if (rc != KVP_OK) {
+            kvp_log_error(g->actor, "fsm snapshot failed: %s", kvp_strerror(rc));
+            free(raw);
+            return RAFT_IOERR;
+        }
+        build_free(g);
+        for (size_t off = 0; rc == KVP_OK && (off < raw_len || off == 0); off += KVP_RL_SNAP_CHUNK_RAW) {
+            size_t n = raw_len - off < KVP_RL_SNAP_CHUNK_RAW ? raw_len - off : KVP_RL_SNAP_CHUNK_RAW;
+            rc = chunk_add(g, raw != NULL ? raw + off : (const uint8_t *)"", n);
+            if (raw_len == 0)
+                break;
+        }
+        free(raw);
+        if (rc != KVP_OK) {
+            kvp_log_error(g->actor, "snapshot of %zu bytes not framed: %s; not stored", raw_len, kvp_strerror(rc));
+            build_free(g);
+            return RAFT_NOMEM;
+        }
+        g->build_t0_us = t0;
+        g->build_busy_us = 0;
+        g->build_cpu_us = 0;
+    }
+    uint64_t raw_len = g->build_raw, n_chunks = g->n_chunks, tail = g->tail_bytes;
+    int rv = build_emit(g, bufs, n_bufs);
+    if (rv != 0) {
+        kvp_rl_glue_snap_drop(g);
+        return rv;
+    }
+    uint64_t now = kvp_clock_now_us();
+    g->last_snap_wall_us = now - g->build_t0_us;
+    g->last_snap_busy_us = g->build_busy_us + (now - t0);
+    g->build = 0;
+    if (g->inc && g->raft != NULL)
+        raft_set_snapshot_threshold(g->raft, RL_NO_THRESHOLD);
+    g->snapshots_taken++;
+    kvp_metrics_hist_observe_us(&g->snapshot_hist, g->last_snap_busy_us);
+    kvp_log_info(g->actor, "snapshot taken: %llu bytes of state in %llu chunks + %llu bytes of log tail, %llu framed; "
+                 "%llu ms from begin, %llu ms of raft-thread work (%llu ms of its CPU), longest step %llu ms "
+                 "(CPU %llu ms)",
+                 (unsigned long long)raw_len, (unsigned long long)n_chunks, (unsigned long long)tail,
+                 (unsigned long long)g->last_snap_bytes, (unsigned long long)g->last_snap_wall_us / 1000,
+                 (unsigned long long)g->last_snap_busy_us / 1000, (unsigned long long)g->build_cpu_us / 1000,
+                 (unsigned long long)g->max_snap_step_us / 1000, (unsigned long long)g->max_snap_step_cpu_us / 1000);
+    set_trailing(g);
     log_bound_reset(g);
     return 0;
 }
@@ -410,23 +710,133 @@ static int fsm_snapshot_finalize(struct raft_fsm *fsm, struct raft_buffer *bufs[
     return 0;
 }
 
+/* Parse and check a version-2 container: every length and checksum before anything is
+ * decompressed; then the FSM bytes (one buffer of fsm_raw_len). *tail, *tail_len: where the tail
+ * records start. Errors: KVP_ERR_MALFORMED with *why naming the check. */
+static int snap2_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *raw_len, const uint8_t **tail,
+                        size_t *tail_len, uint32_t *n_tail, const char **why)
+{
+    *why = "header";
+    if (len < KVP_RL_SNAP2_HDR_BYTES)
+        return (*why = "shorter than its header"), KVP_ERR_MALFORMED;
+    if (get_le(buf + 29, 8) != XXH3_64bits(buf, 29))
+        return (*why = "header checksum mismatch"), KVP_ERR_MALFORMED;
+    uint64_t n_chunks = get_le(buf + 5, 4), want = get_le(buf + 13, 8), total = get_le(buf + 21, 8);
+    *n_tail = (uint32_t)get_le(buf + 9, 4);
+    if (total != len)
+        return (*why = total > len ? "truncated (shorter than its header says)" : "longer than its header says"),
+               KVP_ERR_MALFORMED;
+    if (want > KVP_RL_SNAP_MAX_RAW_BYTES || want > (uint64_t)len * 255u + 64u)
+        return (*why = "claims more state bytes than it can hold"), KVP_ERR_MALFORMED;
+    const uint8_t *p = buf + KVP_RL_SNAP2_HDR_BYTES, *end = buf + len;
+    uint64_t sum_raw = 0;
+    for (uint64_t i = 0; i < n_chunks; i++) {
+        if ((size_t)(end - p) < KVP_RL_SNAP2_CHUNK_HDR)
+            return (*why = "chunk header past the end"), KVP_ERR_MALFORMED;
+        uint64_t r = get_le(p, 4), c = get_le(p + 4, 4);
+        if (c > (size_t)(end - p) - KVP_RL_SNAP2_CHUNK_HDR)
+            return (*why = "chunk past the end"), KVP_ERR_MALFORMED;
+        if (get_le(p + 8, 8) != XXH3_64bits(p + KVP_RL_SNAP2_CHUNK_HDR, (size_t)c))
+            return (*why = "chunk checksum mismatch"), KVP_ERR_MALFORMED;
+        sum_raw += r;
+        p += KVP_RL_SNAP2_CHUNK_HDR + c;
+    }
+    if (sum_raw != want)
+        return (*why = "chunk sizes do not add up to the state size"), KVP_ERR_MALFORMED;
+    *tail = p;
+    *tail_len = (size_t)(end - p);
+    for (uint32_t i = 0; i < *n_tail; i++) {
+        if ((size_t)(end - p) < KVP_RL_SNAP2_TAIL_HDR)
+            return (*why = "log tail record past the end"), KVP_ERR_MALFORMED;
+        uint64_t l = get_le(p, 4);
+        if (l > (size_t)(end - p) - KVP_RL_SNAP2_TAIL_HDR)
+            return (*why = "log tail entry past the end"), KVP_ERR_MALFORMED;
+        if (get_le(p + 4, 8) != XXH3_64bits(p + KVP_RL_SNAP2_TAIL_HDR, (size_t)l))
+            return (*why = "log tail checksum mismatch"), KVP_ERR_MALFORMED;
+        p += KVP_RL_SNAP2_TAIL_HDR + l;
+    }
+    if (p != end)
+        return (*why = "bytes after the last record"), KVP_ERR_MALFORMED;
+    uint8_t *dst = malloc(want > 0 ? (size_t)want : 1);
+    if (dst == NULL)
+        return KVP_ERR_NOMEM;
+    p = buf + KVP_RL_SNAP2_HDR_BYTES;
+    size_t off = 0;
+    for (uint64_t i = 0; i < n_chunks; i++) {
+        uint64_t r = get_le(p, 4), c = get_le(p + 4, 4);
+        if (r > 0) {
+            int got = LZ4_decompress_safe((const char *)p + KVP_RL_SNAP2_CHUNK_HDR, (char *)dst + off, (int)c, (int)r);
+            if (got < 0 || (uint64_t)got != r) {
+                free(dst);
+                return (*why = "chunk does not decompress to its size"), KVP_ERR_MALFORMED;
+            }
+        }
+        off += (size_t)r;
+        p += KVP_RL_SNAP2_CHUNK_HDR + c;
+    }
+    *raw = dst;
+    *raw_len = (size_t)want;
+    return KVP_OK;
+}
+
+int kvp_rl_snap_check(const uint8_t *buf, size_t len, const char **why)
+{
+    uint8_t *raw = NULL;
+    size_t raw_len = 0, tail_len = 0;
+    const uint8_t *tail = NULL;
+    uint32_t n_tail = 0;
+    *why = "not a snapshot (bad magic)";
+    if (buf == NULL || len < 5 || get_le(buf, 4) != KVP_RL_SNAP_MAGIC)
+        return KVP_ERR_MALFORMED;
+    int rc;
+    if (buf[4] == KVP_RL_SNAP_VERSION) {
+        rc = kvp_rl_snap_unpack(buf, len, &raw, &raw_len);
+        *why = "version-1 frame does not decompress";
+    } else if (buf[4] == KVP_RL_SNAP_VERSION2) {
+        rc = snap2_unpack(buf, len, &raw, &raw_len, &tail, &tail_len, &n_tail, why);
+    } else {
+        *why = "unknown container version";
+        return KVP_ERR_VERSION;
+    }
+    free(raw);
+    return rc;
+}
+
 static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
 {
     struct kvp_rl_glue *g = fsm->data;
     if (g->user.restore == NULL)
         return RAFT_INVALID;
+    uint64_t t0 = kvp_clock_now_us();
     uint8_t *raw = NULL;
-    size_t raw_len = 0;
-    int rc = kvp_rl_snap_unpack(buf->base, buf->len, &raw, &raw_len);
+    size_t raw_len = 0, tail_len = 0;
+    const uint8_t *tail = NULL;
+    uint32_t n_tail = 0;
+    const char *why = "";
+    int rc;
+    const uint8_t *b = buf->base;
+    if (b == NULL || buf->len < 5 || get_le(b, 4) != KVP_RL_SNAP_MAGIC) {
+        rc = KVP_ERR_MALFORMED;
+        why = "not a snapshot (bad magic)";
+    } else if (b[4] == KVP_RL_SNAP_VERSION) {
+        rc = kvp_rl_snap_unpack(b, buf->len, &raw, &raw_len); /* written before issue 22 */
+        why = "version-1 LZ4 frame does not decode";
+    } else if (b[4] == KVP_RL_SNAP_VERSION2) {
+        rc = snap2_unpack(b, buf->len, &raw, &raw_len, &tail, &tail_len, &n_tail, &why);
+    } else {
+        rc = KVP_ERR_VERSION;
+    }
     if (rc != KVP_OK) {
         if (rc == KVP_ERR_VERSION)
-            kvp_log_error(g->actor, "snapshot of %zu bytes rejected: container version %u, this master reads %u "
+            kvp_log_error(g->actor, "snapshot of %zu bytes rejected: container version %u, this master reads 1 and 2 "
                           "(taken by a newer master: upgrade this one, docs/operations.md \"Upgrading\")",
-                          buf->len, (unsigned)((const uint8_t *)buf->base)[4], (unsigned)KVP_RL_SNAP_VERSION);
+                          buf->len, (unsigned)b[4]);
         else
-            kvp_log_error(g->actor, "snapshot of %zu bytes rejected: %s", buf->len, kvp_strerror(rc));
+            kvp_log_error(g->actor, "snapshot of %zu bytes rejected: %s (%s); state unchanged, a peer's snapshot "
+                          "is needed", buf->len, kvp_strerror(rc), why);
         return RAFT_MALFORMED;
     }
+    kvp_rl_glue_snap_drop(g); /* a build of the state being replaced is worthless */
     if (g->fsm_lock != NULL)
         pthread_rwlock_wrlock(g->fsm_lock);
     rc = g->user.restore(g->user.ctx, raw, raw_len);
@@ -439,11 +849,35 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
                                               "docs/operations.md \"Upgrading\")" : "");
         return RAFT_IOERR;
     }
+    /* The log tail: entries applied while the snapshot was built, in order. */
+    const uint8_t *p = tail;
+    for (uint32_t i = 0; i < n_tail; i++) {
+        size_t l = (size_t)get_le(p, 4);
+        struct kvp_rl_entry_iter it;
+        if (kvp_rl_entry_decode(p + KVP_RL_SNAP2_TAIL_HDR, l, &it) == KVP_OK) {
+            struct kvp_rl_cmd cmd;
+            while (kvp_rl_entry_next(&it, &cmd)) {
+                uint8_t *res = NULL;
+                size_t res_len = 0;
+                if (g->fsm_lock != NULL)
+                    pthread_rwlock_wrlock(g->fsm_lock);
+                g->user.apply(g->user.ctx, cmd.data, cmd.len, &res, &res_len);
+                if (g->fsm_lock != NULL)
+                    pthread_rwlock_unlock(g->fsm_lock);
+                free(res);
+            }
+        }
+        p += KVP_RL_SNAP2_TAIL_HDR + l;
+    }
     /* On success the FSM owns the buffer raft handed over. */
     raft_free(buf->base);
     g->snapshots_restored++;
     log_bound_reset(g); /* or a second full snapshot would follow the install */
-    kvp_log_info(g->actor, "snapshot restored: %zu bytes", raw_len);
+    uint64_t us = kvp_clock_now_us() - t0;
+    if (us > g->max_restore_us)
+        g->max_restore_us = us;
+    kvp_log_info(g->actor, "snapshot restored: %zu bytes of state + %u log entries in %llu ms", raw_len, n_tail,
+                 (unsigned long long)us / 1000);
     return 0;
 }
 
@@ -461,10 +895,15 @@ void kvp_rl_glue_init(struct kvp_rl_glue *g, const struct kvp_raftlog_fsm *user,
     g->fsm.snapshot = fsm_snapshot;
     g->fsm.snapshot_finalize = fsm_snapshot_finalize;
     g->fsm.restore = fsm_restore;
+    g->inc = user->snap_begin != NULL && user->snap_next != NULL && user->snap_abort != NULL;
 }
 
 void kvp_rl_glue_fini(struct kvp_rl_glue *g)
 {
+    if (g->build == 1 && g->user.snap_abort != NULL)
+        g->user.snap_abort(g->user.ctx);
+    g->build = 0;
+    build_free(g);
     while (g->inflight != NULL) {
         struct kvp_rl_inflight *f = g->inflight;
         g->inflight = f->next;

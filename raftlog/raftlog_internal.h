@@ -20,10 +20,24 @@
 #include "metrics/metrics.h"
 #include "raftlog/raftlog.h"
 
-/* Snapshot header: [u32 magic 'KVPS'][u8 version = 1][u64 raw_len] then one LZ4 frame. */
+/* Snapshot container, version 1 (read only since issue 22): [u32 magic 'KVPS'][u8 1][u64 raw_len]
+ * then one LZ4 frame of the FSM's bytes. */
 #define KVP_RL_SNAP_MAGIC 0x5350564Bu
 #define KVP_RL_SNAP_VERSION 1u
 #define KVP_RL_SNAP_HDR_BYTES 13u
+/* Version 2 (written): header [u32 'KVPS'][u8 2][u32 n_chunks][u32 n_tail][u64 fsm_raw_len]
+ * [u64 total_len][u64 XXH3-64 of the 29 bytes before], then n_chunks FSM chunks
+ * [u32 raw_len][u32 lz4_len][u64 XXH3-64 of the lz4 bytes][LZ4 block], whose raw bytes
+ * concatenated are the FSM's snapshot as of the build's start, then n_tail log entries applied
+ * after that start [u32 len][u64 XXH3-64][entry payload, entry.h], replayed after the FSM
+ * restore. total_len covers everything, header included. */
+#define KVP_RL_SNAP_VERSION2 2u
+#define KVP_RL_SNAP2_HDR_BYTES 37u
+#define KVP_RL_SNAP2_CHUNK_HDR 16u
+#define KVP_RL_SNAP2_TAIL_HDR 12u
+/* Raw bytes per FSM chunk: one chunk is built per raft loop iteration (about 10 ms of encoding
+ * and LZ4 on this VM). */
+#define KVP_RL_SNAP_CHUNK_RAW ((size_t)256 << 10)
 /* Restore refuses a snapshot claiming more than this many uncompressed bytes. */
 #define KVP_RL_SNAP_MAX_RAW_BYTES ((uint64_t)16 << 30)
 
@@ -87,6 +101,26 @@ struct kvp_rl_glue {
     uint64_t snapshots_taken;
     uint64_t snapshots_restored;
     struct kvp_metrics_hist snapshot_hist; /* fsm snapshot + lz4 framing time of each snapshot taken */
+    /* Incremental snapshot (user.snap_begin set): build = 0 idle, 1 building (a chunk per
+     * kvp_rl_glue_snap_work), 2 built (raft's threshold is 1 until raft takes it). While
+     * building or built, every entry applied is copied into tail (replayed on restore). */
+    bool inc;
+    int build;
+    size_t chunk_raw;               /* raw bytes per chunk; 0 = KVP_RL_SNAP_CHUNK_RAW (tests: small) */
+    uint64_t snap_tail_entries;     /* log entries carried in the tails of snapshots taken */
+    uint8_t **chunks;               /* framed chunk records */
+    size_t *chunk_lens;
+    size_t n_chunks, chunks_cap;
+    uint64_t build_raw;             /* FSM bytes so far */
+    uint64_t build_framed;          /* bytes of the chunk records */
+    uint8_t **tail;                 /* framed tail records */
+    size_t *tail_lens;
+    size_t n_tail, tail_cap;
+    uint64_t tail_bytes;
+    uint64_t build_t0_us, build_busy_us, build_cpu_us;
+    uint64_t max_snap_step_us, max_restore_us, max_apply_us; /* wall time */
+    uint64_t max_snap_step_cpu_us, max_apply_cpu_us;         /* the raft thread's CPU time */
+    uint64_t last_snap_wall_us, last_snap_busy_us, last_snap_bytes;
 };
 
 void kvp_rl_glue_init(struct kvp_rl_glue *g, const struct kvp_raftlog_fsm *user,
@@ -113,8 +147,23 @@ int kvp_rl_err_from_raft(int rv);
  * disk) named. */
 const char *kvp_rl_strerror(int rv);
 
-/** Snapshot framing, exposed for tests. *out is malloc'd (free()). */
+/** Incremental snapshot: true while a build wants more kvp_rl_glue_snap_work calls. */
+bool kvp_rl_glue_snap_pending(const struct kvp_rl_glue *g);
+/** One step of the build: the next FSM chunk, LZ4-compressed (about KVP_RL_SNAP_CHUNK_RAW raw
+ * bytes). When the last one is in, raft's threshold drops to 1 so raft takes the snapshot after
+ * its next apply. Returns KVP_OK or the error that dropped the build (logged). */
+int kvp_rl_glue_snap_work(struct kvp_rl_glue *g);
+/** Start a build now if none runs (tests; raftlog starts them from the thresholds). */
+int kvp_rl_glue_snap_start(struct kvp_rl_glue *g);
+/** Drop a build (and its chunks). */
+void kvp_rl_glue_snap_drop(struct kvp_rl_glue *g);
+
+/** Snapshot framing, exposed for tests. *out is malloc'd (free()). kvp_rl_snap_pack writes the
+ * version-1 container (kept to produce old-format snapshots for the upgrade test). */
 int kvp_rl_snap_pack(const uint8_t *raw, size_t raw_len, uint8_t **out, size_t *out_len);
 int kvp_rl_snap_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *raw_len);
+/** Check a whole snapshot (either container version) without restoring it: KVP_OK, or
+ * KVP_ERR_MALFORMED / KVP_ERR_VERSION with *why naming what is wrong. */
+int kvp_rl_snap_check(const uint8_t *buf, size_t len, const char **why);
 
 #endif

@@ -1,6 +1,6 @@
 # Master service integration tests: real kvpool-master processes on loopback, started with
 # `kvpoolctl cluster up` (so both tools must be built first).
-foreach(T test_master_failover test_master_quorum test_master_soft test_master_restart)
+foreach(T test_master_failover test_master_quorum test_master_soft test_master_restart test_master_heartbeats)
   if(EXISTS ${CMAKE_SOURCE_DIR}/tests/integration/${T}.c)
     kvp_add_test(${T} SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/${T}.c LABEL integration TIMEOUT 120)
     add_dependencies(${T} kvpool-master kvpoolctl)

@@ -1,6 +1,8 @@
 # raftlog tests: entry/snapshot codecs, FSM glue on raft's fixture, 3 real nodes on loopback.
 kvp_add_test(test_raftlog_entry SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_raftlog_entry.c LABEL unit TIMEOUT 60)
 kvp_add_test(test_raftlog_fixture SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_raftlog_fixture.c LABEL unit TIMEOUT 60)
+# Incremental snapshots of the master FSM on the fixture (issue 22).
+kvp_add_test(test_raftlog_snapshot SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_raftlog_snapshot.c LABEL unit TIMEOUT 120)
 kvp_add_test(test_raftlog_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_raftlog_cluster.c LABEL actor TIMEOUT 120)
 # Fuzz target for the entry decoder: libFuzzer build with KVP_FUZZ=ON (clang), and always a
 # replay run of a generated corpus as an ordinary ctest.
@@ -17,3 +19,8 @@ endif()
 add_executable(raftlog_bench ${CMAKE_SOURCE_DIR}/tests/actor/test_raftlog_bench.c)
 target_compile_options(raftlog_bench PRIVATE ${KVP_WARN})
 target_link_libraries(raftlog_bench PRIVATE kvpool_static ${KVP_DEP_LIBS})
+# The master at scale (issue 22; not a ctest: prints figures): scripts/bench-scale.sh runs it
+# against a real 3-master cluster of $KVP_BUILD_DIR.
+add_executable(bench_master_scale ${CMAKE_SOURCE_DIR}/tests/integration/bench_master_scale.c)
+target_compile_options(bench_master_scale PRIVATE ${KVP_WARN})
+target_link_libraries(bench_master_scale PRIVATE kvpool_static ${KVP_DEP_LIBS})

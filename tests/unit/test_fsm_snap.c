@@ -97,6 +97,92 @@ static void test_fsm_snapshot_restore_identical_bytes(void **state)
     kvp_master_fsm_destroy(&g);
 }
 
+/* Incremental snapshot (fsm_snap_inc.c) while the table grows twice and half the objects it
+ * owes are removed or rewritten: the chunks restore to the state at begin (digest), and the
+ * live state, snapshotted again after 200 abandoned snapshots (the 8-bit generation wraps),
+ * restores to itself. */
+static void test_fsm_snap_incremental_across_growth_and_removal(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(100, 5000);
+    uint32_t id = 0;
+    assert_int_equal(tf_mount(f, "seg-a", "h1", 1ull << 30, 1000, &id), KVP_OK);
+    assert_int_equal(tf_mount(f, "seg-b", "h2", 1ull << 30, 1000, &id), KVP_OK);
+    char key[64];
+    for (int i = 0; i < 3000; i++) {
+        snprintf(key, sizeof(key), "k/%06d", i);
+        assert_int_equal(tf_put(f, key, 100 + (uint64_t)i, 2, 1 + (uint64_t)i, 1000), KVP_OK);
+    }
+    size_t n = 0;
+    uint8_t *b = tf_snapshot(f, &n);
+    struct kvp_master_fsm *ref = tf_new(100, 5000);
+    assert_int_equal(kvp_master_fsm_restore(ref, b, n), KVP_OK);
+    free(b);
+    uint64_t d0 = kvp_master_fsm_digest(ref);
+    assert_true(d0 == kvp_master_fsm_digest(f));
+    assert_int_equal(kvp_master_fsm_snap_begin(f), KVP_OK);
+    uint8_t *all = NULL;
+    size_t len = 0;
+    bool last = false;
+    int added = 0;
+    for (int step = 0; !last; step++) {
+        uint8_t *c = NULL;
+        size_t l = 0;
+        assert_int_equal(kvp_master_fsm_snap_next(f, 512, &c, &l, &last), KVP_OK);
+        all = realloc(all, len + l);
+        memcpy(all + len, c, l);
+        len += l;
+        free(c);
+        /* between chunks: 40 new objects (the table grows past 4096 and 8192 slots), and
+         * every third original removed, every third pending put revoked and put again */
+        for (int k = 0; k < 40; k++, added++) {
+            snprintf(key, sizeof(key), "new/%06d", added);
+            assert_int_equal(tf_put(f, key, 64, 1, 100000 + (uint64_t)added, 2000), KVP_OK);
+        }
+        for (int k = step * 30; k < step * 30 + 30 && k < 3000; k++) {
+            snprintf(key, sizeof(key), "k/%06d", k);
+            if (k % 3 == 0)
+                assert_int_equal(tf_remove(f, key, false, 2000), KVP_OK);
+        }
+    }
+    assert_true(added > 3000);
+    struct kvp_master_fsm *got = tf_new(100, 5000);
+    assert_int_equal(kvp_master_fsm_restore(got, all, len), KVP_OK);
+    assert_int_equal(kvp_master_fsm_check(got), 0);
+    assert_true(kvp_master_fsm_digest(got) == d0);
+    assert_true(kvp_master_fsm_digest(f) != d0);
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(kvp_master_fsm_snap_begin(f), KVP_OK);
+        if (i % 2) {
+            uint8_t *c = NULL;
+            size_t l = 0;
+            assert_int_equal(kvp_master_fsm_snap_next(f, 256, &c, &l, &last), KVP_OK);
+            free(c);
+        }
+        kvp_master_fsm_snap_abort(f);
+    }
+    assert_int_equal(kvp_master_fsm_snap_begin(f), KVP_OK);
+    len = 0;
+    last = false;
+    while (!last) {
+        uint8_t *c = NULL;
+        size_t l = 0;
+        assert_int_equal(kvp_master_fsm_snap_next(f, 1 << 16, &c, &l, &last), KVP_OK);
+        all = realloc(all, len + l);
+        memcpy(all + len, c, l);
+        len += l;
+        free(c);
+    }
+    struct kvp_master_fsm *again = tf_new(100, 5000);
+    assert_int_equal(kvp_master_fsm_restore(again, all, len), KVP_OK);
+    assert_true(kvp_master_fsm_digest(again) == kvp_master_fsm_digest(f));
+    free(all);
+    kvp_master_fsm_destroy(&again);
+    kvp_master_fsm_destroy(&got);
+    kvp_master_fsm_destroy(&ref);
+    kvp_master_fsm_destroy(&f);
+}
+
 static void test_fsm_snapshot_empty_roundtrip(void **state)
 {
     (void)state;
@@ -412,6 +498,7 @@ int main(void)
         cmocka_unit_test(test_fsm_snapshot_restore_identical_bytes),
         cmocka_unit_test(test_fsm_snap_object_encoder_matches_protobuf_c),
         cmocka_unit_test(test_fsm_snapshot_empty_roundtrip),
+        cmocka_unit_test(test_fsm_snap_incremental_across_growth_and_removal),
         cmocka_unit_test(test_fsm_restore_truncated_or_corrupt_consistent),
         cmocka_unit_test(test_fsm_restore_inconsistent_malformed),
         cmocka_unit_test(test_fsm_apply_bytes_roundtrip_and_malformed),

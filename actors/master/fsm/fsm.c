@@ -60,6 +60,14 @@ struct kvp_fsm_obj *kvp_fsm_obj_find(const struct kvp_master_fsm *f, const char 
     }
 }
 
+struct kvp_fsm_obj *kvp_fsm_obj_find_mut(struct kvp_master_fsm *f, const char *key, size_t len)
+{
+    struct kvp_fsm_obj *o = kvp_fsm_obj_find(f, key, len);
+    if (o)
+        kvp_fsm_snap_touch(f, o);
+    return o;
+}
+
 static void tab_place(struct kvp_fsm_obj **tab, uint64_t cap, struct kvp_fsm_obj *o)
 {
     uint64_t mask = cap - 1;
@@ -81,6 +89,7 @@ static int tab_grow(struct kvp_master_fsm *f)
     free(f->tab);
     f->tab = t;
     f->tab_cap = cap;
+    kvp_fsm_snap_rewind(f);
     return KVP_OK;
 }
 
@@ -91,6 +100,7 @@ int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
         if (rc)
             return rc;
     }
+    KVP_FSM_OBJ_GEN(o) = f->snap_gen; /* not part of a snapshot already running */
     tab_place(f->tab, f->tab_cap, o);
     f->n_objects++;
     return KVP_OK;
@@ -98,6 +108,7 @@ int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
 
 void kvp_fsm_obj_unlink(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
 {
+    kvp_fsm_snap_touch(f, o);
     uint64_t mask = f->tab_cap - 1;
     uint64_t i = o->hash & mask;
     while (f->tab[i] != o)
@@ -112,6 +123,7 @@ void kvp_fsm_obj_unlink(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
         uint64_t k = n->hash & mask;
         bool movable = (i <= j) ? (k <= i || k > j) : (k <= i && k > j);
         if (movable) {
+            kvp_fsm_snap_touch(f, n); /* may move behind a running snapshot's walk */
             f->tab[i] = n;
             i = j;
         }
@@ -275,6 +287,7 @@ uint64_t kvp_fsm_drop_segment_replicas(struct kvp_master_fsm *f, struct kvp_fsm_
     uint64_t len;
     for (uint64_t k = 0; k < n; k++) {
         struct kvp_fsm_obj *o = hit[k];
+        kvp_fsm_snap_touch(f, o);
         len = kvp_alloc_round(o->size);
         for (unsigned r = 0; r < o->n_replicas;) {
             if (o->rep[r].segment_id == s->id) {
@@ -299,6 +312,7 @@ uint64_t kvp_fsm_drop_segment_replicas(struct kvp_master_fsm *f, struct kvp_fsm_
 
 void kvp_fsm_state_clear(struct kvp_master_fsm *f)
 {
+    kvp_fsm_snap_free(f);
     for (uint64_t i = 0; i < f->tab_cap; i++)
         free(f->tab[i]);
     free(f->tab);

@@ -54,6 +54,30 @@ int kvp_master_fsm_snapshot(const struct kvp_master_fsm *fsm, uint8_t **buf, siz
 int kvp_master_fsm_restore(struct kvp_master_fsm *fsm, const uint8_t *buf, size_t len);
 
 /**
+ * Incremental snapshot (fsm_snap_inc.c, docs/raftlog.md "Snapshots"): begin freezes the state
+ * as of now (O(segments): the segments and their quarantine are written at once); each next
+ * call returns one malloc'd chunk (*chunk, free()) of about max_bytes of the same byte stream
+ * kvp_master_fsm_snapshot writes, objects in table order rather than sorted; *last is set on
+ * the final chunk, which ends the snapshot. Applies may run between calls: an object a command
+ * changes or removes is written as it was at begin before the change. Concatenated, the chunks
+ * are a snapshot kvp_master_fsm_restore reads. begin: KVP_ERR_BUSY while one runs, NOMEM.
+ * next: KVP_ERR_INVALID with none running, NOMEM (the snapshot is then dropped). abort drops a
+ * running one (no-op otherwise). restore drops a running one as well.
+ */
+int kvp_master_fsm_snap_begin(struct kvp_master_fsm *fsm);
+int kvp_master_fsm_snap_next(struct kvp_master_fsm *fsm, size_t max_bytes, uint8_t **chunk, size_t *len,
+                             bool *last);
+void kvp_master_fsm_snap_abort(struct kvp_master_fsm *fsm);
+bool kvp_master_fsm_snap_running(const struct kvp_master_fsm *fsm);
+
+/**
+ * Digest of the replicated state: equal on members that applied the same commands, whatever
+ * their table layout or snapshot history (order-free sum of per-object XXH3-64 hashes, mixed
+ * with a hash of the segments and their quarantine in id order). O(objects).
+ */
+uint64_t kvp_master_fsm_digest(const struct kvp_master_fsm *fsm);
+
+/**
  * Byte adapters for raftlog (struct kvp_raftlog_fsm): decode → apply/query → encode. Input is
  * a raw protobuf-packed Kvp__Command (apply) or Kvp__Request (query), no envelope; *res is a
  * new malloc'd raw packed Kvp__Response (free()). A buffer that does not decode: KVP_ERR_MALFORMED
@@ -66,6 +90,9 @@ int kvp_master_fsm_apply_bytes(void *fsm, const uint8_t *cmd, size_t len, uint8_
 int kvp_master_fsm_query_bytes(void *fsm, const uint8_t *q, size_t len, uint8_t **res, size_t *res_len);
 int kvp_master_fsm_snapshot_bytes(void *fsm, uint8_t **buf, size_t *len);
 int kvp_master_fsm_restore_bytes(void *fsm, const uint8_t *buf, size_t len);
+int kvp_master_fsm_snap_begin_bytes(void *fsm);
+int kvp_master_fsm_snap_next_bytes(void *fsm, size_t max_bytes, uint8_t **chunk, size_t *len, bool *last);
+void kvp_master_fsm_snap_abort_bytes(void *fsm);
 
 /**
  * A counter bumped by every applied command that can create repair or drain work (a segment

@@ -268,7 +268,7 @@ static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadli
         res->status = KVP_ERR_INVALID;
         return KVP_OK;
     }
-    obj_t *o = kvp_fsm_obj_find(f, it->key, klen);
+    obj_t *o = kvp_fsm_obj_find_mut(f, it->key, klen);
     if (o) {
         if (o->state == KVP_FSM_OBJ_PENDING && o->op_id == it->op_id) {
             res->status = KVP_OK;
@@ -432,7 +432,7 @@ static int on_put_end(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
             body->status[i] = KVP_ERR_INVALID;
             continue;
         }
-        obj_t *o = kvp_fsm_obj_find(f, it->key, klen);
+        obj_t *o = kvp_fsm_obj_find_mut(f, it->key, klen);
         if (!o) {
             body->status[i] = KVP_ERR_NOT_FOUND;
         } else if (o->op_id != it->op_id) {
@@ -479,7 +479,7 @@ static int on_put_revoke(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
             body->status[i] = KVP_ERR_INVALID;
             continue;
         }
-        obj_t *o = kvp_fsm_obj_find(f, it->key, klen);
+        obj_t *o = kvp_fsm_obj_find_mut(f, it->key, klen);
         if (!o || o->state != KVP_FSM_OBJ_PENDING || o->op_id != it->op_id) {
             body->status[i] = KVP_ERR_NOT_FOUND;
             continue;
@@ -510,7 +510,7 @@ static int remove_keys(fsm_t *f, char **keys, size_t n, uint64_t now_ms, Kvp__Re
             body->status[i] = KVP_ERR_INVALID;
             continue;
         }
-        obj_t *o = kvp_fsm_obj_find(f, keys[i], klen);
+        obj_t *o = kvp_fsm_obj_find_mut(f, keys[i], klen);
         if (!o) {
             body->status[i] = KVP_ERR_NOT_FOUND;
         } else if (o->state == KVP_FSM_OBJ_PENDING) {

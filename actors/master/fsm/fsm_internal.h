@@ -88,7 +88,33 @@ struct kvp_master_fsm {
     /* Bumped by every applied command that can create repair work (kvp_master_fsm_repair_epoch);
      * not part of the state proper: not in snapshots, bumped by restore. */
     uint64_t repair_epoch;
+    /* Incremental snapshot in progress (fsm_snap_inc.c), or NULL. Objects whose snapshot
+     * generation (KVP_FSM_OBJ_GEN) differs from snap_gen are still owed to it in their state as
+     * of kvp_master_fsm_snap_begin: kvp_fsm_snap_touch writes such an object out before anything
+     * changes it. With no snapshot running every object's generation equals snap_gen. */
+    struct kvp_fsm_snap *snap;
+    uint8_t snap_gen;
+    uint8_t snap_abandoned; /* snapshots abandoned since the last finished one */
 };
+
+/* Snapshot generation of an object (fsm_snap_inc.c): kept in pad[1]. */
+#define KVP_FSM_OBJ_GEN(o) ((o)->pad[1])
+
+/* fsm_snap_inc.c: write o into the running snapshot if it is still owed to it. Every change to
+ * an object of the table (fields, replicas, unlink, move between slots) calls this first. */
+void kvp_fsm_snap_touch_slow(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
+static inline void kvp_fsm_snap_touch(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
+{
+    if (f->snap && KVP_FSM_OBJ_GEN(o) != f->snap_gen)
+        kvp_fsm_snap_touch_slow(f, o);
+}
+/* The table was rebuilt (grown): the snapshot's walk starts again from slot 0 (objects already
+ * written are skipped by their generation). */
+void kvp_fsm_snap_rewind(struct kvp_master_fsm *f);
+void kvp_fsm_snap_free(struct kvp_master_fsm *f);
+/* Bytes of the snapshot stream before the objects: format, last segment id, every segment with
+ * its quarantine (fsm_snap.c). *buf malloc'd. */
+int kvp_fsm_snap_prefix_encode(const struct kvp_master_fsm *f, uint8_t **buf, size_t *len);
 
 /* fsm.c: tables and helpers */
 uint32_t kvp_fsm_hash(const char *key, size_t len);
@@ -99,6 +125,9 @@ uint32_t kvp_fsm_hash(const char *key, size_t len);
 size_t kvp_fsm_snap_object_encode(const struct kvp_fsm_obj *ob, uint8_t *p);
 bool kvp_fsm_key_valid(const char *key, size_t *len);
 struct kvp_fsm_obj *kvp_fsm_obj_find(const struct kvp_master_fsm *f, const char *key, size_t len);
+/* kvp_fsm_obj_find for a command that may change the object: the object is handed to a running
+ * snapshot first (kvp_fsm_snap_touch). Every apply path uses this one. */
+struct kvp_fsm_obj *kvp_fsm_obj_find_mut(struct kvp_master_fsm *f, const char *key, size_t len);
 int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
 void kvp_fsm_obj_unlink(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
 struct kvp_fsm_obj *kvp_fsm_obj_alloc(const char *key, size_t key_len, unsigned n_replicas);

@@ -142,7 +142,7 @@ static int repair_item(fsm_t *f, const Kvp__RepairItem *it, Kvp__RepairStartResu
         res->status = KVP_ERR_INVALID;
         return KVP_OK;
     }
-    obj_t *o = kvp_fsm_obj_find(f, it->key, klen);
+    obj_t *o = kvp_fsm_obj_find_mut(f, it->key, klen);
     if (!o || o->state != KVP_FSM_OBJ_COMPLETE) {
         res->status = KVP_ERR_NOT_FOUND;
         return KVP_OK;
@@ -258,7 +258,7 @@ int kvp_fsm_repair_end(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
             st[i] = KVP_ERR_INVALID;
             continue;
         }
-        obj_t *o = kvp_fsm_obj_find(f, it->key, klen);
+        obj_t *o = kvp_fsm_obj_find_mut(f, it->key, klen);
         int k = -1;
         for (unsigned j = 0; o && j < o->n_replicas; j++)
             if (o->rep[j].segment_id == it->segment_id && o->rep[j].offset == it->offset)
@@ -295,7 +295,7 @@ int kvp_fsm_replica_drop(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
             st[i] = KVP_ERR_INVALID;
             continue;
         }
-        obj_t *o = kvp_fsm_obj_find(f, it->key, klen);
+        obj_t *o = kvp_fsm_obj_find_mut(f, it->key, klen);
         int k = -1;
         unsigned complete_elsewhere = 0;
         for (unsigned j = 0; o && j < o->n_replicas; j++) {

@@ -202,6 +202,27 @@ static void put_object(struct obuf *o, const struct kvp_fsm_obj *ob)
 
 /* Sort refs by (hash, key): LSD radix sort on the 32-bit hash (four byte passes), then runs of
  * equal hashes by key. O(n) with sequential memory access. */
+int kvp_fsm_snap_prefix_encode(const fsm_t *f, uint8_t **buf, size_t *len)
+{
+    struct obuf o = {.base = {.append = obuf_append}};
+    put_varint(&o, F_FORMAT << 3);
+    put_varint(&o, SNAP_FORMAT);
+    if (f->n_segs_ids) {
+        put_varint(&o, F_LAST_SEG << 3);
+        put_varint(&o, f->n_segs_ids);
+    }
+    for (uint32_t i = 0; i < f->n_segs_ids; i++)
+        if (f->segs[i])
+            put_segment(&o, f->segs[i]);
+    if (o.err) {
+        free(o.p);
+        return KVP_ERR_NOMEM;
+    }
+    *buf = o.p;
+    *len = o.len;
+    return KVP_OK;
+}
+
 static int radix_sort_refs(struct obj_ref *v, size_t n)
 {
     struct obj_ref *tmp = malloc((n ? n : 1) * sizeof(*tmp));

@@ -573,6 +573,10 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     rp->fsm.apply = kvp_master_fsm_apply_bytes;
     rp->fsm.query = kvp_master_fsm_query_bytes;
     rp->fsm.snapshot = kvp_master_fsm_snapshot_bytes;
+    /* Snapshots are built a chunk per raft loop iteration (docs/raftlog.md "Snapshots"). */
+    rp->fsm.snap_begin = kvp_master_fsm_snap_begin_bytes;
+    rp->fsm.snap_next = kvp_master_fsm_snap_next_bytes;
+    rp->fsm.snap_abort = kvp_master_fsm_snap_abort_bytes;
     rp->fsm.restore = kvp_master_fsm_restore_bytes;
     rc = kvp_raftlog_start(&s->rl, rp);
     free(rp);

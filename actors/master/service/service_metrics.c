@@ -210,6 +210,12 @@ static void one(struct kvp_metrics_text *t, const char *name, const char *type, 
     kvp_metrics_sample_u64(t, name, NULL, v);
 }
 
+static void one_s(struct kvp_metrics_text *t, const char *name, const char *help, uint64_t us)
+{
+    kvp_metrics_family(t, name, "gauge", help);
+    kvp_metrics_sample_double(t, name, NULL, (double)us / 1e6);
+}
+
 static void render_raft(struct kvp_master_service *s, struct svc_metrics *m, struct kvp_metrics_text *t)
 {
     struct kvp_raftlog_info in;
@@ -232,6 +238,29 @@ static void render_raft(struct kvp_master_service *s, struct svc_metrics *m, str
     kvp_metrics_family(t, "kvpool_raft_snapshot_duration_seconds", "histogram",
                        "Time to take one snapshot (state machine serialisation and LZ4 framing).");
     kvp_metrics_sample_hist(t, "kvpool_raft_snapshot_duration_seconds", NULL, &in.snapshot_hist);
+    one_s(t, "kvpool_raft_max_stall_seconds",
+        "Longest stretch the Raft thread ran without getting back to its loop since start (lateness of its "
+        "20 ms tick).", in.max_stall_us);
+    one_s(t, "kvpool_raft_max_busy_stall_seconds",
+          "Largest, over late tick intervals, of the CPU time the Raft thread used in the interval (capped at "
+          "its lateness): an upper bound of the stall its own work caused (waiting for a CPU is not counted).",
+          in.max_busy_stall_us);
+    one_s(t, "kvpool_raft_snapshot_max_step_seconds",
+        "Longest single step (one chunk) of an incremental snapshot build since start.", in.max_snap_step_us);
+    one_s(t, "kvpool_raft_snapshot_max_step_cpu_seconds",
+          "Raft-thread CPU time of the longest incremental snapshot step since start.", in.max_snap_step_cpu_us);
+    one_s(t, "kvpool_raft_apply_max_cpu_seconds",
+          "Raft-thread CPU time of the longest apply of one Raft entry since start.", in.max_apply_cpu_us);
+    one_s(t, "kvpool_raft_apply_max_seconds",
+        "Longest apply of one Raft entry (all its commands) on the Raft thread since start.", in.max_apply_us);
+    one_s(t, "kvpool_raft_snapshot_restore_max_seconds",
+        "Longest snapshot restore (install or start-up load) on the Raft thread since start.", in.max_restore_us);
+    one_s(t, "kvpool_raft_snapshot_last_wall_seconds",
+        "Last snapshot taken: time from the start of its build to handing it to Raft.", in.last_snap_wall_us);
+    one_s(t, "kvpool_raft_snapshot_last_busy_seconds",
+        "Last snapshot taken: Raft-thread time spent building it (sum of its steps).", in.last_snap_busy_us);
+    one(t, "kvpool_raft_snapshot_last_bytes", "gauge", "Last snapshot taken: its size as stored.",
+        in.last_snap_bytes);
     one(t, "kvpool_raft_entries_proposed_total", "counter", "Raft entries this master proposed as leader.",
         in.entries_proposed);
     one(t, "kvpool_raft_commands_proposed_total", "counter",
