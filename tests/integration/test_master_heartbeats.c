@@ -49,7 +49,9 @@ static struct kvp_msession *session(void)
     for (int i = 0; i < TM_MASTERS; i++)
         list[i] = C->addr[i + 1];
     struct kvp_msession *ms = NULL;
-    assert_int_equal(kvp_msession_new(&ms, list, TM_MASTERS, "hb-test"), KVP_OK);
+    struct kvp_auth_client *auth = NULL; /* the cluster's admin key (cluster.json "auth") */
+    assert_int_equal(kvp_auth_client_load(&auth, NULL, NULL, NULL, C->file, "admin_key", "hb-test"), KVP_OK);
+    assert_int_equal(kvp_msession_new_auth(&ms, list, TM_MASTERS, "hb-test", &auth), KVP_OK);
     return ms;
 }
 

@@ -16,7 +16,7 @@
 #include <raft.h>
 #include <raft/fixture.h>
 
-#include "actors/master/fsm.h"
+#include "actors/master/fsm/fsm.h"
 #include "kvpool.h"
 #include "raftlog/raftlog_internal.h"
 #include "runtime/log.h"

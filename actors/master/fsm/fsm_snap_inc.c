@@ -30,7 +30,7 @@
 
 #include <xxhash.h>
 
-#include "actors/master/fsm_internal.h"
+#include "actors/master/fsm/fsm_internal.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 
