@@ -166,6 +166,7 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
     assert_non_null(buf);
     fill(c, "a", POOL_OBJS, buf);
     assert_pool_full(&cl);
+    char key[64];
     /* Un-forced removes are refused during a leader's election grace: wait for the first
      * leader's to end (the cluster just started). */
     for (int i = 0; i < 200; i++) {
@@ -176,16 +177,31 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
             break;
         sleep_ms(100);
     }
-    /* what the filling evicted came back meanwhile: fill it again */
-    json_t *st = status(&cl);
-    assert_non_null(st);
-    long long free_b = jget(st, "capacity_bytes") - jget(st, "used_bytes") - jget(st, "quarantined_bytes");
-    json_decref(st);
-    int n_z = (int)(free_b / (long long)OBJ);
-    fill(c, "z", n_z, buf);
+    /* What the filling evicted comes back as its quarantine is released (fence_grace_ms after
+     * each eviction, at the leader's pace): fill it again until nothing is quarantined and less
+     * than one object is free, so the removes below are the only quarantined space at the kill. */
+    int n_z = 0;
+    for (int round = 0; round < 100; round++) {
+        json_t *st = status(&cl);
+        assert_non_null(st);
+        long long q_b = jget(st, "quarantined_bytes");
+        long long free_b = jget(st, "capacity_bytes") - jget(st, "used_bytes") - q_b;
+        json_decref(st);
+        int more = (int)(free_b / (long long)OBJ);
+        if (more == 0 && q_b == 0)
+            break;
+        for (int i = 0; i < more; i++, n_z++) {
+            snprintf(key, sizeof key, "z-%d", n_z);
+            tc_fill(key, buf, OBJ);
+            int rc = kvp_put(c, key, buf, OBJ, NULL);
+            if (rc != KVP_OK)
+                fail_msg("put %s: %s", key, kvp_errname(rc));
+        }
+        if (more == 0)
+            sleep_ms(100);
+    }
     /* a quarter of the pool freed (no leases: nothing was read), then the leader dies before
      * its quarantine (fence_grace_ms 500) can have been released by it */
-    char key[64];
     bool removed[POOL_OBJS] = {false};
     int n_removed = 0;
     for (int i = 0; i < POOL_OBJS && n_removed < POOL_OBJS / 4; i++) {
@@ -197,6 +213,18 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
         removed[i] = true;
         n_removed++;
     }
+    /* the refill may have evicted most a-*: take the rest of the quarter from z-* (their final
+     * check below accepts NOT_FOUND) */
+    for (int i = 0; i < n_z && n_removed < POOL_OBJS / 4; i++) {
+        snprintf(key, sizeof key, "z-%d", i);
+        int rc = kvp_remove(c, key, false);
+        if (rc == KVP_ERR_NOT_FOUND)
+            continue;
+        assert_int_equal(rc, KVP_OK);
+        n_removed++;
+    }
+    assert_int_equal(n_removed, POOL_OBJS / 4);
+    fprintf(stderr, "filled again with %d objects; removed %d\n", n_z, n_removed);
     assert_pool_full(&cl);
     kill_leader(&cl);
     uint64_t t_kill = kvp_clock_now_ms();
