@@ -183,6 +183,7 @@ void kvp_fsm_seg_free(struct kvp_fsm_seg *s)
     if (!s)
         return;
     kvp_alloc_fini(&s->alloc);
+    kvp_fsm_resv_drop_all(s);
     free(s->q);
     free(s->name);
     free(s->host);
