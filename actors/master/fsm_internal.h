@@ -65,6 +65,10 @@ struct kvp_fsm_range {
  * aside for the leader of `term` until horizon_ms. used[] (sorted by offset, disjoint) holds the
  * ranges PutCommit made into objects; at the retire the rest is quarantined as freed at
  * horizon_ms. Its unused bytes count in the segment's used_bytes. */
+/* Most live reservations one segment keeps (terms not yet retired, plus refills): a bound on
+ * what a buggy or hostile leader can pin, far above what one leader needs (one or two). */
+#define KVP_FSM_MAX_RESV 64u
+
 struct kvp_fsm_resv {
     uint64_t term, offset, len, horizon_ms;
     struct kvp_fsm_range *used;

@@ -18,10 +18,6 @@
 #include "kvpool.h"
 #include "runtime/log.h"
 
-/* Most live reservations one segment keeps (terms not yet retired, plus refills): a bound on
- * what a buggy or hostile leader can pin, far above what one leader needs (one or two). */
-#define KVP_FSM_MAX_RESV 64u
-
 uint64_t kvp_fsm_resv_unused(const struct kvp_fsm_resv *v)
 {
     uint64_t used = 0;

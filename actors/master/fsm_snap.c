@@ -428,8 +428,8 @@ static int restore_reservations(struct rctx *c, struct kvp_fsm_seg *s, const Kvp
 {
     if (!m->n_reservations)
         return KVP_OK;
-    if (m->n_reservations > 64u)
-        return KVP_ERR_MALFORMED; /* KVP_FSM_MAX_RESV */
+    if (m->n_reservations > KVP_FSM_MAX_RESV)
+        return KVP_ERR_MALFORMED;
     s->resv = calloc(m->n_reservations, sizeof(*s->resv));
     if (!s->resv)
         return KVP_ERR_NOMEM;

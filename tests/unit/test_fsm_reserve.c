@@ -40,6 +40,7 @@ static int reserve(struct kvp_master_fsm *f, uint32_t seg, uint64_t len, uint64_
     if (off)
         *off = r->reserve->offset;
     kvp_master_fsm_response_free(r);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
     return st;
 }
 
@@ -83,6 +84,7 @@ static int commit(struct kvp_master_fsm *f, const char *key, uint64_t op, uint64
     assert_int_equal(r->put_end->n_status, 1);
     int st = r->put_end->status[0];
     kvp_master_fsm_response_free(r);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
     return st;
 }
 
@@ -98,6 +100,19 @@ static uint64_t replica_off(struct kvp_master_fsm *f, const char *key, uint64_t 
         *csum = o->checksum;
     kvp_master_fsm_response_free(r);
     return off;
+}
+
+/* RevokeExpired (the retire) and QuarantineRelease, each followed by the invariant check. */
+static void retire(struct kvp_master_fsm *f, uint64_t now)
+{
+    tf_revoke_expired(f, now);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+}
+
+static void release(struct kvp_master_fsm *f, uint64_t now)
+{
+    tf_release(f, now);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
 }
 
 static void test_reserve_commit_checks_placement(void **state)
@@ -170,15 +185,15 @@ static void test_reserve_retire_quarantines_unused_at_horizon(void **state)
     assert_int_equal(tf_put_start(f, "x", 64, 1, 1, T0), KVP_ERR_NO_SPACE);
     assert_int_equal(commit(f, "k1", 1, 4096, 4, T0 + 900, T0 + 100, (struct place[]){{s1, 8192}}, 1), KVP_OK);
     /* Before its horizon the reservation stays. */
-    tf_revoke_expired(f, H - 1);
-    tf_release(f, H + GRACE + 100);
+    retire(f, H - 1);
+    release(f, H + GRACE + 100);
     assert_int_equal(tf_put_start(f, "x", 64, 1, 1, H - 1), KVP_ERR_NO_SPACE);
     /* Retired at H: the unused ranges are quarantined as freed at H, reused at H + grace. */
-    tf_revoke_expired(f, H);
+    retire(f, H);
     assert_int_equal(commit(f, "k2", 2, 64, 4, H, H, (struct place[]){{s1, 0}}, 1), KVP_ERR_INVALID);
-    tf_release(f, H + GRACE - 1);
+    release(f, H + GRACE - 1);
     assert_int_equal(tf_put_start(f, "x", 64, 1, 1, H + GRACE - 1), KVP_ERR_NO_SPACE);
-    tf_release(f, H + GRACE);
+    release(f, H + GRACE);
     /* Everything but k1's range is free again; k1 keeps its bytes. */
     assert_int_equal(tf_put(f, "y", 8192, 1, 5, H + GRACE), KVP_OK);
     assert_int_equal(replica_off(f, "y", NULL), 0);
@@ -188,7 +203,7 @@ static void test_reserve_retire_quarantines_unused_at_horizon(void **state)
     assert_int_equal(tf_put_start(f, "w", 64, 1, 7, H + GRACE), KVP_ERR_NO_SPACE);
     /* Removing k1 frees its range once, by the ordinary quarantine. */
     assert_int_equal(tf_remove(f, "k1", false, H + GRACE), KVP_OK);
-    tf_release(f, H + 2 * GRACE);
+    release(f, H + 2 * GRACE);
     assert_int_equal(tf_put(f, "w", 4096, 1, 7, H + 2 * GRACE), KVP_OK);
     assert_int_equal(replica_off(f, "w", NULL), 8192);
     kvp_master_fsm_destroy(&f);
@@ -230,8 +245,8 @@ static void test_reserve_snapshot_round_trip(void **state)
     assert_int_equal(tf_put(g, "p", SEG - 32768, 1, 8, T0 + 2), KVP_OK);
     assert_int_equal(tf_put_start(g, "q", 64, 1, 9, T0 + 2), KVP_ERR_NO_SPACE);
     /* Both retire alike. */
-    tf_revoke_expired(g, H);
-    tf_release(g, H + GRACE);
+    retire(g, H);
+    release(g, H + GRACE);
     assert_int_equal(tf_put(g, "q", 64, 1, 9, H + GRACE), KVP_OK);
     b = tf_snapshot(g, &n);
     assert_false(snap_format2(b, n));
@@ -257,8 +272,8 @@ static void test_reserve_segment_lost_drops_reservations(void **state)
     assert_int_equal(reserve(f, s1, 64, H, 4, T0 + 2, NULL), KVP_ERR_NOT_FOUND);
     /* Unmount frees the other's reservation with the segment (ASan checks the memory). */
     assert_int_equal(tf_remove(f, "k", false, T0 + 3), KVP_OK);
-    tf_revoke_expired(f, H);
-    tf_release(f, H + GRACE);
+    retire(f, H);
+    release(f, H + GRACE);
     assert_int_equal(reserve(f, s2, 64, H + 5000, 5, H + GRACE, NULL), KVP_OK);
     assert_int_equal(tf_unmount(f, s2, H + GRACE), KVP_OK);
     kvp_master_fsm_destroy(&f);
