@@ -27,8 +27,9 @@
 /* How long one reservation is used for new puts; its horizon is this plus the ttl cap. */
 #define KVP_SVC_RESV_WINDOW_MS 2000u
 /* Bytes per reservation: twice what the segment's last reservation handed out, and twice its
- * largest put, between 1 and 64 MiB, never more than a quarter of its largest free extent. What
- * a reservation leaves unused is held until its horizon + fence_grace_ms (docs/master.md). */
+ * largest put, between 1 and 64 MiB; none while that is more than a quarter of the segment's
+ * largest free extent (a nearly full pool takes the PutStart/PutEnd path). What a reservation
+ * leaves unused is held until its horizon + fence_grace_ms (docs/master.md). */
 #define KVP_SVC_RESV_MIN (1ull << 20)
 #define KVP_SVC_RESV_MAX (64ull << 20)
 #define KVP_SVC_MAX_SEGS 1024u
@@ -57,6 +58,8 @@ struct svc_put {
     struct svc_resv resv[KVP_SVC_MAX_SEGS]; /* by segment id (ids above the cap: old path) */
     struct svc_map puts;                   /* key hash → struct svc_fast_put * */
     uint64_t last_revoke_ms;               /* svc_put_revoke_due */
+    uint64_t logged_term;                  /* the term of the last "one-commit put on" line */
+    uint64_t takeover_term;                /* the term of the last "placed by an older leader" line */
 };
 
 static uint64_t wall_ms(void)
@@ -171,9 +174,7 @@ void svc_put_tick(struct kvp_master_service *s)
         if (len > KVP_SVC_RESV_MAX)
             len = KVP_SVC_RESV_MAX;
         if (len > largest / 4)
-            len = largest / 4; /* a nearly full segment keeps its space for the old path */
-        if (len < 64 * 1024)
-            continue;
+            continue; /* a nearly full segment keeps its space for the old path (and eviction) */
         submit_reserve(s, (uint32_t)id, len);
     }
     if (reading)
@@ -210,6 +211,11 @@ void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int
     }
     if (!s->is_leader || p->resv_term != s->term)
         return; /* a reservation of an older term: the FSM retires it at its horizon */
+    if (s->put->logged_term != s->term) {
+        s->put->logged_term = s->term;
+        kvp_log_info(s->actor, "one-commit put on (term %llu): first reservation, segment %u, %llu bytes",
+                     (unsigned long long)s->term, p->segment_id, (unsigned long long)p->resv_len);
+    }
     uint64_t last = r->term == p->resv_term ? r->bump - r->off : 0, max_need = r->max_need;
     *r = (struct svc_resv){.term = p->resv_term, .off = resp->reserve->offset, .len = p->resv_len,
                            .horizon_ms = p->resv_horizon_ms, .bump = resp->reserve->offset,
@@ -366,6 +372,8 @@ bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const K
             }
             kvp__put_start_result__init(r);
             body.results[body.n_results++] = r;
+            r->term = e->term; /* echoed by the client's PutEnd (a new leader commits from it) */
+            r->deadline_ms = e->deadline_ms;
             if (!(r->replicas = calloc(e->n, sizeof(*r->replicas)))) {
                 ok = false;
                 break;
@@ -423,33 +431,79 @@ bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const K
     return ok;
 }
 
+/* May this leader log PutCommitCmd now? At level 3; and for a put placed by an older leader,
+ * whatever the level now says: its reservation is in the log (the FSM refuses the commit
+ * otherwise), so every member that applied it understands PutCommit, and a member that did not
+ * already refused that ReserveCmd. A member down counts as level 1 (version.h): refusing would
+ * fail, after every failover, puts whose bytes are written. */
+static bool commit_ok(struct kvp_master_service *s, bool takeover)
+{
+    if (!s->put || !s->is_leader)
+        return false;
+    return takeover || svc_feature_level(s) >= KVP_FEATURE_RESERVE;
+}
+
 bool svc_put_try_end(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req)
 {
     Kvp__PutEndReq *pe = req->put_end;
-    /* Below level 3 (a member of an older release came back) PutCommit cannot be logged: the
-     * put fails at the FSM (NOT_FOUND) and the client reports it; nothing was acknowledged. */
-    if (!s->put || s->put->puts.n == 0 || pe->n_items == 0 || !fast_on(s))
+    if (!s->put || pe->n_items == 0 || !s->is_leader)
         return false;
+    /* Every item is either a put in flight here or carries the placement a leader gave it
+     * (PutEndItem.term != 0: placed by this or an older leader); else the PutEnd command path. */
     struct svc_fast_put **ents = calloc(pe->n_items, sizeof(*ents));
-    if (!ents)
-        return false;
-    for (size_t i = 0; i < pe->n_items; i++) {
+    bool *mine = calloc(pe->n_items, sizeof(*mine));
+    bool ok = ents && mine, takeover = false;
+    for (size_t i = 0; ok && i < pe->n_items; i++) {
         uint64_t v;
         const Kvp__PutEndItem *it = pe->items[i];
-        if (!key_ok(it->key) || !svc_map_get(&s->put->puts, svc_key_hash(it->key), &v)) {
-            free(ents);
-            return false;
-        }
-        ents[i] = (struct svc_fast_put *)(uintptr_t)v;
-        if (strcmp(ents[i]->key, it->key) != 0 || ents[i]->op_id != it->op_id) {
-            free(ents);
-            return false;
-        }
-        for (size_t j = 0; j < i; j++)
-            if (ents[j] == ents[i]) {
-                free(ents);
-                return false;
+        ok = key_ok(it->key);
+        if (ok && svc_map_get(&s->put->puts, svc_key_hash(it->key), &v)) {
+            struct svc_fast_put *e = (struct svc_fast_put *)(uintptr_t)v;
+            if (strcmp(e->key, it->key) == 0 && e->op_id == it->op_id) {
+                for (size_t j = 0; j < i && ok; j++)
+                    ok = ents[j] != e;
+                ents[i] = e;
+                mine[i] = true;
+                continue;
             }
+        }
+        ok = ok && it->term && it->size && it->n_replicas >= 1 && it->n_replicas <= KVP_FSM_MAX_REPLICAS_SVC;
+        for (size_t k = 0; ok && k < it->n_replicas; k++)
+            ok = it->replicas[k] != NULL;
+        if (!ok)
+            break;
+        struct svc_fast_put *e = calloc(1, sizeof(*e));
+        ents[i] = e;
+        ok = e && (e->key = strdup(it->key));
+        if (!ok)
+            break;
+        e->op_id = it->op_id;
+        e->size = it->size;
+        e->deadline_ms = it->deadline_ms;
+        e->term = it->term;
+        e->replica_num = it->replica_num;
+        e->soft_pin = it->soft_pin;
+        e->n = (unsigned)it->n_replicas;
+        for (unsigned k = 0; k < e->n; k++) {
+            e->seg[k] = it->replicas[k]->segment_id;
+            e->off[k] = it->replicas[k]->offset;
+        }
+        takeover = true;
+        if (e->term != s->term && s->put->takeover_term != s->term) {
+            s->put->takeover_term = s->term;
+            kvp_log_info(s->actor, "PutEnd of %s placed by an older leader (term %llu): committed from the "
+                         "placement it echoes (first of term %llu)", e->key, (unsigned long long)e->term,
+                         (unsigned long long)s->term);
+        }
+    }
+    ok = ok && commit_ok(s, takeover);
+    if (!ok) {
+        for (size_t i = 0; ents && mine && i < pe->n_items; i++)
+            if (!mine[i])
+                put_free(ents[i]);
+        free(ents);
+        free(mine);
+        return false;
     }
     struct svc_pending *p = svc_pending_new(s, identity, req);
     Kvp__PutCommitItem *items = calloc(pe->n_items, sizeof(*items));
@@ -458,7 +512,10 @@ bool svc_put_try_end(struct kvp_master_service *s, zframe_t *identity, Kvp__Requ
     Kvp__ReplicaPlace **plp = calloc(pe->n_items * KVP_FSM_MAX_REPLICAS_SVC, sizeof(*plp));
     if (!p || !items || !itp || !pl || !plp || !(p->key_hashes = calloc(pe->n_items, sizeof(uint64_t)))) {
         svc_pending_free(p);
-        free(items), free(itp), free(pl), free(plp), free(ents);
+        for (size_t i = 0; i < pe->n_items; i++)
+            if (!mine[i])
+                put_free(ents[i]);
+        free(items), free(itp), free(pl), free(plp), free(ents), free(mine);
         svc_reply_status(s, identity, req->req_id, KVP_ERR_NOMEM, "out of memory");
         return true;
     }
@@ -498,10 +555,11 @@ bool svc_put_try_end(struct kvp_master_service *s, zframe_t *identity, Kvp__Requ
     cmd.put_commit = &body;
     svc_submit(s, p, &cmd); /* packs now; answers the caller itself on error */
     for (size_t i = 0; i < pe->n_items; i++) { /* committed or refused, it is no longer ours */
-        svc_map_del(&s->put->puts, svc_key_hash(ents[i]->key), NULL);
+        if (mine[i])
+            svc_map_del(&s->put->puts, svc_key_hash(ents[i]->key), NULL);
         put_free(ents[i]);
     }
-    free(items), free(itp), free(pl), free(plp), free(ents);
+    free(items), free(itp), free(pl), free(plp), free(ents), free(mine);
     return true;
 }
 
