@@ -42,7 +42,23 @@ struct svc_resv {
     bool inflight;                              /* a ReserveCmd for it is in the log */
     bool want;                                  /* a put found it too small or too short */
     uint64_t retry_ms;                          /* refused: not asked again before (monotonic) */
+    /* The next one, committed while this one is still in use: it takes over when a put no
+     * longer fits here, so that a renewal does not abandon the rest of this one. len 0 = none. */
+    uint64_t next_term, next_off, next_len, next_horizon_ms;
 };
+
+/* Make r's next reservation the current one (the rest of the current one is never handed out
+ * again: the FSM quarantines it at its horizon). */
+static void resv_promote(struct svc_resv *r)
+{
+    uint64_t last = r->bump - r->off;
+    r->term = r->next_term;
+    r->off = r->bump = r->next_off;
+    r->len = r->next_len;
+    r->horizon_ms = r->next_horizon_ms;
+    r->last_used = last;
+    r->next_len = 0;
+}
 
 struct svc_fast_put {
     char *key;
@@ -156,6 +172,14 @@ void svc_put_tick(struct kvp_master_service *s)
         struct svc_resv *r = &s->put->resv[id];
         if (r->inflight || svc_now_ms() < r->retry_ms)
             continue;
+        if (r->next_len && r->next_term != s->term)
+            r->next_len = 0;
+        if (r->next_len && (r->len == 0 || r->term != s->term || r->horizon_ms < now + KVP_SVC_FAST_TTL_MAX_MS)) {
+            resv_promote(r); /* the current one can no longer serve the longest ttl */
+            continue;
+        }
+        if (r->next_len)
+            continue; /* one ahead is enough */
         /* Renewed when asked for, half handed out, or in use and no longer long enough for the
          * longest ttl: an idle segment's reservation just runs out (no entry for nothing). */
         bool used = r->len && r->bump != r->off;
@@ -216,13 +240,35 @@ void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int
         kvp_log_info(s->actor, "one-commit put on (term %llu): first reservation, segment %u, %llu bytes",
                      (unsigned long long)s->term, p->segment_id, (unsigned long long)p->resv_len);
     }
-    uint64_t last = r->term == p->resv_term ? r->bump - r->off : 0, max_need = r->max_need;
-    *r = (struct svc_resv){.term = p->resv_term, .off = resp->reserve->offset, .len = p->resv_len,
-                           .horizon_ms = p->resv_horizon_ms, .bump = resp->reserve->offset,
-                           .last_used = last, .max_need = max_need};
+    r->want = false;
+    r->next_term = p->resv_term;
+    r->next_off = resp->reserve->offset;
+    r->next_len = p->resv_len;
+    r->next_horizon_ms = p->resv_horizon_ms;
+    if (r->len == 0 || r->term != p->resv_term)
+        resv_promote(r); /* none in use: it becomes the current one at once */
 }
 
 /* ------------------------------------------------------------------ PutStart / PutEnd / PutRevoke */
+
+/* What one PutStart changed in the reservations, to put back when it takes the old path after
+ * all (nothing of it was handed out). */
+struct resv_undo {
+    uint32_t *id;
+    struct svc_resv *was;
+    size_t n, cap;
+};
+
+static void undo_note(struct svc_put *sp, struct resv_undo *u, uint32_t id)
+{
+    for (size_t i = 0; i < u->n; i++)
+        if (u->id[i] == id)
+            return;
+    if (u->n < u->cap) {
+        u->id[u->n] = id;
+        u->was[u->n++] = sp->resv[id];
+    }
+}
 
 static bool key_ok(const char *key)
 {
@@ -232,7 +278,7 @@ static bool key_ok(const char *key)
 
 /* Place one item; false = take the old path. bumps are the caller's to keep or roll back. */
 static bool place(struct kvp_master_service *s, const Kvp__PutStartItem *it, uint64_t deadline,
-                  struct svc_fast_put *e)
+                  struct svc_fast_put *e, struct resv_undo *u)
 {
     uint64_t need = (it->size + 63) & ~63ull;
     unsigned want = it->replica_num ? it->replica_num : 1;
@@ -249,7 +295,14 @@ static bool place(struct kvp_master_service *s, const Kvp__PutStartItem *it, uin
         struct svc_resv *r = &s->put->resv[id];
         if (need > r->max_need)
             r->max_need = need;
-        if (r->len == 0 || r->term != s->term || r->horizon_ms < deadline || r->bump + need > r->off + r->len) {
+        bool fits = r->len && r->term == s->term && r->horizon_ms >= deadline && r->bump + need <= r->off + r->len;
+        if (!fits && r->next_len && r->next_term == s->term && r->next_horizon_ms >= deadline &&
+            need <= r->next_len) {
+            undo_note(s->put, u, (uint32_t)id);
+            resv_promote(r); /* the next one takes over; the tick asks for another */
+            fits = true;
+        }
+        if (!fits) {
             r->want = true; /* the next tick renews it */
             continue;
         }
@@ -285,6 +338,7 @@ static bool place(struct kvp_master_service *s, const Kvp__PutStartItem *it, uin
             taken[i] = true;
             hosts[e->n] = host;
             struct svc_resv *r = &s->put->resv[cand[i]];
+            undo_note(s->put, u, cand[i]);
             e->seg[e->n] = cand[i];
             e->off[e->n] = r->bump;
             r->bump += need;
@@ -324,11 +378,12 @@ bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const K
     uint64_t deadline = wall_ms() + ttl;
     struct svc_fast_put **ents = calloc(ps->n_items, sizeof(*ents));
     bool *again = calloc(ps->n_items, sizeof(*again)); /* a retried PutStart of a put in flight */
-    uint64_t *bump0 = malloc(KVP_SVC_MAX_SEGS * sizeof(uint64_t));
-    bool ok = ents && again && bump0;
-    if (ok)
-        for (uint32_t i = 0; i < KVP_SVC_MAX_SEGS; i++)
-            bump0[i] = s->put->resv[i].bump;
+    /* at most every segment of every item's replicas is touched, and never more than all */
+    size_t ucap = ps->n_items * KVP_FSM_MAX_REPLICAS_SVC < KVP_SVC_MAX_SEGS ? ps->n_items * KVP_FSM_MAX_REPLICAS_SVC
+                                                                           : KVP_SVC_MAX_SEGS;
+    struct resv_undo u = {.id = malloc(ucap * sizeof(uint32_t)), .was = malloc(ucap * sizeof(struct svc_resv)),
+                          .cap = ucap};
+    bool ok = ents && again && u.id && u.was;
     for (size_t i = 0; ok && i < ps->n_items; i++) {
         const Kvp__PutStartItem *it = ps->items[i];
         for (size_t j = 0; j < i && ok; j++)
@@ -348,7 +403,7 @@ bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const K
         }
         struct svc_fast_put *e = calloc(1, sizeof(*e));
         ents[i] = e;
-        ok = e && (e->key = strdup(it->key)) && place(s, it, deadline, e);
+        ok = e && (e->key = strdup(it->key)) && place(s, it, deadline, e, &u);
         if (ok) {
             e->op_id = it->op_id;
             e->size = it->size;
@@ -419,15 +474,16 @@ bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const K
         }
         svc_evict_on_put_start_req(s, ps);
     } else {
-        for (uint32_t i = 0; bump0 && i < KVP_SVC_MAX_SEGS; i++)
-            s->put->resv[i].bump = bump0[i]; /* nothing was handed out */
+        for (size_t i = u.n; i-- > 0;)
+            s->put->resv[u.id[i]] = u.was[i]; /* nothing was handed out */
         for (size_t i = 0; ents && again && i < ps->n_items; i++)
             if (!again[i])
                 put_free(ents[i]);
     }
     free(ents);
     free(again);
-    free(bump0);
+    free(u.id);
+    free(u.was);
     return ok;
 }
 
