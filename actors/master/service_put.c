@@ -467,8 +467,8 @@ bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const K
             if (again[i])
                 continue;
             if (svc_map_put(&s->put->puts, svc_key_hash(ents[i]->key), (uint64_t)(uintptr_t)ents[i]) != KVP_OK) {
-                /* No memory to remember it: its PutEnd finds nothing and fails (the client
-                 * retries); the range stays unused until the reservation retires. */
+                /* No memory to remember it: its PutEnd is committed from the placement the
+                 * client echoes, as after a failover. */
                 put_free(ents[i]);
             }
         }
