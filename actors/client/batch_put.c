@@ -23,6 +23,9 @@
 #include "runtime/log.h"
 
 /* Per-item state of one put call. */
+/* Most replicas a PutEnd echoes per item (KVP_FSM_MAX_REPLICAS). */
+#define KVP_PUT_PLACE_MAX 16u
+
 struct put_item {
     size_t obj;           /* index into objs/results */
     uint64_t size;        /* object bytes */
@@ -148,6 +151,7 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     bool *revoke = calloc(n, sizeof *revoke);
     Kvp__PutEndItem *ei = calloc(n, sizeof *ei);
     Kvp__PutEndItem **ep = calloc(n, sizeof *ep);
+    Kvp__ReplicaPlace *place = NULL, **placep = NULL; /* PutEnd placements (one-commit put) */
     size_t *epos = calloc(n, sizeof *epos);
     uint64_t *sum = calloc(n, sizeof *sum);
     bool *have_sum = calloc(n, sizeof *have_sum);
@@ -410,6 +414,26 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         ei[ne].key = (char *)o->key;
         ei[ne].op_id = it[j].op_id;
         ei[ne].checksum = have_sum[j] ? sum[j] : kvp_client_checksum(o->iov, o->iovcnt, it[j].size);
+        const Kvp__PutStartResult *sr = it[j].start;
+        if (sr && sr->term && sr->n_replicas <= KVP_PUT_PLACE_MAX &&
+            (place || (place = calloc(m * KVP_PUT_PLACE_MAX, sizeof *place))) &&
+            (placep || (placep = calloc(m * KVP_PUT_PLACE_MAX, sizeof *placep)))) {
+            /* Placed by the leader in its reservations: echo the placement, so that a new leader
+             * can commit this put after a failover (docs/master.md "One-commit put"). */
+            ei[ne].term = sr->term;
+            ei[ne].deadline_ms = sr->deadline_ms;
+            ei[ne].size = it[j].size;
+            ei[ne].replica_num = replica_num;
+            ei[ne].soft_pin = opts && opts->soft_pin;
+            ei[ne].replicas = &placep[ne * KVP_PUT_PLACE_MAX];
+            for (size_t k = 0; k < sr->n_replicas; k++) {
+                Kvp__ReplicaPlace *rp = &place[ne * KVP_PUT_PLACE_MAX + k];
+                kvp__replica_place__init(rp);
+                rp->segment_id = sr->replicas[k]->segment_id;
+                rp->offset = sr->replicas[k]->offset;
+                ei[ne].replicas[ei[ne].n_replicas++] = rp;
+            }
+        }
         ep[ne] = &ei[ne];
         epos[ne++] = j;
     }
@@ -467,6 +491,8 @@ out:
     free(revoke);
     free(ei);
     free(ep);
+    free(place);
+    free(placep);
     free(epos);
     free(sum);
     free(have_sum);

@@ -4,3 +4,4 @@ kvp_add_test(test_fsm SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm.c LABEL un
 kvp_add_test(test_fsm_snap SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_snap.c LABEL unit TIMEOUT 120)
 kvp_add_test(test_fsm_random SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_random.c LABEL unit TIMEOUT 120)
 kvp_add_test(test_fsm_memory SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_memory.c LABEL unit TIMEOUT 120)
+kvp_add_test(test_fsm_reserve SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_reserve.c LABEL unit TIMEOUT 60)

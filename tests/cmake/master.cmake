@@ -27,3 +27,7 @@ set_tests_properties(test_master_upgrade PROPERTIES TIMEOUT 600 LABELS integrati
 kvp_add_test(test_failover_write SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_failover_write.c LABEL integration TIMEOUT 120)
 set_tests_properties(test_failover_write PROPERTIES RUN_SERIAL TRUE)
 add_dependencies(test_failover_write kvpool-master kvpool-segment kvpoolctl)
+# The one-commit put across a leader kill (issue 21 goal 1, docs/master.md "One-commit put").
+kvp_add_test(test_failover_onecommit SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_failover_onecommit.c LABEL integration TIMEOUT 120)
+set_tests_properties(test_failover_onecommit PROPERTIES RUN_SERIAL TRUE)
+add_dependencies(test_failover_onecommit kvpool-master kvpool-segment kvpoolctl)

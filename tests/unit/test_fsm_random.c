@@ -55,7 +55,16 @@ struct mseg {
     char host[16];
 };
 
+/* A reservation as the leader would keep it (feature level 3): bump = next offset it hands out. */
+struct mresv {
+    uint32_t seg;
+    uint64_t off, len, term, horizon, bump;
+};
+#define MAXRESV 256
+
 static struct mkey keys[NKEYS];
+static struct mresv resv[MAXRESV];
+static int nresv;
 static struct mseg segs[MAXSEG];
 static int nsegs;
 static int seg_counter;
@@ -101,6 +110,11 @@ static void model_drop_segment(uint32_t id)
             segs[i] = segs[--nsegs];
             break;
         }
+    for (int i = 0; i < nresv;)
+        if (resv[i].seg == id)
+            resv[i] = resv[--nresv]; /* the FSM drops them with the segment */
+        else
+            i++;
 }
 
 /* Apply to F (returned), G while mirroring (responses must be identical), H plus a mutant. */
@@ -357,8 +371,102 @@ static uint64_t op_count(int which)
     return n;
 }
 
+/* ReserveCmd on a random live segment: OK (recorded) or NO_SPACE. */
+static void op_reserve(void)
+{
+    if (!nsegs || nresv == MAXRESV)
+        return;
+    struct mseg *sg = &segs[rn((uint64_t)nsegs)];
+    Kvp__Command c = KVP__COMMAND__INIT;
+    Kvp__ReserveCmd q = KVP__RESERVE_CMD__INIT;
+    q.segment_id = sg->id;
+    q.length = 64 * (1 + rn(1024));
+    q.horizon_ms = now_ms + 200 + rn(2000);
+    c.now_wall_ms = now_ms;
+    c.term = 1 + now_ms / 100000;
+    c.feature_level = 3;
+    c.body_case = KVP__COMMAND__BODY_RESERVE;
+    c.reserve = &q;
+    Kvp__Response *r = apply_all(&c);
+    assert_int_equal(r->body_case, KVP__RESPONSE__BODY_RESERVE);
+    if (sg->state != KVP__SEGMENT_STATE__SEGMENT_ACTIVE) {
+        assert_int_equal(r->reserve->status, KVP_ERR_NOT_FOUND);
+    } else if (r->reserve->status == KVP_OK) {
+        resv[nresv++] = (struct mresv){sg->id, r->reserve->offset, q.length, c.term, q.horizon_ms,
+                                       r->reserve->offset};
+    } else {
+        assert_int_equal(r->reserve->status, KVP_ERR_NO_SPACE);
+    }
+    kvp_master_fsm_response_free(r);
+}
+
+/* PutCommitCmd of one key placed at the bump pointer of a recorded reservation: the model says
+ * exactly which status it gets. */
+static void op_put_commit(void)
+{
+    if (!nresv)
+        return;
+    int k = (int)rn(NKEYS);
+    struct mkey *m = &keys[k];
+    struct mresv *v = &resv[rn((uint64_t)nresv)];
+    uint64_t size = 1 + rn(2048), need = (size + 63) & ~63ull;
+    if (v->bump + need > v->off + v->len)
+        return;
+    char key[64];
+    key_name(k, key, sizeof(key));
+    uint64_t op = (uint64_t)k * 10 + 5;
+    uint64_t deadline = rn(8) == 0 ? now_ms - 1 : now_ms + rn(300);
+    if (deadline > v->horizon)
+        deadline = v->horizon;
+    Kvp__Command c = KVP__COMMAND__INIT;
+    Kvp__PutCommitCmd q = KVP__PUT_COMMIT_CMD__INIT;
+    Kvp__PutCommitItem it = KVP__PUT_COMMIT_ITEM__INIT, *items[1] = {&it};
+    Kvp__ReplicaPlace rp = KVP__REPLICA_PLACE__INIT, *rpp[1] = {&rp};
+    rp.segment_id = v->seg;
+    rp.offset = v->bump;
+    v->bump += need; /* handed out whether or not it commits: never handed out again */
+    it.key = key;
+    it.op_id = op;
+    it.size = size;
+    it.checksum = op * 7;
+    it.term = v->term;
+    it.deadline_ms = deadline;
+    it.n_replicas = 1;
+    it.replicas = rpp;
+    q.n_items = 1;
+    q.items = items;
+    c.now_wall_ms = now_ms;
+    c.term = 1 + now_ms / 100000;
+    c.feature_level = 3;
+    c.body_case = KVP__COMMAND__BODY_PUT_COMMIT;
+    c.put_commit = &q;
+    Kvp__Response *r = apply_all(&c);
+    assert_int_equal(r->body_case, KVP__RESPONSE__BODY_PUT_END);
+    int st = r->put_end->status[0];
+    if (m->state == 2 && m->op == op)
+        assert_int_equal(st, KVP_OK);
+    else if (m->state)
+        assert_int_equal(st, KVP_ERR_EXISTS);
+    else if (now_ms > deadline)
+        assert_int_equal(st, KVP_ERR_TIMEOUT);
+    else
+        assert_int_equal(st, KVP_OK); /* reservation live (retired ones leave resv[]) */
+    if (!m->state && st == KVP_OK) {
+        m->state = 2;
+        m->op = op;
+        m->nrep = 1;
+        m->seg[0] = v->seg;
+    }
+    kvp_master_fsm_response_free(r);
+}
+
 static void op_revoke_expired(void)
 {
+    for (int i = 0; i < nresv;)
+        if (resv[i].horizon <= now_ms)
+            resv[i] = resv[--nresv]; /* retired by this command */
+        else
+            i++;
     uint64_t want = 0;
     for (int k = 0; k < NKEYS; k++)
         if (keys[k].state == 1 && keys[k].deadline < now_ms) {
@@ -544,7 +652,7 @@ static void test_fsm_random_100k_ops_model_and_invariants_hold(void **state)
     H = tf_new(200, 5000);
     for (int i = 0; i < 6; i++)
         op_mount(false);
-    uint64_t counts[16] = {0}, max_objects = 0, n_put_start_late = 0;
+    uint64_t counts[17] = {0}, max_objects = 0, n_put_start_late = 0;
     for (uint64_t i = 0; i < ops; i++) {
         now_ms += rn(40);
         if (rn(500) == 0)
@@ -579,6 +687,10 @@ static void test_fsm_random_100k_ops_model_and_invariants_hold(void **state)
             kind = 12, op_mount(true);
         else if (p < 889 && rn(10) == 0)
             kind = 13, op_remove_all();
+        else if (p < 905)
+            kind = 15, op_reserve();
+        else if (p < 960)
+            kind = 16, op_put_commit();
         else
             kind = 14, check_key((int)rn(NKEYS));
         counts[kind]++;
@@ -619,7 +731,7 @@ static void test_fsm_random_100k_ops_model_and_invariants_hold(void **state)
     (void)n_put_start_late;
     print_message("ops: put_start %llu put_end %llu revoke %llu remove %llu evict %llu "
                   "expire %llu release %llu lost %llu unmount %llu drain %llu active %llu "
-                  "mount %llu remount %llu remove_all %llu check %llu\n",
+                  "mount %llu remount %llu remove_all %llu check %llu reserve %llu put_commit %llu\n",
                   (unsigned long long)counts[0], (unsigned long long)counts[1],
                   (unsigned long long)counts[2], (unsigned long long)counts[3],
                   (unsigned long long)counts[4], (unsigned long long)counts[5],
@@ -627,7 +739,8 @@ static void test_fsm_random_100k_ops_model_and_invariants_hold(void **state)
                   (unsigned long long)counts[8], (unsigned long long)counts[9],
                   (unsigned long long)counts[10], (unsigned long long)counts[11],
                   (unsigned long long)counts[12], (unsigned long long)counts[13],
-                  (unsigned long long)counts[14]);
+                  (unsigned long long)counts[14], (unsigned long long)counts[15],
+                  (unsigned long long)counts[16]);
     assert_true(counts[0] > 0 && st.objects + st.pending_puts > 0);
     kvp_master_fsm_destroy(&F);
     kvp_master_fsm_destroy(&G);

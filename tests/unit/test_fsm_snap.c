@@ -348,7 +348,7 @@ static void test_fsm_restore_inconsistent_malformed(void **state)
     assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_ERR_MALFORMED);
     free(b);
     r2.offset = 128;
-    s.format = 2;
+    s.format = 3; /* 2 is known since feature level 3 (reservations); 3 is a future one */
     b = pack_snapshot(&s, &n);
     assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_ERR_VERSION);
     free(b);

@@ -195,6 +195,7 @@ void kvp_fsm_seg_free(struct kvp_fsm_seg *s)
     if (!s)
         return;
     kvp_alloc_fini(&s->alloc);
+    kvp_fsm_resv_drop_all(s);
     free(s->q);
     free(s->name);
     free(s->host);
@@ -522,6 +523,26 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
         if (qb != s->quarantined_bytes) {
             rc = -5;
             goto out;
+        }
+        /* Reservations: used[] sorted, disjoint, inside; the gaps are allocated and counted in
+         * used_bytes (the used ranges belong to whoever owns them now). */
+        for (uint32_t k = 0; k < s->n_resv; k++) {
+            const struct kvp_fsm_resv *v = &s->resv[k];
+            uint64_t pos = v->offset, end = v->offset + v->len;
+            for (uint32_t u = 0; u <= v->n_used; u++) {
+                uint64_t next = u < v->n_used ? v->used[u].offset : end;
+                if (next < pos || next > end || (u < v->n_used && v->used[u].len > end - next)) {
+                    rc = -14;
+                    goto out;
+                }
+                if (next > pos && kvp_alloc_reserve(&shadow[i], pos, next - pos)) {
+                    rc = -15;
+                    goto out;
+                }
+                used[i] += next - pos;
+                if (u < v->n_used)
+                    pos = next + v->used[u].len;
+            }
         }
     }
     for (uint64_t t = 0; t < fsm->tab_cap; t++) {

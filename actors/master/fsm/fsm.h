@@ -131,4 +131,15 @@ void kvp_master_fsm_foreach_object(const struct kvp_master_fsm *fsm,
  */
 int kvp_master_fsm_check(const struct kvp_master_fsm *fsm);
 
+/* Reads for the leader's one-commit put (service_put.c), under kvp_raftlog_read_begin only.
+ * key_present: an object (complete or pending) holds `key`; false for an invalid key.
+ * segment_addr: an ACTIVE segment's host, endpoint and owner pid (pointers valid until the next
+ * applied command); false when it is not ACTIVE or unknown. */
+bool kvp_master_fsm_key_present(const struct kvp_master_fsm *fsm, const char *key);
+bool kvp_master_fsm_segment_addr(const struct kvp_master_fsm *fsm, uint32_t id, const char **host,
+                                 const char **endpoint, uint64_t *owner_pid);
+/* An ACTIVE segment's size and largest free extent (bytes); false when not ACTIVE or unknown. */
+bool kvp_master_fsm_segment_space(const struct kvp_master_fsm *fsm, uint32_t id, uint64_t *size,
+                                  uint64_t *largest_free);
+
 #endif

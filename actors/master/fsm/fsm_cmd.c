@@ -24,6 +24,7 @@ static int32_t *status_array(size_t n)
 static void seg_mark_lost(fsm_t *f, seg_t *s, uint64_t now_ms)
 {
     uint64_t n = kvp_fsm_drop_segment_replicas(f, s, now_ms);
+    kvp_fsm_resv_drop_all(s);
     kvp_alloc_fini(&s->alloc);
     free(s->q);
     s->q = NULL;
@@ -568,6 +569,11 @@ static int on_revoke_expired(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
     }
     if (n)
         kvp_log_info(KVP_FSM_ACTOR, "revoked %llu expired pending puts", (unsigned long long)n);
+    /* Reservations (feature level 3) retire at the same tick: none exist on a member or in a
+     * log that never had level 3, so this changes nothing for an older cluster. */
+    uint64_t nr = kvp_fsm_resv_retire(f, c->now_wall_ms);
+    if (nr)
+        kvp_log_info(KVP_FSM_ACTOR, "retired %llu reservations", (unsigned long long)nr);
     return count_body(r, n);
 }
 
@@ -630,6 +636,8 @@ int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
     case KVP__COMMAND__BODY_REVOKE_EXPIRED:
     case KVP__COMMAND__BODY_EVICT:
     case KVP__COMMAND__BODY_QUARANTINE_RELEASE:
+    case KVP__COMMAND__BODY_RESERVE:
+    case KVP__COMMAND__BODY_PUT_COMMIT:
         break;
     default:
         f->repair_epoch++;
@@ -668,6 +676,10 @@ int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
         return kvp_fsm_replica_drop(f, c, r);
     case KVP__COMMAND__BODY_QUARANTINE_RELEASE:
         return on_quarantine_release(f, c, r);
+    case KVP__COMMAND__BODY_RESERVE:
+        return kvp_fsm_reserve(f, c, r);
+    case KVP__COMMAND__BODY_PUT_COMMIT:
+        return kvp_fsm_put_commit(f, c, r);
     default:
         kvp_log_warn(KVP_FSM_ACTOR, "apply: unknown command body %d: ignored", (int)c->body_case);
         return KVP_ERR_INVALID;

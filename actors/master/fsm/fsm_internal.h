@@ -56,6 +56,25 @@ struct kvp_fsm_quar {
     uint64_t offset, len, freed_at_ms;
 };
 
+/* A byte range [offset, offset + len) of a segment. */
+struct kvp_fsm_range {
+    uint64_t offset, len;
+};
+
+/* One reservation (fsm_reserve.c, docs/master.md "One-commit put"): [offset, offset + len) set
+ * aside for the leader of `term` until horizon_ms. used[] (sorted by offset, disjoint) holds the
+ * ranges PutCommit made into objects; at the retire the rest is quarantined as freed at
+ * horizon_ms. Its unused bytes count in the segment's used_bytes. */
+/* Most live reservations one segment keeps (terms not yet retired, plus refills): a bound on
+ * what a buggy or hostile leader can pin, far above what one leader needs (one or two). */
+#define KVP_FSM_MAX_RESV 64u
+
+struct kvp_fsm_resv {
+    uint64_t term, offset, len, horizon_ms;
+    struct kvp_fsm_range *used;
+    uint32_t n_used, used_cap;
+};
+
 struct kvp_fsm_seg {
     uint32_t id;
     int state; /* KVP__SEGMENT_STATE__SEGMENT_* */
@@ -69,6 +88,8 @@ struct kvp_fsm_seg {
     struct kvp_fsm_quar *q;
     uint64_t q_head, q_len, q_cap;
     uint64_t quarantined_bytes;
+    struct kvp_fsm_resv *resv; /* reservations, in the order they were made */
+    uint32_t n_resv, resv_cap;
 };
 
 struct kvp_master_fsm {
@@ -156,6 +177,16 @@ int kvp_fsm_repair_start(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__R
 int kvp_fsm_repair_end(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
 int kvp_fsm_replica_drop(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
 int kvp_fsm_repair_scan(const struct kvp_master_fsm *f, const Kvp__RepairScanReq *q, Kvp__Response *r);
+
+/* fsm_reserve.c (feature level 3): ReserveCmd, PutCommitCmd, the retire run by RevokeExpired. */
+int kvp_fsm_reserve(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+int kvp_fsm_put_commit(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+/* Retire every reservation whose horizon_ms <= now_ms; returns how many. */
+uint64_t kvp_fsm_resv_retire(struct kvp_master_fsm *f, uint64_t now_ms);
+/* Forget every reservation of s (segment lost or unmounted: its space goes with it). */
+void kvp_fsm_resv_drop_all(struct kvp_fsm_seg *s);
+/* Unused bytes of a reservation (len minus its used ranges). */
+uint64_t kvp_fsm_resv_unused(const struct kvp_fsm_resv *v);
 
 /* fsm_query.c */
 int kvp_fsm_query_req(const struct kvp_master_fsm *f, const Kvp__Request *req, Kvp__Response *r);

@@ -280,3 +280,33 @@ int kvp_fsm_query_req(const fsm_t *f, const Kvp__Request *req, Kvp__Response *r)
         return KVP_ERR_INVALID;
     }
 }
+
+/* ------------------------------------------------------------------ leader's local reads */
+
+bool kvp_master_fsm_key_present(const struct kvp_master_fsm *f, const char *key)
+{
+    size_t klen;
+    return key && kvp_fsm_key_valid(key, &klen) && kvp_fsm_obj_find(f, key, klen) != NULL;
+}
+
+bool kvp_master_fsm_segment_space(const struct kvp_master_fsm *f, uint32_t id, uint64_t *size, uint64_t *largest_free)
+{
+    const struct kvp_fsm_seg *s = kvp_fsm_seg_get(f, id);
+    if (!s || s->state != KVP__SEGMENT_STATE__SEGMENT_ACTIVE)
+        return false;
+    *size = s->size;
+    *largest_free = kvp_alloc_largest_free(&s->alloc);
+    return true;
+}
+
+bool kvp_master_fsm_segment_addr(const struct kvp_master_fsm *f, uint32_t id, const char **host,
+                                 const char **endpoint, uint64_t *owner_pid)
+{
+    const struct kvp_fsm_seg *s = kvp_fsm_seg_get(f, id);
+    if (!s || s->state != KVP__SEGMENT_STATE__SEGMENT_ACTIVE)
+        return false;
+    *host = s->host;
+    *endpoint = s->endpoint;
+    *owner_pid = s->owner_pid;
+    return true;
+}

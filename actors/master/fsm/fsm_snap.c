@@ -20,6 +20,10 @@
 typedef struct kvp_master_fsm fsm_t;
 
 #define SNAP_FORMAT 1u
+/* Written instead of 1 while any reservation exists (feature level 3): a master of level 2 or
+ * less refuses it (KVP_ERR_VERSION) rather than restore without the reserved space. */
+#define SNAP_FORMAT_RESV 2u
+_Static_assert(sizeof(struct kvp_fsm_range) == 2 * sizeof(uint64_t), "SnapReservation.used is read as ranges");
 #define SNAP_MAX_SEGMENT_IDS (1u << 24)
 
 enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_CHECKSUM = 15 };
@@ -109,6 +113,7 @@ static void put_segment(struct obuf *o, const struct kvp_fsm_seg *s)
     size_t nq = s->q_len - s->q_head;
     struct kvp_fsm_quar *q = NULL;
     Kvp__SnapQuarantine *qm = NULL, **qp = NULL;
+    Kvp__SnapReservation *rm = NULL, **rp = NULL;
     if (nq) {
         q = malloc(nq * sizeof(*q));
         qm = malloc(nq * sizeof(*qm));
@@ -129,11 +134,34 @@ static void put_segment(struct obuf *o, const struct kvp_fsm_seg *s)
         m.n_quarantine = nq;
         m.quarantine = qp;
     }
+    if (s->n_resv) {
+        rm = calloc(s->n_resv, sizeof(*rm));
+        rp = calloc(s->n_resv, sizeof(*rp));
+        if (!rm || !rp) {
+            o->err = 1;
+            goto out;
+        }
+        for (uint32_t i = 0; i < s->n_resv; i++) {
+            const struct kvp_fsm_resv *v = &s->resv[i];
+            kvp__snap_reservation__init(&rm[i]);
+            rm[i].term = v->term;
+            rm[i].offset = v->offset;
+            rm[i].length = v->len;
+            rm[i].horizon_wall_ms = v->horizon_ms;
+            rm[i].n_used = 2 * (size_t)v->n_used;
+            rm[i].used = (uint64_t *)v->used; /* struct kvp_fsm_range is two uint64_t */
+            rp[i] = &rm[i];
+        }
+        m.n_reservations = s->n_resv;
+        m.reservations = rp;
+    }
     put_message(o, F_SEGMENT, &m.base);
 out:
     free(q);
     free(qm);
     free(qp);
+    free(rm);
+    free(rp);
 }
 
 /* Protobuf encoding of SnapObject by hand, byte for byte what protobuf-c's pack writes (fields
@@ -282,8 +310,11 @@ int kvp_master_fsm_snapshot(const fsm_t *f, uint8_t **buf, size_t *len)
         free(o.p);
         return KVP_ERR_NOMEM;
     }
+    bool any_resv = false;
+    for (uint32_t i = 0; i < f->n_segs_ids && !any_resv; i++)
+        any_resv = f->segs[i] && f->segs[i]->n_resv;
     put_varint(&o, F_FORMAT << 3);
-    put_varint(&o, SNAP_FORMAT);
+    put_varint(&o, any_resv ? SNAP_FORMAT_RESV : SNAP_FORMAT);
     if (f->n_segs_ids) {
         put_varint(&o, F_LAST_SEG << 3);
         put_varint(&o, f->n_segs_ids);
@@ -412,6 +443,53 @@ static int restore_allocators(struct rctx *c)
     return KVP_OK;
 }
 
+/* A segment's reservations: each one's unused gaps are used extents of the allocator (the used
+ * ranges belong to objects, the quarantine or free space, pushed by whoever owns them). */
+static int restore_reservations(struct rctx *c, struct kvp_fsm_seg *s, const Kvp__SnapSegment *m)
+{
+    if (!m->n_reservations)
+        return KVP_OK;
+    if (m->n_reservations > KVP_FSM_MAX_RESV)
+        return KVP_ERR_MALFORMED;
+    s->resv = calloc(m->n_reservations, sizeof(*s->resv));
+    if (!s->resv)
+        return KVP_ERR_NOMEM;
+    s->resv_cap = (uint32_t)m->n_reservations;
+    for (size_t i = 0; i < m->n_reservations; i++) {
+        const Kvp__SnapReservation *r = m->reservations[i];
+        if (r->length == 0 || r->length % KVP_FSM_ALIGN || r->offset % KVP_FSM_ALIGN || r->n_used % 2 ||
+            r->n_used / 2 > UINT32_MAX || r->offset > s->size || r->length > s->size - r->offset)
+            return KVP_ERR_MALFORMED;
+        struct kvp_fsm_resv *v = &s->resv[s->n_resv++];
+        *v = (struct kvp_fsm_resv){.term = r->term, .offset = r->offset, .len = r->length,
+                                   .horizon_ms = r->horizon_wall_ms};
+        if (r->n_used) {
+            v->used = malloc(r->n_used * sizeof(uint64_t));
+            if (!v->used)
+                return KVP_ERR_NOMEM;
+            memcpy(v->used, r->used, r->n_used * sizeof(uint64_t));
+            v->n_used = v->used_cap = (uint32_t)(r->n_used / 2);
+        }
+        uint64_t pos = v->offset, end = v->offset + v->len;
+        for (uint32_t u = 0; u <= v->n_used; u++) {
+            uint64_t next = u < v->n_used ? v->used[u].offset : end;
+            if (next < pos || next > end)
+                return KVP_ERR_MALFORMED; /* unsorted, overlapping or outside */
+            if (u < v->n_used && (v->used[u].len == 0 || v->used[u].len > end - next))
+                return KVP_ERR_MALFORMED;
+            if (next > pos) {
+                int rc = used_push(c, s->id, pos, next - pos);
+                if (rc)
+                    return rc;
+                s->used_bytes += next - pos;
+            }
+            if (u < v->n_used)
+                pos = v->used[u].offset + v->used[u].len;
+        }
+    }
+    return KVP_OK;
+}
+
 static int restore_segment(struct rctx *c, const Kvp__SnapSegment *m)
 {
     fsm_t *t = c->t;
@@ -435,8 +513,11 @@ static int restore_segment(struct rctx *c, const Kvp__SnapSegment *m)
         return KVP_ERR_NOMEM;
     if (s->state == KVP__SEGMENT_STATE__SEGMENT_LOST) {
         kvp_alloc_init_full(&s->alloc, s->size);
-        return m->n_quarantine ? KVP_ERR_MALFORMED : KVP_OK;
+        return m->n_quarantine || m->n_reservations ? KVP_ERR_MALFORMED : KVP_OK;
     }
+    int rrc = restore_reservations(c, s, m);
+    if (rrc)
+        return rrc;
     kvp_alloc_init_full(&s->alloc, s->size); /* its free extents come in restore_allocators */
     for (size_t i = 0; i < m->n_quarantine; i++) {
         const Kvp__SnapQuarantine *q = m->quarantine[i];
@@ -533,7 +614,7 @@ static int restore_parse(struct rctx *c, const uint8_t *buf, size_t len)
             if (get_varint(&in, &v))
                 return KVP_ERR_MALFORMED;
             if (field == F_FORMAT) {
-                if (v != SNAP_FORMAT)
+                if (v != SNAP_FORMAT && v != SNAP_FORMAT_RESV)
                     return KVP_ERR_VERSION;
                 have_format = true;
             } else if (field == F_LAST_SEG) {

@@ -28,6 +28,8 @@ size_t kvp_feature_gate_put_start(Kvp__PutStartReq *ps, uint32_t level)
 
 uint32_t kvp_feature_command_needs(const Kvp__Command *c)
 {
+    if (c && (c->body_case == KVP__COMMAND__BODY_RESERVE || c->body_case == KVP__COMMAND__BODY_PUT_COMMIT))
+        return KVP_FEATURE_RESERVE;
     if (c && c->body_case == KVP__COMMAND__BODY_PUT_START && c->put_start && c->put_start->n_avoid_segments)
         return KVP_FEATURE_AVOID_SEGMENTS;
     return 1u;

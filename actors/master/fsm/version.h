@@ -5,6 +5,8 @@
  * log. Levels so far:
  *   1  v0.1.0, the first release.
  *   2  PutStartReq.avoid_segments is read by the FSM when it places a put (issue 18).
+ *   3  ReserveCmd and PutCommitCmd (one-commit put, issue 21; docs/master.md "One-commit put"),
+ *      and snapshots of format 2 (they carry reservations).
  * A command that a member of an older level would apply differently (or not at all) may only be
  * logged once every member of the cluster reports the level that introduced it: otherwise the
  * replicated state machines diverge. The leader asks every other member for its level (each
@@ -21,8 +23,9 @@
 
 #include "wire/kvpool.pb-c.h"
 
-#define KVP_FEATURE_LEVEL 2u           /* this binary */
+#define KVP_FEATURE_LEVEL 3u           /* this binary */
 #define KVP_FEATURE_AVOID_SEGMENTS 2u  /* PutStartReq.avoid_segments placed by the FSM */
+#define KVP_FEATURE_RESERVE 3u         /* ReserveCmd, PutCommitCmd */
 
 /* A member's reported level counts while its last answer is younger than this. */
 #define KVP_FEATURE_FRESH_MS 5000u

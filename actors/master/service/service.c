@@ -459,7 +459,7 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     svc_map_init(&s->successor);
     kvp_liveness_init(&s->liveness, cfg->client_ttl_ms, 0, 0, svc_now_ms());
     svc_map_init(&s->probing);
-    if (svc_evict_new(s) != KVP_OK) {
+    if (svc_evict_new(s) != KVP_OK || svc_put_new(s) != KVP_OK) {
         kvp_master_service_destroy(&s);
         return KVP_ERR_NOMEM;
     }
@@ -669,6 +669,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->probing);
     svc_repair_free(s);
     svc_evict_destroy(s);
+    svc_put_destroy(s);
     zactor_destroy(&s->prober);
     zhashx_destroy(&s->endpoints);
     zsock_destroy(&s->router);

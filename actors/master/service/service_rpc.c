@@ -156,6 +156,8 @@ static void on_put_start(struct kvp_master_service *s, zframe_t *id, Kvp__Reques
         svc_reply_status(s, id, req->req_id, KVP_ERR_INVALID, why);
         return;
     }
+    if (svc_put_try_start(s, id, req))
+        return; /* answered from a reservation, no Raft entry (service_put.c) */
     svc_evict_on_put_start_req(s, req->put_start);
     mutate(s, id, req, KVP__COMMAND__BODY_PUT_START, req->put_start);
 }
@@ -174,6 +176,8 @@ static void note_client_witness(struct kvp_master_service *s, const uint32_t *se
 static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     Kvp__PutEndReq *pe = req->put_end;
+    if (svc_put_try_end(s, id, req))
+        return; /* one PutCommitCmd (service_put.c) */
     struct svc_pending *p = svc_pending_new(s, id, req);
     if (!p || !(p->key_hashes = calloc(pe->n_items ? pe->n_items : 1, sizeof(uint64_t)))) {
         svc_pending_free(p);
@@ -192,6 +196,8 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
 
 static void on_put_revoke(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
+    if (svc_put_try_revoke(s, id, req))
+        return; /* a put in flight here: dropped, no Raft entry */
     mutate(s, id, req, KVP__COMMAND__BODY_PUT_REVOKE, req->put_revoke);
 }
 
@@ -557,6 +563,9 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
     case SVC_INT_EVICT_SCAN:
     case SVC_INT_EVICT:
         svc_evict_on_internal(s, p, status, resp);
+        break;
+    case SVC_INT_RESERVE:
+        svc_put_on_reserve(s, p, status, resp);
         break;
     default:
         break;

@@ -212,6 +212,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     s->revoke_inflight = false;
     s->release_inflight = false;
     svc_evict_reset(s);
+    svc_put_reset(s);
     if (!s->is_leader)
         answer_hb_waiters(s, KVP_ERR_NOT_LEADER);
 }
@@ -461,11 +462,13 @@ static void submit_internal(struct kvp_master_service *s, int kind, Kvp__Command
 static int on_revoke_timer(zloop_t *loop, int timer_id, void *arg)
 {
     struct kvp_master_service *s = arg;
+    svc_put_tick(s); /* reservations kept fresh, puts past their deadline dropped */
     if (!s->is_leader || s->revoke_inflight)
         return 0;
     /* Idle cluster: no Raft entry five times a second for nothing. The table is refreshed every
-     * second, far inside any put deadline, and PutStart results also mark puts pending. */
-    if (s->segments_fresh_ms && s->fsm_pending_puts == 0)
+     * second, far inside any put deadline, and PutStart results also mark puts pending. At
+     * feature level 3 it also retires reservations: then at least once a second. */
+    if (s->segments_fresh_ms && s->fsm_pending_puts == 0 && !svc_put_revoke_due(s))
         return 0;
     Kvp__RevokeExpiredCmd body = KVP__REVOKE_EXPIRED_CMD__INIT;
     s->revoke_inflight = true;

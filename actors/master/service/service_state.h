@@ -62,6 +62,7 @@ enum svc_internal_kind {
     SVC_INT_STATUS_REFRESH,
     SVC_INT_EVICT_SCAN,        /* service_evict.c: usage / candidates query */
     SVC_INT_EVICT,             /* service_evict.c: EvictCmd */
+    SVC_INT_RESERVE,           /* service_put.c: ReserveCmd */
 };
 
 /** One request waiting for a raftlog result (APPLIED, QUERY or ADMIN event), keyed by corr. */
@@ -90,6 +91,8 @@ struct svc_pending {
     /* Un-forced Remove: its forwarded keys are hidden from GetReplicaList (svc_evict_hide) until
      * its result, so that no lease is granted between the lease check and the commit. */
     bool hides;
+    /* ReserveCmd (service_put.c): what was asked, in which term. */
+    uint64_t resv_len, resv_horizon_ms, resv_term;
 };
 
 /** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
@@ -197,6 +200,9 @@ struct kvp_master_service {
 
     /* Metrics (service_metrics.c): counters, the published snapshot and the HTTP endpoint. */
     struct svc_metrics *metrics;
+
+    /* One-commit put (service_put.c): this leader's reservations and puts in flight. */
+    struct svc_put *put;
 };
 
 /* ------------------------------------------------------------------ shared helpers */
@@ -260,6 +266,20 @@ int svc_prober_start(struct kvp_master_service *s);
 void svc_probe_segment(struct kvp_master_service *s, uint32_t segment_id);
 /** Parse an FSM ClusterStatus JSON document into s->segments. Returns KVP_OK or KVP_ERR_MALFORMED. */
 int svc_segments_from_json(struct kvp_master_service *s, const char *json);
+
+/* service_put.c: the one-commit put (docs/master.md "One-commit put"). try_*: true when the
+ * request was handled (answered or submitted) here; false: take the PutStart/PutEnd path. */
+int svc_put_new(struct kvp_master_service *s);
+void svc_put_destroy(struct kvp_master_service *s);
+void svc_put_reset(struct kvp_master_service *s);
+void svc_put_tick(struct kvp_master_service *s);
+bool svc_put_revoke_due(struct kvp_master_service *s);
+bool svc_put_has_live(const struct kvp_master_service *s);
+bool svc_put_pending_key(const struct kvp_master_service *s, const char *key);
+void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp);
+bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+bool svc_put_try_end(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req);
+bool svc_put_try_revoke(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
 
 /* service_status.c: the ClusterStatus document and Members. */
 char *svc_status_json(struct kvp_master_service *s, const char *fsm_json);

@@ -1,0 +1,675 @@
+/*
+ * service_put.c — the leader's half of the one-commit put (docs/master.md "One-commit put";
+ * the FSM half is fsm_reserve.c). Leader only, cluster feature level >= 3.
+ *
+ * Per ACTIVE segment this leader keeps one reservation of its term (ReserveCmd, committed in the
+ * background) and a bump pointer inside it. A PutStart that fits is answered here, with no Raft
+ * entry: the key is checked against the FSM (local read) and this leader's puts in flight, each
+ * replica gets the next range of a reservation on a distinct segment (distinct hosts first), and
+ * the put's deadline (now + its ttl) must not pass the reservation's horizon. The put is kept in
+ * memory until its PutEnd, which becomes one PutCommitCmd (the one commit of the put), or its
+ * PutRevoke or deadline, which drop it with no commit (its range is never handed out again; the
+ * FSM quarantines it when the reservation retires). Anything else takes the PutStart/PutEnd
+ * path as before: a preferred segment or avoid list, a ttl above KVP_SVC_FAST_TTL_MAX_MS, a key
+ * the FSM holds, no reservation with room.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/master/service_evict.h"
+#include "actors/master/service_state.h"
+#include "kvpool.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+/* A put whose ttl is longer takes the old path: its range would pin the reservation longer. */
+#define KVP_SVC_FAST_TTL_MAX_MS 15000u
+/* How long one reservation is used for new puts; its horizon is this plus the ttl cap. */
+#define KVP_SVC_RESV_WINDOW_MS 2000u
+/* Bytes per reservation: twice what the segment's last reservation handed out, and twice its
+ * largest put, between 1 and 64 MiB; none while that is more than a quarter of the segment's
+ * largest free extent (a nearly full pool takes the PutStart/PutEnd path). What a reservation
+ * leaves unused is held until its horizon + fence_grace_ms (docs/master.md). */
+#define KVP_SVC_RESV_MIN (1ull << 20)
+#define KVP_SVC_RESV_MAX (64ull << 20)
+#define KVP_SVC_MAX_SEGS 1024u
+#define KVP_FSM_MAX_REPLICAS_SVC 16u /* KVP_FSM_MAX_REPLICAS (fsm_internal.h) */
+
+struct svc_resv {
+    uint64_t term, off, len, horizon_ms, bump; /* len 0 = none */
+    uint64_t last_used;                         /* bytes the one before handed out */
+    uint64_t max_need;                          /* largest put placed or refused here */
+    bool inflight;                              /* a ReserveCmd for it is in the log */
+    bool want;                                  /* a put found it too small or too short */
+    uint64_t retry_ms;                          /* refused: not asked again before (monotonic) */
+    /* The next one, committed while this one is still in use: it takes over when a put no
+     * longer fits here, so that a renewal does not abandon the rest of this one. len 0 = none. */
+    uint64_t next_term, next_off, next_len, next_horizon_ms;
+};
+
+/* Make r's next reservation the current one (the rest of the current one is never handed out
+ * again: the FSM quarantines it at its horizon). */
+static void resv_promote(struct svc_resv *r)
+{
+    uint64_t last = r->bump - r->off;
+    r->term = r->next_term;
+    r->off = r->bump = r->next_off;
+    r->len = r->next_len;
+    r->horizon_ms = r->next_horizon_ms;
+    r->last_used = last;
+    r->next_len = 0;
+}
+
+struct svc_fast_put {
+    char *key;
+    uint64_t op_id, size, deadline_ms, term;
+    uint32_t replica_num;
+    bool soft_pin;
+    unsigned n;
+    uint32_t seg[KVP_FSM_MAX_REPLICAS_SVC];
+    uint64_t off[KVP_FSM_MAX_REPLICAS_SVC];
+};
+
+struct svc_put {
+    struct svc_resv resv[KVP_SVC_MAX_SEGS]; /* by segment id (ids above the cap: old path) */
+    struct svc_map puts;                   /* key hash → struct svc_fast_put * */
+    uint64_t last_revoke_ms;               /* svc_put_revoke_due */
+    uint64_t logged_term;                  /* the term of the last "one-commit put on" line */
+    uint64_t takeover_term;                /* the term of the last "placed by an older leader" line */
+};
+
+static uint64_t wall_ms(void)
+{
+    return kvp_clock_wall_ms();
+}
+
+static bool fast_on(struct kvp_master_service *s)
+{
+    return s->put && s->is_leader && s->segments_fresh_ms && svc_feature_level(s) >= KVP_FEATURE_RESERVE;
+}
+
+int svc_put_new(struct kvp_master_service *s)
+{
+    s->put = calloc(1, sizeof(*s->put));
+    if (!s->put)
+        return KVP_ERR_NOMEM;
+    svc_map_init(&s->put->puts);
+    return KVP_OK;
+}
+
+static void put_free(struct svc_fast_put *e)
+{
+    if (e) {
+        free(e->key);
+        free(e);
+    }
+}
+
+void svc_put_reset(struct kvp_master_service *s)
+{
+    if (!s->put)
+        return;
+    size_t pos = 0;
+    uint64_t k, v;
+    while (svc_map_next(&s->put->puts, &pos, &k, &v))
+        put_free((struct svc_fast_put *)(uintptr_t)v);
+    svc_map_clear(&s->put->puts);
+    memset(s->put->resv, 0, sizeof(s->put->resv));
+}
+
+void svc_put_destroy(struct kvp_master_service *s)
+{
+    if (!s->put)
+        return;
+    svc_put_reset(s);
+    svc_map_fini(&s->put->puts);
+    free(s->put);
+    s->put = NULL;
+}
+
+bool svc_put_has_live(const struct kvp_master_service *s)
+{
+    return s->put && s->put->puts.n > 0;
+}
+
+/* ------------------------------------------------------------------ reservations */
+
+static void submit_reserve(struct kvp_master_service *s, uint32_t seg, uint64_t len)
+{
+    struct svc_pending *p = svc_pending_new(s, NULL, NULL);
+    if (!p)
+        return;
+    p->internal = SVC_INT_RESERVE;
+    p->segment_id = seg;
+    Kvp__ReserveCmd body = KVP__RESERVE_CMD__INIT;
+    body.segment_id = seg;
+    body.length = len;
+    body.horizon_ms = wall_ms() + KVP_SVC_RESV_WINDOW_MS + KVP_SVC_FAST_TTL_MAX_MS;
+    p->resv_len = (len + 63) & ~63ull;
+    p->resv_horizon_ms = body.horizon_ms;
+    p->resv_term = s->term; /* svc_submit stamps the command with it */
+    Kvp__Command cmd = KVP__COMMAND__INIT;
+    cmd.body_case = KVP__COMMAND__BODY_RESERVE;
+    cmd.reserve = &body;
+    s->put->resv[seg].inflight = true;
+    if (svc_submit(s, p, &cmd) != KVP_OK)
+        s->put->resv[seg].inflight = false;
+}
+
+/* Every ACTIVE segment gets a fresh reservation of this term when it has none, when half of it
+ * is handed out, or when it is past its window. */
+void svc_put_tick(struct kvp_master_service *s)
+{
+    if (!fast_on(s))
+        return;
+    uint64_t now = wall_ms();
+    size_t pos = 0;
+    uint64_t id, st;
+    bool reading = kvp_raftlog_read_begin(s->rl) == KVP_OK;
+    while (reading && svc_map_next(&s->segments, &pos, &id, &st)) {
+        if (id >= KVP_SVC_MAX_SEGS || st != (uint64_t)KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1)
+            continue;
+        struct svc_resv *r = &s->put->resv[id];
+        if (r->inflight || svc_now_ms() < r->retry_ms)
+            continue;
+        if (r->next_len && r->next_term != s->term)
+            r->next_len = 0;
+        if (r->next_len && (r->len == 0 || r->term != s->term || r->horizon_ms < now + KVP_SVC_FAST_TTL_MAX_MS)) {
+            resv_promote(r); /* the current one can no longer serve the longest ttl */
+            continue;
+        }
+        if (r->next_len)
+            continue; /* one ahead is enough */
+        /* Renewed when asked for, half handed out, or in use and no longer long enough for the
+         * longest ttl: an idle segment's reservation just runs out (no entry for nothing). */
+        bool used = r->len && r->bump != r->off;
+        bool stale = r->len == 0 || r->term != s->term || r->want || (r->bump - r->off) * 2 > r->len ||
+                     (used && r->horizon_ms < now + KVP_SVC_FAST_TTL_MAX_MS);
+        if (!stale)
+            continue;
+        uint64_t size = 0, largest = 0;
+        if (!kvp_master_fsm_segment_space(s->fsm, (uint32_t)id, &size, &largest))
+            continue;
+        uint64_t len = 2 * (r->term == s->term && r->len ? r->bump - r->off : r->last_used);
+        if (len < 2 * r->max_need)
+            len = 2 * r->max_need;
+        if (len < KVP_SVC_RESV_MIN)
+            len = KVP_SVC_RESV_MIN;
+        if (len > KVP_SVC_RESV_MAX)
+            len = KVP_SVC_RESV_MAX;
+        if (len > largest / 4)
+            continue; /* a nearly full segment keeps its space for the old path (and eviction) */
+        submit_reserve(s, (uint32_t)id, len);
+    }
+    if (reading)
+        kvp_raftlog_read_end(s->rl);
+    /* Puts past their deadline: dropped (their WRITE frames are refused by the segment). */
+    size_t n = 0;
+    struct svc_fast_put *gone[64];
+    pos = 0;
+    uint64_t k, v;
+    while (n < 64 && svc_map_next(&s->put->puts, &pos, &k, &v)) {
+        struct svc_fast_put *e = (struct svc_fast_put *)(uintptr_t)v;
+        if (e->deadline_ms < now)
+            gone[n++] = e;
+    }
+    for (size_t i = 0; i < n; i++) {
+        svc_map_del(&s->put->puts, svc_key_hash(gone[i]->key), NULL);
+        put_free(gone[i]);
+    }
+}
+
+void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)
+{
+    if (!s->put || p->segment_id >= KVP_SVC_MAX_SEGS)
+        return;
+    struct svc_resv *r = &s->put->resv[p->segment_id];
+    r->inflight = false;
+    r->retry_ms = svc_now_ms() + 1000; /* a refusal (full segment) is asked again a second later */
+    if (status != KVP_OK || !resp || resp->body_case != KVP__RESPONSE__BODY_RESERVE || !resp->reserve ||
+        resp->reserve->status != KVP_OK) {
+        int st = status != KVP_OK ? status : resp && resp->reserve ? resp->reserve->status : KVP_ERR_INTERNAL;
+        if (st != KVP_ERR_NOT_LEADER)
+            kvp_log_debug(s->actor, "segment %u: reserve: %s", p->segment_id, kvp_strerror(st));
+        return;
+    }
+    if (!s->is_leader || p->resv_term != s->term)
+        return; /* a reservation of an older term: the FSM retires it at its horizon */
+    if (s->put->logged_term != s->term) {
+        s->put->logged_term = s->term;
+        kvp_log_info(s->actor, "one-commit put on (term %llu): first reservation, segment %u, %llu bytes",
+                     (unsigned long long)s->term, p->segment_id, (unsigned long long)p->resv_len);
+    }
+    r->want = false;
+    r->next_term = p->resv_term;
+    r->next_off = resp->reserve->offset;
+    r->next_len = p->resv_len;
+    r->next_horizon_ms = p->resv_horizon_ms;
+    if (r->len == 0 || r->term != p->resv_term)
+        resv_promote(r); /* none in use: it becomes the current one at once */
+}
+
+/* ------------------------------------------------------------------ PutStart / PutEnd / PutRevoke */
+
+/* What one PutStart changed in the reservations, to put back when it takes the old path after
+ * all (nothing of it was handed out). */
+struct resv_undo {
+    uint32_t *id;
+    struct svc_resv *was;
+    size_t n, cap;
+};
+
+static void undo_note(struct svc_put *sp, struct resv_undo *u, uint32_t id)
+{
+    for (size_t i = 0; i < u->n; i++)
+        if (u->id[i] == id)
+            return;
+    if (u->n < u->cap) {
+        u->id[u->n] = id;
+        u->was[u->n++] = sp->resv[id];
+    }
+}
+
+static bool key_ok(const char *key)
+{
+    size_t n = key ? strlen(key) : 0;
+    return n > 0 && n <= 512;
+}
+
+/* Place one item; false = take the old path. bumps are the caller's to keep or roll back. */
+static bool place(struct kvp_master_service *s, const Kvp__PutStartItem *it, uint64_t deadline,
+                  struct svc_fast_put *e, struct resv_undo *u)
+{
+    uint64_t need = (it->size + 63) & ~63ull;
+    unsigned want = it->replica_num ? it->replica_num : 1;
+    if (want > KVP_FSM_MAX_REPLICAS_SVC)
+        return false;
+    /* Candidates: room for need, horizon past the deadline; most room first, one per host. */
+    uint32_t cand[KVP_FSM_MAX_REPLICAS_SVC * 4];
+    unsigned nc = 0;
+    size_t pos = 0;
+    uint64_t id, st;
+    while (svc_map_next(&s->segments, &pos, &id, &st) && nc < KVP_FSM_MAX_REPLICAS_SVC * 4) {
+        if (id >= KVP_SVC_MAX_SEGS || st != (uint64_t)KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1)
+            continue;
+        struct svc_resv *r = &s->put->resv[id];
+        if (need > r->max_need)
+            r->max_need = need;
+        bool fits = r->len && r->term == s->term && r->horizon_ms >= deadline && r->bump + need <= r->off + r->len;
+        if (!fits && r->next_len && r->next_term == s->term && r->next_horizon_ms >= deadline &&
+            need <= r->next_len) {
+            undo_note(s->put, u, (uint32_t)id);
+            resv_promote(r); /* the next one takes over; the tick asks for another */
+            fits = true;
+        }
+        if (!fits) {
+            r->want = true; /* the next tick renews it */
+            continue;
+        }
+        cand[nc++] = (uint32_t)id;
+    }
+    if (nc < want)
+        return false; /* the FSM places what it can; let it */
+    for (unsigned i = 1; i < nc; i++) /* insertion sort by room, most first */
+        for (unsigned j = i; j > 0; j--) {
+            struct svc_resv *a = &s->put->resv[cand[j - 1]], *b = &s->put->resv[cand[j]];
+            if (a->off + a->len - a->bump >= b->off + b->len - b->bump)
+                break;
+            uint32_t t = cand[j - 1];
+            cand[j - 1] = cand[j];
+            cand[j] = t;
+        }
+    const char *hosts[KVP_FSM_MAX_REPLICAS_SVC];
+    bool taken[KVP_FSM_MAX_REPLICAS_SVC * 4] = {false};
+    e->n = 0;
+    for (int pass = 0; pass < 2 && e->n < want; pass++)
+        for (unsigned i = 0; i < nc && e->n < want; i++) {
+            if (taken[i])
+                continue;
+            const char *host, *ep;
+            uint64_t pid;
+            if (!kvp_master_fsm_segment_addr(s->fsm, cand[i], &host, &ep, &pid))
+                continue;
+            bool dup = false;
+            for (unsigned j = 0; j < e->n && pass == 0 && !dup; j++)
+                dup = strcmp(hosts[j], host) == 0;
+            if (dup)
+                continue;
+            taken[i] = true;
+            hosts[e->n] = host;
+            struct svc_resv *r = &s->put->resv[cand[i]];
+            undo_note(s->put, u, cand[i]);
+            e->seg[e->n] = cand[i];
+            e->off[e->n] = r->bump;
+            r->bump += need;
+            e->n++;
+        }
+    return e->n == want;
+}
+
+static void start_resp_free(Kvp__PutStartResp *b)
+{
+    for (size_t i = 0; i < b->n_results; i++) {
+        Kvp__PutStartResult *r = b->results[i];
+        for (size_t j = 0; j < r->n_replicas; j++)
+            free(r->replicas[j]);
+        free(r->replicas);
+        free(r);
+    }
+    free(b->results);
+}
+
+bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+{
+    const Kvp__PutStartReq *ps = req->put_start;
+    if (!fast_on(s) || ps->n_avoid_segments || ps->n_items > 1024)
+        return false;
+    uint64_t ttl = ps->ttl_ms ? ps->ttl_ms : s->cfg.put_ttl_ms;
+    if (ttl > KVP_SVC_FAST_TTL_MAX_MS)
+        return false;
+    for (size_t i = 0; i < ps->n_items; i++) {
+        const Kvp__PutStartItem *it = ps->items[i];
+        if (!key_ok(it->key) || it->size == 0 || it->size > (1ull << 40) ||
+            (it->preferred_segment && it->preferred_segment[0]) || it->replica_num > KVP_FSM_MAX_REPLICAS_SVC)
+            return false;
+    }
+    if (kvp_raftlog_read_begin(s->rl) != KVP_OK)
+        return false;
+    uint64_t deadline = wall_ms() + ttl;
+    struct svc_fast_put **ents = calloc(ps->n_items, sizeof(*ents));
+    bool *again = calloc(ps->n_items, sizeof(*again)); /* a retried PutStart of a put in flight */
+    /* at most every segment of every item's replicas is touched, and never more than all */
+    size_t ucap = ps->n_items * KVP_FSM_MAX_REPLICAS_SVC < KVP_SVC_MAX_SEGS ? ps->n_items * KVP_FSM_MAX_REPLICAS_SVC
+                                                                           : KVP_SVC_MAX_SEGS;
+    struct resv_undo u = {.id = malloc(ucap * sizeof(uint32_t)), .was = malloc(ucap * sizeof(struct svc_resv)),
+                          .cap = ucap};
+    bool ok = ents && again && u.id && u.was;
+    for (size_t i = 0; ok && i < ps->n_items; i++) {
+        const Kvp__PutStartItem *it = ps->items[i];
+        for (size_t j = 0; j < i && ok; j++)
+            ok = strcmp(ps->items[j]->key, it->key) != 0; /* one key twice: the FSM answers */
+        ok = ok && !kvp_master_fsm_key_present(s->fsm, it->key);
+        if (!ok)
+            break;
+        uint64_t v;
+        if (svc_map_get(&s->put->puts, svc_key_hash(it->key), &v)) {
+            /* In flight here: the same put asked again gets the same ranges; another put of the
+             * key (or a hash twin) takes the old path, and the FSM lets one of them complete. */
+            struct svc_fast_put *old = (struct svc_fast_put *)(uintptr_t)v;
+            ok = strcmp(old->key, it->key) == 0 && old->op_id == it->op_id && old->size == it->size;
+            ents[i] = old;
+            again[i] = true;
+            continue;
+        }
+        struct svc_fast_put *e = calloc(1, sizeof(*e));
+        ents[i] = e;
+        ok = e && (e->key = strdup(it->key)) && place(s, it, deadline, e, &u);
+        if (ok) {
+            e->op_id = it->op_id;
+            e->size = it->size;
+            e->deadline_ms = deadline;
+            e->term = s->term;
+            e->replica_num = it->replica_num;
+            e->soft_pin = it->soft_pin;
+        }
+    }
+    Kvp__Response resp = KVP__RESPONSE__INIT;
+    Kvp__PutStartResp body = KVP__PUT_START_RESP__INIT;
+    if (ok) {
+        body.results = calloc(ps->n_items, sizeof(*body.results));
+        ok = body.results != NULL;
+        for (size_t i = 0; ok && i < ps->n_items; i++) {
+            struct svc_fast_put *e = ents[i];
+            Kvp__PutStartResult *r = calloc(1, sizeof(*r));
+            if (!r) {
+                ok = false;
+                break;
+            }
+            kvp__put_start_result__init(r);
+            body.results[body.n_results++] = r;
+            r->term = e->term; /* echoed by the client's PutEnd (a new leader commits from it) */
+            r->deadline_ms = e->deadline_ms;
+            if (!(r->replicas = calloc(e->n, sizeof(*r->replicas)))) {
+                ok = false;
+                break;
+            }
+            r->status = KVP_OK;
+            for (unsigned k = 0; k < e->n; k++) {
+                Kvp__Replica *rp = calloc(1, sizeof(*rp));
+                const char *host = "", *ep = "";
+                uint64_t pid = 0;
+                if (!rp || !kvp_master_fsm_segment_addr(s->fsm, e->seg[k], &host, &ep, &pid)) {
+                    free(rp);
+                    ok = false;
+                    break;
+                }
+                kvp__replica__init(rp);
+                rp->segment_id = e->seg[k];
+                rp->offset = e->off[k];
+                rp->endpoint = (char *)ep;
+                rp->host = (char *)host;
+                rp->owner_pid = pid;
+                rp->state = KVP__REPLICA_STATE__REPLICA_PENDING;
+                r->replicas[r->n_replicas++] = rp;
+            }
+        }
+    }
+    if (ok) {
+        resp.body_case = KVP__RESPONSE__BODY_PUT_START;
+        resp.put_start = &body;
+        resp.status = KVP_OK;
+        svc_reply(s, identity, req->req_id, &resp); /* packs the FSM's strings: still under the read */
+    }
+    kvp_raftlog_read_end(s->rl);
+    start_resp_free(&body);
+    if (ok) {
+        for (size_t i = 0; i < ps->n_items; i++) {
+            if (again[i])
+                continue;
+            if (svc_map_put(&s->put->puts, svc_key_hash(ents[i]->key), (uint64_t)(uintptr_t)ents[i]) != KVP_OK) {
+                /* No memory to remember it: its PutEnd is committed from the placement the
+                 * client echoes, as after a failover. */
+                put_free(ents[i]);
+            }
+        }
+        svc_evict_on_put_start_req(s, ps);
+    } else {
+        for (size_t i = u.n; i-- > 0;)
+            s->put->resv[u.id[i]] = u.was[i]; /* nothing was handed out */
+        for (size_t i = 0; ents && again && i < ps->n_items; i++)
+            if (!again[i])
+                put_free(ents[i]);
+    }
+    free(ents);
+    free(again);
+    free(u.id);
+    free(u.was);
+    return ok;
+}
+
+/* May this leader log PutCommitCmd now? At level 3; and for a put placed by an older leader,
+ * whatever the level now says: its reservation is in the log (the FSM refuses the commit
+ * otherwise), so every member that applied it understands PutCommit, and a member that did not
+ * already refused that ReserveCmd. A member down counts as level 1 (version.h): refusing would
+ * fail, after every failover, puts whose bytes are written. */
+static bool commit_ok(struct kvp_master_service *s, bool takeover)
+{
+    if (!s->put || !s->is_leader)
+        return false;
+    return takeover || svc_feature_level(s) >= KVP_FEATURE_RESERVE;
+}
+
+bool svc_put_try_end(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req)
+{
+    Kvp__PutEndReq *pe = req->put_end;
+    if (!s->put || pe->n_items == 0 || !s->is_leader)
+        return false;
+    /* Every item is either a put in flight here or carries the placement a leader gave it
+     * (PutEndItem.term != 0: placed by this or an older leader); else the PutEnd command path. */
+    struct svc_fast_put **ents = calloc(pe->n_items, sizeof(*ents));
+    bool *mine = calloc(pe->n_items, sizeof(*mine));
+    bool ok = ents && mine, takeover = false;
+    for (size_t i = 0; ok && i < pe->n_items; i++) {
+        uint64_t v;
+        const Kvp__PutEndItem *it = pe->items[i];
+        ok = key_ok(it->key);
+        if (ok && svc_map_get(&s->put->puts, svc_key_hash(it->key), &v)) {
+            struct svc_fast_put *e = (struct svc_fast_put *)(uintptr_t)v;
+            if (strcmp(e->key, it->key) == 0 && e->op_id == it->op_id) {
+                for (size_t j = 0; j < i && ok; j++)
+                    ok = ents[j] != e;
+                ents[i] = e;
+                mine[i] = true;
+                continue;
+            }
+        }
+        ok = ok && it->term && it->size && it->n_replicas >= 1 && it->n_replicas <= KVP_FSM_MAX_REPLICAS_SVC;
+        for (size_t k = 0; ok && k < it->n_replicas; k++)
+            ok = it->replicas[k] != NULL;
+        if (!ok)
+            break;
+        struct svc_fast_put *e = calloc(1, sizeof(*e));
+        ents[i] = e;
+        ok = e && (e->key = strdup(it->key));
+        if (!ok)
+            break;
+        e->op_id = it->op_id;
+        e->size = it->size;
+        e->deadline_ms = it->deadline_ms;
+        e->term = it->term;
+        e->replica_num = it->replica_num;
+        e->soft_pin = it->soft_pin;
+        e->n = (unsigned)it->n_replicas;
+        for (unsigned k = 0; k < e->n; k++) {
+            e->seg[k] = it->replicas[k]->segment_id;
+            e->off[k] = it->replicas[k]->offset;
+        }
+        takeover = true;
+        if (e->term != s->term && s->put->takeover_term != s->term) {
+            s->put->takeover_term = s->term;
+            kvp_log_info(s->actor, "PutEnd of %s placed by an older leader (term %llu): committed from the "
+                         "placement it echoes (first of term %llu)", e->key, (unsigned long long)e->term,
+                         (unsigned long long)s->term);
+        }
+    }
+    ok = ok && commit_ok(s, takeover);
+    if (!ok) {
+        for (size_t i = 0; ents && mine && i < pe->n_items; i++)
+            if (!mine[i])
+                put_free(ents[i]);
+        free(ents);
+        free(mine);
+        return false;
+    }
+    struct svc_pending *p = svc_pending_new(s, identity, req);
+    Kvp__PutCommitItem *items = calloc(pe->n_items, sizeof(*items));
+    Kvp__PutCommitItem **itp = calloc(pe->n_items, sizeof(*itp));
+    Kvp__ReplicaPlace *pl = calloc(pe->n_items * KVP_FSM_MAX_REPLICAS_SVC, sizeof(*pl));
+    Kvp__ReplicaPlace **plp = calloc(pe->n_items * KVP_FSM_MAX_REPLICAS_SVC, sizeof(*plp));
+    if (!p || !items || !itp || !pl || !plp || !(p->key_hashes = calloc(pe->n_items, sizeof(uint64_t)))) {
+        svc_pending_free(p);
+        for (size_t i = 0; i < pe->n_items; i++)
+            if (!mine[i])
+                put_free(ents[i]);
+        free(items), free(itp), free(pl), free(plp), free(ents), free(mine);
+        svc_reply_status(s, identity, req->req_id, KVP_ERR_NOMEM, "out of memory");
+        return true;
+    }
+    for (size_t i = 0; i < pe->n_items; i++) {
+        struct svc_fast_put *e = ents[i];
+        Kvp__PutCommitItem *c = &items[i];
+        kvp__put_commit_item__init(c);
+        c->key = e->key;
+        c->op_id = e->op_id;
+        c->size = e->size;
+        c->checksum = pe->items[i]->checksum;
+        c->term = e->term;
+        c->deadline_ms = e->deadline_ms;
+        c->soft_pin = e->soft_pin;
+        c->replica_num = e->replica_num;
+        c->n_replicas = e->n;
+        c->replicas = &plp[i * KVP_FSM_MAX_REPLICAS_SVC];
+        for (unsigned k = 0; k < e->n; k++) {
+            Kvp__ReplicaPlace *r = &pl[i * KVP_FSM_MAX_REPLICAS_SVC + k];
+            kvp__replica_place__init(r);
+            r->segment_id = e->seg[k];
+            r->offset = e->off[k];
+            c->replicas[k] = r;
+        }
+        itp[i] = c;
+        p->key_hashes[i] = svc_key_hash(e->key);
+    }
+    p->n_keys = pe->n_items;
+    for (size_t i = 0; i < pe->n_written_segments; i++) /* liveness witnesses, as on_put_end */
+        if (pe->written_segments[i] && svc_map_get(&s->segments, pe->written_segments[i], NULL))
+            svc_map_put(&s->client_wrote, pe->written_segments[i], svc_now_ms());
+    Kvp__PutCommitCmd body = KVP__PUT_COMMIT_CMD__INIT;
+    body.n_items = pe->n_items;
+    body.items = itp;
+    Kvp__Command cmd = KVP__COMMAND__INIT;
+    cmd.body_case = KVP__COMMAND__BODY_PUT_COMMIT;
+    cmd.put_commit = &body;
+    svc_submit(s, p, &cmd); /* packs now; answers the caller itself on error */
+    for (size_t i = 0; i < pe->n_items; i++) { /* committed or refused, it is no longer ours */
+        if (mine[i])
+            svc_map_del(&s->put->puts, svc_key_hash(ents[i]->key), NULL);
+        put_free(ents[i]);
+    }
+    free(items), free(itp), free(pl), free(plp), free(ents), free(mine);
+    return true;
+}
+
+bool svc_put_try_revoke(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+{
+    const Kvp__PutRevokeReq *pr = req->put_revoke;
+    if (!s->put || s->put->puts.n == 0 || pr->n_items == 0 || !s->is_leader)
+        return false;
+    for (size_t i = 0; i < pr->n_items; i++) {
+        uint64_t v;
+        const Kvp__PutRevokeItem *it = pr->items[i];
+        if (!key_ok(it->key) || !svc_map_get(&s->put->puts, svc_key_hash(it->key), &v))
+            return false;
+        struct svc_fast_put *e = (struct svc_fast_put *)(uintptr_t)v;
+        if (strcmp(e->key, it->key) != 0 || e->op_id != it->op_id)
+            return false;
+    }
+    int32_t *st = calloc(pr->n_items, sizeof(*st));
+    if (!st)
+        return false;
+    for (size_t i = 0; i < pr->n_items; i++) {
+        uint64_t v;
+        if (svc_map_del(&s->put->puts, svc_key_hash(pr->items[i]->key), &v))
+            put_free((struct svc_fast_put *)(uintptr_t)v);
+        st[i] = KVP_OK;
+    }
+    Kvp__Response resp = KVP__RESPONSE__INIT;
+    Kvp__PutRevokeResp body = KVP__PUT_REVOKE_RESP__INIT;
+    body.n_status = pr->n_items;
+    body.status = st;
+    resp.body_case = KVP__RESPONSE__BODY_PUT_REVOKE;
+    resp.put_revoke = &body;
+    svc_reply(s, identity, req->req_id, &resp);
+    free(st);
+    return true;
+}
+
+/* Remove of a key whose put is in flight here: BUSY, as the FSM answers for a pending put. */
+bool svc_put_pending_key(const struct kvp_master_service *s, const char *key)
+{
+    uint64_t v;
+    return s->put && key && svc_map_get(&s->put->puts, svc_key_hash(key), &v) &&
+           strcmp(((struct svc_fast_put *)(uintptr_t)v)->key, key) == 0;
+}
+
+/* RevokeExpired also retires reservations (fsm_reserve.c): at level 3 it runs at least once a
+ * second even with no pending put in the FSM, whatever term made them. */
+bool svc_put_revoke_due(struct kvp_master_service *s)
+{
+    if (!s->put || !s->is_leader || svc_feature_level(s) < KVP_FEATURE_RESERVE)
+        return false;
+    uint64_t now = svc_now_ms();
+    if (now - s->put->last_revoke_ms < 1000)
+        return false;
+    s->put->last_revoke_ms = now;
+    return true;
+}
