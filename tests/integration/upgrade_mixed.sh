@@ -131,9 +131,9 @@ for id in 1 2 3; do
         wait_reads 10
     fi
 done
-# The level of this tree's binary (actors/master/version.h), reached once every master runs it.
-WANT=$(sed -n 's/^#define KVP_FEATURE_LEVEL \([0-9]*\)u.*/\1/p' "$REPO/actors/master/version.h")
-[ -n "$WANT" ] || fail "no KVP_FEATURE_LEVEL in $REPO/actors/master/version.h"
+# The level of this tree's binary (actors/master/fsm/version.h), reached once every master runs it.
+WANT=$(sed -n 's/^#define KVP_FEATURE_LEVEL \([0-9]*\)u.*/\1/p' "$REPO/actors/master/fsm/version.h")
+[ -n "$WANT" ] || fail "no KVP_FEATURE_LEVEL in $REPO/actors/master/fsm/version.h"
 for _ in $(seq 100); do [ "$(level)" = "$WANT" ] && break; sleep 0.1; done
 [ "$(level)" = "$WANT" ] || fail "every master upgraded, feature level $(level), want $WANT"
 for _ in $(seq 30); do grep -q "cluster feature level $WANT" "$D"/*.log && break; sleep 0.1; done

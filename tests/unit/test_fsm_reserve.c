@@ -1,4 +1,4 @@
-/* test_fsm_reserve.c — reservations per term and PutCommit (actors/master/fsm_reserve.c,
+/* test_fsm_reserve.c — reservations per term and PutCommit (actors/master/fsm/fsm_reserve.c,
  * docs/master.md "One-commit put"): placement checks, the retire and its quarantine, snapshot
  * round trip (format 2), segment loss, feature level. */
 #include <setjmp.h>
@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "actors/master/version.h"
+#include "actors/master/fsm/version.h"
 #include "runtime/log.h"
 #include "test_fsm_helpers.h"
 

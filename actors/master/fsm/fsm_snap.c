@@ -233,8 +233,12 @@ static void put_object(struct obuf *o, const struct kvp_fsm_obj *ob)
 int kvp_fsm_snap_prefix_encode(const fsm_t *f, uint8_t **buf, size_t *len)
 {
     struct obuf o = {.base = {.append = obuf_append}};
+    /* the same format rule as kvp_master_fsm_snapshot: format 2 only while a reservation exists */
+    bool any_resv = false;
+    for (uint32_t i = 0; i < f->n_segs_ids && !any_resv; i++)
+        any_resv = f->segs[i] && f->segs[i]->n_resv;
     put_varint(&o, F_FORMAT << 3);
-    put_varint(&o, SNAP_FORMAT);
+    put_varint(&o, any_resv ? SNAP_FORMAT_RESV : SNAP_FORMAT);
     if (f->n_segs_ids) {
         put_varint(&o, F_LAST_SEG << 3);
         put_varint(&o, f->n_segs_ids);

@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/master/service_evict.h"
-#include "actors/master/service_state.h"
+#include "actors/master/service/service_evict.h"
+#include "actors/master/service/service_state.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/master/fsm_internal.h"
+#include "actors/master/fsm/fsm_internal.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 
