@@ -15,6 +15,8 @@ static const ProtobufCMessageDescriptor *descriptor_of(enum kvp_wire_msg id)
         return &kvp__response__descriptor;
     case KVP_MSG_COMMAND_BATCH:
         return &kvp__command_batch__descriptor;
+    case KVP_MSG_RDMA_HELLO:
+        return &kvp__rdma_hello__descriptor;
     default:
         return NULL;
     }

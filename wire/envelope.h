@@ -28,7 +28,8 @@ enum kvp_wire_msg {
     KVP_MSG_REQUEST = 1,
     KVP_MSG_RESPONSE = 2,
     KVP_MSG_COMMAND_BATCH = 3,
-    KVP_MSG__MAX = 4,
+    KVP_MSG_RDMA_HELLO = 4, /* Kvp__RdmaHello: the RDMA QP handshake (wire/rdma_hello.h) */
+    KVP_MSG__MAX = 5,
 };
 
 /**
