@@ -219,6 +219,7 @@ int kvp_rdma_open(const struct kvp_rdma_cfg *cfg, const struct kvp_rdma_env *env
     x->ops = cfg->ops;
     x->who = x->cfg.who;
     x->psn_state = cfg->psn_seed;
+    x->pc_free = x->xs_free = KVP_RDMA_NONE;
     kvp_rdma_qp_attrs_default(&x->attrs);
     x->attrs.max_send_wr = x->cfg.max_send_wr;
 
@@ -347,6 +348,7 @@ void kvp_rdma_close(struct kvp_rdma_xport **xp)
     for (size_t i = 0; i < x->n_nics; i++)
         nic_close(x, &x->nic[i]);
     kvp_rdma_slots_fini(&x->slots);
+    kvp_rdma_core_fini(x);
     free(x);
     *xp = NULL;
 }
@@ -443,6 +445,7 @@ int kvp_rdma_ep_offer(struct kvp_rdma_xport *x, uint32_t segment_id, uint64_t cl
     e->client_id = client_id;
     e->gen = ++g->gen; /* a new generation per reconnect */
     e->n_qps = x->cfg.qps_per_peer;
+    e->pend_head = e->pend_tail = KVP_RDMA_NONE;
     int rc = qps_create(x, e->nic, e->n_qps, e->q);
     if (rc != KVP_OK) {
         free(e);
@@ -545,6 +548,8 @@ void kvp_rdma_ep_free(struct kvp_rdma_ep **ep)
             break;
         }
     kvp_rdma_region_deregister(NULL, &e->remote);
+    free(e->f_mrs);
+    free(e->f_owner);
     free(e);
     *ep = NULL;
 }

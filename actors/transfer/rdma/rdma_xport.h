@@ -169,19 +169,63 @@ struct kvp_rdma_slice {
                                  * KVP_ERR_FENCE_FAILED (wedged: QPs destroyed, memory deregistered) */
 };
 
+/* ---- the non-blocking core (what the transport seam's post/poll/fence/abort drive) ----
+ * Every submitted xslice gets exactly one report from kvp_rdma_progress, and once it is
+ * reported no WR of it can touch its local memory (its CQE was polled, or its QP destroyed and
+ * the MRs it used deregistered). */
+
 /**
- * Run n slices on ep and return when every one is terminal. Local memory registered with
- * kvp_rdma_register is used in place; other host memory goes through the bounce pool (WRITE:
- * copied in before posting; READ: copied out after its completion, before this returns).
- * Pieces are at most slice_bytes, clamped at chunk edges on both sides, round-robin over the
- * endpoint's QPs, posted as QP and CQ credits allow.
- * On timeout_ms (> 0) or an error completion the endpoint is fenced: its QPs go to ERR, and this
- * returns only when a completion (success or flush) was polled for every WR posted on them; if
- * the provider does not flush within fence_bound_ms, the QPs are destroyed and every MR the
- * batch's WRs used is deregistered before this returns (then re-registered for later calls
- * under new keys), so the NIC can no longer reach that memory. A fenced endpoint takes no more
- * batches: make a new one (new generation). Returns KVP_OK or the first error;
- * KVP_ERR_INVALID (nothing ran) for bad slices or an endpoint that is not live.
+ * Queue one xslice of at most slice_bytes on ep: it is cut at MR chunk edges on both sides and
+ * posted by kvp_rdma_progress as QP credits, CQ credits and bounce slots allow (never refused for
+ * room). Local memory registered with kvp_rdma_register is used in place; other host memory
+ * goes through the bounce pool (WRITE: copied in before posting; READ: copied out after its
+ * completion, before it is reported). Errors (nothing queued): KVP_ERR_INVALID (length 0 or
+ * above slice_bytes, bad op, a range outside the segment, an endpoint not live),
+ * KVP_ERR_NOMEM.
+ */
+int kvp_rdma_submit(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint64_t id, uint8_t op,
+                    void *local, uint64_t len, uint64_t remote_offset);
+
+struct kvp_rdma_report {
+    uint64_t id;
+    int status;   /* KVP_OK, KVP_ERR_TRANSFER, the fence status, KVP_ERR_FENCE_FAILED */
+};
+
+/**
+ * Post what has room, reap every NIC's CQ, advance fences, and write up to max reports.
+ * Returns how many (call again while it returns max). Never blocks. An error completion fences
+ * its endpoint (its other xslices fail with KVP_ERR_TRANSFER once flushed).
+ */
+size_t kvp_rdma_progress(struct kvp_rdma_xport *x, struct kvp_rdma_report *out, size_t max);
+
+/**
+ * Fence the listed xslices (unknown ids ignored): unposted ones are reported with `status` at
+ * the next progress; for posted ones every QP of their endpoint goes to ERR and they are
+ * reported with `status` once a completion (success or flush) has been polled for each of their
+ * WRs. A provider that never flushes leaves them unreported: then kvp_rdma_abort.
+ */
+void kvp_rdma_fence(struct kvp_rdma_xport *x, const uint64_t *ids, size_t n, int status);
+
+/**
+ * The fence that cannot wait: for each endpoint holding a listed, unreported xslice, its QPs
+ * are destroyed now and every MR its posted WRs could reach (the MR-cache entries they used,
+ * the bounce pool) is deregistered before this returns, so the NIC can no longer reach that
+ * memory even if the provider never flushes; those chunks are then registered again under new
+ * keys for later xslices. Every xslice of those endpoints not yet reported is reported with
+ * KVP_ERR_FENCE_FAILED (listed) or KVP_ERR_TRANSFER (collateral).
+ */
+void kvp_rdma_abort(struct kvp_rdma_xport *x, const uint64_t *ids, size_t n);
+
+/** Xslices submitted and not yet reported. */
+size_t kvp_rdma_inflight(const struct kvp_rdma_xport *x);
+
+/**
+ * A blocking batch over the core, driven as the transfer engine drives a transport: submit every
+ * slice (cut into xslices of slice_bytes), progress and wait until all are reported; at
+ * timeout_ms (> 0) fence the rest with KVP_ERR_TIMEOUT; after fence_bound_ms more, abort what is
+ * still unreported. Returns when every slice is terminal: KVP_OK or the first error; per-slice
+ * status in s[i].status. KVP_ERR_INVALID (nothing ran) for a bad slice or an endpoint that is
+ * not live. Used by tests and the benchmark; the engine uses the core through the seam.
  */
 int kvp_rdma_run(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, struct kvp_rdma_slice *s,
                  size_t n, uint32_t timeout_ms);

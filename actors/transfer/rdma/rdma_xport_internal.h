@@ -59,7 +59,36 @@ struct kvp_rdma_bounce {
     struct kvp_rdma_region region[KVP_RDMA_MAX_NICS];
 };
 
-enum kvp_rdma_ep_state { EP_OFFERED = 0, EP_LIVE = 1, EP_FENCED = 2 };
+enum kvp_rdma_ep_state { EP_OFFERED = 0, EP_LIVE = 1, EP_FENCING = 2, EP_FENCED = 3 };
+
+#define KVP_RDMA_NONE UINT32_MAX
+
+enum kvp_rdma_piece_state { PC_FREE = 0, PC_PENDING = 1, PC_POSTED = 2, PC_DONE = 3 };
+
+/* One WR's worth of an xslice (rdma_run.c). Referenced by index (the pools grow). */
+struct kvp_rdma_piece {
+    uint32_t xs;                      /* its xslice */
+    uint32_t next;                    /* the endpoint's pending FIFO, or the free list */
+    uint64_t laddr, raddr;            /* laddr: caller memory, also when bounced */
+    uint32_t len, lkey, rkey;
+    struct kvp_rdma_mrent *ent;       /* NULL: through the bounce pool */
+    int bslot;                        /* bounce slot while posted, else -1 */
+    uint8_t op, state;
+    struct kvp_rdma_ep *ep;
+};
+
+/* One submitted xslice until it is reported. */
+struct kvp_rdma_xs {
+    uint64_t id;
+    struct kvp_rdma_ep *ep;
+    uint32_t left;                    /* pieces not done */
+    uint32_t next_free;
+    int status;                       /* first piece failure (0 while all went well) */
+    int fence_status;                 /* set by kvp_rdma_fence / abort */
+    bool live, ready;
+    bool gpu_read;                    /* a READ landed in GPU memory that needs a flush */
+    int ordinal;
+};
 
 struct kvp_rdma_ep {
     struct kvp_rdma_ep *next;         /* in x->eps */
@@ -73,6 +102,14 @@ struct kvp_rdma_ep {
     struct kvp_rdma_region remote;    /* the segment's chunk table (rkeys) */
     int state;
     uint32_t rr;
+    uint32_t pend_head, pend_tail;    /* pieces waiting for room (FIFO) */
+    uint32_t posted;                  /* pieces posted, not completed */
+    /* the fence in progress (EP_FENCING) */
+    struct kvp_rdma_fence f;
+    struct kvp_rdma_qp *fqs[KVP_RDMA_HELLO_MAX_QPS];
+    struct ibv_mr **f_mrs;            /* MRs the wedged path deregisters */
+    struct kvp_rdma_chunk **f_owner;  /* where each came from */
+    size_t f_n;
 };
 
 /* Segment side: the QPs facing one client's endpoint. */
@@ -114,9 +151,15 @@ struct kvp_rdma_xport {
     struct kvp_rdma_region seg_region[KVP_RDMA_MAX_NICS];
     size_t seg_nic;                   /* NIC nearest the region: answers use it first */
     struct kvp_rdma_writer *writers;
-    /* the batch running now (rdma_run.c); completions are routed to it */
-    void *run;
-    uint64_t run_serial;
+    /* the core's pools (rdma_run.c) */
+    struct kvp_rdma_piece *pc;
+    uint32_t pc_cap, pc_free;
+    struct kvp_rdma_xs *xs;
+    uint32_t xs_cap, xs_free;
+    size_t inflight;
+    uint32_t *ready;                  /* xslice indexes to report */
+    size_t n_ready, ready_cap;
+    uint64_t run_ids;                 /* kvp_rdma_run's id counter */
     struct kvp_rdma_stats st;
 };
 
@@ -124,9 +167,17 @@ struct kvp_rdma_xport {
 uint32_t kvp_rdma_psn(struct kvp_rdma_xport *x);
 uint64_t kvp_rdma_now(struct kvp_rdma_xport *x);
 void kvp_rdma_wait(struct kvp_rdma_xport *x, uint64_t max_ns);
-/** Fence a set of QPs to the end (ERR, drain, or wedged at the bound: destroy + dereg mrs). */
+/** Fence a set of QPs to the end (ERR, drain, or wedged at the bound: destroy + dereg mrs).
+ *  Blocking (waits through the env): used for QPs with no xslice of the core (closing an
+ *  endpoint, the segment's writer QPs). */
 int kvp_rdma_fence_qps(struct kvp_rdma_xport *x, struct kvp_rdma_qp **qps, size_t n,
                        struct ibv_mr **mrs, size_t n_mrs);
+
+/* rdma_run.c */
+/** Begin fencing ep (all its QPs to ERR); no-op when already fencing or fenced. */
+void kvp_rdma_ep_fence_begin(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep);
+/** Free the core's pools (close). */
+void kvp_rdma_core_fini(struct kvp_rdma_xport *x);
 
 /* rdma_mr.c */
 /** The MR cache entry on nic covering [addr, addr+len), or NULL. */
