@@ -133,7 +133,7 @@ int kvp_rdma_unregister(struct kvp_rdma_xport *x, void *addr, uint64_t len);
 /* --------------------------------------------------------------- client side */
 
 /**
- * Start an endpoint to `segment_id` for memory near `mem` (NULL: host, unknown node): QPs in
+ * Start an endpoint to `segment_id` (0: whichever segment answers) for memory near `mem` (NULL: host, unknown node): QPs in
  * RESET with random PSNs, a new conn_generation for this (client_id, segment) pair, and the
  * offer in *hello (malloc'd, caller frees; send it to the segment). Errors: KVP_ERR_NOMEM,
  * KVP_ERR_IO (QP creation failed; logged), KVP_ERR_INVALID.
@@ -148,6 +148,13 @@ int kvp_rdma_ep_offer(struct kvp_rdma_xport *x, uint32_t segment_id, uint64_t cl
  * A refusal answer returns its status. On error the endpoint stays unusable: free it.
  */
 int kvp_rdma_ep_complete(struct kvp_rdma_ep *ep, const uint8_t *answer, size_t len);
+
+/** The segment id the endpoint reaches (learnt from the answer when the offer named 0). */
+uint32_t kvp_rdma_ep_segment(const struct kvp_rdma_ep *ep);
+
+/** Consume and acknowledge completion-channel events and re-arm every CQ (production; a no-op
+ *  under a test env). Call after progress, before waiting on kvp_rdma_fds. */
+void kvp_rdma_arm(struct kvp_rdma_xport *x);
 
 /** Fence (if live) and free an endpoint. NULL ok; sets *ep NULL. */
 void kvp_rdma_ep_free(struct kvp_rdma_ep **ep);

@@ -1,0 +1,49 @@
+/*
+ * xport_rdma.h — the `rdma` transport behind the transport seam (actors/transfer/transport.h),
+ * its options, and what client/segment status shows per peer. docs/rdma.md.
+ */
+#ifndef KVP_XFER_XPORT_RDMA_H
+#define KVP_XFER_XPORT_RDMA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/transfer/rdma/rdma_xport.h"
+#include "actors/transfer/transport.h"
+
+extern const struct kvp_xport_ops kvp_xport_rdma;
+
+/*
+ * Optional options of kvp_xport_rdma, passed as kvp_xport_params.wrap_opts (NULL: libibverbs,
+ * the runtime clock, no handshake channel). The seam has no transport-specific options yet, so
+ * rdma reads its own from that pointer.
+ */
+struct kvp_xport_rdma_opts {
+    struct kvp_rdma_cfg cfg;   /* ops (the verbs double in tests), devices, gid_index, ... */
+    struct kvp_rdma_env env;   /* now_ns NULL: the monotonic clock and the channel fds */
+    uint64_t client_id;        /* the writer id segments fence; 0: a random one */
+    /* The handshake channel: send the RdmaHello offer to the segment at `endpoint` and return
+     * its answer (malloc'd). NULL: no channel (connect answers KVP_ERR_UNSUPPORTED: TCP). */
+    int (*hello)(void *arg, const char *endpoint, const uint8_t *offer, size_t len,
+                 uint8_t **answer, size_t *answer_len);
+    void *hello_arg;
+};
+
+/* Per peer, for client and segment status: which transport and device it uses. */
+struct kvp_xport_rdma_peer_status {
+    char transport[8];         /* "rdma" */
+    char device[64];           /* local NIC name */
+    uint64_t generation;       /* conn_generation of the current endpoint */
+    bool live;                 /* connected and not fenced */
+    uint64_t reconnects;       /* endpoints replaced after a fence */
+};
+
+/** Status of one peer of an rdma instance. KVP_ERR_INVALID for NULL arguments. */
+int kvp_xport_rdma_peer_status(struct kvp_xport *t, struct kvp_xport_peer *peer,
+                               struct kvp_xport_rdma_peer_status *out);
+
+/** The core under an rdma instance (tests, stats). */
+struct kvp_rdma_xport *kvp_xport_rdma_core(struct kvp_xport *t);
+
+#endif
