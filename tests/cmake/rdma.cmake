@@ -10,3 +10,10 @@ if(KVP_HAVE_VERBS)
   kvp_add_test(test_xport_rdma SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_xport_rdma.c LABEL unit TIMEOUT 120)
   kvp_add_test(test_rdma_topo SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_topo.c LABEL unit TIMEOUT 30)
 endif()
+# kvpool-bench-rdma: CPU per posted and reaped slice, rdma on the double vs tcp on loopback
+# (issue 20's benchmark; figures only, never a test). Needs the double, hence here.
+if(KVP_HAVE_VERBS)
+  add_executable(kvpool-bench-rdma ${CMAKE_SOURCE_DIR}/tools/bench_rdma.c)
+  target_compile_options(kvpool-bench-rdma PRIVATE ${KVP_WARN})
+  target_link_libraries(kvpool-bench-rdma PRIVATE kvp_testlib kvpool_static ${KVP_DEP_LIBS})
+endif()
