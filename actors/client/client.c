@@ -4,6 +4,9 @@
  * Puts are in batch_put.c, gets in batch_get.c. Behaviour: docs/client.md.
  */
 #include "actors/client/client.h"
+#ifdef KVP_HAVE_VERBS
+#include "actors/transfer/rdma/xport_rdma.h"
+#endif
 #include "actors/client/client_metrics.h"
 
 #include <errno.h>
@@ -138,6 +141,34 @@ int kvp_client_rpc(struct kvp_client *c, Kvp__Request *req, uint64_t deadline_ms
 
 /* ------------------------------------------------------------------ open / close */
 
+/* protocol=rdma (issue 20): open the rdma transport with this client's RDMA keys to see whether
+ * a device is usable. Exactly one log line either way: the probe's "no RDMA device (...); using
+ * TCP" (this machine), a bad device list, or devices found while the transfer engine does not yet
+ * drive transports through the seam (issue 19), so TCP carries the data. */
+static void client_rdma_probe(struct kvp_client *c)
+{
+#ifdef KVP_HAVE_VERBS
+    struct kvp_xport_rdma_opts o = {
+        .cfg = {.ops = kvp_verbs_ops_ibv(), .devices = c->cfg.device_name,
+                .gid_index = kvp_cfg_gid_index(c->cfg.gid_index),
+                .qps_per_peer = c->cfg.rdma_qps_per_peer, .slice_bytes = c->cfg.rdma_slice_bytes,
+                .fence_bound_ms = c->cfg.rdma_fence_bound_ms, .nodev_log_level = KVP_LOG_WARN}};
+    struct kvp_xport_params p = {.name = c->name, .wrap_opts = &o};
+    struct kvp_xport *t = NULL;
+    int rc = kvp_xport_rdma.open(&t, &p);
+    if (rc == KVP_OK) {
+        kvp_log_warn(c->name, "protocol=rdma: RDMA devices found, but the transfer engine does not "
+                              "drive the rdma transport yet; using tcp");
+        kvp_xport_rdma.close(t);
+    } else if (rc != KVP_ERR_UNSUPPORTED) {
+        kvp_log_warn(c->name, "protocol=rdma: RDMA unusable (%s, see above); using tcp", kvp_errname(rc));
+    }
+#else
+    kvp_log_warn(c->name, "protocol=rdma: this build has no RDMA (libibverbs not found); using tcp");
+#endif
+    snprintf(c->transport, sizeof c->transport, "tcp");
+}
+
 /* Segment hook (segment thread): (re)register the embedded region with the local transport. */
 static void on_segment_mount(void *ctx, uint32_t old_id, uint32_t new_id, void *base, uint64_t size)
 {
@@ -198,6 +229,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         return KVP_ERR_NOMEM;
     c->cfg = cfg->c;
     snprintf(c->name, sizeof c->name, "client-%d", (int)getpid());
+    snprintf(c->transport, sizeof c->transport, "tcp");
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->idle_cv, NULL);
     if (getrandom(&c->client_id, sizeof c->client_id, 0) != sizeof c->client_id)
@@ -207,7 +239,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     int rc;
     if (strcmp(c->cfg.protocol, "rdma") == 0) {
         /* vLLM's and SGLang's default: run, on TCP, rather than refuse the whole client. */
-        kvp_log_warn(c->name, "protocol=rdma: the RDMA transport is not available yet; using tcp");
+        client_rdma_probe(c);
     } else if (strcmp(c->cfg.protocol, "tcp") != 0 && c->cfg.protocol[0]) {
         kvp_log_error(c->name, "protocol=%s: only tcp is available in this build", c->cfg.protocol);
         rc = KVP_ERR_UNSUPPORTED;

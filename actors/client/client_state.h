@@ -33,6 +33,7 @@ struct kvp_client_metrics;
 
 struct kvp_client {
     char name[64];                  /* "client-<pid>" for log lines */
+    char transport[8];              /* the data-plane transport in use ("tcp"; metrics label) */
     struct kvp_cfg_client cfg;      /* copy of the caller's config */
     struct kvp_msession *ms;        /* session with the master quorum (owned) */
     struct kvp_xfer_engine *xfer;   /* transfer engine (owned) */
