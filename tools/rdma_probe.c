@@ -5,8 +5,8 @@
  * Output: one line when there is no device ("no RDMA device (...)"), else one line per device
  * and port: name, port state, link layer, active MTU, GID table length. Exit status: 0 devices
  * found, 2 no device (NULL list or 0 devices: not an error), 1 bad usage. `--transport` prints
- * whether the rdma transport is compiled into this build (not yet: issue 20 waits for the
- * transport seam of issue 19) and exits 0 when it is, 3 when it is not.
+ * whether `protocol: rdma` moves data end to end in this build (not yet: the transport is built,
+ * the engine and the segment server do not drive it) and exits 0 when it does, 3 when not.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -16,7 +16,9 @@
 #include "kvpool.h"
 #include "runtime/log.h"
 
-/* Set to 1 by the commit that adds the rdma transport behind the seam. */
+/* Set to 1 by the commit that makes `protocol: rdma` move data end to end: the transport
+ * (kvp_xport_rdma) is built, but the transfer engine does not drive transports through the seam
+ * yet (issue 19) and the segment server does not carry the RdmaHello handshake. */
 #define KVP_RDMA_TRANSPORT_BUILT 0
 
 static void port_line(const struct kvp_verbs_ops *o, struct ibv_device *dev)
@@ -49,8 +51,9 @@ int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--transport") == 0) {
         puts(KVP_RDMA_TRANSPORT_BUILT ? "rdma transport: built"
-                                      : "rdma transport: not built yet (issue 20 waits for the "
-                                        "transport seam, issue 19)");
+                                      : "rdma transport: built (kvp_xport_rdma) but not driven end "
+                                        "to end yet (the engine on the transport seam, issue 19, "
+                                        "and the segment server's handshake are pending)");
         return KVP_RDMA_TRANSPORT_BUILT ? 0 : 3;
     }
     if (argc != 1) {
