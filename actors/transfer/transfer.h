@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct kvp_xport_ops;
+
 enum kvp_xfer_op { KVP_XFER_READ = 1, KVP_XFER_WRITE = 2 };
 
 struct kvp_xfer_slice {
@@ -44,6 +46,11 @@ struct kvp_xfer_params {
      * actor's fini, after every slice of the call is terminal and before the call is answered. */
     void (*on_batch_fini)(const struct kvp_xfer_slice *slices, size_t n, void *arg);
     void *on_batch_fini_arg;
+    /* The transport of the network transfer actors (transport.h): NULL = tcp. transport_opts goes
+     * to it as kvp_xport_params.wrap_opts (rdma: struct kvp_xport_rdma_opts, rdma/xport_rdma.h).
+     * The C2 suite runs on the rdma transport over the verbs double this way (issue 20). */
+    const struct kvp_xport_ops *transport;
+    const void *transport_opts;
 };
 
 /* Engine counters (monotonic since the engine started). */

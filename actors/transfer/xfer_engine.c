@@ -601,8 +601,10 @@ static int xa_init(struct kvp_rt_ctx *ctx)
     struct kvp_xport_params tp = {.conns_per_peer = xa->p.conns_per_peer,
                                   .slice_bytes = xa->is_local ? UINT64_MAX : xa->p.slice_bytes,
                                   .connect_timeout_ms = xa->p.connect_timeout_ms,
-                                  .name = xa->name};
-    const struct kvp_xport_ops *base = xa->is_local ? &kvp_xport_local : &kvp_xport_tcp;
+                                  .name = xa->name,
+                                  .wrap_opts = xa->is_local ? NULL : xa->p.transport_opts};
+    const struct kvp_xport_ops *base = xa->is_local ? &kvp_xport_local
+                                       : xa->p.transport ? xa->p.transport : &kvp_xport_tcp;
     if (xfer_fault_compiled()) {
         tp.inner = base;
         xa->ops = &kvp_xport_fault;

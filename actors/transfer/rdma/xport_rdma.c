@@ -45,6 +45,7 @@ struct rdma_inst {
     size_t n_early, cap_early;
     uint64_t aborted;
     uint64_t client_id;
+    uint64_t last_poll_ns;
 };
 
 static struct rdma_inst *inst(struct kvp_xport *t) { return (struct rdma_inst *)(void *)t; }
@@ -77,6 +78,12 @@ static int r_open(struct kvp_xport **out, const struct kvp_xport_params *p)
         ;
     int rc = kvp_rdma_open(&cfg, env, &in->x);
     if (rc != KVP_OK) {
+        free(in);
+        return rc;
+    }
+    if (in->opts.prereg_len &&
+        (rc = kvp_rdma_register(in->x, in->opts.prereg_base, in->opts.prereg_len, NULL)) != KVP_OK) {
+        kvp_rdma_close(&in->x);
         free(in);
         return rc;
     }
@@ -195,6 +202,12 @@ static int r_poll(struct kvp_xport *t, uint64_t now_ns, struct kvp_xport_complet
                   uint64_t *next_ns)
 {
     struct rdma_inst *in = inst(t);
+    if (in->opts.drive_clock && in->opts.env.wait) {
+        uint64_t d = in->last_poll_ns && now_ns > in->last_poll_ns ? now_ns - in->last_poll_ns : 0;
+        in->last_poll_ns = now_ns;
+        if (d)
+            in->opts.env.wait(in->opts.env.arg, d > 5000000 ? 5000000 : d);
+    }
     size_t n = 0;
     while (n < max && in->n_early) {
         out[n++] = in->early[0];

@@ -28,6 +28,13 @@ struct kvp_xport_rdma_opts {
     int (*hello)(void *arg, const char *endpoint, const uint8_t *offer, size_t len,
                  uint8_t **answer, size_t *answer_len);
     void *hello_arg;
+    /* Tests through the transfer engine: each poll advances env's (virtual) clock by the engine's
+     * real time since the previous poll (at most 5 ms), so the verbs double moves as time passes. */
+    bool drive_clock;
+    /* Memory registered at open, as kvp_register_buffer will through mem_register (tests that
+     * go through the engine, which has no registration call): 0 length = none. */
+    void *prereg_base;
+    uint64_t prereg_len;
 };
 
 /* Per peer, for client and segment status: which transport and device it uses. */
