@@ -277,7 +277,19 @@ static void post_some(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep)
             return; /* no credit: completions will make room */
         uint64_t laddr = p->laddr;
         uint32_t lkey = p->lkey;
-        if (!p->ent) {
+        if (p->ent) {
+            /* the key now: a wedged fence elsewhere may have re-registered the chunk */
+            const struct kvp_rdma_chunk *lc = kvp_rdma_region_find(&p->ent->region[ep->nic], laddr);
+            if (!lc || !lc->mr) {
+                ep->pend_head = p->next;
+                if (ep->pend_head == KVP_RDMA_NONE)
+                    ep->pend_tail = KVP_RDMA_NONE;
+                piece_done(x, pi, KVP_ERR_TRANSFER); /* its registration is gone (logged) */
+                piece_free(x, pi);
+                continue;
+            }
+            lkey = lc->lkey;
+        } else {
             if (x->bounce.n_free == 0)
                 return;
             int b = (int)x->bounce.free_idx[x->bounce.n_free - 1];
