@@ -166,7 +166,7 @@ static void make(struct world *w, struct kvp_xport_slice *s, size_t n, uint8_t o
 static void test_xport_rdma_moves_bytes_one_completion_each(void **state)
 {
     (void)state;
-    for (uint64_t seed = 1; seed <= 40; seed++) {
+    for (uint64_t seed = 1; seed <= 20; seed++) {
         uint64_t rng = seed;
         struct world w;
         up(&w, seed, FV_FLUSH_ALL, false, true);
@@ -264,7 +264,7 @@ static void fence_case(uint64_t seed, int mode)
 static void test_xport_rdma_fence_and_abort_no_dma_after_completion(void **state)
 {
     (void)state;
-    for (uint64_t seed = 1; seed <= 60; seed++)
+    for (uint64_t seed = 1; seed <= 30; seed++)
         for (int mode = FV_FLUSH_ALL; mode <= FV_FLUSH_NEVER; mode++)
             fence_case(seed, mode);
 }
