@@ -23,6 +23,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <czmq.h>
+
 #include "actors/transfer/transfer_internal.h"
 #include "actors/transfer/transport.h"
 #include "kvpool.h"
@@ -862,6 +864,11 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
         e->p.io_threads = 1;
     if (e->p.io_threads > XFER_MAX_IO_THREADS)
         e->p.io_threads = XFER_MAX_IO_THREADS;
+    /* The transfer actors may be a process's first runtime actors (a client): the first zactor
+     * runs czmq's zsys_init, which would install czmq's SIGINT/SIGTERM handlers and take Ctrl-C
+     * away from the application. Before the engine was actors clients never had them; keep it so
+     * (docs/runtime.md, "Signals"; as kvp_seg_server_start does). */
+    zsys_handler_set(NULL);
     int rc = spawn_xa(&e->local, &e->p, true, 0, NULL);
     for (unsigned i = 0; rc == KVP_OK && i < e->p.io_threads; i++) {
         rc = spawn_xa(&e->tcp[i], &e->p, false, i, e->local);
