@@ -779,6 +779,7 @@ static void test_rdma_xport_bad_handshakes_refused(void **state)
     assert_int_equal(kvp_rdma_ep_offer(x.cx, SEG_ID, CLIENT_ID, NULL, &ep, &offer, &ol), KVP_OK);
     assert_int_equal(kvp_rdma_ep_complete(ep, ans, al), KVP_ERR_MALFORMED);
     free(ans);
+    free(offer);
     kvp_rdma_ep_free(&ep);
     /* wrong segment id */
     assert_int_equal(kvp_rdma_ep_offer(x.cx, SEG_ID + 1, CLIENT_ID, NULL, &ep, &offer, &ol), KVP_OK);
