@@ -36,11 +36,14 @@
 #define SEG_BYTES (256 * 1024)
 #define MS 1000000ull
 
+/* Two segments, used in alternate rounds: a timed-out round's endpoint is replaced only at its
+ * segment's next round, so its late packets have a whole round of the other segment to land in
+ * the caller's memory if the fence had not stopped them. */
 struct dbl {
     struct fv_fabric *f;
-    struct fv_node *nc, *ns;
-    struct kvp_rdma_xport *sx;
-    uint8_t *seg;
+    struct fv_node *nc, *ns[2];
+    struct kvp_rdma_xport *sx[2];
+    uint8_t *seg[2];
     unsigned rng;
 };
 
@@ -52,10 +55,10 @@ static void wait_fn(void *a, uint64_t ns) { fv_advance(((struct dbl *)a)->f, ns 
 static int hello_fn(void *arg, const char *endpoint, const uint8_t *offer, size_t len,
                     uint8_t **ans, size_t *alen)
 {
-    (void)endpoint;
     struct dbl *d = arg;
-    kvp_rdma_seg_accept(d->sx, offer, len, ans, alen);
-    for (struct kvp_rdma_writer *w = d->sx->writers; w; w = w->next)
+    int k = strcmp(endpoint, "127.0.0.1:7002") == 0;
+    kvp_rdma_seg_accept(d->sx[k], offer, len, ans, alen);
+    for (struct kvp_rdma_writer *w = d->sx[k]->writers; w; w = w->next)
         for (uint32_t i = 0; i < w->n_qps; i++)
             if (w->q[i].qp)
                 fv_qp_set_delay(w->q[i].qp, (uint64_t)(rand_r(&d->rng) % 8000) * 1000);
@@ -75,18 +78,22 @@ static void run_rounds(uint8_t op, int rounds, unsigned seed, int flush)
     struct fv_node_config cc = {.name = "client", .n_devices = 1, .flush = flush};
     struct fv_node_config sc = {.name = "segment", .n_devices = 1};
     assert_int_equal(fv_node_add(d.f, &cc, &d.nc), KVP_OK);
-    assert_int_equal(fv_node_add(d.f, &sc, &d.ns), KVP_OK);
     struct kvp_rdma_env env = {.now_ns = now_fn, .wait = wait_fn, .arg = &d};
-    struct kvp_rdma_cfg scfg = {.ops = fv_node_ops(d.ns), .who = "segment", .gid_index = -1,
-                                .segment = true, .psn_seed = seed + 1, .sysfs_root = "/nonexistent"};
-    assert_int_equal(kvp_rdma_open(&scfg, &env, &d.sx), KVP_OK);
-    d.seg = aligned_alloc(4096, SEG_BYTES);
-    for (size_t i = 0; i < SEG_BYTES; i++)
-        d.seg[i] = op == KVP_XFER_READ ? (uint8_t)(i * 31 + 7) : 0;
-    for (size_t i = 0; i < SEG_BYTES; i++)
-        if (d.seg[i] == POISON)
-            d.seg[i] = 0;
-    assert_int_equal(kvp_rdma_seg_register(d.sx, 1, d.seg, SEG_BYTES, NULL), KVP_OK);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(fv_node_add(d.f, &sc, &d.ns[k]), KVP_OK);
+        struct kvp_rdma_cfg scfg = {.ops = fv_node_ops(d.ns[k]), .who = "segment", .gid_index = -1,
+                                    .segment = true, .psn_seed = seed + 1 + (unsigned)k,
+                                    .sysfs_root = "/nonexistent"};
+        assert_int_equal(kvp_rdma_open(&scfg, &env, &d.sx[k]), KVP_OK);
+        d.seg[k] = aligned_alloc(4096, SEG_BYTES);
+        for (size_t i = 0; i < SEG_BYTES; i++)
+            d.seg[k][i] = op == KVP_XFER_READ ? (uint8_t)(i * 31 + 7 + (size_t)k) : 0;
+        for (size_t i = 0; i < SEG_BYTES; i++)
+            if (d.seg[k][i] == POISON)
+                d.seg[k][i] = 0;
+        assert_int_equal(kvp_rdma_seg_register(d.sx[k], 1 + (uint32_t)k, d.seg[k], SEG_BYTES, NULL),
+                         KVP_OK);
+    }
 
     /* odd seeds: caller buffers in memory registered with the transport (DMA lands in place);
      * even seeds: plain malloc (staged through the bounce pool) */
@@ -107,6 +114,7 @@ static void run_rounds(uint8_t op, int rounds, unsigned seed, int flush)
     size_t n_kept = 0, n_ok = 0, n_timeout = 0, n_wedged = 0;
     unsigned r = seed;
     for (int round = 0; round < rounds; round++) {
+        int k = round % 2;
         size_t n = 1 + (size_t)(rand_r(&r) % 16);
         struct kvp_xfer_slice s[16];
         uint8_t *bufs[16];
@@ -115,8 +123,8 @@ static void run_rounds(uint8_t op, int rounds, unsigned seed, int flush)
             bufs[i] = reg ? arena + arena_used : malloc(len);
             arena_used += reg ? len : 0;
             memset(bufs[i], op == KVP_XFER_WRITE ? 0x10 + round % 64 : 0, len);
-            s[i] = (struct kvp_xfer_slice){.local = bufs[i], .length = len, .segment_id = 1,
-                                           .endpoint = "127.0.0.1:7001",
+            s[i] = (struct kvp_xfer_slice){.local = bufs[i], .length = len, .segment_id = 1 + (uint32_t)k,
+                                           .endpoint = k ? "127.0.0.1:7002" : "127.0.0.1:7001",
                                            .remote_offset = (uint64_t)(rand_r(&r) % (SEG_BYTES - 32 * 1024)),
                                            .op = op};
         }
@@ -128,7 +136,7 @@ static void run_rounds(uint8_t op, int rounds, unsigned seed, int flush)
             if (st == KVP_OK) {
                 n_ok++;
                 if (op == KVP_XFER_READ)
-                    assert_memory_equal(bufs[i], d.seg + s[i].remote_offset, s[i].length);
+                    assert_memory_equal(bufs[i], d.seg[k] + s[i].remote_offset, s[i].length);
                 if (!reg)
                     free(bufs[i]);
                 continue;
@@ -151,9 +159,9 @@ static void run_rounds(uint8_t op, int rounds, unsigned seed, int flush)
         if (!reg)
             free(kept[k].buf);
     }
-    if (op == KVP_XFER_WRITE)
+    for (int k = 0; op == KVP_XFER_WRITE && k < 2; k++)
         for (size_t i = 0; i < SEG_BYTES; i++)
-            if (d.seg[i] == POISON)
+            if (d.seg[k][i] == POISON)
                 fail_msg("seed %u: segment byte %zu holds poison: a WRITE read caller memory after "
                          "its call returned", seed, i);
     fprintf(stderr, "seed %u %s flush %d %s: %zu ok, %zu timed out, %zu wedged\n", seed,
@@ -165,9 +173,11 @@ static void run_rounds(uint8_t op, int rounds, unsigned seed, int flush)
         assert_true(n_wedged > 0);
     free(kept);
     free(arena);
-    kvp_rdma_close(&d.sx);
+    for (int k = 0; k < 2; k++)
+        kvp_rdma_close(&d.sx[k]);
     fv_fabric_destroy(&d.f);
-    free(d.seg);
+    free(d.seg[0]);
+    free(d.seg[1]);
 }
 
 static void test_xfer_fence_rdma_random_read_timeouts_never_write_late(void **state)
