@@ -22,7 +22,10 @@ extern const struct kvp_xport_ops kvp_xport_rdma;
 struct kvp_xport_rdma_opts {
     struct kvp_rdma_cfg cfg;   /* ops (the verbs double in tests), devices, gid_index, ... */
     struct kvp_rdma_env env;   /* now_ns NULL: the monotonic clock and the channel fds */
-    uint64_t client_id;        /* the writer id segments fence; 0: a random one */
+    uint64_t client_id;        /* the writer id segments fence; 0: a random one. One id per transport
+                                * instance: a segment takes a newer generation from the same id as a
+                                * reconnect and fences the older QPs (so two transfer actors of one
+                                * client need two ids, and FenceWriter names them all) */
     /* The handshake channel: send the RdmaHello offer to the segment at `endpoint` and return
      * its answer (malloc'd). NULL: no channel (connect answers KVP_ERR_UNSUPPORTED: TCP). */
     int (*hello)(void *arg, const char *endpoint, const uint8_t *offer, size_t len,
