@@ -39,9 +39,10 @@ struct kvp_xfer_params {
                                   (docs/fencing.md) */
     uint32_t io_threads;       /* tcp transfer actors (default 1, at most 8), each a thread that
                                   owns its own connections (conns_per_peer per endpoint each) and
-                                  hosts the batch actors of the calls sent to it: a calling thread
-                                  always uses the same one (its thread id modulo io_threads), so
-                                  the socket copies of concurrent callers run on several cores */
+                                  hosts the batch actors of the calls sent to it: a call goes to
+                                  one that no call uses now if there is one, else to the calling
+                                  thread's own (thread id modulo io_threads), so the socket copies
+                                  of concurrent calls run on several cores */
     /* Tests (contract C2): when not NULL, runs on the transfer actor's thread in each batch
      * actor's fini, after every slice of the call is terminal and before the call is answered. */
     void (*on_batch_fini)(const struct kvp_xfer_slice *slices, size_t n, void *arg);

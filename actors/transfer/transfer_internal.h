@@ -38,6 +38,8 @@ struct kvp_xfer_engine {
     unsigned n_tcp;
     struct kvp_rt_actor *tcp[XFER_MAX_IO_THREADS]; /* xfer-tcp-<i> (owner's references) */
     struct kvp_rt_actor *local;          /* xfer-local */
+    struct kvp_rt_actor *idle;           /* a sink holding one token (arg = index) per tcp actor
+                                            no call uses now: kvp_xfer_run takes one if any */
 };
 
 /* xfer_local.c: the local transport's table (called by the local actor, on its thread). */

@@ -63,6 +63,9 @@ struct xfer_call {
     uint32_t timeout_ms;
     uint64_t start_ns;
     uint64_t wdeadline_ms; /* WRITE deadline (wall ms) the segment enforces; 0 none */
+    int64_t home_token;    /* the engine's idle token this call took (index), -1 none: the home
+                              puts it back before it answers (the caller may not touch the engine
+                              after the answer: a destroy may be freeing it) */
 };
 
 struct xfer_local_reg {
@@ -121,6 +124,7 @@ struct xa {
     uint32_t *local_ids;       /* tcp actors: segments the local actor has (routing) */
     size_t n_local, cap_local;
     struct kvp_rt_actor *local_actor; /* tcp actors: a reference to xfer-local */
+    struct kvp_rt_actor *idle;   /* tcp actors: a reference to the engine's idle-token sink */
     struct kvp_xfer_stats st;
     struct kvp_xport_completion comp[XA_COMP_BATCH];
 };
@@ -139,6 +143,14 @@ struct xb {
     bool stop_fenced;          /* XA_STOP fenced it */
     struct xb *prev, *next;    /* home->batches */
 };
+
+/* Put the call's idle token back (see struct xfer_call); before the call is answered. */
+static void token_back(struct xa *xa, struct xfer_call *c)
+{
+    if (c->home_token >= 0 && xa->idle)
+        kvp_rt_send(xa->idle, 0, 0, (uint64_t)c->home_token, NULL, NULL);
+    c->home_token = -1;
+}
 
 static void work_free(struct xfer_work *w)
 {
@@ -567,6 +579,7 @@ static void batch_fini(struct kvp_rt_ctx *ctx)
     if (xa->p.on_batch_fini)
         xa->p.on_batch_fini(b->call->slices, b->call->n, xa->p.on_batch_fini_arg);
     uint64_t token = b->token;
+    token_back(xa, b->call);
     if (b->complete) {
         work_free(b->w_net);
         work_free(b->w_local);
@@ -640,6 +653,7 @@ static void xa_fini(struct kvp_rt_ctx *ctx)
     }
     free(xa->local_ids);
     kvp_rt_unref(&xa->local_actor);
+    kvp_rt_unref(&xa->idle);
     free(xa);
 }
 
@@ -649,6 +663,7 @@ static void xa_on_call(struct xa *xa, struct kvp_rt_ctx *ctx, struct kvp_rt_msg 
     if (xa->stopping) {
         for (size_t i = 0; i < c->n; i++)
             c->slices[i].status = KVP_ERR_CLOSED;
+        token_back(xa, c);
         kvp_rt_reply(ctx, m->corr_id, KVP_ERR_CLOSED, 0, NULL, NULL);
         return;
     }
@@ -660,6 +675,7 @@ static void xa_on_call(struct xa *xa, struct kvp_rt_ctx *ctx, struct kvp_rt_msg 
     if (!b) {
         for (size_t i = 0; i < c->n; i++)
             c->slices[i].status = KVP_ERR_NOMEM;
+        token_back(xa, c);
         kvp_rt_reply(ctx, m->corr_id, KVP_ERR_NOMEM, 0, NULL, NULL);
         return;
     }
@@ -679,6 +695,7 @@ static void xa_on_call(struct xa *xa, struct kvp_rt_ctx *ctx, struct kvp_rt_msg 
         free(b);
         for (size_t i = 0; i < c->n; i++)
             c->slices[i].status = rc;
+        token_back(xa, c);
         kvp_rt_reply(ctx, m->corr_id, rc, 0, NULL, NULL);
     }
 }
@@ -694,8 +711,7 @@ static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
     case XA_WORK:
         if (m->kind == KVP_RT_REQUEST) {
             struct xfer_work *w = m->payload;
-            w->token = m->corr_id;
-            w->direct = false;
+            w->token = m->corr_id; /* (w->direct is false for a lent work: the batch's field) */
             work_start(xa, ctx, w);
             xa_pump(xa, ctx);
         }
@@ -819,7 +835,7 @@ static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
 /* ------------------------------------------------------------------ public API */
 
 static int spawn_xa(struct kvp_rt_actor **out, const struct kvp_xfer_params *p, bool local, unsigned idx,
-                    struct kvp_rt_actor *local_actor)
+                    struct kvp_rt_actor *local_actor, struct kvp_rt_actor *idle)
 {
     struct xa *xa = calloc(1, sizeof *xa);
     if (!xa)
@@ -832,6 +848,8 @@ static int spawn_xa(struct kvp_rt_actor **out, const struct kvp_xfer_params *p, 
         snprintf(xa->name, sizeof xa->name, "xfer-tcp-%u", idx);
     if (local_actor)
         xa->local_actor = kvp_rt_ref(local_actor);
+    if (idle)
+        xa->idle = kvp_rt_ref(idle);
     struct kvp_rt_spec spec = {.name = xa->name, .init = xa_init, .handle = xa_handle, .fini = xa_fini,
                                .state = xa};
     int rc = kvp_rt_spawn(out, &spec, NULL);
@@ -869,12 +887,16 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
      * away from the application. Before the engine was actors clients never had them; keep it so
      * (docs/runtime.md, "Signals"; as kvp_seg_server_start does). */
     zsys_handler_set(NULL);
-    int rc = spawn_xa(&e->local, &e->p, true, 0, NULL);
+    int rc = kvp_rt_sink_new(&e->idle, "xfer-idle");
+    if (rc == KVP_OK)
+        rc = spawn_xa(&e->local, &e->p, true, 0, NULL, NULL);
     for (unsigned i = 0; rc == KVP_OK && i < e->p.io_threads; i++) {
-        rc = spawn_xa(&e->tcp[i], &e->p, false, i, e->local);
+        rc = spawn_xa(&e->tcp[i], &e->p, false, i, e->local, e->idle);
         if (rc == KVP_OK)
             e->n_tcp++;
     }
+    for (unsigned i = 0; rc == KVP_OK && i < e->n_tcp; i++)
+        rc = kvp_rt_send(e->idle, 0, 0, i, NULL, NULL);
     if (rc != KVP_OK) {
         kvp_xfer_engine_destroy(&e);
         return rc;
@@ -946,6 +968,7 @@ void kvp_xfer_engine_destroy(struct kvp_xfer_engine **ep)
     for (unsigned i = 0; i < XFER_MAX_IO_THREADS; i++)
         kvp_rt_destroy(&e->tcp[i]);
     kvp_rt_destroy(&e->local);
+    kvp_rt_destroy(&e->idle);
     free(e);
 }
 
@@ -1015,20 +1038,34 @@ int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slice
     }
     for (size_t i = 0; i < n; i++)
         slices[i].status = KVP_OK;
-    struct xfer_call c = {.slices = slices, .n = n, .timeout_ms = timeout_ms, .start_ns = kvp_clock_now_ns()};
+    struct xfer_call c = {.slices = slices, .n = n, .timeout_ms = timeout_ms, .start_ns = kvp_clock_now_ns(),
+                          .home_token = -1};
     /* The write deadline the segment server enforces (C3): no later than this call's end. */
     if (timeout_ms)
         c.wdeadline_ms = kvp_clock_wall_ms() + timeout_ms;
-    /* The home: a calling thread always uses the same tcp actor (no shared counter to read). */
-    struct kvp_rt_actor *home = e->tcp[(unsigned)syscall(SYS_gettid) % e->n_tcp];
+    /* The home: a tcp actor no call is using now, if there is one (its token, taken from the
+     * engine's `idle` mailbox; the home puts it back before it answers), else the calling
+     * thread's own (its id modulo io_threads): concurrent calls spread over the actors, and no
+     * counter is shared. */
+    struct kvp_rt_msg *tok = NULL; /* the token message (freed at once: its arg is the index) */
+    unsigned idx = (unsigned)syscall(SYS_gettid) % e->n_tcp;
+    if (e->idle && kvp_rt_recv(e->idle, 0, &tok) == KVP_OK) {
+        if (tok->arg < e->n_tcp) {
+            idx = (unsigned)tok->arg;
+            c.home_token = (int64_t)idx;
+        }
+        kvp_rt_msg_destroy(&tok);
+    }
+    struct kvp_rt_actor *home = e->tcp[idx];
     struct kvp_rt_actor *sink = NULL;
     int rc = kvp_rt_sink_new(&sink, "xfer-call");
-    if (rc != KVP_OK)
-        return rc;
     void *pl = &c;
-    rc = kvp_rt_request_from(sink, home, 0, XA_CALL, 0, &pl, no_free, 1);
-    if (rc != KVP_OK) {
+    if (rc == KVP_OK)
+        rc = kvp_rt_request_from(sink, home, 0, XA_CALL, 0, &pl, no_free, 1);
+    if (rc != KVP_OK) { /* not sent: the token is still this call's to put back */
         kvp_rt_destroy(&sink);
+        if (c.home_token >= 0)
+            kvp_rt_send(e->idle, 0, 0, (uint64_t)c.home_token, NULL, NULL);
         for (size_t i = 0; i < n; i++)
             slices[i].status = rc;
         return rc;
