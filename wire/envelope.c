@@ -149,7 +149,7 @@ int kvp_frame_decode(const uint8_t buf[KVP_FRAME_HEADER_BYTES], struct kvp_frame
     if (buf[4] != KVP_WIRE_VERSION)
         return KVP_ERR_VERSION;
     uint8_t op = buf[5];
-    if (op < KVP_FRAME_READ || op > KVP_FRAME_PONG)
+    if (op < KVP_FRAME_READ || op > KVP_FRAME_RDMA_HELLO_RESP)
         return KVP_ERR_MALFORMED;
     uint32_t deadline = get_u32(buf + 12);
     if (deadline != 0 && op != KVP_FRAME_WRITE)

@@ -12,6 +12,8 @@ if(KVP_HAVE_VERBS)
   add_dependencies(test_client_devrdma kvp_fakecuda)
   # C2 at the engine on the rdma transport over the double (test_xfer_fence's rounds)
   kvp_add_test(test_xfer_fence_rdma SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_fence_rdma.c LABEL actor TIMEOUT 120)
+  # issue 20 end to end: segment server (RDMA_HELLO on its TCP port) + engine on the rdma transport
+  kvp_add_test(test_xfer_rdma_e2e SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_rdma_e2e.c LABEL actor TIMEOUT 120)
   kvp_add_test(test_rdma_topo SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_topo.c LABEL unit TIMEOUT 30)
 endif()
 # kvpool-bench-rdma: CPU per posted and reaped slice, rdma on the double vs tcp on loopback

@@ -40,6 +40,17 @@ struct kvp_xport_rdma_opts {
     uint64_t prereg_len;
 };
 
+/* The handshake channel over the segment's data-plane TCP port (rdma_hello_tcp.c): a
+ * kvp_xport_rdma_opts.hello with hello_arg a struct kvp_rdma_hello_tcp_opts (or NULL). Blocks the
+ * caller at most timeout_ms (0: 2000). Errors: the answer frame's status (KVP_ERR_UNSUPPORTED: a
+ * segment without RDMA), KVP_ERR_TRANSFER (no connection, or an older segment that closes on the
+ * op), KVP_ERR_TIMEOUT, KVP_ERR_MALFORMED, KVP_ERR_INVALID, KVP_ERR_NOMEM. */
+struct kvp_rdma_hello_tcp_opts {
+    uint32_t timeout_ms;
+};
+int kvp_rdma_hello_tcp(void *arg, const char *endpoint, const uint8_t *offer, size_t len,
+                       uint8_t **answer, size_t *answer_len);
+
 /* Per peer, for client and segment status: which transport and device it uses. */
 struct kvp_xport_rdma_peer_status {
     char transport[8];         /* "rdma" */

@@ -1,0 +1,268 @@
+/*
+ * test_xfer_rdma_e2e.c — the rdma transport end to end in one process over the verbs double: a
+ * real segment data-plane server (kvp_seg_server with kvp_seg_server_rdma: region registered at
+ * mount, RdmaHello answered as a KVP_FRAME_RDMA_HELLO request on its TCP port) and a transfer
+ * engine driving kvp_xport_rdma whose handshake goes over that TCP port (kvp_rdma_hello_tcp).
+ * The double is shared by two threads (the server's loop, the engine's transfer actor) through
+ * tests/lib/fakeverbs_locked.h.
+ *
+ *  - put/get: WRITE then READ patterns; the bytes are in the region and in the READ buffers, and
+ *    the server's TCP counters show no READ/WRITE frame (the data went over the double's QPs).
+ *  - C2 (contract, docs/fencing.md): rounds with random timeouts of 1..20 ms while the segment's
+ *    NIC is paused (PFC) for random times: after the engine is gone and every packet in flight
+ *    was delivered, no timed-out READ buffer (refilled with poison at return) changed, every OK
+ *    READ holds the region's bytes, no WRITE placed poison in the region.
+ *  - remount: a new segment id fences the old mount's QPs: the old id fails, the new one works.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/segment/seg_rdma.h"
+#include "actors/segment/seg_server.h"
+#include "actors/transfer/rdma/rdma_xport_internal.h"
+#include "actors/transfer/rdma/xport_rdma.h"
+#include "actors/transfer/transfer.h"
+#include "kvpool.h"
+#include "runtime/log.h"
+#include "tests/lib/fakeverbs.h"
+#include "tests/lib/fakeverbs_locked.h"
+
+#define POISON 0xA5
+#define SEG_BYTES (256 * 1024)
+#define MS 1000000ull
+
+static int all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+struct rig {
+    struct fv_fabric *f;
+    struct fv_node *nc, *ns;
+    struct kvp_rdma_env env;
+    struct kvp_seg_server *srv;
+    uint8_t *region;
+    char ep[64];
+    struct kvp_xport_rdma_opts o;
+    struct kvp_rdma_hello_tcp_opts ho;
+    struct kvp_xfer_engine *e;
+};
+
+static void rig_up(struct rig *g, unsigned seed, int flush)
+{
+    memset(g, 0, sizeof *g);
+    struct fv_config fc = {.seed = seed, .jitter_ns = 2 * MS};
+    assert_int_equal(fv_fabric_new(&g->f, &fc), KVP_OK);
+    struct fv_node_config cc = {.name = "client", .n_devices = 1, .flush = flush};
+    struct fv_node_config sc = {.name = "segment", .n_devices = 1};
+    assert_int_equal(fv_node_add(g->f, &cc, &g->nc), KVP_OK);
+    assert_int_equal(fv_node_add(g->f, &sc, &g->ns), KVP_OK);
+    g->env = fv_locked_env(g->f);
+    g->region = aligned_alloc(4096, SEG_BYTES);
+    for (size_t i = 0; i < SEG_BYTES; i++)
+        g->region[i] = (uint8_t)(i * 31 + 7) == POISON ? 0 : (uint8_t)(i * 31 + 7);
+    assert_int_equal(kvp_seg_server_start(&g->srv, "127.0.0.1", 0, g->region, SEG_BYTES), KVP_OK);
+    kvp_seg_server_set_id(g->srv, 5);
+    struct kvp_seg_rdma_cfg rc = {.who = "seg-e2e", .ops = fv_locked_ops(g->ns), .env = &g->env,
+                                  .sysfs_root = "/nonexistent", .gid_index = -1, .psn_seed = seed + 1};
+    assert_int_equal(kvp_seg_server_rdma(g->srv, &rc), KVP_OK);
+    snprintf(g->ep, sizeof g->ep, "127.0.0.1:%u", kvp_seg_server_port(g->srv));
+    g->ho.timeout_ms = 2000;
+    g->o = (struct kvp_xport_rdma_opts){
+        .cfg = {.ops = fv_locked_ops(g->nc), .gid_index = -1, .psn_seed = seed * 3 + 1,
+                .sysfs_root = "/nonexistent"},
+        .env = g->env, .client_id = 9, .hello = kvp_rdma_hello_tcp, .hello_arg = &g->ho,
+        .drive_clock = true};
+    struct kvp_xfer_params p = {.conns_per_peer = 2, .slice_bytes = 64 * 1024, .fence_bound_ms = 200,
+                                .transport = &kvp_xport_rdma, .transport_opts = &g->o};
+    assert_int_equal(kvp_xfer_engine_new(&g->e, &p), KVP_OK);
+}
+
+static void rig_down(struct rig *g)
+{
+    kvp_xfer_engine_destroy(&g->e);
+    kvp_seg_server_stop(&g->srv); /* fences the writers, deregisters the region */
+    fv_locked_reset();
+    fv_fabric_destroy(&g->f);
+    free(g->region);
+}
+
+static void tcp_frames_none(struct rig *g)
+{
+    struct kvp_seg_server_stats st;
+    kvp_seg_server_stats(g->srv, &st);
+    for (int o = 0; o < 2; o++) /* read, write: no data-plane frame took the TCP path */
+        for (int r = 0; r < KVP_SEG_RESULTS; r++)
+            assert_int_equal(st.requests[o][r], 0);
+    assert_int_equal(st.bytes_read + st.bytes_written, 0);
+    assert_int_equal(st.bad_frames, 0);
+}
+
+static void test_rdma_e2e_put_get_over_segment_server(void **state)
+{
+    (void)state;
+    struct rig g;
+    rig_up(&g, 1, FV_FLUSH_ALL);
+    enum { N = 8, LEN = 20000 };
+    uint8_t *w[N], *r[N];
+    struct kvp_xfer_slice s[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = malloc(LEN);
+        r[i] = calloc(1, LEN);
+        for (int j = 0; j < LEN; j++)
+            w[i][j] = (uint8_t)(i * 17 + j * 13 + 1);
+        s[i] = (struct kvp_xfer_slice){.local = w[i], .length = LEN, .segment_id = 5, .endpoint = g.ep,
+                                       .remote_offset = (uint64_t)i * 30000, .op = KVP_XFER_WRITE};
+    }
+    assert_int_equal(kvp_xfer_run(g.e, s, N, 5000), KVP_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(s[i].status, KVP_OK);
+        assert_memory_equal(g.region + (size_t)i * 30000, w[i], LEN);
+        s[i].local = r[i];
+        s[i].op = KVP_XFER_READ;
+    }
+    assert_int_equal(kvp_xfer_run(g.e, s, N, 5000), KVP_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(s[i].status, KVP_OK);
+        assert_memory_equal(r[i], w[i], LEN);
+        free(w[i]);
+        free(r[i]);
+    }
+    tcp_frames_none(&g);
+    struct fv_stats fs;
+    fv_lock();
+    fv_stats_get(g.f, &fs);
+    fv_unlock();
+    assert_true(fs.packets > 0);
+    rig_down(&g);
+}
+
+static void rounds(uint8_t op, int n_rounds, unsigned seed, int flush)
+{
+    struct rig g;
+    rig_up(&g, seed, flush);
+    if (op == KVP_XFER_WRITE)
+        memset(g.region, 0, SEG_BYTES);
+    uint8_t **kept = calloc((size_t)n_rounds * 16, sizeof *kept);
+    uint64_t *klen = calloc((size_t)n_rounds * 16, sizeof *klen);
+    size_t n_kept = 0, n_ok = 0, n_bad = 0;
+    unsigned rs = seed;
+    for (int round = 0; round < n_rounds; round++) {
+        size_t n = 1 + (size_t)(rand_r(&rs) % 16);
+        struct kvp_xfer_slice s[16];
+        uint8_t *bufs[16];
+        for (size_t i = 0; i < n; i++) {
+            uint64_t len = 1 + (uint64_t)(rand_r(&rs) % (32 * 1024));
+            bufs[i] = malloc(len);
+            memset(bufs[i], op == KVP_XFER_WRITE ? 0x10 + round % 64 : 0, len);
+            s[i] = (struct kvp_xfer_slice){.local = bufs[i], .length = len, .segment_id = 5,
+                                           .endpoint = g.ep, .op = op,
+                                           .remote_offset = (uint64_t)(rand_r(&rs) % (SEG_BYTES - 32 * 1024))};
+        }
+        /* the segment's NIC stops answering for 0..15 ms of virtual time (PFC pause) */
+        uint64_t pause = (uint64_t)(rand_r(&rs) % 16) * MS;
+        fv_lock();
+        fv_node_pause(g.ns, pause);
+        fv_unlock();
+        (void)kvp_xfer_run(g.e, s, n, 1 + (uint32_t)(rand_r(&rs) % 20));
+        for (size_t i = 0; i < n; i++) {
+            if (s[i].status == KVP_OK) {
+                n_ok++;
+                if (op == KVP_XFER_READ)
+                    assert_memory_equal(bufs[i], g.region + s[i].remote_offset, s[i].length);
+                free(bufs[i]);
+                continue;
+            }
+            assert_true(s[i].status == KVP_ERR_TIMEOUT || s[i].status == KVP_ERR_TRANSFER ||
+                        s[i].status == KVP_ERR_FENCE_FAILED);
+            n_bad++;
+            memset(bufs[i], POISON, s[i].length); /* the caller reuses its memory at once */
+            kept[n_kept] = bufs[i];
+            klen[n_kept++] = s[i].length;
+        }
+    }
+    kvp_xfer_engine_destroy(&g.e);
+    fv_lock();
+    fv_run_idle(g.f, 5000 * MS); /* every packet still in flight arrives now */
+    fv_unlock();
+    for (size_t k = 0; k < n_kept; k++) {
+        for (uint64_t i = 0; i < klen[k]; i++)
+            if (kept[k][i] != POISON)
+                fail_msg("seed %u: byte %llu of a fenced buffer changed after its call returned", seed,
+                         (unsigned long long)i);
+        free(kept[k]);
+    }
+    if (op == KVP_XFER_WRITE)
+        for (size_t i = 0; i < SEG_BYTES; i++)
+            if (g.region[i] == POISON)
+                fail_msg("seed %u: region byte %zu holds poison: a WRITE read caller memory after "
+                         "its call returned", seed, i);
+    fprintf(stderr, "seed %u %s flush %d: %zu ok, %zu timed out/failed\n", seed,
+            op == KVP_XFER_READ ? "READ" : "WRITE", flush, n_ok, n_bad);
+    assert_true(n_ok > 0);
+    assert_true(n_bad > 0); /* the scenario is real */
+    tcp_frames_none(&g);
+    free(kept);
+    free(klen);
+    rig_down(&g);
+}
+
+static void test_rdma_e2e_timed_out_reads_never_land(void **state)
+{
+    (void)state;
+    rounds(KVP_XFER_READ, 40, 3, FV_FLUSH_ALL);
+    rounds(KVP_XFER_READ, 40, 4, FV_FLUSH_NOT_LATE);
+}
+
+static void test_rdma_e2e_timed_out_writes_never_read_late(void **state)
+{
+    (void)state;
+    rounds(KVP_XFER_WRITE, 40, 13, FV_FLUSH_ALL);
+}
+
+static void test_rdma_e2e_remount_fences_old_qps(void **state)
+{
+    (void)state;
+    struct rig g;
+    rig_up(&g, 7, FV_FLUSH_ALL);
+    uint8_t buf[4096];
+    struct kvp_xfer_slice s = {.local = buf, .length = sizeof buf, .segment_id = 5, .endpoint = g.ep,
+                               .remote_offset = 8192, .op = KVP_XFER_READ};
+    assert_int_equal(kvp_xfer_run(g.e, &s, 1, 5000), KVP_OK);
+    assert_memory_equal(buf, g.region + 8192, sizeof buf);
+    kvp_seg_server_set_id(g.srv, 6); /* a new mount: the space may be reused */
+    memset(buf, 0, sizeof buf);
+    s.status = 0;
+    (void)kvp_xfer_run(g.e, &s, 1, 2000);
+    assert_int_not_equal(s.status, KVP_OK); /* the old id's QPs are gone; a new offer is refused */
+    assert_true(all_zero(buf, sizeof buf));
+    s.segment_id = 6;
+    s.status = 0;
+    assert_int_equal(kvp_xfer_run(g.e, &s, 1, 5000), KVP_OK);
+    assert_memory_equal(buf, g.region + 8192, sizeof buf);
+    tcp_frames_none(&g);
+    rig_down(&g);
+}
+
+int main(void)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rdma_e2e_put_get_over_segment_server),
+        cmocka_unit_test(test_rdma_e2e_timed_out_reads_never_land),
+        cmocka_unit_test(test_rdma_e2e_timed_out_writes_never_read_late),
+        cmocka_unit_test(test_rdma_e2e_remount_fences_old_qps),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
