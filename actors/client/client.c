@@ -142,31 +142,49 @@ int kvp_client_rpc(struct kvp_client *c, Kvp__Request *req, uint64_t deadline_ms
 /* ------------------------------------------------------------------ open / close */
 
 /* protocol=rdma (issue 20): open the rdma transport with this client's RDMA keys to see whether
- * a device is usable. Exactly one log line either way: the probe's "no RDMA device (...); using
- * TCP" (this machine), a bad device list, or devices found while the transfer engine does not yet
- * drive transports through the seam (issue 19), so TCP carries the data. */
-static void client_rdma_probe(struct kvp_client *c)
+ * a device is usable; if so the engine runs its transfer actors on it (each actor opens its own
+ * instance with these options, a random writer id each) and the handshake with each segment goes
+ * over the segment's data-plane TCP port (kvp_rdma_hello_tcp). Exactly one log line either way.
+ * Returns the transport for the engine (NULL: tcp). */
+static const struct kvp_xport_ops *client_rdma_probe(struct kvp_client *c)
 {
+    snprintf(c->transport, sizeof c->transport, "tcp");
 #ifdef KVP_HAVE_VERBS
-    struct kvp_xport_rdma_opts o = {
-        .cfg = {.ops = kvp_verbs_ops_ibv(), .devices = c->cfg.device_name,
-                .gid_index = kvp_cfg_gid_index(c->cfg.gid_index),
-                .qps_per_peer = c->cfg.rdma_qps_per_peer, .slice_bytes = c->cfg.rdma_slice_bytes,
-                .fence_bound_ms = c->cfg.rdma_fence_bound_ms, .nodev_log_level = KVP_LOG_WARN}};
-    struct kvp_xport_params p = {.name = c->name, .wrap_opts = &o};
+    struct rdma_opts_box {
+        struct kvp_xport_rdma_opts o;
+        struct kvp_rdma_hello_tcp_opts h;
+    } *b = calloc(1, sizeof *b);
+    if (!b) {
+        kvp_log_warn(c->name, "protocol=rdma: out of memory; using tcp");
+        return NULL;
+    }
+    b->o.cfg = (struct kvp_rdma_cfg){.ops = kvp_verbs_ops_ibv(), .devices = c->cfg.device_name,
+                                     .gid_index = kvp_cfg_gid_index(c->cfg.gid_index),
+                                     .qps_per_peer = c->cfg.rdma_qps_per_peer,
+                                     .slice_bytes = c->cfg.rdma_slice_bytes,
+                                     .fence_bound_ms = c->cfg.rdma_fence_bound_ms,
+                                     .nodev_log_level = KVP_LOG_WARN};
+    b->h.timeout_ms = c->cfg.rpc_timeout_ms ? c->cfg.rpc_timeout_ms : 2000;
+    b->o.hello = kvp_rdma_hello_tcp;
+    b->o.hello_arg = &b->h;
+    struct kvp_xport_params p = {.name = c->name, .wrap_opts = &b->o};
     struct kvp_xport *t = NULL;
     int rc = kvp_xport_rdma.open(&t, &p);
     if (rc == KVP_OK) {
-        kvp_log_warn(c->name, "protocol=rdma: RDMA devices found, but the transfer engine does not "
-                              "drive the rdma transport yet; using tcp");
         kvp_xport_rdma.close(t);
-    } else if (rc != KVP_ERR_UNSUPPORTED) {
-        kvp_log_warn(c->name, "protocol=rdma: RDMA unusable (%s, see above); using tcp", kvp_errname(rc));
+        kvp_log_info(c->name, "protocol=rdma: data over RDMA (segments must serve protocol=rdma: "
+                              "a segment that refuses the handshake fails its transfers)");
+        snprintf(c->transport, sizeof c->transport, "rdma");
+        c->rdma_opts = b;
+        return &kvp_xport_rdma;
     }
+    if (rc != KVP_ERR_UNSUPPORTED)
+        kvp_log_warn(c->name, "protocol=rdma: RDMA unusable (%s, see above); using tcp", kvp_errname(rc));
+    free(b);
 #else
     kvp_log_warn(c->name, "protocol=rdma: this build has no RDMA (libibverbs not found); using tcp");
 #endif
-    snprintf(c->transport, sizeof c->transport, "tcp");
+    return NULL;
 }
 
 /* Segment hook (segment thread): (re)register the embedded region with the local transport. */
@@ -212,6 +230,7 @@ static void client_free(struct kvp_client *c)
     kvp_segment_stop(&c->seg);
     kvp_devstage_destroy(&c->devstage); /* [GPU hook] no call is in flight: no lane is busy */
     kvp_xfer_engine_destroy(&c->xfer);
+    free(c->rdma_opts); /* after the engine: its transfer actors read it */
     kvp_msession_destroy(&c->ms);
     free(c->bufs);
     pthread_cond_destroy(&c->idle_cv);
@@ -237,9 +256,10 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     c->client_id &= ~0xffffffffull; /* the counter fills the low half: op ids never repeat within a client */
 
     int rc;
+    const struct kvp_xport_ops *xport = NULL;
     if (strcmp(c->cfg.protocol, "rdma") == 0) {
-        /* vLLM's and SGLang's default: run, on TCP, rather than refuse the whole client. */
-        client_rdma_probe(c);
+        /* no device: vLLM's and SGLang's default: run, on TCP, rather than refuse the whole client */
+        xport = client_rdma_probe(c);
     } else if (strcmp(c->cfg.protocol, "tcp") != 0 && c->cfg.protocol[0]) {
         kvp_log_error(c->name, "protocol=%s: only tcp is available in this build", c->cfg.protocol);
         rc = KVP_ERR_UNSUPPORTED;
@@ -267,6 +287,8 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .slice_bytes = c->cfg.slice_bytes ? c->cfg.slice_bytes : (1u << 20),
         .connect_timeout_ms = 1000,
         .io_threads = c->cfg.transfer_io_threads ? c->cfg.transfer_io_threads : 2,
+        .transport = xport,
+        .transport_opts = xport ? c->rdma_opts : NULL,
     };
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
     if (rc != KVP_OK)
