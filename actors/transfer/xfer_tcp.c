@@ -996,9 +996,11 @@ static int tcp_poll(struct kvp_xport *x, uint64_t now_ns, struct kvp_xport_compl
             }
         }
     size_t k = t->cq_n < max ? t->cq_n : max;
-    memcpy(out, t->cq, k * sizeof *out);
-    memmove(t->cq, t->cq + k, (t->cq_n - k) * sizeof *t->cq);
-    t->cq_n -= k;
+    if (k > 0) {
+        memcpy(out, t->cq, k * sizeof *out);
+        memmove(t->cq, t->cq + k, (t->cq_n - k) * sizeof *t->cq);
+        t->cq_n -= k;
+    }
     if (t->cq_n > 0)
         next = now_ns; /* more to hand out */
     *next_ns = next;
