@@ -34,6 +34,8 @@
 #include "runtime/log.h"
 #include "tests/lib/fakeverbs.h"
 #include "tests/lib/fakeverbs_locked.h"
+#include "tests/actor/seg_raw_client.h"
+#include "wire/rdma_hello.h"
 
 #define POISON 0xA5
 #define SEG_BYTES (256 * 1024)
@@ -255,6 +257,78 @@ static void test_rdma_e2e_remount_fences_old_qps(void **state)
     rig_down(&g);
 }
 
+/* The opcode on the wire: a server without the RDMA side answers UNSUPPORTED and keeps serving;
+ * a garbage offer gets an encoded refusal and the connection keeps serving; a hello of length 0
+ * or over KVP_FRAME_RDMA_HELLO_MAX is a malformed frame (connection closed, counted). */
+static void test_rdma_e2e_hello_frames_bad_input(void **state)
+{
+    (void)state;
+    uint8_t *region = calloc(1, 65536);
+    struct kvp_seg_server *srv;
+    int fd;
+    assert_int_equal(seg_raw_server_start(region, 65536, 3, &srv, &fd), 0);
+    uint8_t hdr[KVP_FRAME_HEADER_BYTES], offer[64];
+    memset(offer, 0x5c, sizeof offer);
+    seg_raw_header(hdr, KVP_FRAME_RDMA_HELLO, 3, 1, 0, sizeof offer, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    seg_raw_send_all(fd, offer, sizeof offer);
+    struct kvp_frame f = seg_raw_response(fd);
+    assert_int_equal(f.op, KVP_FRAME_RDMA_HELLO_RESP);
+    assert_int_equal(f.status, KVP_ERR_UNSUPPORTED);
+    assert_int_equal(f.length, 0);
+    seg_raw_header(hdr, KVP_FRAME_PING, 3, 2, 0, 0, 0); /* still serving */
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    f = seg_raw_response(fd);
+    assert_int_equal(f.op, KVP_FRAME_PONG);
+    assert_int_equal(f.status, KVP_OK);
+
+    /* now with the RDMA side: a garbage offer is refused inside an encoded answer */
+    struct fv_fabric *fab;
+    struct fv_node *ns;
+    assert_int_equal(fv_fabric_new(&fab, NULL), KVP_OK);
+    assert_int_equal(fv_node_add(fab, NULL, &ns), KVP_OK);
+    struct kvp_rdma_env env = fv_locked_env(fab);
+    struct kvp_seg_rdma_cfg rc = {.ops = fv_locked_ops(ns), .env = &env, .sysfs_root = "/nonexistent",
+                                  .gid_index = -1, .psn_seed = 5};
+    assert_int_equal(kvp_seg_server_rdma(srv, &rc), KVP_OK);
+    assert_int_equal(kvp_seg_server_rdma(srv, &rc), KVP_ERR_INVALID); /* once per server */
+    seg_raw_header(hdr, KVP_FRAME_RDMA_HELLO, 3, 3, 0, sizeof offer, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    seg_raw_send_all(fd, offer, sizeof offer);
+    f = seg_raw_response(fd);
+    assert_int_equal(f.op, KVP_FRAME_RDMA_HELLO_RESP);
+    assert_int_equal(f.status, KVP_OK);
+    assert_true(f.length > 0 && f.length < 4096);
+    uint8_t ans[4096];
+    seg_raw_recv_all(fd, ans, f.length);
+    struct kvp_rdma_hello h;
+    assert_int_equal(kvp_rdma_hello_decode(ans, f.length, &h, NULL, 0), KVP_OK);
+    assert_int_not_equal(h.status, KVP_OK);
+    kvp_rdma_hello_free(&h);
+    seg_raw_header(hdr, KVP_FRAME_PING, 3, 4, 0, 0, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    assert_int_equal(seg_raw_response(fd).op, KVP_FRAME_PONG);
+
+    /* length 0: malformed, the connection is closed */
+    seg_raw_header(hdr, KVP_FRAME_RDMA_HELLO, 3, 5, 0, 0, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    uint8_t b;
+    assert_int_equal(recv(fd, &b, 1, 0), 0);
+    close(fd);
+    /* over the cap: the same */
+    fd = seg_raw_connect(kvp_seg_server_port(srv));
+    seg_raw_header(hdr, KVP_FRAME_RDMA_HELLO, 3, 6, 0, KVP_FRAME_RDMA_HELLO_MAX + 1, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    assert_int_equal(recv(fd, &b, 1, 0), 0);
+    struct kvp_seg_server_stats st;
+    kvp_seg_server_stats(srv, &st);
+    assert_int_equal(st.bad_frames, 2);
+    seg_raw_server_stop(&srv, fd);
+    fv_locked_reset();
+    fv_fabric_destroy(&fab);
+    free(region);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_ERROR);
@@ -263,6 +337,7 @@ int main(void)
         cmocka_unit_test(test_rdma_e2e_timed_out_reads_never_land),
         cmocka_unit_test(test_rdma_e2e_timed_out_writes_never_read_late),
         cmocka_unit_test(test_rdma_e2e_remount_fences_old_qps),
+        cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
