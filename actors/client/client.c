@@ -506,8 +506,14 @@ int kvp_client_register_range(kvp_client *c, void *addr, size_t len, bool allow_
     c->bufs[c->n_bufs++] = (struct kvp_client_buf){.addr = a, .len = len};
 out:
     pthread_mutex_unlock(&c->mu);
-    if (rc == KVP_OK)
+    if (rc == KVP_OK) {
         kvp_client_dev_register(c, addr, len); /* [GPU hook] device memory: cache, pin bounce buffers */
+        /* rdma: memory regions, so transfers from/to the buffer skip the bounce pool */
+        int r2 = c->rdma_opts ? kvp_xfer_mem_register(c->xfer, addr, len) : KVP_OK;
+        if (r2 != KVP_OK)
+            kvp_log_warn(c->name, "%s %p+%zu: RDMA registration failed (%s): its transfers are staged "
+                         "through the bounce pool", fn, addr, len, kvp_errname(r2));
+    }
     kvp_client_leave(c);
     return rc;
 }
@@ -525,10 +531,12 @@ int kvp_unregister_buffer(kvp_client *c, void *addr)
     if (rc != KVP_OK)
         return rc;
     rc = KVP_ERR_NOT_FOUND;
+    size_t len = 0;
     pthread_mutex_lock(&c->mu);
     /* the latest registration at addr first (kvp_register_buffer_overlap may have nested ones) */
     for (size_t i = c->n_bufs; i-- > 0;) {
         if (c->bufs[i].addr == (uintptr_t)addr) {
+            len = c->bufs[i].len;
             memmove(&c->bufs[i], &c->bufs[i + 1], (c->n_bufs - i - 1) * sizeof c->bufs[0]);
             c->n_bufs--;
             rc = KVP_OK;
@@ -536,6 +544,8 @@ int kvp_unregister_buffer(kvp_client *c, void *addr)
         }
     }
     pthread_mutex_unlock(&c->mu);
+    if (rc == KVP_OK && c->rdma_opts)
+        (void)kvp_xfer_mem_unregister(c->xfer, addr, len); /* not registered there (logged then): NOT_FOUND */
     if (rc == KVP_OK)
         kvp_devmem_forget((uintptr_t)addr); /* [GPU hook] no-op for host memory */
     kvp_client_leave(c);

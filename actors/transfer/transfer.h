@@ -96,6 +96,17 @@ void kvp_xfer_engine_destroy(struct kvp_xfer_engine **e);
  * engine's transfer actors: call them from a thread that is not one of those actors.
  */
 int kvp_xfer_register_local(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size);
+
+/**
+ * Register caller memory [base, base+len) with every network transfer actor's transport (rdma:
+ * memory regions, so transfers from/to it skip the bounce pool; tcp: nothing, KVP_OK), as
+ * kvp_register_buffer does. Blocking call to each actor. Unregister before the memory is freed.
+ * Errors: the transport's (a failure unregisters what the other actors registered),
+ * KVP_ERR_INVALID (NULL, len 0).
+ */
+int kvp_xfer_mem_register(struct kvp_xfer_engine *e, void *base, uint64_t len);
+/** Undo kvp_xfer_mem_register (the transport's errors; KVP_ERR_INVALID). */
+int kvp_xfer_mem_unregister(struct kvp_xfer_engine *e, void *base, uint64_t len);
 int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id);
 
 /**
