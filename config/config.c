@@ -221,6 +221,11 @@ static void describe(const struct kvp_cfg_key *k, char *buf, size_t cap)
         else if (k->check == KVP_CFG_CHECK_HOSTPORT)
             snprintf(buf, cap, "must be host:port or [ipv6]:port, port 1-65535, at most %zu bytes",
                      k->width - 1);
+        else if (k->check == KVP_CFG_CHECK_DEVLIST)
+            snprintf(buf, cap, "must be a comma list of RDMA device names (e.g. mlx5_0,mlx5_1), "
+                               "at most %zu bytes", k->width - 1);
+        else if (k->check == KVP_CFG_CHECK_GID_INDEX)
+            snprintf(buf, cap, "must be auto or a GID index 0-255");
         else
             snprintf(buf, cap, "must be a string of at most %zu bytes", k->width - 1);
         break;
@@ -336,6 +341,10 @@ int kvp_cfg_set_key(const struct kvp_cfg_key *k, void *cfg, const char *value, c
             store = low;
         } else if (k->check == KVP_CFG_CHECK_HOSTPORT) {
             rc = kvp_cfg_parse_hostport(value, len, NULL, 0, NULL);
+        } else if (k->check == KVP_CFG_CHECK_DEVLIST) {
+            rc = kvp_cfg_devlist_check(value) ? KVP_OK : KVP_ERR_INVALID;
+        } else if (k->check == KVP_CFG_CHECK_GID_INDEX) {
+            rc = kvp_cfg_gid_index(value) >= -1 ? KVP_OK : KVP_ERR_INVALID;
         } else if (k->check == KVP_CFG_CHECK_MASTERS && len > 0) {
             size_t n = 0;
             rc = kvp_cfg_parse_masters(value, NULL, KVP_CFG_MAX_MASTERS, &n, why, sizeof why);

@@ -87,6 +87,9 @@ struct kvp_cfg_segment {
     char auth[8];                     /* `auth`: curve|none; "" = the cluster file's, else curve */
     char auth_key[1024];              /* `auth_key`: this segment's key pair (PATH_secret) */
     char auth_master_keys[1024];      /* `auth_master_keys`: directory of the masters' public keys */
+    char protocol[16];                /* `protocol`: tcp|rdma: also serve RDMA when a device is there (default tcp) */
+    char device_name[128];            /* `device_name` / `rdma_devices`: RDMA devices, a comma list (default "": any) */
+    char gid_index[8];                /* `gid_index`: "auto" or 0..255 (default auto) */
 };
 
 /** Settings of an embedded client (kvp_config wraps this). */
@@ -98,7 +101,11 @@ struct kvp_cfg_client {
     bool segment_prefault;            /* `segment_prefault`: populate the embedded segment in the background (default true) */
     uint64_t local_buffer_size;       /* `local_buffer_size`: bytes (default 0; accepted for Mooncake compatibility) */
     char protocol[16];                /* `protocol`: tcp|rdma (default tcp) */
-    char device_name[128];            /* `device_name`: RDMA device (default "") */
+    char device_name[128];            /* `device_name`, or Mooncake's `rdma_devices`: RDMA devices, a comma list (default "": any) */
+    char gid_index[8];                /* `gid_index`: RoCE GID table index, "auto" or 0..255 (default auto; Mooncake's MC_GID_INDEX) */
+    uint32_t rdma_qps_per_peer;       /* `rdma_qps_per_peer`: RC QPs per (local NIC, segment NIC), 1..16 (default 2; Mooncake's MC_NUM_QP_PER_EP) */
+    uint64_t rdma_slice_bytes;         /* `rdma_slice_bytes`: bytes per RDMA work request, clamped at MR chunk edges (default 256 KiB) */
+    uint32_t rdma_fence_bound_ms;     /* `rdma_fence_bound_ms`: longest wait for flush completions before a QP is destroyed and the buffers deregistered (default 1000) */
     uint32_t replica_num;             /* `replica_num`: default replicas of a put, 1..16 (default 1) */
     uint32_t transfer_timeout_ms;     /* `transfer_timeout_ms`, or Mooncake's `transfer_timeout` in seconds: call timeout (default 10 s) */
     uint32_t rpc_timeout_ms;          /* `rpc_timeout_ms`: one master RPC incl. failover retries (default 5000) */
@@ -180,6 +187,15 @@ char *kvp_cfg_to_json(enum kvp_cfg_kind kind, const void *cfg);
  * or an unexpected argument, 1 when out of memory; each error has a stderr line naming `prog`.
  */
 int kvp_cfg_daemon_args(enum kvp_cfg_kind kind, void *cfg, const char *prog, int argc, char **argv);
+
+/**
+ * True when s is empty or a comma list of RDMA device names (letters, digits, '_', '-', '.';
+ * blanks around items allowed; no empty item), as `device_name` / `rdma_devices` take them.
+ */
+bool kvp_cfg_devlist_check(const char *s);
+
+/** The value of a `gid_index` key: -1 for "auto" or "", 0..255 for an index, -2 when malformed. */
+int kvp_cfg_gid_index(const char *s);
 
 /** Parse "4G", "512MiB", "4096" into bytes. Errors: KVP_ERR_INVALID. */
 int kvp_cfg_parse_size(const char *s, uint64_t *out);

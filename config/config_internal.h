@@ -32,6 +32,9 @@ enum kvp_cfg_check {
                                 * `offset` (Mooncake's --rpc_address into the master's listen) */
     KVP_CFG_CHECK_LISTEN_PORT, /* a U32 key in [min, max] that replaces the port of that field
                                 * (Mooncake's --rpc_port) */
+    KVP_CFG_CHECK_DEVLIST,   /* empty or a comma list of RDMA device names (letters, digits,
+                              * '_', '-', '.'; blanks around items; no empty item) */
+    KVP_CFG_CHECK_GID_INDEX, /* "auto" (or empty) or a GID table index 0..255 */
 };
 
 /* A key whose offset is KVP_CFG_NO_FIELD is validated and then ignored (Mooncake keys that

@@ -159,6 +159,14 @@ static const struct kvp_cfg_key segment_keys[] = {
     STR(S, "auth_key", auth_key, NULL, 0, "", "this process's key pair (PATH_secret); empty = the cluster file's"),
     STR(S, "auth_master_keys", auth_master_keys, NULL, 0, "",
         "directory of the masters' public keys; empty = the cluster file's"),
+    STR(S, "protocol", protocol, "tcp|rdma", 0, "tcp",
+        "data-plane transport offered to clients; rdma also serves TCP, and falls back to it with no device"),
+    STR(S, "device_name", device_name, NULL, KVP_CFG_CHECK_DEVLIST, "",
+        "RDMA devices that register the region, a comma list; empty = any"),
+    {"rdma_devices", KVP_CFG_T_STRING, offsetof(S, device_name), SZ(device_name, S), 0, 0, NULL,
+     KVP_CFG_CHECK_DEVLIST, NULL, "Mooncake's name for device_name (a comma list)", "device_name", 0},
+    STR(S, "gid_index", gid_index, NULL, KVP_CFG_CHECK_GID_INDEX, "auto",
+        "RoCE GID table index; auto = the first RoCE v2 entry with an IPv4-mapped address"),
 };
 #undef S
 
@@ -176,7 +184,19 @@ static const struct kvp_cfg_key client_keys[] = {
     NUM(C, KVP_CFG_T_SIZE, "local_buffer_size", local_buffer_size, 0, 64 * TIB, "0",
         "accepted for Mooncake compatibility (kvpool reads into caller buffers)"),
     STR(C, "protocol", protocol, "tcp|rdma", 0, "tcp", "data-plane transport"),
-    STR(C, "device_name", device_name, NULL, 0, "", "RDMA device(s); empty = any"),
+    STR(C, "device_name", device_name, NULL, KVP_CFG_CHECK_DEVLIST, "",
+        "RDMA devices to use, a comma list (mlx5_0,mlx5_1); empty = any, chosen per buffer by NUMA/GPU affinity"),
+    {"rdma_devices", KVP_CFG_T_STRING, offsetof(C, device_name), SZ(device_name, C), 0, 0, NULL,
+     KVP_CFG_CHECK_DEVLIST, NULL, "Mooncake's name for device_name (a comma list)", "device_name", 0},
+    STR(C, "gid_index", gid_index, NULL, KVP_CFG_CHECK_GID_INDEX, "auto",
+        "RoCE GID table index; auto = the first RoCE v2 entry with an IPv4-mapped address (Mooncake's MC_GID_INDEX)"),
+    NUM(C, KVP_CFG_T_U32, "rdma_qps_per_peer", rdma_qps_per_peer, 1, 16, "2",
+        "RC queue pairs per (local NIC, segment NIC); slices go round-robin over them"),
+    NUM(C, KVP_CFG_T_SIZE, "rdma_slice_bytes", rdma_slice_bytes, 4096, 1 * GIB, "256KiB",
+        "bytes per RDMA work request (clamped at memory-registration chunk edges)"),
+    NUM(C, KVP_CFG_T_DURATION_MS, "rdma_fence_bound_ms", rdma_fence_bound_ms, 1, 600000, "1000",
+        "a timed-out call waits this long for flush completions; then its QPs are destroyed and its "
+        "buffers deregistered (docs/rdma.md)"),
     NUM(C, KVP_CFG_T_U32, "replica_num", replica_num, 1, 16, "1", "default replicas of a put"),
     NUM(C, KVP_CFG_T_DURATION_MS, "transfer_timeout_ms", transfer_timeout_ms, 1, 3600000, "10000",
         "default timeout of one put/get call"),
@@ -245,6 +265,49 @@ static int name_eq(const char *key, const char *name, size_t len)
             return 0;
     }
     return i == len && key[i] == '\0';
+}
+
+bool kvp_cfg_devlist_check(const char *s)
+{
+    if (!s)
+        return false;
+    size_t item = 0;    /* name characters in the current item */
+    bool blank_after = false;
+    for (const char *p = s;; p++) {
+        char c = *p;
+        if (c == ',' || c == '\0') {
+            if (item == 0 && *s)
+                return false; /* an empty item (or only blanks) */
+            if (c == '\0')
+                return true;
+            item = 0;
+            blank_after = false;
+            continue;
+        }
+        if (c == ' ' || c == '\t') {
+            if (item)
+                blank_after = true;
+            continue;
+        }
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '_' || c == '-' || c == '.';
+        if (!ok || blank_after)
+            return false;
+        item++;
+    }
+}
+
+int kvp_cfg_gid_index(const char *s)
+{
+    if (!s || !*s || strcmp(s, "auto") == 0)
+        return -1;
+    int v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || p - s >= 3)
+            return -2;
+        v = v * 10 + (*p - '0');
+    }
+    return v <= 255 ? v : -2;
 }
 
 const struct kvp_cfg_key *kvp_cfg_find(const struct kvp_cfg_table *t, const char *name, size_t len)

@@ -3,8 +3,8 @@
 # device and a build with the rdma transport.
 #  - No RDMA device (this CI VM: ibv_get_device_list gives NULL/ENOSYS): says so in one line,
 #    exits 0.
-#  - Devices but no rdma transport in this build (today: it waits for the transport seam of
-#    issue 19): lists the devices, says the transport is not built yet, exits 0.
+#  - Devices but no rdma transport in this build (kvpool-rdma-probe --transport exits 3):
+#    lists the devices, says so, exits 0.
 #  - Devices and the transport: a local cluster with `protocol: rdma` (KVPOOL_PROTOCOL=rdma),
 #    then put and get at 4 KiB ... 64 MiB from a second process (kvpool-bench), GB/s printed
 #    next to perftest's ib_write_bw / ib_read_bw on the first device when they are installed.

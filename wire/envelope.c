@@ -15,6 +15,8 @@ static const ProtobufCMessageDescriptor *descriptor_of(enum kvp_wire_msg id)
         return &kvp__response__descriptor;
     case KVP_MSG_COMMAND_BATCH:
         return &kvp__command_batch__descriptor;
+    case KVP_MSG_RDMA_HELLO:
+        return &kvp__rdma_hello__descriptor;
     default:
         return NULL;
     }
@@ -147,7 +149,7 @@ int kvp_frame_decode(const uint8_t buf[KVP_FRAME_HEADER_BYTES], struct kvp_frame
     if (buf[4] != KVP_WIRE_VERSION)
         return KVP_ERR_VERSION;
     uint8_t op = buf[5];
-    if (op < KVP_FRAME_READ || op > KVP_FRAME_PONG)
+    if (op < KVP_FRAME_READ || op > KVP_FRAME_RDMA_HELLO_RESP)
         return KVP_ERR_MALFORMED;
     uint32_t deadline = get_u32(buf + 12);
     if (deadline != 0 && op != KVP_FRAME_WRITE)

@@ -28,7 +28,8 @@ enum kvp_wire_msg {
     KVP_MSG_REQUEST = 1,
     KVP_MSG_RESPONSE = 2,
     KVP_MSG_COMMAND_BATCH = 3,
-    KVP_MSG__MAX = 4,
+    KVP_MSG_RDMA_HELLO = 4, /* Kvp__RdmaHello: the RDMA QP handshake (wire/rdma_hello.h) */
+    KVP_MSG__MAX = 5,
 };
 
 /**
@@ -88,7 +89,15 @@ enum kvp_frame_op {
     KVP_FRAME_WRITE_RESP = 4,
     KVP_FRAME_PING = 5,
     KVP_FRAME_PONG = 6,
+    /* RDMA handshake on the data-plane port (docs/rdma.md "Handshake"): the request's payload is
+     * an RdmaHello offer (wire/rdma_hello.h, at most KVP_FRAME_RDMA_HELLO_MAX bytes); the answer's
+     * payload is the segment's RdmaHello answer. offset 0; segment_id: the segment addressed.
+     * A server without RDMA answers status KVP_ERR_UNSUPPORTED and no payload; a server older
+     * than these ops closes the connection (unknown op): either way the client uses TCP. */
+    KVP_FRAME_RDMA_HELLO = 7,
+    KVP_FRAME_RDMA_HELLO_RESP = 8,
 };
+#define KVP_FRAME_RDMA_HELLO_MAX (64u * 1024u)
 
 struct kvp_frame {
     uint8_t op;

@@ -4,6 +4,9 @@
  * Puts are in batch_put.c, gets in batch_get.c. Behaviour: docs/client.md.
  */
 #include "actors/client/client.h"
+#ifdef KVP_HAVE_VERBS
+#include "actors/transfer/rdma/xport_rdma.h"
+#endif
 #include "actors/client/client_metrics.h"
 
 #include <errno.h>
@@ -139,6 +142,52 @@ int kvp_client_rpc(struct kvp_client *c, Kvp__Request *req, uint64_t deadline_ms
 
 /* ------------------------------------------------------------------ open / close */
 
+/* protocol=rdma (issue 20): open the rdma transport with this client's RDMA keys to see whether
+ * a device is usable; if so the engine runs its transfer actors on it (each actor opens its own
+ * instance with these options, a random writer id each) and the handshake with each segment goes
+ * over the segment's data-plane TCP port (kvp_rdma_hello_tcp). Exactly one log line either way.
+ * Returns the transport for the engine (NULL: tcp). */
+static const struct kvp_xport_ops *client_rdma_probe(struct kvp_client *c)
+{
+    snprintf(c->transport, sizeof c->transport, "tcp");
+#ifdef KVP_HAVE_VERBS
+    struct rdma_opts_box {
+        struct kvp_xport_rdma_opts o;
+        struct kvp_rdma_hello_tcp_opts h;
+    } *b = calloc(1, sizeof *b);
+    if (!b) {
+        kvp_log_warn(c->name, "protocol=rdma: out of memory; using tcp");
+        return NULL;
+    }
+    b->o.cfg = (struct kvp_rdma_cfg){.ops = kvp_verbs_ops_ibv(), .devices = c->cfg.device_name,
+                                     .gid_index = kvp_cfg_gid_index(c->cfg.gid_index),
+                                     .qps_per_peer = c->cfg.rdma_qps_per_peer,
+                                     .slice_bytes = c->cfg.rdma_slice_bytes,
+                                     .fence_bound_ms = c->cfg.rdma_fence_bound_ms,
+                                     .nodev_log_level = KVP_LOG_WARN};
+    b->h.timeout_ms = c->cfg.rpc_timeout_ms ? c->cfg.rpc_timeout_ms : 2000;
+    b->o.hello = kvp_rdma_hello_tcp;
+    b->o.hello_arg = &b->h;
+    struct kvp_xport_params p = {.name = c->name, .wrap_opts = &b->o};
+    struct kvp_xport *t = NULL;
+    int rc = kvp_xport_rdma.open(&t, &p);
+    if (rc == KVP_OK) {
+        kvp_xport_rdma.close(t);
+        kvp_log_info(c->name, "protocol=rdma: data over RDMA (segments must serve protocol=rdma: "
+                              "a segment that refuses the handshake fails its transfers)");
+        snprintf(c->transport, sizeof c->transport, "rdma");
+        c->rdma_opts = b;
+        return &kvp_xport_rdma;
+    }
+    if (rc != KVP_ERR_UNSUPPORTED)
+        kvp_log_warn(c->name, "protocol=rdma: RDMA unusable (%s, see above); using tcp", kvp_errname(rc));
+    free(b);
+#else
+    kvp_log_warn(c->name, "protocol=rdma: this build has no RDMA (libibverbs not found); using tcp");
+#endif
+    return NULL;
+}
+
 /* Segment hook (segment thread): (re)register the embedded region with the local transport. */
 static void on_segment_mount(void *ctx, uint32_t old_id, uint32_t new_id, void *base, uint64_t size)
 {
@@ -182,6 +231,7 @@ static void client_free(struct kvp_client *c)
     kvp_segment_stop(&c->seg);
     kvp_devstage_destroy(&c->devstage); /* [GPU hook] no call is in flight: no lane is busy */
     kvp_xfer_engine_destroy(&c->xfer);
+    free(c->rdma_opts); /* after the engine: its transfer actors read it */
     kvp_msession_destroy(&c->ms);
     free(c->bufs);
     pthread_cond_destroy(&c->idle_cv);
@@ -199,6 +249,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         return KVP_ERR_NOMEM;
     c->cfg = cfg->c;
     snprintf(c->name, sizeof c->name, "client-%d", (int)getpid());
+    snprintf(c->transport, sizeof c->transport, "tcp");
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->idle_cv, NULL);
     if (getrandom(&c->client_id, sizeof c->client_id, 0) != sizeof c->client_id)
@@ -206,9 +257,10 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     c->client_id &= ~0xffffffffull; /* the counter fills the low half: op ids never repeat within a client */
 
     int rc;
+    const struct kvp_xport_ops *xport = NULL;
     if (strcmp(c->cfg.protocol, "rdma") == 0) {
-        /* vLLM's and SGLang's default: run, on TCP, rather than refuse the whole client. */
-        kvp_log_warn(c->name, "protocol=rdma: the RDMA transport is not available yet; using tcp");
+        /* no device: vLLM's and SGLang's default: run, on TCP, rather than refuse the whole client */
+        xport = client_rdma_probe(c);
     } else if (strcmp(c->cfg.protocol, "tcp") != 0 && c->cfg.protocol[0]) {
         kvp_log_error(c->name, "protocol=%s: only tcp is available in this build", c->cfg.protocol);
         rc = KVP_ERR_UNSUPPORTED;
@@ -243,6 +295,8 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .slice_bytes = c->cfg.slice_bytes ? c->cfg.slice_bytes : (1u << 20),
         .connect_timeout_ms = 1000,
         .io_threads = c->cfg.transfer_io_threads ? c->cfg.transfer_io_threads : 2,
+        .transport = xport,
+        .transport_opts = xport ? c->rdma_opts : NULL,
     };
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
     if (rc != KVP_OK)
@@ -460,8 +514,14 @@ int kvp_client_register_range(kvp_client *c, void *addr, size_t len, bool allow_
     c->bufs[c->n_bufs++] = (struct kvp_client_buf){.addr = a, .len = len};
 out:
     pthread_mutex_unlock(&c->mu);
-    if (rc == KVP_OK)
+    if (rc == KVP_OK) {
         kvp_client_dev_register(c, addr, len); /* [GPU hook] device memory: cache, pin bounce buffers */
+        /* rdma: memory regions, so transfers from/to the buffer skip the bounce pool */
+        int r2 = c->rdma_opts ? kvp_xfer_mem_register(c->xfer, addr, len) : KVP_OK;
+        if (r2 != KVP_OK)
+            kvp_log_warn(c->name, "%s %p+%zu: RDMA registration failed (%s): its transfers are staged "
+                         "through the bounce pool", fn, addr, len, kvp_errname(r2));
+    }
     kvp_client_leave(c);
     return rc;
 }
@@ -479,10 +539,12 @@ int kvp_unregister_buffer(kvp_client *c, void *addr)
     if (rc != KVP_OK)
         return rc;
     rc = KVP_ERR_NOT_FOUND;
+    size_t len = 0;
     pthread_mutex_lock(&c->mu);
     /* the latest registration at addr first (kvp_register_buffer_overlap may have nested ones) */
     for (size_t i = c->n_bufs; i-- > 0;) {
         if (c->bufs[i].addr == (uintptr_t)addr) {
+            len = c->bufs[i].len;
             memmove(&c->bufs[i], &c->bufs[i + 1], (c->n_bufs - i - 1) * sizeof c->bufs[0]);
             c->n_bufs--;
             rc = KVP_OK;
@@ -490,6 +552,8 @@ int kvp_unregister_buffer(kvp_client *c, void *addr)
         }
     }
     pthread_mutex_unlock(&c->mu);
+    if (rc == KVP_OK && c->rdma_opts)
+        (void)kvp_xfer_mem_unregister(c->xfer, addr, len); /* not registered there (logged then): NOT_FOUND */
     if (rc == KVP_OK)
         kvp_devmem_forget((uintptr_t)addr); /* [GPU hook] no-op for host memory */
     kvp_client_leave(c);

@@ -159,8 +159,10 @@ static void render(void *ctx, struct kvp_metrics_text *t)
     }
     kvp_metrics_family(t, "kvpool_client_transfer_bytes_total", "counter",
                        "Payload bytes of keys that succeeded: read = gets, write = puts (each replica written counts once).");
-    const char *rd[] = {"direction", "read", "transport", c->cfg.protocol[0] ? c->cfg.protocol : "tcp", NULL};
-    const char *wr[] = {"direction", "write", "transport", c->cfg.protocol[0] ? c->cfg.protocol : "tcp", NULL};
+    /* the transport really used (protocol=rdma without a usable device runs tcp) */
+    const char *tr = c->transport[0] ? c->transport : "tcp";
+    const char *rd[] = {"direction", "read", "transport", tr, NULL};
+    const char *wr[] = {"direction", "write", "transport", tr, NULL};
     kvp_metrics_sample_u64(t, "kvpool_client_transfer_bytes_total", rd,
                            atomic_load_explicit(&m->bytes_read, memory_order_relaxed));
     kvp_metrics_sample_u64(t, "kvpool_client_transfer_bytes_total", wr,

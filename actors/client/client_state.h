@@ -33,6 +33,10 @@ struct kvp_client_metrics;
 
 struct kvp_client {
     char name[64];                  /* "client-<pid>" for log lines */
+    char transport[8];              /* the data-plane transport in use ("tcp" or "rdma"; metrics label) */
+    /* protocol=rdma with a usable device: the options of the engine's rdma transport (read by
+     * the transfer actors for the engine's lifetime; opaque here: actors/transfer/rdma/xport_rdma.h) */
+    void *rdma_opts;
     struct kvp_cfg_client cfg;      /* copy of the caller's config */
     struct kvp_msession *ms;        /* session with the master quorum (owned) */
     struct kvp_xfer_engine *xfer;   /* transfer engine (owned) */

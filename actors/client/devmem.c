@@ -61,6 +61,10 @@ static void drv_load(void)
     S(h2d_async, "cuMemcpyHtoDAsync_v2");
 #undef S
     *(void **)&drv.error_name = dlsym(h, "cuGetErrorName"); /* optional */
+    /* optional: GPUDirect RDMA through dma-buf (CUDA 11.7+); without them GPU memory is staged */
+    *(void **)&drv.dev_attr = dlsym(h, "cuDeviceGetAttribute");
+    *(void **)&drv.range_handle = dlsym(h, "cuMemGetHandleForAddressRange");
+    *(void **)&drv.flush_gdr = dlsym(h, "cuFlushGPUDirectRDMAWrites");
     if (miss || init(0) != 0) {
         kvp_log_info("devmem", "%s loaded but not usable (cuInit failed or symbols missing): pointers are "
                      "taken as host memory", path);

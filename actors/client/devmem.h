@@ -42,6 +42,11 @@ struct kvp_cuda {
     kvp_cu_result (*d2h_async)(void *dst, kvp_cu_devptr src, size_t n, void *stream);
     kvp_cu_result (*h2d_async)(kvp_cu_devptr dst, const void *src, size_t n, void *stream);
     kvp_cu_result (*error_name)(kvp_cu_result e, const char **name); /* may be NULL */
+    /* GPUDirect RDMA (issue 20; NULL when the driver lacks them: GPU memory is then staged) */
+    kvp_cu_result (*dev_attr)(int *v, int attribute, int dev);                /* cuDeviceGetAttribute */
+    kvp_cu_result (*range_handle)(void *handle, kvp_cu_devptr p, size_t size, int type,
+                                  unsigned long long flags);                  /* cuMemGetHandleForAddressRange */
+    kvp_cu_result (*flush_gdr)(int target, int scope);                       /* cuFlushGPUDirectRDMAWrites */
 };
 
 /** true when the CUDA driver was found and initialised (loaded once, on the first check). */

@@ -35,6 +35,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "actors/segment/seg_rdma.h"
 #include "actors/segment/segment_internal.h"
 #include "kvpool.h"
 #include "runtime/actor.h"
@@ -127,6 +128,9 @@ struct kvp_seg_server {
     int n_loops;
     struct seg_counters ctr[KVP_SEG_LOOPS]; /* loop i writes ctr[i]; see struct seg_counters */
     char region_sync; /* TSan annotation address only (REGION_ACQUIRE/RELEASE) */
+    /* protocol=rdma: the RDMA side (seg_rdma.h), set once by kvp_seg_server_rdma after start and
+     * read by the loops at each handshake (release/acquire: the object is complete when seen). */
+    _Atomic(struct kvp_seg_rdma *) rdma;
 };
 
 /* What an epoll event points to: a listen socket or a connection (first member of both). */
@@ -167,7 +171,7 @@ struct out_q {
 #define IN_CACHE 16 /* empty buffers (and out queues) a loop keeps for reuse */
 
 /* What a connection is doing. */
-enum { ST_HDR = 0, ST_PAYLOAD = 1, ST_DRAIN = 2 };
+enum { ST_HDR = 0, ST_PAYLOAD = 1, ST_DRAIN = 2, ST_HELLO = 3 /* an RDMA_HELLO's offer into hello */ };
 
 struct seg_conn {
     struct seg_ep ep; /* first */
@@ -188,6 +192,7 @@ struct seg_conn {
     struct out_q *out;    /* NULL while nothing is queued */
     uint64_t progress_ms; /* monotonic time of the last byte in or out */
     char peer[64];
+    uint8_t *hello;       /* ST_HELLO: the offer; then the answer until the next hello or close */
 };
 
 struct seg_loop {
@@ -449,6 +454,27 @@ static int write_done(struct seg_conn *c)
     return out_add(c, KVP_FRAME_WRITE_RESP, c->cur_status, &c->cur, 0, NULL);
 }
 
+/* The RDMA_HELLO in c->cur got its offer: answer it (seg_rdma.c) with the answer as payload, and
+ * read nothing more until it is sent (c->hello holds it until then). */
+static int hello_done(struct seg_conn *c)
+{
+    c->st = ST_HDR;
+    struct kvp_seg_rdma *r = atomic_load_explicit(&c->loop->srv->rdma, memory_order_acquire);
+    uint8_t *ans = NULL;
+    size_t alen = 0;
+    int st = kvp_seg_rdma_accept(r, c->hello, c->cur.length, &ans, &alen);
+    free(c->hello);
+    c->hello = ans;
+    if (st != KVP_OK)
+        kvp_log_info(ACTOR, "%s: RDMA handshake for segment %u: %s", c->peer, c->cur.segment_id,
+                     kvp_errname(st));
+    if (out_add(c, KVP_FRAME_RDMA_HELLO_RESP, ans ? KVP_OK : st, &c->cur, alen, ans) != 0 ||
+        out_flush(c) != 0)
+        return -1;
+    c->wait_out = out_pending(c);
+    return 0;
+}
+
 /*
  * Take WRITE payload bytes: buffered ones first, then straight from the socket into the region
  * (or into scratch when draining). The write deadline (contract C3, docs/fencing.md) is checked
@@ -475,7 +501,9 @@ static int take_payload(struct seg_conn *c, uint64_t *budget)
             c->cur_status = KVP_ERR_TIMEOUT;
         }
         if (in_avail(c) > 0) { /* came in with the header */
-            if (c->st == ST_PAYLOAD) {
+            if (c->st == ST_HELLO) {
+                c->got += in_take(c, c->hello + c->got, want);
+            } else if (c->st == ST_PAYLOAD) {
                 REGION_ACQUIRE(s);
                 size_t took = in_take(c, s->base + c->cur.offset + c->got, want);
                 REGION_RELEASE(s);
@@ -489,7 +517,9 @@ static int take_payload(struct seg_conn *c, uint64_t *budget)
         if (*budget == 0)
             return 0;
         uint8_t *dst;
-        if (c->st == ST_PAYLOAD) {
+        if (c->st == ST_HELLO) {
+            dst = c->hello + c->got;
+        } else if (c->st == ST_PAYLOAD) {
             dst = s->base + c->cur.offset + c->got;
         } else {
             if (!l->scratch && !(l->scratch = malloc(KVP_SEG_SCRATCH_BYTES)))
@@ -553,7 +583,7 @@ static int conn_serve(struct seg_conn *c)
                 return -1;
             if (r == 0)
                 return out_flush(c);
-            if (write_done(c) != 0)
+            if ((c->st == ST_HELLO ? hello_done(c) : write_done(c)) != 0)
                 return -1;
             continue;
         }
@@ -594,7 +624,8 @@ static int conn_serve(struct seg_conn *c)
         in_take(c, hdr, KVP_FRAME_HEADER_BYTES);
         struct kvp_frame f;
         int rc = kvp_frame_decode(hdr, &f);
-        if (rc == KVP_OK && f.op != KVP_FRAME_READ && f.op != KVP_FRAME_WRITE && f.op != KVP_FRAME_PING)
+        if (rc == KVP_OK && f.op != KVP_FRAME_READ && f.op != KVP_FRAME_WRITE && f.op != KVP_FRAME_PING &&
+            (f.op != KVP_FRAME_RDMA_HELLO || f.length == 0 || f.length > KVP_FRAME_RDMA_HELLO_MAX))
             rc = KVP_ERR_MALFORMED;
         if (rc != KVP_OK) {
             ctr_add(&c->loop->ctr->bad_frames, 1);
@@ -602,6 +633,15 @@ static int conn_serve(struct seg_conn *c)
                          kvp_errname(rc), hdr[5]);
             (void)out_flush(c); /* the requests before it are answered, as far as the kernel takes them */
             return -1;
+        }
+        if (f.op == KVP_FRAME_RDMA_HELLO) { /* seg_rdma.c; answered by hello_done */
+            free(c->hello);
+            if (!(c->hello = malloc(f.length)))
+                return -1;
+            c->cur = f;
+            c->got = 0;
+            c->st = ST_HELLO;
+            continue;
         }
         int st = check_request(s, &f);
         if (f.op == KVP_FRAME_PING) {
@@ -683,6 +723,7 @@ static void conn_close(struct seg_conn *c, bool gone_msg)
     atomic_store_explicit(&l->ctr->conns_open, l->nconns, memory_order_relaxed);
     free(c->in);
     free(c->out);
+    free(c->hello);
     kvp_log_debug(ACTOR, "%s: closed", c->peer);
     free(c);
     if (!gone_msg)
@@ -1080,8 +1121,24 @@ uint32_t kvp_seg_server_port(const struct kvp_seg_server *s) { return s ? s->por
 
 void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id)
 {
-    if (s)
-        atomic_store_explicit(&s->segment_id, segment_id, memory_order_relaxed);
+    if (!s)
+        return;
+    /* RDMA first: the old mount's QPs are fenced before the new id is served (seg_rdma.h) */
+    kvp_seg_rdma_set_id(atomic_load_explicit(&s->rdma, memory_order_acquire), segment_id);
+    atomic_store_explicit(&s->segment_id, segment_id, memory_order_relaxed);
+}
+
+int kvp_seg_server_rdma(struct kvp_seg_server *s, const struct kvp_seg_rdma_cfg *cfg)
+{
+    if (!s || !cfg || atomic_load_explicit(&s->rdma, memory_order_acquire))
+        return KVP_ERR_INVALID;
+    struct kvp_seg_rdma *r = NULL;
+    int rc = kvp_seg_rdma_open(&r, cfg, s->base, s->size);
+    if (rc != KVP_OK)
+        return rc;
+    kvp_seg_rdma_set_id(r, atomic_load_explicit(&s->segment_id, memory_order_relaxed));
+    atomic_store_explicit(&s->rdma, r, memory_order_release);
+    return KVP_OK;
 }
 
 void kvp_seg_server_sweep(struct kvp_seg_server *s, uint64_t ahead_ms)
@@ -1116,6 +1173,8 @@ void kvp_seg_server_stop(struct kvp_seg_server **sp)
     struct kvp_seg_server *s = *sp;
     *sp = NULL;
     stop_loops(s);
+    struct kvp_seg_rdma *r = atomic_load_explicit(&s->rdma, memory_order_acquire);
+    kvp_seg_rdma_close(&r);
     for (int i = 0; i < s->n_lfd; i++)
         close(s->lfd[i]);
     kvp_log_info(ACTOR, "port %u: stopped", s->port);

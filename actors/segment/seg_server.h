@@ -24,6 +24,14 @@ int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t
                          uint64_t size);
 /** The bound port. */
 uint32_t kvp_seg_server_port(const struct kvp_seg_server *s);
+struct kvp_seg_rdma_cfg;
+/**
+ * protocol=rdma: also serve RDMA (actors/segment/seg_rdma.h): open the rdma transport as this
+ * segment, register the region at mount, answer KVP_FRAME_RDMA_HELLO on the data-plane port.
+ * Once per server. KVP_ERR_UNSUPPORTED: no usable device (logged; TCP only, handshakes are
+ * answered UNSUPPORTED); KVP_ERR_INVALID (NULL, or called twice).
+ */
+int kvp_seg_server_rdma(struct kvp_seg_server *s, const struct kvp_seg_rdma_cfg *cfg);
 /** Set the segment id requests must carry (0 = reject all until mounted). Thread-safe. */
 void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id);
 /* Request kinds and results counted by the server (names for metrics labels). */

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include "actors/segment/segment.h"
+#include "actors/segment/seg_rdma.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -487,6 +488,11 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
         goto fail;
     }
     uint32_t port = kvp_seg_server_port(s->srv);
+    if (strcmp(cfg->protocol, "rdma") == 0) { /* issue 20: also RDMA; TCP only without a device */
+        struct kvp_seg_rdma_cfg rcfg = {.who = "segment", .devices = cfg->device_name,
+                                        .gid_index = kvp_cfg_gid_index(cfg->gid_index)};
+        (void)kvp_seg_server_rdma(s->srv, &rcfg); /* logged there when it fails */
+    }
     char host[256];
     if (kvp_seg_strip_brackets(cfg->local_hostname, host, sizeof host) != 0) {
         rc = KVP_ERR_INVALID;

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct kvp_xport_ops;
+
 enum kvp_xfer_op { KVP_XFER_READ = 1, KVP_XFER_WRITE = 2 };
 
 struct kvp_xfer_slice {
@@ -45,6 +47,11 @@ struct kvp_xfer_params {
      * actor's fini, after every slice of the call is terminal and before the call is answered. */
     void (*on_batch_fini)(const struct kvp_xfer_slice *slices, size_t n, void *arg);
     void *on_batch_fini_arg;
+    /* The transport of the network transfer actors (transport.h): NULL = tcp. transport_opts goes
+     * to it as kvp_xport_params.wrap_opts (rdma: struct kvp_xport_rdma_opts, rdma/xport_rdma.h).
+     * The C2 suite runs on the rdma transport over the verbs double this way (issue 20). */
+    const struct kvp_xport_ops *transport;
+    const void *transport_opts;
 };
 
 /* Engine counters (monotonic since the engine started). */
@@ -89,6 +96,17 @@ void kvp_xfer_engine_destroy(struct kvp_xfer_engine **e);
  * engine's transfer actors: call them from a thread that is not one of those actors.
  */
 int kvp_xfer_register_local(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size);
+
+/**
+ * Register caller memory [base, base+len) with every network transfer actor's transport (rdma:
+ * memory regions, so transfers from/to it skip the bounce pool; tcp: nothing, KVP_OK), as
+ * kvp_register_buffer does. Blocking call to each actor. Unregister before the memory is freed.
+ * Errors: the transport's (a failure unregisters what the other actors registered),
+ * KVP_ERR_INVALID (NULL, len 0).
+ */
+int kvp_xfer_mem_register(struct kvp_xfer_engine *e, void *base, uint64_t len);
+/** Undo kvp_xfer_mem_register (the transport's errors; KVP_ERR_INVALID). */
+int kvp_xfer_mem_unregister(struct kvp_xfer_engine *e, void *base, uint64_t len);
 int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id);
 
 /**

@@ -52,6 +52,8 @@ enum xa_msg {
     XA_REARM,      /* one-way to itself: pump (and arm the poll timer) as the transfer actor */
     XB_TIMEOUT,    /* batch timer: the call's timeout */
     XB_BOUND,      /* batch timer: the fence bound after the timeout */
+    XA_MEM_REG,    /* request: payload struct xfer_local_reg (base, size): the transport's mem_register */
+    XA_MEM_UNREG,  /* request: the same, mem_unregister */
 };
 
 static void no_free(void *p) { (void)p; }
@@ -616,8 +618,10 @@ static int xa_init(struct kvp_rt_ctx *ctx)
     struct kvp_xport_params tp = {.conns_per_peer = xa->p.conns_per_peer,
                                   .slice_bytes = xa->is_local ? UINT64_MAX : xa->p.slice_bytes,
                                   .connect_timeout_ms = xa->p.connect_timeout_ms,
-                                  .name = xa->name};
-    const struct kvp_xport_ops *base = xa->is_local ? &kvp_xport_local : &kvp_xport_tcp;
+                                  .name = xa->name,
+                                  .wrap_opts = xa->is_local ? NULL : xa->p.transport_opts};
+    const struct kvp_xport_ops *base = xa->is_local ? &kvp_xport_local
+                                       : xa->p.transport ? xa->p.transport : &kvp_xport_tcp;
     if (xfer_fault_compiled()) {
         tp.inner = base;
         xa->ops = &kvp_xport_fault;
@@ -813,6 +817,16 @@ static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
         kvp_rt_reply(ctx, m->corr_id, rc, 0, NULL, NULL);
         break;
     }
+    case XA_MEM_REG:
+    case XA_MEM_UNREG: { /* caller memory registered with the transport (rdma: MRs; tcp: none) */
+        if (m->kind != KVP_RT_REQUEST)
+            break;
+        const struct xfer_local_reg *r = m->payload;
+        int (*fn)(struct kvp_xport *, void *, uint64_t) =
+            m->type == XA_MEM_REG ? xa->ops->mem_register : xa->ops->mem_unregister;
+        kvp_rt_reply(ctx, m->corr_id, fn && r ? fn(xa->t, r->base, r->size) : KVP_OK, 0, NULL, NULL);
+        break;
+    }
     case XA_POLL_TIMER:
         if (m->kind == KVP_RT_TIMER) {
             xa->timer_due_ns = 0;
@@ -1001,6 +1015,34 @@ int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id)
     if (!e)
         return KVP_ERR_INVALID;
     return local_req(e, XA_LOCAL_DEL, segment_id, NULL, 0);
+}
+
+static int mem_req(struct kvp_xfer_engine *e, uint32_t type, void *base, uint64_t len)
+{
+    if (!e || !base || len == 0)
+        return KVP_ERR_INVALID;
+    struct xfer_local_reg r = {0, base, len};
+    int rc = KVP_OK;
+    for (unsigned i = 0; i < e->n_tcp; i++) {
+        void *pl = &r;
+        int r1 = call_status(e->tcp[i], type, 0, &pl, NULL);
+        if (r1 != KVP_OK && rc == KVP_OK)
+            rc = r1;
+    }
+    return rc;
+}
+
+int kvp_xfer_mem_register(struct kvp_xfer_engine *e, void *base, uint64_t len)
+{
+    int rc = mem_req(e, XA_MEM_REG, base, len);
+    if (rc != KVP_OK && rc != KVP_ERR_INVALID)
+        (void)mem_req(e, XA_MEM_UNREG, base, len);
+    return rc;
+}
+
+int kvp_xfer_mem_unregister(struct kvp_xfer_engine *e, void *base, uint64_t len)
+{
+    return mem_req(e, XA_MEM_UNREG, base, len);
 }
 
 static bool slice_valid(const struct kvp_xfer_slice *s)

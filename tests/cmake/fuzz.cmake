@@ -3,7 +3,8 @@
 # (replays tests/fuzz/corpus/<target>/ plus a few thousand deterministic mutations).
 # With -DKVP_FUZZ=ON (CC=clang): the libFuzzer binaries themselves; scripts/fuzz.sh runs them.
 # kvp-fuzz-gen-seeds regenerates the seed corpus (see tests/fuzz/gen_seeds.c).
-set(KVP_WIRE_FUZZ_TARGETS fuzz_wire_request fuzz_wire_response fuzz_wire_command_batch fuzz_frame)
+set(KVP_WIRE_FUZZ_TARGETS fuzz_wire_request fuzz_wire_response fuzz_wire_command_batch fuzz_frame
+    fuzz_wire_rdma_hello)
 
 if(KVP_FUZZ AND NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
   message(FATAL_ERROR "KVP_FUZZ=ON needs clang (libFuzzer): configure with CC=clang")
@@ -24,7 +25,7 @@ foreach(T ${KVP_WIRE_FUZZ_TARGETS})
     # descriptors come from kvp_wire_pb; nothing else but libprotobuf-c is linked, so other
     # modules need not build with clang for these targets.
     add_executable(${T} ${CMAKE_SOURCE_DIR}/tests/fuzz/${T}.c ${CMAKE_SOURCE_DIR}/wire/envelope.c
-                        $<TARGET_OBJECTS:kvp_wire_pb>)
+                        ${CMAKE_SOURCE_DIR}/wire/rdma_hello.c $<TARGET_OBJECTS:kvp_wire_pb>)
     add_dependencies(${T} kvp_wire_gen)
     target_compile_options(${T} PRIVATE -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer)
     target_link_options(${T} PRIVATE -fsanitize=fuzzer,address,undefined)

@@ -23,7 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     kvp_fuzz_decoded++;
-    FUZZ_CHECK(f.op >= KVP_FRAME_READ && f.op <= KVP_FRAME_PONG);
+    FUZZ_CHECK(f.op >= KVP_FRAME_READ && f.op <= KVP_FRAME_RDMA_HELLO_RESP);
     FUZZ_CHECK(f.length <= KVP_FRAME_MAX_LENGTH);
     FUZZ_CHECK(f.deadline == 0 || f.op == KVP_FRAME_WRITE); /* a deadline only on a WRITE */
     uint8_t again[KVP_FRAME_HEADER_BYTES];

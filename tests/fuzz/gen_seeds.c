@@ -10,6 +10,7 @@
 
 #include "kvpool.h"
 #include "wire/envelope.h"
+#include "wire/rdma_hello.h"
 
 static const char *g_dir;
 
@@ -306,6 +307,35 @@ static void frames(void)
     }
 }
 
+static void rdma_hellos(void)
+{
+    const char *t = "fuzz_wire_rdma_hello";
+    struct kvp_rdma_hello_chunk ch[3] = {
+        {.base = 0x7f0000000000ull, .len = 4ull << 30, .rkey = 0x1234},
+        {.base = 0x7f0100000000ull, .len = 4ull << 30, .rkey = 0x1235},
+        {.base = 0x7f0200000000ull, .len = 123456, .rkey = 0x1236},
+    };
+    struct kvp_rdma_hello h = {.conn_generation = 1, .segment_id = 7, .client_id = 42,
+                               .nic = "mlx5_0", .port = 1, .gid_index = 3, .mtu = 5,
+                               .max_rd_atomic = 16, .n_qps = 2,
+                               .qps = {{.qpn = 0x11, .psn = 0xabcdef}, {.qpn = 0x12, .psn = 7}}};
+    h.gid[10] = h.gid[11] = 0xff;
+    h.gid[12] = 10;
+    h.gid[15] = 1;
+    EMIT(t, 1, kvp_rdma_hello_encode, &h); /* client offer */
+    h.chunks = ch;
+    h.n_chunks = 3;
+    EMIT(t, 2, kvp_rdma_hello_encode, &h); /* segment answer with its chunk table */
+    struct kvp_rdma_hello ib = {.conn_generation = 9, .nic = "ib0", .port = 1, .lid = 17,
+                                .gid_index = -1, .mtu = 4, .max_rd_atomic = 1, .n_qps = 16};
+    for (unsigned i = 0; i < 16; i++)
+        ib.qps[i] = (struct kvp_rdma_hello_qp){.qpn = 0xffffffu - i, .psn = i};
+    EMIT(t, 3, kvp_rdma_hello_encode, &ib); /* InfiniBand, 16 QPs */
+    struct kvp_rdma_hello no = {.conn_generation = 2, .port = 1, .gid_index = 0, .mtu = 1,
+                                .max_rd_atomic = 1, .status = KVP_ERR_UNSUPPORTED};
+    EMIT(t, 4, kvp_rdma_hello_encode, &no); /* refusal */
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -321,5 +351,6 @@ int main(int argc, char **argv)
     responses();
     batches();
     frames();
+    rdma_hellos();
     return 0;
 }

@@ -305,6 +305,35 @@ static void test_config_set_every_type_stored(void **state)
     assert_string_equal(c.master_server_address, "tcp://10.0.0.1:7101, [::1]:7102,host-b:7103");
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "device_name", ""), KVP_OK);
     assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "master_server_address", ""), KVP_OK);
+    /* RDMA keys (issue 20): Mooncake's rdma_devices writes device_name; comma lists checked */
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "rdma_devices", "mlx5_0, mlx5_1"), KVP_OK);
+    assert_string_equal(c.device_name, "mlx5_0, mlx5_1");
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "device_name", "mlx5_0,,mlx5_1"), KVP_ERR_INVALID);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "device_name", "mlx5_0,"), KVP_ERR_INVALID);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "device_name", "mlx5 0"), KVP_ERR_INVALID);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "device_name", "mlx5_0;rm"), KVP_ERR_INVALID);
+    assert_string_equal(c.device_name, "mlx5_0, mlx5_1");
+    assert_string_equal(c.gid_index, "auto");
+    assert_int_equal(kvp_cfg_gid_index(c.gid_index), -1);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "gid_index", "3"), KVP_OK);
+    assert_int_equal(kvp_cfg_gid_index(c.gid_index), 3);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "gid_index", "256"), KVP_ERR_INVALID);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "gid_index", "-1"), KVP_ERR_INVALID);
+    assert_int_equal(kvp_cfg_gid_index("x"), -2);
+    assert_int_equal(kvp_cfg_gid_index("0255"), -2);
+    assert_int_equal(c.rdma_qps_per_peer, 2);
+    assert_int_equal(c.rdma_slice_bytes, 256 * 1024);
+    assert_int_equal(c.rdma_fence_bound_ms, 1000);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_CLIENT, &c, "rdma_qps_per_peer", "17"), KVP_ERR_INVALID);
+    assert_true(kvp_cfg_devlist_check(""));
+    assert_false(kvp_cfg_devlist_check(" "));
+    struct kvp_cfg_segment sg;
+    kvp_cfg_defaults(KVP_CFG_SEGMENT, &sg);
+    assert_string_equal(sg.protocol, "tcp");
+    assert_int_equal(kvp_cfg_set(KVP_CFG_SEGMENT, &sg, "protocol", "rdma"), KVP_OK);
+    assert_int_equal(kvp_cfg_set(KVP_CFG_SEGMENT, &sg, "rdma_devices", "mlx5_2"), KVP_OK);
+    assert_string_equal(sg.device_name, "mlx5_2");
+    assert_int_equal(kvp_cfg_set(KVP_CFG_SEGMENT, &sg, "device_name", ","), KVP_ERR_INVALID);
 
     struct kvp_cfg_master m;
     kvp_cfg_defaults(KVP_CFG_MASTER, &m);

@@ -10,6 +10,7 @@
 
 #include "kvpool.h"
 #include "wire/envelope.h"
+#include "wire/rdma_hello.h"
 
 static void make_request(Kvp__Request *req, Kvp__PutStartReq *ps, Kvp__PutStartItem *item,
                          Kvp__PutStartItem **items)
@@ -159,6 +160,122 @@ static void test_err_strerror_every_code_named(void **state)
     assert_string_equal(kvp_strerror(5), "unknown error");
 }
 
+static void hello_base(struct kvp_rdma_hello *h, struct kvp_rdma_hello_chunk *ch)
+{
+    memset(h, 0, sizeof *h);
+    h->conn_generation = 3;
+    h->segment_id = 5;
+    h->client_id = 77;
+    strcpy(h->nic, "mlx5_1");
+    h->port = 1;
+    h->gid_index = 3;
+    h->gid[15] = 9;
+    h->mtu = 5;
+    h->max_rd_atomic = 16;
+    h->n_qps = 2;
+    h->qps[0] = (struct kvp_rdma_hello_qp){.qpn = 0x100, .psn = 0xffffff};
+    h->qps[1] = (struct kvp_rdma_hello_qp){.qpn = 0xffffff, .psn = 0};
+    ch[0] = (struct kvp_rdma_hello_chunk){.base = 4096, .len = 8192, .rkey = 1};
+    ch[1] = (struct kvp_rdma_hello_chunk){.base = 12288, .len = 100, .rkey = 2};
+    h->chunks = ch;
+    h->n_chunks = 2;
+}
+
+/* The RDMA handshake (issue 20): round trip, then each out-of-range field refused by encode
+ * (check) and, when smuggled past it by editing the protobuf, by decode. */
+static void test_wire_rdma_hello_roundtrip_and_bounds(void **state)
+{
+    (void)state;
+    struct kvp_rdma_hello h, d;
+    struct kvp_rdma_hello_chunk ch[2];
+    hello_base(&h, ch);
+    uint8_t *b = NULL;
+    size_t l = 0;
+    char why[128];
+    assert_int_equal(kvp_rdma_hello_encode(&h, &b, &l), KVP_OK);
+    assert_int_equal(kvp_rdma_hello_decode(b, l, &d, why, sizeof why), KVP_OK);
+    assert_int_equal(d.version, KVP_RDMA_HELLO_VERSION);
+    assert_int_equal(d.conn_generation, 3);
+    assert_string_equal(d.nic, "mlx5_1");
+    assert_int_equal(d.qps[1].qpn, 0xffffff);
+    assert_int_equal(d.qps[0].psn, 0xffffff);
+    assert_int_equal(d.n_chunks, 2);
+    assert_int_equal(d.chunks[1].rkey, 2);
+    assert_memory_equal(d.gid, h.gid, 16);
+    kvp_rdma_hello_free(&d);
+    for (size_t cut = 0; cut < l; cut++)
+        assert_int_equal(kvp_rdma_hello_decode(b, cut, &d, NULL, 0), KVP_ERR_MALFORMED);
+    free(b);
+
+    /* each bad field: encode refuses it (the same check decode runs) */
+    for (int i = 0; i < 17; i++) {
+        struct kvp_rdma_hello_chunk c2[2];
+        hello_base(&h, c2);
+        switch (i) {
+        case 0: h.conn_generation = 0; break;
+        case 1: h.qps[0].qpn = 0; break;
+        case 2: h.qps[1].qpn = 1u << 24; break;
+        case 3: h.qps[1].psn = 1u << 24; break;
+        case 4: h.n_qps = 0; break;
+        case 5: h.n_qps = 17; break;
+        case 6: h.mtu = 0; break;
+        case 7: h.mtu = 6; break;
+        case 8: h.max_rd_atomic = 17; break;
+        case 9: h.port = 0; break;
+        case 10: h.gid_index = 256; break;
+        case 11: h.gid_index = -2; break;
+        case 12: c2[1].base += 1; break;                      /* gap */
+        case 13: c2[1].len = 0; break;                        /* empty chunk */
+        case 14: c2[0].base = UINT64_MAX - 10 - 8192;         /* wraps */
+                 c2[1].base = UINT64_MAX - 10; break;
+        case 15: h.nic[2] = ' '; break;
+        case 16: h.status = 1; break;
+        }
+        assert_int_equal(kvp_rdma_hello_check(&h, why, sizeof why), KVP_ERR_MALFORMED);
+        assert_int_equal(kvp_rdma_hello_encode(&h, &b, &l), KVP_ERR_INVALID);
+    }
+    /* decode-side checks that encode cannot produce: gid length, field widths, version */
+    Kvp__RdmaHello m = KVP__RDMA_HELLO__INIT;
+    Kvp__RdmaQp q = KVP__RDMA_QP__INIT, *qp = &q;
+    uint8_t gid[15] = {0};
+    q.qpn = 5;
+    m.version = 1;
+    m.conn_generation = 1;
+    m.port = 1;
+    m.mtu = 3;
+    m.max_rd_atomic = 1;
+    m.gid.data = gid;
+    m.gid.len = 15;
+    m.n_qps = 1;
+    m.qps = &qp;
+    assert_int_equal(kvp_wire_encode(KVP_MSG_RDMA_HELLO, &m.base, &b, &l), KVP_OK);
+    assert_int_equal(kvp_rdma_hello_decode(b, l, &d, why, sizeof why), KVP_ERR_MALFORMED);
+    assert_non_null(strstr(why, "gid"));
+    free(b);
+    uint8_t gid16[16] = {0};
+    m.gid.data = gid16;
+    m.gid.len = 16;
+    m.port = 256;
+    assert_int_equal(kvp_wire_encode(KVP_MSG_RDMA_HELLO, &m.base, &b, &l), KVP_OK);
+    assert_int_equal(kvp_rdma_hello_decode(b, l, &d, why, sizeof why), KVP_ERR_MALFORMED);
+    free(b);
+    m.port = 1;
+    assert_int_equal(kvp_wire_encode(KVP_MSG_RDMA_HELLO, &m.base, &b, &l), KVP_OK);
+    assert_int_equal(kvp_rdma_hello_decode(b, l, &d, why, sizeof why), KVP_OK);
+    kvp_rdma_hello_free(&d);
+    free(b);
+    m.version = 2;
+    assert_int_equal(kvp_wire_encode(KVP_MSG_RDMA_HELLO, &m.base, &b, &l), KVP_OK);
+    assert_int_equal(kvp_rdma_hello_decode(b, l, &d, why, sizeof why), KVP_ERR_VERSION);
+    free(b);
+    /* a hello is not a Request: the envelope id is checked */
+    m.version = 1;
+    assert_int_equal(kvp_wire_encode(KVP_MSG_RDMA_HELLO, &m.base, &b, &l), KVP_OK);
+    Kvp__Request *r = NULL;
+    assert_int_equal(kvp_wire_decode_request(b, l, &r), KVP_ERR_MALFORMED);
+    free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -167,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_wire_bad_header_rejected),
         cmocka_unit_test(test_wire_frame_roundtrip_and_rejects),
         cmocka_unit_test(test_err_strerror_every_code_named),
+        cmocka_unit_test(test_wire_rdma_hello_roundtrip_and_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

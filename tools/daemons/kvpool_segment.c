@@ -32,6 +32,9 @@
 #include "actors/session/msession.h"
 #include "auth/auth.h"
 #include "actors/segment/segment.h"
+#ifdef KVP_HAVE_VERBS
+#include "actors/transfer/rdma/rdma_xport.h"
+#endif
 #include "config/config.h"
 #include "kvpool.h"
 #include "metrics/metrics.h"
@@ -152,6 +155,30 @@ static bool seg_ready(void *ctx, char *why, size_t cap)
     return true;
 }
 
+/* protocol=rdma (issue 20): one log line on what RDMA can do here. With no device (NULL or 0
+ * devices) the probe's "no RDMA device (...); using TCP". With devices, the region would be
+ * registered in chunks and answer RdmaHello offers (kvp_rdma_seg_register / kvp_rdma_seg_accept
+ * in actors/transfer/rdma/rdma_xport.h), but the data-plane server does not carry the handshake
+ * yet, so TCP serves every client: said in one line. */
+static void segment_rdma_probe(const struct kvp_cfg_segment *cfg)
+{
+#ifdef KVP_HAVE_VERBS
+    struct kvp_rdma_cfg rc = {.ops = kvp_verbs_ops_ibv(), .who = "kvpool-segment",
+                              .devices = cfg->device_name, .gid_index = kvp_cfg_gid_index(cfg->gid_index),
+                              .segment = true, .nodev_log_level = KVP_LOG_WARN};
+    struct kvp_rdma_xport *x = NULL;
+    if (kvp_rdma_open(&rc, NULL, &x) == KVP_OK) {
+        kvp_log_warn("kvpool-segment", "protocol=rdma: RDMA devices found, but the data-plane server "
+                                       "does not carry the RDMA handshake yet; serving tcp only");
+        kvp_rdma_close(&x);
+    }
+#else
+    (void)cfg;
+    kvp_log_warn("kvpool-segment", "protocol=rdma: this build has no RDMA (libibverbs not found); "
+                                   "serving tcp");
+#endif
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -188,6 +215,8 @@ int main(int argc, char **argv)
                 kvp_strerror(rc));
         return 2;
     }
+    if (strcmp(cfg.protocol, "rdma") == 0)
+        segment_rdma_probe(&cfg);
     /* Before the mount: /healthz answers and /readyz says why not yet while no master does. */
     struct seg_http sh = {.size_bytes = cfg.global_segment_size};
     atomic_init(&sh.seg, NULL);

@@ -71,6 +71,7 @@ struct alloc {
     size_t size;
     int dev;
     int pinned; /* 1: pinned host memory (base == shadow, readable) */
+    int fd;     /* the memfd behind device memory (dma-buf handles are dups of it), -1 else */
 };
 
 struct op {
@@ -310,12 +311,14 @@ int cuMemAlloc_v2(devptr *out, size_t size)
     }
     void *none = mmap(NULL, sz, PROT_NONE, MAP_SHARED, fd, 0);
     void *rw = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (none == MAP_FAILED || rw == MAP_FAILED)
+    if (none == MAP_FAILED || rw == MAP_FAILED) {
+        close(fd);
         RET(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     for (size_t i = 0; i < MAX_ALLOCS; i++)
         if (!allocs[i].size) {
-            allocs[i] = (struct alloc){.base = (uintptr_t)none, .shadow = rw, .size = size, .dev = cur()->dev};
+            allocs[i] = (struct alloc){.base = (uintptr_t)none, .shadow = rw, .size = size, .dev = cur()->dev,
+                                       .fd = fd};
             *out = (devptr)(uintptr_t)none;
             RET(CUDA_SUCCESS);
         }
@@ -330,6 +333,7 @@ int cuMemFree_v2(devptr p)
             size_t sz = (allocs[i].size + 4095) & ~(size_t)4095;
             munmap((void *)allocs[i].base, sz);
             munmap(allocs[i].shadow, sz);
+            close(allocs[i].fd);
             allocs[i].size = 0;
             RET(CUDA_SUCCESS);
         }
@@ -346,7 +350,7 @@ int cuMemHostAlloc(void **out, size_t size, unsigned flags)
         RET(CUDA_ERROR_OUT_OF_MEMORY);
     for (size_t i = 0; i < MAX_ALLOCS; i++)
         if (!allocs[i].size) {
-            allocs[i] = (struct alloc){.base = (uintptr_t)p, .shadow = p, .size = size, .dev = cur()->dev, .pinned = 1};
+            allocs[i] = (struct alloc){.base = (uintptr_t)p, .shadow = p, .size = size, .dev = cur()->dev, .pinned = 1, .fd = -1};
             pinned_bytes += size;
             *out = p;
             RET(CUDA_SUCCESS);
@@ -380,6 +384,76 @@ int cuMemGetAddressRange_v2(devptr *base, size_t *size, devptr p)
         *base = a->base;
     if (size)
         *size = a->size;
+    RET(CUDA_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ GPUDirect RDMA (issue 20)
+ * cuDeviceGetAttribute answers the three attributes the rdma transport asks (others:
+ * CUDA_ERROR_INVALID_VALUE): DMA_BUF_SUPPORTED (124), GPU_DIRECT_RDMA_WRITES_ORDERING (118) and
+ * GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS (117). By default device 0 orders RDMA writes for its owner
+ * (100) and device 1 does not (0) and needs cuFlushGPUDirectRDMAWrites (options: HOST, 1);
+ * fakecuda_set_gdr changes them. cuMemGetHandleForAddressRange(DMA_BUF_FD) hands out a dup of the
+ * allocation's memfd (a real fd of the device memory's pages) for a page-aligned range inside one
+ * allocation, with flags 0 only. */
+static int gdr_dmabuf[NDEV] = {1, 1};
+static int gdr_ordering[NDEV] = {100, 0};
+static int gdr_flush_opts[NDEV] = {1, 1};
+static uint64_t gdr_flushes, dmabuf_exports;
+
+void fakecuda_set_gdr(int dev, int dmabuf_supported, int ordering, int flush_opts)
+{
+    pthread_mutex_lock(&mu);
+    if (dev >= 0 && dev < NDEV) {
+        gdr_dmabuf[dev] = dmabuf_supported;
+        gdr_ordering[dev] = ordering;
+        gdr_flush_opts[dev] = flush_opts;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+uint64_t fakecuda_gdr_flushes(void) { return gdr_flushes; }
+uint64_t fakecuda_dmabuf_exports(void) { return dmabuf_exports; }
+
+int cuDeviceGetAttribute(int *v, int attrib, int dev)
+{
+    ENTER();
+    if (!v || dev < 0 || dev >= NDEV)
+        RET(CUDA_ERROR_INVALID_VALUE);
+    switch (attrib) {
+    case 124: *v = gdr_dmabuf[dev]; break;
+    case 118: *v = gdr_ordering[dev]; break;
+    case 117: *v = gdr_flush_opts[dev]; break;
+    default: RET(CUDA_ERROR_INVALID_VALUE);
+    }
+    RET(CUDA_SUCCESS);
+}
+
+int cuMemGetHandleForAddressRange(void *handle, devptr p, size_t size, int type, unsigned long long flags)
+{
+    ENTER();
+    if (!handle || type != 1 /* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD */ || flags != 0 || size == 0 ||
+        (p & 4095) || (size & 4095))
+        RET(CUDA_ERROR_INVALID_VALUE);
+    struct alloc *a = find_alloc(p, 0);
+    if (!a || a->pinned || p + size > a->base + ((a->size + 4095) & ~(size_t)4095))
+        RET(CUDA_ERROR_INVALID_VALUE);
+    if (!gdr_dmabuf[a->dev])
+        RET(801 /* CUDA_ERROR_NOT_SUPPORTED */);
+    int fd = dup(a->fd);
+    if (fd < 0)
+        RET(CUDA_ERROR_OUT_OF_MEMORY);
+    *(int *)handle = fd;
+    dmabuf_exports++;
+    RET(CUDA_SUCCESS);
+}
+
+int cuFlushGPUDirectRDMAWrites(int target, int scope)
+{
+    ENTER();
+    NEED_CTX();
+    if (target != 0 /* CURRENT_CTX */ || (scope != 100 && scope != 200))
+        RET(CUDA_ERROR_INVALID_VALUE);
+    gdr_flushes++;
     RET(CUDA_SUCCESS);
 }
 

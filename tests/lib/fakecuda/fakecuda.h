@@ -35,4 +35,11 @@ void fakecuda_reset_errors(void);
 /* fn(kind, arg) after every copy enqueued (under the double's lock: fn must not call the driver). */
 void fakecuda_on_enqueue(void (*fn)(int kind, void *arg), void *arg);
 
+/* GPUDirect RDMA (issue 20): per device, DMA_BUF_SUPPORTED, GPU_DIRECT_RDMA_WRITES_ORDERING and
+ * GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS as cuDeviceGetAttribute answers them; counters of
+ * cuFlushGPUDirectRDMAWrites calls and dma-buf exports. */
+void fakecuda_set_gdr(int dev, int dmabuf_supported, int ordering, int flush_opts);
+uint64_t fakecuda_gdr_flushes(void);
+uint64_t fakecuda_dmabuf_exports(void);
+
 #endif

@@ -36,6 +36,9 @@ struct fakecuda_api {
     int (*pop)(void **);
     int (*mem_alloc)(unsigned long long *, size_t);
     int (*mem_free)(unsigned long long);
+    void (*set_gdr)(int, int, int, int);
+    uint64_t (*gdr_flushes)(void);
+    uint64_t (*dmabuf_exports)(void);
 };
 
 static struct fakecuda_api FC;
@@ -72,6 +75,9 @@ static inline int fakecuda_load(void)
     L(pop, "cuCtxPopCurrent_v2");
     L(mem_alloc, "cuMemAlloc_v2");
     L(mem_free, "cuMemFree_v2");
+    L(set_gdr, "fakecuda_set_gdr");
+    L(gdr_flushes, "fakecuda_gdr_flushes");
+    L(dmabuf_exports, "fakecuda_dmabuf_exports");
 #undef L
     return FC.init(0);
 }

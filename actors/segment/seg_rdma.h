@@ -1,0 +1,53 @@
+/*
+ * seg_rdma.h — a segment's RDMA side (issue 20, docs/rdma.md "Segment side"): with protocol=rdma
+ * and a usable device, the segment's region is registered with the rdma transport (in chunks of
+ * at most the device's max_mr_size) once the segment is mounted, and clients' RdmaHello offers,
+ * carried on the data-plane TCP port as KVP_FRAME_RDMA_HELLO requests (wire/envelope.h), are
+ * answered with the segment's QPs and chunk table. Every mount change (a new id, or unmount)
+ * fences every writer's QPs first, so QPs made for an earlier mount never reach the region again.
+ *
+ * Thread use: set_id runs on the segment runtime's thread, accept on any data-plane loop; both
+ * take the object's mutex (see seg_rdma.c for why not a message).
+ */
+#ifndef KVP_SEGMENT_SEG_RDMA_H
+#define KVP_SEGMENT_SEG_RDMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvp_verbs_ops;
+struct kvp_rdma_env;
+struct kvp_seg_rdma;
+
+struct kvp_seg_rdma_cfg {
+    const char *who;                   /* log name; NULL: "seg-rdma" */
+    const struct kvp_verbs_ops *ops;   /* NULL: libibverbs (tests: the verbs double) */
+    const struct kvp_rdma_env *env;    /* NULL: the monotonic clock (tests: the double's clock) */
+    const char *devices;               /* device_name / rdma_devices; NULL or "": any */
+    const char *sysfs_root;            /* NULL: "/sys" */
+    int gid_index;                     /* -1: auto */
+    uint32_t fence_bound_ms;           /* 0: 1000 */
+    uint64_t psn_seed;                 /* 0: getrandom (tests: a seed) */
+};
+
+/**
+ * Open the rdma transport as a segment over [base, base+size) (registered at the first
+ * kvp_seg_rdma_set_id with a non-zero id). Returns KVP_OK, KVP_ERR_UNSUPPORTED (no device or a
+ * build without libibverbs: one log line said so; serve TCP only), KVP_ERR_INVALID, KVP_ERR_NOMEM.
+ */
+int kvp_seg_rdma_open(struct kvp_seg_rdma **out, const struct kvp_seg_rdma_cfg *cfg, void *base,
+                      uint64_t size);
+/** Mount change: fence every writer's QPs, then (id != 0) register the region if not yet and
+ *  answer offers for `id`. A registration failure is logged and leaves the segment on TCP. */
+void kvp_seg_rdma_set_id(struct kvp_seg_rdma *r, uint32_t segment_id);
+/**
+ * Answer one RdmaHello offer (r NULL: KVP_ERR_UNSUPPORTED, no answer). *answer (malloc'd, the
+ * caller frees) is the encoded answer, carrying its own status, also on refusals; NULL when
+ * none could be made. Returns the answer's status.
+ */
+int kvp_seg_rdma_accept(struct kvp_seg_rdma *r, const uint8_t *offer, size_t len,
+                        uint8_t **answer, size_t *answer_len);
+/** Fence every writer, deregister, close. Accepts NULL; sets *r NULL. */
+void kvp_seg_rdma_close(struct kvp_seg_rdma **r);
+
+#endif

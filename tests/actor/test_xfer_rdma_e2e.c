@@ -1,0 +1,360 @@
+/*
+ * test_xfer_rdma_e2e.c — the rdma transport end to end in one process over the verbs double: a
+ * real segment data-plane server (kvp_seg_server with kvp_seg_server_rdma: region registered at
+ * mount, RdmaHello answered as a KVP_FRAME_RDMA_HELLO request on its TCP port) and a transfer
+ * engine driving kvp_xport_rdma whose handshake goes over that TCP port (kvp_rdma_hello_tcp).
+ * The double is shared by two threads (the server's loop, the engine's transfer actor) through
+ * tests/lib/fakeverbs_locked.h.
+ *
+ *  - put/get: WRITE then READ patterns; the bytes are in the region and in the READ buffers, and
+ *    the server's TCP counters show no READ/WRITE frame (the data went over the double's QPs).
+ *  - C2 (contract, docs/fencing.md): rounds with random timeouts of 1..20 ms while the segment's
+ *    NIC is paused (PFC) for random times: after the engine is gone and every packet in flight
+ *    was delivered, no timed-out READ buffer (refilled with poison at return) changed, every OK
+ *    READ holds the region's bytes, no WRITE placed poison in the region.
+ *  - remount: a new segment id fences the old mount's QPs: the old id fails, the new one works.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/segment/seg_rdma.h"
+#include "actors/segment/seg_server.h"
+#include "actors/transfer/rdma/rdma_xport_internal.h"
+#include "actors/transfer/rdma/xport_rdma.h"
+#include "actors/transfer/transfer.h"
+#include "kvpool.h"
+#include "runtime/log.h"
+#include "tests/lib/fakeverbs.h"
+#include "tests/lib/fakeverbs_locked.h"
+#include "tests/actor/seg_raw_client.h"
+#include "wire/rdma_hello.h"
+
+#define POISON 0xA5
+#define SEG_BYTES (256 * 1024)
+#define MS 1000000ull
+
+static int all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+struct rig {
+    struct fv_fabric *f;
+    struct fv_node *nc, *ns;
+    struct kvp_rdma_env env;
+    struct kvp_seg_server *srv;
+    uint8_t *region;
+    char ep[64];
+    struct kvp_xport_rdma_opts o;
+    struct kvp_rdma_hello_tcp_opts ho;
+    struct kvp_xfer_engine *e;
+};
+
+static void rig_up(struct rig *g, unsigned seed, int flush)
+{
+    memset(g, 0, sizeof *g);
+    struct fv_config fc = {.seed = seed, .jitter_ns = 2 * MS};
+    assert_int_equal(fv_fabric_new(&g->f, &fc), KVP_OK);
+    struct fv_node_config cc = {.name = "client", .n_devices = 1, .flush = flush};
+    struct fv_node_config sc = {.name = "segment", .n_devices = 1};
+    assert_int_equal(fv_node_add(g->f, &cc, &g->nc), KVP_OK);
+    assert_int_equal(fv_node_add(g->f, &sc, &g->ns), KVP_OK);
+    g->env = fv_locked_env(g->f);
+    g->region = aligned_alloc(4096, SEG_BYTES);
+    for (size_t i = 0; i < SEG_BYTES; i++)
+        g->region[i] = (uint8_t)(i * 31 + 7) == POISON ? 0 : (uint8_t)(i * 31 + 7);
+    assert_int_equal(kvp_seg_server_start(&g->srv, "127.0.0.1", 0, g->region, SEG_BYTES), KVP_OK);
+    kvp_seg_server_set_id(g->srv, 5);
+    struct kvp_seg_rdma_cfg rc = {.who = "seg-e2e", .ops = fv_locked_ops(g->ns), .env = &g->env,
+                                  .sysfs_root = "/nonexistent", .gid_index = -1, .psn_seed = seed + 1};
+    assert_int_equal(kvp_seg_server_rdma(g->srv, &rc), KVP_OK);
+    snprintf(g->ep, sizeof g->ep, "127.0.0.1:%u", kvp_seg_server_port(g->srv));
+    g->ho.timeout_ms = 2000;
+    g->o = (struct kvp_xport_rdma_opts){
+        .cfg = {.ops = fv_locked_ops(g->nc), .gid_index = -1, .psn_seed = seed * 3 + 1,
+                .sysfs_root = "/nonexistent"},
+        .env = g->env, .client_id = 9, .hello = kvp_rdma_hello_tcp, .hello_arg = &g->ho,
+        .drive_clock = true};
+    struct kvp_xfer_params p = {.conns_per_peer = 2, .slice_bytes = 64 * 1024, .fence_bound_ms = 200,
+                                .transport = &kvp_xport_rdma, .transport_opts = &g->o};
+    assert_int_equal(kvp_xfer_engine_new(&g->e, &p), KVP_OK);
+}
+
+static void rig_down(struct rig *g)
+{
+    kvp_xfer_engine_destroy(&g->e);
+    kvp_seg_server_stop(&g->srv); /* fences the writers, deregisters the region */
+    fv_locked_reset();
+    fv_fabric_destroy(&g->f);
+    free(g->region);
+}
+
+static void tcp_frames_none(struct rig *g)
+{
+    struct kvp_seg_server_stats st;
+    kvp_seg_server_stats(g->srv, &st);
+    for (int o = 0; o < 2; o++) /* read, write: no data-plane frame took the TCP path */
+        for (int r = 0; r < KVP_SEG_RESULTS; r++)
+            assert_int_equal(st.requests[o][r], 0);
+    assert_int_equal(st.bytes_read + st.bytes_written, 0);
+    assert_int_equal(st.bad_frames, 0);
+}
+
+static void test_rdma_e2e_put_get_over_segment_server(void **state)
+{
+    (void)state;
+    struct rig g;
+    rig_up(&g, 1, FV_FLUSH_ALL);
+    enum { N = 8, LEN = 20000, CAP = 20480 };
+    uint8_t *w[N], *r[N];
+    struct kvp_xfer_slice s[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = aligned_alloc(4096, CAP);
+        r[i] = aligned_alloc(4096, CAP);
+        memset(r[i], 0, CAP);
+        for (int j = 0; j < LEN; j++)
+            w[i][j] = (uint8_t)(i * 17 + j * 13 + 1);
+        /* odd i: registered with the transport (kvp_register_buffer's path): the double places
+         * READ responses straight into them; even i: staged through the bounce pool */
+        if (i % 2) {
+            assert_int_equal(kvp_xfer_mem_register(g.e, w[i], CAP), KVP_OK);
+            assert_int_equal(kvp_xfer_mem_register(g.e, r[i], CAP), KVP_OK);
+        }
+        s[i] = (struct kvp_xfer_slice){.local = w[i], .length = LEN, .segment_id = 5, .endpoint = g.ep,
+                                       .remote_offset = (uint64_t)i * 30000, .op = KVP_XFER_WRITE};
+    }
+    assert_int_equal(kvp_xfer_run(g.e, s, N, 5000), KVP_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(s[i].status, KVP_OK);
+        assert_memory_equal(g.region + (size_t)i * 30000, w[i], LEN);
+        s[i].local = r[i];
+        s[i].op = KVP_XFER_READ;
+    }
+    assert_int_equal(kvp_xfer_run(g.e, s, N, 5000), KVP_OK);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(s[i].status, KVP_OK);
+        assert_memory_equal(r[i], w[i], LEN);
+        fv_lock();
+        size_t direct = fv_audit_placed_after(g.f, r[i], LEN, 0, NULL);
+        fv_unlock();
+        if (i % 2) {
+            assert_true(direct > 0);
+            assert_int_equal(kvp_xfer_mem_unregister(g.e, w[i], CAP), KVP_OK);
+            assert_int_equal(kvp_xfer_mem_unregister(g.e, r[i], CAP), KVP_OK);
+        } else {
+            assert_int_equal(direct, 0);
+        }
+        free(w[i]);
+        free(r[i]);
+    }
+    tcp_frames_none(&g);
+    struct fv_stats fs;
+    fv_lock();
+    fv_stats_get(g.f, &fs);
+    fv_unlock();
+    assert_true(fs.packets > 0);
+    rig_down(&g);
+}
+
+static void rounds(uint8_t op, int n_rounds, unsigned seed, int flush)
+{
+    struct rig g;
+    rig_up(&g, seed, flush);
+    if (op == KVP_XFER_WRITE)
+        memset(g.region, 0, SEG_BYTES);
+    uint8_t **kept = calloc((size_t)n_rounds * 16, sizeof *kept);
+    uint64_t *klen = calloc((size_t)n_rounds * 16, sizeof *klen);
+    size_t n_kept = 0, n_ok = 0, n_bad = 0;
+    unsigned rs = seed;
+    for (int round = 0; round < n_rounds; round++) {
+        size_t n = 1 + (size_t)(rand_r(&rs) % 16);
+        struct kvp_xfer_slice s[16];
+        uint8_t *bufs[16];
+        for (size_t i = 0; i < n; i++) {
+            uint64_t len = 1 + (uint64_t)(rand_r(&rs) % (32 * 1024));
+            bufs[i] = malloc(len);
+            memset(bufs[i], op == KVP_XFER_WRITE ? 0x10 + round % 64 : 0, len);
+            s[i] = (struct kvp_xfer_slice){.local = bufs[i], .length = len, .segment_id = 5,
+                                           .endpoint = g.ep, .op = op,
+                                           .remote_offset = (uint64_t)(rand_r(&rs) % (SEG_BYTES - 32 * 1024))};
+        }
+        /* the segment's NIC stops answering for 0..15 ms of virtual time (PFC pause) */
+        uint64_t pause = (uint64_t)(rand_r(&rs) % 16) * MS;
+        fv_lock();
+        fv_node_pause(g.ns, pause);
+        fv_unlock();
+        (void)kvp_xfer_run(g.e, s, n, 1 + (uint32_t)(rand_r(&rs) % 20));
+        for (size_t i = 0; i < n; i++) {
+            if (s[i].status == KVP_OK) {
+                n_ok++;
+                if (op == KVP_XFER_READ)
+                    assert_memory_equal(bufs[i], g.region + s[i].remote_offset, s[i].length);
+                free(bufs[i]);
+                continue;
+            }
+            assert_true(s[i].status == KVP_ERR_TIMEOUT || s[i].status == KVP_ERR_TRANSFER ||
+                        s[i].status == KVP_ERR_FENCE_FAILED);
+            n_bad++;
+            memset(bufs[i], POISON, s[i].length); /* the caller reuses its memory at once */
+            kept[n_kept] = bufs[i];
+            klen[n_kept++] = s[i].length;
+        }
+    }
+    kvp_xfer_engine_destroy(&g.e);
+    fv_lock();
+    fv_run_idle(g.f, 5000 * MS); /* every packet still in flight arrives now */
+    fv_unlock();
+    for (size_t k = 0; k < n_kept; k++) {
+        for (uint64_t i = 0; i < klen[k]; i++)
+            if (kept[k][i] != POISON)
+                fail_msg("seed %u: byte %llu of a fenced buffer changed after its call returned", seed,
+                         (unsigned long long)i);
+        free(kept[k]);
+    }
+    if (op == KVP_XFER_WRITE)
+        for (size_t i = 0; i < SEG_BYTES; i++)
+            if (g.region[i] == POISON)
+                fail_msg("seed %u: region byte %zu holds poison: a WRITE read caller memory after "
+                         "its call returned", seed, i);
+    fprintf(stderr, "seed %u %s flush %d: %zu ok, %zu timed out/failed\n", seed,
+            op == KVP_XFER_READ ? "READ" : "WRITE", flush, n_ok, n_bad);
+    assert_true(n_ok > 0);
+    assert_true(n_bad > 0); /* the scenario is real */
+    tcp_frames_none(&g);
+    free(kept);
+    free(klen);
+    rig_down(&g);
+}
+
+static void test_rdma_e2e_timed_out_reads_never_land(void **state)
+{
+    (void)state;
+    rounds(KVP_XFER_READ, 40, 3, FV_FLUSH_ALL);
+    rounds(KVP_XFER_READ, 40, 4, FV_FLUSH_NOT_LATE);
+}
+
+static void test_rdma_e2e_timed_out_writes_never_read_late(void **state)
+{
+    (void)state;
+    rounds(KVP_XFER_WRITE, 40, 13, FV_FLUSH_ALL);
+}
+
+static void test_rdma_e2e_remount_fences_old_qps(void **state)
+{
+    (void)state;
+    struct rig g;
+    rig_up(&g, 7, FV_FLUSH_ALL);
+    uint8_t buf[4096];
+    struct kvp_xfer_slice s = {.local = buf, .length = sizeof buf, .segment_id = 5, .endpoint = g.ep,
+                               .remote_offset = 8192, .op = KVP_XFER_READ};
+    assert_int_equal(kvp_xfer_run(g.e, &s, 1, 5000), KVP_OK);
+    assert_memory_equal(buf, g.region + 8192, sizeof buf);
+    kvp_seg_server_set_id(g.srv, 6); /* a new mount: the space may be reused */
+    memset(buf, 0, sizeof buf);
+    s.status = 0;
+    (void)kvp_xfer_run(g.e, &s, 1, 2000);
+    assert_int_not_equal(s.status, KVP_OK); /* the old id's QPs are gone; a new offer is refused */
+    assert_true(all_zero(buf, sizeof buf));
+    s.segment_id = 6;
+    s.status = 0;
+    assert_int_equal(kvp_xfer_run(g.e, &s, 1, 5000), KVP_OK);
+    assert_memory_equal(buf, g.region + 8192, sizeof buf);
+    tcp_frames_none(&g);
+    rig_down(&g);
+}
+
+/* The opcode on the wire: a server without the RDMA side answers UNSUPPORTED and keeps serving;
+ * a garbage offer gets an encoded refusal and the connection keeps serving; a hello of length 0
+ * or over KVP_FRAME_RDMA_HELLO_MAX is a malformed frame (connection closed, counted). */
+static void test_rdma_e2e_hello_frames_bad_input(void **state)
+{
+    (void)state;
+    uint8_t *region = calloc(1, 65536);
+    struct kvp_seg_server *srv;
+    int fd;
+    assert_int_equal(seg_raw_server_start(region, 65536, 3, &srv, &fd), 0);
+    uint8_t hdr[KVP_FRAME_HEADER_BYTES], offer[64];
+    memset(offer, 0x5c, sizeof offer);
+    seg_raw_header(hdr, KVP_FRAME_RDMA_HELLO, 3, 1, 0, sizeof offer, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    seg_raw_send_all(fd, offer, sizeof offer);
+    struct kvp_frame f = seg_raw_response(fd);
+    assert_int_equal(f.op, KVP_FRAME_RDMA_HELLO_RESP);
+    assert_int_equal(f.status, KVP_ERR_UNSUPPORTED);
+    assert_int_equal(f.length, 0);
+    seg_raw_header(hdr, KVP_FRAME_PING, 3, 2, 0, 0, 0); /* still serving */
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    f = seg_raw_response(fd);
+    assert_int_equal(f.op, KVP_FRAME_PONG);
+    assert_int_equal(f.status, KVP_OK);
+
+    /* now with the RDMA side: a garbage offer is refused inside an encoded answer */
+    struct fv_fabric *fab;
+    struct fv_node *ns;
+    assert_int_equal(fv_fabric_new(&fab, NULL), KVP_OK);
+    assert_int_equal(fv_node_add(fab, NULL, &ns), KVP_OK);
+    struct kvp_rdma_env env = fv_locked_env(fab);
+    struct kvp_seg_rdma_cfg rc = {.ops = fv_locked_ops(ns), .env = &env, .sysfs_root = "/nonexistent",
+                                  .gid_index = -1, .psn_seed = 5};
+    assert_int_equal(kvp_seg_server_rdma(srv, &rc), KVP_OK);
+    assert_int_equal(kvp_seg_server_rdma(srv, &rc), KVP_ERR_INVALID); /* once per server */
+    seg_raw_header(hdr, KVP_FRAME_RDMA_HELLO, 3, 3, 0, sizeof offer, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    seg_raw_send_all(fd, offer, sizeof offer);
+    f = seg_raw_response(fd);
+    assert_int_equal(f.op, KVP_FRAME_RDMA_HELLO_RESP);
+    assert_int_equal(f.status, KVP_OK);
+    assert_true(f.length > 0 && f.length < 4096);
+    uint8_t ans[4096];
+    seg_raw_recv_all(fd, ans, f.length);
+    struct kvp_rdma_hello h;
+    assert_int_equal(kvp_rdma_hello_decode(ans, f.length, &h, NULL, 0), KVP_OK);
+    assert_int_not_equal(h.status, KVP_OK);
+    kvp_rdma_hello_free(&h);
+    seg_raw_header(hdr, KVP_FRAME_PING, 3, 4, 0, 0, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    assert_int_equal(seg_raw_response(fd).op, KVP_FRAME_PONG);
+
+    /* length 0: malformed, the connection is closed */
+    seg_raw_header(hdr, KVP_FRAME_RDMA_HELLO, 3, 5, 0, 0, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    uint8_t b;
+    assert_int_equal(recv(fd, &b, 1, 0), 0);
+    close(fd);
+    /* over the cap: the same */
+    fd = seg_raw_connect(kvp_seg_server_port(srv));
+    seg_raw_header(hdr, KVP_FRAME_RDMA_HELLO, 3, 6, 0, KVP_FRAME_RDMA_HELLO_MAX + 1, 0);
+    seg_raw_send_all(fd, hdr, sizeof hdr);
+    assert_int_equal(recv(fd, &b, 1, 0), 0);
+    struct kvp_seg_server_stats st;
+    kvp_seg_server_stats(srv, &st);
+    assert_int_equal(st.bad_frames, 2);
+    seg_raw_server_stop(&srv, fd);
+    fv_locked_reset();
+    fv_fabric_destroy(&fab);
+    free(region);
+}
+
+int main(void)
+{
+    kvp_log_set_level(KVP_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rdma_e2e_put_get_over_segment_server),
+        cmocka_unit_test(test_rdma_e2e_timed_out_reads_never_land),
+        cmocka_unit_test(test_rdma_e2e_timed_out_writes_never_read_late),
+        cmocka_unit_test(test_rdma_e2e_remount_fences_old_qps),
+        cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
