@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -300,6 +301,18 @@ static void actor_main(zsock_t *pipe, void *arg)
     zmq_pollitem_t *items = NULL;
     size_t nitems = 0, cap = 0;
     bool rebuild = true;
+    /* While every watch is a plain fd (the data-plane actors), the loop waits in epoll_wait over
+     * the mailbox eventfd, the pipe's ZMQ_FD and the watched fds: one system call per wake-up.
+     * zmq_poll, needed as soon as a libzmq socket is watched, also asks libzmq about the pipe
+     * (ZMQ_EVENTS, each a poll of its signaler) before and after waiting. ZMQ_FD only says that
+     * the pipe's state may have changed: the pipe is read while ZMQ_EVENTS says POLLIN, and
+     * checked once at start and after every rebuild (docs/runtime.md, "Watching sockets and fds"). */
+    int ep = -1;
+    int pipe_fd = -1;
+    size_t pfl = sizeof pipe_fd;
+    if (zmq_getsockopt(zsock_resolve(pipe), ZMQ_FD, &pipe_fd, &pfl) != 0)
+        pipe_fd = -1;
+    bool use_ep = false, check_pipe = true;
     while (!term) {
         if (rebuild || a->core.watches_changed) {
             size_t n = 2;
@@ -331,13 +344,55 @@ static void actor_main(zsock_t *pipe, void *arg)
             nitems = n;
             rebuild = false;
             a->core.watches_changed = false;
+            bool all_fds = pipe_fd >= 0;
+            for (struct rt_watch *w = a->core.watches; w; w = w->next)
+                if (w->fd < 0)
+                    all_fds = false;
+            if (ep >= 0)
+                close(ep);
+            ep = all_fds ? epoll_create1(EPOLL_CLOEXEC) : -1;
+            use_ep = ep >= 0;
+            for (size_t k = 0; k < nitems && use_ep; k++) {
+                struct epoll_event ee = {.events = EPOLLIN, .data.u64 = k};
+                if (epoll_ctl(ep, EPOLL_CTL_ADD, k == 0 ? pipe_fd : items[k].fd, &ee) != 0) {
+                    close(ep);
+                    ep = -1;
+                    use_ep = false;
+                }
+            }
+            check_pipe = true;
         }
         int64_t due = rt_core_next_due_ms(a);
         long timeout = due < 0 ? -1 : (long)due;
-        int n = zmq_poll(items, (int)nitems, timeout);
-        if (n < 0 && zmq_errno() != EINTR) {
-            kvp_log_error(a->name, "zmq_poll: %s", zmq_strerror(zmq_errno()));
-            zclock_sleep(1);
+        int n;
+        if (use_ep) {
+            struct epoll_event evs[16];
+            int ne = epoll_wait(ep, evs, 16, check_pipe ? 0 : (int)timeout);
+            if (ne < 0 && errno != EINTR)
+                kvp_log_error(a->name, "epoll_wait: %s", strerror(errno));
+            for (size_t k = 0; k < nitems; k++)
+                items[k].revents = 0;
+            n = 0;
+            for (int k = 0; k < ne; k++)
+                if (evs[k].data.u64 < nitems) {
+                    if (evs[k].data.u64 == 0)
+                        check_pipe = true;
+                    else
+                        items[evs[k].data.u64].revents = ZMQ_POLLIN;
+                }
+            if (check_pipe) {
+                check_pipe = false;
+                if (zsock_events(pipe) & ZMQ_POLLIN)
+                    items[0].revents = ZMQ_POLLIN;
+            }
+            for (size_t k = 0; k < nitems; k++)
+                n += items[k].revents != 0;
+        } else {
+            n = zmq_poll(items, (int)nitems, timeout);
+            if (n < 0 && zmq_errno() != EINTR) {
+                kvp_log_error(a->name, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+                zclock_sleep(1);
+            }
         }
         if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
             char *cmd = zstr_recv(pipe);
@@ -350,6 +405,7 @@ static void actor_main(zsock_t *pipe, void *arg)
             zstr_free(&cmd);
             if (term)
                 break;
+            check_pipe = true; /* epoll: more may be queued (ZMQ_FD will not say so again) */
         }
         if (n > 0 && (items[1].revents & ZMQ_POLLIN)) {
             uint64_t cnt;
@@ -378,6 +434,8 @@ static void actor_main(zsock_t *pipe, void *arg)
         rt_core_run_timers(a);
     }
     free(items);
+    if (ep >= 0)
+        close(ep);
     rt_core_close(a);
     rt_core_finish(a);
     pthread_mutex_lock(&a->mu);

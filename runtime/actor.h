@@ -301,6 +301,16 @@ int kvp_rt_timer_cancel(struct kvp_rt_ctx *ctx, uint64_t timer_id);
 int kvp_rt_hosted_spawn(struct kvp_rt_ctx *ctx, const struct kvp_rt_hosted_spec *spec,
                         void *state, uint64_t *hid);
 /**
+ * As kvp_rt_hosted_spawn, then run `start` at once, on this thread, as the new hosted actor (its
+ * ctx: the timers, requests and replies it makes are its own), so a hosted actor can begin its
+ * work without a message to itself. `start` returns as a handler does: KVP_OK, KVP_RT_DONE (the
+ * hosted actor is finished at once: fini runs; this returns KVP_OK) or a negative kvp_err (fini
+ * runs; this returns that error, no failure report). *hid is set before `start` runs.
+ * Errors: as kvp_rt_hosted_spawn (then `start` did not run), or start's error.
+ */
+int kvp_rt_hosted_spawn_run(struct kvp_rt_ctx *ctx, const struct kvp_rt_hosted_spec *spec, void *state,
+                            int (*start)(struct kvp_rt_ctx *ctx), uint64_t *hid);
+/**
  * Finish hosted actor `hid` now: unanswered requests to it are answered KVP_ERR_CLOSED, its
  * timers are cancelled, replies still due to it will be dropped, its fini runs. Must not be
  * called for the hosted actor whose handler is running (return KVP_RT_DONE instead).

@@ -367,6 +367,8 @@ int64_t rt_core_next_due_ms(struct kvp_rt_actor *a)
 
 /* ------------------------------------------------------------------ hosted actors */
 
+static void hosted_end(struct kvp_rt_actor *a, struct rt_hosted *h);
+
 int kvp_rt_hosted_spawn(struct kvp_rt_ctx *ctx, const struct kvp_rt_hosted_spec *spec,
                         void *state, uint64_t *hid)
 {
@@ -397,6 +399,29 @@ int kvp_rt_hosted_spawn(struct kvp_rt_ctx *ctx, const struct kvp_rt_hosted_spec 
     }
     if (hid)
         *hid = h->node.key;
+    return KVP_OK;
+}
+
+int kvp_rt_hosted_spawn_run(struct kvp_rt_ctx *ctx, const struct kvp_rt_hosted_spec *spec, void *state,
+                            int (*start)(struct kvp_rt_ctx *ctx), uint64_t *hid)
+{
+    uint64_t id = 0;
+    int rc = kvp_rt_hosted_spawn(ctx, spec, state, &id);
+    if (rc != KVP_OK || !start)
+        return rc;
+    if (hid)
+        *hid = id;
+    struct rt_core *c = &ctx->a->core;
+    struct rt_hosted *h = hosted_get(ctx->a, id);
+    struct rt_hosted *prev = c->running;
+    c->running = h;
+    struct kvp_rt_ctx hctx = {ctx->a, h};
+    rc = start(&hctx);
+    c->running = prev;
+    if (rc < 0 || rc == KVP_RT_DONE) {
+        hosted_end(ctx->a, h);
+        return rc < 0 ? rc : KVP_OK;
+    }
     return KVP_OK;
 }
 

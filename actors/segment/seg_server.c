@@ -31,7 +31,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -127,16 +126,11 @@ struct kvp_seg_server {
     struct kvp_rt_actor *loops[KVP_SEG_LOOPS];
     int n_loops;
     struct seg_counters ctr[KVP_SEG_LOOPS]; /* loop i writes ctr[i]; see struct seg_counters */
-    /* One eventfd per loop, in that loop's epoll set: written after a message is sent to the loop
-     * (loop_send), so that a loop waiting in its own epoll_wait (loop_on_epoll) returns to the
-     * runtime, which delivers the message. The descriptors are set before the loops start and
-     * closed after they stopped; writing one is a system call, no memory is shared through it. */
-    int kick_fd[KVP_SEG_LOOPS];
     char region_sync; /* TSan annotation address only (REGION_ACQUIRE/RELEASE) */
 };
 
 /* What an epoll event points to: a listen socket or a connection (first member of both). */
-enum { EP_LISTEN = 1, EP_CONN = 2, EP_KICK = 3 };
+enum { EP_LISTEN = 1, EP_CONN = 2 };
 struct seg_ep {
     int kind;
     int fd;
@@ -214,19 +208,14 @@ struct seg_loop {
     unsigned next_loop;
     bool accept_paused;
     uint64_t refused, refused_logged_ms;
-    struct seg_ep kick_ep;
-    bool stopping; /* SEG_MSG_STOP came: do not wait in loop_on_epoll */
+    bool stopping; /* SEG_MSG_STOP came: loop_on_epoll returns after one pass */
 };
 
-/* Send a message to loop `to` and make it return to the runtime to take it (kick_fd). */
+/* Send a message to loop `to` (the runtime's mailbox wakes it: the loop never waits elsewhere). */
 static int loop_send(struct kvp_seg_server *s, int to, uint32_t type, uint64_t arg, void **payload,
                      kvp_rt_free_fn free_fn)
 {
-    int rc = kvp_rt_send(s->loops[to], 0, type, arg, payload, free_fn);
-    uint64_t one = 1;
-    if (rc == KVP_OK && write(s->kick_fd[to], &one, sizeof one) < 0 && errno != EAGAIN)
-        kvp_log_warn(ACTOR, "loop %d: kick: %s", to, strerror(errno));
-    return rc;
+    return kvp_rt_send(s->loops[to], 0, type, arg, payload, free_fn);
 }
 
 /* A socket handed to a loop (SEG_MSG_CONN). */
@@ -844,58 +833,42 @@ static void accept_some(struct kvp_rt_ctx *ctx, struct seg_loop *l, int lfd)
 
 /* ------------------------------------------------------------------ the loop actor */
 
-/* How long loop_on_epoll waits in its own epoll_wait before it returns to the runtime (which
- * then runs due timers: the stall sweep, the accept retry). */
-#define LOOP_WAIT_MS 100
+/* Passes over a full epoll batch before the callback returns to the runtime anyway. */
+#define LOOP_PASSES 16
 
 /*
- * Watch callback: the epoll set has events. It handles them and then, instead of returning to
- * the runtime's poll at once, waits in epoll_wait itself (at most LOOP_WAIT_MS) and handles the
- * next ones, until a wait times out, or the loop's kick_fd says a message came (loop_send:
- * a new connection, kvp_seg_server_sweep, stop), or the server is stopping, or it has run LOOP_WAIT_MS. Why: the runtime's poll of a threaded
- * actor (zmq_poll over its pipe, mailbox and watches) costs 3 more system calls per wake-up than
- * epoll_wait alone, and a segment wakes once per batch of requests: with it, 4 KiB batch_get(32)
- * ran at about 0.7x the thread-per-connection server's rate (docs/data-plane.md). Messages and
- * timers still run on this thread, between two calls of this callback; none of them is urgent
- * to within LOOP_WAIT_MS except those kick_fd announces.
+ * Watch callback: the epoll set has events. It takes what is there without waiting (epoll_wait
+ * with timeout 0), again while a pass filled the whole event array (at most LOOP_PASSES), and
+ * returns: the loop waits only in the runtime's own poll, which for an actor that watches only
+ * fds is one epoll_wait over its mailbox, its pipe and this set (runtime/actor.c), so a wake-up
+ * costs one system call more than a loop of its own, not three (docs/runtime.md). Messages and
+ * timers run between two calls of this callback.
  */
 static int loop_on_epoll(struct kvp_rt_ctx *ctx, void *handle)
 {
     (void)handle;
     struct seg_loop *l = kvp_rt_state(ctx);
     struct epoll_event ev[64];
-    int wait_ms = 0; /* the runtime saw the set readable: take what is there first */
-    uint64_t start = kvp_clock_now_ms();
-    for (;;) {
-        int n = epoll_wait(l->epfd, ev, 64, wait_ms);
+    for (int pass = 0; pass < LOOP_PASSES; pass++) {
+        int n = epoll_wait(l->epfd, ev, 64, 0);
         if (n < 0) {
-            if (errno == EINTR)
-                return KVP_OK;
-            kvp_log_error(ACTOR, "loop %d: epoll_wait: %s", l->idx, strerror(errno));
+            if (errno != EINTR)
+                kvp_log_error(ACTOR, "loop %d: epoll_wait: %s", l->idx, strerror(errno));
             return KVP_OK;
         }
-        if (n == 0)
-            return KVP_OK; /* timers, messages */
-        bool kicked = false;
         for (int i = 0; i < n; i++) {
             struct seg_ep *ep = ev[i].data.ptr;
-            if (ep->kind == EP_KICK) {
-                uint64_t cnt;
-                if (read(ep->fd, &cnt, sizeof cnt) < 0 && errno != EAGAIN)
-                    kvp_log_warn(ACTOR, "loop %d: kick read: %s", l->idx, strerror(errno));
-                kicked = true;
-            } else if (ep->kind == EP_LISTEN) {
+            if (ep->kind == EP_LISTEN) {
                 if (!l->accept_paused)
                     accept_some(ctx, l, ep->fd);
             } else {
                 conn_event((struct seg_conn *)ep, ev[i].events);
             }
         }
-        /* Busy for LOOP_WAIT_MS: give the runtime its turn (timers) even under steady load. */
-        if (kicked || l->stopping || kvp_clock_now_ms() - start >= LOOP_WAIT_MS)
+        if (n < 64 || l->stopping)
             return KVP_OK;
-        wait_ms = LOOP_WAIT_MS;
     }
+    return KVP_OK;
 }
 
 static int loop_init(struct kvp_rt_ctx *ctx)
@@ -904,12 +877,6 @@ static int loop_init(struct kvp_rt_ctx *ctx)
     l->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (l->epfd < 0) {
         kvp_log_error(ACTOR, "loop %d: epoll_create1: %s", l->idx, strerror(errno));
-        return KVP_ERR_IO;
-    }
-    l->kick_ep = (struct seg_ep){EP_KICK, l->srv->kick_fd[l->idx]};
-    struct epoll_event kev = {.events = EPOLLIN, .data.ptr = &l->kick_ep};
-    if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->kick_ep.fd, &kev) != 0) {
-        kvp_log_error(ACTOR, "epoll add kick fd: %s", strerror(errno));
         return KVP_ERR_IO;
     }
     int rc = kvp_rt_watch_fd(ctx, l->epfd, loop_on_epoll);
@@ -1046,7 +1013,7 @@ static int listen_on(struct kvp_seg_server *s, const char *host, uint32_t port)
 
 static void stop_loops(struct kvp_seg_server *s)
 {
-    /* Out of their own epoll_wait first (SEG_MSG_STOP), so that the runtime's stop is seen at
+    /* SEG_MSG_STOP first (the loops then return after one epoll pass), so that the runtime's stop is seen at
      * once. Stop them all before dropping any reference: a loop may still send to loop 0. */
     for (int i = 0; i < s->n_loops; i++)
         (void)loop_send(s, i, SEG_MSG_STOP, 0, NULL, NULL);
@@ -1074,12 +1041,7 @@ int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t
      * install czmq's SIGINT/SIGTERM handlers and take Ctrl-C away from the application. Before
      * the server was an actor such processes never had them; keep it so (docs/runtime.md). */
     zsys_handler_set(NULL);
-    for (int i = 0; i < KVP_SEG_LOOPS; i++)
-        s->kick_fd[i] = -1;
     int rc = listen_on(s, host, port);
-    for (int i = 0; rc == KVP_OK && i < KVP_SEG_LOOPS; i++)
-        if ((s->kick_fd[i] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
-            rc = KVP_ERR_IO;
     for (int i = 0; rc == KVP_OK && i < KVP_SEG_LOOPS; i++) {
         struct seg_loop *l = calloc(1, sizeof *l);
         if (!l) {
@@ -1104,9 +1066,6 @@ int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t
         stop_loops(s);
         for (int i = 0; i < s->n_lfd; i++)
             close(s->lfd[i]);
-        for (int i = 0; i < KVP_SEG_LOOPS; i++)
-            if (s->kick_fd[i] >= 0)
-                close(s->kick_fd[i]);
         free(s);
         return rc;
     }
@@ -1159,8 +1118,6 @@ void kvp_seg_server_stop(struct kvp_seg_server **sp)
     stop_loops(s);
     for (int i = 0; i < s->n_lfd; i++)
         close(s->lfd[i]);
-    for (int i = 0; i < KVP_SEG_LOOPS; i++)
-        close(s->kick_fd[i]);
     kvp_log_info(ACTOR, "port %u: stopped", s->port);
     free(s);
 }

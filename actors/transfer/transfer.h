@@ -35,10 +35,16 @@ struct kvp_xfer_params {
     uint32_t fence_bound_ms;   /* how long a timed-out batch waits for a transport that cannot fence
                                   at once (wedged) before it is torn down: default 2000
                                   (docs/fencing.md) */
-    uint32_t io_threads;       /* I/O threads (default 1, at most 8). Each owns its own connections
-                                  (conns_per_peer per endpoint each) and runs whole batches: a
-                                  batch goes to the one with the fewest batches running, so the
-                                  socket copies of concurrent batches run on several cores */
+    uint32_t io_threads;       /* tcp transfer actors (default 1, at most 8), each a thread that
+                                  owns its own connections (conns_per_peer per endpoint each) and
+                                  hosts the batch actors of the calls sent to it: a call goes to
+                                  one that no call uses now if there is one, else to the calling
+                                  thread's own (thread id modulo io_threads), so the socket copies
+                                  of concurrent calls run on several cores */
+    /* Tests (contract C2): when not NULL, runs on the transfer actor's thread in each batch
+     * actor's fini, after every slice of the call is terminal and before the call is answered. */
+    void (*on_batch_fini)(const struct kvp_xfer_slice *slices, size_t n, void *arg);
+    void *on_batch_fini_arg;
 };
 
 /* Engine counters (monotonic since the engine started). */
@@ -55,7 +61,8 @@ struct kvp_xfer_stats {
 
 struct kvp_xfer_engine;
 
-/** Copy the engine's counters (summed over its I/O threads). Any thread. */
+/** Copy the engine's counters (summed over its transfer actors, asked by message). Any thread
+ *  that is not one of the engine's actors. */
 void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out);
 
 /**
@@ -66,18 +73,20 @@ void kvp_xfer_engine_stop(struct kvp_xfer_engine *e);
 
 struct kvp_xfer_engine;
 
-/** Start the engine (its I/O thread). Errors: KVP_ERR_NOMEM, KVP_ERR_IO. */
+/** Start the engine (its transfer actors). Errors: KVP_ERR_NOMEM, KVP_ERR_IO. */
 int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_params *p);
 
 /**
  * Stop: fences every batch in flight (their kvp_xfer_run calls return KVP_ERR_CLOSED per slice),
- * closes connections, joins the thread, frees. Accepts NULL; sets *e to NULL.
+ * stops the transfer actors (their transports close every connection), frees. Accepts NULL; sets
+ * *e to NULL.
  */
 void kvp_xfer_engine_destroy(struct kvp_xfer_engine **e);
 
 /**
  * Declare that segment_id's memory is [base, base+size) in this process: slices to it use the
- * local (memcpy) transport. unregister waits until no slice uses it.
+ * local (memcpy) transport. unregister waits until no slice uses it. Both are requests to the
+ * engine's transfer actors: call them from a thread that is not one of those actors.
  */
 int kvp_xfer_register_local(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size);
 int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id);
@@ -99,11 +108,11 @@ int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id);
 int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms);
 
 /**
- * kvp_xfer_run, and `overlap(arg)` (if not NULL) runs once in the calling thread after the remote
- * slices were handed to the transport and the local slices copied, before the call waits for
- * the batch: the caller's CPU work overlaps the transfer (the put computes its checksums
- * there). It is not called when the batch is refused before running (KVP_ERR_INVALID,
- * KVP_ERR_CLOSED, out of memory). It must not touch the memory of READ slices (not complete yet).
+ * kvp_xfer_run, and `overlap(arg)` (if not NULL) runs once in the calling thread after the batch
+ * was sent to its transfer actor, while the transfer runs, before the call waits for the batch:
+ * the caller's CPU work overlaps the transfer (the put computes its checksums there). It is not
+ * called when the batch is refused before running (KVP_ERR_INVALID, KVP_ERR_CLOSED at the send,
+ * out of memory). It must not touch the memory of READ slices (not complete yet).
  */
 int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n,
                          uint32_t timeout_ms, void (*overlap)(void *arg), void *arg);

@@ -1,145 +1,171 @@
 /*
- * xfer_local.c — the local transport of the transfer engine: segments registered in this process
- * (kvp_xfer_register_local) are read and written with memcpy in the caller's thread, under the
- * engine's local_lock (read), which kvp_xfer_unregister_local takes for writing: so unregister
- * waits for copies in progress (docs/data-plane.md, "Local transport").
+ * xfer_local.c — the local transport behind the transport seam (transport.h): segments
+ * registered in this process (kvp_xfer_register_local) are read and written with memcpy.
+ *
+ * An instance belongs to the engine's local transfer actor ("xfer-local"), which owns the table
+ * of registered segments: register and unregister are messages to that actor, handled between
+ * two posts, and a post copies at once, so an unregister never overlaps a copy
+ * (docs/data-plane.md, "Local transport"). The table is found by segment id; the peer of connect()
+ * is a placeholder (one per endpoint the engine asks for, all alike).
  */
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "actors/transfer/fault.h"
 #include "actors/transfer/transfer_internal.h"
+#include "actors/transfer/transport.h"
 #include "kvpool.h"
-#include "runtime/clock.h"
-#include "runtime/log.h"
 
-#define ACTOR "xfer"
+struct xfer_local_seg {
+    uint32_t segment_id;
+    uint8_t *base;
+    uint64_t size;
+};
 
-static int register_local_one(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size);
-static int unregister_local_one(struct kvp_xfer_engine *e, uint32_t segment_id);
+struct local_xport {
+    struct xfer_local_seg *segs;
+    size_t n, cap;
+    struct kvp_xport_completion *cq;
+    size_t cq_n, cq_cap;
+    char peer; /* the address handed out as every peer */
+};
 
-/* On this engine and every sibling: a batch sees the same local segments whichever runs it. */
-int kvp_xfer_register_local(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size)
+#define L(x) ((struct local_xport *)(x))
+
+int xfer_local_add(struct kvp_xport *x, uint32_t segment_id, void *base, uint64_t size)
 {
-    if (!e || segment_id == 0 || !base || size == 0)
-        return KVP_ERR_INVALID;
-    int rc = register_local_one(e, segment_id, base, size);
-    for (unsigned i = 0; i < e->n_sib && rc == KVP_OK; i++)
-        rc = register_local_one(e->sib[i], segment_id, base, size);
-    if (rc != KVP_OK)
-        kvp_xfer_unregister_local(e, segment_id);
-    return rc;
-}
-
-int kvp_xfer_unregister_local(struct kvp_xfer_engine *e, uint32_t segment_id)
-{
-    if (!e)
-        return KVP_ERR_INVALID;
-    int rc = unregister_local_one(e, segment_id);
-    for (unsigned i = 0; i < e->n_sib; i++)
-        unregister_local_one(e->sib[i], segment_id);
-    return rc;
-}
-
-static int register_local_one(struct kvp_xfer_engine *e, uint32_t segment_id, void *base, uint64_t size)
-{
-    pthread_rwlock_wrlock(&e->local_lock);
-    int rc = KVP_OK;
+    struct local_xport *t = L(x);
     size_t i;
-    for (i = 0; i < e->n_locals; i++)
-        if (e->locals[i].segment_id == segment_id)
+    for (i = 0; i < t->n; i++)
+        if (t->segs[i].segment_id == segment_id)
             break;
-    if (i == e->n_locals) {
-        if (e->n_locals == e->cap_locals) {
-            size_t nc = e->cap_locals ? e->cap_locals * 2 : 4;
-            struct xfer_local *nl = realloc(e->locals, nc * sizeof *nl);
-            if (!nl) {
-                rc = KVP_ERR_NOMEM;
-                goto out;
-            }
-            e->locals = nl;
-            e->cap_locals = nc;
+    if (i == t->n) {
+        if (t->n == t->cap) {
+            size_t nc = t->cap ? t->cap * 2 : 4;
+            struct xfer_local_seg *ns = realloc(t->segs, nc * sizeof *ns);
+            if (!ns)
+                return KVP_ERR_NOMEM;
+            t->segs = ns;
+            t->cap = nc;
         }
-        e->n_locals++;
+        t->n++;
     }
-    e->locals[i] = (struct xfer_local){segment_id, base, size};
-out:
-    pthread_rwlock_unlock(&e->local_lock);
-    return rc;
+    t->segs[i] = (struct xfer_local_seg){segment_id, base, size};
+    return KVP_OK;
 }
 
-static int unregister_local_one(struct kvp_xfer_engine *e, uint32_t segment_id)
+int xfer_local_del(struct kvp_xport *x, uint32_t segment_id)
 {
-    /* The write lock waits for every batch doing local copies (they hold the read lock). */
-    pthread_rwlock_wrlock(&e->local_lock);
-    int rc = KVP_ERR_NOT_FOUND;
-    for (size_t i = 0; i < e->n_locals; i++)
-        if (e->locals[i].segment_id == segment_id) {
-            e->locals[i] = e->locals[--e->n_locals];
-            rc = KVP_OK;
-            break;
+    struct local_xport *t = L(x);
+    for (size_t i = 0; i < t->n; i++)
+        if (t->segs[i].segment_id == segment_id) {
+            t->segs[i] = t->segs[--t->n];
+            return KVP_OK;
         }
-    pthread_rwlock_unlock(&e->local_lock);
-    return rc;
+    return KVP_ERR_NOT_FOUND;
 }
 
-/* Caller holds local_lock (read). */
-const struct xfer_local *xfer_local_find(const struct kvp_xfer_engine *e, uint32_t id)
+static int local_open(struct kvp_xport **out, const struct kvp_xport_params *p)
 {
-    for (size_t i = 0; i < e->n_locals; i++)
-        if (e->locals[i].segment_id == id)
-            return &e->locals[i];
-    return NULL;
+    (void)p;
+    struct local_xport *t = calloc(1, sizeof *t);
+    if (!t)
+        return KVP_ERR_NOMEM;
+    *out = (struct kvp_xport *)t;
+    return KVP_OK;
 }
 
-/*
- * One local slice: bounds check, the fault rules of KVP_FAULT_LOCAL, then the copy, in the calling
- * thread (so it cannot outlive the call). Sets s->status on failure. Caller holds local_lock
- * (read) and found the slice's segment with xfer_local_find.
- */
-void xfer_local_copy(struct kvp_xfer_engine *e, struct kvp_xfer_slice *s, uint64_t start_ns, uint32_t timeout_ms)
+static int local_fds(struct kvp_xport *x, int *fds, size_t max)
 {
-    const struct xfer_local *l = xfer_local_find(e, s->segment_id);
-    if (s->remote_offset > l->size || s->length > l->size - s->remote_offset) {
-        s->status = KVP_ERR_INVALID;
+    (void)x, (void)fds, (void)max;
+    return 0;
+}
+
+static int local_connect(struct kvp_xport *x, const char *endpoint, const struct sockaddr_storage *addr,
+                         unsigned addr_len, struct kvp_xport_peer **peer)
+{
+    (void)endpoint, (void)addr, (void)addr_len;
+    *peer = (struct kvp_xport_peer *)&L(x)->peer;
+    return KVP_OK;
+}
+
+static int local_post(struct kvp_xport *x, struct kvp_xport_peer *peer, const struct kvp_xport_slice *s, size_t n)
+{
+    (void)peer;
+    struct local_xport *t = L(x);
+    if (t->cq_n + n > t->cq_cap) {
+        size_t nc = t->cq_cap ? t->cq_cap : 16;
+        while (nc < t->cq_n + n)
+            nc *= 2;
+        struct kvp_xport_completion *q = realloc(t->cq, nc * sizeof *q);
+        if (!q)
+            return KVP_ERR_NOMEM;
+        t->cq = q;
+        t->cq_cap = nc;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((s[i].op != KVP_XFER_READ && s[i].op != KVP_XFER_WRITE) || !s[i].local || !s[i].length)
+            return KVP_ERR_INVALID;
+    for (size_t i = 0; i < n; i++) {
+        const struct kvp_xport_slice *x1 = &s[i];
+        const struct xfer_local_seg *g = NULL;
+        for (size_t k = 0; k < t->n && !g; k++)
+            if (t->segs[k].segment_id == x1->segment_id)
+                g = &t->segs[k];
+        int st = KVP_OK;
+        if (!g)
+            st = KVP_ERR_NOT_FOUND; /* unregistered since the batch chose this transport */
+        else if (x1->remote_offset > g->size || x1->length > g->size - x1->remote_offset)
+            st = KVP_ERR_INVALID;
+        else if (x1->op == KVP_XFER_READ)
+            memcpy(x1->local, g->base + x1->remote_offset, x1->length);
+        else
+            memcpy(g->base + x1->remote_offset, x1->local, x1->length);
+        t->cq[t->cq_n++] = (struct kvp_xport_completion){x1->id, st};
+    }
+    return KVP_OK;
+}
+
+static int local_poll(struct kvp_xport *x, uint64_t now_ns, struct kvp_xport_completion *out, size_t max,
+                      uint64_t *next_ns)
+{
+    struct local_xport *t = L(x);
+    size_t k = t->cq_n < max ? t->cq_n : max;
+    memcpy(out, t->cq, k * sizeof *out);
+    memmove(t->cq, t->cq + k, (t->cq_n - k) * sizeof *t->cq);
+    t->cq_n -= k;
+    *next_ns = t->cq_n ? now_ns : UINT64_MAX;
+    return (int)k;
+}
+
+/* Copies finish inside post(): by the time a fence comes, every xslice was reported. */
+static void local_fence(struct kvp_xport *x, const uint64_t *ids, size_t n, int status)
+{
+    (void)x, (void)ids, (void)n, (void)status;
+}
+
+static void local_abort(struct kvp_xport *x, const uint64_t *ids, size_t n)
+{
+    (void)x, (void)ids, (void)n;
+}
+
+static void local_close(struct kvp_xport *x)
+{
+    struct local_xport *t = L(x);
+    if (!t)
         return;
-    }
-    struct xfer_fault_hit hit;
-    if (xfer_fault_match(KVP_FAULT_LOCAL, s->op, s->segment_id, s->endpoint, &hit)) {
-        /* The local copy runs in this thread, so it cannot outlive the call: a fault only
-         * delays it, fails it or (WEDGE) keeps it past the fence bound. */
-        uint64_t now = kvp_clock_now_ns();
-        uint64_t dl = timeout_ms ? start_ns + (uint64_t)timeout_ms * 1000000ull : UINT64_MAX;
-        uint64_t until = now + (uint64_t)hit.ms * 1000000ull;
-        if (hit.action == KVP_FAULT_FAIL) {
-            s->status = KVP_ERR_TRANSFER;
-            return;
-        }
-        if (hit.action == KVP_FAULT_DROP || hit.action == KVP_FAULT_WEDGE)
-            until = UINT64_MAX;
-        if (hit.action == KVP_FAULT_WEDGE && dl != UINT64_MAX)
-            until = dl + (uint64_t)e->p.fence_bound_ms * 1000000ull;
-        uint64_t stop = until < dl ? until : dl;
-        if (stop == UINT64_MAX)
-            stop = now + (uint64_t)e->p.fence_bound_ms * 1000000ull; /* DROP without timeout */
-        while (kvp_clock_now_ns() < stop)
-            usleep(1000);
-        if (hit.action == KVP_FAULT_WEDGE) {
-            kvp_log_error(ACTOR, "local copy to segment %u could not be fenced within %u ms",
-                          s->segment_id, e->p.fence_bound_ms);
-            STAT_ADD(e, st_fence_failed, 1);
-            s->status = KVP_ERR_FENCE_FAILED;
-            return;
-        }
-        if (until > dl || hit.action == KVP_FAULT_DROP) { /* never started: fenced */
-            STAT_ADD(e, st_fenced, 1);
-            s->status = KVP_ERR_TIMEOUT;
-            return;
-        }
-    }
-    if (s->op == KVP_XFER_READ)
-        memcpy(s->local, l->base + s->remote_offset, s->length);
-    else
-        memcpy(l->base + s->remote_offset, s->local, s->length);
+    free(t->segs);
+    free(t->cq);
+    free(t);
 }
+
+const struct kvp_xport_ops kvp_xport_local = {
+    .name = "local",
+    .open = local_open,
+    .fds = local_fds,
+    .connect = local_connect,
+    .post = local_post,
+    .poll = local_poll,
+    .fence = local_fence,
+    .abort = local_abort,
+    .close = local_close,
+};

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "actors/transfer/transfer_internal.h"
+#include "wire/envelope.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"

@@ -4,6 +4,9 @@ kvp_add_test(test_xfer_tcp SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_tcp
 kvp_add_test(test_seg_runtime SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_seg_runtime.c LABEL actor TIMEOUT 60)
 kvp_add_test(test_xfer_throughput SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_throughput.c LABEL actor TIMEOUT 120)
 kvp_add_test(test_xfer_fence SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_fence.c LABEL actor TIMEOUT 120)
+# The engine as actors (issue 19): a call returns after its batch actor's fini (C2), a stop waits for
+# the fence, one batch over two transfer actors.
+kvp_add_test(test_xfer_actors SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_actors.c LABEL actor TIMEOUT 60)
 kvp_add_test(test_xfer_spec SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_spec.c LABEL actor TIMEOUT 300)
 # kvpool-segment as a process (signals, stdout line) against a fake master; needs the tool.
 kvp_add_test(test_seg_daemon SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_seg_daemon.c LABEL integration TIMEOUT 60)
