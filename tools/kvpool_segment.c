@@ -135,6 +135,9 @@ static void seg_render(void *ctx, struct kvp_metrics_text *t)
     kvp_metrics_family(t, "kvpool_segment_connections_refused_total", "counter",
                        "Data-plane connections refused (over the connection limit).");
     kvp_metrics_sample_u64(t, "kvpool_segment_connections_refused_total", NULL, st.server.conns_refused);
+    kvp_metrics_family(t, "kvpool_segment_token_refused_total", "counter",
+                       "Data-plane connections refused by the token check (docs/security.md).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_token_refused_total", NULL, st.server.token_refused);
 }
 
 static bool seg_ready(void *ctx, char *why, size_t cap)
