@@ -5,6 +5,7 @@
 #include "auth/auth_token.h"
 
 #include <sodium.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvpool.h"
@@ -197,4 +198,100 @@ int kvp_dt_verify(const uint8_t challenge[KVP_DT_CHALLENGE_BYTES], const uint8_t
         *out = c;
     *why = "ok";
     return KVP_OK;
+}
+
+/* ------------------------------------------------------------------ the client's wallet */
+
+struct dt_held {
+    uint32_t segment_id;
+    uint64_t expires_ms;
+    size_t len;
+    uint8_t token[KVP_DT_TOKEN_MAX];
+};
+
+struct kvp_dt_wallet {
+    uint8_t pk[KVP_DT_PK_BYTES], sk[KVP_DT_SK_BYTES];
+    struct dt_held *held; /* one per segment, unsorted (a pool has tens of segments) */
+    size_t n, cap;
+};
+
+int kvp_dt_wallet_new(struct kvp_dt_wallet **out)
+{
+    struct kvp_dt_wallet *w = calloc(1, sizeof *w);
+    if (!w)
+        return KVP_ERR_NOMEM;
+    if (kvp_dt_keypair(w->pk, w->sk) != KVP_OK) {
+        free(w);
+        return KVP_ERR_IO;
+    }
+    *out = w;
+    return KVP_OK;
+}
+
+void kvp_dt_wallet_public_key(const struct kvp_dt_wallet *w, uint8_t pk[KVP_DT_PK_BYTES])
+{
+    memcpy(pk, w->pk, KVP_DT_PK_BYTES);
+}
+
+static struct dt_held *wallet_find(const struct kvp_dt_wallet *w, uint32_t segment_id)
+{
+    for (size_t i = 0; i < w->n; i++)
+        if (w->held[i].segment_id == segment_id)
+            return &w->held[i];
+    return NULL;
+}
+
+int kvp_dt_wallet_put(struct kvp_dt_wallet *w, const uint8_t *token, size_t len)
+{
+    if (len < KVP_DT_TOKEN_FIXED + KVP_DT_SIG_BYTES || len > KVP_DT_TOKEN_MAX || memcmp(token, "KVT1", 4) != 0 ||
+        (size_t)KVP_DT_TOKEN_FIXED + token[KVP_DT_TOKEN_FIXED - 1] + KVP_DT_SIG_BYTES != len)
+        return KVP_ERR_INVALID;
+    const uint8_t *p = token + 4 + KVP_DT_KEYID_BYTES;
+    if (memcmp(p + 12, w->pk, KVP_DT_PK_BYTES) != 0)
+        return KVP_ERR_INVALID; /* for another ephemeral key: useless here */
+    uint32_t seg = get32(p);
+    struct dt_held *h = wallet_find(w, seg);
+    if (!h) {
+        if (w->n == w->cap) {
+            size_t nc = w->cap ? 2 * w->cap : 8;
+            struct dt_held *nh = realloc(w->held, nc * sizeof *nh);
+            if (!nh)
+                return KVP_ERR_NOMEM;
+            w->held = nh;
+            w->cap = nc;
+        }
+        h = &w->held[w->n++];
+    }
+    h->segment_id = seg;
+    h->expires_ms = get64(p + 4);
+    h->len = len;
+    memcpy(h->token, token, len);
+    return KVP_OK;
+}
+
+bool kvp_dt_wallet_needs(const struct kvp_dt_wallet *w, uint32_t segment_id, uint64_t now_ms, uint64_t margin_ms)
+{
+    const struct dt_held *h = wallet_find(w, segment_id);
+    return !h || now_ms + margin_ms >= h->expires_ms;
+}
+
+int kvp_dt_wallet_respond(const struct kvp_dt_wallet *w, const uint8_t challenge[KVP_DT_CHALLENGE_BYTES],
+                          uint64_t now_ms, uint8_t *out, size_t cap)
+{
+    if (memcmp(challenge, "KVPC", 4) != 0 || challenge[4] != KVP_DT_VERSION)
+        return KVP_ERR_INVALID;
+    const struct dt_held *h = wallet_find(w, get32(challenge + 8));
+    if (!h || now_ms >= h->expires_ms)
+        return KVP_ERR_NOT_FOUND;
+    return kvp_dt_respond(challenge, h->token, h->len, w->sk, out, cap);
+}
+
+void kvp_dt_wallet_destroy(struct kvp_dt_wallet **wp)
+{
+    if (!wp || !*wp)
+        return;
+    sodium_memzero((*wp)->sk, sizeof (*wp)->sk);
+    free((*wp)->held);
+    free(*wp);
+    *wp = NULL;
 }

@@ -33,7 +33,7 @@
 #define KVP_DT_SK_BYTES 64         /* Ed25519 secret key (libsodium layout: seed + public key) */
 #define KVP_DT_SIG_BYTES 64
 #define KVP_DT_KEYID_BYTES 8       /* first bytes of the issuer's public key: which key to check */
-#define KVP_DT_CLIENT_ID_BYTES 32  /* the client's identity (its CURVE public key) */
+#define KVP_DT_CLIENT_ID_BYTES 32  /* the client's identity (BLAKE2b-256 of its principal) */
 #define KVP_DT_TENANT_MAX 63
 #define KVP_DT_NONCE_BYTES 32
 #define KVP_DT_CHALLENGE_BYTES 44  /* "KVPC" u8 version, 3 zero bytes, u32 segment id, nonce */
@@ -43,6 +43,9 @@
 #define KVP_DT_RESPONSE_HEAD 6     /* "KVPR" u16 token length */
 #define KVP_DT_RESPONSE_MAX (KVP_DT_RESPONSE_HEAD + KVP_DT_TOKEN_MAX + KVP_DT_SIG_BYTES)
 #define KVP_DT_VERSION 1
+/* How long a token a master issues is valid (ms). A client asks again before it ends; a
+ * connection already admitted is not cut when its token expires (the check is at connect). */
+#define KVP_DT_TTL_MS (10u * 60u * 1000u)
 
 /** What a verified token says (filled by kvp_dt_verify on success). */
 struct kvp_dt_claims {
@@ -94,5 +97,37 @@ int kvp_dt_response_length(const uint8_t *buf, size_t len);
 int kvp_dt_verify(const uint8_t challenge[KVP_DT_CHALLENGE_BYTES], const uint8_t *resp, size_t len,
                   uint32_t segment_id, uint64_t now_ms, const uint8_t (*master_pks)[KVP_DT_PK_BYTES], size_t n,
                   struct kvp_dt_claims *out, const char **why);
+
+/*
+ * The client's side: a wallet of tokens, one per segment, for one ephemeral key pair (made by
+ * kvp_dt_wallet_new; the public key is what the client sends the masters with a token request).
+ * The TCP transport's connect path answers a segment's challenge with kvp_dt_wallet_respond.
+ * One owner at a time (no lock inside): the owning actor, or a lock of the caller's.
+ */
+struct kvp_dt_wallet;
+
+/** A wallet with a fresh ephemeral key pair. Errors: KVP_ERR_NOMEM, KVP_ERR_IO. */
+int kvp_dt_wallet_new(struct kvp_dt_wallet **out);
+/** The wallet's ephemeral public key (to send with a token request). */
+void kvp_dt_wallet_public_key(const struct kvp_dt_wallet *w, uint8_t pk[KVP_DT_PK_BYTES]);
+/**
+ * Keep a token a master issued for this wallet (replacing an older one for the same segment).
+ * The wallet reads the token's segment id and expiry but does not check the master's signature
+ * (the segment does). KVP_ERR_INVALID: not a token, or issued for another ephemeral key.
+ */
+int kvp_dt_wallet_put(struct kvp_dt_wallet *w, const uint8_t *token, size_t len);
+/**
+ * true when the wallet holds no token for segment_id that is still valid margin_ms from now
+ * (wall ms): the client asks the masters for a fresh one before it expires.
+ */
+bool kvp_dt_wallet_needs(const struct kvp_dt_wallet *w, uint32_t segment_id, uint64_t now_ms, uint64_t margin_ms);
+/**
+ * The response to a segment's challenge (the segment id it names picks the token). Returns
+ * its length, KVP_ERR_NOT_FOUND (no unexpired token for that segment: ask the masters),
+ * KVP_ERR_INVALID (not a challenge, cap too small).
+ */
+int kvp_dt_wallet_respond(const struct kvp_dt_wallet *w, const uint8_t challenge[KVP_DT_CHALLENGE_BYTES],
+                          uint64_t now_ms, uint8_t *out, size_t cap);
+void kvp_dt_wallet_destroy(struct kvp_dt_wallet **w);
 
 #endif

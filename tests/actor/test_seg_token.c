@@ -10,6 +10,7 @@
  *    token for another segment;
  *  - a response and requests sent together (the one extra round trip is the challenge);
  *  - the token_refused counter counts the refusals;
+ *  - the client's wallet: tokens per segment, refresh before expiry, the response it makes;
  *  - key distribution: a master certificate made by keygen publishes its token key, a client or
  *    segment loading the masters' directory finds it, and tokens the master signs with the key
  *    derived from its secret certificate verify with it.
@@ -312,10 +313,17 @@ static void test_port(void **state)
     kvp_seg_server_stats(T.srv, &st);
     assert_int_equal(st.token_refused, 9);
 
-    /* A second authorised connection still gets in after all that. */
+    /* A second authorised connection, answered by a client's wallet, still gets in after all that. */
+    struct kvp_dt_wallet *w = NULL;
+    assert_int_equal(kvp_dt_wallet_new(&w), KVP_OK);
+    uint8_t wpk[KVP_DT_PK_BYTES];
+    kvp_dt_wallet_public_key(w, wpk);
+    tl = token(SEG_ID, 60000, wpk, T.mpk, T.msk, tok);
+    assert_int_equal(kvp_dt_wallet_put(w, tok, (size_t)tl), KVP_OK);
     int fd2 = open_conn(ch);
-    tl = token(SEG_ID, 60000, T.epk, T.mpk, T.msk, tok);
-    rl = kvp_dt_respond(ch, tok, (size_t)tl, T.esk, resp, sizeof resp);
+    rl = kvp_dt_wallet_respond(w, ch, kvp_clock_wall_ms(), resp, sizeof resp);
+    assert_true(rl > 0);
+    kvp_dt_wallet_destroy(&w);
     seg_raw_send_all(fd2, resp, (size_t)rl);
     read_ok(fd2, 512);
     close(fd2);
@@ -367,9 +375,48 @@ static void test_keys(void **state)
     rmdir(dir);
 }
 
+static void test_wallet(void **state)
+{
+    (void)state;
+    struct kvp_dt_wallet *w = NULL;
+    assert_int_equal(kvp_dt_wallet_new(&w), KVP_OK);
+    uint8_t wpk[KVP_DT_PK_BYTES], tok[KVP_DT_TOKEN_MAX], ch[KVP_DT_CHALLENGE_BYTES], resp[KVP_DT_RESPONSE_MAX];
+    kvp_dt_wallet_public_key(w, wpk);
+    uint64_t now = kvp_clock_wall_ms();
+    assert_true(kvp_dt_wallet_needs(w, 1, now, 0));
+    /* a token for another ephemeral key is refused; garbage is refused */
+    int tl = token(1, 60000, T.epk, T.mpk, T.msk, tok);
+    assert_int_equal(kvp_dt_wallet_put(w, tok, (size_t)tl), KVP_ERR_INVALID);
+    assert_int_equal(kvp_dt_wallet_put(w, tok, 10), KVP_ERR_INVALID);
+    /* segment 1: valid for 60 s; segment 2: expired */
+    tl = token(1, 60000, wpk, T.mpk, T.msk, tok);
+    assert_int_equal(kvp_dt_wallet_put(w, tok, (size_t)tl), KVP_OK);
+    tl = token(2, -1, wpk, T.mpk, T.msk, tok);
+    assert_int_equal(kvp_dt_wallet_put(w, tok, (size_t)tl), KVP_OK);
+    assert_false(kvp_dt_wallet_needs(w, 1, now, 1000));
+    assert_true(kvp_dt_wallet_needs(w, 1, now, 120000)); /* refresh before it expires */
+    assert_true(kvp_dt_wallet_needs(w, 2, now, 0));
+    kvp_dt_challenge(2, ch);
+    assert_int_equal(kvp_dt_wallet_respond(w, ch, now, resp, sizeof resp), KVP_ERR_NOT_FOUND);
+    kvp_dt_challenge(3, ch);
+    assert_int_equal(kvp_dt_wallet_respond(w, ch, now, resp, sizeof resp), KVP_ERR_NOT_FOUND);
+    kvp_dt_challenge(1, ch);
+    int rl = kvp_dt_wallet_respond(w, ch, now, resp, sizeof resp);
+    assert_true(rl > 0);
+    const uint8_t(*pk)[KVP_DT_PK_BYTES] = (const uint8_t(*)[KVP_DT_PK_BYTES])T.mpk;
+    assert_int_equal(kvp_dt_verify(ch, resp, (size_t)rl, 1, now, pk, 1, NULL, NULL), KVP_OK);
+    /* a fresher token for segment 2 replaces the expired one */
+    tl = token(2, 60000, wpk, T.mpk, T.msk, tok);
+    assert_int_equal(kvp_dt_wallet_put(w, tok, (size_t)tl), KVP_OK);
+    assert_false(kvp_dt_wallet_needs(w, 2, now, 0));
+    kvp_dt_wallet_destroy(&w);
+    assert_null(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wallet),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_pure),
         cmocka_unit_test(test_port),

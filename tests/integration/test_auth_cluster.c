@@ -23,6 +23,7 @@
 
 #include "actors/client/msession.h"
 #include "auth/auth.h"
+#include "auth/auth_token.h"
 #include "config/config.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
@@ -408,6 +409,66 @@ static void test_auth_role_denied(void **state)
     assert_true(log_has("refused request", 3000));
 }
 
+/* Data-plane tokens (issue 25 item 2): the master signs tokens for an authenticated client's
+ * ephemeral key, bound to each asked segment and to the key's tenant; they verify with the
+ * token key published in the master's certificate; a bad request is INVALID. */
+static void test_auth_data_token_issued(void **state)
+{
+    char ka[600];
+    tenant_key("ta", ka, sizeof ka);
+    struct kvp_auth_client *auth = NULL, *keys = NULL;
+    assert_int_equal(kvp_auth_client_load(&auth, NULL, ka, NULL, A.cl.file, "client_key", "test"), KVP_OK);
+    assert_int_equal(kvp_auth_client_load(&keys, NULL, ka, NULL, A.cl.file, "client_key", "test"), KVP_OK);
+    uint8_t mk[4][32];
+    size_t nmk = kvp_auth_client_token_keys(keys, mk, 4);
+    kvp_auth_client_destroy(&keys);
+    assert_int_equal(nmk, 1); /* cluster up's master certificate publishes its token key */
+    const char *m[] = {A.master};
+    struct kvp_msession *ms = NULL;
+    assert_int_equal(kvp_msession_new_auth(&ms, m, 1, "test", &auth), KVP_OK);
+    struct kvp_dt_wallet *w = NULL;
+    assert_int_equal(kvp_dt_wallet_new(&w), KVP_OK);
+    uint8_t pk[KVP_DT_PK_BYTES];
+    kvp_dt_wallet_public_key(w, pk);
+    uint32_t segs[2] = {1, 2};
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__DataTokenReq dt = KVP__DATA_TOKEN_REQ__INIT;
+    dt.n_segment_ids = 2;
+    dt.segment_ids = segs;
+    dt.client_key.data = pk;
+    dt.client_key.len = 5; /* first a bad key length */
+    req.body_case = KVP__REQUEST__BODY_DATA_TOKEN;
+    req.data_token = &dt;
+    Kvp__Response *resp = NULL;
+    assert_int_equal(kvp_msession_call(ms, &req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_ERR_INVALID);
+    kvp_msession_response_free(resp);
+    dt.client_key.len = sizeof pk;
+    resp = NULL;
+    assert_int_equal(kvp_msession_call(ms, &req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    assert_int_equal(resp->body_case, KVP__RESPONSE__BODY_DATA_TOKEN);
+    assert_int_equal(resp->data_token->n_tokens, 2);
+    assert_true(resp->data_token->expires_ms > kvp_clock_wall_ms());
+    for (size_t i = 0; i < 2; i++)
+        assert_int_equal(kvp_dt_wallet_put(w, resp->data_token->tokens[i].data, resp->data_token->tokens[i].len),
+                         KVP_OK);
+    kvp_msession_response_free(resp);
+    kvp_msession_destroy(&ms);
+    uint8_t ch[KVP_DT_CHALLENGE_BYTES], r[KVP_DT_RESPONSE_MAX];
+    struct kvp_dt_claims c;
+    kvp_dt_challenge(1, ch);
+    int rl = kvp_dt_wallet_respond(w, ch, kvp_clock_wall_ms(), r, sizeof r);
+    assert_true(rl > 0);
+    assert_int_equal(kvp_dt_verify(ch, r, (size_t)rl, 1, kvp_clock_wall_ms(), (const uint8_t(*)[32])mk, nmk, &c, NULL),
+                     KVP_OK);
+    assert_string_equal(c.tenant, "ta");
+    /* segment 1's token, presented to segment 3 (whose challenge names 3, the wallet has none) */
+    kvp_dt_challenge(3, ch);
+    assert_int_equal(kvp_dt_wallet_respond(w, ch, kvp_clock_wall_ms(), r, sizeof r), KVP_ERR_NOT_FOUND);
+    kvp_dt_wallet_destroy(&w);
+}
+
 static void test_auth_quota_evicts_own_objects_only(void **state)
 {
     char kq[600], ko[600];
@@ -485,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_auth_tenants_isolated),
         cmocka_unit_test(test_auth_tenant_id_disagreeing_refused),
         cmocka_unit_test(test_auth_role_denied),
+        cmocka_unit_test(test_auth_data_token_issued),
         cmocka_unit_test(test_auth_quota_evicts_own_objects_only),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
