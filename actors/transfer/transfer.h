@@ -45,6 +45,11 @@ struct kvp_xfer_params {
      * actor's fini, after every slice of the call is terminal and before the call is answered. */
     void (*on_batch_fini)(const struct kvp_xfer_slice *slices, size_t n, void *arg);
     void *on_batch_fini_arg;
+    /* Data-plane tokens (docs/security.md "Data plane: tokens"): given to the tcp transport of
+     * every transfer actor (kvp_xport_params.token_respond), so called from several actors'
+     * threads at once: token_ctx must serialise itself. NULL: no token (auth none). */
+    int (*token_respond)(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap);
+    void *token_ctx;
 };
 
 /* Engine counters (monotonic since the engine started). */

@@ -14,6 +14,9 @@
  *  - the TCP transport (actors/transfer/xfer_tcp.c) with a token_respond callback answering from a
  *    wallet: a READ and a WRITE through it are served; the same transport without the callback,
  *    or with a wallet that holds no token for this segment, gets its xslices failed;
+ *  - the transfer engine (kvp_xfer_params.token_respond, two transfer actors sharing one wallet
+ *    behind a mutex): a batch of READs is served; an engine without tokens gets every slice
+ *    failed;
  *  - key distribution: a master certificate made by keygen publishes its token key, a client or
  *    segment loading the masters' directory finds it, and tokens the master signs with the key
  *    derived from its secret certificate verify with it.
@@ -31,6 +34,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -506,6 +510,62 @@ static void test_transport(void **state)
     kvp_dt_wallet_destroy(&empty);
 }
 
+struct locked_wallet {
+    pthread_mutex_t mu; /* the engine's transfer actors call in from their own threads */
+    struct kvp_dt_wallet *w;
+};
+
+static int locked_cb(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap)
+{
+    struct locked_wallet *lw = ctx;
+    pthread_mutex_lock(&lw->mu);
+    int rc = wallet_cb(lw->w, challenge, len, out, cap);
+    pthread_mutex_unlock(&lw->mu);
+    return rc;
+}
+
+static void test_engine(void **state)
+{
+    (void)state;
+    struct locked_wallet lw = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    assert_int_equal(kvp_dt_wallet_new(&lw.w), KVP_OK);
+    uint8_t wpk[KVP_DT_PK_BYTES], tok[KVP_DT_TOKEN_MAX];
+    kvp_dt_wallet_public_key(lw.w, wpk);
+    int tl = token(SEG_ID, 60000, wpk, T.mpk, T.msk, tok);
+    assert_int_equal(kvp_dt_wallet_put(lw.w, tok, (size_t)tl), KVP_OK);
+    char ep[32];
+    snprintf(ep, sizeof ep, "127.0.0.1:%u", T.port);
+    enum { N = 8, LEN = 4096 };
+    uint8_t *buf = malloc(N * LEN);
+    assert_non_null(buf);
+    for (int with = 1; with >= 0; with--) {
+        struct kvp_xfer_params xp = {.conns_per_peer = 2, .slice_bytes = 1u << 20, .connect_timeout_ms = 5000,
+                                     .io_threads = 2, .token_respond = with ? locked_cb : NULL,
+                                     .token_ctx = with ? &lw : NULL};
+        struct kvp_xfer_engine *e = NULL;
+        assert_int_equal(kvp_xfer_engine_new(&e, &xp), KVP_OK);
+        struct kvp_xfer_slice sl[N];
+        memset(buf, 0, N * LEN);
+        for (int i = 0; i < N; i++)
+            sl[i] = (struct kvp_xfer_slice){.local = buf + i * LEN, .length = LEN, .segment_id = SEG_ID,
+                                            .endpoint = ep, .remote_offset = (uint64_t)i * 3 * LEN,
+                                            .op = KVP_XFER_READ};
+        (void)kvp_xfer_run(e, sl, N, 10000);
+        for (int i = 0; i < N; i++) {
+            if (with) {
+                assert_int_equal(sl[i].status, KVP_OK);
+                for (size_t j = 0; j < LEN; j += 511)
+                    assert_int_equal(buf[i * LEN + j], BYTE((uint64_t)i * 3 * LEN + j));
+            } else {
+                assert_int_not_equal(sl[i].status, KVP_OK);
+            }
+        }
+        kvp_xfer_engine_destroy(&e);
+    }
+    free(buf);
+    kvp_dt_wallet_destroy(&lw.w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -514,6 +574,7 @@ int main(void)
         cmocka_unit_test(test_pure),
         cmocka_unit_test(test_port), /* first to be refused: its log lines are not held back */
         cmocka_unit_test(test_transport),
+        cmocka_unit_test(test_engine),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
