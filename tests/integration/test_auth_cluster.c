@@ -21,7 +21,9 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include "actors/client/dtoken.h"
 #include "actors/client/msession.h"
+#include "actors/transfer/transfer.h"
 #include "auth/auth.h"
 #include "auth/auth_token.h"
 #include "config/config.h"
@@ -467,6 +469,27 @@ static void test_auth_data_token_issued(void **state)
     kvp_dt_challenge(3, ch);
     assert_int_equal(kvp_dt_wallet_respond(w, ch, kvp_clock_wall_ms(), r, sizeof r), KVP_ERR_NOT_FOUND);
     kvp_dt_wallet_destroy(&w);
+
+    /* The process-wide holder (actors/client/dtoken.c): ensure asks the master once for the
+     * segments of a batch's slices, then answers their challenges; a second ensure asks nothing. */
+    assert_int_equal(kvp_auth_client_load(&auth, NULL, ka, NULL, A.cl.file, "client_key", "test"), KVP_OK);
+    assert_int_equal(kvp_msession_new_auth(&ms, m, 1, "test", &auth), KVP_OK);
+    struct kvp_dtoken *d = NULL;
+    assert_int_equal(kvp_dtoken_new(&d, "test"), KVP_OK);
+    struct kvp_xfer_slice sl[3] = {{.segment_id = 4}, {.segment_id = 5}, {.segment_id = 4}};
+    kvp_dt_challenge(5, ch);
+    assert_true(kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r) < 0); /* none yet */
+    kvp_dtoken_ensure(d, ms, sl, 3, 5000);
+    rl = kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r);
+    assert_true(rl > 0);
+    assert_int_equal(kvp_dt_verify(ch, r, (size_t)rl, 5, kvp_clock_wall_ms(), (const uint8_t(*)[32])mk, nmk, &c, NULL),
+                     KVP_OK);
+    kvp_dt_challenge(4, ch);
+    assert_true(kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r) > 0);
+    kvp_dt_challenge(6, ch);
+    assert_true(kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r) < 0);
+    kvp_dtoken_destroy(&d);
+    kvp_msession_destroy(&ms);
 }
 
 static void test_auth_quota_evicts_own_objects_only(void **state)
