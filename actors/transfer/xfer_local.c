@@ -130,9 +130,11 @@ static int local_poll(struct kvp_xport *x, uint64_t now_ns, struct kvp_xport_com
 {
     struct local_xport *t = L(x);
     size_t k = t->cq_n < max ? t->cq_n : max;
-    memcpy(out, t->cq, k * sizeof *out);
-    memmove(t->cq, t->cq + k, (t->cq_n - k) * sizeof *t->cq);
-    t->cq_n -= k;
+    if (k > 0) {
+        memcpy(out, t->cq, k * sizeof *out);
+        memmove(t->cq, t->cq + k, (t->cq_n - k) * sizeof *t->cq);
+        t->cq_n -= k;
+    }
     *next_ns = t->cq_n ? now_ns : UINT64_MAX;
     return (int)k;
 }

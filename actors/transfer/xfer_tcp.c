@@ -83,6 +83,7 @@ struct tcp_conn {
     uint8_t *pb;                /* pushback: answer bytes a speculative readv misplaced (conn_recv) */
     size_t pb_len, pb_off;      /* bytes in pb, bytes of them already parsed */
     bool close_pending;         /* fencing found a WRITE mid-send: close after the fence pass */
+    bool kick;                  /* on t->kicks: post() queued requests, poll() sends them */
     bool paused;                /* delay(): not reading until pause_until_ns or undelay */
     uint64_t pause_until_ns;
     uint8_t challenge[TCP_CHALLENGE_BYTES]; /* CONN_TOKEN: the segment's challenge so far */
@@ -109,8 +110,13 @@ struct tcp_xport {
     uint64_t now_ns;            /* the clock of the current op (poll's now_ns; post/fence: last seen) */
     struct kvp_xport_completion *cq; /* completions not yet handed out by poll */
     size_t cq_n, cq_cap;
-    bool cq_nomem;              /* a completion could not be queued: see report() */
+    size_t live;                /* pieces posted and not reported yet */
     struct kvp_xport_stats st;
+    /* Connections post() queued requests on: poll() starts their connect / send, so that all the
+     * requests of one call (posted in several runs, one per endpoint run) go out in one sendmsg
+     * per connection, not one per run. */
+    struct tcp_conn **kicks;
+    size_t n_kicks, cap_kicks;
 };
 
 #define T(x) ((struct tcp_xport *)(x))
@@ -143,15 +149,16 @@ static void list_unlink(struct tcp_list *l, struct tcp_piece *p)
 
 static uint64_t piece_cost(const struct tcp_piece *p) { return p->length + TCP_PIECE_COST; }
 
-/* Queue p's completion (once). After this p->local is never used again. The queue grows by
- * doubling; when that fails the completion is retried from a fixed reserve (cq_cap is kept at
- * least the number of pieces ever outstanding + 1 by post()), so a report is never lost. */
+/* Queue p's completion (once). After this p->local is never used again. post() keeps the
+ * queue's room at least the number of completions queued plus pieces not reported, so a report
+ * never needs memory and is never lost. */
 static void report(struct tcp_xport *t, struct tcp_piece *p, int status)
 {
     if (p->done)
         return;
     p->done = true;
     p->local = NULL;
+    t->live--;
     t->cq[t->cq_n++] = (struct kvp_xport_completion){p->id, status};
 }
 
@@ -929,21 +936,6 @@ static int tcp_connect(struct kvp_xport *x, const char *endpoint, const struct s
     return KVP_OK;
 }
 
-static size_t outstanding(const struct tcp_xport *t)
-{
-    size_t n = t->cq_n;
-    for (const struct tcp_peer *peer = t->peers; peer; peer = peer->next)
-        for (uint32_t i = 0; i < t->p.conns_per_peer; i++) {
-            const struct tcp_conn *c = &peer->conns[i];
-            for (const struct tcp_piece *p = c->sendq.head; p; p = p->next)
-                n++;
-            for (const struct tcp_piece *p = c->inflight.head; p; p = p->next)
-                n++;
-            n += c->rpiece != NULL;
-        }
-    return n;
-}
-
 static int tcp_post(struct kvp_xport *x, struct kvp_xport_peer *xp, const struct kvp_xport_slice *s, size_t n)
 {
     struct tcp_xport *t = T(x);
@@ -953,7 +945,7 @@ static int tcp_post(struct kvp_xport *x, struct kvp_xport_peer *xp, const struct
             s[i].length > KVP_FRAME_MAX_LENGTH || !s[i].local)
             return KVP_ERR_INVALID;
     /* Room for every completion that can be queued before the next poll: a report never fails. */
-    if (cq_reserve(t, outstanding(t) + n + 1) != KVP_OK)
+    if (cq_reserve(t, t->cq_n + t->live + n + 1) != KVP_OK)
         return KVP_ERR_NOMEM;
     struct tcp_piece **ps = calloc(n ? n : 1, sizeof *ps);
     if (!ps)
@@ -985,10 +977,26 @@ static int tcp_post(struct kvp_xport *x, struct kvp_xport_peer *xp, const struct
                                               : 0};
         kvp_frame_encode(&f, p->hdr);
         piece_enqueue(t, p);
+        t->live++;
     }
     free(ps);
-    for (uint32_t i = 0; i < t->p.conns_per_peer; i++)
-        conn_kick(t, &peer->conns[i]);
+    for (uint32_t i = 0; i < t->p.conns_per_peer; i++) {
+        struct tcp_conn *c = &peer->conns[i];
+        if (!c->sendq.head || c->kick)
+            continue;
+        if (t->n_kicks == t->cap_kicks) {
+            size_t nc = t->cap_kicks ? t->cap_kicks * 2 : 16;
+            struct tcp_conn **nk = realloc(t->kicks, nc * sizeof *nk);
+            if (!nk) { /* send now instead of batching it with the next runs */
+                conn_kick(t, c);
+                continue;
+            }
+            t->kicks = nk;
+            t->cap_kicks = nc;
+        }
+        c->kick = true;
+        t->kicks[t->n_kicks++] = c;
+    }
     return KVP_OK;
 }
 
@@ -997,6 +1005,11 @@ static int tcp_poll(struct kvp_xport *x, uint64_t now_ns, struct kvp_xport_compl
 {
     struct tcp_xport *t = T(x);
     t->now_ns = now_ns;
+    for (size_t i = 0; i < t->n_kicks; i++) {
+        t->kicks[i]->kick = false;
+        conn_kick(t, t->kicks[i]);
+    }
+    t->n_kicks = 0;
     if (t->cq_n < max) {
         struct epoll_event evs[64];
         int n = epoll_wait(t->ep, evs, 64, 0);
@@ -1026,9 +1039,11 @@ static int tcp_poll(struct kvp_xport *x, uint64_t now_ns, struct kvp_xport_compl
             }
         }
     size_t k = t->cq_n < max ? t->cq_n : max;
-    memcpy(out, t->cq, k * sizeof *out);
-    memmove(t->cq, t->cq + k, (t->cq_n - k) * sizeof *t->cq);
-    t->cq_n -= k;
+    if (k > 0) {
+        memcpy(out, t->cq, k * sizeof *out);
+        memmove(t->cq, t->cq + k, (t->cq_n - k) * sizeof *t->cq);
+        t->cq_n -= k;
+    }
     if (t->cq_n > 0)
         next = now_ns; /* more to hand out */
     *next_ns = next;
@@ -1062,6 +1077,7 @@ static void tcp_close(struct kvp_xport *x)
     close(t->ep);
     free(t->scratch);
     free(t->cq);
+    free(t->kicks);
     free(t);
 }
 
