@@ -14,6 +14,7 @@
 
 #include <xxhash.h>
 
+#include "actors/client/dtoken.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -30,6 +31,7 @@ struct kvp_mover {
     uint64_t size;
     char actor[200];
     struct kvp_xfer_engine *xe;
+    struct kvp_dtoken *dtok; /* data-plane tokens toward other segments (NULL: auth none) */
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -124,6 +126,7 @@ static void run_tasks(struct kvp_mover *m, uint32_t id, Kvp__MoveTask **tasks, s
     }
     if (k == 0)
         return;
+    kvp_dtoken_ensure(m->dtok, m->ms, sl, k, MOVER_COPY_TIMEOUT_MS);
     kvp_xfer_run(m->xe, sl, k, MOVER_COPY_TIMEOUT_MS);
     for (size_t j = 0; j < k; j++) {
         if (sl[j].status != KVP_OK)
@@ -188,7 +191,7 @@ static void *mover_main(void *arg)
 }
 
 int kvp_mover_start(struct kvp_mover **out, struct kvp_msession *ms, _Atomic uint32_t *id, void *base,
-                    uint64_t size, const char *actor)
+                    uint64_t size, const char *actor, bool tokens)
 {
     if (!out || !ms || !id || !base)
         return KVP_ERR_INVALID;
@@ -206,8 +209,12 @@ int kvp_mover_start(struct kvp_mover **out, struct kvp_msession *ms, _Atomic uin
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&m->cv, &ca);
     pthread_condattr_destroy(&ca);
-    struct kvp_xfer_params xp = {.conns_per_peer = 2, .slice_bytes = 1u << 20, .connect_timeout_ms = 1000};
-    int rc = kvp_xfer_engine_new(&m->xe, &xp);
+    int rc = tokens ? kvp_dtoken_new(&m->dtok, m->actor) : KVP_OK;
+    if (rc != KVP_OK)
+        goto fail;
+    struct kvp_xfer_params xp = {.conns_per_peer = 2, .slice_bytes = 1u << 20, .connect_timeout_ms = 1000,
+                                 .token_respond = m->dtok ? kvp_dtoken_respond : NULL, .token_ctx = m->dtok};
+    rc = kvp_xfer_engine_new(&m->xe, &xp);
     if (rc != KVP_OK)
         goto fail;
     if (pthread_create(&m->th, NULL, mover_main, m) != 0) {
@@ -218,6 +225,7 @@ int kvp_mover_start(struct kvp_mover **out, struct kvp_msession *ms, _Atomic uin
     return KVP_OK;
 fail:
     kvp_xfer_engine_destroy(&m->xe);
+    kvp_dtoken_destroy(&m->dtok);
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mu);
     free(m);
@@ -245,6 +253,7 @@ void kvp_mover_stop(struct kvp_mover **mp)
     pthread_mutex_unlock(&m->mu);
     pthread_join(m->th, NULL);
     kvp_xfer_engine_destroy(&m->xe);
+    kvp_dtoken_destroy(&m->dtok); /* after the engine: its transports call it */
     clear_done(m);
     free(m->done);
     pthread_cond_destroy(&m->cv);

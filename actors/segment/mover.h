@@ -9,6 +9,7 @@
 #define KVP_SEGMENT_MOVER_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "actors/client/msession.h"
@@ -25,7 +26,7 @@ struct kvp_mover_stats {
  * Errors: KVP_ERR_NOMEM, KVP_ERR_IO.
  */
 int kvp_mover_start(struct kvp_mover **out, struct kvp_msession *ms, _Atomic uint32_t *id, void *base,
-                    uint64_t size, const char *actor);
+                    uint64_t size, const char *actor, bool tokens);
 void kvp_mover_get_stats(struct kvp_mover *m, struct kvp_mover_stats *st);
 /** Stop the thread (a copy in flight finishes or times out first), free. Accepts NULL. */
 void kvp_mover_stop(struct kvp_mover **m);

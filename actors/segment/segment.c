@@ -483,7 +483,8 @@ struct srv_try {
 static int srv_start_attempt(void *arg, char *why, size_t why_cap)
 {
     struct srv_try *t = arg;
-    int rc = kvp_seg_server_start(&t->s->srv, t->cfg->local_hostname, t->cfg->port, t->s->base, t->s->size);
+    int rc = kvp_seg_server_start_auth(&t->s->srv, t->cfg->local_hostname, t->cfg->port, t->s->base, t->s->size,
+                                       (const uint8_t(*)[32])t->s->hooks.token_keys, t->s->hooks.n_token_keys);
     if (rc == KVP_ERR_BUSY)
         snprintf(why, why_cap, "%s", strerror(EADDRINUSE));
     return rc;
@@ -586,7 +587,7 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
         goto fail_mounted;
     }
     s->hb_started = true;
-    if (kvp_mover_start(&s->mover, s->ms, &s->id, s->base, s->size, s->actor) != KVP_OK)
+    if (kvp_mover_start(&s->mover, s->ms, &s->id, s->base, s->size, s->actor, s->hooks.n_token_keys > 0) != KVP_OK)
         kvp_log_warn(s->actor, "mover did not start: replicas here cannot be moved by a drain");
     *out = s;
     return KVP_OK;

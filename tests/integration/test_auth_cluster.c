@@ -16,10 +16,12 @@
 
 #include <arpa/inet.h>
 #include <czmq.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
 #include "actors/client/dtoken.h"
 #include "actors/client/msession.h"
@@ -492,6 +494,80 @@ static void test_auth_data_token_issued(void **state)
     kvp_msession_destroy(&ms);
 }
 
+/* The first line of file `path` holding `needle`, into line (false when none within wait_ms). */
+static bool file_line(const char *path, const char *needle, char *line, size_t cap, uint64_t wait_ms)
+{
+    uint64_t end = kvp_clock_now_ms() + wait_ms;
+    do {
+        FILE *f = fopen(path, "r");
+        bool found = false;
+        while (f && !found && fgets(line, (int)cap, f))
+            found = strstr(line, needle) != NULL;
+        if (f)
+            fclose(f);
+        if (found)
+            return true;
+        kvp_clock_sleep_ms(50);
+    } while (kvp_clock_now_ms() < end);
+    return false;
+}
+
+/* A connection to a segment's data port: the challenge comes first; sending `bytes` instead of a
+ * token gets the connection closed unanswered. */
+static void data_port_refuses(uint16_t port, const uint8_t *bytes, size_t len)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t ch[KVP_DT_CHALLENGE_BYTES];
+    size_t got = 0;
+    while (got < sizeof ch) {
+        ssize_t r = recv(fd, ch + got, sizeof ch - got, 0);
+        assert_true(r > 0);
+        got += (size_t)r;
+    }
+    assert_memory_equal(ch, "KVPC", 4);
+    assert_true(write(fd, bytes, len) == (ssize_t)len);
+    uint8_t b[64];
+    ssize_t r = recv(fd, b, sizeof b, 0);
+    assert_true(r == 0 || (r < 0 && errno == ECONNRESET));
+    close(fd);
+}
+
+/* Item 2 on real processes: kvpool-segment requires tokens (the masters' certificates carry
+ * token keys), refuses a peer without one and logs it naming the address, while the clients
+ * (which fetch and present tokens) keep working. */
+static void test_auth_data_port_refuses_peer_without_token(void **state)
+{
+    json_error_t e;
+    json_t *j = json_load_file(A.cl.file, 0, &e);
+    assert_non_null(j);
+    char slog[600];
+    snprintf(slog, sizeof slog, "%s",
+             json_string_value(json_object_get(json_array_get(json_object_get(j, "segments"), 0), "log")));
+    json_decref(j);
+    char line[2048];
+    assert_true(file_line(slog, "data tokens required", line, sizeof line, 3000));
+    const char *pp = strstr(line, " port ");
+    assert_non_null(pp);
+    uint16_t port = (uint16_t)atoi(pp + 6);
+    assert_true(port > 0);
+    struct kvp_frame f = {.op = KVP_FRAME_PING, .segment_id = 1, .req_id = 1};
+    uint8_t hdr[KVP_FRAME_HEADER_BYTES];
+    kvp_frame_encode(&f, hdr);
+    data_port_refuses(port, hdr, sizeof hdr); /* no token: a request first */
+    assert_true(file_line(slog, "refused data connection from 127.0.0.1", line, sizeof line, 3000));
+    uint8_t junk[100];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (uint8_t)(0x5a ^ i);
+    data_port_refuses(port, junk, sizeof junk); /* garbage before the handshake */
+    assert_serving();
+}
+
 static void test_auth_quota_evicts_own_objects_only(void **state)
 {
     char kq[600], ko[600];
@@ -570,6 +646,7 @@ int main(void)
         cmocka_unit_test(test_auth_tenant_id_disagreeing_refused),
         cmocka_unit_test(test_auth_role_denied),
         cmocka_unit_test(test_auth_data_token_issued),
+        cmocka_unit_test(test_auth_data_port_refuses_peer_without_token),
         cmocka_unit_test(test_auth_quota_evicts_own_objects_only),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
