@@ -12,14 +12,14 @@
  *          (KVP_ERR_FENCE_FAILED), or a release, after which it is an ordinary STALL.
  * The engine chooses it when fault injection is compiled in (xfer_fault_compiled()); without a
  * rule it costs one relaxed load per xslice. Single-threaded like any transport: the rules are
- * fault.c's (process-wide, set by tests from any thread); a release wakes this instance through
- * the eventfd it adds to fds().
+ * fault.c's (process-wide, set by tests from any thread). A release (kvp_xfer_fault_release) is
+ * noticed by polling: while it holds or delays xslices, poll() asks to be called again within
+ * FAULT_RECHECK_MS (*next_ns), and compares the release generation; with nothing held it costs
+ * nothing (no fd of its own to read on every poll).
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -47,6 +47,7 @@ struct kvp_xport *xfer_fault_inner(struct kvp_xport *t) { return t; }
 bool xfer_fault_compiled(void) { return true; }
 
 enum { HIT_HELD = 1, HIT_POSTED = 2 };
+#define FAULT_RECHECK_MS 5
 
 struct fpeer {
     struct kvp_xport_peer *inner;
@@ -72,7 +73,6 @@ struct fault_xport {
     const struct kvp_xport_ops *in_ops;
     struct kvp_xport *in;
     uint8_t kind;           /* KVP_FAULT_TCP / KVP_FAULT_LOCAL: the rules' transport= */
-    int wake_fd;            /* written by kvp_xfer_fault_release (fault.c) */
     struct fpeer *peers;
     struct fhit *hits;
     uint64_t now_ns;
@@ -84,13 +84,6 @@ struct fault_xport {
 #define F(x) ((struct fault_xport *)(x))
 
 struct kvp_xport *xfer_fault_inner(struct kvp_xport *t) { return F(t)->in; }
-
-static void wake_cb(void *arg)
-{
-    uint64_t one = 1;
-    if (write(F(arg)->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
-        kvp_log_warn("xfer-fault", "wake: %s", strerror(errno));
-}
 
 static int own_report(struct fault_xport *t, uint64_t id, int status)
 {
@@ -135,16 +128,12 @@ static int f_open(struct kvp_xport **out, const struct kvp_xport_params *p)
     ip.inner = NULL;
     t->in_ops = p->inner;
     t->kind = !strcmp(p->inner->name, "local") ? KVP_FAULT_LOCAL : KVP_FAULT_TCP;
-    t->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    int rc = t->wake_fd < 0 ? KVP_ERR_IO : t->in_ops->open(&t->in, &ip);
+    int rc = t->in_ops->open(&t->in, &ip);
     if (rc != KVP_OK) {
-        if (t->wake_fd >= 0)
-            close(t->wake_fd);
         free(t);
         return rc;
     }
     xfer_fault_env_once();
-    xfer_fault_register_engine(wake_cb, t);
     *out = (struct kvp_xport *)t;
     return KVP_OK;
 }
@@ -152,10 +141,7 @@ static int f_open(struct kvp_xport **out, const struct kvp_xport_params *p)
 static int f_fds(struct kvp_xport *x, int *fds, size_t max)
 {
     struct fault_xport *t = F(x);
-    int n = t->in_ops->fds(t->in, fds, max);
-    if (n >= 0 && (size_t)n < max)
-        fds[n++] = t->wake_fd;
-    return n;
+    return t->in_ops->fds(t->in, fds, max);
 }
 
 static int f_connect(struct kvp_xport *x, const char *endpoint, const struct sockaddr_storage *addr,
@@ -255,9 +241,6 @@ static int f_poll(struct kvp_xport *x, uint64_t now_ns, struct kvp_xport_complet
 {
     struct fault_xport *t = F(x);
     t->now_ns = now_ns;
-    uint64_t v;
-    if (read(t->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
-        kvp_log_warn("xfer-fault", "wake read: %s", strerror(errno));
     unsigned long gen = xfer_fault_generation();
     uint64_t next = UINT64_MAX;
     for (struct fhit **pp = &t->hits; *pp;) {
@@ -312,6 +295,11 @@ static int f_poll(struct kvp_xport *x, uint64_t now_ns, struct kvp_xport_complet
         }
     } else {
         inext = now_ns;
+    }
+    if (t->hits) { /* a release may end any of them: look again soon */
+        uint64_t recheck = now_ns + FAULT_RECHECK_MS * 1000000ull;
+        if (recheck < next)
+            next = recheck;
     }
     *next_ns = next < inext ? next : inext;
     return (int)k;
@@ -384,7 +372,6 @@ static void f_close(struct kvp_xport *x)
     struct fault_xport *t = F(x);
     if (!t)
         return;
-    xfer_fault_unregister_engine(t);
     while (t->hits)
         hit_free(t, &t->hits);
     t->in_ops->close(t->in);
@@ -393,7 +380,6 @@ static void f_close(struct kvp_xport *x)
         free(p->endpoint);
         free(p);
     }
-    close(t->wake_fd);
     free(t->cq);
     free(t);
 }
