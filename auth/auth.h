@@ -61,6 +61,19 @@ bool kvp_auth_tenant_valid(const char *t);
 int kvp_auth_keygen(const char *path, const char *name, const char *role, const char *tenant,
                     const char *address);
 
+/**
+ * The data-plane token key of a master (auth_token.h): an Ed25519 key pair derived from the
+ * master's CURVE secret key (seed = BLAKE2b-256 keyed by a fixed domain string, so the CURVE
+ * secret itself is never used as a signing key). `kvpoolctl keygen --role master` publishes
+ * the public half as the certificate's metadata "token_key" (Z85), which segments read from
+ * the masters' public certificates. Errors: KVP_ERR_IO (libsodium).
+ */
+int kvp_auth_token_key_derive(const uint8_t curve_secret[32], uint8_t pk[32], uint8_t sk[64]);
+
+/** The token key pair of the master whose secret certificate is `secret_path`. KVP_ERR_INVALID
+ * when it is missing or holds no secret key. */
+int kvp_auth_token_key_load(const char *secret_path, uint8_t pk[32], uint8_t sk[64]);
+
 /** Write (copy) the public half of the key pair at `secret_path` to `public_path`. */
 int kvp_auth_export_public(const char *secret_path, const char *public_path);
 
@@ -94,6 +107,12 @@ int kvp_auth_client_load(struct kvp_auth_client **out, const char *mode, const c
  * KVP_ERR_IO.
  */
 int kvp_auth_client_apply(struct kvp_auth_client *a, void *zmq_socket, const char *addr);
+
+/**
+ * The masters' data-plane token public keys (metadata "token_key" of their certificates; a
+ * certificate made before data tokens has none): up to max into out. Returns how many. NULL a: 0.
+ */
+size_t kvp_auth_client_token_keys(const struct kvp_auth_client *a, uint8_t (*out)[32], size_t max);
 
 /** The tenant and role in this process's own certificate (what the masters will say). */
 const char *kvp_auth_client_tenant(const struct kvp_auth_client *a);

@@ -7,6 +7,7 @@
 #include <czmq.h>
 #include <errno.h>
 #include <jansson.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +15,24 @@
 #include <unistd.h>
 
 #include "kvpool.h"
+#include "auth/auth_token.h"
 #include "runtime/log.h"
 
 static const char *const ROLE_NAMES[] = {"client", "segment", "admin", "master"};
+
+int kvp_auth_token_key_derive(const uint8_t curve_secret[32], uint8_t pk[32], uint8_t sk[64])
+{
+    static const char domain[] = "kvpool data-plane token key v1";
+    uint8_t seed[crypto_sign_SEEDBYTES];
+    if (sodium_init() < 0 ||
+        crypto_generichash(seed, sizeof seed, curve_secret, 32, (const uint8_t *)domain, sizeof domain - 1) != 0 ||
+        crypto_sign_seed_keypair(pk, sk, seed) != 0) {
+        sodium_memzero(seed, sizeof seed);
+        return KVP_ERR_IO;
+    }
+    sodium_memzero(seed, sizeof seed);
+    return KVP_OK;
+}
 
 int kvp_auth_parse_mode(const char *mode, bool *on, const char *who)
 {
@@ -88,6 +104,19 @@ int kvp_auth_keygen(const char *path, const char *name, const char *role, const 
     zcert_set_meta(cert, "tenant", "%s", tenant ? tenant : "");
     if (address && *address)
         zcert_set_meta(cert, "address", "%s", address);
+    if (strcmp(role, "master") == 0) {
+        /* The master's data-plane token key (docs/security.md "Data plane: tokens"): derived
+         * from its CURVE secret, its public half published in the certificate for segments. */
+        uint8_t pk[32], sk[64];
+        char z[KVP_AUTH_Z85_LEN + 1];
+        if (kvp_auth_token_key_derive(zcert_secret_key(cert), pk, sk) != KVP_OK) {
+            zcert_destroy(&cert);
+            return KVP_ERR_IO;
+        }
+        sodium_memzero(sk, sizeof sk);
+        zmq_z85_encode(z, pk, 32);
+        zcert_set_meta(cert, "token_key", "%s", z);
+    }
     mode_t old = umask(077); /* the secret file: owner only */
     int rc = zcert_save_secret(cert, secret);
     umask(old);
@@ -117,6 +146,18 @@ static bool cert_has_secret(zcert_t *c)
     return memcmp(zcert_secret_key(c), zero, 32) != 0;
 }
 
+int kvp_auth_token_key_load(const char *secret_path, uint8_t pk[32], uint8_t sk[64])
+{
+    zcert_t *c = load_cert(secret_path);
+    if (!c || !cert_has_secret(c)) {
+        zcert_destroy(&c);
+        return KVP_ERR_INVALID;
+    }
+    int rc = kvp_auth_token_key_derive(zcert_secret_key(c), pk, sk);
+    zcert_destroy(&c);
+    return rc;
+}
+
 int kvp_auth_export_public(const char *secret_path, const char *public_path)
 {
     zcert_t *c = load_cert(secret_path);
@@ -138,6 +179,8 @@ struct kvp_auth_client {
     struct {
         char address[256];
         char pub[KVP_AUTH_Z85_LEN + 1];
+        bool has_token_key; /* the certificate carries "token_key" (made with data tokens) */
+        uint8_t token_key[32];
     } masters[KVP_AUTH_MAX_MASTER_KEYS];
 };
 
@@ -170,6 +213,11 @@ static int load_master_keys(struct kvp_auth_client *a, const char *dir, const ch
         if (addr && *addr && !known && a->n_masters < KVP_AUTH_MAX_MASTER_KEYS) {
             snprintf(a->masters[a->n_masters].address, sizeof a->masters[0].address, "%s", strip_tcp(addr));
             snprintf(a->masters[a->n_masters].pub, sizeof a->masters[0].pub, "%s", zcert_public_txt(c));
+            const char *tk = zcert_meta(c, "token_key");
+            a->masters[a->n_masters].has_token_key =
+                tk && strlen(tk) == KVP_AUTH_Z85_LEN && zmq_z85_decode(a->masters[a->n_masters].token_key, tk);
+            if (tk && !a->masters[a->n_masters].has_token_key)
+                kvp_log_warn(who, "auth: master certificate %s: bad token_key: ignored", fn);
             a->n_masters++;
         }
         zcert_destroy(&c);
@@ -280,6 +328,15 @@ int kvp_auth_client_apply(struct kvp_auth_client *a, void *z, const char *addr)
         return KVP_ERR_IO;
     }
     return KVP_OK;
+}
+
+size_t kvp_auth_client_token_keys(const struct kvp_auth_client *a, uint8_t (*out)[32], size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; a && i < a->n_masters && n < max; i++)
+        if (a->masters[i].has_token_key)
+            memcpy(out[n++], a->masters[i].token_key, 32);
+    return n;
 }
 
 const char *kvp_auth_client_tenant(const struct kvp_auth_client *a)

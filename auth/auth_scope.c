@@ -36,6 +36,7 @@ static bool role_allows(enum kvp_auth_role role, const char *tenant, Kvp__Reques
     case KVP__REQUEST__BODY_REPORT_UNREACHABLE:
     case KVP__REQUEST__BODY_CLUSTER_STATUS:
     case KVP__REQUEST__BODY_MEMBERS:
+    case KVP__REQUEST__BODY_DATA_TOKEN: /* tokens carry the key's own tenant (service_auth.c) */
         return true;
     case KVP__REQUEST__BODY_REMOVE_ALL:
         /* Removes every object of the pool: the default tenant (the pool owner's key) only. */

@@ -21,6 +21,7 @@ endmacro()
 
 kvp_require(libczmq libczmq-dev)
 kvp_require(libzmq libzmq3-dev)
+kvp_require(libsodium libsodium-dev)  # Ed25519 data-plane tokens (auth/auth_token.c)
 kvp_require(raft libraft-dev)
 kvp_require(libuv libuv1-dev)
 kvp_require(liblz4 liblz4-dev)

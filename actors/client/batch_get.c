@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "actors/client/client.h"
+#include "actors/client/dtoken.h"
 #include "actors/client/client_metrics.h"
 #include "actors/client/devmem.h"
 #include "actors/client/devstage.h"
@@ -398,6 +399,7 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         }
         uint32_t round_ms = round_budget(c, sl, n, left);
         bool capped = round_ms < left;
+        kvp_dtoken_ensure(c->dtok, c->ms, slices, ns, round_ms); /* tokens of new segments */
         /* returns when every slice is terminal: completed, failed or fenced (C2) */
         /* [GPU hook] slots with device pieces go through bounce buffers; the others run exactly
          * as kvp_xfer_run */

@@ -7,6 +7,7 @@
 #ifdef KVP_HAVE_VERBS
 #include "actors/transfer/rdma/xport_rdma.h"
 #endif
+#include "actors/client/dtoken.h"
 #include "actors/client/client_metrics.h"
 
 #include <errno.h>
@@ -232,6 +233,7 @@ static void client_free(struct kvp_client *c)
     kvp_devstage_destroy(&c->devstage); /* [GPU hook] no call is in flight: no lane is busy */
     kvp_xfer_engine_destroy(&c->xfer);
     free(c->rdma_opts); /* after the engine: its transfer actors read it */
+    kvp_dtoken_destroy(&c->dtok); /* after the engine: its transports call it */
     kvp_msession_destroy(&c->ms);
     free(c->bufs);
     pthread_cond_destroy(&c->idle_cv);
@@ -280,6 +282,11 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
                               "client_key", c->name);
     if (rc == KVP_OK)
         rc = kvp_auth_client_check_tenant(auth, c->cfg.tenant_id, c->name);
+    /* auth on and the masters' certificates carry token keys: segments require data-plane
+     * tokens, so present them (docs/security.md "Data plane: tokens") */
+    c->n_token_keys = kvp_auth_client_token_keys(auth, c->token_keys, 16);
+    if (rc == KVP_OK && c->n_token_keys > 0)
+        rc = kvp_dtoken_new(&c->dtok, c->name);
     if (rc == KVP_OK)
         rc = kvp_msession_new_auth(&c->ms, (const char *const *)masters, n_masters, c->name, &auth);
     kvp_auth_client_destroy(&auth);
@@ -297,6 +304,8 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .io_threads = c->cfg.transfer_io_threads ? c->cfg.transfer_io_threads : 2,
         .transport = xport,
         .transport_opts = xport ? c->rdma_opts : NULL,
+        .token_respond = c->dtok ? kvp_dtoken_respond : NULL,
+        .token_ctx = c->dtok,
     };
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
     if (rc != KVP_OK)
@@ -328,6 +337,8 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
             sc.heartbeat_ms = c->cfg.heartbeat_ms;
         snprintf(sc.log_level, sizeof sc.log_level, "%s", c->cfg.log_level);
         struct kvp_segment_hooks hooks = {.ctx = c, .on_mount = on_segment_mount};
+        memcpy(hooks.token_keys, c->token_keys, sizeof hooks.token_keys);
+        hooks.n_token_keys = c->n_token_keys;
         rc = kvp_segment_start(&c->seg, &sc, c->ms, &hooks);
         if (rc != KVP_OK) {
             kvp_log_error(c->name, "embedded segment (%llu bytes): %s",

@@ -40,6 +40,9 @@ struct kvp_client {
     struct kvp_cfg_client cfg;      /* copy of the caller's config */
     struct kvp_msession *ms;        /* session with the master quorum (owned) */
     struct kvp_xfer_engine *xfer;   /* transfer engine (owned) */
+    struct kvp_dtoken *dtok;        /* data-plane tokens (owned; NULL: auth none or no token keys) */
+    uint8_t token_keys[16][32];     /* the masters' token keys: an embedded segment requires tokens */
+    size_t n_token_keys;
     struct kvp_devstage *devstage;  /* GPU staging lanes of this transfer side (owned; devstage.h) */
     struct kvp_segment *seg;        /* embedded segment, NULL when global_segment_size == 0 (owned) */
     uint64_t client_id;             /* random; op ids are client_id ^ counter */

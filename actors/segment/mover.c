@@ -12,6 +12,7 @@
 
 #include <xxhash.h>
 
+#include "actors/client/dtoken.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
 #include "runtime/actor.h"
@@ -31,6 +32,7 @@ struct kvp_mover {
     uint64_t size;
     char actor[200];
     struct kvp_xfer_engine *xe;
+    struct kvp_dtoken *dtok; /* data-plane tokens toward other segments (NULL: auth none) */
     uint64_t copies_ok, copies_failed, bytes_moved; /* logged at stop */
     /* reports waiting for the next poll */
     Kvp__MoveDone *done;
@@ -109,6 +111,7 @@ static void run_tasks(struct kvp_mover *m, uint32_t id, Kvp__MoveTask **tasks, s
     }
     if (k == 0)
         return;
+    kvp_dtoken_ensure(m->dtok, m->ms, sl, k, MOVER_COPY_TIMEOUT_MS);
     kvp_xfer_run(m->xe, sl, k, MOVER_COPY_TIMEOUT_MS);
     for (size_t j = 0; j < k; j++) {
         if (sl[j].status != KVP_OK)
@@ -214,6 +217,7 @@ static void mover_fini(struct kvp_rt_ctx *ctx)
                      (unsigned long long)m->copies_ok, (unsigned long long)m->bytes_moved,
                      (unsigned long long)m->copies_failed);
     kvp_xfer_engine_destroy(&m->xe);
+    kvp_dtoken_destroy(&m->dtok); /* after the engine: its transports call it */
     clear_done(m);
     free(m->done);
     free(m);
@@ -231,9 +235,16 @@ int kvp_mover_spawn(struct kvp_rt_actor **out, struct kvp_rt_actor *parent, cons
     m->base = cfg->base;
     m->size = cfg->size;
     snprintf(m->actor, sizeof m->actor, "%s mover", cfg->actor ? cfg->actor : "segment");
-    struct kvp_xfer_params xp = {.conns_per_peer = 2, .slice_bytes = 1u << 20, .connect_timeout_ms = 1000};
-    int rc = kvp_xfer_engine_new(&m->xe, &xp);
+    int rc = cfg->tokens ? kvp_dtoken_new(&m->dtok, m->actor) : KVP_OK;
     if (rc != KVP_OK) {
+        free(m);
+        return rc;
+    }
+    struct kvp_xfer_params xp = {.conns_per_peer = 2, .slice_bytes = 1u << 20, .connect_timeout_ms = 1000,
+                                 .token_respond = m->dtok ? kvp_dtoken_respond : NULL, .token_ctx = m->dtok};
+    rc = kvp_xfer_engine_new(&m->xe, &xp);
+    if (rc != KVP_OK) {
+        kvp_dtoken_destroy(&m->dtok);
         free(m);
         return rc;
     }

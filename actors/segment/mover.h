@@ -14,6 +14,7 @@
 #define KVP_SEGMENT_MOVER_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "actors/session/msession.h"
@@ -27,6 +28,7 @@ struct kvp_mover_cfg {
     void *base;           /* the region [base, base + size) */
     uint64_t size;
     const char *actor;    /* the segment's log name; " mover" is appended */
+    bool tokens;          /* present data-plane tokens to other segments (auth on, docs/security.md) */
 };
 
 /**

@@ -37,6 +37,8 @@
 
 #include "actors/segment/seg_rdma.h"
 #include "actors/segment/segment_internal.h"
+#include "auth/auth.h"
+#include "auth/auth_token.h"
 #include "kvpool.h"
 #include "runtime/actor.h"
 #include "runtime/clock.h"
@@ -78,6 +80,7 @@ struct seg_counters {
     _Atomic uint64_t conns_open;     /* this loop's connections now */
     _Atomic uint64_t conns_accepted; /* loop 0 only */
     _Atomic uint64_t conns_refused;  /* loop 0 only */
+    _Atomic uint64_t token_refused;  /* connections refused by the data-plane token check */
 };
 
 static inline void ctr_add(_Atomic uint64_t *c, uint64_t v)
@@ -127,6 +130,11 @@ struct kvp_seg_server {
     struct kvp_rt_actor *loops[KVP_SEG_LOOPS];
     int n_loops;
     struct seg_counters ctr[KVP_SEG_LOOPS]; /* loop i writes ctr[i]; see struct seg_counters */
+    /* The masters' token keys (docs/security.md "Data plane: tokens"): n_token_pks > 0 makes
+     * every connection present a token first. Written once by start before any loop runs,
+     * read-only afterwards (no synchronisation needed beyond the spawn). */
+    uint8_t (*token_pks)[KVP_DT_PK_BYTES];
+    size_t n_token_pks;
     char region_sync; /* TSan annotation address only (REGION_ACQUIRE/RELEASE) */
     /* protocol=rdma: the RDMA side (seg_rdma.h), set once by kvp_seg_server_rdma after start and
      * read by the loops at each handshake (release/acquire: the object is complete when seen). */
@@ -170,8 +178,17 @@ struct out_q {
 #define IN_BYTES (64u * 1024u)
 #define IN_CACHE 16 /* empty buffers (and out queues) a loop keeps for reuse */
 
-/* What a connection is doing. */
-enum { ST_HDR = 0, ST_PAYLOAD = 1, ST_DRAIN = 2, ST_HELLO = 3 /* an RDMA_HELLO's offer into hello */ };
+/* What a connection is doing. ST_TOKEN: the challenge went out, the token response is awaited
+ * (only when the server requires tokens); no request byte is read before it passes. */
+enum { ST_HDR = 0, ST_PAYLOAD = 1, ST_DRAIN = 2, ST_HELLO = 3 /* an RDMA_HELLO's offer into hello */,
+       ST_TOKEN = 4 };
+
+/* The token handshake of one connection (held only while st == ST_TOKEN). */
+struct seg_hs {
+    uint8_t challenge[KVP_DT_CHALLENGE_BYTES];
+    uint8_t resp[KVP_DT_RESPONSE_MAX];
+    size_t n; /* response bytes received */
+};
 
 struct seg_conn {
     struct seg_ep ep; /* first */
@@ -190,6 +207,7 @@ struct seg_conn {
     bool wait_out;        /* read no request bytes until the out queue is empty */
     bool capped;          /* the in-flight cap was logged for this connection */
     struct out_q *out;    /* NULL while nothing is queued */
+    struct seg_hs *hs;    /* ST_TOKEN only */
     uint64_t progress_ms; /* monotonic time of the last byte in or out */
     char peer[64];
     uint8_t *hello;       /* ST_HELLO: the offer; then the answer until the next hello or close */
@@ -213,6 +231,7 @@ struct seg_loop {
     unsigned next_loop;
     bool accept_paused;
     uint64_t refused, refused_logged_ms;
+    struct kvp_auth_ratelog token_log; /* token refusals: rate-limited per peer address */
     bool stopping; /* SEG_MSG_STOP came: loop_on_epoll returns after one pass */
 };
 
@@ -567,10 +586,79 @@ static int take_payload(struct seg_conn *c, uint64_t *budget)
  * more from the socket while it has some (within SERVE_BUDGET). Never waits. Returns 0, or -1
  * when the connection must be closed (logged here when it is the peer's fault).
  */
+/* Refuse a connection at the token check: count, and log naming the peer (rate-limited). */
+static void token_refuse(struct seg_conn *c, const char *why)
+{
+    struct seg_loop *l = c->loop;
+    ctr_add(&l->ctr->token_refused, 1);
+    uint64_t held = 0;
+    if (kvp_auth_ratelog_allow(&l->token_log, c->peer, kvp_clock_now_ms(), &held))
+        kvp_log_warn(ACTOR, "auth: refused data connection from %s: %s (%llu similar lines held back)", c->peer,
+                     why, (unsigned long long)held);
+}
+
+/*
+ * ST_TOKEN: take the token response without waiting (only its own bytes: requests pipelined
+ * behind it stay in the socket for conn_serve), then check it (auth_token.h). Returns 1 (passed:
+ * st is ST_HDR), 0 (more bytes needed), -1 (refused or failed: close).
+ */
+static int conn_token(struct seg_conn *c)
+{
+    struct seg_hs *h = c->hs;
+    for (;;) {
+        int total = kvp_dt_response_length(h->resp, h->n);
+        if (total < 0) {
+            token_refuse(c, "no token (garbage or a request before the handshake)");
+            errno = 0;
+            return -1;
+        }
+        size_t want = total == 0 ? KVP_DT_RESPONSE_HEAD : (size_t)total;
+        if (h->n == want)
+            break;
+        ssize_t r = recv(c->ep.fd, h->resp + h->n, want - h->n, MSG_DONTWAIT);
+        if (r > 0) {
+            h->n += (size_t)r;
+            c->progress_ms = kvp_clock_now_ms();
+            continue;
+        }
+        if (r == 0) {
+            if (h->n > 0)
+                token_refuse(c, "closed in the middle of the token handshake");
+            errno = 0;
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+    }
+    struct kvp_seg_server *s = c->loop->srv;
+    const char *why = NULL;
+    struct kvp_dt_claims cl;
+    int rc = kvp_dt_verify(h->challenge, h->resp, h->n, atomic_load_explicit(&s->segment_id, memory_order_relaxed),
+                           kvp_clock_wall_ms(), (const uint8_t(*)[KVP_DT_PK_BYTES])s->token_pks, s->n_token_pks,
+                           &cl, &why);
+    if (rc != KVP_OK) {
+        token_refuse(c, why);
+        errno = 0;
+        return -1;
+    }
+    kvp_log_debug(ACTOR, "%s: token accepted (tenant '%s', expires at %llu ms)", c->peer, cl.tenant,
+                  (unsigned long long)cl.expires_ms);
+    free(c->hs);
+    c->hs = NULL;
+    c->st = ST_HDR;
+    return 1;
+}
+
 static int conn_serve(struct seg_conn *c)
 {
     struct kvp_seg_server *s = c->loop->srv;
     uint64_t budget = SERVE_BUDGET;
+    if (c->st == ST_TOKEN) {
+        int r = conn_token(c);
+        if (r <= 0)
+            return r;
+    }
     for (;;) {
         if (c->wait_out) {
             if (out_pending(c))
@@ -724,6 +812,7 @@ static void conn_close(struct seg_conn *c, bool gone_msg)
     free(c->in);
     free(c->out);
     free(c->hello);
+    free(c->hs);
     kvp_log_debug(ACTOR, "%s: closed", c->peer);
     free(c);
     if (!gone_msg)
@@ -763,6 +852,19 @@ static void conn_add(struct seg_loop *l, int fd, const char *peer)
         kvp_log_warn(ACTOR, "%s: epoll: %s: connection closed", peer, strerror(errno));
         conn_close(c, true);
         return;
+    }
+    if (l->srv->n_token_pks > 0) {
+        /* The challenge goes out first, at once: a fresh socket's send buffer takes it whole. */
+        c->hs = calloc(1, sizeof *c->hs);
+        c->st = ST_TOKEN;
+        if (c->hs)
+            kvp_dt_challenge(atomic_load_explicit(&l->srv->segment_id, memory_order_relaxed), c->hs->challenge);
+        if (!c->hs || send(fd, c->hs->challenge, KVP_DT_CHALLENGE_BYTES, MSG_DONTWAIT | MSG_NOSIGNAL) !=
+                          (ssize_t)KVP_DT_CHALLENGE_BYTES) {
+            kvp_log_warn(ACTOR, "%s: could not send the token challenge: connection closed", peer);
+            conn_close(c, true);
+            return;
+        }
     }
     kvp_log_debug(ACTOR, "%s: connected (loop %d)", peer, l->idx);
 }
@@ -1068,6 +1170,12 @@ static void stop_loops(struct kvp_seg_server *s)
 int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t port, void *base,
                          uint64_t size)
 {
+    return kvp_seg_server_start_auth(out, host, port, base, size, NULL, 0);
+}
+
+int kvp_seg_server_start_auth(struct kvp_seg_server **out, const char *host, uint32_t port, void *base,
+                              uint64_t size, const uint8_t (*token_pks)[KVP_DT_PK_BYTES], size_t n_token_pks)
+{
     if (!out || port > 65535 || (!base && size > 0)) {
         kvp_log_error(ACTOR, "start: invalid arguments (port %u)", port);
         return KVP_ERR_INVALID;
@@ -1077,6 +1185,16 @@ int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t
         return KVP_ERR_NOMEM;
     s->base = base;
     s->size = size;
+    if (n_token_pks > 0) {
+        s->token_pks = calloc(n_token_pks, sizeof *s->token_pks);
+        if (!s->token_pks || kvp_dt_init() != KVP_OK) {
+            free(s->token_pks);
+            free(s);
+            return KVP_ERR_NOMEM;
+        }
+        memcpy(s->token_pks, token_pks, n_token_pks * sizeof *s->token_pks);
+        s->n_token_pks = n_token_pks;
+    }
     /* The loops are the first runtime actors of a process that embeds a segment (a client with
      * global_segment_size, kvpool-segment): the first zactor runs czmq's zsys_init, which would
      * install czmq's SIGINT/SIGTERM handlers and take Ctrl-C away from the application. Before
@@ -1107,12 +1225,14 @@ int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t
         stop_loops(s);
         for (int i = 0; i < s->n_lfd; i++)
             close(s->lfd[i]);
+        free(s->token_pks);
         free(s);
         return rc;
     }
-    kvp_log_info(ACTOR, "listening on %s port %u (%d address%s), region %lu bytes, %d loops",
+    kvp_log_info(ACTOR, "listening on %s port %u (%d address%s), region %lu bytes, %d loops, %s",
                  host && host[0] ? host : "*", s->port, s->n_lfd, s->n_lfd > 1 ? "es" : "",
-                 (unsigned long)size, s->n_loops);
+                 (unsigned long)size, s->n_loops,
+                 s->n_token_pks > 0 ? "data tokens required" : "no data tokens (any peer may connect)");
     *out = s;
     return KVP_OK;
 }
@@ -1163,6 +1283,7 @@ void kvp_seg_server_stats(struct kvp_seg_server *s, struct kvp_seg_server_stats 
         out->conns_open += atomic_load_explicit(&c->conns_open, memory_order_relaxed);
         out->conns_accepted += atomic_load_explicit(&c->conns_accepted, memory_order_relaxed);
         out->conns_refused += atomic_load_explicit(&c->conns_refused, memory_order_relaxed);
+        out->token_refused += atomic_load_explicit(&c->token_refused, memory_order_relaxed);
     }
 }
 
@@ -1178,5 +1299,6 @@ void kvp_seg_server_stop(struct kvp_seg_server **sp)
     for (int i = 0; i < s->n_lfd; i++)
         close(s->lfd[i]);
     kvp_log_info(ACTOR, "port %u: stopped", s->port);
+    free(s->token_pks);
     free(s);
 }

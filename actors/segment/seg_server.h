@@ -10,6 +10,7 @@
 #ifndef KVP_SEG_SERVER_H
 #define KVP_SEG_SERVER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct kvp_seg_server;
@@ -22,6 +23,16 @@ struct kvp_seg_server;
  */
 int kvp_seg_server_start(struct kvp_seg_server **out, const char *host, uint32_t port, void *base,
                          uint64_t size);
+/**
+ * As kvp_seg_server_start, and when n_token_pks > 0 every connection must pass the data-plane
+ * token check first (auth/auth_token.h, docs/security.md "Data plane: tokens"): the server
+ * sends a challenge at accept and serves no request before a response carrying a token signed
+ * by one of the masters' token keys `token_pks` (32-byte Ed25519 public keys, copied), for this
+ * segment's current id, unexpired, with a valid proof. Refused connections are closed, counted
+ * (token_refused) and logged naming the peer address (rate-limited).
+ */
+int kvp_seg_server_start_auth(struct kvp_seg_server **out, const char *host, uint32_t port, void *base,
+                              uint64_t size, const uint8_t (*token_pks)[32], size_t n_token_pks);
 /** The bound port. */
 uint32_t kvp_seg_server_port(const struct kvp_seg_server *s);
 struct kvp_seg_rdma_cfg;
@@ -49,6 +60,7 @@ struct kvp_seg_server_stats {
     uint64_t conns_open;      /* connections being served now */
     uint64_t conns_accepted;  /* since start */
     uint64_t conns_refused;   /* over KVP_SEG_MAX_CONNS */
+    uint64_t token_refused;   /* refused by the data-plane token check */
 };
 
 /** Snapshot of the counters. Any thread (the metrics endpoint's): takes the connection list's

@@ -427,7 +427,8 @@ struct srv_try {
 static int srv_start_attempt(void *arg, char *why, size_t why_cap)
 {
     struct srv_try *t = arg;
-    int rc = kvp_seg_server_start(&t->s->srv, t->cfg->local_hostname, t->cfg->port, t->s->base, t->s->size);
+    int rc = kvp_seg_server_start_auth(&t->s->srv, t->cfg->local_hostname, t->cfg->port, t->s->base, t->s->size,
+                                       (const uint8_t(*)[32])t->s->hooks.token_keys, t->s->hooks.n_token_keys);
     if (rc == KVP_ERR_BUSY)
         snprintf(why, why_cap, "%s", strerror(EADDRINUSE));
     return rc;
@@ -761,6 +762,7 @@ void kvp_segment_stop(struct kvp_segment **sp)
 int kvp_seg_mover_spawn(void *arg, struct kvp_rt_actor *parent, struct kvp_rt_actor **out)
 {
     struct kvp_segment *s = arg;
-    struct kvp_mover_cfg mc = {.ms = s->ms, .id = &s->id, .base = s->base, .size = s->size, .actor = s->actor};
+    struct kvp_mover_cfg mc = {.ms = s->ms, .id = &s->id, .base = s->base, .size = s->size, .actor = s->actor,
+                              .tokens = s->hooks.n_token_keys > 0};
     return kvp_mover_spawn(out, parent, &mc);
 }

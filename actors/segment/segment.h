@@ -32,6 +32,11 @@ struct kvp_segment_hooks {
      * with KVP_ERR_UNAVAILABLE after 10 s. start then blocks until a master answers: the
      * caller ends the wait by exiting (the daemon does on SIGINT/SIGTERM). */
     bool mount_retry;
+    /* Data-plane tokens (docs/security.md "Data plane: tokens"): the masters' token keys
+     * (kvp_auth_client_token_keys; auth on). n_token_keys > 0: the data port admits only
+     * connections with a token, and the mover presents tokens to other segments. */
+    uint8_t token_keys[16][32];
+    size_t n_token_keys;
 };
 
 /**

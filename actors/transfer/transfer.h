@@ -52,6 +52,11 @@ struct kvp_xfer_params {
      * The C2 suite runs on the rdma transport over the verbs double this way (issue 20). */
     const struct kvp_xport_ops *transport;
     const void *transport_opts;
+    /* Data-plane tokens (docs/security.md "Data plane: tokens"): given to the tcp transport of
+     * every transfer actor (kvp_xport_params.token_respond), so called from several actors'
+     * threads at once: token_ctx must serialise itself. NULL: no token (auth none). */
+    int (*token_respond)(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap);
+    void *token_ctx;
 };
 
 /* Engine counters (monotonic since the engine started). */

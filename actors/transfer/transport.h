@@ -121,6 +121,13 @@ struct kvp_xport_params {
      * params, inner set to NULL) and its options (the fault wrapper takes none: NULL). */
     const struct kvp_xport_ops *inner;
     const void *wrap_opts;
+    /* tcp: data-plane tokens (auth/auth_token.h, docs/security.md "Data plane: tokens"). When set,
+     * each new connection waits for the segment's challenge (len bytes) and sends what this
+     * writes to out (at most cap bytes; returns the length, or a negative kvp_err: the
+     * connection fails) before its first request. Called on the owning actor's thread; must not
+     * block (kvp_dt_wallet_respond fits). NULL: no token (auth none, or the local transport). */
+    int (*token_respond)(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap);
+    void *token_ctx;
 };
 
 /**

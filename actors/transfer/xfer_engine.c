@@ -619,7 +619,9 @@ static int xa_init(struct kvp_rt_ctx *ctx)
                                   .slice_bytes = xa->is_local ? UINT64_MAX : xa->p.slice_bytes,
                                   .connect_timeout_ms = xa->p.connect_timeout_ms,
                                   .name = xa->name,
-                                  .wrap_opts = xa->is_local ? NULL : xa->p.transport_opts};
+                                  .wrap_opts = xa->is_local ? NULL : xa->p.transport_opts,
+                                  .token_respond = xa->is_local ? NULL : xa->p.token_respond,
+                                  .token_ctx = xa->is_local ? NULL : xa->p.token_ctx};
     const struct kvp_xport_ops *base = xa->is_local ? &kvp_xport_local
                                        : xa->p.transport ? xa->p.transport : &kvp_xport_tcp;
     if (xfer_fault_compiled()) {

@@ -199,6 +199,13 @@ int kvp_xfer_probe(const char *endpoint, uint32_t segment_id, uint32_t timeout_m
         }
         goto out; /* EOF or error */
     }
+    if (memcmp(hdr, "KVPC", 4) == 0) {
+        /* A segment that requires data-plane tokens speaks first: its challenge (44 bytes,
+         * auth/auth_token.h) names its segment id at bytes 8..11, which answers the probe. */
+        uint32_t id = (uint32_t)hdr[8] | (uint32_t)hdr[9] << 8 | (uint32_t)hdr[10] << 16 | (uint32_t)hdr[11] << 24;
+        result = id == segment_id ? KVP_OK : KVP_ERR_NOT_FOUND;
+        goto out;
+    }
     struct kvp_frame resp;
     if (kvp_frame_decode(hdr, &resp) != KVP_OK || resp.op != KVP_FRAME_PONG || resp.req_id != 1) {
         kvp_log_warn(ACTOR, "probe %s: bad PONG", endpoint);

@@ -62,7 +62,10 @@ struct tcp_list {
     struct tcp_piece *head, *tail;
 };
 
-enum { CONN_IDLE = 0, CONN_CONNECTING = 1, CONN_UP = 2 };
+/* CONN_TOKEN: connected, waiting for the segment's token challenge (params.token_respond set). */
+enum { CONN_IDLE = 0, CONN_CONNECTING = 1, CONN_UP = 2, CONN_TOKEN = 3 };
+#define TCP_CHALLENGE_BYTES 44 /* KVP_DT_CHALLENGE_BYTES (auth/auth_token.h) */
+#define TCP_TOKEN_RESP_MAX 512 /* >= KVP_DT_RESPONSE_MAX */
 
 struct tcp_conn {
     struct tcp_peer *peer;
@@ -83,6 +86,8 @@ struct tcp_conn {
     bool kick;                  /* on t->kicks: post() queued requests, poll() sends them */
     bool paused;                /* delay(): not reading until pause_until_ns or undelay */
     uint64_t pause_until_ns;
+    uint8_t challenge[TCP_CHALLENGE_BYTES]; /* CONN_TOKEN: the segment's challenge so far */
+    size_t challenge_got;
 };
 
 struct tcp_peer {
@@ -263,8 +268,9 @@ static void conn_connect(struct tcp_xport *t, struct tcp_conn *c)
         return;
     }
     c->fd = fd;
-    c->state = rc == 0 ? CONN_UP : CONN_CONNECTING;
-    c->events = rc == 0 ? EPOLLIN | EPOLLOUT : EPOLLOUT;
+    c->state = rc == 0 ? (t->p.token_respond ? CONN_TOKEN : CONN_UP) : CONN_CONNECTING;
+    c->events = rc != 0 ? EPOLLOUT : c->state == CONN_TOKEN ? EPOLLIN : EPOLLIN | EPOLLOUT;
+    c->challenge_got = 0;
     c->connect_deadline_ns = kvp_clock_now_ns() + (uint64_t)t->p.connect_timeout_ms * 1000000ull;
     struct epoll_event ee = {.events = c->events, .data.ptr = c};
     if (epoll_ctl(t->ep, EPOLL_CTL_ADD, fd, &ee) != 0) {
@@ -603,6 +609,36 @@ static bool conn_recv(struct tcp_xport *t, struct tcp_conn *c)
     return true;
 }
 
+/* CONN_TOKEN: take the segment's challenge; when whole, send the token response (a fresh
+ * socket's send buffer takes it at once) and go up. Returns false if the conn failed. */
+static bool conn_token(struct tcp_xport *t, struct tcp_conn *c)
+{
+    while (c->challenge_got < TCP_CHALLENGE_BYTES) {
+        ssize_t r = recv(c->fd, c->challenge + c->challenge_got, TCP_CHALLENGE_BYTES - c->challenge_got, MSG_DONTWAIT);
+        if (r > 0) {
+            c->challenge_got += (size_t)r;
+            continue;
+        }
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            return true;
+        conn_fail(t, c, KVP_ERR_TRANSFER, r == 0 ? "closed before the token challenge" : "token challenge: recv failed");
+        return false;
+    }
+    uint8_t out[TCP_TOKEN_RESP_MAX];
+    int n = t->p.token_respond(t->p.token_ctx, c->challenge, TCP_CHALLENGE_BYTES, out, sizeof out);
+    if (n <= 0) {
+        conn_fail(t, c, KVP_ERR_TRANSFER, "no data token for this segment");
+        return false;
+    }
+    if (send(c->fd, out, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) != n) {
+        conn_fail(t, c, KVP_ERR_TRANSFER, "token response: send failed");
+        return false;
+    }
+    c->state = CONN_UP;
+    conn_set_events(t, c, EPOLLIN);
+    return conn_send(t, c);
+}
+
 static void conn_on_event(struct tcp_xport *t, struct tcp_conn *c, uint32_t ev)
 {
     if (c->state == CONN_CONNECTING) {
@@ -624,9 +660,16 @@ static void conn_on_event(struct tcp_xport *t, struct tcp_conn *c, uint32_t ev)
             c->peer->down_logged = false;
         }
         conn_set_events(t, c, EPOLLIN);
+        if (t->p.token_respond) {
+            c->state = CONN_TOKEN;
+            c->challenge_got = 0;
+            return;
+        }
         conn_send(t, c);
         return;
     }
+    if (c->state == CONN_TOKEN && !conn_token(t, c))
+        return;
     if (c->state != CONN_UP)
         return;
     if ((ev & (EPOLLIN | EPOLLERR | EPOLLHUP)) && !c->paused && !conn_recv(t, c))
@@ -988,7 +1031,7 @@ static int tcp_poll(struct kvp_xport *x, uint64_t now_ns, struct kvp_xport_compl
                     next = c->pause_until_ns;
                 }
             }
-            if (c->state == CONN_CONNECTING) {
+            if (c->state == CONN_CONNECTING || c->state == CONN_TOKEN) {
                 if (c->connect_deadline_ns <= now_ns)
                     conn_fail(t, c, KVP_ERR_TRANSFER, "connect timeout");
                 else if (c->connect_deadline_ns < next)

@@ -6,3 +6,7 @@ kvp_add_test(test_auth_scope SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_auth_sc
 kvp_add_test(test_auth_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_auth_cluster.c LABEL integration TIMEOUT 120)
 set_tests_properties(test_auth_cluster PROPERTIES LABELS "integration;auth")
 set_tests_properties(test_auth_scope PROPERTIES LABELS "unit;auth")
+# The data-plane token on a segment's data port: every refusal (no token, garbage, forged,
+# altered, replayed, stolen, expired, another segment's) while an authorised connection is served.
+kvp_add_test(test_seg_token SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_seg_token.c LABEL auth TIMEOUT 60)
+set_tests_properties(test_seg_token PROPERTIES LABELS "actor;auth;seg")

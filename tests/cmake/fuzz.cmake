@@ -32,3 +32,17 @@ foreach(T ${KVP_WIRE_FUZZ_TARGETS})
     target_link_libraries(${T} PRIVATE ${KVP_DEP_LIBS})
   endif()
 endforeach()
+
+# The data-plane token response a segment reads first on a connection (auth/auth_token.c;
+# issue 25 item 2). Not a wire-protobuf target: it needs libsodium and auth_token.c.
+kvp_add_test(fuzz_dt_response_replay
+  SOURCES ${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_dt_response.c ${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_driver.c
+  LABEL fuzz TIMEOUT 120)
+target_compile_definitions(fuzz_dt_response_replay PRIVATE KVP_FUZZ_NAME="fuzz_dt_response")
+set_tests_properties(fuzz_dt_response_replay PROPERTIES LABELS "fuzz;auth")
+if(KVP_FUZZ)
+  add_executable(fuzz_dt_response ${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_dt_response.c ${CMAKE_SOURCE_DIR}/auth/auth_token.c)
+  target_compile_options(fuzz_dt_response PRIVATE -fsanitize=fuzzer,address,undefined -fno-omit-frame-pointer)
+  target_link_options(fuzz_dt_response PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(fuzz_dt_response PRIVATE ${KVP_DEP_LIBS})
+endif()

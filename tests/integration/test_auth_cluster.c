@@ -16,13 +16,18 @@
 
 #include <arpa/inet.h>
 #include <czmq.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 
+#include "actors/client/dtoken.h"
 #include "actors/session/msession.h"
+#include "actors/transfer/transfer.h"
 #include "auth/auth.h"
+#include "auth/auth_token.h"
 #include "config/config.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
@@ -408,6 +413,161 @@ static void test_auth_role_denied(void **state)
     assert_true(log_has("refused request", 3000));
 }
 
+/* Data-plane tokens (issue 25 item 2): the master signs tokens for an authenticated client's
+ * ephemeral key, bound to each asked segment and to the key's tenant; they verify with the
+ * token key published in the master's certificate; a bad request is INVALID. */
+static void test_auth_data_token_issued(void **state)
+{
+    char ka[600];
+    tenant_key("ta", ka, sizeof ka);
+    struct kvp_auth_client *auth = NULL, *keys = NULL;
+    assert_int_equal(kvp_auth_client_load(&auth, NULL, ka, NULL, A.cl.file, "client_key", "test"), KVP_OK);
+    assert_int_equal(kvp_auth_client_load(&keys, NULL, ka, NULL, A.cl.file, "client_key", "test"), KVP_OK);
+    uint8_t mk[4][32];
+    size_t nmk = kvp_auth_client_token_keys(keys, mk, 4);
+    kvp_auth_client_destroy(&keys);
+    assert_int_equal(nmk, 1); /* cluster up's master certificate publishes its token key */
+    const char *m[] = {A.master};
+    struct kvp_msession *ms = NULL;
+    assert_int_equal(kvp_msession_new_auth(&ms, m, 1, "test", &auth), KVP_OK);
+    struct kvp_dt_wallet *w = NULL;
+    assert_int_equal(kvp_dt_wallet_new(&w), KVP_OK);
+    uint8_t pk[KVP_DT_PK_BYTES];
+    kvp_dt_wallet_public_key(w, pk);
+    uint32_t segs[2] = {1, 2};
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__DataTokenReq dt = KVP__DATA_TOKEN_REQ__INIT;
+    dt.n_segment_ids = 2;
+    dt.segment_ids = segs;
+    dt.client_key.data = pk;
+    dt.client_key.len = 5; /* first a bad key length */
+    req.body_case = KVP__REQUEST__BODY_DATA_TOKEN;
+    req.data_token = &dt;
+    Kvp__Response *resp = NULL;
+    assert_int_equal(kvp_msession_call(ms, &req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_ERR_INVALID);
+    kvp_msession_response_free(resp);
+    dt.client_key.len = sizeof pk;
+    resp = NULL;
+    assert_int_equal(kvp_msession_call(ms, &req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    assert_int_equal(resp->body_case, KVP__RESPONSE__BODY_DATA_TOKEN);
+    assert_int_equal(resp->data_token->n_tokens, 2);
+    assert_true(resp->data_token->expires_ms > kvp_clock_wall_ms());
+    for (size_t i = 0; i < 2; i++)
+        assert_int_equal(kvp_dt_wallet_put(w, resp->data_token->tokens[i].data, resp->data_token->tokens[i].len),
+                         KVP_OK);
+    kvp_msession_response_free(resp);
+    kvp_msession_destroy(&ms);
+    uint8_t ch[KVP_DT_CHALLENGE_BYTES], r[KVP_DT_RESPONSE_MAX];
+    struct kvp_dt_claims c;
+    kvp_dt_challenge(1, ch);
+    int rl = kvp_dt_wallet_respond(w, ch, kvp_clock_wall_ms(), r, sizeof r);
+    assert_true(rl > 0);
+    assert_int_equal(kvp_dt_verify(ch, r, (size_t)rl, 1, kvp_clock_wall_ms(), (const uint8_t(*)[32])mk, nmk, &c, NULL),
+                     KVP_OK);
+    assert_string_equal(c.tenant, "ta");
+    /* segment 1's token, presented to segment 3 (whose challenge names 3, the wallet has none) */
+    kvp_dt_challenge(3, ch);
+    assert_int_equal(kvp_dt_wallet_respond(w, ch, kvp_clock_wall_ms(), r, sizeof r), KVP_ERR_NOT_FOUND);
+    kvp_dt_wallet_destroy(&w);
+
+    /* The process-wide holder (actors/client/dtoken.c): ensure asks the master once for the
+     * segments of a batch's slices, then answers their challenges; a second ensure asks nothing. */
+    assert_int_equal(kvp_auth_client_load(&auth, NULL, ka, NULL, A.cl.file, "client_key", "test"), KVP_OK);
+    assert_int_equal(kvp_msession_new_auth(&ms, m, 1, "test", &auth), KVP_OK);
+    struct kvp_dtoken *d = NULL;
+    assert_int_equal(kvp_dtoken_new(&d, "test"), KVP_OK);
+    struct kvp_xfer_slice sl[3] = {{.segment_id = 4}, {.segment_id = 5}, {.segment_id = 4}};
+    kvp_dt_challenge(5, ch);
+    assert_true(kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r) < 0); /* none yet */
+    kvp_dtoken_ensure(d, ms, sl, 3, 5000);
+    rl = kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r);
+    assert_true(rl > 0);
+    assert_int_equal(kvp_dt_verify(ch, r, (size_t)rl, 5, kvp_clock_wall_ms(), (const uint8_t(*)[32])mk, nmk, &c, NULL),
+                     KVP_OK);
+    kvp_dt_challenge(4, ch);
+    assert_true(kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r) > 0);
+    kvp_dt_challenge(6, ch);
+    assert_true(kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r) < 0);
+    kvp_dtoken_destroy(&d);
+    kvp_msession_destroy(&ms);
+}
+
+/* The first line of file `path` holding `needle`, into line (false when none within wait_ms). */
+static bool file_line(const char *path, const char *needle, char *line, size_t cap, uint64_t wait_ms)
+{
+    uint64_t end = kvp_clock_now_ms() + wait_ms;
+    do {
+        FILE *f = fopen(path, "r");
+        bool found = false;
+        while (f && !found && fgets(line, (int)cap, f))
+            found = strstr(line, needle) != NULL;
+        if (f)
+            fclose(f);
+        if (found)
+            return true;
+        kvp_clock_sleep_ms(50);
+    } while (kvp_clock_now_ms() < end);
+    return false;
+}
+
+/* A connection to a segment's data port: the challenge comes first; sending `bytes` instead of a
+ * token gets the connection closed unanswered. */
+static void data_port_refuses(uint16_t port, const uint8_t *bytes, size_t len)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t ch[KVP_DT_CHALLENGE_BYTES];
+    size_t got = 0;
+    while (got < sizeof ch) {
+        ssize_t r = recv(fd, ch + got, sizeof ch - got, 0);
+        assert_true(r > 0);
+        got += (size_t)r;
+    }
+    assert_memory_equal(ch, "KVPC", 4);
+    assert_true(write(fd, bytes, len) == (ssize_t)len);
+    uint8_t b[64];
+    ssize_t r = recv(fd, b, sizeof b, 0);
+    assert_true(r == 0 || (r < 0 && errno == ECONNRESET));
+    close(fd);
+}
+
+/* Item 2 on real processes: kvpool-segment requires tokens (the masters' certificates carry
+ * token keys), refuses a peer without one and logs it naming the address, while the clients
+ * (which fetch and present tokens) keep working. */
+static void test_auth_data_port_refuses_peer_without_token(void **state)
+{
+    json_error_t e;
+    json_t *j = json_load_file(A.cl.file, 0, &e);
+    assert_non_null(j);
+    char slog[600];
+    snprintf(slog, sizeof slog, "%s",
+             json_string_value(json_object_get(json_array_get(json_object_get(j, "segments"), 0), "log")));
+    json_decref(j);
+    char line[2048];
+    assert_true(file_line(slog, "data tokens required", line, sizeof line, 3000));
+    const char *pp = strstr(line, " port ");
+    assert_non_null(pp);
+    uint16_t port = (uint16_t)atoi(pp + 6);
+    assert_true(port > 0);
+    struct kvp_frame f = {.op = KVP_FRAME_PING, .segment_id = 1, .req_id = 1};
+    uint8_t hdr[KVP_FRAME_HEADER_BYTES];
+    kvp_frame_encode(&f, hdr);
+    data_port_refuses(port, hdr, sizeof hdr); /* no token: a request first */
+    assert_true(file_line(slog, "refused data connection from 127.0.0.1", line, sizeof line, 3000));
+    uint8_t junk[100];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (uint8_t)(0x5a ^ i);
+    data_port_refuses(port, junk, sizeof junk); /* garbage before the handshake */
+    assert_serving();
+}
+
 static void test_auth_quota_evicts_own_objects_only(void **state)
 {
     char kq[600], ko[600];
@@ -485,6 +645,8 @@ int main(void)
         cmocka_unit_test(test_auth_tenants_isolated),
         cmocka_unit_test(test_auth_tenant_id_disagreeing_refused),
         cmocka_unit_test(test_auth_role_denied),
+        cmocka_unit_test(test_auth_data_token_issued),
+        cmocka_unit_test(test_auth_data_port_refuses_peer_without_token),
         cmocka_unit_test(test_auth_quota_evicts_own_objects_only),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

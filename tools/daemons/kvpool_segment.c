@@ -138,6 +138,9 @@ static void seg_render(void *ctx, struct kvp_metrics_text *t)
     kvp_metrics_family(t, "kvpool_segment_connections_refused_total", "counter",
                        "Data-plane connections refused (over the connection limit).");
     kvp_metrics_sample_u64(t, "kvpool_segment_connections_refused_total", NULL, st.server.conns_refused);
+    kvp_metrics_family(t, "kvpool_segment_token_refused_total", "counter",
+                       "Data-plane connections refused by the token check (docs/security.md).");
+    kvp_metrics_sample_u64(t, "kvpool_segment_token_refused_total", NULL, st.server.token_refused);
 }
 
 static bool seg_ready(void *ctx, char *why, size_t cap)
@@ -235,6 +238,9 @@ int main(int argc, char **argv)
     struct kvp_auth_client *auth = NULL; /* CURVE keys (docs/security.md) */
     rc = kvp_auth_client_load(&auth, cfg.auth, cfg.auth_key, cfg.auth_master_keys, cfg.cluster_file, "segment_key",
                               "kvpool-segment");
+    struct kvp_segment_hooks hooks = {.mount_retry = true};
+    /* auth on and the masters' certificates carry token keys: the data port requires tokens */
+    hooks.n_token_keys = kvp_auth_client_token_keys(auth, hooks.token_keys, 16);
     if (rc == KVP_OK)
         rc = kvp_msession_new_auth(&ms, (const char *const *)masters, n_masters,
                                    cfg.name[0] ? cfg.name : "kvpool-segment", &auth);
@@ -255,7 +261,6 @@ int main(int argc, char **argv)
     pthread_mutex_init(&w.mu, NULL);
     bool watching = pthread_create(&w.th, NULL, start_watch_main, &w) == 0;
     struct kvp_segment *seg = NULL;
-    struct kvp_segment_hooks hooks = {.mount_retry = true};
     rc = kvp_segment_start(&seg, &cfg, ms, &hooks);
     int early_sig = 0;
     if (watching) {

@@ -5,12 +5,15 @@
  * non-loopback address while the Raft transport is unauthenticated, and the admission of each
  * request: the sender's role must allow it and its keys are scoped to the sender's tenant.
  */
+#include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "actors/master/service/service_quota.h"
 #include "actors/master/service/service_state.h"
 #include "auth/auth_scope.h"
+#include "auth/auth_token.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -63,6 +66,11 @@ int svc_auth_start(struct kvp_master_service *s)
     } else if (s->n_members > 1) {
         kvp_log_warn(s->actor, "auth: no auth_master_keys: this master cannot poll its peers' feature levels");
     }
+    /* The data-plane token key (docs/security.md "Data plane: tokens"): derived from auth_key. */
+    s->token_key_ok = kvp_auth_token_key_load(s->cfg.auth_key, s->token_pk, s->token_sk) == KVP_OK;
+    if (!s->token_key_ok)
+        kvp_log_warn(s->actor, "auth: no data-plane token key could be derived from %s: DataToken refused",
+                     s->cfg.auth_key);
     s->auth_mon = kvp_auth_server_monitor(s->auth, s->router);
     kvp_log_info(s->actor, "auth: curve; allowed keys in %s", s->cfg.auth_allowed_dir);
     return KVP_OK;
@@ -95,6 +103,7 @@ bool svc_auth_admit(struct kvp_master_service *s, zframe_t *identity, zframe_t *
         rc = KVP_ERR_DENIED;
     } else {
         rc = kvp_auth_scope_request(req, &p, why, sizeof why);
+        s->cur_principal = p;
     }
     if (rc == KVP_OK) /* a tenant's PutStart over its quota is answered NO_SPACE there */
         return p.role != KVP_AUTH_ROLE_CLIENT || svc_quota_admit(s, identity, req, p.tenant);
@@ -117,8 +126,60 @@ int svc_auth_peer_socket(struct kvp_master_service *s, zsock_t *dealer, const ch
     return kvp_auth_client_apply(s->peer_auth, zsock_resolve(dealer), addr);
 }
 
+/*
+ * DataToken: sign one token per asked segment for the requesting principal (its tenant, and as
+ * client id BLAKE2b-256 of "ROLE/TENANT/NAME") and the ephemeral key it sent, expiring
+ * KVP_DT_TTL_MS from now (auth/auth_token.h). Auth none or no token key: UNSUPPORTED.
+ */
+void svc_auth_on_data_token(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
+{
+    Kvp__DataTokenReq *r = req->data_token;
+    if (!s->auth || !s->token_key_ok) {
+        svc_reply_status(s, id, req->req_id, KVP_ERR_UNSUPPORTED, "no data-plane tokens (auth none or no token key)");
+        return;
+    }
+    if (r->client_key.len != KVP_DT_PK_BYTES || r->n_segment_ids == 0 || r->n_segment_ids > 64) {
+        kvp_log_warn(s->actor, "DataToken %llu: needs a 32-byte client_key and 1..64 segment ids (got %zu, %zu)",
+                     (unsigned long long)req->req_id, r->client_key.len, r->n_segment_ids);
+        svc_reply_status(s, id, req->req_id, KVP_ERR_INVALID, "DataToken: client_key must be 32 bytes, 1..64 segment ids");
+        return;
+    }
+    const struct kvp_auth_principal *p = &s->cur_principal;
+    struct kvp_dt_claims c = {.expires_ms = kvp_clock_wall_ms() + KVP_DT_TTL_MS};
+    memcpy(c.client_pk, r->client_key.data, KVP_DT_PK_BYTES);
+    char who[KVP_AUTH_NAME_MAX + KVP_AUTH_TENANT_MAX + 16];
+    int wl = snprintf(who, sizeof who, "%s/%s/%s", kvp_auth_role_name(p->role), p->tenant, p->name);
+    crypto_generichash(c.client_id, sizeof c.client_id, (const uint8_t *)who, (size_t)wl, NULL, 0);
+    snprintf(c.tenant, sizeof c.tenant, "%s", p->tenant);
+    uint8_t(*buf)[KVP_DT_TOKEN_MAX] = calloc(r->n_segment_ids, sizeof *buf);
+    ProtobufCBinaryData *toks = calloc(r->n_segment_ids, sizeof *toks);
+    if (!buf || !toks) {
+        free(buf);
+        free(toks);
+        svc_reply_status(s, id, req->req_id, KVP_ERR_NOMEM, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < r->n_segment_ids; i++) {
+        c.segment_id = r->segment_ids[i];
+        int n = kvp_dt_issue(s->token_pk, s->token_sk, &c, buf[i], sizeof buf[i]);
+        toks[i].data = buf[i];
+        toks[i].len = n > 0 ? (size_t)n : 0;
+    }
+    Kvp__Response resp = KVP__RESPONSE__INIT;
+    Kvp__DataTokenResp dr = KVP__DATA_TOKEN_RESP__INIT;
+    dr.n_tokens = r->n_segment_ids;
+    dr.tokens = toks;
+    dr.expires_ms = c.expires_ms;
+    resp.body_case = KVP__RESPONSE__BODY_DATA_TOKEN;
+    resp.data_token = &dr;
+    svc_reply(s, id, req->req_id, &resp);
+    free(toks);
+    free(buf);
+}
+
 void svc_auth_stop(struct kvp_master_service *s)
 {
+    sodium_memzero(s->token_sk, sizeof s->token_sk);
     svc_quota_destroy(s);
     kvp_auth_client_destroy(&s->peer_auth);
     s->auth_mon = NULL;

@@ -62,6 +62,7 @@ static const struct {
     {KVP__REQUEST__BODY_ADD_MEMBER, "add_member"},
     {KVP__REQUEST__BODY_REMOVE_MEMBER, "remove_member"},
     {KVP__REQUEST__BODY_MOVER_POLL, "mover_poll"},
+    {KVP__REQUEST__BODY_DATA_TOKEN, "data_token"},
 };
 #define N_TYPES (sizeof rpc_types / sizeof rpc_types[0])
 /* Codes: index -status for KVP_OK .. KVP_ERR__LAST+1; the last index for anything else. */

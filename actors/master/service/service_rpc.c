@@ -509,6 +509,7 @@ static void dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *r
     case KVP__REQUEST__BODY_ADD_MEMBER: on_add_member(s, id, req); break;
     case KVP__REQUEST__BODY_REMOVE_MEMBER: on_remove_member(s, id, req); break;
     case KVP__REQUEST__BODY_MOVER_POLL: svc_repair_on_mover_poll(s, id, req); break;
+    case KVP__REQUEST__BODY_DATA_TOKEN: svc_auth_on_data_token(s, id, req); break;
     default:
         kvp_log_warn(s->actor, "request %llu: no or unknown body (%d): answered INVALID",
                      (unsigned long long)req->req_id, (int)req->body_case);

@@ -124,6 +124,11 @@ struct kvp_master_service {
     struct kvp_auth_client *peer_auth;     /* this master's keys toward its peers (feature polls) */
     zsock_t *auth_mon;                     /* the ROUTER's handshake monitor (not owned: auth's) */
     struct kvp_auth_ratelog denied_log;    /* refused requests, rate-limited lines */
+    /* Data-plane tokens (auth/auth_token.h): the key derived from auth_key; the principal of the
+     * request being dispatched (set by svc_auth_admit, read by svc_auth_on_data_token). */
+    bool token_key_ok;
+    uint8_t token_pk[32], token_sk[64];
+    struct kvp_auth_principal cur_principal;
     uint64_t denied_requests;              /* requests refused for role or tenant */
     struct svc_quota *quota;               /* use and quota per tenant (service_quota.c); NULL = auth none */
     zloop_t *loop;                         /* zloop of run() */
@@ -298,5 +303,6 @@ int svc_auth_loop_start(struct kvp_master_service *s);
 bool svc_auth_admit(struct kvp_master_service *s, zframe_t *identity, zframe_t *body, Kvp__Request *req);
 int svc_auth_peer_socket(struct kvp_master_service *s, zsock_t *dealer, const char *addr);
 void svc_auth_stop(struct kvp_master_service *s);
+void svc_auth_on_data_token(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req);
 
 #endif
