@@ -148,14 +148,18 @@ int kvp_client_rpc(struct kvp_client *c, Kvp__Request *req, uint64_t deadline_ms
  * instance with these options, a random writer id each) and the handshake with each segment goes
  * over the segment's data-plane TCP port (kvp_rdma_hello_tcp). Exactly one log line either way.
  * Returns the transport for the engine (NULL: tcp). */
+#ifdef KVP_HAVE_VERBS
+struct rdma_opts_box { /* c->rdma_opts */
+    struct kvp_xport_rdma_opts o;
+    struct kvp_rdma_hello_tcp_opts h;
+};
+#endif
+
 static const struct kvp_xport_ops *client_rdma_probe(struct kvp_client *c)
 {
     snprintf(c->transport, sizeof c->transport, "tcp");
 #ifdef KVP_HAVE_VERBS
-    struct rdma_opts_box {
-        struct kvp_xport_rdma_opts o;
-        struct kvp_rdma_hello_tcp_opts h;
-    } *b = calloc(1, sizeof *b);
+    struct rdma_opts_box *b = calloc(1, sizeof *b);
     if (!b) {
         kvp_log_warn(c->name, "protocol=rdma: out of memory; using tcp");
         return NULL;
@@ -287,6 +291,15 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     c->n_token_keys = kvp_auth_client_token_keys(auth, c->token_keys, 16);
     if (rc == KVP_OK && c->n_token_keys > 0)
         rc = kvp_dtoken_new(&c->dtok, c->name);
+#ifdef KVP_HAVE_VERBS
+    if (rc == KVP_OK && c->dtok && c->rdma_opts) {
+        /* the RDMA hello opens its own connection to the segment's data port: it must pass the
+         * same token check as the tcp transport's connections (rdma_hello_tcp.c) */
+        struct rdma_opts_box *b = c->rdma_opts;
+        b->h.token_respond = kvp_dtoken_respond;
+        b->h.token_ctx = c->dtok;
+    }
+#endif
     if (rc == KVP_OK)
         rc = kvp_msession_new_auth(&c->ms, (const char *const *)masters, n_masters, c->name, &auth);
     kvp_auth_client_destroy(&auth);

@@ -13,6 +13,10 @@
  *    was delivered, no timed-out READ buffer (refilled with poison at return) changed, every OK
  *    READ holds the region's bytes, no WRITE placed poison in the region.
  *  - remount: a new segment id fences the old mount's QPs: the old id fails, the new one works.
+ *  - tokens: a segment that requires data-plane tokens (kvp_seg_server_start_auth): the hello's own
+ *    TCP connection answers the challenge through kvp_rdma_hello_tcp_opts.token_respond and the
+ *    data goes over RDMA; without the callback, or with no token for this segment, the hello is
+ *    refused (counted as token_refused) and the slice fails.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,7 +34,9 @@
 #include "actors/transfer/rdma/rdma_xport_internal.h"
 #include "actors/transfer/rdma/xport_rdma.h"
 #include "actors/transfer/transfer.h"
+#include "auth/auth_token.h"
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 #include "tests/lib/fakeverbs.h"
 #include "tests/lib/fakeverbs_locked.h"
@@ -61,7 +67,15 @@ struct rig {
     struct kvp_xfer_engine *e;
 };
 
+/* rig_up_auth: token_pk non-NULL: the segment requires tokens signed by that key. */
+static void rig_up_auth(struct rig *g, unsigned seed, int flush, const uint8_t *token_pk);
+
 static void rig_up(struct rig *g, unsigned seed, int flush)
+{
+    rig_up_auth(g, seed, flush, NULL);
+}
+
+static void rig_up_auth(struct rig *g, unsigned seed, int flush, const uint8_t *token_pk)
 {
     memset(g, 0, sizeof *g);
     struct fv_config fc = {.seed = seed, .jitter_ns = 2 * MS};
@@ -74,7 +88,9 @@ static void rig_up(struct rig *g, unsigned seed, int flush)
     g->region = aligned_alloc(4096, SEG_BYTES);
     for (size_t i = 0; i < SEG_BYTES; i++)
         g->region[i] = (uint8_t)(i * 31 + 7) == POISON ? 0 : (uint8_t)(i * 31 + 7);
-    assert_int_equal(kvp_seg_server_start(&g->srv, "127.0.0.1", 0, g->region, SEG_BYTES), KVP_OK);
+    assert_int_equal(kvp_seg_server_start_auth(&g->srv, "127.0.0.1", 0, g->region, SEG_BYTES,
+                                               (const uint8_t(*)[32])token_pk, token_pk ? 1 : 0),
+                     KVP_OK);
     kvp_seg_server_set_id(g->srv, 5);
     struct kvp_seg_rdma_cfg rc = {.who = "seg-e2e", .ops = fv_locked_ops(g->ns), .env = &g->env,
                                   .sysfs_root = "/nonexistent", .gid_index = -1, .psn_seed = seed + 1};
@@ -346,6 +362,81 @@ static void test_rdma_e2e_hello_frames_bad_input(void **state)
     free(region);
 }
 
+static int wallet_cb(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap)
+{
+    if (len != KVP_DT_CHALLENGE_BYTES)
+        return KVP_ERR_INVALID;
+    return kvp_dt_wallet_respond(ctx, challenge, kvp_clock_wall_ms(), out, cap);
+}
+
+/* A wallet holding a token for segment `seg`, signed by the master key (mpk, msk). */
+static struct kvp_dt_wallet *wallet_with_token(uint32_t seg, const uint8_t *mpk, const uint8_t *msk)
+{
+    struct kvp_dt_wallet *w = NULL;
+    assert_int_equal(kvp_dt_wallet_new(&w), KVP_OK);
+    struct kvp_dt_claims c = {.segment_id = seg, .expires_ms = kvp_clock_wall_ms() + 600000};
+    kvp_dt_wallet_public_key(w, c.client_pk);
+    memset(c.client_id, 0xcd, sizeof c.client_id);
+    snprintf(c.tenant, sizeof c.tenant, "team-r");
+    uint8_t tok[KVP_DT_TOKEN_MAX];
+    int n = kvp_dt_issue(mpk, msk, &c, tok, sizeof tok);
+    assert_true(n > 0);
+    assert_int_equal(kvp_dt_wallet_put(w, tok, (size_t)n), KVP_OK);
+    return w;
+}
+
+/* One 4096-byte READ at 12288 of segment 5 through the rig's engine: its status. */
+static int read_one(struct rig *g, uint8_t *buf)
+{
+    memset(buf, 0, 4096);
+    struct kvp_xfer_slice s = {.local = buf, .length = 4096, .segment_id = 5, .endpoint = g->ep,
+                               .remote_offset = 12288, .op = KVP_XFER_READ};
+    (void)kvp_xfer_run(g->e, &s, 1, 5000);
+    return s.status;
+}
+
+static void test_rdma_e2e_hello_answers_token_challenge(void **state)
+{
+    (void)state;
+    uint8_t mpk[KVP_DT_PK_BYTES], msk[KVP_DT_SK_BYTES];
+    assert_int_equal(kvp_dt_keypair(mpk, msk), KVP_OK);
+    uint8_t *buf = aligned_alloc(4096, 4096);
+    struct kvp_seg_server_stats st;
+
+    /* with a token for this segment: the hello passes the check, the data goes over RDMA */
+    struct kvp_dt_wallet *w = wallet_with_token(5, mpk, msk);
+    struct rig g;
+    rig_up_auth(&g, 3, FV_FLUSH_ALL, mpk);
+    g.ho.token_respond = wallet_cb;
+    g.ho.token_ctx = w;
+    assert_int_equal(read_one(&g, buf), KVP_OK);
+    assert_memory_equal(buf, g.region + 12288, 4096);
+    tcp_frames_none(&g);
+    kvp_seg_server_stats(g.srv, &st);
+    assert_int_equal(st.token_refused, 0);
+    rig_down(&g);
+    kvp_dt_wallet_destroy(&w);
+
+    /* no callback: the segment refuses the hello's connection (it sent no token) */
+    rig_up_auth(&g, 4, FV_FLUSH_ALL, mpk);
+    assert_int_not_equal(read_one(&g, buf), KVP_OK);
+    assert_true(all_zero(buf, 4096));
+    kvp_seg_server_stats(g.srv, &st);
+    assert_true(st.token_refused >= 1);
+    rig_down(&g);
+
+    /* a token for another segment only: the callback has nothing to answer with */
+    w = wallet_with_token(9, mpk, msk);
+    rig_up_auth(&g, 5, FV_FLUSH_ALL, mpk);
+    g.ho.token_respond = wallet_cb;
+    g.ho.token_ctx = w;
+    assert_int_not_equal(read_one(&g, buf), KVP_OK);
+    assert_true(all_zero(buf, 4096));
+    rig_down(&g);
+    kvp_dt_wallet_destroy(&w);
+    free(buf);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_ERROR);
@@ -355,6 +446,7 @@ int main(void)
         cmocka_unit_test(test_rdma_e2e_timed_out_writes_never_read_late),
         cmocka_unit_test(test_rdma_e2e_remount_fences_old_qps),
         cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
+        cmocka_unit_test(test_rdma_e2e_hello_answers_token_challenge),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

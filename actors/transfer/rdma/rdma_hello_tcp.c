@@ -5,7 +5,9 @@
  * actors/segment/seg_rdma.c). A kvp_xport_rdma_opts.hello function (xport_rdma.h).
  *
  * It blocks the calling thread (the transfer actor, at an endpoint's connect) for at most the
- * channel's timeout: one round trip per segment connection generation, not per transfer.
+ * channel's timeout: one round trip per segment connection generation, not per transfer (two
+ * when the segment requires data-plane tokens: its challenge, then the token response and the
+ * hello, as the tcp transport's connections do; docs/security.md "Data plane: tokens").
  */
 #include "actors/transfer/rdma/xport_rdma.h"
 
@@ -19,6 +21,7 @@
 
 #include "actors/transfer/transfer.h"
 #include "actors/transfer/transfer_internal.h"
+#include "auth/auth_token.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
@@ -91,10 +94,24 @@ int kvp_rdma_hello_tcp(void *arg, const char *endpoint, const uint8_t *offer, si
             return w == 0 ? KVP_ERR_TIMEOUT : KVP_ERR_TRANSFER;
         }
     }
+    rc = KVP_OK;
+    if (o && o->token_respond) { /* the segment requires data-plane tokens: answer its challenge first */
+        uint8_t ch[KVP_DT_CHALLENGE_BYTES], resp[KVP_DT_RESPONSE_MAX];
+        rc = hmove(fd, false, ch, sizeof ch, deadline);
+        int n = rc == KVP_OK ? o->token_respond(o->token_ctx, ch, sizeof ch, resp, sizeof resp) : 0;
+        if (rc == KVP_OK && n <= 0) {
+            kvp_log_warn("xfer-rdma", "RDMA handshake with %s: no data token for this segment (%s)", endpoint,
+                         kvp_errname(n < 0 ? n : KVP_ERR_NOT_FOUND));
+            rc = KVP_ERR_TRANSFER;
+        }
+        if (rc == KVP_OK)
+            rc = hmove(fd, true, resp, (size_t)n, deadline);
+    }
     uint8_t hdr[KVP_FRAME_HEADER_BYTES];
     struct kvp_frame f = {.op = KVP_FRAME_RDMA_HELLO, .req_id = 1, .length = len};
     kvp_frame_encode(&f, hdr);
-    rc = hmove(fd, true, hdr, sizeof hdr, deadline);
+    if (rc == KVP_OK)
+        rc = hmove(fd, true, hdr, sizeof hdr, deadline);
     if (rc == KVP_OK)
         rc = hmove(fd, true, (uint8_t *)offer, len, deadline);
     if (rc == KVP_OK)

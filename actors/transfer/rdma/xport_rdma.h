@@ -43,10 +43,17 @@ struct kvp_xport_rdma_opts {
 /* The handshake channel over the segment's data-plane TCP port (rdma_hello_tcp.c): a
  * kvp_xport_rdma_opts.hello with hello_arg a struct kvp_rdma_hello_tcp_opts (or NULL). Blocks the
  * caller at most timeout_ms (0: 2000). Errors: the answer frame's status (KVP_ERR_UNSUPPORTED: a
- * segment without RDMA), KVP_ERR_TRANSFER (no connection, or an older segment that closes on the
- * op), KVP_ERR_TIMEOUT, KVP_ERR_MALFORMED, KVP_ERR_INVALID, KVP_ERR_NOMEM. */
+ * segment without RDMA), KVP_ERR_TRANSFER (no connection, an older segment that closes on the
+ * op, or no token for a segment that requires one: token_respond failed or the segment refused it), KVP_ERR_TIMEOUT, KVP_ERR_MALFORMED, KVP_ERR_INVALID, KVP_ERR_NOMEM. */
 struct kvp_rdma_hello_tcp_opts {
     uint32_t timeout_ms;
+    /* Data-plane tokens (docs/security.md "Data plane: tokens"), as kvp_xport_params.token_respond:
+     * when set, the channel's own connection waits for the segment's challenge and sends the
+     * response this writes before the hello (a segment that requires tokens refuses anything
+     * else). NULL: no token (auth none). Called on the caller's thread: token_ctx must serialise
+     * itself (kvp_dtoken_respond does). */
+    int (*token_respond)(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap);
+    void *token_ctx;
 };
 int kvp_rdma_hello_tcp(void *arg, const char *endpoint, const uint8_t *offer, size_t len,
                        uint8_t **answer, size_t *answer_len);
