@@ -256,6 +256,67 @@ static void test_reserve_snapshot_round_trip(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+/* The incremental snapshot (fsm_snap_inc.c) with reservations: its prefix is format 2, and
+ * PutCommit objects created or removed between its chunks leave the image as it was at begin:
+ * restored, it writes the same whole snapshot bytes as the state at begin. */
+static void test_reserve_incremental_snapshot(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(GRACE, 10000);
+    uint32_t s1;
+    assert_int_equal(tf_mount(f, "s1", "h1", SEG, T0, &s1), KVP_OK);
+    uint64_t o, H = T0 + 1000;
+    assert_int_equal(reserve(f, s1, 32768, H, 4, T0, &o), KVP_OK);
+    char key[32];
+    for (int i = 0; i < 64; i++) { /* 64 objects of 64 bytes in the first half of the reservation */
+        snprintf(key, sizeof key, "c/%03d", i);
+        assert_int_equal(commit(f, key, 1 + (uint64_t)i, 64, 4, H, T0 + 1,
+                                (struct place[]){{s1, o + (uint64_t)i * KVP_FSM_ALIGN}}, 1), KVP_OK);
+    }
+    size_t wn;
+    uint8_t *whole = tf_snapshot(f, &wn);
+    assert_true(snap_format2(whole, wn));
+    assert_int_equal(kvp_master_fsm_snap_begin(f), KVP_OK);
+    uint8_t *all = NULL;
+    size_t len = 0;
+    bool last = false;
+    int added = 0, removed = 0;
+    for (int step = 0; !last; step++) {
+        uint8_t *c = NULL;
+        size_t l = 0;
+        assert_int_equal(kvp_master_fsm_snap_next(f, 256, &c, &l, &last), KVP_OK);
+        all = realloc(all, len + l);
+        assert_non_null(all);
+        memcpy(all + len, c, l);
+        len += l;
+        free(c);
+        /* between chunks: commit into the reservation's second half, remove committed ones */
+        for (int k = 0; k < 4 && added < 200; k++, added++) {
+            snprintf(key, sizeof key, "n/%03d", added);
+            assert_int_equal(commit(f, key, 1000 + (uint64_t)added, 64, 4, H, T0 + 2,
+                                    (struct place[]){{s1, o + 16384 + (uint64_t)added * KVP_FSM_ALIGN}}, 1),
+                             KVP_OK);
+        }
+        for (int k = 0; k < 3 && removed < 64; k++, removed += 2) {
+            snprintf(key, sizeof key, "c/%03d", removed);
+            assert_int_equal(tf_remove(f, key, false, T0 + 2), KVP_OK);
+        }
+    }
+    assert_true(added > 8 && removed > 8); /* the walk was interleaved with changes */
+    assert_true(snap_format2(all, len));
+    struct kvp_master_fsm *g = tf_new(GRACE, 10000);
+    assert_int_equal(kvp_master_fsm_restore(g, all, len), KVP_OK);
+    size_t gn;
+    uint8_t *gb = tf_snapshot(g, &gn);
+    assert_int_equal(gn, wn);
+    assert_memory_equal(gb, whole, wn);
+    free(gb);
+    free(all);
+    free(whole);
+    kvp_master_fsm_destroy(&g);
+    kvp_master_fsm_destroy(&f);
+}
+
 static void test_reserve_segment_lost_drops_reservations(void **state)
 {
     (void)state;
@@ -303,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_reserve_commit_checks_placement),
         cmocka_unit_test(test_reserve_retire_quarantines_unused_at_horizon),
         cmocka_unit_test(test_reserve_snapshot_round_trip),
+        cmocka_unit_test(test_reserve_incremental_snapshot),
         cmocka_unit_test(test_reserve_segment_lost_drops_reservations),
         cmocka_unit_test(test_reserve_feature_level),
     };

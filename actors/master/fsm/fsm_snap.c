@@ -228,24 +228,31 @@ static void put_object(struct obuf *o, const struct kvp_fsm_obj *ob)
     obuf_append(&o->base, h + len, b);
 }
 
-/* Sort refs by (hash, key): LSD radix sort on the 32-bit hash (four byte passes), then runs of
- * equal hashes by key. O(n) with sequential memory access. */
-int kvp_fsm_snap_prefix_encode(const fsm_t *f, uint8_t **buf, size_t *len)
+/* What both snapshot writers put before the objects: the format (2 only while a reservation
+ * exists, so a master of feature level 2 or less refuses the image rather than restore it
+ * without the reserved space), the last segment id, the segments. */
+static void put_prefix(struct obuf *o, const fsm_t *f)
 {
-    struct obuf o = {.base = {.append = obuf_append}};
-    /* the same format rule as kvp_master_fsm_snapshot: format 2 only while a reservation exists */
     bool any_resv = false;
     for (uint32_t i = 0; i < f->n_segs_ids && !any_resv; i++)
         any_resv = f->segs[i] && f->segs[i]->n_resv;
-    put_varint(&o, F_FORMAT << 3);
-    put_varint(&o, any_resv ? SNAP_FORMAT_RESV : SNAP_FORMAT);
+    put_varint(o, F_FORMAT << 3);
+    put_varint(o, any_resv ? SNAP_FORMAT_RESV : SNAP_FORMAT);
     if (f->n_segs_ids) {
-        put_varint(&o, F_LAST_SEG << 3);
-        put_varint(&o, f->n_segs_ids);
+        put_varint(o, F_LAST_SEG << 3);
+        put_varint(o, f->n_segs_ids);
     }
     for (uint32_t i = 0; i < f->n_segs_ids; i++)
         if (f->segs[i])
-            put_segment(&o, f->segs[i]);
+            put_segment(o, f->segs[i]);
+}
+
+/* The incremental snapshot's prefix (fsm_snap_inc.c): the same bytes the whole-state snapshot
+ * starts with. */
+int kvp_fsm_snap_prefix_encode(const fsm_t *f, uint8_t **buf, size_t *len)
+{
+    struct obuf o = {.base = {.append = obuf_append}};
+    put_prefix(&o, f);
     if (o.err) {
         free(o.p);
         return KVP_ERR_NOMEM;
@@ -255,6 +262,8 @@ int kvp_fsm_snap_prefix_encode(const fsm_t *f, uint8_t **buf, size_t *len)
     return KVP_OK;
 }
 
+/* Sort refs by (hash, key): LSD radix sort on the 32-bit hash (four byte passes), then runs of
+ * equal hashes by key. O(n) with sequential memory access. */
 static int radix_sort_refs(struct obj_ref *v, size_t n)
 {
     struct obj_ref *tmp = malloc((n ? n : 1) * sizeof(*tmp));
@@ -314,18 +323,7 @@ int kvp_master_fsm_snapshot(const fsm_t *f, uint8_t **buf, size_t *len)
         free(o.p);
         return KVP_ERR_NOMEM;
     }
-    bool any_resv = false;
-    for (uint32_t i = 0; i < f->n_segs_ids && !any_resv; i++)
-        any_resv = f->segs[i] && f->segs[i]->n_resv;
-    put_varint(&o, F_FORMAT << 3);
-    put_varint(&o, any_resv ? SNAP_FORMAT_RESV : SNAP_FORMAT);
-    if (f->n_segs_ids) {
-        put_varint(&o, F_LAST_SEG << 3);
-        put_varint(&o, f->n_segs_ids);
-    }
-    for (uint32_t i = 0; i < f->n_segs_ids; i++)
-        if (f->segs[i])
-            put_segment(&o, f->segs[i]);
+    put_prefix(&o, f);
     for (uint64_t i = 0; i < n && !o.err; i++) {
         if (i + 8 < n) /* objects sit at random heap addresses: fetch ahead of the encoder */
             __builtin_prefetch(v[i + 8].o), __builtin_prefetch((const char *)v[i + 8].o + 64);

@@ -16,7 +16,8 @@
  * it), and a table growth rewinds the cursor (written objects are skipped by generation).
  * The last chunk ends with the XXH3-64 checksum field of the whole stream.
  *
- * The bytes are the format kvp_master_fsm_restore reads (wire/snapshot.proto, format 1):
+ * The bytes are the format kvp_master_fsm_restore reads (wire/snapshot.proto, format 1, or 2
+ * while a reservation exists; the prefix is kvp_fsm_snap_prefix_encode, as the whole snapshot's):
  * format, last segment id, segments, objects, checksum. Objects come in table and touch order,
  * not sorted, so two members with equal state may write different bytes; the digest below is
  * order-free for comparing them.
