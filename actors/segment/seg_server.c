@@ -137,7 +137,9 @@ struct kvp_seg_server {
     size_t n_token_pks;
     char region_sync; /* TSan annotation address only (REGION_ACQUIRE/RELEASE) */
     /* protocol=rdma: the RDMA side (seg_rdma.h), set once by kvp_seg_server_rdma after start and
-     * read by the loops at each handshake (release/acquire: the object is complete when seen). */
+     * read by the loops at each handshake (release/acquire: the object is complete when seen).
+     * Not a message to the loops: it must hold when kvp_seg_server_rdma returns (a hello right
+     * after would otherwise be answered UNSUPPORTED), as segment_id above. */
     _Atomic(struct kvp_seg_rdma *) rdma;
 };
 
