@@ -57,5 +57,8 @@ struct kvp_xport *xfer_fault_inner(struct kvp_xport *t);
 /* xfer_net.c */
 int xfer_set_nonblock(int fd);
 int xfer_connect_start(const struct sockaddr_storage *addr, unsigned len, int *fd_out);
+/* Wait for poll event `ev` (POLLIN, POLLOUT) on fd until deadline_ms (kvp_clock_now_ms): 1 ready,
+ * 0 timeout, -1 error. Blocks the caller: probes and the RDMA hello only, never an actor's loop. */
+int xfer_wait_fd(int fd, short ev, uint64_t deadline_ms);
 
 #endif

@@ -116,8 +116,7 @@ int xfer_connect_start(const struct sockaddr_storage *addr, unsigned len, int *f
     return -e;
 }
 
-/* Wait for `ev` on fd until deadline. 1 ready, 0 timeout, -1 error. */
-static int wait_fd(int fd, short ev, uint64_t deadline_ms)
+int xfer_wait_fd(int fd, short ev, uint64_t deadline_ms)
 {
     for (;;) {
         uint64_t now = kvp_clock_now_ms();
@@ -152,7 +151,7 @@ int kvp_xfer_probe(const char *endpoint, uint32_t segment_id, uint32_t timeout_m
     }
     int result = KVP_ERR_TRANSFER;
     if (rc == 1) {
-        int w = wait_fd(fd, POLLOUT, deadline);
+        int w = xfer_wait_fd(fd, POLLOUT, deadline);
         if (w <= 0) {
             result = w == 0 ? KVP_ERR_TIMEOUT : KVP_ERR_TRANSFER;
             goto out;
@@ -173,7 +172,7 @@ int kvp_xfer_probe(const char *endpoint, uint32_t segment_id, uint32_t timeout_m
             continue;
         }
         if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
-            int w = wait_fd(fd, POLLOUT, deadline);
+            int w = xfer_wait_fd(fd, POLLOUT, deadline);
             if (w <= 0) {
                 result = w == 0 ? KVP_ERR_TIMEOUT : KVP_ERR_TRANSFER;
                 goto out;
@@ -190,7 +189,7 @@ int kvp_xfer_probe(const char *endpoint, uint32_t segment_id, uint32_t timeout_m
             continue;
         }
         if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
-            int w = wait_fd(fd, POLLIN, deadline);
+            int w = xfer_wait_fd(fd, POLLIN, deadline);
             if (w <= 0) {
                 result = w == 0 ? KVP_ERR_TIMEOUT : KVP_ERR_TRANSFER;
                 goto out;

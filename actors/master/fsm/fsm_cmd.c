@@ -414,18 +414,26 @@ static int on_put_start(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
 
 /* ---------------------------------------------------------------- PutEnd / PutRevoke */
 
+Kvp__PutEndResp *kvp_fsm_put_end_body(Kvp__Response *r, size_t n)
+{
+    Kvp__PutEndResp *body = malloc(sizeof(*body));
+    if (!body)
+        return NULL;
+    kvp__put_end_resp__init(body);
+    r->body_case = KVP__RESPONSE__BODY_PUT_END;
+    r->put_end = body; /* freed with r from here on */
+    if (!(body->status = status_array(n)))
+        return NULL;
+    body->n_status = n;
+    return body;
+}
+
 static int on_put_end(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
 {
     const Kvp__PutEndReq *q = c->put_end;
-    Kvp__PutEndResp *body = malloc(sizeof(*body));
+    Kvp__PutEndResp *body = kvp_fsm_put_end_body(r, q->n_items);
     if (!body)
         return KVP_ERR_NOMEM;
-    kvp__put_end_resp__init(body);
-    r->body_case = KVP__RESPONSE__BODY_PUT_END;
-    r->put_end = body;
-    if (!(body->status = status_array(q->n_items)))
-        return KVP_ERR_NOMEM;
-    body->n_status = q->n_items;
     for (size_t i = 0; i < q->n_items; i++) {
         const Kvp__PutEndItem *it = q->items[i];
         size_t klen;

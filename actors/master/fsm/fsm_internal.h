@@ -169,6 +169,9 @@ void kvp_fsm_state_clear(struct kvp_master_fsm *f);
 
 /* fsm_cmd.c */
 int kvp_fsm_apply_cmd(struct kvp_master_fsm *f, const Kvp__Command *cmd, Kvp__Response *r);
+/* r's body becomes a PutEndResp with n statuses, all 0 (PutEnd's answer; PutCommit's too); the
+ * body belongs to r even when this fails half way. NULL: out of memory. */
+Kvp__PutEndResp *kvp_fsm_put_end_body(Kvp__Response *r, size_t n);
 
 /* fsm_repair.c (drain and repair, docs/drain-repair.md). The wanted replica count of an
  * object is kept in pad[0] (PutStart's replica_num, 0 → 1). */

@@ -215,15 +215,9 @@ static int put_commit_item(struct kvp_master_fsm *f, const Kvp__Command *c, cons
 int kvp_fsm_put_commit(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r)
 {
     const Kvp__PutCommitCmd *q = c->put_commit;
-    Kvp__PutEndResp *body = malloc(sizeof(*body));
+    Kvp__PutEndResp *body = kvp_fsm_put_end_body(r, q->n_items); /* PutEnd's answer shape */
     if (!body)
         return KVP_ERR_NOMEM;
-    kvp__put_end_resp__init(body);
-    r->body_case = KVP__RESPONSE__BODY_PUT_END;
-    r->put_end = body;
-    if (!(body->status = calloc(q->n_items ? q->n_items : 1, sizeof(int32_t))))
-        return KVP_ERR_NOMEM;
-    body->n_status = q->n_items;
     for (size_t i = 0; i < q->n_items; i++) {
         int rc = put_commit_item(f, c, q->items[i], &body->status[i]);
         if (rc != KVP_OK)

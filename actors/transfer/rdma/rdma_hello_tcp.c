@@ -27,21 +27,6 @@
 #include "runtime/log.h"
 #include "wire/envelope.h"
 
-/* Wait for ev until deadline: 1 ready, 0 timeout, -1 error. */
-static int hwait(int fd, short ev, uint64_t deadline_ms)
-{
-    for (;;) {
-        uint64_t now = kvp_clock_now_ms();
-        if (now >= deadline_ms)
-            return 0;
-        struct pollfd pf = {.fd = fd, .events = ev};
-        int r = poll(&pf, 1, (int)(deadline_ms - now));
-        if (r < 0 && errno == EINTR)
-            continue;
-        return r < 0 ? -1 : r > 0;
-    }
-}
-
 /* Move len bytes (send when out, else recv). KVP_OK, KVP_ERR_TIMEOUT, KVP_ERR_TRANSFER. */
 static int hmove(int fd, bool out, uint8_t *p, size_t len, uint64_t deadline_ms)
 {
@@ -56,7 +41,7 @@ static int hmove(int fd, bool out, uint8_t *p, size_t len, uint64_t deadline_ms)
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int w = hwait(fd, out ? POLLOUT : POLLIN, deadline_ms);
+            int w = xfer_wait_fd(fd, out ? POLLOUT : POLLIN, deadline_ms);
             if (w == 0)
                 return KVP_ERR_TIMEOUT;
             if (w < 0)
@@ -87,7 +72,7 @@ int kvp_rdma_hello_tcp(void *arg, const char *endpoint, const uint8_t *offer, si
     if (rc < 0)
         return KVP_ERR_TRANSFER;
     if (rc == 1) {
-        int w = hwait(fd, POLLOUT, deadline), err = 0;
+        int w = xfer_wait_fd(fd, POLLOUT, deadline), err = 0;
         socklen_t el = sizeof err;
         if (w <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0) {
             close(fd);
