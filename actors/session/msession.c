@@ -470,6 +470,7 @@ static int ms_init(struct kvp_rt_ctx *ctx)
         if (rc != KVP_OK)
             return rc;
     }
+    s->spawn_freed = NULL; /* the spawner's flag lives on its stack: no later fini may touch it */
     return KVP_OK;
 }
 
@@ -483,6 +484,8 @@ static void ms_fini(struct kvp_rt_ctx *ctx)
         s->calls = c->next;
         call_free(c);
     }
+    if (s->spawn_freed)
+        *s->spawn_freed = true;
     state_free(s);
 }
 
@@ -528,8 +531,14 @@ int kvp_msession_new_auth(struct kvp_msession **out, const char *const *masters,
     zsys_handler_set(NULL);
     struct kvp_rt_spec spec = {.name = s->name, .init = ms_init, .handle = ms_handle,
                                .fini = ms_fini, .state = s};
-    int rc = kvp_rt_spawn(&h->actor, &spec, NULL); /* on failure fini ran: s is freed */
+    /* A failed init runs fini (s freed, keys included); a spawn that failed before the thread
+     * (no memory, no eventfd, no thread) runs none: then s, and the keys it owns, are freed here. */
+    bool freed = false;
+    s->spawn_freed = &freed;
+    int rc = kvp_rt_spawn(&h->actor, &spec, NULL);
     if (rc != KVP_OK) {
+        if (!freed)
+            state_free(s);
         free(h);
         return rc;
     }

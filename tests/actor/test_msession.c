@@ -656,6 +656,11 @@ static void test_msession_bad_args_invalid(void **state)
     assert_int_equal(kvp_msession_new(&s, none, 0, "x"), KVP_ERR_INVALID);
     assert_int_equal(kvp_msession_new(&s, none, 1, "x"), KVP_ERR_INVALID);
     assert_null(s);
+    /* an address ZeroMQ refuses fails the actor's init: fini frees the state, and the session
+     * must not free it again (a double free aborts; the ASan stage names it) */
+    const char *bad[2] = {"127.0.0.1:1", "no-port-here"};
+    assert_int_equal(kvp_msession_new(&s, bad, 2, "x"), KVP_ERR_INVALID);
+    assert_null(s);
     const char *one[1] = {"127.0.0.1:1"};
     assert_int_equal(kvp_msession_new(&s, one, 1, NULL), KVP_OK);
     Kvp__Response *resp = NULL;
