@@ -33,7 +33,8 @@ run_ctest build --timeout 600
 if [ "${KVP_TEST_QUICK:-0}" != 1 ]; then
   stage "ASan+UBSan build: unit and actor tests"
   KVP_BUILD_DIR=build-asan scripts/build.sh -DKVP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
-  ASAN_OPTIONS=detect_leaks=1 run_ctest build-asan -L 'unit|actor'
+  LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp${LSAN_OPTIONS:+ $LSAN_OPTIONS}" \
+    ASAN_OPTIONS=detect_leaks=1 run_ctest build-asan -L 'unit|actor'
   stage "TSan build: actor runtime, segment server, transfer and fence tests; the master session, master and client integration"
   KVP_BUILD_DIR=build-tsan scripts/build.sh -DKVP_TSAN=ON -DCMAKE_BUILD_TYPE=Debug
   # Client integration tests too (issue 19): libzmq is not instrumented, see tests/tsan.supp.
