@@ -288,28 +288,30 @@ static PyObject *Store_is_exist(PyObject *self, PyObject *args, PyObject *kw)
     return PyLong_FromLong(r);
 }
 
-static PyObject *Store_batch_is_exist(PyObject *self, PyObject *args, PyObject *kw)
+/* A batch call with one int per key (kvp_batch_exists, kvp_batch_replica_count): parses `ko` as
+ * the key list, runs fn without the GIL, and returns a new list of len(keys) ints (each result
+ * through map_code; the call's own error for every key when it failed as a whole; "not set up"
+ * codes when the store is closed). NULL with a Python error set on a bad key list. `api` names
+ * the Mooncake call in the not-set-up log line. */
+static PyObject *batch_int_list(Store *self, PyObject *ko, const char *api,
+                                int (*fn)(kvp_client *, size_t, const char *const[], int[]))
 {
-    static char *kwl[] = {"keys", NULL};
-    PyObject *ko;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:batch_is_exist", kwl, &ko))
-        return NULL;
     Keys k;
     if (keys_get(ko, "keys", &k) < 0)
         return NULL;
     PyObject *out = NULL;
-    kvp_client *c = take((Store *)self);
+    kvp_client *c = take(self);
     if (!c) {
-        out = list_of(k.n, k.n ? not_set_up("batch_is_exist") : 0);
+        out = list_of(k.n, k.n ? not_set_up(api) : 0);
     } else {
         int *r = PyMem_Calloc(k.n ? k.n : 1, sizeof *r);
         int rc = KVP_ERR_NOMEM;
         if (r) {
             Py_BEGIN_ALLOW_THREADS
-            rc = kvp_batch_exists(c, (size_t)k.n, k.keys, r);
+            rc = fn(c, (size_t)k.n, k.keys, r);
             Py_END_ALLOW_THREADS
         }
-        give((Store *)self);
+        give(self);
         if (rc != KVP_OK) {
             out = list_of(k.n, map_code(rc));
         } else {
@@ -321,6 +323,15 @@ static PyObject *Store_batch_is_exist(PyObject *self, PyObject *args, PyObject *
     }
     keys_free(&k);
     return out;
+}
+
+static PyObject *Store_batch_is_exist(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"keys", NULL};
+    PyObject *ko;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:batch_is_exist", kwl, &ko))
+        return NULL;
+    return batch_int_list((Store *)self, ko, "batch_is_exist", kvp_batch_exists);
 }
 
 static PyObject *Store_get_size(PyObject *self, PyObject *args, PyObject *kw)
@@ -490,33 +501,7 @@ static PyObject *Store_replica_counts(PyObject *self, PyObject *args)
     PyObject *ko;
     if (!PyArg_ParseTuple(args, "O:_replica_counts", &ko))
         return NULL;
-    Keys k;
-    if (keys_get(ko, "keys", &k) < 0)
-        return NULL;
-    PyObject *out;
-    kvp_client *c = take((Store *)self);
-    if (!c) {
-        out = list_of(k.n, k.n ? not_set_up("batch_get_replica_desc") : 0);
-    } else {
-        int *r = PyMem_Calloc(k.n ? k.n : 1, sizeof *r);
-        int rc = KVP_ERR_NOMEM;
-        if (r) {
-            Py_BEGIN_ALLOW_THREADS
-            rc = kvp_batch_replica_count(c, (size_t)k.n, k.keys, r);
-            Py_END_ALLOW_THREADS
-        }
-        give((Store *)self);
-        if (rc != KVP_OK) {
-            out = list_of(k.n, map_code(rc));
-        } else {
-            out = PyList_New(k.n);
-            for (Py_ssize_t i = 0; out && i < k.n; i++)
-                PyList_SetItem(out, i, PyLong_FromLong(map_code(r[i])));
-        }
-        PyMem_Free(r);
-    }
-    keys_free(&k);
-    return out;
+    return batch_int_list((Store *)self, ko, "batch_get_replica_desc", kvp_batch_replica_count);
 }
 
 /* ------------------------------------------------------------------ copying put / get */
