@@ -25,6 +25,7 @@
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
+#include "tests/lib/proc_stop.h"
 
 #define REGION (32u << 20)
 #define SEG_ID 7u
@@ -103,7 +104,7 @@ static void test_fence_peer_sigstop_timeout_then_nothing_lands(void **state)
     /* warm up: connections are up before the peer freezes */
     slices_for(s, d, 8, 64 * 1024, ch.endpoint);
     assert_int_equal(kvp_xfer_run(e, s, 8, 5000), KVP_OK);
-    assert_int_equal(kill(ch.pid, SIGSTOP), 0);
+    assert_true(kvp_test_stop_process(ch.pid, 5000)); /* every thread stopped (proc_stop.h) */
     slices_for(s, d, 8, REGION / 8, ch.endpoint);
     uint64_t t0 = kvp_clock_now_ms();
     int rc = kvp_xfer_run(e, s, 8, 300);

@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
+#include "tests/lib/proc_stop.h"
 
 static struct tc_cluster CL;
 static int g_stopped_pid = -1; /* SIGCONT in teardown, also when an assert failed */
@@ -228,7 +229,8 @@ static void test_get_silent_peer_sigstop_next_replica_in_time(void **state)
             pid0, first, N);
     assert_true(first > 0);
     g_stopped_pid = pid0;
-    assert_int_equal(kill(pid0, SIGSTOP), 0);
+    /* all of its threads stopped, not only the signal queued (tests/lib/proc_stop.h) */
+    assert_true(kvp_test_stop_process(pid0, 5000));
     read_all(c, keys, wake_stopped);
     kvp_client_close(&c);
 }
