@@ -178,8 +178,8 @@ static const struct kvp_xport_ops *client_rdma_probe(struct kvp_client *c)
     int rc = kvp_xport_rdma.open(&t, &p);
     if (rc == KVP_OK) {
         kvp_xport_rdma.close(t);
-        kvp_log_info(c->name, "protocol=rdma: data over RDMA (segments must serve protocol=rdma: "
-                              "a segment that refuses the handshake fails its transfers)");
+        kvp_log_info(c->name, "protocol=rdma: data over RDMA (a segment without RDMA, or that "
+                              "refuses the handshake, is reached over TCP: one WARN per segment)");
         snprintf(c->transport, sizeof c->transport, "rdma");
         c->rdma_opts = b;
         return &kvp_xport_rdma;

@@ -11,6 +11,10 @@
  *  - DRAINING on a kvpool-segment daemon (no on_mount hook): SIGTERM to itself, once, which runs
  *    the daemon's drain-and-exit path;
  *  - other errors: one WARN, retried every period; one INFO when answered again.
+ * RDMA (protocol=rdma with a device): every heartbeat says rdma_writers and carries Fenced (the
+ * last FenceWriter run); a FenceWriter in an answer with a new seq fences the writers' QPs at
+ * once (seg_rdma.h) and the next heartbeat goes out right away with its Fenced, so that the
+ * leader frees what it held for it (docs/rdma.md "FenceWriter and Fenced").
  * Stall fence: when two ticks are more than 3 periods + 1 s apart (SIGSTOP, a paused VM), the
  * master may have declared the segment lost: the data plane refuses data until a heartbeat
  * confirms the id.
@@ -20,6 +24,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "actors/segment/seg_rdma.h"
 #include "actors/segment/seg_server.h"
 #include "actors/segment/segment_state.h"
 #include "actors/session/msession.h"
@@ -43,7 +48,10 @@ struct hb_state {
     bool fenced;         /* the data plane refuses data until a heartbeat confirms the id */
     bool drain_signalled;
     uint64_t last_tick_ms;
+    struct kvp_seg_fence_ack fence; /* the last FenceWriter run (seg_rdma.h) */
 };
+
+static int send_beat(struct kvp_rt_ctx *ctx, struct hb_state *h, uint32_t id);
 
 static int send_mount(struct kvp_rt_ctx *ctx, struct hb_state *h)
 {
@@ -80,6 +88,7 @@ static void on_mount_reply(struct hb_state *h, int rc, Kvp__Response *resp)
     }
     h->failing = false;
     h->fenced = false;
+    h->fence = (struct kvp_seg_fence_ack){0}; /* a new id: the leader asks afresh */
 }
 
 static int on_beat_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, int rc, Kvp__Response *resp)
@@ -116,6 +125,10 @@ static int on_beat_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, int rc, Kvp
         kvp_log_info(s->actor, "segment %u: confirmed by the master: serving again", id);
         h->fenced = false;
     }
+    if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
+        kvp_seg_rdma_on_fence_writer(kvp_seg_server_rdma_side(s->srv), resp->heartbeat->fence_writer,
+                                     &h->fence))
+        return send_beat(ctx, h, id); /* Fenced now, not a period later */
     return KVP_OK;
 }
 
@@ -137,11 +150,19 @@ static int on_tick(struct kvp_rt_ctx *ctx, struct hb_state *h)
         return KVP_OK; /* the previous request is still out: it ends by its own timeout */
     if (id == 0)
         return remount(ctx, h, id); /* a remount failed earlier: try again */
+    return send_beat(ctx, h, id);
+}
+
+static int send_beat(struct kvp_rt_ctx *ctx, struct hb_state *h, uint32_t id)
+{
+    struct kvp_segment *s = h->s;
     Kvp__Request req;
     Kvp__HeartbeatReq hb;
+    Kvp__Fenced fenced;
     kvp__request__init(&req);
     kvp__heartbeat_req__init(&hb);
     hb.segment_id = id;
+    kvp_seg_rdma_hb_fill(kvp_seg_server_rdma_side(s->srv), &h->fence, &hb, &fenced);
     req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
     req.heartbeat = &hb;
     int rc = kvp_msession_request(ctx, s->ms, &req, h->timeout, &h->corr);

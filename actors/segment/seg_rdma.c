@@ -117,6 +117,62 @@ int kvp_seg_rdma_accept(struct kvp_seg_rdma *r, const uint8_t *offer, size_t len
     return rc;
 }
 
+int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t gen)
+{
+    if (!r)
+        return 0;
+    if (gen == 0)
+        gen = UINT64_MAX;
+    int n = 0;
+    pthread_mutex_lock(&r->mu);
+    if (client_id) {
+        n = kvp_rdma_seg_fence_writer(r->x, client_id, gen);
+    } else {
+        /* every writer: each call unlinks at least the writer found, so this ends */
+        for (;;) {
+            struct kvp_rdma_writer *w = r->x->writers;
+            while (w && w->gen > gen)
+                w = w->next;
+            if (!w)
+                break;
+            int k = kvp_rdma_seg_fence_writer(r->x, w->client_id, gen);
+            if (k < 0)
+                break;
+            n += k;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (n > 0)
+        kvp_log_info(r->who, "rdma: FenceWriter: %d QP(s) of %s destroyed", n,
+                     client_id ? "one writer" : "every writer");
+    return n < 0 ? 0 : n;
+}
+
+void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,
+                          Kvp__HeartbeatReq *hb, Kvp__Fenced *f)
+{
+    if (!r || !ack || !hb || !f)
+        return;
+    hb->rdma_writers = 1;
+    kvp__fenced__init(f);
+    f->seq = ack->seq;
+    f->status = ack->status;
+    f->qps_fenced = ack->qps;
+    hb->fenced = f;
+}
+
+bool kvp_seg_rdma_on_fence_writer(struct kvp_seg_rdma *r, const Kvp__FenceWriter *fw,
+                                  struct kvp_seg_fence_ack *ack)
+{
+    if (!r || !fw || !ack || fw->seq == 0 || fw->seq == ack->seq)
+        return false;
+    int n = kvp_seg_rdma_fence_writers(r, fw->client_id, fw->generation);
+    ack->seq = fw->seq;
+    ack->status = KVP_OK;
+    ack->qps = (uint32_t)n;
+    return true;
+}
+
 void kvp_seg_rdma_close(struct kvp_seg_rdma **rp)
 {
     if (!rp || !*rp)
@@ -165,5 +221,28 @@ void kvp_seg_rdma_close(struct kvp_seg_rdma **r)
 {
     if (r)
         *r = NULL;
+}
+int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t gen)
+{
+    (void)r;
+    (void)client_id;
+    (void)gen;
+    return 0;
+}
+void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,
+                          Kvp__HeartbeatReq *hb, Kvp__Fenced *f)
+{
+    (void)r;
+    (void)ack;
+    (void)hb;
+    (void)f;
+}
+bool kvp_seg_rdma_on_fence_writer(struct kvp_seg_rdma *r, const Kvp__FenceWriter *fw,
+                                  struct kvp_seg_fence_ack *ack)
+{
+    (void)r;
+    (void)fw;
+    (void)ack;
+    return false;
 }
 #endif

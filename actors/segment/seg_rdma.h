@@ -12,8 +12,11 @@
 #ifndef KVP_SEGMENT_SEG_RDMA_H
 #define KVP_SEGMENT_SEG_RDMA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "wire/kvpool.pb-c.h"
 
 struct kvp_verbs_ops;
 struct kvp_rdma_env;
@@ -47,6 +50,30 @@ void kvp_seg_rdma_set_id(struct kvp_seg_rdma *r, uint32_t segment_id);
  */
 int kvp_seg_rdma_accept(struct kvp_seg_rdma *r, const uint8_t *offer, size_t len,
                         uint8_t **answer, size_t *answer_len);
+/**
+ * FenceWriter (docs/rdma.md "FenceWriter and Fenced"): move every QP facing writer client_id
+ * (0: every writer) with a conn_generation <= gen (0: any) to ERR and destroy it. When this
+ * returns, no packet of those writers places another byte in the region. Returns the number of
+ * QPs fenced (>= 0); r NULL: 0.
+ */
+int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t gen);
+
+/* The heartbeat's half of FenceWriter/Fenced (used by seg_heartbeat.c; tests drive it). */
+struct kvp_seg_fence_ack {
+    uint64_t seq;     /* the last FenceWriter.seq run (0: none) */
+    int32_t status;   /* its result (0) */
+    uint32_t qps;     /* QPs it destroyed */
+};
+/** With r (an RDMA side): set hb->rdma_writers and hb->fenced (f is its storage) from *ack.
+ *  r NULL: nothing is set (a TCP-only segment says nothing, as older ones). */
+void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,
+                          Kvp__HeartbeatReq *hb, Kvp__Fenced *f);
+/** A HeartbeatResp's FenceWriter (fw may be NULL): a seq other than ack->seq is run
+ *  (kvp_seg_rdma_fence_writers) and recorded in *ack. Returns true when it ran (the caller
+ *  answers at once rather than a period later). r NULL: false. */
+bool kvp_seg_rdma_on_fence_writer(struct kvp_seg_rdma *r, const Kvp__FenceWriter *fw,
+                                  struct kvp_seg_fence_ack *ack);
+
 /** Fence every writer, deregister, close. Accepts NULL; sets *r NULL. */
 void kvp_seg_rdma_close(struct kvp_seg_rdma **r);
 

@@ -1250,6 +1250,11 @@ void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id)
     atomic_store_explicit(&s->segment_id, segment_id, memory_order_relaxed);
 }
 
+struct kvp_seg_rdma *kvp_seg_server_rdma_side(struct kvp_seg_server *s)
+{
+    return s ? atomic_load_explicit(&s->rdma, memory_order_acquire) : NULL;
+}
+
 int kvp_seg_server_rdma(struct kvp_seg_server *s, const struct kvp_seg_rdma_cfg *cfg)
 {
     if (!s || !cfg || atomic_load_explicit(&s->rdma, memory_order_acquire))

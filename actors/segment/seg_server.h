@@ -43,6 +43,8 @@ struct kvp_seg_rdma_cfg;
  * answered UNSUPPORTED); KVP_ERR_INVALID (NULL, or called twice).
  */
 int kvp_seg_server_rdma(struct kvp_seg_server *s, const struct kvp_seg_rdma_cfg *cfg);
+/** The RDMA side opened by kvp_seg_server_rdma, or NULL (TCP only). Owned by the server. */
+struct kvp_seg_rdma *kvp_seg_server_rdma_side(struct kvp_seg_server *s);
 /** Set the segment id requests must carry (0 = reject all until mounted). Thread-safe. */
 void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id);
 /* Request kinds and results counted by the server (names for metrics labels). */

@@ -69,6 +69,7 @@ struct kvp_xfer_stats {
     uint64_t stray_bytes;   /* bytes that arrived for fenced READs and were drained into scratch */
     uint64_t spec_pieces;   /* READ payloads received by a readv that began before their header */
     uint64_t pushbacks;     /* error answers found behind a speculative readv (bytes parsed again) */
+    uint64_t tcp_fallback_peers; /* peers the transport (rdma) could not reach, moved to TCP */
 };
 
 struct kvp_xfer_engine;

@@ -99,6 +99,7 @@ struct xfer_work {
 struct xa_peer {
     char *endpoint;
     struct kvp_xport_peer *p;
+    bool alt;                  /* on xa->alt (TCP fallback), not xa->t */
     struct xa_peer *next;
 };
 
@@ -110,6 +111,14 @@ struct xa {
     const struct kvp_xport_ops *ops;
     struct kvp_xport *t;
     struct kvp_xport *raw;     /* the transport under the fault wrapper (the local table) */
+    /* Per-peer TCP fallback: a network actor whose transport is not tcp (rdma) opens a tcp
+     * instance the first time that transport's connect() answers KVP_ERR_UNSUPPORTED for a peer
+     * (the segment has no RDMA, or refused the handshake), and that peer uses it from then on.
+     * Ids are the engine's, so fence/abort go to both instances (unknown ids are ignored,
+     * transport.h) and poll drains both. NULL until needed. */
+    struct kvp_xport *alt;
+    struct kvp_xport_params alt_params;
+    bool alt_failed;           /* opening it failed (logged once): such peers fail */
     int fds[XA_MAX_FDS];
     int nfds;
     struct xa_peer *peers;
@@ -252,6 +261,14 @@ static void xa_pump(struct xa *xa, struct kvp_rt_ctx *ctx)
     for (int round = 0; round < 1024; round++) {
         now = kvp_clock_now_ns();
         int n = xa->ops->poll(xa->t, now, xa->comp, XA_COMP_BATCH, &next);
+        if (xa->alt && n >= 0 && n < XA_COMP_BATCH) {
+            uint64_t next2 = UINT64_MAX;
+            int n2 = kvp_xport_tcp.poll(xa->alt, now, xa->comp + n, XA_COMP_BATCH - (size_t)n, &next2);
+            if (n2 > 0)
+                n += n2;
+            if (next2 < next)
+                next = next2;
+        }
         for (int i = 0; i < n; i++) {
             struct xfer_work *w = work_find(xa, xa->comp[i].id >> ID_SHIFT);
             size_t idx = (size_t)(xa->comp[i].id & ((1ull << ID_SHIFT) - 1));
@@ -271,7 +288,35 @@ static void xa_pump(struct xa *xa, struct kvp_rt_ctx *ctx)
     xa_stop_check(xa, ctx);
 }
 
-static struct xa_peer *xa_peer_get(struct xa *xa, const char *endpoint, int *err)
+static int xa_on_fd(struct kvp_rt_ctx *ctx, void *handle);
+
+/* Open the TCP fallback instance (see struct xa) and watch its fds. */
+static int xa_alt_open(struct xa *xa, struct kvp_rt_ctx *ctx)
+{
+    if (xa->alt)
+        return KVP_OK;
+    if (xa->alt_failed)
+        return KVP_ERR_UNSUPPORTED;
+    struct kvp_xport_params tp = xa->alt_params;
+    tp.wrap_opts = NULL;
+    tp.inner = NULL;
+    int rc = kvp_xport_tcp.open(&xa->alt, &tp);
+    int fds[XA_MAX_FDS];
+    int n = rc == KVP_OK ? kvp_xport_tcp.fds(xa->alt, fds, XA_MAX_FDS) : 0;
+    for (int i = 0; rc == KVP_OK && i < n; i++)
+        rc = kvp_rt_watch_fd(ctx, fds[i], xa_on_fd);
+    if (rc != KVP_OK) {
+        kvp_log_error(xa->name, "TCP fallback transport could not be opened (%s): peers without RDMA "
+                      "fail", kvp_errname(rc));
+        if (xa->alt)
+            kvp_xport_tcp.close(xa->alt);
+        xa->alt = NULL;
+        xa->alt_failed = true;
+    }
+    return rc;
+}
+
+static struct xa_peer *xa_peer_get(struct xa *xa, struct kvp_rt_ctx *ctx, const char *endpoint, int *err)
 {
     const char *key = endpoint ? endpoint : "";
     for (struct xa_peer *p = xa->peers; p; p = p->next)
@@ -295,6 +340,17 @@ static struct xa_peer *xa_peer_get(struct xa *xa, const char *endpoint, int *err
         return NULL;
     }
     int rc = xa->ops->connect(xa->t, endpoint, xa->is_local ? NULL : &sa, sl, &p->p);
+    if (rc == KVP_ERR_UNSUPPORTED && !xa->is_local && xa->alt_params.name && (rc = xa_alt_open(xa, ctx)) == KVP_OK) {
+        /* this transport cannot reach that segment (no RDMA there, or the handshake was
+         * refused): TCP for this peer only, for the life of the engine */
+        rc = kvp_xport_tcp.connect(xa->alt, endpoint, &sa, sl, &p->p);
+        if (rc == KVP_OK) {
+            p->alt = true;
+            xa->st.tcp_fallback_peers++;
+            kvp_log_warn(xa->name, "segment %s: not reachable over RDMA (no RDMA there, or the handshake "
+                         "was refused); using TCP for this segment", endpoint);
+        }
+    }
     if (rc != KVP_OK) {
         free(p->endpoint);
         free(p);
@@ -329,8 +385,10 @@ static void work_start(struct xa *xa, struct kvp_rt_ctx *ctx, struct xfer_work *
         while (j < w->n && (ep == w->ep[j] || (ep && w->ep[j] && !strcmp(ep, w->ep[j]))))
             j++;
         int err = KVP_ERR_INVALID;
-        struct xa_peer *peer = xa_peer_get(xa, ep, &err);
-        int rc = peer ? xa->ops->post(xa->t, peer->p, w->xs + i, j - i) : err;
+        struct xa_peer *peer = xa_peer_get(xa, ctx, ep, &err);
+        int rc = !peer ? err
+                 : peer->alt ? kvp_xport_tcp.post(xa->alt, peer->p, w->xs + i, j - i)
+                             : xa->ops->post(xa->t, peer->p, w->xs + i, j - i);
         if (rc != KVP_OK)
             for (size_t k = i; k < j; k++)
                 xs_terminal(xa, w, k, rc);
@@ -354,8 +412,13 @@ static void work_fence(struct xa *xa, struct xfer_work *w, int status)
             ids[n++] = w->xs[i].id;
     if (ids && n) {
         xa->ops->fence(xa->t, ids, n, w->fence_status);
-        if (w->abort_now)
+        if (xa->alt)
+            kvp_xport_tcp.fence(xa->alt, ids, n, w->fence_status);
+        if (w->abort_now) {
             xa->ops->abort(xa->t, ids, n);
+            if (xa->alt)
+                kvp_xport_tcp.abort(xa->alt, ids, n);
+        }
     }
     free(ids);
 }
@@ -386,6 +449,8 @@ static void work_abort(struct xa *xa, struct xfer_work *w)
         kvp_log_error(xa->name, "%zu pieces could not be fenced within %u ms; tearing down their "
                       "transport: %s", n, xa->p.fence_bound_ms, owners);
         xa->ops->abort(xa->t, ids, n);
+        if (xa->alt)
+            kvp_xport_tcp.abort(xa->alt, ids, n);
     }
     free(ids);
 }
@@ -630,6 +695,8 @@ static int xa_init(struct kvp_rt_ctx *ctx)
     } else {
         xa->ops = base;
     }
+    if (!xa->is_local && base != &kvp_xport_tcp)
+        xa->alt_params = tp; /* its name set: the fallback is allowed (xa_alt_open) */
     int rc = xa->ops->open(&xa->t, &tp);
     if (rc != KVP_OK) {
         xa->t = NULL;
@@ -650,6 +717,8 @@ static void xa_fini(struct kvp_rt_ctx *ctx)
     struct xa *xa = kvp_rt_state(ctx);
     if (xa->t)
         xa->ops->close(xa->t);
+    if (xa->alt)
+        kvp_xport_tcp.close(xa->alt);
     for (struct xa_peer *p = xa->peers, *np; p; p = np) {
         np = p->next;
         free(p->endpoint);
@@ -778,6 +847,13 @@ static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
             st->stray_bytes += ts.stray_bytes;
             st->spec_pieces += ts.spec_pieces;
             st->pushbacks += ts.pushbacks;
+            if (xa->alt && kvp_xport_tcp.stats) {
+                struct kvp_xport_stats as = {0};
+                kvp_xport_tcp.stats(xa->alt, &as);
+                st->stray_bytes += as.stray_bytes;
+                st->spec_pieces += as.spec_pieces;
+                st->pushbacks += as.pushbacks;
+            }
             void *pl = st;
             if (kvp_rt_reply(ctx, m->corr_id, KVP_OK, 0, &pl, NULL) != KVP_OK)
                 free(pl);
@@ -956,6 +1032,7 @@ void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out)
         out->stray_bytes += s->stray_bytes;
         out->spec_pieces += s->spec_pieces;
         out->pushbacks += s->pushbacks;
+        out->tcp_fallback_peers += s->tcp_fallback_peers;
         free(pl);
     }
 }

@@ -437,6 +437,59 @@ static void test_rdma_e2e_hello_answers_token_challenge(void **state)
     free(buf);
 }
 
+/* Per-peer TCP fallback: one engine on the rdma transport, two segments: the rig's (RDMA) and a
+ * TCP-only one (protocol tcp: its data port answers RDMA_HELLO with UNSUPPORTED). Both get their
+ * data; the RDMA one with no TCP data frame, the TCP-only one over TCP frames; the engine counts
+ * one fallback peer, and a second batch to it makes no new handshake (the peer stays on TCP). */
+static void test_rdma_e2e_tcp_only_segment_uses_tcp_for_that_peer(void **state)
+{
+    (void)state;
+    struct rig g;
+    rig_up(&g, 11, FV_FLUSH_ALL);
+    uint8_t *region2 = aligned_alloc(4096, SEG_BYTES);
+    memset(region2, 0, SEG_BYTES);
+    struct kvp_seg_server *tcp_srv = NULL;
+    assert_int_equal(kvp_seg_server_start(&tcp_srv, "127.0.0.1", 0, region2, SEG_BYTES), KVP_OK);
+    kvp_seg_server_set_id(tcp_srv, 6);
+    char ep2[64];
+    snprintf(ep2, sizeof ep2, "127.0.0.1:%u", kvp_seg_server_port(tcp_srv));
+    enum { LEN = 30000 };
+    uint8_t *w = aligned_alloc(4096, 2 * LEN), *r = aligned_alloc(4096, 2 * LEN);
+    for (int round = 0; round < 2; round++) {
+        for (int j = 0; j < 2 * LEN; j++)
+            w[j] = (uint8_t)(j * 7 + 3 + round);
+        memset(r, 0, 2 * LEN);
+        struct kvp_xfer_slice s[2] = {
+            {.local = w, .length = LEN, .segment_id = 5, .endpoint = g.ep, .remote_offset = 4096,
+             .op = KVP_XFER_WRITE},
+            {.local = w + LEN, .length = LEN, .segment_id = 6, .endpoint = ep2, .remote_offset = 8192,
+             .op = KVP_XFER_WRITE}};
+        assert_int_equal(kvp_xfer_run(g.e, s, 2, 5000), KVP_OK);
+        assert_memory_equal(g.region + 4096, w, LEN);
+        assert_memory_equal(region2 + 8192, w + LEN, LEN);
+        s[0].local = r;
+        s[1].local = r + LEN;
+        s[0].op = s[1].op = KVP_XFER_READ;
+        assert_int_equal(kvp_xfer_run(g.e, s, 2, 5000), KVP_OK);
+        assert_int_equal(s[0].status, KVP_OK);
+        assert_int_equal(s[1].status, KVP_OK);
+        assert_memory_equal(r, w, 2 * LEN);
+    }
+    tcp_frames_none(&g); /* the RDMA segment: everything over QPs */
+    struct kvp_seg_server_stats st;
+    kvp_seg_server_stats(tcp_srv, &st);
+    assert_int_equal(st.requests[0][0], 2); /* two READ frames answered OK */
+    assert_int_equal(st.requests[1][0], 2); /* two WRITE frames */
+    struct kvp_xfer_stats xs;
+    kvp_xfer_stats(g.e, &xs);
+    assert_int_equal(xs.tcp_fallback_peers, 1);
+    free(w);
+    free(r);
+    rig_down(&g);
+    kvp_seg_server_stop(&tcp_srv);
+    free(region2);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_ERROR);
@@ -447,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_rdma_e2e_remount_fences_old_qps),
         cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
         cmocka_unit_test(test_rdma_e2e_hello_answers_token_challenge),
+        cmocka_unit_test(test_rdma_e2e_tcp_only_segment_uses_tcp_for_that_peer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

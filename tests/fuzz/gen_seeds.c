@@ -121,6 +121,21 @@ static void requests(void)
     r6.body_case = KVP__REQUEST__BODY_ADD_MEMBER;
     r6.add_member = &am;
     EMIT(t, 6, kvp_wire_encode_request, &r6);
+
+    /* an RDMA segment's heartbeat answering FenceWriter 41 (docs/rdma.md "FenceWriter and Fenced") */
+    Kvp__Fenced fd = KVP__FENCED__INIT;
+    fd.seq = 41;
+    fd.qps_fenced = 4;
+    Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
+    hb.segment_id = 3;
+    hb.rdma_writers = 1;
+    hb.fenced = &fd;
+    Kvp__Request r7 = KVP__REQUEST__INIT;
+    r7.req_id = 7;
+    r7.timeout_ms = 1000;
+    r7.body_case = KVP__REQUEST__BODY_HEARTBEAT;
+    r7.heartbeat = &hb;
+    EMIT(t, 7, kvp_wire_encode_request, &r7);
 }
 
 static void responses(void)
@@ -212,6 +227,18 @@ static void responses(void)
     r6.body_case = KVP__RESPONSE__BODY_GET_SIZE;
     r6.get_size = &gs;
     EMIT(t, 6, kvp_wire_encode_response, &r6);
+
+    /* the leader asking that segment to fence every writer (FenceWriter 42) */
+    Kvp__FenceWriter fw = KVP__FENCE_WRITER__INIT;
+    fw.seq = 42;
+    Kvp__HeartbeatResp hb = KVP__HEARTBEAT_RESP__INIT;
+    hb.state = KVP__SEGMENT_STATE__SEGMENT_ACTIVE;
+    hb.fence_writer = &fw;
+    Kvp__Response r7 = KVP__RESPONSE__INIT;
+    r7.req_id = 7;
+    r7.body_case = KVP__RESPONSE__BODY_HEARTBEAT;
+    r7.heartbeat = &hb;
+    EMIT(t, 7, kvp_wire_encode_response, &r7);
 }
 
 static void batches(void)

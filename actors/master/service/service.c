@@ -221,6 +221,10 @@ int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command
         (cmd->body_case == KVP__COMMAND__BODY_REMOVE || cmd->body_case == KVP__COMMAND__BODY_REMOVE_ALL ||
          cmd->body_case == KVP__COMMAND__BODY_EVICT))
         cmd->now_wall_ms = p->hold_wall_ms - grace;
+    /* RDMA writers of failed puts not yet fenced by their segments (FenceWriter/Fenced,
+     * fence_track.h): what was freed since the failure stays quarantined. */
+    if (cmd->body_case == KVP__COMMAND__BODY_QUARANTINE_RELEASE)
+        cmd->now_wall_ms = svc_fence_release_time(s, cmd->now_wall_ms);
     /* Rolling upgrades (version.h): log nothing that a member of the cluster's level would
      * apply its own way, and stamp what the command needs so that an older member refuses it. */
     kvp_feature_prepare_command(cmd, svc_feature_level(s));
@@ -670,6 +674,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_repair_free(s);
     svc_evict_destroy(s);
     svc_put_destroy(s);
+    kvp_fence_track_fini(&s->fence);
     zactor_destroy(&s->prober);
     zhashx_destroy(&s->endpoints);
     zsock_destroy(&s->router);

@@ -217,6 +217,8 @@ void svc_put_tick(struct kvp_master_service *s)
         svc_map_del(&s->put->puts, svc_key_hash(gone[i]->key), NULL);
         put_free(gone[i]);
     }
+    if (n) /* quarantined at the reservation's horizon, after now */
+        svc_fence_note_failure(s, now, "expired one-commit puts");
 }
 
 void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)

@@ -12,6 +12,7 @@
 #include "actors/master/service/service_metrics.h"
 #include "actors/master/service/service_state.h"
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -196,6 +197,7 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
 
 static void on_put_revoke(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
+    svc_fence_note_failure(s, kvp_clock_wall_ms(), "PutRevoke"); /* before its space is freed */
     if (svc_put_try_revoke(s, id, req))
         return; /* a put in flight here: dropped, no Raft entry */
     mutate(s, id, req, KVP__COMMAND__BODY_PUT_REVOKE, req->put_revoke);
@@ -529,6 +531,9 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
         s->revoke_inflight = false;
         if (st == KVP_OK)
             s->fsm_quarantined_bytes++; /* maybe something was revoked: let QuarantineRelease look */
+        if (st == KVP_OK && resp && resp->body_case == KVP__RESPONSE__BODY_REMOVE_ALL && resp->remove_all &&
+            resp->remove_all->removed > 0)
+            svc_fence_note_failure(s, 0, "expired puts"); /* freed at the command's time: hold all */
         if (st != KVP_OK && st != KVP_ERR_NOT_LEADER)
             kvp_log_debug(s->actor, "RevokeExpired: %s", kvp_strerror(st));
         break;

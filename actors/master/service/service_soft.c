@@ -213,6 +213,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     s->release_inflight = false;
     svc_evict_reset(s);
     svc_put_reset(s);
+    kvp_fence_track_reset(&s->fence);
     if (!s->is_leader)
         answer_hb_waiters(s, KVP_ERR_NOT_LEADER);
 }
@@ -347,7 +348,9 @@ static void answer_heartbeat(struct kvp_master_service *s, zframe_t *identity, u
     svc_map_put(&s->heard_via, seg, 2);
     Kvp__Response resp = KVP__RESPONSE__INIT;
     Kvp__HeartbeatResp hb = KVP__HEARTBEAT_RESP__INIT;
+    Kvp__FenceWriter fw;
     hb.state = (Kvp__SegmentState)(st - 1);
+    svc_fence_fill(s, seg, &hb, &fw);
     resp.body_case = KVP__RESPONSE__BODY_HEARTBEAT;
     resp.heartbeat = &hb;
     svc_reply(s, identity, req_id, &resp);
@@ -419,6 +422,7 @@ void svc_on_heartbeat_req(struct kvp_master_service *s, zframe_t *identity, cons
         svc_reply_status(s, identity, req->req_id, KVP_ERR_INVALID, "segment_id 0");
         return;
     }
+    svc_fence_on_heartbeat(s, seg, req->heartbeat);
     if (s->segments_fresh_ms) {
         answer_heartbeat(s, identity, req->req_id, seg);
         return;

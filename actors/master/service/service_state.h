@@ -15,6 +15,7 @@
 #include <czmq.h>
 
 #include "actors/master/fsm/fsm.h"
+#include "actors/master/service/fence_track.h"
 #include "actors/master/service/liveness.h"
 #include "actors/master/service/service.h"
 #include "actors/master/fsm/version.h"
@@ -208,6 +209,10 @@ struct kvp_master_service {
 
     /* One-commit put (service_put.c): this leader's reservations and puts in flight. */
     struct svc_put *put;
+
+    /* RDMA segments' FenceWriter/Fenced (service_fence.c, fence_track.h). */
+    struct kvp_fence_track fence;
+    uint64_t fence_logged_ms;              /* wall ms of the last "release held" WARN */
 };
 
 /* ------------------------------------------------------------------ shared helpers */
@@ -259,6 +264,16 @@ bool svc_key_leased(const struct kvp_master_service *s, uint64_t key_hash);
 void svc_grant_lease(struct kvp_master_service *s, uint64_t key_hash);
 void svc_touch(struct kvp_master_service *s, uint64_t key_hash);
 void svc_on_heartbeat_req(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+
+/* service_fence.c: FenceWriter/Fenced with RDMA segments (fence_track.h). */
+/** A heartbeat's rdma_writers and Fenced; an answered fence submits a QuarantineRelease. */
+void svc_fence_on_heartbeat(struct kvp_master_service *s, uint32_t seg, const Kvp__HeartbeatReq *hb);
+/** Set hb->fence_writer (fw is the storage) while a fence of seg's writers is outstanding. */
+void svc_fence_fill(struct kvp_master_service *s, uint32_t seg, Kvp__HeartbeatResp *hb, Kvp__FenceWriter *fw);
+/** A put failed at wall_ms (0: hold everything): ask every RDMA segment to fence its writers. */
+void svc_fence_note_failure(struct kvp_master_service *s, uint64_t wall_ms, const char *why);
+/** The time to stamp on a QuarantineRelease: now, or earlier while a fence is outstanding. */
+uint64_t svc_fence_release_time(struct kvp_master_service *s, uint64_t now_wall_ms);
 void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp);
 void svc_request_status_refresh(struct kvp_master_service *s);
 int svc_timers_start(struct kvp_master_service *s);

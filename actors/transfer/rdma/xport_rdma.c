@@ -7,8 +7,10 @@
  *    handshake). No device (NULL or 0 devices: this machine) is KVP_ERR_UNSUPPORTED with one log
  *    line, and the engine uses TCP.
  *  - connect: one endpoint per segment endpoint, set up by the RdmaHello exchange
- *    (wire/rdma_hello.h) through opts->hello. Without a handshake channel connect answers
- *    KVP_ERR_UNSUPPORTED with one log line per peer (the engine then uses TCP for that peer).
+ *    (wire/rdma_hello.h) through opts->hello. Without a handshake channel, or when the segment
+ *    refuses (no RDMA there, a handshake version it does not speak), connect answers
+ *    KVP_ERR_UNSUPPORTED and the engine uses TCP for that peer (one WARN, xfer_engine.c); other
+ *    handshake failures are KVP_ERR_TRANSFER for those slices, tried again at the next call.
  *    A fenced endpoint is replaced, with a new generation, on the next post.
  *  - post / poll / fence / abort / mem_register: kvp_rdma_submit / progress / fence / abort /
  *    register. xslice ids are the engine's, echoed in the completions.
@@ -100,7 +102,7 @@ static int r_fds(struct kvp_xport *t, int *fds, size_t max)
 static int handshake(struct rdma_inst *in, struct rdma_peer *p)
 {
     if (!in->opts.hello) {
-        kvp_log_warn(in->who, "rdma: %s: no RDMA handshake channel to this segment; using TCP",
+        kvp_log_debug(in->who, "rdma: %s: no RDMA handshake channel to this segment",
                      p->endpoint);
         return KVP_ERR_UNSUPPORTED;
     }
@@ -141,7 +143,14 @@ static int r_connect(struct kvp_xport *t, const char *endpoint, const struct soc
     if (rc != KVP_OK) {
         free(p->endpoint);
         free(p);
-        return rc == KVP_ERR_NOMEM ? rc : KVP_ERR_UNSUPPORTED;
+        /* The segment said no (no RDMA there, or a handshake version it does not speak):
+         * UNSUPPORTED, and the engine uses TCP for this peer. Anything else (no answer, a
+         * closed connection, a token refused, a malformed answer, a wrong segment id) fails
+         * these slices only; the next call tries the handshake again. */
+        if (rc == KVP_ERR_UNSUPPORTED || rc == KVP_ERR_VERSION)
+            return KVP_ERR_UNSUPPORTED;
+        kvp_log_debug(in->who, "rdma: %s: handshake failed: %s", endpoint, kvp_errname(rc));
+        return rc == KVP_ERR_NOMEM ? rc : KVP_ERR_TRANSFER;
     }
     p->next = in->peers;
     in->peers = p;

@@ -1,0 +1,71 @@
+/*
+ * service_fence.c — the leader's side of FenceWriter/Fenced (issue 20; the record and the rule
+ * are in fence_track.h, the exchange in docs/rdma.md "FenceWriter and Fenced"). Glue only: the
+ * heartbeat handler, the answer's FenceWriter, the failure notes and the QuarantineRelease time.
+ */
+#include "actors/master/service/service_state.h"
+#include "kvpool.h"
+#include "runtime/clock.h"
+#include "runtime/log.h"
+
+void svc_fence_on_heartbeat(struct kvp_master_service *s, uint32_t seg, const Kvp__HeartbeatReq *hb)
+{
+    if (s->segments_fresh_ms && !svc_map_get(&s->segments, seg, NULL))
+        return; /* unknown: answered NOT_FOUND, nothing to record */
+    const Kvp__Fenced *f = hb->fenced;
+    bool nomem = false;
+    uint64_t acks = s->fence.acks;
+    kvp_fence_track_heartbeat(&s->fence, seg, hb->rdma_writers, f ? f->seq : 0, f ? f->status : 0, &nomem);
+    if (nomem)
+        kvp_log_error(s->actor, "segment %u: no memory to record its RDMA fences: it is not asked to "
+                      "fence writers (C3 over RDMA rests on fence_grace_ms for it)", seg);
+    if (f && f->status != 0 && f->seq)
+        kvp_log_warn(s->actor, "segment %u: FenceWriter %llu failed (%s): asked again", seg,
+                     (unsigned long long)f->seq, kvp_errname(f->status));
+    if (s->fence.acks != acks) {
+        kvp_log_debug(s->actor, "segment %u: writers fenced (FenceWriter %llu, %u QPs)", seg,
+                      (unsigned long long)(f ? f->seq : 0), f ? f->qps_fenced : 0);
+        svc_release_now(s); /* what the fence held may be free now */
+    }
+}
+
+void svc_fence_fill(struct kvp_master_service *s, uint32_t seg, Kvp__HeartbeatResp *hb, Kvp__FenceWriter *fw)
+{
+    const struct kvp_fence_seg *e = seg < s->fence.cap ? &s->fence.seg[seg] : NULL;
+    if (!e || !e->asked)
+        return;
+    kvp__fence_writer__init(fw);
+    fw->seq = e->want_seq;
+    fw->client_id = 0;  /* every writer: the master does not know the writers' ids */
+    fw->generation = 0; /* every generation */
+    hb->fence_writer = fw;
+}
+
+void svc_fence_note_failure(struct kvp_master_service *s, uint64_t wall_ms, const char *why)
+{
+    uint32_t n = kvp_fence_track_note_failure(&s->fence, wall_ms);
+    if (n)
+        kvp_log_debug(s->actor, "%s: %u RDMA segment(s) asked to fence their writers", why, n);
+}
+
+static bool seg_alive(void *ctx, uint32_t seg)
+{
+    struct kvp_master_service *s = ctx;
+    uint64_t st = 0;
+    if (!s->segments_fresh_ms)
+        return true; /* the table is not read yet: keep holding */
+    return svc_map_get(&s->segments, seg, &st) && st - 1 != KVP__SEGMENT_STATE__SEGMENT_LOST;
+}
+
+uint64_t svc_fence_release_time(struct kvp_master_service *s, uint64_t now_wall_ms)
+{
+    uint32_t by = 0;
+    uint64_t at = kvp_fence_track_release_time(&s->fence, now_wall_ms, s->cfg.fence_grace_ms, seg_alive, s, &by);
+    if (by && now_wall_ms - at > 10000 && now_wall_ms - s->fence_logged_ms > 10000) {
+        s->fence_logged_ms = now_wall_ms;
+        kvp_log_warn(s->actor, "quarantine release held %llu ms by segment %u: it has not answered "
+                     "FenceWriter (its RDMA writers may still place bytes)",
+                     (unsigned long long)(now_wall_ms - at), by);
+    }
+    return at;
+}
