@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "actors/master/service/fence_track.h"
+#include "actors/master/service/service_state.h"
 #include "actors/segment/seg_rdma.h"
 #include "actors/transfer/rdma/rdma_xport_internal.h"
 #include "kvpool.h"
@@ -135,6 +136,59 @@ static void test_track_lost_segment_and_new_leader(void **state)
     assert_true(c != 0 && c != s700);
     assert_int_equal(kvp_fence_track_release_time(&t, 9000, 30, NULL, NULL, NULL), 29);
     kvp_fence_track_fini(&t);
+}
+
+/* The service's glue (service_fence.c) on a bare service state (not the leader: an answered fence's
+ * QuarantineRelease is not submitted): the answer carries FenceWriter while one is outstanding,
+ * a failure asks again, the release time holds until answered, a lost segment stops holding and
+ * an unknown segment is not recorded. */
+static void test_service_glue(void **state)
+{
+    (void)state;
+    struct kvp_master_service *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    snprintf(s->actor, sizeof s->actor, "master-test");
+    s->cfg.fence_grace_ms = 500;
+    s->segments_fresh_ms = 1;
+    svc_map_init(&s->segments);
+    assert_int_equal(svc_map_put(&s->segments, 4, KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1), KVP_OK);
+    Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
+    Kvp__Fenced fd = KVP__FENCED__INIT;
+    Kvp__HeartbeatResp hr = KVP__HEARTBEAT_RESP__INIT;
+    Kvp__FenceWriter fw;
+    hb.segment_id = 4;
+    hb.rdma_writers = 1;
+    svc_fence_on_heartbeat(s, 4, &hb);
+    svc_fence_fill(s, 4, &hr, &fw);
+    assert_non_null(hr.fence_writer);
+    uint64_t seq = hr.fence_writer->seq;
+    assert_true(seq != 0);
+    assert_int_equal(hr.fence_writer->client_id, 0);
+    assert_int_equal(svc_fence_release_time(s, 100000), 499);
+    fd.seq = seq;
+    hb.fenced = &fd;
+    svc_fence_on_heartbeat(s, 4, &hb);
+    hr.fence_writer = NULL;
+    svc_fence_fill(s, 4, &hr, &fw);
+    assert_null(hr.fence_writer);
+    assert_int_equal(svc_fence_release_time(s, 100000), 100000);
+    svc_fence_note_failure(s, 90000, "test");
+    svc_fence_fill(s, 4, &hr, &fw);
+    assert_non_null(hr.fence_writer);
+    assert_true(hr.fence_writer->seq > seq);
+    assert_int_equal(svc_fence_release_time(s, 100000), 90499);
+    /* lost: no longer holds */
+    assert_int_equal(svc_map_put(&s->segments, 4, KVP__SEGMENT_STATE__SEGMENT_LOST + 1), KVP_OK);
+    assert_int_equal(svc_fence_release_time(s, 100000), 100000);
+    /* unknown to the table: not recorded, nothing asked */
+    hb.segment_id = 8;
+    svc_fence_on_heartbeat(s, 8, &hb);
+    hr.fence_writer = NULL;
+    svc_fence_fill(s, 8, &hr, &fw);
+    assert_null(hr.fence_writer);
+    svc_map_fini(&s->segments);
+    kvp_fence_track_fini(&s->fence);
+    free(s);
 }
 
 /* The wire: a HeartbeatReq with Fenced and a HeartbeatResp with FenceWriter survive the codec. */
@@ -386,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_track_non_rdma_segment_never_holds),
         cmocka_unit_test(test_track_hold_until_the_asked_seq_is_answered),
         cmocka_unit_test(test_track_lost_segment_and_new_leader),
+        cmocka_unit_test(test_service_glue),
         cmocka_unit_test(test_wire_heartbeat_fence_fields),
         cmocka_unit_test(test_late_write_never_lands_in_reused_space),
         cmocka_unit_test(test_control_grace_alone_lets_late_writes_land),
