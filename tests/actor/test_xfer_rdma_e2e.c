@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "actors/segment/seg_rdma.h"
 #include "actors/segment/seg_server.h"
@@ -421,7 +422,15 @@ static void test_rdma_e2e_hello_answers_token_challenge(void **state)
     rig_up_auth(&g, 4, FV_FLUSH_ALL, mpk);
     assert_int_not_equal(read_one(&g, buf), KVP_OK);
     assert_true(all_zero(buf, 4096));
-    kvp_seg_server_stats(g.srv, &st);
+    /* The client gives up as soon as it reads the 44-byte challenge as a malformed answer
+     * header, possibly before the server's loop has read its hello as a token response and
+     * counted the refusal: wait for the count (bounded), do not race it. */
+    for (int i = 0; i < 300; i++) {
+        kvp_seg_server_stats(g.srv, &st);
+        if (st.token_refused >= 1)
+            break;
+        usleep(10000);
+    }
     assert_true(st.token_refused >= 1);
     rig_down(&g);
 
@@ -454,7 +463,7 @@ static void test_rdma_e2e_tcp_only_segment_uses_tcp_for_that_peer(void **state)
     char ep2[64];
     snprintf(ep2, sizeof ep2, "127.0.0.1:%u", kvp_seg_server_port(tcp_srv));
     enum { LEN = 30000 };
-    uint8_t *w = aligned_alloc(4096, 2 * LEN), *r = aligned_alloc(4096, 2 * LEN);
+    uint8_t *w = aligned_alloc(4096, 61440), *r = aligned_alloc(4096, 61440); /* >= 2 * LEN */
     for (int round = 0; round < 2; round++) {
         for (int j = 0; j < 2 * LEN; j++)
             w[j] = (uint8_t)(j * 7 + 3 + round);
