@@ -5,6 +5,12 @@
  * WRITEs (the region and the buffers untouched afterwards), count limits the hits, the local
  * transport's FAIL / STALL / WEDGE, the KVP_XFER_FAULT syntax (a bad spec adds nothing) and the
  * variable read at engine start (in a child process).
+ *
+ * Built a second time with KVP_FENCE_RDMA (test_fence_faults_rdma, issue 20): the same segment
+ * server with its RDMA side and the engine on the rdma transport, both over the verbs double
+ * (tests/lib/fakeverbs_locked.h); the fault wrapper wraps the rdma transport. Only the cases
+ * that go through a network transport run there, and the segment's TCP counters must show no
+ * READ/WRITE frame (the data went over the double's QPs).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +29,12 @@
 #include "actors/transfer/fault.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
+#ifdef KVP_FENCE_RDMA
+#include "actors/segment/seg_rdma.h"
+#include "actors/transfer/rdma/xport_rdma.h"
+#include "tests/lib/fakeverbs.h"
+#include "tests/lib/fakeverbs_locked.h"
+#endif
 
 #define REGION (4u << 20)
 
@@ -31,12 +43,19 @@ static struct {
     uint8_t *region;
     char ep[64];
     struct kvp_xfer_engine *e;
+#ifdef KVP_FENCE_RDMA
+    struct fv_fabric *f;
+    struct fv_node *nc, *ns;
+    struct kvp_rdma_env env;
+    struct kvp_xport_rdma_opts o;
+    struct kvp_rdma_hello_tcp_opts ho;
+#endif
 } T;
 
 static int setup(void **state)
 {
     (void)state;
-    T.region = malloc(REGION);
+    T.region = aligned_alloc(4096, REGION);
     for (size_t i = 0; i < REGION; i++)
         T.region[i] = (uint8_t)(i * 5u + 1u);
     if (kvp_seg_server_start(&T.srv, "127.0.0.1", 0, T.region, REGION) != KVP_OK)
@@ -44,6 +63,25 @@ static int setup(void **state)
     kvp_seg_server_set_id(T.srv, 1);
     snprintf(T.ep, sizeof T.ep, "127.0.0.1:%u", kvp_seg_server_port(T.srv));
     struct kvp_xfer_params p = {.conns_per_peer = 2, .fence_bound_ms = 300};
+#ifdef KVP_FENCE_RDMA
+    struct fv_config fc = {.seed = 7, .jitter_ns = 1000000};
+    struct fv_node_config cc = {.name = "client", .n_devices = 1, .flush = FV_FLUSH_ALL};
+    struct fv_node_config sc = {.name = "segment", .n_devices = 1};
+    if (fv_fabric_new(&T.f, &fc) != KVP_OK || fv_node_add(T.f, &cc, &T.nc) != KVP_OK ||
+        fv_node_add(T.f, &sc, &T.ns) != KVP_OK)
+        return -1;
+    T.env = fv_locked_env(T.f);
+    struct kvp_seg_rdma_cfg rc = {.who = "seg-faults", .ops = fv_locked_ops(T.ns), .env = &T.env,
+                                  .sysfs_root = "/nonexistent", .gid_index = -1, .psn_seed = 11};
+    if (kvp_seg_server_rdma(T.srv, &rc) != KVP_OK)
+        return -1;
+    T.ho.timeout_ms = 2000;
+    T.o = (struct kvp_xport_rdma_opts){
+        .cfg = {.ops = fv_locked_ops(T.nc), .gid_index = -1, .psn_seed = 13, .sysfs_root = "/nonexistent"},
+        .env = T.env, .client_id = 3, .hello = kvp_rdma_hello_tcp, .hello_arg = &T.ho, .drive_clock = true};
+    p.transport = &kvp_xport_rdma;
+    p.transport_opts = &T.o;
+#endif
     return kvp_xfer_engine_new(&T.e, &p) == KVP_OK ? 0 : -1;
 }
 
@@ -54,7 +92,22 @@ static int teardown(void **state)
     kvp_xfer_fault_release();
     kvp_xfer_fault_quiesce(5000);
     kvp_xfer_engine_destroy(&T.e);
+#ifdef KVP_FENCE_RDMA
+    struct kvp_seg_server_stats st;
+    kvp_seg_server_stats(T.srv, &st);
+    for (int o = 0; o < 2; o++) /* read, write: no data frame took the TCP path */
+        for (int r = 0; r < KVP_SEG_RESULTS; r++)
+            if (st.requests[o][r]) {
+                fprintf(stderr, "rdma variant: %llu TCP data frames (op %d, result %d)\n",
+                        (unsigned long long)st.requests[o][r], o, r);
+                return -1;
+            }
+#endif
     kvp_seg_server_stop(&T.srv);
+#ifdef KVP_FENCE_RDMA
+    fv_locked_reset();
+    fv_fabric_destroy(&T.f);
+#endif
     free(T.region);
     return 0;
 }
@@ -128,6 +181,7 @@ static void test_fence_faults_peer_stall_fences_reads_and_writes(void **state)
     free(wr);
 }
 
+#ifndef KVP_FENCE_RDMA
 static void test_fence_faults_local_transport(void **state)
 {
     (void)state;
@@ -182,6 +236,8 @@ static void test_fence_faults_env_syntax(void **state)
 
 /* Child mode: the rules come from KVP_XFER_FAULT, read when the engine starts. Exit 0 when a
  * READ failed with TRANSFER (rule "fail,op=read") and a WRITE still worked. */
+#endif
+
 static int env_child(void)
 {
     if (setup(NULL) != 0)
@@ -196,6 +252,7 @@ static int env_child(void)
     return a == KVP_ERR_TRANSFER && b == KVP_OK ? 0 : 1;
 }
 
+#ifndef KVP_FENCE_RDMA
 static void test_fence_faults_env_rules_read_at_engine_start(void **state)
 {
     (void)state;
@@ -211,6 +268,7 @@ static void test_fence_faults_env_rules_read_at_engine_start(void **state)
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
 }
+#endif
 
 int main(int argc, char **argv)
 {
@@ -219,9 +277,11 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fence_faults_fail_drop_stall_count),
         cmocka_unit_test(test_fence_faults_peer_stall_fences_reads_and_writes),
+#ifndef KVP_FENCE_RDMA /* transport-independent: run once, in the tcp build */
         cmocka_unit_test(test_fence_faults_local_transport),
         cmocka_unit_test(test_fence_faults_env_syntax),
         cmocka_unit_test(test_fence_faults_env_rules_read_at_engine_start),
+#endif
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -17,6 +17,12 @@ if(KVP_HAVE_VERBS)
   kvp_add_test(test_xfer_fence_rdma SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_fence_rdma.c LABEL actor TIMEOUT 120)
   # issue 20 end to end: segment server (RDMA_HELLO on its TCP port) + engine on the rdma transport
   kvp_add_test(test_xfer_rdma_e2e SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_xfer_rdma_e2e.c LABEL actor TIMEOUT 120)
+  # the fault rules' fencing cases (test_fence_faults) with the engine on the rdma transport and
+  # the segment server's RDMA side, over the double (issue 20: C2 fence tests on rdma)
+  if(KVP_FAULT_INJECTION)
+    kvp_add_test(test_fence_faults_rdma SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_fence_faults.c LABEL actor TIMEOUT 60)
+    target_compile_definitions(test_fence_faults_rdma PRIVATE KVP_FENCE_RDMA=1)
+  endif()
   kvp_add_test(test_rdma_topo SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_topo.c LABEL unit TIMEOUT 30)
 endif()
 # kvpool-bench-rdma: CPU per posted and reaped slice, rdma on the double vs tcp on loopback
