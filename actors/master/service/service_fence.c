@@ -61,11 +61,14 @@ uint64_t svc_fence_release_time(struct kvp_master_service *s, uint64_t now_wall_
 {
     uint32_t by = 0;
     uint64_t at = kvp_fence_track_release_time(&s->fence, now_wall_ms, s->cfg.fence_grace_ms, seg_alive, s, &by);
-    if (by && now_wall_ms - at > 10000 && now_wall_ms - s->fence_logged_ms > 10000) {
+    /* a hold from a failure (not the 0 of a first heartbeat, answered within one period) that
+     * lasts: say which segment keeps the space */
+    uint64_t from = by ? s->fence.seg[by].hold_from : 0;
+    if (from && now_wall_ms > from + 10000 && now_wall_ms - s->fence_logged_ms > 10000) {
         s->fence_logged_ms = now_wall_ms;
         kvp_log_warn(s->actor, "quarantine release held %llu ms by segment %u: it has not answered "
                      "FenceWriter (its RDMA writers may still place bytes)",
-                     (unsigned long long)(now_wall_ms - at), by);
+                     (unsigned long long)(now_wall_ms - from), by);
     }
     return at;
 }
