@@ -75,9 +75,12 @@ static uint64_t heard_window(uint64_t ttl, uint64_t gap)
 enum cand_kind { CAND_NONE = 0, CAND_SILENCE, CAND_WITNESSED };
 
 /* Segments heard well after segment c fell silent: a heartbeat later than c's last one (or the
- * grace start) by more than 1.25 periods. Segments cut off at the same moment as c are not:
- * their last heartbeats lie within one period of c's. */
-static unsigned heard_after(const struct kvp_liveness *lv, const struct kvp_liveness_seg *segs, size_t n, size_t c)
+ * grace start) by more than 1.25 periods and by more than `after_ms`. Segments cut off at the
+ * same moment as c are not: their last heartbeats lie within one period of c's. With after_ms
+ * the silence that made c a candidate, neither are segments cut off a moment later (a partition
+ * that lands host by host): a heartbeat counts only when it arrived after c had become one. */
+static unsigned heard_after(const struct kvp_liveness *lv, const struct kvp_liveness_seg *segs, size_t n, size_t c,
+                            uint64_t after_ms)
 {
     uint64_t since_c = segs[c].last_hb_ms > lv->grace_from_ms ? segs[c].last_hb_ms : lv->grace_from_ms;
     unsigned k = 0;
@@ -87,7 +90,8 @@ static unsigned heard_after(const struct kvp_liveness *lv, const struct kvp_live
         uint64_t p = segs[i].hb_gap_ms > segs[c].hb_gap_ms ? segs[i].hb_gap_ms : segs[c].hb_gap_ms;
         if (p == 0)
             p = lv->ttl_ms / 4;
-        if (segs[i].last_hb_ms > since_c + p + p / 4)
+        uint64_t after = p + p / 4 > after_ms ? p + p / 4 : after_ms;
+        if (segs[i].last_hb_ms > since_c + after)
             k++;
     }
     return k;
@@ -135,14 +139,17 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
                      (unsigned long long)silent, (unsigned long long)(now_ms - g->client_wrote_ms));
         } else if (silent > ttl) {
             out[i].candidate = CAND_SILENCE;
+            v->candidate_after_ms = ttl;
             snprintf(v->why, sizeof v->why, "no heartbeat for %llu ms (client_ttl %llu ms)",
                      (unsigned long long)silent, (unsigned long long)ttl);
         } else if (reported && probe_failed && silent > probe_silence) {
             out[i].candidate = CAND_WITNESSED;
+            v->candidate_after_ms = probe_silence;
             snprintf(v->why, sizeof v->why, "reported unreachable by a client, probe failed, no heartbeat for %llu ms",
                      (unsigned long long)silent);
         } else if (reported && silent > report_silence) {
             out[i].candidate = CAND_WITNESSED;
+            v->candidate_after_ms = report_silence;
             snprintf(v->why, sizeof v->why, "reported unreachable by a client, no heartbeat for %llu ms",
                      (unsigned long long)silent);
         } else if (silent <= heard_window(ttl, g->hb_gap_ms)) {
@@ -179,16 +186,23 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
             snprintf(why, sizeof why, "the master hears only %u of %u segments (%u silent): it suspects itself",
                      heard, (unsigned)n, n_silence + n_witnessed);
     }
+    /* An episode in progress when this check began: its end is decided below. */
+    bool episode = lv->withholding;
     for (size_t i = 0; i < n; i++) {
         struct kvp_liveness_verdict *v = &out[i];
         if (out[i].candidate == CAND_NONE)
             continue;
+        bool count_ok = out[i].candidate == CAND_SILENCE ? allow_silence : allow_witnessed;
         /* Both kinds need a segment heard well after this one fell silent: one cut off at the same
          * moment (a partition of the master from every segment) may still count as "heard" when
          * its period is long against client_ttl (1 s heartbeats, client_ttl 2 s), and must not
-         * vouch for the master's hearing. */
-        bool allow = (out[i].candidate == CAND_SILENCE ? allow_silence : allow_witnessed) &&
-                     heard_after(lv, segs, n, i) >= 1;
+         * vouch for the master's hearing. Nor may one cut off a moment later (a partition that
+         * lands host by host): only a segment heard after this one had become a candidate
+         * vouches; until one is, it stays SUSPECT (no episode: a dead segment's neighbours
+         * vouch within a period). */
+        bool vouched_loose = heard_after(lv, segs, n, i, 0) >= 1;
+        bool vouched = vouched_loose && heard_after(lv, segs, n, i, v->candidate_after_ms) >= 1;
+        bool allow = count_ok && vouched && !episode;
         uint64_t since = segs[i].last_hb_ms > lv->grace_from_ms ? segs[i].last_hb_ms : lv->grace_from_ms;
         bool successor = !quorum_stale && segs[i].successor_ms > since && now_ms - segs[i].successor_ms < ttl;
         if (!allow && successor) { /* rule 6 */
@@ -197,19 +211,24 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
             snprintf(v->why + len, sizeof v->why - len, "; a new process under its name on its host asked to mount "
                      "%llu ms ago", (unsigned long long)(now_ms - segs[i].successor_ms));
         }
+        size_t len = strlen(v->why);
         if (allow) {
             v->state = KVP_LIVENESS_LOST;
-            size_t len = strlen(v->why);
             snprintf(v->why + len, sizeof v->why - len, "; heard %u of %u segments", heard, (unsigned)n);
             ev->n_lost++;
-        } else {
+        } else if (!count_ok || !vouched_loose) {
             v->state = KVP_LIVENESS_WITHHELD;
-            size_t len = strlen(v->why);
             snprintf(v->why + len, sizeof v->why - len, "; withheld: %s",
-                     why[0] && !(out[i].candidate == CAND_SILENCE && allow_silence)
-                         ? why
-                         : "no segment heard since it fell silent: the master suspects itself");
+                     why[0] && !count_ok ? why : "no segment heard since it fell silent: the master suspects itself");
             ev->n_withheld++;
+        } else if (!vouched) {
+            v->state = KVP_LIVENESS_SUSPECT;
+            snprintf(v->why + len, sizeof v->why - len, "; no other segment heard since it became a candidate");
+        } else {
+            /* Rule 1: the silence ran through an episode in which the master suspected itself. */
+            v->state = KVP_LIVENESS_SUSPECT;
+            snprintf(v->why + len, sizeof v->why - len, "; the master suspected itself until now: its silence is "
+                     "counted from the end of that episode");
         }
     }
     if (ev->n_withheld > 0 && !lv->withholding) {
@@ -223,7 +242,11 @@ unsigned kvp_liveness_check(struct kvp_liveness *lv, uint64_t now_ms, const stru
         if (why[0])
             snprintf(lv->withheld_why, sizeof lv->withheld_why, "%s", why);
     } else if (lv->withholding) {
+        /* Rule 1: the end of a withheld episode is the end of a blind period (the master could not
+         * hear, so the silence in it says nothing): every segment gets a fresh grace. Segments
+         * heard again one by one after a heal must not see the later ones dropped. */
         lv->withholding = false;
+        lv->grace_from_ms = now_ms;
         ev->withhold_ended = true;
     }
     return ev->n_lost;

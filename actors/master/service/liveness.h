@@ -10,8 +10,11 @@
  * The rule, in full:
  *  1. Blind periods do not count. A gap between two ticks longer than tick_gap_ms (the leader's
  *     own loop did not run: a pause, a VM freeze, a stall), a leadership change, and the end of
- *     a period without confirmed quorum contact (longer than quorum_stale_ms) each start a fresh
- *     grace: every segment's silence is measured from that moment at the earliest.
+ *     a period without confirmed quorum contact (longer than quorum_stale_ms), and the end of a
+ *     withheld episode (rule 4: the master suspected itself, so the silence in it says nothing;
+ *     segments heard again one by one after a heal must not get the later ones dropped) each
+ *     start a fresh grace: every segment's silence is measured from that moment at the earliest.
+ *     While an episode lasts, a candidate whose evidence holds is kept SUSPECT, not LOST.
  *  2. While quorum contact is stale, no decision is made at all (withheld).
  *  3. A segment is a candidate when (a) silent for more than client_ttl_ms, or (b) reported
  *     unreachable by a client within client_ttl_ms, a probe from this master failed after its
@@ -24,7 +27,12 @@
  *     silent (a heartbeat more than 1.25 periods after its last one): with 1 s heartbeats and a
  *     2 s ttl, segments cut off together still count as heard and must not vouch. Otherwise the
  *     master suspects itself: the decision is withheld (one episode, reported once) and nothing
- *     is dropped.
+ *     is dropped. And the vouching heartbeat must have arrived after the candidate's silence
+ *     passed what made it a candidate (ttl for (a), 3(b)/(c)'s silence for the others): a
+ *     partition that lands host by host (rule sets applied one after another, 1.4 s apart
+ *     under load) cuts the first segment off a moment before the last, and the last one,
+ *     silent itself by then, must not vouch for the first. Until such a heartbeat arrives the
+ *     candidate is SUSPECT (no episode: a dead segment's live neighbours vouch within a period).
  *  5. Data-plane witnesses: a candidate that a client wrote to or read from after its last
  *     heartbeat (PutEnd written_segments, GetReplicaList read_segments), or whose data plane
  *     answered the leader's probe (sent once a segment is silent for ttl / 2), within the last
@@ -71,6 +79,7 @@ struct kvp_liveness_verdict {
     enum kvp_liveness_state state;
     uint64_t silent_ms;         /* silence counted (blind periods excluded) */
     uint8_t candidate;          /* internal to the check: 0 none, 1 by silence, 2 witnessed by a report */
+    uint64_t candidate_after_ms; /* internal to the check: the silence that made it a candidate */
     char why[224];              /* evidence (LOST), reason (WITHHELD, SUSPECT), "" when LIVE */
 };
 

@@ -533,8 +533,8 @@ static void check_liveness(struct kvp_master_service *s)
                      ids, s->liveness.withheld_why);
     }
     if (ev.withhold_ended)
-        kvp_log_info(s->actor, "withheld lost decisions: episode over (heard %u of %u segments)", s->liveness.heard,
-                     s->liveness.total);
+        kvp_log_info(s->actor, "withheld lost decisions: episode over (heard %u of %u segments): every segment gets "
+                     "a fresh grace of client_ttl", s->liveness.heard, s->liveness.total);
     /* Silent for over half a ttl: probe its data plane (a witness when it answers, rule 5). At
      * most a few probes queued: the prober runs one at a time, so with many segments cut off
      * the queue must not grow without bound. */
