@@ -17,6 +17,8 @@
 #  - meta: PutStart+PutEnd pairs/s at 1, 16, 64 callers, GetReplicaList/s, leader RSS per object
 #    (KVP_BENCH_OBJECTS, default 200000), failover over KVP_BENCH_KILLS (default 10) leader kills.
 #    KVP_BENCH_META=0 skips it (the kv part alone takes about a minute).
+#  - KVP_BENCH_UP_ARGS: extra `kvpoolctl cluster up` options, e.g. "--auth none" to compare the
+#    data path against a build from before authentication (issue 25) without its cost.
 #  - KVP_BENCH_AUTH=1: instead of all this, authentication on against off (scripts/bench-auth.sh).
 # The cluster's data dir is on the ordinary disk (KVP_BENCH_DIR, default ./bench-run-<pid>).
 set -euo pipefail
@@ -47,7 +49,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 jget() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {"d": d}))' "$@"; }
 
 echo "== cluster up in $DIR (3 masters, 3 segments of $SEGSIZE)"
-"$CTL" cluster up --dir "$DIR" --masters 3 --segments 3 --segment-size "$SEGSIZE" >"$OUT/up.log"
+"$CTL" cluster up --dir "$DIR" --masters 3 --segments 3 --segment-size "$SEGSIZE" ${KVP_BENCH_UP_ARGS:-} >"$OUT/up.log"
 C=$DIR/cluster.json
 
 echo "== baselines: one loopback TCP stream"

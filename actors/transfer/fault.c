@@ -1,7 +1,23 @@
 /*
  * fault.c — fault-injection rules for the transfer engine (see fault.h, docs/fencing.md).
  * Process-wide: rules, the release generation, the count of outstanding faulted pieces and the
- * threads that send late WRITE frames.
+ * threads that send late WRITE frames. Compiled only into test builds (KVP_FAULT_INJECTION).
+ *
+ * Why a mutex, a condition variable and threads here rather than an actor (issue 19 asked):
+ *  - the rule table is read synchronously by every transfer actor's fault wrapper when it posts
+ *    a slice (xfer_fault_match), and a count-limited rule ("count=1") must be consumed exactly
+ *    once across all of them. As an actor, each post would be a request and a blocking wait for
+ *    its answer inside another actor's handler — the transfer actors would stall on the fault
+ *    actor (and a test thread calling kvp_xfer_fault_add/quiesce is not an actor at all). A copy
+ *    of the rules pushed to each transport by message could not share a count.
+ *    So: one mutex around 16 rules, taken only when a rule is set (the hot path is one relaxed
+ *    load of xfer_fault_nrules), plus the condition variable kvp_xfer_fault_quiesce waits on.
+ *  - a LATE WRITE frame stands for bytes the kernel keeps retransmitting after the sender gave
+ *    up: it must leave on its own connection, blocking (connect/send/recv, 5 s limits), unaffected
+ *    by any actor's fence or stop, with several in flight at once with independent delays. One
+ *    detached thread per frame is the faithful model; serialising them in one actor would let a
+ *    slow frame delay the next one's arrival and change what the fence tests see.
+ * None of this is linked into a release build (the #ifndef branch below).
  */
 #define _GNU_SOURCE
 #include "actors/transfer/fault.h"
@@ -51,7 +67,6 @@ void kvp_xfer_fault_counts(struct kvp_xfer_fault_counts *out)
 
 #define ACTOR "xfer-fault"
 #define MAX_RULES 16
-#define MAX_ENGINES 256 /* engines, sibling I/O threads included (a client has transfer_io_threads) */
 
 atomic_uint xfer_fault_nrules;
 atomic_ulong xfer_fault_gen;
@@ -67,11 +82,6 @@ static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static struct rule g_rules[MAX_RULES];
 static unsigned g_n;
 static long g_outstanding;
-static struct {
-    void (*wake)(void *);
-    void *arg;
-} g_engines[MAX_ENGINES];
-static unsigned g_n_engines;
 static atomic_ulong g_hits, g_late_sent, g_late_refused, g_late_accepted;
 static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
 
@@ -116,19 +126,14 @@ void kvp_xfer_fault_clear(void)
     pthread_mutex_unlock(&g_mu);
 }
 
-static void wake_engines(void)
-{
-    pthread_mutex_lock(&g_mu);
-    for (unsigned i = 0; i < g_n_engines; i++)
-        g_engines[i].wake(g_engines[i].arg);
-    pthread_cond_broadcast(&g_cv);
-    pthread_mutex_unlock(&g_mu);
-}
-
+/* The fault wrappers notice a release by polling the generation (xfer_fault.c); the late-WRITE
+ * threads and quiesce wait on g_cv. */
 void kvp_xfer_fault_release(void)
 {
     atomic_fetch_add_explicit(&xfer_fault_gen, 1, memory_order_acq_rel);
-    wake_engines();
+    pthread_mutex_lock(&g_mu);
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
 }
 
 int kvp_xfer_fault_quiesce(uint32_t timeout_ms)
@@ -195,27 +200,6 @@ void xfer_fault_outstanding_add(int delta)
     g_outstanding += delta;
     if (g_outstanding <= 0)
         pthread_cond_broadcast(&g_cv);
-    pthread_mutex_unlock(&g_mu);
-}
-
-void xfer_fault_register_engine(void (*wake)(void *), void *arg)
-{
-    pthread_mutex_lock(&g_mu);
-    if (g_n_engines < MAX_ENGINES)
-        g_engines[g_n_engines++] = (typeof(g_engines[0])){wake, arg};
-    else
-        kvp_log_warn(ACTOR, "more than %d engines: release does not wake the newest", MAX_ENGINES);
-    pthread_mutex_unlock(&g_mu);
-}
-
-void xfer_fault_unregister_engine(void *arg)
-{
-    pthread_mutex_lock(&g_mu);
-    for (unsigned i = 0; i < g_n_engines; i++)
-        if (g_engines[i].arg == arg) {
-            g_engines[i] = g_engines[--g_n_engines];
-            break;
-        }
     pthread_mutex_unlock(&g_mu);
 }
 

@@ -100,14 +100,17 @@ static inline bool xfer_fault_match(uint8_t transport, uint8_t op, uint32_t segm
         return false;
     return xfer_fault_match_slow(transport, op, segment_id, endpoint, out);
 }
+/* Whether any rule is set (one relaxed load). */
+static inline bool xfer_fault_any(void)
+{
+    return atomic_load_explicit(&xfer_fault_nrules, memory_order_relaxed) != 0;
+}
 static inline unsigned long xfer_fault_generation(void)
 {
     return atomic_load_explicit(&xfer_fault_gen, memory_order_acquire);
 }
 void xfer_fault_outstanding_add(int delta);
 void xfer_fault_env_once(void);
-void xfer_fault_register_engine(void (*wake)(void *), void *arg);
-void xfer_fault_unregister_engine(void *arg);
 /* Send a copy of a WRITE frame after ms (or at release) on a connection of its own. */
 void xfer_fault_late_write(const struct sockaddr_storage *addr, unsigned addr_len, const uint8_t *hdr,
                            const uint8_t *payload, uint64_t len, uint32_t ms);

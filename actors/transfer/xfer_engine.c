@@ -163,30 +163,31 @@ static void token_back(struct xa *xa, struct xfer_call *c)
     c->home_token = -1;
 }
 
-static void work_free(struct xfer_work *w)
-{
-    if (!w)
-        return;
-    free(w->xs);
-    free(w->ep);
-    free(w->slice_of);
-    free(w->st);
-    free(w);
-}
+static void work_free(struct xfer_work *w) { free(w); /* one block: work_new */ }
 
+#define WORK_ALIGN(x) (((x) + 15u) & ~(size_t)15u)
+
+/* A work for n xslices and its four per-xslice arrays, in one zeroed allocation (a call's works
+ * are made and freed once per call: one calloc, not five). NULL when out of memory. */
 static struct xfer_work *work_new(size_t n)
 {
-    struct xfer_work *w = calloc(1, sizeof *w);
-    if (!w)
+    if (n == 0)
+        n = 1;
+    if (n > SIZE_MAX / 64)
         return NULL;
-    w->xs = calloc(n ? n : 1, sizeof *w->xs);
-    w->ep = calloc(n ? n : 1, sizeof *w->ep);
-    w->slice_of = calloc(n ? n : 1, sizeof *w->slice_of);
-    w->st = calloc(n ? n : 1, sizeof *w->st);
-    if (!w->xs || !w->ep || !w->slice_of || !w->st) {
-        work_free(w);
+    size_t o_xs = WORK_ALIGN(sizeof(struct xfer_work));
+    size_t o_ep = WORK_ALIGN(o_xs + n * sizeof(struct kvp_xport_slice));
+    size_t o_sl = WORK_ALIGN(o_ep + n * sizeof(const char *));
+    size_t o_st = WORK_ALIGN(o_sl + n * sizeof(uint32_t));
+    size_t total = o_st + n * sizeof(int);
+    uint8_t *m = calloc(1, total);
+    if (!m)
         return NULL;
-    }
+    struct xfer_work *w = (struct xfer_work *)m;
+    w->xs = (struct kvp_xport_slice *)(m + o_xs);
+    w->ep = (const char **)(m + o_ep);
+    w->slice_of = (uint32_t *)(m + o_sl);
+    w->st = (int *)(m + o_st);
     return w;
 }
 
@@ -1167,7 +1168,10 @@ int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slice
      * thread's own (its id modulo io_threads): concurrent calls spread over the actors, and no
      * counter is shared. */
     struct kvp_rt_msg *tok = NULL; /* the token message (freed at once: its arg is the index) */
-    unsigned idx = (unsigned)syscall(SYS_gettid) % e->n_tcp;
+    static __thread unsigned tid; /* the calling thread's id, asked once per thread */
+    if (!tid)
+        tid = (unsigned)syscall(SYS_gettid);
+    unsigned idx = tid % e->n_tcp;
     if (e->idle && kvp_rt_recv(e->idle, 0, &tok) == KVP_OK) {
         if (tok->arg < e->n_tcp) {
             idx = (unsigned)tok->arg;

@@ -117,9 +117,41 @@ struct tcp_xport {
      * per connection, not one per run. */
     struct tcp_conn **kicks;
     size_t n_kicks, cap_kicks;
+    /* Pieces let go of, kept for the next post (linked by next; at most TCP_PIECE_POOL): a 4 KiB
+     * batch_get of 32 keys posts 32 pieces per call, each a calloc/free pair before (callgrind:
+     * this pool and xfer_engine.c's one-block work cut ~7k of ~400k client instructions per call). */
+    struct tcp_piece *pool;
+    size_t pool_n;
 };
 
+#define TCP_PIECE_POOL 1024
+
 #define T(x) ((struct tcp_xport *)(x))
+
+/* A zeroed piece: from the pool, else calloc. NULL when out of memory. */
+static struct tcp_piece *piece_get(struct tcp_xport *t)
+{
+    struct tcp_piece *p = t->pool;
+    if (!p)
+        return calloc(1, sizeof *p);
+    t->pool = p->next;
+    t->pool_n--;
+    memset(p, 0, sizeof *p);
+    return p;
+}
+
+/* Let go of a piece (reported, on no list, no connection's rpiece). */
+static void piece_put(struct tcp_xport *t, struct tcp_piece *p)
+{
+    if (t->pool_n >= TCP_PIECE_POOL) {
+        free(p);
+        return;
+    }
+    p->local = NULL;
+    p->next = t->pool;
+    t->pool = p;
+    t->pool_n++;
+}
 
 /* ------------------------------------------------------------------ lists, reports */
 
@@ -200,7 +232,7 @@ static void drop_list(struct tcp_xport *t, struct tcp_list *l, int status)
     while ((p = l->head)) {
         list_unlink(l, p);
         report(t, p, status);
-        free(p);
+        piece_put(t, p);
     }
 }
 
@@ -371,7 +403,7 @@ static bool conn_on_header(struct tcp_xport *t, struct tcp_conn *c)
         kvp_log_debug(t->name, "%s: segment %u answered %s", c->peer->endpoint, f.segment_id,
                       kvp_errname(st));
     report(t, p, st);
-    free(p);
+    piece_put(t, p);
     return true;
 }
 
@@ -549,7 +581,7 @@ static bool conn_recv(struct tcp_xport *t, struct tcp_conn *c)
                 c->rpiece = NULL;
                 c->rgot = 0;
                 report(t, p, KVP_OK); /* no-op if it was fenced */
-                free(p);
+                piece_put(t, p);
             }
         } else {
             c->rhdr_got += (size_t)got;
@@ -784,7 +816,7 @@ static void fence_piece(struct tcp_xport *t, struct tcp_piece *p, int status, st
             list_unlink(&c->sendq, p);
             c->load -= piece_cost(p);
             report(t, p, status);
-            free(p);
+            piece_put(t, p);
         } else if (p->op == KVP_XFER_READ) {
             /* Only its header is partly sent (transport memory): finish sending it and drain
              * the answer into scratch like any fenced in-flight READ. */
@@ -947,20 +979,24 @@ static int tcp_post(struct kvp_xport *x, struct kvp_xport_peer *xp, const struct
     /* Room for every completion that can be queued before the next poll: a report never fails. */
     if (cq_reserve(t, t->cq_n + t->live + n + 1) != KVP_OK)
         return KVP_ERR_NOMEM;
-    struct tcp_piece **ps = calloc(n ? n : 1, sizeof *ps);
-    if (!ps)
-        return KVP_ERR_NOMEM;
+    /* Every piece first (all or none is posted), chained through next until enqueued. */
+    struct tcp_piece *ps = NULL;
     for (size_t i = 0; i < n; i++) {
-        ps[i] = calloc(1, sizeof *ps[i]);
-        if (!ps[i]) {
-            for (size_t k = 0; k < i; k++)
-                free(ps[k]);
-            free(ps);
+        struct tcp_piece *p = piece_get(t);
+        if (!p) {
+            while (ps) {
+                struct tcp_piece *np = ps->next;
+                piece_put(t, ps);
+                ps = np;
+            }
             return KVP_ERR_NOMEM;
         }
+        p->next = ps;
+        ps = p;
     }
     for (size_t i = 0; i < n; i++) {
-        struct tcp_piece *p = ps[i];
+        struct tcp_piece *p = ps;
+        ps = p->next;
         p->id = s[i].id;
         p->peer = peer;
         p->op = s[i].op;
@@ -979,7 +1015,6 @@ static int tcp_post(struct kvp_xport *x, struct kvp_xport_peer *xp, const struct
         piece_enqueue(t, p);
         t->live++;
     }
-    free(ps);
     for (uint32_t i = 0; i < t->p.conns_per_peer; i++) {
         struct tcp_conn *c = &peer->conns[i];
         if (!c->sendq.head || c->kick)
@@ -1075,6 +1110,11 @@ static void tcp_close(struct kvp_xport *x)
         peer = np;
     }
     close(t->ep);
+    while (t->pool) {
+        struct tcp_piece *np = t->pool->next;
+        free(t->pool);
+        t->pool = np;
+    }
     free(t->scratch);
     free(t->cq);
     free(t->kicks);
