@@ -6,7 +6,7 @@
  * feature_level, NOT_LEADER replies included; a v0.1.0 master's carries none (read as 1), and
  * one that does not answer within KVP_FEATURE_FRESH_MS counts as 1. The members asked are those
  * of the Raft configuration (all roles). The cluster's level is computed on each tick, and
- * svc_submit gates each command with it. All of it runs on the service's zloop thread.
+ * svc_submit gates each command with it. All of it runs on the service actor's thread.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
