@@ -12,3 +12,6 @@ set_tests_properties(test_systemd_units PROPERTIES TIMEOUT 60 LABELS integration
   ENVIRONMENT "KVP_BUILD_DIR=${CMAKE_BINARY_DIR};KVP_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
 # Structured logs: log_format json (runtime/log.c).
 kvp_add_test(test_log_format SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_log_format.c LABEL unit TIMEOUT 30)
+# The master service as a runtime actor (issue 23): serves from its actor, stops by message.
+kvp_add_test(test_master_actor SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_master_actor.c
+             LABEL integration TIMEOUT 60)

@@ -1,6 +1,7 @@
 /*
- * service.c — the master service actor's lifecycle and plumbing: members list, ROUTER, raftlog
- * start with the FSM wired in, the zloop, frame decoding, replies, and raftlog events.
+ * service.c — the master service's state and plumbing: members list, ROUTER, raftlog start with
+ * the FSM wired in, frame decoding, replies, raftlog events, the leadership tick. The actor that
+ * runs them (timers, watched sockets, the prober, run/stop) is in service_actor.c.
  * Request handlers live in service_rpc.c, soft state and timers in service_soft.c, the status
  * document and leadership tracking in service_status.c.
  */
@@ -286,7 +287,7 @@ void svc_pending_sweep(struct kvp_master_service *s)
     }
 }
 
-/* ------------------------------------------------------------------ zloop handlers */
+/* ------------------------------------------------------------------ watched sockets, the tick */
 
 static void log_bad_frame(struct kvp_master_service *s, zframe_t *frame, const char *why, int rc)
 {
@@ -307,9 +308,8 @@ static void log_bad_frame(struct kvp_master_service *s, zframe_t *frame, const c
                  kvp_strerror(rc));
 }
 
-static int on_router_readable(zloop_t *loop, zsock_t *sock, void *arg)
+static int on_router_readable(struct kvp_master_service *s, zsock_t *sock)
 {
-    struct kvp_master_service *s = arg;
     /* Drain up to a batch of messages per wakeup, so timers and raftlog events stay served. */
     for (int i = 0; i < 256; i++) {
         zmsg_t *msg = zmsg_recv_nowait(sock);
@@ -347,9 +347,8 @@ static int frame_u64(zframe_t *f, uint64_t *out)
     return 0;
 }
 
-static int on_raftlog_event(zloop_t *loop, zsock_t *sock, void *arg)
+static int on_raftlog_event(struct kvp_master_service *s, zsock_t *sock)
 {
-    struct kvp_master_service *s = arg;
     for (int i = 0; i < 256; i++) {
         zmsg_t *msg = zmsg_recv_nowait(sock);
         if (!msg)
@@ -402,11 +401,8 @@ static int on_raftlog_event(zloop_t *loop, zsock_t *sock, void *arg)
     return 0;
 }
 
-static int on_tick(zloop_t *loop, int timer_id, void *arg)
+static int on_tick(struct kvp_master_service *s)
 {
-    struct kvp_master_service *s = arg;
-    if (atomic_load_explicit(&s->stop, memory_order_relaxed)) /* flag only, no data: relaxed */
-        return -1;
     svc_refresh_leadership(s);
     if (s->log_failed_ms && (!s->is_leader || kvp_clock_now_ms() - s->log_failed_ms >= 2000)) {
         s->fatal = true;
@@ -449,7 +445,6 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     snprintf(s->actor, sizeof s->actor, "master-%llu", (unsigned long long)cfg->id);
     s->next_corr = 1;
     s->last_logged_role = -1;
-    atomic_init(&s->stop, false);
     svc_map_init(&s->pending);
     svc_map_init(&s->leases);
     svc_map_init(&s->last_access);
@@ -469,7 +464,7 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     }
     s->hb_waiters = zlist_new();
     int rc = KVP_OK;
-    if (!s->hb_waiters) {
+    if (!s->hb_waiters || kvp_rt_sink_new(&s->ctl, "master-ctl") != KVP_OK) {
         rc = KVP_ERR_NOMEM;
         goto fail;
     }
@@ -602,40 +597,16 @@ fail:
     return rc;
 }
 
-int kvp_master_service_run(struct kvp_master_service *s)
+int svc_loop_start(struct kvp_master_service *s)
 {
-    if (!s)
-        return KVP_ERR_INVALID;
-    s->loop = zloop_new();
-    if (!s->loop)
+    if (svc_watch(s, s->router, on_router_readable) != KVP_OK ||
+        svc_watch(s, kvp_raftlog_events(s->rl), on_raftlog_event) != KVP_OK ||
+        svc_timer_every(s, 10, on_tick) != KVP_OK || svc_timers_start(s) != KVP_OK ||
+        svc_evict_timer_start(s) != KVP_OK || svc_prober_start(s) != KVP_OK ||
+        svc_metrics_timer_start(s) != KVP_OK || svc_version_start(s) != KVP_OK ||
+        svc_auth_loop_start(s) != KVP_OK)
         return KVP_ERR_NOMEM;
-    int rc = KVP_OK;
-    if (zloop_reader(s->loop, s->router, on_router_readable, s) != 0 ||
-        zloop_reader(s->loop, kvp_raftlog_events(s->rl), on_raftlog_event, s) != 0 ||
-        zloop_timer(s->loop, 10, 0, on_tick, s) < 0 || svc_timers_start(s) != KVP_OK ||
-        svc_evict_timer_start(s) != KVP_OK ||
-        svc_prober_start(s) != KVP_OK || svc_metrics_timer_start(s) != KVP_OK ||
-        svc_version_start(s) != KVP_OK || svc_auth_loop_start(s) != KVP_OK) {
-        rc = KVP_ERR_NOMEM;
-    } else {
-        svc_refresh_leadership(s);
-        zloop_start(s->loop); /* returns on a handler's -1 (stop) or on SIGINT/SIGTERM */
-        kvp_log_info(s->actor, "stopping (%s)", s->fatal ? "its raft log cannot be written"
-                                                 : zsys_interrupted ? "signal" : "requested");
-        if (s->fatal)
-            rc = KVP_ERR_IO;
-    }
-    svc_version_stop(s);
-    zloop_destroy(&s->loop);
-    zactor_destroy(&s->prober); /* waits for a probe in progress (bounded by probe_timeout_ms) */
-    zhashx_destroy(&s->endpoints);
-    return rc;
-}
-
-void kvp_master_service_request_stop(struct kvp_master_service *s)
-{
-    if (s)
-        atomic_store_explicit(&s->stop, true, memory_order_relaxed);
+    return KVP_OK;
 }
 
 void kvp_master_service_destroy(struct kvp_master_service **sp)
@@ -675,10 +646,11 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_evict_destroy(s);
     svc_put_destroy(s);
     kvp_fence_track_fini(&s->fence);
-    zactor_destroy(&s->prober);
+    kvp_rt_destroy(&s->prober); /* the actor's fini did, unless run() never ran */
     zhashx_destroy(&s->endpoints);
     zsock_destroy(&s->router);
     svc_auth_stop(s);
+    kvp_rt_destroy(&s->ctl);
     free(s);
     *sp = NULL;
 }

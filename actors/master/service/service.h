@@ -3,8 +3,10 @@
  *
  * The service owns a ZeroMQ ROUTER bound at tcp://<cfg.listen>, the raftlog (canonical raft on
  * its own thread, with the master FSM of fsm.h wired into it) and the leader-only soft state
- * (read leases, last access per key, last heartbeat per segment). It runs a czmq zloop on the
- * calling thread that polls the ROUTER, the raftlog events socket and its timers.
+ * (read leases, last access per key, last heartbeat per segment). run() serves them as a runtime
+ * actor ("master-<id>", its own thread; service_actor.c) that watches the ROUTER and the raftlog
+ * events socket and runs its timers; a child actor ("prober") runs the blocking data-plane probes.
+ * Requests go through one dispatch table (service_rpc.c), one handler per request type.
  *
  * Request handling (docs/master.md, DESIGN.md "Core flows" and "Master failover"):
  *  - every frame is decoded with kvp_wire_decode_request(); a frame that fails gets a WARN line
@@ -18,7 +20,8 @@
  *  - a reply that would arrive after the request's timeout_ms is dropped.
  *
  * Threads: kvp_master_service_new/run/destroy are called from one thread (the process's main
- * thread in kvpool-master). kvp_master_service_request_stop() may be called from any thread.
+ * thread in kvpool-master), which waits in run() while the actor serves.
+ * kvp_master_service_request_stop() may be called from any thread.
  */
 #ifndef KVP_MASTER_SERVICE_H
 #define KVP_MASTER_SERVICE_H
@@ -45,15 +48,17 @@ struct kvp_master_service;
 int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg_master *cfg);
 
 /**
- * Serve until SIGINT/SIGTERM (czmq's zsys_interrupted) or kvp_master_service_request_stop().
- * Blocks the calling thread. Returns KVP_OK on a requested stop; KVP_ERR_IO when it stopped
+ * Serve until SIGINT/SIGTERM (czmq's zsys_interrupted, looked at every 50 ms) or
+ * kvp_master_service_request_stop(): spawns the service actor, waits, stops it. Blocks the
+ * calling thread. An actor that fails (a handler's error) is logged at ERROR and its error
+ * returned: the process stops. Returns KVP_OK on a requested stop; KVP_ERR_IO when it stopped
  * because its Raft log cannot be written (a full disk, an I/O error: logged, leadership handed
  * over first, at most 2 s): then the caller must exit without kvp_master_service_destroy
  * (raft holds appends that will never be answered) and let a supervisor restart the member.
  */
 int kvp_master_service_run(struct kvp_master_service *svc);
 
-/** Ask run() to return within ~100 ms. Thread-safe (an atomic flag). */
+/** Ask run() to return (a message to the sink run() waits on). Any thread, before or during run(). */
 void kvp_master_service_request_stop(struct kvp_master_service *svc);
 
 /** Stop the raftlog, close the socket, free the FSM and the state. Accepts NULL; sets *svc NULL. */

@@ -76,9 +76,8 @@ int svc_auth_start(struct kvp_master_service *s)
     return KVP_OK;
 }
 
-static int on_auth_monitor(zloop_t *loop, zsock_t *sock, void *arg)
+static int on_auth_monitor(struct kvp_master_service *s, zsock_t *sock)
 {
-    struct kvp_master_service *s = arg;
     kvp_auth_server_on_monitor(s->auth);
     return 0;
 }
@@ -87,7 +86,7 @@ int svc_auth_loop_start(struct kvp_master_service *s)
 {
     if (!s->auth_mon)
         return KVP_OK;
-    return zloop_reader(s->loop, s->auth_mon, on_auth_monitor, s) == 0 ? KVP_OK : KVP_ERR_NOMEM;
+    return svc_watch(s, s->auth_mon, on_auth_monitor) == KVP_OK ? KVP_OK : KVP_ERR_NOMEM;
 }
 
 bool svc_auth_admit(struct kvp_master_service *s, zframe_t *identity, zframe_t *body, Kvp__Request *req)

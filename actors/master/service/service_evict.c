@@ -202,11 +202,8 @@ static void maybe_scan(struct kvp_master_service *s)
         start_scan(s);
 }
 
-static int on_evict_timer(zloop_t *loop, int timer_id, void *arg)
+static int on_evict_timer(struct kvp_master_service *s)
 {
-    (void)loop;
-    (void)timer_id;
-    struct kvp_master_service *s = arg;
     struct svc_evict *e = s->evict;
     if (e) {
         uint64_t now = svc_now_ms();
@@ -222,7 +219,7 @@ static int on_evict_timer(zloop_t *loop, int timer_id, void *arg)
 
 int svc_evict_timer_start(struct kvp_master_service *s)
 {
-    return zloop_timer(s->loop, 50, 0, on_evict_timer, s) < 0 ? KVP_ERR_NOMEM : KVP_OK;
+    return svc_timer_every(s, 50, on_evict_timer) != KVP_OK ? KVP_ERR_NOMEM : KVP_OK;
 }
 
 void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *resp)

@@ -36,7 +36,7 @@ int svc_evict_new(struct kvp_master_service *s);
 void svc_evict_destroy(struct kvp_master_service *s);
 /** Leadership change: forget hints, counters in flight, the last scan. */
 void svc_evict_reset(struct kvp_master_service *s);
-/** zloop timer (every 50 ms, leader only): start a scan when usage may be above the watermark. */
+/** Service actor timer (every 50 ms, leader only): start a scan when usage may be above the watermark. */
 int svc_evict_timer_start(struct kvp_master_service *s);
 /** PutStart request seen: record prefix hints (parent keys) and the largest size asked. */
 void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStartReq *ps);

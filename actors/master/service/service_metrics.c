@@ -445,9 +445,8 @@ void svc_metrics_publish_now(struct kvp_master_service *s)
         publish(s);
 }
 
-static int on_publish_timer(zloop_t *loop, int timer_id, void *arg)
+static int on_publish_timer(struct kvp_master_service *s)
 {
-    struct kvp_master_service *s = arg;
     if (s->metrics && s->metrics->http)
         publish(s);
     return 0;
@@ -555,5 +554,5 @@ int svc_metrics_timer_start(struct kvp_master_service *s)
     if (!s->metrics || !s->metrics->http)
         return KVP_OK; /* nothing to publish to */
     publish(s);
-    return zloop_timer(s->loop, METRICS_PUBLISH_MS, 0, on_publish_timer, s) < 0 ? KVP_ERR_NOMEM : KVP_OK;
+    return svc_timer_every(s, METRICS_PUBLISH_MS, on_publish_timer) != KVP_OK ? KVP_ERR_NOMEM : KVP_OK;
 }

@@ -5,7 +5,6 @@
 #define _GNU_SOURCE
 #include "actors/master/service/service_repair.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,35 +70,24 @@ struct svc_repair {
     uint64_t drain_started_ms;
 };
 
-/* ------------------------------------------------------------------ registry (service → state) */
-
-static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct svc_repair *reg[64];
+/* ------------------------------------------------------------------ the repair state
+ * s->repair, made at first use. Service thread only, like the rest of the service state. */
 
 static struct svc_repair *R(struct kvp_master_service *s)
 {
-    struct svc_repair *r = NULL;
-    pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < 64 && !r; i++)
-        if (reg[i] && reg[i]->s == s)
-            r = reg[i];
-    if (!r) {
-        for (size_t i = 0; i < 64; i++)
-            if (!reg[i]) {
-                r = calloc(1, sizeof *r);
-                if (r) {
-                    r->s = s;
-                    r->next_task = 1;
-                    svc_map_init(&r->droppable);
-                    svc_map_init(&r->stale);
-                    svc_map_init(&r->probe_failed);
-                    kvp__repair_scan_resp__init(&r->last);
-                    reg[i] = r;
-                }
-                break;
-            }
-    }
-    pthread_mutex_unlock(&reg_mu);
+    struct svc_repair *r = s->repair;
+    if (r)
+        return r;
+    r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->s = s;
+    r->next_task = 1;
+    svc_map_init(&r->droppable);
+    svc_map_init(&r->stale);
+    svc_map_init(&r->probe_failed);
+    kvp__repair_scan_resp__init(&r->last);
+    s->repair = r;
     return r;
 }
 
@@ -141,20 +129,17 @@ void svc_repair_reset(struct kvp_master_service *s)
 
 void svc_repair_free(struct kvp_master_service *s)
 {
-    pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < 64; i++)
-        if (reg[i] && reg[i]->s == s) {
-            struct svc_repair *r = reg[i];
-            reg[i] = NULL;
-            while (r->n_tasks)
-                task_del(r, r->n_tasks - 1);
-            free(r->tasks);
-            svc_map_fini(&r->droppable);
-            svc_map_fini(&r->stale);
-            svc_map_fini(&r->probe_failed);
-            free(r);
-        }
-    pthread_mutex_unlock(&reg_mu);
+    struct svc_repair *r = s->repair;
+    if (!r)
+        return;
+    s->repair = NULL;
+    while (r->n_tasks)
+        task_del(r, r->n_tasks - 1);
+    free(r->tasks);
+    svc_map_fini(&r->droppable);
+    svc_map_fini(&r->stale);
+    svc_map_fini(&r->probe_failed);
+    free(r);
 }
 
 static uint64_t pair_hash(const char *key, uint32_t seg, uint64_t off)
@@ -202,11 +187,8 @@ static void abort_task(struct kvp_master_service *s, struct rtask *t, const char
 
 /* ------------------------------------------------------------------ timer */
 
-static int on_tick(zloop_t *loop, int timer_id, void *arg)
+static int on_tick(struct kvp_master_service *s)
 {
-    (void)loop;
-    (void)timer_id;
-    struct kvp_master_service *s = arg;
     struct svc_repair *r = R(s);
     if (!r || !s->is_leader || !s->segments_fresh_ms)
         return 0;
@@ -260,7 +242,7 @@ int svc_repair_start(struct kvp_master_service *s)
 {
     if (!R(s))
         return KVP_ERR_NOMEM;
-    if (zloop_timer(s->loop, REPAIR_TICK_MS, 0, on_tick, s) < 0)
+    if (svc_timer_every(s, REPAIR_TICK_MS, on_tick) != KVP_OK)
         return KVP_ERR_NOMEM;
     return KVP_OK;
 }

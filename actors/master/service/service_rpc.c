@@ -1,6 +1,8 @@
 /*
- * service_rpc.c — dispatch of decoded requests, one on_<message>() per request type, and the
- * handling of raftlog results (post-processing for leases, soft state and status).
+ * service_rpc.c — the dispatch table of decoded requests (rpc_table: per Request body case, one
+ * on_<message>() handler and at most one after_<message>() step on the state machine's answer),
+ * the handlers of the request types that have no family file of their own, and the handling of
+ * raftlog results (soft state, leases, status, then the reply).
  * DESIGN.md "Core flows" (Put, Get, Segments, Master failover); docs/master.md.
  */
 #include <stdio.h>
@@ -17,25 +19,18 @@
 
 /* ------------------------------------------------------------------ helpers */
 
+/* Set the oneof body of a Raft command: the field whose number is the body case (protobuf-c
+ * numbers a oneof's cases by field number), so a new command needs no edit here. */
 static void command_set(Kvp__Command *c, Kvp__Command__BodyCase bc, void *body)
 {
-    c->body_case = bc;
-    switch (bc) {
-    case KVP__COMMAND__BODY_MOUNT: c->mount = body; break;
-    case KVP__COMMAND__BODY_UNMOUNT: c->unmount = body; break;
-    case KVP__COMMAND__BODY_PUT_START: c->put_start = body; break;
-    case KVP__COMMAND__BODY_PUT_END: c->put_end = body; break;
-    case KVP__COMMAND__BODY_PUT_REVOKE: c->put_revoke = body; break;
-    case KVP__COMMAND__BODY_REMOVE: c->remove = body; break;
-    case KVP__COMMAND__BODY_REMOVE_ALL: c->remove_all = body; break;
-    case KVP__COMMAND__BODY_DRAIN: c->drain = body; break;
-    case KVP__COMMAND__BODY_SEGMENT_LOST: c->segment_lost = body; break;
-    case KVP__COMMAND__BODY_SEGMENT_STATE: c->segment_state = body; break;
-    case KVP__COMMAND__BODY_REVOKE_EXPIRED: c->revoke_expired = body; break;
-    case KVP__COMMAND__BODY_EVICT: c->evict = body; break;
-    case KVP__COMMAND__BODY_QUARANTINE_RELEASE: c->quarantine_release = body; break;
-    default: c->body_case = KVP__COMMAND__BODY__NOT_SET; break;
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(&kvp__command__descriptor,
+                                                                                 (unsigned)bc);
+    if (!f || !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) || f->type != PROTOBUF_C_TYPE_MESSAGE) {
+        c->body_case = KVP__COMMAND__BODY__NOT_SET;
+        return;
     }
+    *(void **)((char *)c + f->offset) = body;
+    *(uint32_t *)((char *)c + f->quantifier_offset) = (uint32_t)bc;
 }
 
 /* A mutation: the request body becomes the body of a Raft command; hold_wall_ms is its lease
@@ -383,6 +378,16 @@ static void on_cluster_status(struct kvp_master_service *s, zframe_t *id, Kvp__R
     query(s, id, req, NULL, 0);
 }
 
+static void on_mover_poll(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
+{
+    svc_repair_on_mover_poll(s, id, req); /* service_repair.c */
+}
+
+static void on_data_token(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
+{
+    svc_auth_on_data_token(s, id, req); /* service_auth.c */
+}
+
 static void on_members(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     Kvp__Response resp = KVP__RESPONSE__INIT;
@@ -482,51 +487,177 @@ static void on_remove_member(struct kvp_master_service *s, zframe_t *id, Kvp__Re
     admin_done(s, p, kvp_raftlog_remove(s->rl, p->corr, mid), "remove member refused");
 }
 
-static void dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req);
+static void merge_remove(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp);
+
+/* ------------------------------------------------------------------ result steps
+ * What a request's committed (or queried) answer changes here before the reply goes out: soft
+ * state (leases, last access, the segment table), the status document. resp is the state
+ * machine's answer (status OK); its fields may be changed. */
+
+static void after_get_replicas(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    if (!resp->get_replicas)
+        return;
+    for (size_t i = 0; i < resp->get_replicas->n_objects && i < p->n_keys; i++) {
+        Kvp__ObjectInfo *oi = resp->get_replicas->objects[i];
+        if (oi->status != KVP_OK)
+            continue;
+        if (svc_evict_hides(s, p->key_hashes[i])) { /* being evicted: no new lease */
+            oi->status = KVP_ERR_NOT_FOUND;
+            continue;
+        }
+        oi->lease_ttl_ms = s->cfg.default_kv_lease_ttl_ms;
+        svc_grant_lease(s, p->key_hashes[i]);
+        svc_touch(s, p->key_hashes[i]);
+    }
+}
+
+static void after_put_end(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    if (resp->put_end)
+        for (size_t i = 0; i < resp->put_end->n_status && i < p->n_keys; i++)
+            if (resp->put_end->status[i] == KVP_OK)
+                svc_touch(s, p->key_hashes[i]);
+}
+
+static void after_put_start(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    s->fsm_pending_puts++;                  /* until the next refresh: lets RevokeExpired run */
+    svc_evict_on_put_start_result(s, resp); /* NO_SPACE: reason, retry flag, eviction */
+}
+
+static void after_put_revoke(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    s->fsm_quarantined_bytes++; /* until the next refresh: lets QuarantineRelease run */
+}
+
+static void after_remove_all(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    if (resp->status == KVP_OK) {
+        svc_map_clear(&s->last_access);
+        svc_evict_on_remove_all(s);
+    }
+    s->fsm_quarantined_bytes++; /* as after_put_revoke */
+}
+
+static void after_mount(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    uint64_t now = svc_now_ms();
+    if (resp->status == KVP_OK && resp->mount && resp->mount->segment_id) {
+        uint32_t seg = resp->mount->segment_id;
+        svc_map_put(&s->last_hb, seg, now); /* a mount counts as a heartbeat */
+        svc_map_put(&s->heard_via, seg, 1);
+        svc_map_put(&s->segments, seg, (uint64_t)KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1);
+        svc_map_del(&s->lost_sent, seg, NULL);
+        kvp_log_info(s->actor, "segment %u mounted", seg);
+    } else if (resp->status == KVP_ERR_EXISTS && resp->mount && resp->mount->segment_id) {
+        /* A new process under a live segment's name on its host: evidence for the liveness
+         * rule (rule 6) that this master hears that host while the old one is silent. */
+        uint32_t held = resp->mount->segment_id;
+        if (!svc_map_get(&s->successor, held, NULL))
+            kvp_log_info(s->actor, "segment %u: a new process under its name on its host asks to mount", held);
+        svc_map_put(&s->successor, held, now);
+    }
+}
+
+static void after_unmount(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    if (resp->status != KVP_OK)
+        return;
+    svc_map_del(&s->segments, p->segment_id, NULL);
+    svc_map_del(&s->last_hb, p->segment_id, NULL);
+    svc_map_del(&s->hb_gap, p->segment_id, NULL);
+    svc_map_del(&s->unreachable, p->segment_id, NULL);
+    kvp_log_info(s->actor, "segment %u unmounted", p->segment_id);
+}
+
+static void after_drain(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    if (resp->status == KVP_OK && resp->drain && resp->drain->segment_id)
+        svc_map_put(&s->segments, resp->drain->segment_id, (uint64_t)KVP__SEGMENT_STATE__SEGMENT_DRAINING + 1);
+}
+
+static void after_remove(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    merge_remove(s, p, resp);
+    s->fsm_quarantined_bytes++;
+}
+
+static void after_cluster_status(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp)
+{
+    if (resp->status != KVP_OK || !resp->cluster_status)
+        return;
+    const char *fsm_json = resp->cluster_status->json ? resp->cluster_status->json : "{}";
+    svc_segments_from_json(s, fsm_json);
+    char *doc = svc_status_json(s, fsm_json);
+    if (doc) {
+        free(resp->cluster_status->json);
+        resp->cluster_status->json = doc;
+    }
+}
+
+/* ------------------------------------------------------------------ the dispatch table
+ * One entry per client request, indexed by its Request body case: the handler that takes it
+ * (on the leader; a follower answers NOT_LEADER first) and the step, if any, that runs on the
+ * state machine's answer before the reply (finish_result). A new RPC is one handler, at most one
+ * result step and one line here. Cases not listed (none, unknown, the FSM's internal queries
+ * EvictScan and RepairScan) are answered INVALID. */
+
+struct svc_rpc {
+    void (*on_request)(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req);
+    void (*on_result)(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp);
+};
+
+#define SVC_RPC_CASES 64 /* above the largest client body case (MoverPoll, 40) */
+
+static const struct svc_rpc rpc_table[SVC_RPC_CASES] = {
+    [KVP__REQUEST__BODY_MOUNT] = {on_mount, after_mount},
+    [KVP__REQUEST__BODY_UNMOUNT] = {on_unmount, after_unmount},
+    [KVP__REQUEST__BODY_HEARTBEAT] = {on_heartbeat, NULL},
+    [KVP__REQUEST__BODY_PUT_START] = {on_put_start, after_put_start},
+    [KVP__REQUEST__BODY_PUT_END] = {on_put_end, after_put_end},
+    [KVP__REQUEST__BODY_PUT_REVOKE] = {on_put_revoke, after_put_revoke},
+    [KVP__REQUEST__BODY_GET_REPLICAS] = {on_get_replicas, after_get_replicas},
+    [KVP__REQUEST__BODY_EXISTS] = {on_exists, NULL},
+    [KVP__REQUEST__BODY_GET_SIZE] = {on_get_size, NULL},
+    [KVP__REQUEST__BODY_REMOVE] = {on_remove, after_remove},
+    [KVP__REQUEST__BODY_REMOVE_ALL] = {on_remove_all, after_remove_all},
+    [KVP__REQUEST__BODY_DRAIN] = {on_drain, after_drain},
+    [KVP__REQUEST__BODY_SEGMENT_LOST] = {on_segment_lost, NULL},
+    [KVP__REQUEST__BODY_REPORT_UNREACHABLE] = {on_report_unreachable, NULL},
+    [KVP__REQUEST__BODY_CLUSTER_STATUS] = {on_cluster_status, after_cluster_status},
+    [KVP__REQUEST__BODY_MEMBERS] = {on_members, NULL},
+    [KVP__REQUEST__BODY_TRANSFER_LEADER] = {on_transfer_leader, NULL},
+    [KVP__REQUEST__BODY_ADD_MEMBER] = {on_add_member, NULL},
+    [KVP__REQUEST__BODY_REMOVE_MEMBER] = {on_remove_member, NULL},
+    [KVP__REQUEST__BODY_MOVER_POLL] = {on_mover_poll, NULL},
+    [KVP__REQUEST__BODY_DATA_TOKEN] = {on_data_token, NULL},
+};
+
+/* The table entry of a body case, NULL when it has no handler. */
+static const struct svc_rpc *rpc_of(int body_case)
+{
+    if (body_case <= 0 || body_case >= SVC_RPC_CASES || !rpc_table[body_case].on_request)
+        return NULL;
+    return &rpc_table[body_case];
+}
 
 void svc_dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     int st;
     uint64_t su;
     svc_metrics_begin(s, (int)req->body_case, s->cur_recv_us, &st, &su); /* replies counted by type */
-    dispatch(s, id, req);
-    svc_metrics_end(s, st, su);
-}
-
-static void dispatch(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
-{
+    const struct svc_rpc *rpc = rpc_of((int)req->body_case);
     if (!s->is_leader) {
         svc_reply_status(s, id, req->req_id, KVP_ERR_NOT_LEADER, "not the leader");
-        return;
-    }
-    switch (req->body_case) {
-    case KVP__REQUEST__BODY_MOUNT: on_mount(s, id, req); break;
-    case KVP__REQUEST__BODY_UNMOUNT: on_unmount(s, id, req); break;
-    case KVP__REQUEST__BODY_HEARTBEAT: on_heartbeat(s, id, req); break;
-    case KVP__REQUEST__BODY_PUT_START: on_put_start(s, id, req); break;
-    case KVP__REQUEST__BODY_PUT_END: on_put_end(s, id, req); break;
-    case KVP__REQUEST__BODY_PUT_REVOKE: on_put_revoke(s, id, req); break;
-    case KVP__REQUEST__BODY_GET_REPLICAS: on_get_replicas(s, id, req); break;
-    case KVP__REQUEST__BODY_EXISTS: on_exists(s, id, req); break;
-    case KVP__REQUEST__BODY_GET_SIZE: on_get_size(s, id, req); break;
-    case KVP__REQUEST__BODY_REMOVE: on_remove(s, id, req); break;
-    case KVP__REQUEST__BODY_REMOVE_ALL: on_remove_all(s, id, req); break;
-    case KVP__REQUEST__BODY_DRAIN: on_drain(s, id, req); break;
-    case KVP__REQUEST__BODY_SEGMENT_LOST: on_segment_lost(s, id, req); break;
-    case KVP__REQUEST__BODY_REPORT_UNREACHABLE: on_report_unreachable(s, id, req); break;
-    case KVP__REQUEST__BODY_CLUSTER_STATUS: on_cluster_status(s, id, req); break;
-    case KVP__REQUEST__BODY_MEMBERS: on_members(s, id, req); break;
-    case KVP__REQUEST__BODY_TRANSFER_LEADER: on_transfer_leader(s, id, req); break;
-    case KVP__REQUEST__BODY_ADD_MEMBER: on_add_member(s, id, req); break;
-    case KVP__REQUEST__BODY_REMOVE_MEMBER: on_remove_member(s, id, req); break;
-    case KVP__REQUEST__BODY_MOVER_POLL: svc_repair_on_mover_poll(s, id, req); break;
-    case KVP__REQUEST__BODY_DATA_TOKEN: svc_auth_on_data_token(s, id, req); break;
-    default:
+    } else if (rpc) {
+        rpc->on_request(s, id, req);
+    } else {
         kvp_log_warn(s->actor, "request %llu: no or unknown body (%d): answered INVALID",
                      (unsigned long long)req->req_id, (int)req->body_case);
         svc_reply_status(s, id, req->req_id, KVP_ERR_INVALID, "unknown or empty request body");
-        break;
     }
+    svc_metrics_end(s, st, su);
 }
 
 /* ------------------------------------------------------------------ results */
@@ -661,91 +792,8 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
         return;
     }
 
-    uint64_t now = svc_now_ms();
-    switch (p->body_case) {
-    case KVP__REQUEST__BODY_GET_REPLICAS:
-        if (resp->get_replicas) {
-            for (size_t i = 0; i < resp->get_replicas->n_objects && i < p->n_keys; i++) {
-                Kvp__ObjectInfo *oi = resp->get_replicas->objects[i];
-                if (oi->status != KVP_OK)
-                    continue;
-                if (svc_evict_hides(s, p->key_hashes[i])) { /* being evicted: no new lease */
-                    oi->status = KVP_ERR_NOT_FOUND;
-                    continue;
-                }
-                oi->lease_ttl_ms = s->cfg.default_kv_lease_ttl_ms;
-                svc_grant_lease(s, p->key_hashes[i]);
-                svc_touch(s, p->key_hashes[i]);
-            }
-        }
-        break;
-    case KVP__REQUEST__BODY_PUT_END:
-        if (resp->put_end)
-            for (size_t i = 0; i < resp->put_end->n_status && i < p->n_keys; i++)
-                if (resp->put_end->status[i] == KVP_OK)
-                    svc_touch(s, p->key_hashes[i]);
-        break;
-    case KVP__REQUEST__BODY_PUT_START:
-        s->fsm_pending_puts++; /* until the next refresh: lets RevokeExpired run */
-        svc_evict_on_put_start_result(s, resp); /* NO_SPACE: reason, retry flag, eviction */
-        break;
-    case KVP__REQUEST__BODY_REMOVE_ALL:
-        if (resp->status == KVP_OK) {
-            svc_map_clear(&s->last_access);
-            svc_evict_on_remove_all(s);
-        }
-        /* fall through */
-    case KVP__REQUEST__BODY_PUT_REVOKE:
-        s->fsm_quarantined_bytes++; /* until the next refresh: lets QuarantineRelease run */
-        break;
-    case KVP__REQUEST__BODY_MOUNT:
-        if (resp->status == KVP_OK && resp->mount && resp->mount->segment_id) {
-            uint32_t seg = resp->mount->segment_id;
-            svc_map_put(&s->last_hb, seg, now); /* a mount counts as a heartbeat */
-            svc_map_put(&s->heard_via, seg, 1);
-            svc_map_put(&s->segments, seg, (uint64_t)KVP__SEGMENT_STATE__SEGMENT_ACTIVE + 1);
-            svc_map_del(&s->lost_sent, seg, NULL);
-            kvp_log_info(s->actor, "segment %u mounted", seg);
-        } else if (resp->status == KVP_ERR_EXISTS && resp->mount && resp->mount->segment_id) {
-            /* A new process under a live segment's name on its host: evidence for the liveness
-             * rule (rule 6) that this master hears that host while the old one is silent. */
-            uint32_t held = resp->mount->segment_id;
-            if (!svc_map_get(&s->successor, held, NULL))
-                kvp_log_info(s->actor, "segment %u: a new process under its name on its host asks to mount", held);
-            svc_map_put(&s->successor, held, now);
-        }
-        break;
-    case KVP__REQUEST__BODY_UNMOUNT:
-        if (resp->status == KVP_OK) {
-            svc_map_del(&s->segments, p->segment_id, NULL);
-            svc_map_del(&s->last_hb, p->segment_id, NULL);
-            svc_map_del(&s->hb_gap, p->segment_id, NULL);
-            svc_map_del(&s->unreachable, p->segment_id, NULL);
-            kvp_log_info(s->actor, "segment %u unmounted", p->segment_id);
-        }
-        break;
-    case KVP__REQUEST__BODY_DRAIN:
-        if (resp->status == KVP_OK && resp->drain && resp->drain->segment_id)
-            svc_map_put(&s->segments, resp->drain->segment_id,
-                        (uint64_t)KVP__SEGMENT_STATE__SEGMENT_DRAINING + 1);
-        break;
-    case KVP__REQUEST__BODY_REMOVE:
-        merge_remove(s, p, resp);
-        s->fsm_quarantined_bytes++;
-        break;
-    case KVP__REQUEST__BODY_CLUSTER_STATUS:
-        if (resp->status == KVP_OK && resp->cluster_status) {
-            const char *fsm_json = resp->cluster_status->json ? resp->cluster_status->json : "{}";
-            svc_segments_from_json(s, fsm_json);
-            char *doc = svc_status_json(s, fsm_json);
-            if (doc) {
-                free(resp->cluster_status->json);
-                resp->cluster_status->json = doc;
-            }
-        }
-        break;
-    default:
-        break;
-    }
+    const struct svc_rpc *rpc = rpc_of(p->body_case);
+    if (rpc && rpc->on_result)
+        rpc->on_result(s, p, resp);
     svc_reply(s, p->identity, p->req_id, resp);
 }

@@ -464,9 +464,8 @@ static void submit_internal(struct kvp_master_service *s, int kind, Kvp__Command
 }
 
 /* Every ~200 ms: revoke pending puts past their deadline (their space goes to quarantine). */
-static int on_revoke_timer(zloop_t *loop, int timer_id, void *arg)
+static int on_revoke_timer(struct kvp_master_service *s)
 {
-    struct kvp_master_service *s = arg;
     svc_put_tick(s); /* reservations kept fresh, puts past their deadline dropped */
     if (!s->is_leader || s->revoke_inflight)
         return 0;
@@ -558,9 +557,8 @@ static void check_liveness(struct kvp_master_service *s)
  * leader releases at once too: every quarantine entry already waits for the leases on what it
  * held (the lease horizon each freeing command committed, docs/master.md "Leases and
  * failover"), so nothing here depends on leases only the old leader knew. */
-static int on_release_timer(zloop_t *loop, int timer_id, void *arg)
+static int on_release_timer(struct kvp_master_service *s)
 {
-    struct kvp_master_service *s = arg;
     if (!s->is_leader)
         return 0;
     if (!s->segments_fresh_ms || s->fsm_quarantined_bytes > 0)
@@ -581,9 +579,8 @@ static bool keep_recent(uint64_t key, uint64_t at, void *ctx)
 }
 
 /* Every second: refresh the segment table from the FSM; drop expired leases and old reports. */
-static int on_slow_timer(zloop_t *loop, int timer_id, void *arg)
+static int on_slow_timer(struct kvp_master_service *s)
 {
-    struct kvp_master_service *s = arg;
     svc_pending_sweep(s); /* on followers too: entries from before a leadership loss */
     if (!s->is_leader)
         return 0;
@@ -602,92 +599,35 @@ static int on_slow_timer(zloop_t *loop, int timer_id, void *arg)
 
 int svc_timers_start(struct kvp_master_service *s)
 {
-    if (zloop_timer(s->loop, 200, 0, on_revoke_timer, s) < 0 ||
-        zloop_timer(s->loop, 500, 0, on_release_timer, s) < 0 ||
-        zloop_timer(s->loop, 1000, 0, on_slow_timer, s) < 0 || svc_repair_start(s) != KVP_OK)
+    if (svc_timer_every(s, 200, on_revoke_timer) != KVP_OK ||
+        svc_timer_every(s, 500, on_release_timer) != KVP_OK ||
+        svc_timer_every(s, 1000, on_slow_timer) != KVP_OK || svc_repair_start(s) != KVP_OK)
         return KVP_ERR_NOMEM;
     return KVP_OK;
 }
 
 /* ------------------------------------------------------------------ data-plane probe */
 
-/* The prober actor: receives [u32 segment_id][endpoint][u32 timeout_ms], runs the blocking
- * kvp_xfer_probe, answers [u32 segment_id][i32 status]. One probe at a time. */
-static void prober_actor(zsock_t *pipe, void *arg)
+/* The prober's answer (service_actor.c): rc is kvp_xfer_probe's status for the segment. */
+void svc_on_probe_result(struct kvp_master_service *s, uint32_t seg, int rc)
 {
-    zsock_signal(pipe, 0);
-    for (;;) {
-        zmsg_t *msg = zmsg_recv(pipe);
-        if (!msg)
-            break;
-        char *cmd = zmsg_popstr(msg);
-        bool term = !cmd || strcmp(cmd, "$TERM") == 0;
-        zframe_t *fid = zmsg_pop(msg);
-        char *ep = zmsg_popstr(msg);
-        zframe_t *fto = zmsg_pop(msg);
-        if (!term && fid && zframe_size(fid) == 4 && ep && fto && zframe_size(fto) == 4) {
-            uint32_t seg, to;
-            memcpy(&seg, zframe_data(fid), 4);
-            memcpy(&to, zframe_data(fto), 4);
-            int32_t rc = kvp_xfer_probe(ep, seg, to);
-            zsock_send(pipe, "bb", &seg, sizeof seg, &rc, sizeof rc);
-        }
-        zframe_destroy(&fid);
-        zframe_destroy(&fto);
-        free(ep);
-        free(cmd);
-        zmsg_destroy(&msg);
-        if (term)
-            break;
+    if (s->probes_out > 0)
+        s->probes_out--;
+    if (rc == KVP_OK) {
+        /* The data plane answers: the client's trouble was its own or transient, and the
+         * process lives whatever its heartbeats say: a witness for liveness rule 5, like a
+         * client's successful transfer (client_wrote is the map of data-plane witnesses). */
+        svc_map_del(&s->unreachable, seg, NULL);
+        svc_repair_note_probe(s, seg, rc);
+        if (svc_map_get(&s->segments, seg, NULL))
+            svc_map_put(&s->client_wrote, seg, svc_now_ms());
+        kvp_log_info(s->actor, "segment %u: probe answered: the data plane lives (unreachable report cleared)",
+                     seg);
+    } else {
+        svc_repair_note_probe(s, seg, rc);
+        kvp_log_warn(s->actor, "segment %u: probe failed (%s): lost if its heartbeats stop too", seg,
+                     kvp_strerror(rc));
     }
-}
-
-static int on_probe_result(zloop_t *loop, zsock_t *sock, void *arg)
-{
-    struct kvp_master_service *s = arg;
-    zframe_t *fid = zframe_recv(sock);
-    zframe_t *frc = fid && zframe_more(fid) ? zframe_recv(sock) : NULL;
-    if (fid && frc && zframe_size(fid) == 4 && zframe_size(frc) == 4) {
-        uint32_t seg;
-        int32_t rc;
-        memcpy(&seg, zframe_data(fid), 4);
-        memcpy(&rc, zframe_data(frc), 4);
-        if (s->probes_out > 0)
-            s->probes_out--;
-        if (rc == KVP_OK) {
-            /* The data plane answers: the client's trouble was its own or transient, and the
-             * process lives whatever its heartbeats say: a witness for liveness rule 5, like a
-             * client's successful transfer (client_wrote is the map of data-plane witnesses). */
-            svc_map_del(&s->unreachable, seg, NULL);
-            svc_repair_note_probe(s, seg, rc);
-            if (svc_map_get(&s->segments, seg, NULL))
-                svc_map_put(&s->client_wrote, seg, svc_now_ms());
-            kvp_log_info(s->actor, "segment %u: probe answered: the data plane lives (unreachable report cleared)",
-                         seg);
-        } else {
-            svc_repair_note_probe(s, seg, rc);
-            kvp_log_warn(s->actor, "segment %u: probe failed (%s): lost if its heartbeats stop too", seg,
-                         kvp_strerror(rc));
-        }
-    }
-    zframe_destroy(&fid);
-    zframe_destroy(&frc);
-    return 0;
-}
-
-int svc_prober_start(struct kvp_master_service *s)
-{
-    s->endpoints = zhashx_new();
-    if (!s->endpoints)
-        return KVP_ERR_NOMEM;
-    zhashx_set_duplicator(s->endpoints, (zhashx_duplicator_fn *)strdup);
-    zhashx_set_destructor(s->endpoints, (zhashx_destructor_fn *)zstr_free);
-    s->prober = zactor_new(prober_actor, NULL);
-    if (!s->prober)
-        return KVP_ERR_NOMEM;
-    if (zloop_reader(s->loop, zactor_sock(s->prober), on_probe_result, s) != 0)
-        return KVP_ERR_NOMEM;
-    return KVP_OK;
 }
 
 void svc_probe_segment(struct kvp_master_service *s, uint32_t seg)
@@ -705,7 +645,7 @@ void svc_probe_segment(struct kvp_master_service *s, uint32_t seg)
     if (!ep)
         return;
     uint32_t to = s->cfg.probe_timeout_ms ? s->cfg.probe_timeout_ms : 500;
-    if (zsock_send(zactor_sock(s->prober), "sbsb", "PROBE", &seg, sizeof seg, ep, &to, sizeof to) == 0) {
+    if (svc_prober_ask(s, seg, ep, to) == KVP_OK) {
         svc_map_put(&s->probing, seg, svc_now_ms());
         s->probes_out++;
     }

@@ -2,12 +2,13 @@
  * service_state.h — all mutable state of the master service actor (service.h), field by field,
  * and the functions the service_*.c files share. Owned by the service's thread only: nothing
  * here is touched by the raft thread (that one owns the FSM and talks to us through the
- * raftlog events socket).
+ * raftlog events socket). kvp_master_service_new fills it on the caller's thread before the
+ * actor exists; from the spawn in kvp_master_service_run to its kvp_rt_stop, only the actor's
+ * thread touches it (service_actor.c).
  */
 #ifndef KVP_MASTER_SERVICE_STATE_H
 #define KVP_MASTER_SERVICE_STATE_H
 
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +24,7 @@
 #include "auth/auth.h"
 #include "config/config.h"
 #include "raftlog/raftlog.h"
+#include "runtime/actor.h"
 #include "wire/kvpool.pb-c.h"
 
 /* ------------------------------------------------------------------ u64 → u64 map
@@ -107,6 +109,14 @@ struct svc_hb_waiter {
 
 /* ------------------------------------------------------------------ the actor state */
 
+struct kvp_master_service;
+/** A timer of the service actor (svc_timer_every); a negative return stops the service. */
+typedef int (*svc_timer_fn)(struct kvp_master_service *s);
+/** A watched socket's handler (svc_watch): read what is there without waiting; returns 0. */
+typedef int (*svc_watch_fn)(struct kvp_master_service *s, zsock_t *sock);
+#define SVC_TIMERS_MAX 16
+#define SVC_WATCHES_MAX 16
+
 struct kvp_master_service {
     struct kvp_cfg_master cfg;             /* settings in force (copied at new) */
     char actor[32];                        /* log name, "master-<id>" */
@@ -133,10 +143,21 @@ struct kvp_master_service {
     struct kvp_auth_principal cur_principal;
     uint64_t denied_requests;              /* requests refused for role or tenant */
     struct svc_quota *quota;               /* use and quota per tenant (service_quota.c); NULL = auth none */
-    zloop_t *loop;                         /* zloop of run() */
+    /* The actor (service_actor.c). `ctx` is the runtime context of the callback running now on
+     * the service thread (NULL between callbacks): timers, watches and requests use it. */
+    struct kvp_rt_actor *rt;               /* the service actor while run() runs */
+    struct kvp_rt_ctx *ctx;
+    struct kvp_rt_actor *ctl;              /* sink run() waits on; the actor's parent (supervision) */
+    bool stopping;                         /* svc_stop_self ran: serve nothing more */
+    svc_timer_fn timers[SVC_TIMERS_MAX];   /* timer message type SVC_MSG_TIMER + i runs timers[i] */
+    size_t n_timers;
+    struct svc_watch {
+        zsock_t *sock;
+        svc_watch_fn fn;
+    } watches[SVC_WATCHES_MAX];
+    size_t n_watches;
     struct kvp_raftlog *rl;                /* raft thread; owns `fsm` while running */
     struct kvp_master_fsm *fsm;            /* created here, destroyed after rl stops */
-    atomic_bool stop;                      /* request_stop() flag, checked by a timer */
     uint64_t log_failed_ms;                /* raftlog said its log cannot be written (0 = never) */
     bool fatal;                            /* stopped for that: run returns KVP_ERR_IO */
 
@@ -180,11 +201,14 @@ struct kvp_master_service {
     bool release_inflight;                 /* one QuarantineRelease at a time */
     uint64_t release_sent_ms;              /* when the last one was submitted (svc_release_now) */
 
-    /* Data-plane probe of reported segments (ReportUnreachable), off the loop thread. */
-    zactor_t *prober;                      /* runs kvp_xfer_probe; pipe read by the zloop */
+    /* Data-plane probe of reported segments (ReportUnreachable), off the service thread. */
+    struct kvp_rt_actor *prober;           /* child actor running kvp_xfer_probe (service_actor.c) */
     zhashx_t *endpoints;                    /* "segment id" → data-plane endpoint (from refreshes) */
     struct svc_map probing;                /* segment id → time the last probe started (one per 2 s) */
     unsigned probes_out;                   /* probes sent to the prober, not yet answered */
+
+    /* Re-replication and drain (service_repair.c), made at first use. */
+    struct svc_repair *repair;
 
     /* Memory pressure: watermark eviction, prefix hints, release holds (service_evict.c). */
     struct svc_evict *evict;
@@ -283,9 +307,22 @@ int svc_timers_start(struct kvp_master_service *s);
 int svc_version_start(struct kvp_master_service *s);
 void svc_version_stop(struct kvp_master_service *s);
 uint32_t svc_feature_level(struct kvp_master_service *s);
-/* service_soft.c: start the prober actor; ask it to probe a reported segment. */
+/* service_actor.c: the service actor. Service thread only, inside a callback (s->ctx set). */
+/** Run fn every every_ms (first after every_ms). Errors: KVP_ERR_INVALID (no ctx, table full), NOMEM. */
+int svc_timer_every(struct kvp_master_service *s, uint32_t every_ms, svc_timer_fn fn);
+/** Call fn when sock is readable. Errors: KVP_ERR_INVALID (no ctx, table full), EXISTS, NOMEM. */
+int svc_watch(struct kvp_master_service *s, zsock_t *sock, svc_watch_fn fn);
+void svc_unwatch(struct kvp_master_service *s, zsock_t *sock);
+/** Serve nothing more and have run() stop the actor (s->fatal says why). */
+void svc_stop_self(struct kvp_master_service *s);
+/** Start the prober child actor; ask it to probe a segment (the answer: svc_on_probe_result). */
 int svc_prober_start(struct kvp_master_service *s);
+int svc_prober_ask(struct kvp_master_service *s, uint32_t segment_id, const char *endpoint, uint32_t timeout_ms);
+/* service.c: watch the ROUTER and the raftlog events, start every timer (the actor's init). */
+int svc_loop_start(struct kvp_master_service *s);
+/* service_soft.c: ask the prober about a reported segment (at most one per 2 s); its answer. */
 void svc_probe_segment(struct kvp_master_service *s, uint32_t segment_id);
+void svc_on_probe_result(struct kvp_master_service *s, uint32_t segment_id, int rc);
 /** Parse an FSM ClusterStatus JSON document into s->segments. Returns KVP_OK or KVP_ERR_MALFORMED. */
 int svc_segments_from_json(struct kvp_master_service *s, const char *json);
 

@@ -6,7 +6,7 @@
  * feature_level, NOT_LEADER replies included; a v0.1.0 master's carries none (read as 1), and
  * one that does not answer within KVP_FEATURE_FRESH_MS counts as 1. The members asked are those
  * of the Raft configuration (all roles). The cluster's level is computed on each tick, and
- * svc_submit gates each command with it. All of it runs on the service's zloop thread.
+ * svc_submit gates each command with it. All of it runs on the service actor's thread.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -21,10 +21,8 @@
 
 #define VERSION_POLL_MS 1000
 
-static int on_peer_reply(zloop_t *loop, zsock_t *sock, void *arg)
+static int on_peer_reply(struct kvp_master_service *s, zsock_t *sock)
 {
-    (void)loop;
-    struct kvp_master_service *s = arg;
     for (int n = 0; n < 64; n++) {
         zframe_t *f = zframe_recv_nowait(sock);
         if (!f)
@@ -50,7 +48,7 @@ static int on_peer_reply(zloop_t *loop, zsock_t *sock, void *arg)
 static void close_peer(struct kvp_master_service *s, int i)
 {
     if (s->feature_sock[i]) {
-        zloop_reader_end(s->loop, s->feature_sock[i]);
+        svc_unwatch(s, s->feature_sock[i]);
         zsock_destroy(&s->feature_sock[i]);
     }
     s->feature_addr[i][0] = '\0';
@@ -70,7 +68,7 @@ static void ask_peer(struct kvp_master_service *s, int i)
         zsock_set_sndhwm(d, 4); /* an unreachable member queues a few asks, not thousands */
         zsock_set_sndtimeo(d, 0);
         if (svc_auth_peer_socket(s, d, m->address) != KVP_OK || /* CURVE (service_auth.c) */
-            zsock_connect(d, "tcp://%s", m->address) != 0 || zloop_reader(s->loop, d, on_peer_reply, s) != 0) {
+            zsock_connect(d, "tcp://%s", m->address) != 0 || svc_watch(s, d, on_peer_reply) != KVP_OK) {
             zsock_destroy(&d);
             return;
         }
@@ -111,11 +109,8 @@ static int members_index(const struct kvp_master_service *s, uint64_t id)
     return -1;
 }
 
-static int on_version_tick(zloop_t *loop, int timer_id, void *arg)
+static int on_version_tick(struct kvp_master_service *s)
 {
-    (void)loop;
-    (void)timer_id;
-    struct kvp_master_service *s = arg;
     if (!s->is_leader) {
         for (int i = 0; i < KVP_CFG_MAX_MASTERS; i++)
             close_peer(s, i);
@@ -167,7 +162,7 @@ static int on_version_tick(zloop_t *loop, int timer_id, void *arg)
 
 int svc_version_start(struct kvp_master_service *s)
 {
-    return zloop_timer(s->loop, VERSION_POLL_MS, 0, on_version_tick, s) < 0 ? KVP_ERR_NOMEM : KVP_OK;
+    return svc_timer_every(s, VERSION_POLL_MS, on_version_tick) != KVP_OK ? KVP_ERR_NOMEM : KVP_OK;
 }
 
 void svc_version_stop(struct kvp_master_service *s)
