@@ -13,7 +13,6 @@ endif()
 kvp_add_test(test_master_service SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_service.c LABEL unit TIMEOUT 30)
 # The leader's "segment lost" rule (issue 18): blind periods, self-suspicion, evidence.
 kvp_add_test(test_master_liveness SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_liveness.c LABEL unit TIMEOUT 30)
-kvp_add_test(test_mount_dedupe SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_mount_dedupe.c LABEL unit TIMEOUT 30)
 # Rolling upgrades (issue 24 item 4): feature levels, the PutStart gate, a newer command refused.
 kvp_add_test(test_master_version SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_version.c LABEL unit TIMEOUT 30)
 # Rolling upgrade (issue 24 item 4): a cluster of release v0.1.0 (built once from the git tag into

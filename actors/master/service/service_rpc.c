@@ -114,15 +114,6 @@ static void query(struct kvp_master_service *s, zframe_t *identity, const Kvp__R
 
 static void on_mount(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
-    /* A repeat of a call already proposed here (the session's next attempt after a slow
-     * commit): dropped, the first attempt's answer serves it (mount_dedupe.h). */
-    if (kvp_mount_recent_repeat(&s->mount_recent, id ? zframe_data(id) : NULL, id ? zframe_size(id) : 0,
-                                req->req_id, svc_now_ms())) {
-        kvp_log_info(s->actor, "req %llu: MountSegment '%s' again (attempt %llu of a call proposed already): "
-                     "not proposed twice", (unsigned long long)req->req_id,
-                     req->mount->name ? req->mount->name : "", (unsigned long long)(req->req_id & 0xffu));
-        return;
-    }
     mutate(s, id, req, KVP__COMMAND__BODY_MOUNT, req->mount);
 }
 

@@ -198,7 +198,6 @@ void svc_soft_reset(struct kvp_master_service *s)
     svc_map_clear(&s->hb_gap);
     svc_map_clear(&s->unreachable);
     svc_map_clear(&s->segments);
-    kvp_mount_recent_clear(&s->mount_recent);
     svc_map_clear(&s->lost_sent);
     svc_map_clear(&s->heard_via);
     svc_map_clear(&s->client_wrote);

@@ -18,7 +18,6 @@
 #include "actors/master/fsm/fsm.h"
 #include "actors/master/service/fence_track.h"
 #include "actors/master/service/liveness.h"
-#include "actors/master/service/mount_dedupe.h"
 #include "actors/master/service/service.h"
 #include "actors/master/fsm/version.h"
 #include "auth/auth.h"
@@ -180,7 +179,6 @@ struct kvp_master_service {
     struct svc_map hb_gap;                 /* segment id → ms between its last two heartbeats (its
                                               period as seen here: check_liveness's silences) */
     struct svc_map unreachable;            /* segment id → last ReportUnreachable (monotonic ms) */
-    struct kvp_mount_recent mount_recent;  /* MountSegment calls proposed lately (mount_dedupe.h) */
     struct svc_map segments;               /* segment id → Kvp__SegmentState + 1 (FSM's view) */
     struct svc_map lost_sent;              /* segment id → time a SegmentLost was submitted */
     struct svc_map heard_via;              /* segment id → 1 mount, 2 heartbeat: what last_hb was */
