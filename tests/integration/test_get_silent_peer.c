@@ -29,22 +29,6 @@ static struct tc_cluster CL;
 enum { N = 16, LEN = 64 << 10, TIMEOUT_MS = 3000 };
 
 static int g_stopped_pid = -1; /* SIGCONT in teardown, also when an assert failed */
-/* The test's client: closed in test_teardown when a failed assert jumped out of the test (an open
- * client's actors outliving the test made the process abort at exit, 'dangling PAIR socket'). */
-static kvp_client *g_client;
-
-static kvp_client *open_client(void)
-{
-    g_client = tc_open(&CL, TIMEOUT_MS);
-    return g_client;
-}
-
-static void close_client(kvp_client **c)
-{
-    kvp_client_close(c);
-    g_client = NULL;
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -77,7 +61,7 @@ static int test_teardown(void **state)
     g_stopped_pid = -1;
     kvp_xfer_fault_clear();
     kvp_xfer_fault_release();
-    kvp_client_close(&g_client); /* only when the test failed before closing it */
+    tc_close_all(); /* only when an assert jumped out of the test before its close */
     return 0;
 }
 
@@ -235,7 +219,7 @@ static void test_get_silent_peer_sigstop_next_replica_in_time(void **state)
     char seg0[128] = "";
     int pid0 = tc_segment(&CL, 0, seg0, sizeof seg0);
     assert_true(pid0 > 0);
-    kvp_client *c = open_client();
+    kvp_client *c = tc_open(&CL, TIMEOUT_MS);
     assert_non_null(c);
     static char keys[N][32];
     put_keys(c, "stop", keys, seg0);
@@ -248,7 +232,7 @@ static void test_get_silent_peer_sigstop_next_replica_in_time(void **state)
     /* all of its threads stopped, not only the signal queued (tests/lib/proc_stop.h) */
     assert_true(kvp_test_stop_process(pid0, 5000));
     read_all(c, keys, wake_stopped);
-    close_client(&c);
+    tc_close(&c);
 }
 
 static void release_faults(void)
@@ -264,7 +248,7 @@ static void test_get_silent_peer_fault_drop_next_replica_in_time(void **state)
     (void)state;
     char seg0[128] = "";
     assert_true(tc_segment(&CL, 0, seg0, sizeof seg0) > 0);
-    kvp_client *c = open_client();
+    kvp_client *c = tc_open(&CL, TIMEOUT_MS);
     assert_non_null(c);
     static char keys[N][32];
     put_keys(c, "drop", keys, seg0);
@@ -277,12 +261,12 @@ static void test_get_silent_peer_fault_drop_next_replica_in_time(void **state)
                                        .op = KVP_XFER_READ, .segment_id = id0};
     int rc = kvp_xfer_fault_add(&rule);
     if (rc == KVP_ERR_UNSUPPORTED) {
-        close_client(&c);
+        tc_close(&c);
         skip(); /* built without KVP_FAULT_INJECTION */
     }
     assert_int_equal(rc, KVP_OK);
     read_all(c, keys, release_faults);
-    close_client(&c);
+    tc_close(&c);
 }
 
 /* A key on its last replica in a round capped for the others: the capped round fences it
@@ -295,7 +279,7 @@ static void test_get_silent_peer_last_replica_capped_round_read_again(void **sta
     char seg0[128] = "", seg1[128] = "";
     assert_true(tc_segment(&CL, 0, seg0, sizeof seg0) > 0);
     assert_true(tc_segment(&CL, 1, seg1, sizeof seg1) > 0);
-    kvp_client *c = open_client();
+    kvp_client *c = tc_open(&CL, TIMEOUT_MS);
     assert_non_null(c);
     static char keys[N][32];
     put_keys(c, "mix", keys, seg0);
@@ -317,7 +301,7 @@ static void test_get_silent_peer_last_replica_capped_round_read_again(void **sta
                                        .op = KVP_XFER_READ, .segment_id = id1, .ms = 1500, .count = 1};
     int rc = kvp_xfer_fault_add(&drop);
     if (rc == KVP_ERR_UNSUPPORTED) {
-        close_client(&c);
+        tc_close(&c);
         skip();
     }
     assert_int_equal(rc, KVP_OK);
@@ -357,7 +341,7 @@ static void test_get_silent_peer_last_replica_capped_round_read_again(void **sta
         assert_true(tc_all_poison(bp[i], LEN));
         free(bp[i]);
     }
-    close_client(&c);
+    tc_close(&c);
 }
 
 int main(void)

@@ -213,7 +213,7 @@ static void nm_child_main(const struct tc_cluster *cl, struct nm_shared *sh, int
             usleep((useconds_t)(40 - spent) * 1000);
     }
     pthread_join(put_thread, NULL);
-    kvp_client_close(&c);
+    tc_close(&c);
     _exit(0);
 }
 
@@ -657,7 +657,7 @@ static void verify_all(unsigned *n_keys, unsigned *n_lost, unsigned *n_failed, u
         }
     }
     free(buf);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void wait_keys(unsigned want)
