@@ -670,6 +670,8 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_repair_free(s);
     svc_evict_destroy(s);
     svc_put_destroy(s);
+    for (size_t i = 0; i < sizeof s->mount_seen / sizeof s->mount_seen[0]; i++)
+        zframe_destroy(&s->mount_seen[i].identity);
     zactor_destroy(&s->prober);
     zhashx_destroy(&s->endpoints);
     zsock_destroy(&s->router);
