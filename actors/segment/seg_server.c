@@ -111,6 +111,7 @@ enum {
     SEG_MSG_REARM = 4,  /* timer: accept again after running out of descriptors */
     SEG_MSG_STOP = 5,   /* the server stops: wait in the runtime's poll from now on */
     SEG_MSG_LISTEN = 6, /* to loop 0, once every loop runs: start accepting */
+    SEG_MSG_ID = 7,     /* set_id gave the segment an id: send the challenges held until then */
 };
 
 struct seg_loop;
@@ -187,6 +188,7 @@ enum { ST_HDR = 0, ST_PAYLOAD = 1, ST_DRAIN = 2, ST_HELLO = 3 /* an RDMA_HELLO's
 
 /* The token handshake of one connection (held only while st == ST_TOKEN). */
 struct seg_hs {
+    bool sent; /* the challenge went out; false while the segment has no id yet (challenge_send) */
     uint8_t challenge[KVP_DT_CHALLENGE_BYTES];
     uint8_t resp[KVP_DT_RESPONSE_MAX];
     size_t n; /* response bytes received */
@@ -607,6 +609,18 @@ static void token_refuse(struct seg_conn *c, const char *why)
 static int conn_token(struct seg_conn *c)
 {
     struct seg_hs *h = c->hs;
+    if (!h->sent) {
+        /* The challenge is held (no id yet): a peer speaks only after it, so any byte now is
+         * refused; EOF closes quietly. */
+        uint8_t b;
+        ssize_t r = recv(c->ep.fd, &b, 1, MSG_DONTWAIT);
+        if (r > 0)
+            token_refuse(c, "sent bytes before the segment's challenge");
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            return 0;
+        errno = 0;
+        return -1;
+    }
     for (;;) {
         int total = kvp_dt_response_length(h->resp, h->n);
         if (total < 0) {
@@ -825,6 +839,44 @@ static void conn_close(struct seg_conn *c, bool gone_msg)
         (void)kvp_rt_send(l->srv->loops[0], 0, SEG_MSG_GONE, 1, NULL, NULL); /* loop 0 closed: stopping */
 }
 
+/*
+ * Send c's token challenge, naming the segment's id as it is now. While the segment has no id
+ * (started and not yet mounted, or fenced after a stall until the master confirms it) the
+ * challenge is held and sent when set_id gives it one (SEG_MSG_ID): the master may place a
+ * replica here and a client connect in the moment between the master committing the mount and
+ * this process applying the mount's answer, and a challenge naming segment 0 would fail that
+ * client's first transfer ("no data token for this segment"). A held connection that never gets
+ * an id is dropped by sweep_stalled after KVP_SEG_STALL_MS. Returns false if the send failed.
+ */
+static bool challenge_send(struct seg_conn *c)
+{
+    uint32_t id = atomic_load_explicit(&c->loop->srv->segment_id, memory_order_relaxed);
+    if (id == 0) {
+        kvp_log_debug(ACTOR, "%s: token challenge held until the segment has an id", c->peer);
+        return true;
+    }
+    kvp_dt_challenge(id, c->hs->challenge);
+    c->hs->sent = true;
+    c->progress_ms = kvp_clock_now_ms();
+    /* A fresh socket's send buffer takes the 44 bytes whole. */
+    return send(c->ep.fd, c->hs->challenge, KVP_DT_CHALLENGE_BYTES, MSG_DONTWAIT | MSG_NOSIGNAL) ==
+           (ssize_t)KVP_DT_CHALLENGE_BYTES;
+}
+
+/* SEG_MSG_ID: the challenges held while the segment had no id go out now. */
+static void challenges_release(struct seg_loop *l)
+{
+    struct seg_conn *c = l->conns;
+    while (c) {
+        struct seg_conn *next = c->next;
+        if (c->st == ST_TOKEN && c->hs && !c->hs->sent && !challenge_send(c)) {
+            kvp_log_warn(ACTOR, "%s: could not send the token challenge: connection closed", c->peer);
+            conn_close(c, true);
+        }
+        c = next;
+    }
+}
+
 /* Start serving a socket in this loop. Takes fd. */
 static void conn_add(struct seg_loop *l, int fd, const char *peer)
 {
@@ -856,13 +908,10 @@ static void conn_add(struct seg_loop *l, int fd, const char *peer)
         return;
     }
     if (l->srv->n_token_pks > 0) {
-        /* The challenge goes out first, at once: a fresh socket's send buffer takes it whole. */
+        /* The challenge goes out first, at once (or when the segment gets its id). */
         c->hs = calloc(1, sizeof *c->hs);
         c->st = ST_TOKEN;
-        if (c->hs)
-            kvp_dt_challenge(atomic_load_explicit(&l->srv->segment_id, memory_order_relaxed), c->hs->challenge);
-        if (!c->hs || send(fd, c->hs->challenge, KVP_DT_CHALLENGE_BYTES, MSG_DONTWAIT | MSG_NOSIGNAL) !=
-                          (ssize_t)KVP_DT_CHALLENGE_BYTES) {
+        if (!c->hs || !challenge_send(c)) {
             kvp_log_warn(ACTOR, "%s: could not send the token challenge: connection closed", peer);
             conn_close(c, true);
             return;
@@ -1054,6 +1103,9 @@ static int loop_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
         break;
     case SEG_MSG_STOP:
         l->stopping = true;
+        break;
+    case SEG_MSG_ID:
+        challenges_release(l);
         break;
     case SEG_MSG_LISTEN:
         /* Sent once every loop is spawned, so s->loops[] and s->n_loops are complete (and seen:
@@ -1248,6 +1300,10 @@ void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id)
     /* RDMA first: the old mount's QPs are fenced before the new id is served (seg_rdma.h) */
     kvp_seg_rdma_set_id(atomic_load_explicit(&s->rdma, memory_order_acquire), segment_id);
     atomic_store_explicit(&s->segment_id, segment_id, memory_order_relaxed);
+    /* After the store: a loop that held a challenge because it read 0 sees the id when this
+     * message comes (challenge_send). */
+    for (int i = 0; segment_id != 0 && i < s->n_loops; i++)
+        (void)loop_send(s, i, SEG_MSG_ID, 0, NULL, NULL);
 }
 
 struct kvp_seg_rdma *kvp_seg_server_rdma_side(struct kvp_seg_server *s)

@@ -17,6 +17,8 @@
  *  - the transfer engine (kvp_xfer_params.token_respond, two transfer actors sharing one wallet
  *    behind a mutex): a batch of READs is served; an engine without tokens gets every slice
  *    failed;
+ *  - a connection accepted before the segment has an id: its challenge waits for the id and names
+ *    it (the first put right after `cluster up` failed on a challenge naming segment 0);
  *  - key distribution: a master certificate made by keygen publishes its token key, a client or
  *    segment loading the masters' directory finds it, and tokens the master signs with the key
  *    derived from its secret certificate verify with it.
@@ -566,6 +568,140 @@ static void test_engine(void **state)
     kvp_dt_wallet_destroy(&lw.w);
 }
 
+/* The segment server's accept counter reaches n (20 s at most; nothing timed). */
+static void wait_accepted(struct kvp_seg_server *srv, uint64_t n)
+{
+    struct kvp_seg_server_stats st;
+    for (int i = 0; i < 2000; i++) {
+        kvp_seg_server_stats(srv, &st);
+        if (st.conns_accepted >= n)
+            return;
+        kvp_clock_sleep_ms(10);
+    }
+    fail_msg("the segment server accepted %lu connections, expected %lu", (unsigned long)st.conns_accepted,
+             (unsigned long)n);
+}
+
+struct engine_read {
+    struct kvp_xfer_engine *e;
+    struct kvp_xfer_slice sl;
+};
+
+static void *engine_read_run(void *arg)
+{
+    struct engine_read *r = arg;
+    (void)kvp_xfer_run(r->e, &r->sl, 1, 20000);
+    return NULL;
+}
+
+/* The unmounted server of the two tests below; stopped by their teardown, also after a failed
+ * assert (a server left running made the process abort at exit). */
+static struct {
+    struct kvp_seg_server *srv;
+    uint8_t *region;
+    struct kvp_xfer_engine *e;
+    struct locked_wallet lw;
+    int fd;
+} U = {.fd = -1};
+
+static int unmounted_setup(void **state)
+{
+    (void)state;
+    U.region = malloc(REGION);
+    if (!U.region)
+        return -1;
+    for (size_t i = 0; i < REGION; i++)
+        U.region[i] = BYTE(i);
+    return kvp_seg_server_start_auth(&U.srv, "127.0.0.1", 0, U.region, REGION,
+                                     (const uint8_t(*)[KVP_DT_PK_BYTES])T.mpk, 1) == KVP_OK
+               ? 0
+               : -1;
+}
+
+static int unmounted_teardown(void **state)
+{
+    (void)state;
+    if (U.fd >= 0)
+        close(U.fd);
+    U.fd = -1;
+    kvp_xfer_engine_destroy(&U.e);
+    kvp_dt_wallet_destroy(&U.lw.w);
+    kvp_seg_server_stop(&U.srv);
+    free(U.region);
+    U.region = NULL;
+    return 0;
+}
+
+/*
+ * A connection accepted before the segment has its id (the master committed the mount and placed
+ * a replica here; this process has not applied the mount's answer yet): the challenge waits for
+ * the id and then names it, so the client's token for that id is accepted. Before the fix the
+ * challenge went out at once naming segment 0, and the client's first transfer failed with "no data
+ * token for this segment" (a fresh-clone CI run of test_client_cluster_loss, first put after
+ * `cluster up`). The order is forced: the id is set only after the server accepted.
+ */
+static void test_unmounted_raw(void **state)
+{
+    (void)state;
+    U.fd = seg_raw_connect(kvp_seg_server_port(U.srv));
+    assert_true(U.fd >= 0);
+    guard(U.fd);
+    wait_accepted(U.srv, 1);
+    kvp_seg_server_set_id(U.srv, SEG_ID);
+    uint8_t ch[KVP_DT_CHALLENGE_BYTES], tok[KVP_DT_TOKEN_MAX], resp[KVP_DT_RESPONSE_MAX];
+    seg_raw_recv_all(U.fd, ch, sizeof ch);
+    assert_memory_equal(ch, "KVPC", 4);
+    assert_int_equal(ch[8] | ch[9] << 8 | ch[10] << 16 | (uint32_t)ch[11] << 24, SEG_ID);
+    int tl = token(SEG_ID, 60000, T.epk, T.mpk, T.msk, tok);
+    int rl = kvp_dt_respond(ch, tok, (size_t)tl, T.esk, resp, sizeof resp);
+    assert_true(rl > 0);
+    seg_raw_send_all(U.fd, resp, (size_t)rl);
+    uint8_t h[KVP_FRAME_HEADER_BYTES], buf[64];
+    seg_raw_header(h, KVP_FRAME_READ, SEG_ID, 1, 256, sizeof buf, 0);
+    seg_raw_send_all(U.fd, h, sizeof h);
+    struct kvp_frame f = seg_raw_response(U.fd);
+    assert_int_equal(f.status, KVP_OK);
+    seg_raw_recv_all(U.fd, buf, sizeof buf);
+    assert_int_equal(buf[0], BYTE(256));
+}
+
+/* The same through the transfer engine (the client's path): the READ connects while the segment
+ * has no id, the id comes after the accept, the READ is served. */
+static void test_unmounted_engine(void **state)
+{
+    (void)state;
+    U.lw = (struct locked_wallet){.mu = PTHREAD_MUTEX_INITIALIZER};
+    assert_int_equal(kvp_dt_wallet_new(&U.lw.w), KVP_OK);
+    uint8_t wpk[KVP_DT_PK_BYTES], tok[KVP_DT_TOKEN_MAX], buf[64];
+    kvp_dt_wallet_public_key(U.lw.w, wpk);
+    int tl = token(SEG_ID, 60000, wpk, T.mpk, T.msk, tok);
+    assert_int_equal(kvp_dt_wallet_put(U.lw.w, tok, (size_t)tl), KVP_OK);
+    char ep[32];
+    snprintf(ep, sizeof ep, "127.0.0.1:%u", kvp_seg_server_port(U.srv));
+    struct kvp_xfer_params xp = {.conns_per_peer = 1, .slice_bytes = 1u << 20, .connect_timeout_ms = 20000,
+                                 .io_threads = 1, .token_respond = locked_cb, .token_ctx = &U.lw};
+    assert_int_equal(kvp_xfer_engine_new(&U.e, &xp), KVP_OK);
+    struct engine_read r = {.e = U.e, .sl = {.local = buf, .length = sizeof buf, .segment_id = SEG_ID,
+                                             .endpoint = ep, .remote_offset = 512, .op = KVP_XFER_READ}};
+    memset(buf, 0, sizeof buf);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, engine_read_run, &r), 0);
+    struct kvp_seg_server_stats st;
+    bool accepted = false;
+    for (int i = 0; i < 2000 && !accepted; i++) { /* 20 s at most; nothing timed */
+        kvp_seg_server_stats(U.srv, &st);
+        accepted = st.conns_accepted >= 1;
+        if (!accepted)
+            kvp_clock_sleep_ms(10);
+    }
+    kvp_seg_server_set_id(U.srv, SEG_ID); /* also when not accepted: the thread must end */
+    pthread_join(th, NULL);
+    assert_true(accepted);
+    assert_int_equal(r.sl.status, KVP_OK);
+    for (size_t i = 0; i < sizeof buf; i++)
+        assert_int_equal(buf[i], BYTE(512 + i));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -575,6 +711,8 @@ int main(void)
         cmocka_unit_test(test_port), /* first to be refused: its log lines are not held back */
         cmocka_unit_test(test_transport),
         cmocka_unit_test(test_engine),
+        cmocka_unit_test_setup_teardown(test_unmounted_raw, unmounted_setup, unmounted_teardown),
+        cmocka_unit_test_setup_teardown(test_unmounted_engine, unmounted_setup, unmounted_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

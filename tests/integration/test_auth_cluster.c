@@ -153,7 +153,7 @@ static void assert_serving(void)
     assert_int_equal(kvp_put(c, key, "still serving", 13, NULL), KVP_OK);
     assert_int_equal(kvp_get(c, key, buf, sizeof buf, 0), 13);
     assert_memory_equal(buf, "still serving", 13);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* A Members request on a DEALER; true when any reply arrives within wait_ms. */
@@ -374,9 +374,9 @@ static void test_auth_tenants_isolated(void **state)
     uint64_t removed = 0;
     assert_int_equal(kvp_remove_all(b, true, &removed), KVP_ERR_DENIED);
     assert_int_equal(kvp_exists(a, k), 1);
-    kvp_client_close(&a);
-    kvp_client_close(&b);
-    kvp_client_close(&owner);
+    tc_close(&a);
+    tc_close(&b);
+    tc_close(&owner);
 }
 
 static void test_auth_tenant_id_disagreeing_refused(void **state)
@@ -389,7 +389,7 @@ static void test_auth_tenant_id_disagreeing_refused(void **state)
     assert_int_equal(rc, KVP_ERR_DENIED);
     c = open_client(ka, "ta", &rc);
     assert_non_null(c);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void test_auth_role_denied(void **state)
@@ -629,8 +629,8 @@ static void test_auth_quota_evicts_own_objects_only(void **state)
     }
     assert_true(seen);
     json_decref(st);
-    kvp_client_close(&q);
-    kvp_client_close(&o);
+    tc_close(&q);
+    tc_close(&o);
 }
 
 int main(void)

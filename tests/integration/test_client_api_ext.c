@@ -102,7 +102,7 @@ static void test_api_ext_sizes_alloc_get_and_replica_counts(void **state)
     assert_true(removed >= (rc == KVP_OK ? 0u : 2u));
     assert_int_equal(kvp_exists(c, "ext-a"), 0);
     assert_int_equal(kvp_remove_all(NULL, true, NULL), KVP_ERR_INVALID);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void test_api_ext_register_overlap_and_segment_names(void **state)
@@ -126,7 +126,7 @@ static void test_api_ext_register_overlap_and_segment_names(void **state)
     assert_int_equal(kvp_unregister_buffer(c, buf), KVP_ERR_NOT_FOUND);
     assert_int_equal(kvp_unregister_buffer(c, buf + 100), KVP_OK);
     assert_int_equal(kvp_client_drain(c, 0, NULL), KVP_OK); /* no embedded segment: nothing to move */
-    kvp_client_close(&c);
+    tc_close(&c);
 
     c = open_embedded(8 << 20);
     assert_int_equal(kvp_client_segment_name(c, name, sizeof name), KVP_OK);
@@ -134,7 +134,7 @@ static void test_api_ext_register_overlap_and_segment_names(void **state)
     assert_int_equal(kvp_client_segment_name(c, name, 3), KVP_ERR_BUFFER_TOO_SMALL);
     assert_int_equal(kvp_client_segment_endpoint(c, name, sizeof name), KVP_OK);
     assert_non_null(strchr(name, ':'));
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* The embedded segment drains into the cluster's segment: its objects stay readable after close. */
@@ -151,14 +151,14 @@ static void test_api_ext_drain_moves_objects_then_close(void **state)
     uint64_t left = 99;
     assert_int_equal(kvp_client_drain(c, 60000, &left), KVP_OK);
     assert_int_equal(left, 0);
-    kvp_client_close(&c);
+    tc_close(&c);
     kvp_client *r = tc_open(&CL, 10000);
     assert_non_null(r);
     uint8_t d[4096];
     assert_int_equal(kvp_get(r, "ext-drain", d, sizeof d, 0), (int64_t)sizeof d);
     assert_true(tc_check("ext-drain", d, sizeof d));
     assert_int_equal(kvp_remove(r, "ext-drain", true), KVP_OK);
-    kvp_client_close(&r);
+    tc_close(&r);
 }
 
 static void test_api_ext_no_cuda_driver_means_host_memory(void **state)

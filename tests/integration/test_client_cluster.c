@@ -82,7 +82,7 @@ static void test_client_cluster_largest_object_roundtrip(void **state)
     assert_int_equal(kvp_exists(c, "too-large"), 0);
     assert_int_equal(kvp_remove(c, "largest", true), KVP_OK);
     assert_int_equal(kvp_exists(c, "largest"), 0);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void test_client_cluster_sizes_replicas_roundtrip(void **state)
@@ -96,7 +96,7 @@ static void test_client_cluster_sizes_replicas_roundtrip(void **state)
             snprintf(key, sizeof key, "size-%zu-r%u", sizes[s], r);
             roundtrip(c, key, sizes[s], r);
         }
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* keys "<tag>-r<replicas>-<i>", lengths len + i % 5 */
@@ -116,7 +116,7 @@ static void test_client_cluster_batches_roundtrip(void **state)
         batch_roundtrip(c, 32, 4096, r, "b32");
         batch_roundtrip(c, 1024, 4096, r, "b1024");
     }
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void test_client_cluster_batch_semantics(void **state)
@@ -178,7 +178,7 @@ static void test_client_cluster_batch_semantics(void **state)
     assert_int_equal(kvp_batch_get_iov(c, 1, k3, ivs, cnt, 0, r3), KVP_OK);
     assert_int_equal(r3[0], KVP_ERR_BUFFER_TOO_SMALL);
     assert_true(tc_all_poison(guard3, sizeof guard3));
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* Two client processes race on the same keys: exactly one put per key succeeds. */
@@ -224,7 +224,7 @@ static void test_client_cluster_two_processes_race_one_stores(void **state)
         }
         if (write(to_parent[1], &ok, sizeof ok) != sizeof ok)
             _exit(1);
-        kvp_client_close(&c);
+        tc_close(&c);
         _exit(0);
     }
     kvp_client *c = open_or_fail(10000);
@@ -242,8 +242,9 @@ static void test_client_cluster_two_processes_race_one_stores(void **state)
     }
     assert_int_equal(read(to_parent[0], theirs, sizeof theirs), sizeof theirs);
     for (int i = 0; i < K; i++) {
-        assert_true((mine[i] == KVP_OK && theirs[i] == KVP_ERR_EXISTS) ||
-                    (mine[i] == KVP_ERR_EXISTS && theirs[i] == KVP_OK));
+        if (!((mine[i] == KVP_OK && theirs[i] == KVP_ERR_EXISTS) || (mine[i] == KVP_ERR_EXISTS && theirs[i] == KVP_OK)))
+            fail_msg("race-%d: this process's put %s, the other's %s (want one OK, one EXISTS)", i,
+                     kvp_errname(mine[i]), kvp_errname(theirs[i]));
         char key[32];
         snprintf(key, sizeof key, "race-%d", i);
         assert_int_equal(kvp_exists(c, key), 1);
@@ -259,7 +260,7 @@ static void test_client_cluster_two_processes_race_one_stores(void **state)
     close(to_child[1]);
     close(to_parent[0]);
     close(to_parent[1]);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* Embedded mode: a client contributing 64 MiB; its objects are readable by another client,
@@ -291,7 +292,7 @@ static void test_client_cluster_embedded_segment_roundtrip(void **state)
         assert_int_equal(kvp_get(c, key, buf, sizeof buf, 0), (int64_t)sizeof buf);
         assert_true(tc_check(key, buf, sizeof buf));
     }
-    kvp_client_close(&e);
+    tc_close(&e);
     for (int i = 0; i < N; i++) {
         char key[32];
         snprintf(key, sizeof key, "emb-%d", i);
@@ -300,7 +301,7 @@ static void test_client_cluster_embedded_segment_roundtrip(void **state)
         assert_int_equal(kvp_get(c, key, buf, sizeof buf, 0), (int64_t)sizeof buf);
         assert_true(tc_check(key, buf, sizeof buf));
     }
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 int main(void)

@@ -169,7 +169,7 @@ static void test_client_cluster_segment_killed_gets_survive_then_lost(void **sta
         assert_true(tc_check(r.keys[i], buf, LEN));
     }
     free(buf);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* The leader master is SIGKILLed: puts and gets go on (the session finds the new leader). */
@@ -232,7 +232,7 @@ static void test_client_cluster_leader_killed_calls_continue(void **state)
         assert_true(tc_check(key, buf, SZ));
     }
     free(buf);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 int main(void)

@@ -198,7 +198,7 @@ static void test_client_sizes_and_replicas_roundtrip(void **state)
     assert_int_equal(kvp_get(c, "never-put", &b, 1, 0), KVP_ERR_NOT_FOUND);
     assert_int_equal(kvp_exists(c, "never-put"), 0);
     assert_int_equal(kvp_get_size(c, "never-put"), KVP_ERR_NOT_FOUND);
-    kvp_client_close(&c);
+    tc_close(&c);
     assert_null(c);
 }
 
@@ -216,7 +216,7 @@ static void test_client_batches_roundtrip(void **state)
     batch_roundtrip(c, 32, 4096, 2, "b32");
     batch_roundtrip(c, 1024, 4096, 3, "b1024");
     batch_roundtrip(c, 1024, 1, 1, "b1024-tiny");
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void test_client_iov_scatter_gather_roundtrip(void **state)
@@ -255,7 +255,7 @@ static void test_client_iov_scatter_gather_roundtrip(void **state)
     assert_int_equal(kvp_batch_get_iov(c, 1, keys, siov, scnt, 0, gres), KVP_OK);
     assert_int_equal(gres[0], KVP_ERR_BUFFER_TOO_SMALL);
     assert_true(all_poison(b, sizeof b));
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void test_client_batch_get_duplicate_key_both_filled(void **state)
@@ -282,7 +282,7 @@ static void test_client_batch_get_duplicate_key_both_filled(void **state)
     assert_true(check("dup", b0, sizeof b0));
     assert_true(check("dup", b1, sizeof b1));
     assert_true(all_poison(b2, sizeof b2));
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void test_client_batch_put_one_existing_key_exists_only(void **state)
@@ -321,7 +321,7 @@ static void test_client_batch_put_one_existing_key_exists_only(void **state)
             assert_true(check(keys[i], buf, sizeof buf));
         }
     }
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 struct racer {
@@ -369,8 +369,8 @@ static void test_client_two_clients_race_one_stores(void **state)
         free(b1);
         free(b2);
     }
-    kvp_client_close(&c1);
-    kvp_client_close(&c2);
+    tc_close(&c1);
+    tc_close(&c2);
 }
 
 static void test_client_remove_then_not_found(void **state)
@@ -386,7 +386,7 @@ static void test_client_remove_then_not_found(void **state)
     assert_int_equal(kvp_get(c, "rm", v, sizeof v, 0), KVP_ERR_NOT_FOUND);
     assert_int_equal(kvp_remove(c, "rm", false), KVP_ERR_NOT_FOUND);
     assert_int_equal(kvp_remove(c, "", false), KVP_ERR_INVALID);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void test_client_corrupt_replica_corrupt_or_next(void **state)
@@ -414,7 +414,7 @@ static void test_client_corrupt_replica_corrupt_or_next(void **state)
     assert_int_equal(kvp_get(c, "corrupt-2", buf, sizeof buf, 0), (int64_t)sizeof buf);
     assert_true(check("corrupt-2", buf, sizeof buf));
     ((uint8_t *)S[idx[0]].base)[off[0]] ^= 0x01;
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 struct worker {
@@ -456,7 +456,7 @@ static void test_client_many_threads_one_client_ok(void **state)
         pthread_join(t[i], NULL);
         assert_int_equal(w[i].failures, 0);
     }
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void test_client_register_buffer_overlap_invalid(void **state)
@@ -472,9 +472,9 @@ static void test_client_register_buffer_overlap_invalid(void **state)
     assert_int_equal(kvp_unregister_buffer(c, region + 1), KVP_ERR_NOT_FOUND);
     assert_int_equal(kvp_unregister_buffer(c, region), KVP_OK);
     assert_int_equal(kvp_unregister_buffer(c, region), KVP_ERR_NOT_FOUND);
-    kvp_client_close(&c);
-    kvp_client_close(&c); /* NULL */
-    kvp_client_close(NULL);
+    tc_close(&c);
+    tc_close(&c); /* NULL */
+    tc_close(NULL);
 }
 
 static void test_client_bad_arguments_invalid(void **state)
@@ -525,7 +525,7 @@ static void test_client_bad_arguments_invalid(void **state)
     assert_int_equal(kvp_client_open(cfg, &none), KVP_ERR_INVALID); /* no master list */
     assert_null(none);
     kvp_config_destroy(&cfg);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* opts->replica_num above the limit: the whole call is refused (KVP_ERR_INVALID), nothing is
@@ -551,7 +551,7 @@ static void test_client_put_replica_num_over_limit_invalid(void **state)
     o.replica_num = KVP_CLIENT_MAX_REPLICAS;
     assert_int_equal(kvp_put(c, "rn-max", v, sizeof v, &o), KVP_OK);
     assert_int_equal(kvp_exists(c, "rn-max"), 1);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* A batch put larger than KVP_CLIENT_PUT_CHUNK reaches the master as PutStarts of at most that
@@ -614,7 +614,7 @@ static void test_client_large_batches_chunked(void **state)
     free(gb);
     free(gc);
     free(gr);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* iov lengths whose sum wraps around 2^64 (here to 9 bytes): KVP_ERR_INVALID for that key
@@ -642,7 +642,7 @@ static void test_client_put_iov_length_overflow_invalid(void **state)
     memset(got, POISON, sizeof got);
     assert_int_equal(kvp_get(c, "ovf-neighbour", got, sizeof got, 0), (int64_t)sizeof got);
     assert_true(check("ovf-neighbour", got, sizeof got));
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 struct closer_put {
@@ -679,12 +679,12 @@ static void test_client_close_during_put_returns(void **state)
             break;
         usleep(100);
     }
-    kvp_client_close(&c);
+    tc_close(&c);
     pthread_join(t, NULL);
     assert_true(p.rc == KVP_OK || p.rc == KVP_ERR_CLOSED);
     kvp_client *c2 = open_client(10000);
     assert_int_equal(kvp_exists(c2, "close-race"), p.rc == KVP_OK ? 1 : 0);
-    kvp_client_close(&c2);
+    tc_close(&c2);
     free(p.buf);
 }
 
@@ -774,7 +774,7 @@ static void test_client_dead_replica_failover_then_dead_only_fails_fast(void **s
     assert_true(check("after-loss", sv, sizeof sv));
     for (int i = 0; i < N; i++)
         free(bufs[i]);
-    kvp_client_close(&c);
+    tc_close(&c);
     /* closed client */
     assert_int_equal(kvp_put(NULL, "x", sv, 1, NULL), KVP_ERR_INVALID);
 }

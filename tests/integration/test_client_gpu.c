@@ -124,7 +124,7 @@ static void test_gpu_put_get_iov_from_device_memory(void **state)
     assert_int_equal(kvp_unregister_buffer(c, DEV), KVP_OK);
     assert_int_equal(kvp_client_device_stats(c, &ds), KVP_OK);
     assert_int_equal(ds.registered_bytes, 0);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* One copy fails: that key fails with KVP_ERR_DEVICE (and is not stored), the rest completes.
@@ -179,7 +179,7 @@ static void test_gpu_copy_error_fails_that_key_only(void **state)
     assert_true(kvp_test_prom_value(body, "kvpool_client_device_lanes_busy") == 0);
     assert_true(kvp_test_prom_value(body, "kvpool_client_device_bounce_bytes") > 0);
     free(body);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* A poisoned context: every device key fails with KVP_ERR_DEVICE, host keys keep working. */
@@ -211,7 +211,7 @@ static void test_gpu_poisoned_context_fails_device_keys_host_keys_work(void **st
     assert_int_equal(kvp_put(c, "gpu-p-dev2", DEV, 100, NULL), KVP_ERR_DEVICE);
     assert_int_equal(kvp_put(c, "gpu-p-host2", host, 100, NULL), KVP_OK);
     FC.reset_errors();
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* At the first host-to-device copy of a get, the network starts dropping every read: the next
@@ -269,7 +269,7 @@ static void test_gpu_timed_out_get_never_writes_device_memory_after_return(void 
     /* the client keeps working */
     assert_int_equal(kvp_get(c, "gpu-to", DEV2, n, 0), (int64_t)n);
     assert_true(tc_check("gpu-to", shadow(DEV2), n));
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 int main(void)

@@ -9,6 +9,8 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -20,7 +22,9 @@
 #include <xxhash.h>
 
 #include "actors/client/api_config.h"
+#include "actors/transfer/fault.h"
 #include "kvpool.h"
+#include "runtime/clock.h"
 
 #define TC_POISON 0xA5
 
@@ -69,8 +73,28 @@ static inline int tc_cluster_up(struct tc_cluster *c, int segments, const char *
     return rc;
 }
 
+/* The clients tc_open opened and tc_close did not close yet. A failed cmocka assert jumps out of
+ * a test past its kvp_client_close; a client still open at exit made the process abort in czmq's
+ * exit handler ('dangling PAIR socket', then zsock_set_sndtimeo: Assertion rc == 0) or hang until
+ * the ctest timeout. tc_cluster_down closes them, so a failing test fails cleanly. */
+#define TC_MAX_OPEN 16
+static inline kvp_client **tc_open_slots(void)
+{
+    static kvp_client *slots[TC_MAX_OPEN];
+    return slots;
+}
+
+/* Close every client of tc_open still open (after a failed assert skipped the test's close). */
+static inline void tc_close_all(void)
+{
+    kvp_client **slots = tc_open_slots();
+    for (int i = 0; i < TC_MAX_OPEN; i++)
+        kvp_client_close(&slots[i]);
+}
+
 static inline void tc_cluster_down(struct tc_cluster *c)
 {
+    tc_close_all(); /* before the masters go: a client's close is quick then */
     if (!c->up)
         return;
     char *argv[] = {c->ctl, "cluster", "down", "--dir", c->dir, NULL};
@@ -133,8 +157,25 @@ static inline kvp_client *tc_open(const struct tc_cluster *c, uint32_t timeout_m
         kvp_config_set(cfg, "transfer_timeout", t) != KVP_OK || kvp_client_open(cfg, &cl) != KVP_OK)
         cl = NULL;
     kvp_config_destroy(&cfg);
+    kvp_client **slots = tc_open_slots();
+    for (int i = 0; cl && i < TC_MAX_OPEN; i++)
+        if (!slots[i]) {
+            slots[i] = cl;
+            break;
+        }
     return cl;
 }
+
+/* kvp_client_close for a client of tc_open (any other client is just closed). */
+static inline void tc_close(kvp_client **cp)
+{
+    kvp_client **slots = tc_open_slots();
+    for (int i = 0; cp && *cp && i < TC_MAX_OPEN; i++)
+        if (slots[i] == *cp)
+            slots[i] = NULL;
+    kvp_client_close(cp);
+}
+
 
 static inline void tc_fill(const char *key, uint8_t *buf, size_t len)
 {
@@ -172,6 +213,53 @@ static inline bool tc_all_poison(const uint8_t *buf, size_t len)
         if (buf[i] != TC_POISON)
             return false;
     return true;
+}
+
+/*
+ * "The master answered my call" from a forked child to its parent, without a fixed sleep: a child
+ * whose transfers are held by a fault rule (LATE, DROP, ...) calls tc_ready_watch_start(fd) before
+ * its call; a thread writes one byte to fd once the rule hit a piece of this process (the master's
+ * answer came, the transfer was posted). The parent reads them with tc_ready_wait.
+ */
+static inline void *tc_ready_watch(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    struct kvp_xfer_fault_counts fc;
+    for (int i = 0; i < 60000; i++) { /* 60 s at most */
+        kvp_xfer_fault_counts(&fc);
+        if (fc.hits > 0) {
+            uint8_t one = 1;
+            (void)!write(fd, &one, 1);
+            break;
+        }
+        usleep(1000);
+    }
+    return NULL;
+}
+
+static inline void tc_ready_watch_start(int fd)
+{
+    pthread_t t;
+    if (fd >= 0 && pthread_create(&t, NULL, tc_ready_watch, (void *)(intptr_t)fd) == 0)
+        pthread_detach(t);
+}
+
+/* Read n bytes from fd (timeout_ms at most, or until every writer closed it); how many came. */
+static inline int tc_ready_wait(int fd, int n, uint32_t timeout_ms)
+{
+    int got = 0;
+    for (uint64_t t0 = kvp_clock_now_ms(); got < n && kvp_clock_now_ms() - t0 < timeout_ms;) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        uint8_t b;
+        ssize_t r = read(fd, &b, 1);
+        if (r == 0)
+            break; /* every child closed it: one failed before its call was answered */
+        if (r == 1)
+            got++;
+    }
+    return got;
 }
 
 #endif

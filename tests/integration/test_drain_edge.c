@@ -48,7 +48,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    kvp_client_close(&C);
+    tc_close(&C);
     kvp_msession_destroy(&MS);
     tc_cluster_down(&CL);
     return 0;
@@ -223,14 +223,21 @@ static void test_drain_pool_full_reports_no_room_and_ends_at_timeout(void **stat
     assert_int_equal(put_many("small", 20, 32 << 10, 1, "full"), 20);
     uint64_t t0 = kvp_clock_now_ms();
     kill(p, SIGTERM);
-    usleep(2000000);
+    /* Wait until the leader's repair pass has found no room for the big objects (a fixed 2 s
+     * sleep here assumed it had; the drain gives up 5 s after SIGTERM, so read as soon as it has). */
+    long long no_space = 0, only = 0;
+    for (uint64_t tw = kvp_clock_now_ms(); kvp_clock_now_ms() - tw < 20000 && no_space < 2;) {
+        json_t *doc = td_status(MS);
+        json_t *rep = doc ? json_object_get(doc, "repair") : NULL;
+        no_space = td_jint(rep, "no_space");
+        only = td_jint(rep, "only_on_draining");
+        json_decref(doc);
+        if (no_space < 2)
+            usleep(50000);
+    }
     /* while the drain waits for room, the objects are still served */
     int during_big = get_many("big", 2, 20u << 20);
     int during_small = get_many("small", 20, 32 << 10);
-    json_t *doc = td_status(MS);
-    json_t *rep = json_object_get(doc, "repair");
-    long long no_space = td_jint(rep, "no_space"), only = td_jint(rep, "only_on_draining");
-    json_decref(doc);
     int code = td_wait_exit(p, 30000);
     if (code == -2)
         kill(p, SIGKILL), waitpid(p, NULL, 0);

@@ -127,7 +127,7 @@ static inline void td_child_main(const struct tc_cluster *cl, struct td_shared *
             }
         }
     }
-    kvp_client_close(&c);
+    tc_close(&c);
     _exit(0);
 }
 

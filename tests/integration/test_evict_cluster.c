@@ -133,6 +133,22 @@ static void wait_no_grace(void)
     fail_msg("leader still in its election grace window");
 }
 
+/* Wait until nothing is quarantined (20 s at most): removed space comes back after fence_grace_ms
+ * at the leader's pace, which a fixed sleep does not measure on a loaded host. */
+static void wait_quarantine_empty(void)
+{
+    long long q = -1;
+    for (int i = 0; i < 200; i++) {
+        json_t *st = status();
+        q = st ? jget(st, "quarantined_bytes") : -1;
+        json_decref(st);
+        if (q == 0)
+            return;
+        sleep_ms(100);
+    }
+    fail_msg("still %lld bytes quarantined after 20 s", q);
+}
+
 /* One writer process: PINNED soft-pinned objects, then PER_CLIENT plain ones; after each put
  * reads back a random earlier key (exact bytes or NOT_FOUND). Exit code = number of failures. */
 static int writer(int id)
@@ -179,7 +195,7 @@ static int writer(int id)
     }
     free(buf);
     free(rd);
-    kvp_client_close(&c);
+    tc_close(&c);
     return bad;
 }
 
@@ -248,7 +264,7 @@ static void test_evict_all_leased_no_space_at_once_then_succeeds(void **state)
             int r = kvp_remove(c, k0, true);
             assert_true(r == KVP_OK || r == KVP_ERR_NOT_FOUND);
         }
-    sleep_ms(1000); /* quarantine (200 ms) released */
+    wait_quarantine_empty(); /* quarantine (fence grace 200 ms) released */
     enum { N = 8, BIG = 1u << 20 };
     char keys[N][32];
     const char *kp[N];
@@ -306,7 +322,7 @@ static void test_evict_all_leased_no_space_at_once_then_succeeds(void **state)
     free(b);
     free(bufs);
     free(rbufs);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* A get whose transfer is held past its lease returns LEASE_EXPIRED, never the bytes. */
@@ -323,7 +339,7 @@ static void test_evict_lease_expired_mid_transfer_returns_lease_expired(void **s
     int frc = kvp_xfer_fault_add(&r);
     if (frc == KVP_ERR_UNSUPPORTED) {
         free(b);
-        kvp_client_close(&c);
+        tc_close(&c);
         skip(); /* a build without KVP_FAULT_INJECTION */
     }
     assert_int_equal(frc, KVP_OK);
@@ -338,7 +354,7 @@ static void test_evict_lease_expired_mid_transfer_returns_lease_expired(void **s
     assert_int_equal(kvp_get(c, "slow-read", b, len, 0), (int64_t)len);
     assert_true(tc_check("slow-read", b, len));
     free(b);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* Which calls lease: GetReplicaList (every get) does, Exists and GetSize do not. A forced remove
@@ -358,7 +374,7 @@ static void test_evict_leases_granted_by_get_only_forced_remove_quarantined(void
     assert_int_equal(kvp_remove(c, "lease-a", false), KVP_OK); /* no lease from Exists/GetSize */
     assert_int_equal(kvp_get(c, "lease-b", b, len, 0), (int64_t)len);
     assert_int_equal(kvp_remove(c, "lease-b", false), KVP_ERR_LEASED);
-    sleep_ms(1000); /* lease-a's quarantine (fence grace 200 ms) is released */
+    wait_quarantine_empty(); /* lease-a's quarantine (fence grace 200 ms) is released */
     json_t *st = status();
     assert_non_null(st);
     long long q0 = jget(st, "quarantined_bytes");
@@ -386,7 +402,7 @@ static void test_evict_leases_granted_by_get_only_forced_remove_quarantined(void
     }
     assert_true(q2 < (long long)len);
     free(b);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* Kill the leader while the pool is above the watermark: the new leader evicts and releases
@@ -428,7 +444,7 @@ static void test_evict_failover_new_leader_evicts_at_once(void **state)
                 bad++;
             }
         }
-        kvp_client_close(&wc);
+        tc_close(&wc);
         _exit(bad);
     }
     int in_grace = 0, after = 0;
@@ -470,7 +486,7 @@ static void test_evict_failover_new_leader_evicts_at_once(void **state)
     assert_true(in_grace > 0);
     assert_true(after > 0);
     free(buf);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 int main(void)

@@ -121,6 +121,11 @@ static int read_exact(kvp_client *c, const char *key, uint8_t *buf)
     return 1;
 }
 
+/* The write end of the parent's pipe: each child writes one byte once the master answered its
+ * PutStart (tc_ready_watch_start), so the parent kills the old leader only after both were
+ * answered by it. Before, the parent slept 300 ms and assumed it. */
+static int g_ready_w = -1;
+
 /* Child: one put of KEY with its WRITEs late by late_ms, timeout timeout_ms. Exit 0 when the
  * result is `want` and no late WRITE landed after a timeout. */
 static int child_writer(const struct tc_cluster *cl, const char *key, unsigned late_ms, unsigned timeout_ms,
@@ -134,6 +139,7 @@ static int child_writer(const struct tc_cluster *cl, const char *key, unsigned l
     uint8_t *buf = malloc(OBJ);
     if (!c || !buf)
         return 11;
+    tc_ready_watch_start(g_ready_w);
     tc_fill(key, buf, OBJ);
     int rc = kvp_put(c, key, buf, OBJ, NULL);
     if (kvp_xfer_fault_quiesce(15000) != KVP_OK)
@@ -143,7 +149,7 @@ static int child_writer(const struct tc_cluster *cl, const char *key, unsigned l
     fprintf(stderr, "writer %s: put %s (want %s); late frames sent %llu, refused %llu, accepted %llu\n", key,
             kvp_errname(rc), kvp_errname(want), (unsigned long long)fc.late_sent,
             (unsigned long long)fc.late_refused, (unsigned long long)fc.late_accepted);
-    kvp_client_close(&c);
+    tc_close(&c);
     free(buf);
     if (rc != want)
         return 13;
@@ -181,6 +187,9 @@ static void test_onecommit_pending_intents_across_failover(void **state)
             fail_msg("put %s: %s", key, kvp_errname(rc));
     }
     fflush(stderr);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    g_ready_w = ready[1];
     pid_t wa = fork();
     assert_true(wa >= 0);
     if (wa == 0)
@@ -189,7 +198,12 @@ static void test_onecommit_pending_intents_across_failover(void **state)
     assert_true(wb >= 0);
     if (wb == 0)
         _exit(child_writer(&cl, "pend-b", 3000, 1200, KVP_ERR_TIMEOUT));
-    sleep_ms(300); /* both PutStarts answered by the old leader from its reservations */
+    close(ready[1]);
+    g_ready_w = -1;
+    /* both PutStarts answered by the old leader from its reservations */
+    int nready = tc_ready_wait(ready[0], 2, 30000);
+    close(ready[0]);
+    assert_int_equal(nready, 2);
     int dead = kill_leader(&cl);
     uint64_t t_kill = kvp_clock_now_ms();
     kvp_client *q = tc_open(&cl, 8000);
@@ -203,7 +217,7 @@ static void test_onecommit_pending_intents_across_failover(void **state)
         if (i == 0)
             fprintf(stderr, "first put after the kill: %llu ms\n", (unsigned long long)(kvp_clock_now_ms() - t_kill));
     }
-    kvp_client_close(&q);
+    tc_close(&q);
     assert_int_equal(wait_child(wa), 0);
     assert_int_equal(wait_child(wb), 0);
     /* pend-a was committed by the new leader from the placement the old one gave it. While a
@@ -228,7 +242,7 @@ static void test_onecommit_pending_intents_across_failover(void **state)
         assert_int_equal(read_exact(c, key, buf), 1);
     }
     free(buf);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 int main(void)

@@ -264,8 +264,14 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
     fprintf(stderr, "%d objects written before the kill still present, %d removed, %d written after it\n",
             present, n_removed, n_removed);
     free(buf);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
+
+/* The write end of the parent's pipe: each child writes one byte once the master answered its
+ * call (tc_ready_watch_start), so the parent kills the old leader only after all three calls were
+ * answered by it. Before, the parent slept 300 ms and assumed it; a child slow to start on a
+ * loaded host met the new leader instead. */
+static int g_ready_w = -1;
 
 /* Child: one put of KEY with its WRITEs late by late_ms, timeout timeout_ms. Exit 0 when the
  * put's result is `want` (KVP_OK or KVP_ERR_TIMEOUT) and no late WRITE landed after a timeout. */
@@ -280,6 +286,7 @@ static int child_writer(const struct tc_cluster *cl, const char *key, unsigned l
     uint8_t *buf = malloc(OBJ);
     if (!c || !buf)
         return 11;
+    tc_ready_watch_start(g_ready_w);
     tc_fill(key, buf, OBJ);
     kvp_put_opts opts = {.soft_pin = want == KVP_OK}; /* not evicted before the parent reads it */
     int rc = kvp_put(c, key, buf, OBJ, &opts);
@@ -290,7 +297,7 @@ static int child_writer(const struct tc_cluster *cl, const char *key, unsigned l
     fprintf(stderr, "writer %s: put %s (want %s); late frames sent %llu, refused %llu, accepted %llu\n", key,
             kvp_errname(rc), kvp_errname(want), (unsigned long long)fc.late_sent,
             (unsigned long long)fc.late_refused, (unsigned long long)fc.late_accepted);
-    kvp_client_close(&c);
+    tc_close(&c);
     free(buf);
     if (rc != want)
         return 13;
@@ -311,6 +318,7 @@ static int child_reader(const struct tc_cluster *cl, const char *key, unsigned l
     uint8_t *buf = malloc(OBJ);
     if (!c || !buf)
         return 11;
+    tc_ready_watch_start(g_ready_w);
     memset(buf, TC_POISON, OBJ);
     int64_t n = kvp_get(c, key, buf, OBJ, 0);
     fprintf(stderr, "reader %s: %s\n", key, n == (int64_t)OBJ ? "exact size" : kvp_errname((int)n));
@@ -320,7 +328,7 @@ static int child_reader(const struct tc_cluster *cl, const char *key, unsigned l
     else if (n == KVP_ERR_CORRUPT)
         ret = 20;
     kvp_xfer_fault_quiesce(15000);
-    kvp_client_close(&c);
+    tc_close(&c);
     free(buf);
     return ret;
 }
@@ -345,6 +353,9 @@ static void test_failover_pending_intents_old_writer_leased_reader(void **state)
     const int n_p = POOL_OBJS - 6;
     fill(c, "p", n_p, buf);
     fflush(stderr);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    g_ready_w = ready[1];
     pid_t reader = fork();
     assert_true(reader >= 0);
     if (reader == 0)
@@ -357,7 +368,12 @@ static void test_failover_pending_intents_old_writer_leased_reader(void **state)
     assert_true(wb >= 0);
     if (wb == 0)
         _exit(child_writer(&cl, "pend-b", 3000, 1200, KVP_ERR_TIMEOUT));
-    sleep_ms(300); /* the children's PutStarts and GetReplicaList are answered by the old leader */
+    close(ready[1]);
+    g_ready_w = -1;
+    /* the children's PutStarts and GetReplicaList are answered by the old leader */
+    int nready = tc_ready_wait(ready[0], 3, 30000);
+    close(ready[0]);
+    assert_int_equal(nready, 3);
     kill_leader(&cl);
     uint64_t t_kill = kvp_clock_now_ms();
     /* The new leader: force-remove the object the reader holds a lease on (its space is held
@@ -384,7 +400,7 @@ static void test_failover_pending_intents_old_writer_leased_reader(void **state)
             assert_true(rc == KVP_ERR_NO_SPACE || rc == KVP_ERR_TIMEOUT);
     }
     assert_true(put_ok[0]); /* free space: no wait for any grace */
-    kvp_client_close(&q);
+    tc_close(&q);
     int r = wait_child(reader);
     fprintf(stderr, "reader across the failover: %s\n", r == 0 ? "exact bytes" : r == 1 ? "clean error" : "BAD");
     assert_true(r == 0 || r == 1);
@@ -407,7 +423,7 @@ static void test_failover_pending_intents_old_writer_leased_reader(void **state)
     }
     fprintf(stderr, "%d of %d older objects still present (the rest evicted)\n", present, n_p - 1);
     free(buf);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 int main(void)

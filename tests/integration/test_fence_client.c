@@ -366,11 +366,20 @@ static void test_fence_close_with_calls_in_flight_no_write_after(void **state)
     struct kvp_xfer_fault_rule rule = {.action = KVP_FAULT_LATE, .transport = KVP_FAULT_TCP,
                                        .op = KVP_XFER_READ, .ms = 60000};
     assert_int_equal(kvp_xfer_fault_add(&rule), KVP_OK);
+    struct kvp_xfer_fault_counts fc0, fc;
+    kvp_xfer_fault_counts(&fc0);
     pthread_t t;
     pthread_create(&t, NULL, get_thread, &g);
     while (!atomic_load(&g.started))
         usleep(1000);
-    usleep(200 * 1000); /* the reads are on the wire, their responses held */
+    /* The reads are on the wire, their responses held: the rule hit a piece (a fixed 200 ms sleep
+     * here assumed it; a call not yet entered when close runs is no call in flight). 20 s at most. */
+    kvp_xfer_fault_counts(&fc);
+    for (int i = 0; i < 20000 && fc.hits == fc0.hits; i++) {
+        usleep(1000);
+        kvp_xfer_fault_counts(&fc);
+    }
+    assert_true(fc.hits > fc0.hits);
     kvp_client_close(&g.c);
     /* close returned: the call has returned too, with every key CLOSED */
     assert_true(atomic_load(&g.returned));

@@ -149,7 +149,7 @@ static void test_fence_peer_sigkill_mid_transfer_per_slice_errors(void **state)
     slices_for(s, d, 8, 64 * 1024, ch.endpoint);
     assert_int_equal(kvp_xfer_run(e, s, 8, 5000), KVP_OK);
     /* Freeze it so the transfer is surely in flight, then kill it. */
-    assert_int_equal(kill(ch.pid, SIGSTOP), 0);
+    assert_true(kvp_test_stop_process(ch.pid, 5000)); /* every thread stopped (proc_stop.h) */
     pid_t killer = fork();
     if (killer == 0) {
         usleep(200 * 1000);

@@ -26,10 +26,9 @@
 #include "tests/lib/proc_stop.h"
 
 static struct tc_cluster CL;
-static int g_stopped_pid = -1; /* SIGCONT in teardown, also when an assert failed */
-
 enum { N = 16, LEN = 64 << 10, TIMEOUT_MS = 3000 };
 
+static int g_stopped_pid = -1; /* SIGCONT in teardown, also when an assert failed */
 static int setup(void **state)
 {
     (void)state;
@@ -62,6 +61,7 @@ static int test_teardown(void **state)
     g_stopped_pid = -1;
     kvp_xfer_fault_clear();
     kvp_xfer_fault_release();
+    tc_close_all(); /* only when an assert jumped out of the test before its close */
     return 0;
 }
 
@@ -232,7 +232,7 @@ static void test_get_silent_peer_sigstop_next_replica_in_time(void **state)
     /* all of its threads stopped, not only the signal queued (tests/lib/proc_stop.h) */
     assert_true(kvp_test_stop_process(pid0, 5000));
     read_all(c, keys, wake_stopped);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void release_faults(void)
@@ -261,12 +261,12 @@ static void test_get_silent_peer_fault_drop_next_replica_in_time(void **state)
                                        .op = KVP_XFER_READ, .segment_id = id0};
     int rc = kvp_xfer_fault_add(&rule);
     if (rc == KVP_ERR_UNSUPPORTED) {
-        kvp_client_close(&c);
+        tc_close(&c);
         skip(); /* built without KVP_FAULT_INJECTION */
     }
     assert_int_equal(rc, KVP_OK);
     read_all(c, keys, release_faults);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 /* A key on its last replica in a round capped for the others: the capped round fences it
@@ -301,7 +301,7 @@ static void test_get_silent_peer_last_replica_capped_round_read_again(void **sta
                                        .op = KVP_XFER_READ, .segment_id = id1, .ms = 1500, .count = 1};
     int rc = kvp_xfer_fault_add(&drop);
     if (rc == KVP_ERR_UNSUPPORTED) {
-        kvp_client_close(&c);
+        tc_close(&c);
         skip();
     }
     assert_int_equal(rc, KVP_OK);
@@ -341,7 +341,7 @@ static void test_get_silent_peer_last_replica_capped_round_read_again(void **sta
         assert_true(tc_all_poison(bp[i], LEN));
         free(bp[i]);
     }
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 int main(void)

@@ -210,7 +210,7 @@ static void test_master_second_on_data_dir_in_use_exits_untouched(void **state)
     argv[n] = NULL;
     assert_true(data_dir[0]);
     /* The holder is stopped while the second one runs, so nothing else changes the dir. */
-    tm_signal(c, id, SIGSTOP);
+    assert_true(tm_stop(c, id)); /* every thread stopped before the listing (tests/lib/proc_stop.h) */
     static char before[16384], after[16384];
     dir_listing(data_dir, before, sizeof before);
     char errlog[600];

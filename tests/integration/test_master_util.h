@@ -27,6 +27,7 @@
 #include "auth/auth.h"
 #include "kvpool.h"
 #include "runtime/proc.h"
+#include "tests/lib/proc_stop.h"
 #include "wire/envelope.h"
 
 /* Not every test file uses every helper. */
@@ -208,6 +209,14 @@ static void tm_signal(struct tm_cluster *c, int id, int sig)
     tm_load(c);
     if (c->pids[id] > 0)
         kill(c->pids[id], sig);
+}
+
+/* SIGSTOP member id and return once every thread of it is stopped (kill() returns when the signal
+ * is queued: tests/lib/proc_stop.h). False if it did not stop within 10 s. */
+static bool tm_stop(struct tm_cluster *c, int id)
+{
+    tm_load(c);
+    return c->pids[id] > 0 && kvp_test_stop_process(c->pids[id], 10000);
 }
 
 /* SIGKILL member id and wait until every thread of it has exited (a pidfd; not the leader's

@@ -20,6 +20,7 @@
 
 #include "actors/transfer/transfer.h"
 #include "tests/integration/test_drain_util.h"
+#include "tests/lib/proc_stop.h"
 
 static struct tc_cluster CL;
 
@@ -148,7 +149,7 @@ static void test_repair_segment_stalled_lost_then_remounts_old_id_refused(void *
     json_decref(doc);
     assert_true(vid != 0 && endpoint[0]);
 
-    assert_int_equal(kill(victim, SIGSTOP), 0);
+    assert_true(kvp_test_stop_process(victim, 5000)); /* silent from here on (proc_stop.h) */
     uint64_t t0 = kvp_clock_now_ms(), lost_ms = 0;
     while (kvp_clock_now_ms() - t0 < 15000 && !lost_ms) {
         usleep(200000);

@@ -86,7 +86,7 @@ static void test_segment_lost_cmd_ends_a_withheld_episode(void **state)
     tc_fill("solo", buf, sizeof buf);
     kvp_put_opts o1 = {.replica_num = 1, .preferred_segment = name[0]};
     assert_int_equal(kvp_put(c, "solo", buf, sizeof buf, &o1), KVP_OK);
-    kvp_client_close(&c);
+    tc_close(&c);
 
     for (int i = 0; i < 3; i++)
         assert_int_equal(kill(pid[i], SIGKILL), 0);
@@ -119,7 +119,7 @@ static void test_segment_lost_cmd_ends_a_withheld_episode(void **state)
     assert_non_null(c);
     assert_int_equal(kvp_exists(c, "solo"), 0);
     assert_int_equal(kvp_get(c, "solo", buf, sizeof buf, 0), KVP_ERR_NOT_FOUND);
-    kvp_client_close(&c);
+    tc_close(&c);
 
     assert_int_equal(seg_lost_cmd(id[0], true), 1); /* already lost */
     assert_int_equal(seg_lost_cmd(99999, true), 1); /* unknown */

@@ -34,6 +34,7 @@
 #include <signal.h>
 
 #include "tests/integration/test_drain_util.h"
+#include "tests/lib/proc_stop.h"
 
 #define HOSTS 4
 #define TTL_MS 2000u
@@ -212,7 +213,7 @@ static void nm_child_main(const struct tc_cluster *cl, struct nm_shared *sh, int
             usleep((useconds_t)(40 - spent) * 1000);
     }
     pthread_join(put_thread, NULL);
-    kvp_client_close(&c);
+    tc_close(&c);
     _exit(0);
 }
 
@@ -656,7 +657,7 @@ static void verify_all(unsigned *n_keys, unsigned *n_lost, unsigned *n_failed, u
         }
     }
     free(buf);
-    kvp_client_close(&c);
+    tc_close(&c);
 }
 
 static void wait_keys(unsigned want)
@@ -719,10 +720,15 @@ static void phase_gaps(unsigned long *put_gap, unsigned long *get_gap)
     }
 }
 
+/* SIGSTOP waits until every thread of each master is stopped (tests/lib/proc_stop.h): the pause
+ * a scenario measures starts when they are silent, not when the signal is queued. */
 static void all_masters(int sig)
 {
     for (int i = 0; i < 3; i++)
-        kill(N.masters[i], sig);
+        if (sig == SIGSTOP)
+            assert_true(kvp_test_stop_process(N.masters[i], 10000));
+        else
+            kill(N.masters[i], sig);
 }
 
 static bool alive(pid_t *p, const char *what, int i)
@@ -1089,7 +1095,7 @@ static void sc_segment_stopped(void)
     json_t *d = status();
     uint32_t s0 = seg_id(d, 0);
     json_decref(d);
-    kill(N.segs[0], SIGSTOP);
+    assert_true(kvp_test_stop_process(N.segs[0], 10000)); /* silent from here on (proc_stop.h) */
     usleep(2 * TTL_MS * 1000);
     kill(N.segs[0], SIGCONT);
     usleep(TTL_MS * 1000);

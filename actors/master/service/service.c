@@ -646,6 +646,8 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_evict_destroy(s);
     svc_put_destroy(s);
     kvp_fence_track_fini(&s->fence);
+    for (size_t i = 0; i < sizeof s->mount_seen / sizeof s->mount_seen[0]; i++)
+        zframe_destroy(&s->mount_seen[i].identity);
     kvp_rt_destroy(&s->prober); /* the actor's fini did, unless run() never ran */
     zhashx_destroy(&s->endpoints);
     zsock_destroy(&s->router);

@@ -112,9 +112,65 @@ static void query(struct kvp_master_service *s, zframe_t *identity, const Kvp__R
 
 /* ------------------------------------------------------------------ handlers */
 
+/* How long a MountSegment call is remembered (service_state.h "mount_seen"): longer than the
+ * session's longest call. */
+#define SVC_MOUNT_SEEN_MS 60000u
+
+static struct svc_mount_seen *mount_seen_find(struct kvp_master_service *s, zframe_t *id, uint64_t call)
+{
+    uint64_t now = svc_now_ms();
+    for (size_t i = 0; id && i < sizeof s->mount_seen / sizeof s->mount_seen[0]; i++) {
+        struct svc_mount_seen *m = &s->mount_seen[i];
+        if (m->identity && m->call == call && now - m->at_ms < SVC_MOUNT_SEEN_MS && zframe_eq(m->identity, id))
+            return m;
+    }
+    return NULL;
+}
+
 static void on_mount(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
+    uint64_t call = req->req_id >> 8;
+    struct svc_mount_seen *m = mount_seen_find(s, id, call);
+    if (m && m->segment_id == 0) {
+        kvp_log_debug(s->actor, "mount %s: a resent copy of call %llu still in flight: dropped",
+                      req->mount->name ? req->mount->name : "", (unsigned long long)call);
+        return;
+    }
+    if (m) {
+        kvp_log_info(s->actor, "mount %s: a resent copy of call %llu answered before: segment %u again",
+                     req->mount->name ? req->mount->name : "", (unsigned long long)call, m->segment_id);
+        Kvp__Response resp = KVP__RESPONSE__INIT;
+        Kvp__MountSegmentResp body = KVP__MOUNT_SEGMENT_RESP__INIT;
+        body.segment_id = m->segment_id;
+        resp.body_case = KVP__RESPONSE__BODY_MOUNT;
+        resp.mount = &body;
+        svc_reply(s, id, req->req_id, &resp);
+        return;
+    }
+    if (id) {
+        struct svc_mount_seen *slot = &s->mount_seen[s->mount_seen_next++ % (sizeof s->mount_seen / sizeof s->mount_seen[0])];
+        zframe_destroy(&slot->identity);
+        slot->identity = zframe_dup(id); /* NULL on no memory: then not remembered */
+        slot->call = call;
+        slot->segment_id = 0;
+        slot->at_ms = svc_now_ms();
+    }
     mutate(s, id, req, KVP__COMMAND__BODY_MOUNT, req->mount);
+}
+
+/* The result of a MountSegment call: remembered when OK, forgotten otherwise (a resent copy
+ * is then a new try). */
+static void mount_seen_result(struct kvp_master_service *s, const struct svc_pending *p, int status, uint32_t seg)
+{
+    struct svc_mount_seen *m = mount_seen_find(s, p->identity, p->req_id >> 8);
+    if (!m)
+        return;
+    if (status == KVP_OK && seg) {
+        m->segment_id = seg;
+        m->at_ms = svc_now_ms();
+    } else {
+        zframe_destroy(&m->identity);
+    }
 }
 
 static void on_unmount(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
@@ -766,6 +822,10 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
         on_internal_result(s, p, status, resp);
         return;
     }
+    if (p->body_case == KVP__REQUEST__BODY_MOUNT) /* before the deadline check: a resent copy
+                                                   * of a call answered too late gets this id */
+        mount_seen_result(s, p, status == KVP_OK && resp ? resp->status : status,
+                          status == KVP_OK && resp && resp->mount ? resp->mount->segment_id : 0);
     if (p->hides) {
         for (size_t i = 0; i < p->n_remove && i < p->n_keys; i++)
             if (p->remove_status[i] == 1)

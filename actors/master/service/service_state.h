@@ -237,6 +237,22 @@ struct kvp_master_service {
     /* RDMA segments' FenceWriter/Fenced (service_fence.c, fence_track.h). */
     struct kvp_fence_track fence;
     uint64_t fence_logged_ms;              /* wall ms of the last "release held" WARN */
+
+    /* MountSegment calls taken by this master, by caller (ROUTER identity) and call (req_id >> 8:
+     * the session's attempts of one call differ in the low 8 bits). The session resends a call
+     * whose attempt timed out, and each copy of a mount committed a new segment id ("remounted,
+     * the old one is lost"): the segment kept the id of the answer it got while the masters
+     * placed replicas under a later one, and a client's first put there failed ("no data token
+     * for this segment"), then the segment's heartbeat found its id lost and it remounted again.
+     * A copy of a call still in flight is dropped (the first copy's answer completes the call);
+     * a copy of one answered OK gets the same segment id again. service_rpc.c. */
+    struct svc_mount_seen {
+        zframe_t *identity; /* NULL = free slot */
+        uint64_t call;      /* req_id >> 8 */
+        uint32_t segment_id; /* 0 while in flight */
+        uint64_t at_ms;
+    } mount_seen[16];
+    unsigned mount_seen_next;
 };
 
 /* ------------------------------------------------------------------ shared helpers */
