@@ -14,8 +14,17 @@
  *    leader hands out space; the old term's reserved space is not reused before its horizon.
  * Objects put before the kill (committed) and after it (the new leader's own reservations) all
  * read back exactly (C1, C3).
+ *
+ * The committed feature level (RaiseLevelCmd, actors/master/fsm/version.h): the new leader keeps
+ * the one-commit put while the killed master is still down (it logs "one-commit put on" for its
+ * own term before the dead master is restarted, and its status shows level 4 committed).
+ *
+ * Before the kill: a Remove of a key whose put is only in the leader's memory (placed from a
+ * reservation, its WRITEs late, no commit yet) answers BUSY, as for a pending put of the
+ * PutStart/PutEnd path; once that put has completed, the Remove succeeds.
  */
 #include <errno.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,9 +34,11 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "actors/master/fsm/version.h"
 #include "actors/transfer/fault.h"
 #include "actors/transfer/transfer.h"
 #include "runtime/clock.h"
@@ -122,9 +133,11 @@ static int read_exact(kvp_client *c, const char *key, uint8_t *buf)
 }
 
 /* Child: one put of KEY with its WRITEs late by late_ms, timeout timeout_ms. Exit 0 when the
- * result is `want` and no late WRITE landed after a timeout. */
+ * result is `want` and no late WRITE landed after a timeout. One byte goes to ready_fd once its
+ * client is open (just before the put), so that the parent's wait covers the put, not the connect
+ * (which takes long on a loaded machine). */
 static int child_writer(const struct tc_cluster *cl, const char *key, unsigned late_ms, unsigned timeout_ms,
-                        int want)
+                        int want, int ready_fd)
 {
     struct kvp_xfer_fault_rule rule = {.action = KVP_FAULT_LATE, .transport = KVP_FAULT_TCP,
                                        .op = KVP_XFER_WRITE, .ms = late_ms};
@@ -135,6 +148,10 @@ static int child_writer(const struct tc_cluster *cl, const char *key, unsigned l
     if (!c || !buf)
         return 11;
     tc_fill(key, buf, OBJ);
+    char one = 1;
+    if (write(ready_fd, &one, 1) != 1)
+        return 15;
+    close(ready_fd);
     int rc = kvp_put(c, key, buf, OBJ, NULL);
     if (kvp_xfer_fault_quiesce(15000) != KVP_OK)
         return 12;
@@ -150,6 +167,18 @@ static int child_writer(const struct tc_cluster *cl, const char *key, unsigned l
     if (want != KVP_OK && fc.late_accepted != 0)
         return 14;
     return 0;
+}
+
+/* Wait until n children have opened their clients (one byte each on the pipe), at most 20 s. */
+static void wait_ready(int fd, int n)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    for (int got = 0; got < n;) {
+        assert_true(poll(&pfd, 1, 20000) == 1);
+        char b;
+        assert_int_equal(read(fd, &b, 1), 1);
+        got++;
+    }
 }
 
 static int wait_child(pid_t pid)
@@ -180,16 +209,40 @@ static void test_onecommit_pending_intents_across_failover(void **state)
         if (rc != KVP_OK)
             fail_msg("put %s: %s", key, kvp_errname(rc));
     }
+    /* Remove of a put in flight in the leader's memory: BUSY, then OK once it is committed. */
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    fflush(stderr);
+    pid_t wc = fork();
+    assert_true(wc >= 0);
+    if (wc == 0)
+        _exit(child_writer(&cl, "pend-c", 1500, 8000, KVP_OK, ready[1]));
+    wait_ready(ready[0], 1);
+    sleep_ms(400); /* its PutStart answered from a reservation; its WRITEs still on their way */
+    int rrc = kvp_remove(c, "pend-c", false);
+    if (rrc != KVP_ERR_BUSY)
+        fail_msg("remove of a put in flight: %s, want BUSY", kvp_errname(rrc));
+    rrc = kvp_remove(c, "pend-c", true); /* force changes nothing: the put is not an object yet */
+    if (rrc != KVP_ERR_BUSY)
+        fail_msg("forced remove of a put in flight: %s, want BUSY", kvp_errname(rrc));
+    assert_int_equal(wait_child(wc), 0);
+    assert_int_equal(read_exact(c, "pend-c", buf), 1);
+    assert_int_equal(kvp_remove(c, "pend-c", true), KVP_OK);
+    assert_int_equal(read_exact(c, "pend-c", buf), 0);
     fflush(stderr);
     pid_t wa = fork();
     assert_true(wa >= 0);
     if (wa == 0)
-        _exit(child_writer(&cl, "pend-a", 700, 6000, KVP_OK));
+        _exit(child_writer(&cl, "pend-a", 700, 6000, KVP_OK, ready[1]));
     pid_t wb = fork();
     assert_true(wb >= 0);
     if (wb == 0)
-        _exit(child_writer(&cl, "pend-b", 3000, 1200, KVP_ERR_TIMEOUT));
+        _exit(child_writer(&cl, "pend-b", 3000, 1200, KVP_ERR_TIMEOUT, ready[1]));
+    wait_ready(ready[0], 2);
+    close(ready[0]);
+    close(ready[1]);
     sleep_ms(300); /* both PutStarts answered by the old leader from its reservations */
+    int on_before = log_count(&cl, "one-commit put on");
     int dead = kill_leader(&cl);
     uint64_t t_kill = kvp_clock_now_ms();
     kvp_client *q = tc_open(&cl, 8000);
@@ -206,17 +259,32 @@ static void test_onecommit_pending_intents_across_failover(void **state)
     kvp_client_close(&q);
     assert_int_equal(wait_child(wa), 0);
     assert_int_equal(wait_child(wb), 0);
-    /* pend-a was committed by the new leader from the placement the old one gave it. While a
-     * member is down the cluster's level reads 1 (version.h) and puts take the PutStart/PutEnd
-     * path; with the killed master back, the new leader makes its own reservations. */
+    /* pend-a was committed by the new leader from the placement the old one gave it. */
     assert_true(log_count(&cl, "placed by an older leader") >= 1);
+    /* The killed master is still down: the new leader keeps the committed level (4) and makes
+     * its own term's reservations (the one-commit put goes on across the failover). */
+    for (int i = 0; i < 100 && log_count(&cl, "one-commit put on") <= on_before; i++)
+        sleep_ms(100);
+    if (log_count(&cl, "one-commit put on") <= on_before)
+        fail_msg("the new leader did not turn the one-commit put on with member %d down", dead);
+    json_t *st = status(&cl);
+    assert_non_null(st);
+    json_t *fl = json_object_get(st, "feature_level");
+    int cluster_level = (int)json_integer_value(json_object_get(fl, "cluster"));
+    int committed = (int)json_integer_value(json_object_get(fl, "committed"));
+    fprintf(stderr, "member %d down: feature level %d, committed %d\n", dead, cluster_level, committed);
+    json_decref(st);
+    assert_int_equal(committed, KVP_FEATURE_LEVEL);
+    assert_int_equal(cluster_level, KVP_FEATURE_LEVEL);
+    /* A put now is placed from the new leader's reservations and reads back exactly. */
+    snprintf(key, sizeof key, "after-down");
+    tc_fill(key, buf, OBJ);
+    assert_int_equal(kvp_put(c, key, buf, OBJ, NULL), KVP_OK);
+    assert_int_equal(read_exact(c, key, buf), 1);
     char id[16];
     snprintf(id, sizeof id, "%d", dead);
     char *argv[] = {cl.ctl, "cluster", "restart", "--dir", cl.dir, id, NULL};
     assert_int_equal(tc_run(argv), 0);
-    for (int i = 0; i < 100 && log_count(&cl, "one-commit put on") < 2; i++)
-        sleep_ms(100);
-    assert_true(log_count(&cl, "one-commit put on") >= 2);
     assert_int_equal(read_exact(c, "pend-a", buf), 1);
     assert_int_equal(read_exact(c, "pend-b", buf), 0);
     for (int i = 0; i < N_BEFORE; i++) {

@@ -105,6 +105,13 @@ void kvp_master_fsm_snap_abort_bytes(void *fsm);
  */
 uint64_t kvp_master_fsm_repair_epoch(const struct kvp_master_fsm *fsm);
 
+/**
+ * The cluster's committed feature level (RaiseLevelCmd; actors/master/fsm/version.h): the
+ * highest level a leader committed after every member reported it, never lowered; 0 = none
+ * committed. Read under kvp_raftlog_read_begin like every other FSM read.
+ */
+uint32_t kvp_master_fsm_feature_level(const struct kvp_master_fsm *fsm);
+
 /** Totals for status and eviction (bytes). */
 struct kvp_master_fsm_stats {
     uint64_t segments, objects, pending_puts;
