@@ -143,6 +143,8 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm);
  * segment_addr: an ACTIVE segment's host, endpoint and owner pid (pointers valid until the next
  * applied command); false when it is not ACTIVE or unknown. */
 bool kvp_master_fsm_key_present(const struct kvp_master_fsm *fsm, const char *key);
+/* segment_id: the id of the ACTIVE segment named `name`; 0 when none. */
+uint32_t kvp_master_fsm_segment_id(const struct kvp_master_fsm *fsm, const char *name);
 bool kvp_master_fsm_segment_addr(const struct kvp_master_fsm *fsm, uint32_t id, const char **host,
                                  const char **endpoint, uint64_t *owner_pid);
 /* An ACTIVE segment's size and largest free extent (bytes); false when not ACTIVE or unknown. */
