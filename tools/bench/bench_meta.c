@@ -2,7 +2,9 @@
  * bench_meta.c — `kvpool-bench meta`: metadata throughput of the master quorum, measured with
  * raw master sessions (actors/session/msession.h), no data plane:
  *  - mounts a fake segment ("bench-meta-<pid>", never contacted: no bytes are ever written) and
- *    heartbeats it; every put is placed on it (preferred_segment, replica_num 1);
+ *    heartbeats it; every put is placed on it (preferred_segment, replica_num 1), with the ttl
+ *    kvp_put asks (the call's timeout + 2 s), so a leader answers it from its reservations
+ *    (one-commit put) as it answers a client's put;
  *  - PutStart+PutEnd pairs/s and GetReplicaList/s at each --callers level for --seconds;
  *  - --objects N: store N objects in batches of 1000 and print the leader's RSS per object;
  *  - --failover-kills K: SIGKILL the leader (pid from `kvpoolctl leader --json`), time until the
