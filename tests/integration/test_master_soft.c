@@ -188,6 +188,56 @@ static void test_master_bad_members_exit_2(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* One-commit put with a preferred segment (docs/master.md "One-commit put"): the first replica
+ * is on the preferred segment whichever path answers; once the leader holds a reservation on it,
+ * the PutStart is answered from memory (PutStartResult.term != 0) and its PutEnd commits. */
+static void preferred_put_on_fast_path(struct tm_cluster *c)
+{
+    bool fast = false;
+    for (int i = 0; i < 60 && !fast; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "pref-%d", i);
+        Kvp__Request req = KVP__REQUEST__INIT;
+        Kvp__PutStartReq ps = KVP__PUT_START_REQ__INIT;
+        Kvp__PutStartItem it = KVP__PUT_START_ITEM__INIT, *items[1] = {&it};
+        it.key = key;
+        it.size = 4096;
+        it.replica_num = 1;
+        it.op_id = 5000 + (uint64_t)i;
+        it.preferred_segment = "fake-seg";
+        ps.items = items;
+        ps.n_items = 1;
+        ps.ttl_ms = 5000;
+        req.body_case = KVP__REQUEST__BODY_PUT_START;
+        req.put_start = &ps;
+        Kvp__Response *resp = NULL;
+        assert_int_equal(kvp_msession_call(c->ms, &req, 5000, &resp), KVP_OK);
+        assert_int_equal(resp->status, KVP_OK);
+        Kvp__PutStartResult *r = resp->put_start->results[0];
+        assert_int_equal(r->status, KVP_OK);
+        assert_true(r->n_replicas == 1);
+        assert_int_equal(r->replicas[0]->segment_id, c->segment_id); /* the preferred one */
+        fast = r->term != 0;
+        Kvp__Request ereq = KVP__REQUEST__INIT;
+        Kvp__PutEndReq pe = KVP__PUT_END_REQ__INIT;
+        Kvp__PutEndItem e = KVP__PUT_END_ITEM__INIT, *eitems[1] = {&e};
+        e.key = key;
+        e.op_id = it.op_id;
+        pe.items = eitems;
+        pe.n_items = 1;
+        ereq.body_case = KVP__REQUEST__BODY_PUT_END;
+        ereq.put_end = &pe;
+        kvp_msession_response_free(resp);
+        resp = NULL;
+        assert_int_equal(kvp_msession_call(c->ms, &ereq, 5000, &resp), KVP_OK);
+        assert_int_equal(resp->put_end->status[0], KVP_OK);
+        kvp_msession_response_free(resp);
+        if (!fast)
+            usleep(100000); /* the leader's next tick reserves on it */
+    }
+    assert_true(fast);
+}
+
 static void test_master_soft_state_leases_revoke_liveness(void **state)
 {
     struct tm_cluster *c = *state;
@@ -226,6 +276,8 @@ static void test_master_soft_state_leases_revoke_liveness(void **state)
     kvp_msession_response_free(resp);
     assert_int_equal(heartbeat_id(c, silent), KVP_OK);
     assert_int_equal(heartbeat_id(c, 999999), KVP_ERR_NOT_FOUND);
+
+    preferred_put_on_fast_path(c);
 
     /* A pending put with a 300 ms deadline that never ends. */
     Kvp__Request ps_req = KVP__REQUEST__INIT;

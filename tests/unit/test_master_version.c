@@ -39,6 +39,88 @@ static void test_cluster_level(void **state)
     assert_int_equal(kvp_feature_reported(2), 2);
 }
 
+/* The committed level (RaiseLevelCmd): a member down does not lower it, a member heard at a
+ * lower level (downgraded in place) does; it is raised only when every member reported it. */
+static void test_effective_level(void **state)
+{
+    (void)state;
+    uint64_t now = 100000;
+    struct kvp_feature_peer p[2] = {{4, now - 10}, {4, now - 900}};
+    /* Nothing committed: as kvp_feature_cluster_level. */
+    assert_int_equal(kvp_feature_effective_level(4, p, 2, now, 0), 4);
+    p[1].heard_ms = 0; /* member 2 down */
+    assert_int_equal(kvp_feature_effective_level(4, p, 2, now, 0), 1);
+    assert_int_equal(kvp_feature_effective_level(4, p, 2, now, 1), 1);
+    /* Committed 4: a member down (or a new leader that heard nobody yet) keeps it. */
+    assert_int_equal(kvp_feature_effective_level(4, p, 2, now, 4), 4);
+    p[0].heard_ms = 0;
+    assert_int_equal(kvp_feature_effective_level(4, p, 2, now, 4), 4);
+    p[1].heard_ms = now - KVP_FEATURE_FRESH_MS; /* stale: as not heard */
+    assert_int_equal(kvp_feature_effective_level(4, p, 2, now, 4), 4);
+    /* Never above this master's own level, nor above the committed one. */
+    assert_int_equal(kvp_feature_effective_level(3, p, 2, now, 4), 3);
+    p[0] = (struct kvp_feature_peer){5, now - 10};
+    p[1] = (struct kvp_feature_peer){5, now - 10};
+    assert_int_equal(kvp_feature_effective_level(5, p, 2, now, 4), 5); /* everyone heard at 5 */
+    p[1].heard_ms = 0;
+    assert_int_equal(kvp_feature_effective_level(5, p, 2, now, 4), 4); /* one down: committed 4 */
+    /* A member heard at a lower level (a downgrade in place) lowers it to what it reports. */
+    p[0] = (struct kvp_feature_peer){1, now - 10};
+    assert_int_equal(kvp_feature_effective_level(4, p, 2, now, 4), 1);
+    p[0].level = 3;
+    assert_int_equal(kvp_feature_effective_level(4, p, 2, now, 4), 3);
+    /* Raised only to a level every member reported, and only from level 4 (the command's). */
+    assert_false(kvp_feature_should_raise(3, 0));
+    assert_false(kvp_feature_should_raise(1, 0));
+    assert_true(kvp_feature_should_raise(4, 0));
+    assert_true(kvp_feature_should_raise(5, 4));
+    assert_false(kvp_feature_should_raise(4, 4));
+    assert_false(kvp_feature_should_raise(4, 5)); /* never lowered */
+}
+
+/* RaiseLevelCmd on the FSM: monotonic, in the snapshot, stamped 4 so that a level-3 member
+ * refuses it (KVP_ERR_VERSION) instead of ignoring it. */
+static void test_raise_level_cmd(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(1000, 5000);
+    uint32_t sid = 0;
+    assert_int_equal(tf_mount(f, "s1", "h1", 4 * MB, 1, &sid), KVP_OK);
+    size_t l0 = 0;
+    uint8_t *plain = tf_snapshot(f, &l0);
+    assert_int_equal(kvp_master_fsm_feature_level(f), 0);
+    Kvp__RaiseLevelCmd body = KVP__RAISE_LEVEL_CMD__INIT;
+    Kvp__Command c = KVP__COMMAND__INIT;
+    c.body_case = KVP__COMMAND__BODY_RAISE_LEVEL;
+    c.raise_level = &body;
+    body.level = 4;
+    assert_int_equal(kvp_feature_command_needs(&c), KVP_FEATURE_COMMITTED);
+    kvp_feature_prepare_command(&c, 1); /* stamped whatever level it is logged at */
+    assert_int_equal(c.feature_level, KVP_FEATURE_COMMITTED);
+    assert_int_equal(tf_apply_status(f, &c), KVP_OK);
+    assert_int_equal(kvp_master_fsm_feature_level(f), 4);
+    body.level = 3; /* never lowered */
+    assert_int_equal(tf_apply_status(f, &c), KVP_OK);
+    assert_int_equal(kvp_master_fsm_feature_level(f), 4);
+    body.level = 0;
+    assert_int_equal(tf_apply_status(f, &c), KVP_ERR_INVALID);
+    assert_int_equal(kvp_master_fsm_feature_level(f), 4);
+    /* In the snapshot: a restored member knows it. */
+    size_t l1 = 0;
+    uint8_t *snap = tf_snapshot(f, &l1);
+    assert_true(l1 > l0);
+    struct kvp_master_fsm *g = tf_new(1000, 5000);
+    assert_int_equal(kvp_master_fsm_restore(g, snap, l1), KVP_OK);
+    assert_int_equal(kvp_master_fsm_feature_level(g), 4);
+    /* A snapshot without it restores to 0 (and over a state that had one). */
+    assert_int_equal(kvp_master_fsm_restore(g, plain, l0), KVP_OK);
+    assert_int_equal(kvp_master_fsm_feature_level(g), 0);
+    free(plain);
+    free(snap);
+    kvp_master_fsm_destroy(&g);
+    kvp_master_fsm_destroy(&f);
+}
+
 static void test_gate_and_needs(void **state)
 {
     (void)state;
@@ -213,6 +295,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cluster_level),
+        cmocka_unit_test(test_effective_level),
+        cmocka_unit_test(test_raise_level_cmd),
         cmocka_unit_test(test_gate_and_needs),
         cmocka_unit_test(test_mixed_members_place_alike),
         cmocka_unit_test(test_level2_keeps_avoid),

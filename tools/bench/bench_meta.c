@@ -2,7 +2,9 @@
  * bench_meta.c — `kvpool-bench meta`: metadata throughput of the master quorum, measured with
  * raw master sessions (actors/session/msession.h), no data plane:
  *  - mounts a fake segment ("bench-meta-<pid>", never contacted: no bytes are ever written) and
- *    heartbeats it; every put is placed on it (preferred_segment, replica_num 1);
+ *    heartbeats it; every put is placed on it (preferred_segment, replica_num 1), with the ttl
+ *    kvp_put asks (the call's timeout + 2 s), so a leader answers it from its reservations
+ *    (one-commit put) as it answers a client's put;
  *  - PutStart+PutEnd pairs/s and GetReplicaList/s at each --callers level for --seconds;
  *  - --objects N: store N objects in batches of 1000 and print the leader's RSS per object;
  *  - --failover-kills K: SIGKILL the leader (pid from `kvpoolctl leader --json`), time until the
@@ -54,6 +56,8 @@ static int call(struct kvp_msession *s, Kvp__Request *req, uint32_t timeout_ms, 
 
 
 /* n keys in one PutStart and one PutEnd. Returns 0 when every item succeeded. */
+#define META_PUT_TTL_MARGIN_MS 2000u /* KVP_CLIENT_PUT_TTL_MARGIN_MS */
+
 static int put_pairs(struct meta *m, struct kvp_msession *s, char **keys, size_t n, uint32_t timeout_ms)
 {
     Kvp__PutStartItem *items = calloc(n, sizeof *items);
@@ -82,6 +86,11 @@ static int put_pairs(struct meta *m, struct kvp_msession *s, char **keys, size_t
     Kvp__PutStartReq ps = KVP__PUT_START_REQ__INIT;
     ps.n_items = n;
     ps.items = ip;
+    /* The put's ttl as kvp_put asks it (actors/client/batch_put.c: the call's time left plus a
+     * margin), not the master's default (put_ttl_ms, 30 s): a leader answers a PutStart from its
+     * reservations only for a ttl up to 15 s (docs/master.md "One-commit put"), so without this
+     * the pairs measured a path no client's put takes. */
+    ps.ttl_ms = (uint64_t)timeout_ms + META_PUT_TTL_MARGIN_MS;
     Kvp__Request req = KVP__REQUEST__INIT;
     req.body_case = KVP__REQUEST__BODY_PUT_START;
     req.put_start = &ps;

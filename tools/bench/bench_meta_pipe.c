@@ -89,6 +89,9 @@ static int issue(struct meta *m, void *z, unsigned ci, struct pcaller *c, int wh
         }
         ps.n_items = b;
         ps.items = itp;
+        /* The ttl kvp_put asks (its time left + 2 s margin, actors/client/batch_put.c), not the
+         * master's 30 s default: see put_pairs in bench_meta.c. */
+        ps.ttl_ms = req.timeout_ms + 2000u;
         req.body_case = KVP__REQUEST__BODY_PUT_START;
         req.put_start = &ps;
         c->phase = 1;

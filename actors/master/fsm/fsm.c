@@ -329,6 +329,7 @@ void kvp_fsm_state_clear(struct kvp_master_fsm *f)
     f->segs = NULL;
     f->n_segs_ids = f->segs_cap = 0;
     f->pinned_bytes = 0;
+    f->feature_level = 0;
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -349,6 +350,11 @@ int kvp_master_fsm_new(struct kvp_master_fsm **out, const struct kvp_master_fsm_
 uint64_t kvp_master_fsm_repair_epoch(const struct kvp_master_fsm *fsm)
 {
     return fsm ? fsm->repair_epoch : 0;
+}
+
+uint32_t kvp_master_fsm_feature_level(const struct kvp_master_fsm *fsm)
+{
+    return fsm ? fsm->feature_level : 0;
 }
 
 void kvp_master_fsm_destroy(struct kvp_master_fsm **fsm)

@@ -105,6 +105,13 @@ void kvp_master_fsm_snap_abort_bytes(void *fsm);
  */
 uint64_t kvp_master_fsm_repair_epoch(const struct kvp_master_fsm *fsm);
 
+/**
+ * The cluster's committed feature level (RaiseLevelCmd; actors/master/fsm/version.h): the
+ * highest level a leader committed after every member reported it, never lowered; 0 = none
+ * committed. Read under kvp_raftlog_read_begin like every other FSM read.
+ */
+uint32_t kvp_master_fsm_feature_level(const struct kvp_master_fsm *fsm);
+
 /** Totals for status and eviction (bytes). */
 struct kvp_master_fsm_stats {
     uint64_t segments, objects, pending_puts;
@@ -136,6 +143,8 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm);
  * segment_addr: an ACTIVE segment's host, endpoint and owner pid (pointers valid until the next
  * applied command); false when it is not ACTIVE or unknown. */
 bool kvp_master_fsm_key_present(const struct kvp_master_fsm *fsm, const char *key);
+/* segment_id: the id of the ACTIVE segment named `name`; 0 when none. */
+uint32_t kvp_master_fsm_segment_id(const struct kvp_master_fsm *fsm, const char *name);
 bool kvp_master_fsm_segment_addr(const struct kvp_master_fsm *fsm, uint32_t id, const char **host,
                                  const char **endpoint, uint64_t *owner_pid);
 /* An ACTIVE segment's size and largest free extent (bytes); false when not ACTIVE or unknown. */

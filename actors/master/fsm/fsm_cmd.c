@@ -646,6 +646,7 @@ int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
     case KVP__COMMAND__BODY_QUARANTINE_RELEASE:
     case KVP__COMMAND__BODY_RESERVE:
     case KVP__COMMAND__BODY_PUT_COMMIT:
+    case KVP__COMMAND__BODY_RAISE_LEVEL:
         break;
     default:
         f->repair_epoch++;
@@ -688,6 +689,8 @@ int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
         return kvp_fsm_reserve(f, c, r);
     case KVP__COMMAND__BODY_PUT_COMMIT:
         return kvp_fsm_put_commit(f, c, r);
+    case KVP__COMMAND__BODY_RAISE_LEVEL:
+        return kvp_fsm_raise_level(f, c, r);
     default:
         kvp_log_warn(KVP_FSM_ACTOR, "apply: unknown command body %d: ignored", (int)c->body_case);
         return KVP_ERR_INVALID;

@@ -106,6 +106,9 @@ struct kvp_master_fsm {
     struct kvp_fsm_obj **pending;
     uint64_t n_pending, pending_cap;
     uint64_t pinned_bytes; /* sizes of complete soft-pinned objects */
+    /* The cluster's committed feature level (RaiseLevelCmd, fsm_reserve.c): the highest level
+     * ever committed, never lowered; 0 = none committed. In snapshots (field 5). */
+    uint32_t feature_level;
     /* Bumped by every applied command that can create repair work (kvp_master_fsm_repair_epoch);
      * not part of the state proper: not in snapshots, bumped by restore. */
     uint64_t repair_epoch;
@@ -184,6 +187,7 @@ int kvp_fsm_repair_scan(const struct kvp_master_fsm *f, const Kvp__RepairScanReq
 /* fsm_reserve.c (feature level 3): ReserveCmd, PutCommitCmd, the retire run by RevokeExpired. */
 int kvp_fsm_reserve(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
 int kvp_fsm_put_commit(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+int kvp_fsm_raise_level(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
 /* Retire every reservation whose horizon_ms <= now_ms; returns how many. */
 uint64_t kvp_fsm_resv_retire(struct kvp_master_fsm *f, uint64_t now_ms);
 /* Forget every reservation of s (segment lost or unmounted: its space goes with it). */

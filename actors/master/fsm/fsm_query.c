@@ -299,6 +299,12 @@ bool kvp_master_fsm_segment_space(const struct kvp_master_fsm *f, uint32_t id, u
     return true;
 }
 
+uint32_t kvp_master_fsm_segment_id(const struct kvp_master_fsm *f, const char *name)
+{
+    const struct kvp_fsm_seg *s = name && name[0] ? kvp_fsm_seg_by_name(f, name) : NULL;
+    return s && s->state == KVP__SEGMENT_STATE__SEGMENT_ACTIVE ? s->id : 0;
+}
+
 bool kvp_master_fsm_segment_addr(const struct kvp_master_fsm *f, uint32_t id, const char **host,
                                  const char **endpoint, uint64_t *owner_pid)
 {

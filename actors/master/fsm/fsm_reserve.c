@@ -266,3 +266,23 @@ uint64_t kvp_fsm_resv_retire(struct kvp_master_fsm *f, uint64_t now_ms)
     }
     return n;
 }
+
+/* RaiseLevelCmd (feature level 4, version.h): the committed level only goes up. A level above
+ * this binary's is kept as committed too (a leader logs it only once every member reported it,
+ * this one included, so it cannot happen short of a bug; the leader's effective level is capped
+ * at its own anyway). Answered with an empty body. */
+int kvp_fsm_raise_level(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    uint32_t level = c->raise_level->level;
+    if (level < 2) {
+        kvp_log_warn(KVP_FSM_ACTOR, "RaiseLevel: level %u is not a raise: refused", (unsigned)level);
+        r->status = KVP_ERR_INVALID;
+        return KVP_OK;
+    }
+    if (level > f->feature_level) {
+        kvp_log_info(KVP_FSM_ACTOR, "cluster feature level %u committed (was %u)", (unsigned)level,
+                     (unsigned)f->feature_level);
+        f->feature_level = level;
+    }
+    return KVP_OK;
+}

@@ -26,7 +26,7 @@ typedef struct kvp_master_fsm fsm_t;
 _Static_assert(sizeof(struct kvp_fsm_range) == 2 * sizeof(uint64_t), "SnapReservation.used is read as ranges");
 #define SNAP_MAX_SEGMENT_IDS (1u << 24)
 
-enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_CHECKSUM = 15 };
+enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_FEATURE_LEVEL = 5, F_CHECKSUM = 15 };
 
 /* ------------------------------------------------------------------ output buffer */
 
@@ -241,6 +241,12 @@ static void put_prefix(struct obuf *o, const fsm_t *f)
     if (f->n_segs_ids) {
         put_varint(o, F_LAST_SEG << 3);
         put_varint(o, f->n_segs_ids);
+    }
+    /* The committed feature level (RaiseLevelCmd): only once one is committed, so that a state
+     * without one packs to the bytes it always did. An older reader skips the unknown field. */
+    if (f->feature_level) {
+        put_varint(o, F_FEATURE_LEVEL << 3);
+        put_varint(o, f->feature_level);
     }
     for (uint32_t i = 0; i < f->n_segs_ids; i++)
         if (f->segs[i])
@@ -629,6 +635,10 @@ static int restore_parse(struct rctx *c, const uint8_t *buf, size_t len)
                         return KVP_ERR_NOMEM;
                 }
                 t->n_segs_ids = t->segs_cap = (uint32_t)v;
+            } else if (field == F_FEATURE_LEVEL) {
+                if (v > UINT32_MAX)
+                    return KVP_ERR_MALFORMED;
+                t->feature_level = (uint32_t)v;
             }
             continue;
         }

@@ -3,18 +3,41 @@
  */
 #include "actors/master/fsm/version.h"
 
+static bool peer_fresh(const struct kvp_feature_peer *p, uint64_t now_ms);
+
 uint32_t kvp_feature_cluster_level(uint32_t self, const struct kvp_feature_peer *peers, size_t n,
                                    uint64_t now_ms)
 {
     uint32_t level = self;
     for (size_t i = 0; i < n; i++) {
         const struct kvp_feature_peer *p = &peers[i];
-        bool fresh = p->heard_ms && now_ms >= p->heard_ms && now_ms - p->heard_ms < KVP_FEATURE_FRESH_MS;
+        bool fresh = peer_fresh(p, now_ms);
         uint32_t l = fresh && p->level ? p->level : 1u;
         if (l < level)
             level = l;
     }
     return level ? level : 1u;
+}
+
+static bool peer_fresh(const struct kvp_feature_peer *p, uint64_t now_ms)
+{
+    return p->heard_ms && now_ms >= p->heard_ms && now_ms - p->heard_ms < KVP_FEATURE_FRESH_MS;
+}
+
+uint32_t kvp_feature_effective_level(uint32_t self, const struct kvp_feature_peer *peers, size_t n,
+                                     uint64_t now_ms, uint32_t committed)
+{
+    uint32_t computed = kvp_feature_cluster_level(self, peers, n, now_ms);
+    if (committed <= computed)
+        return computed;
+    uint32_t floor = committed < self ? committed : self;
+    for (size_t i = 0; i < n; i++)
+        if (peer_fresh(&peers[i], now_ms)) {
+            uint32_t l = peers[i].level ? peers[i].level : 1u;
+            if (l < floor)
+                floor = l;
+        }
+    return floor > computed ? floor : computed;
 }
 
 size_t kvp_feature_gate_put_start(Kvp__PutStartReq *ps, uint32_t level)
@@ -30,6 +53,8 @@ uint32_t kvp_feature_command_needs(const Kvp__Command *c)
 {
     if (c && (c->body_case == KVP__COMMAND__BODY_RESERVE || c->body_case == KVP__COMMAND__BODY_PUT_COMMIT))
         return KVP_FEATURE_RESERVE;
+    if (c && c->body_case == KVP__COMMAND__BODY_RAISE_LEVEL)
+        return KVP_FEATURE_COMMITTED;
     if (c && c->body_case == KVP__COMMAND__BODY_PUT_START && c->put_start && c->put_start->n_avoid_segments)
         return KVP_FEATURE_AVOID_SEGMENTS;
     return 1u;

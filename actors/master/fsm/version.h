@@ -7,6 +7,8 @@
  *   2  PutStartReq.avoid_segments is read by the FSM when it places a put (issue 18).
  *   3  ReserveCmd and PutCommitCmd (one-commit put, issue 21; docs/master.md "One-commit put"),
  *      and snapshots of format 2 (they carry reservations).
+ *   4  RaiseLevelCmd: the cluster's level is committed in the Raft log (docs/master.md
+ *      "Committed feature level"), so a leader elected while a member is down keeps it.
  * A command that a member of an older level would apply differently (or not at all) may only be
  * logged once every member of the cluster reports the level that introduced it: otherwise the
  * replicated state machines diverge. The leader asks every other member for its level (each
@@ -23,9 +25,10 @@
 
 #include "wire/kvpool.pb-c.h"
 
-#define KVP_FEATURE_LEVEL 3u           /* this binary */
+#define KVP_FEATURE_LEVEL 4u           /* this binary */
 #define KVP_FEATURE_AVOID_SEGMENTS 2u  /* PutStartReq.avoid_segments placed by the FSM */
 #define KVP_FEATURE_RESERVE 3u         /* ReserveCmd, PutCommitCmd */
+#define KVP_FEATURE_COMMITTED 4u       /* RaiseLevelCmd */
 
 /* A member's reported level counts while its last answer is younger than this. */
 #define KVP_FEATURE_FRESH_MS 5000u
@@ -43,6 +46,28 @@ struct kvp_feature_peer {
  */
 uint32_t kvp_feature_cluster_level(uint32_t self, const struct kvp_feature_peer *peers, size_t n,
                                    uint64_t now_ms);
+
+/**
+ * The level a leader logs with, given the cluster's committed level (RaiseLevelCmd; 0 or 1 =
+ * none committed). kvp_feature_cluster_level() counts a member not heard as level 1; a committed
+ * level says every member of the configuration reported it once, and a member never goes back
+ * to a lower level while it stays in the configuration unless it is downgraded in place, which
+ * it then reports. So: the computed level, raised to the committed one as far as every member
+ * that IS heard (and this master) allows. A member down does not lower it; a member heard at a
+ * lower level (downgraded) does.
+ */
+uint32_t kvp_feature_effective_level(uint32_t self, const struct kvp_feature_peer *peers, size_t n,
+                                     uint64_t now_ms, uint32_t committed);
+
+/**
+ * Whether the leader should log RaiseLevelCmd{level = computed}: the level every member
+ * reported (kvp_feature_cluster_level) is above the committed one and this cluster can apply
+ * the command (computed >= KVP_FEATURE_COMMITTED).
+ */
+static inline bool kvp_feature_should_raise(uint32_t computed, uint32_t committed)
+{
+    return computed >= KVP_FEATURE_COMMITTED && computed > committed;
+}
 
 /** The level a reply reports: 0 (an older master that sends none) reads as 1. */
 static inline uint32_t kvp_feature_reported(uint32_t field)

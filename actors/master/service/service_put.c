@@ -9,9 +9,11 @@
  * the put's deadline (now + its ttl) must not pass the reservation's horizon. The put is kept in
  * memory until its PutEnd, which becomes one PutCommitCmd (the one commit of the put), or its
  * PutRevoke or deadline, which drop it with no commit (its range is never handed out again; the
- * FSM quarantines it when the reservation retires). Anything else takes the PutStart/PutEnd
- * path as before: a preferred segment or avoid list, a ttl above KVP_SVC_FAST_TTL_MAX_MS, a key
- * the FSM holds, no reservation with room.
+ * FSM quarantines it when the reservation retires). A preferred segment gets the first replica,
+ * as the FSM places it, when its reservation has room. Anything else takes the PutStart/PutEnd
+ * path as before: an avoid list, a preferred segment whose reservation has no room (the FSM then
+ * places on it if it can), a ttl above KVP_SVC_FAST_TTL_MAX_MS, a key the FSM holds, no
+ * reservation with room.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -312,6 +314,17 @@ static bool place(struct kvp_master_service *s, const Kvp__PutStartItem *it, uin
     }
     if (nc < want)
         return false; /* the FSM places what it can; let it */
+    uint32_t pref = 0;
+    if (it->preferred_segment && it->preferred_segment[0]) {
+        /* The FSM puts the preferred segment first (fsm_cmd.c cand_cmp); so does this, or the
+         * put takes the old path when its reservation has no room here. */
+        pref = kvp_master_fsm_segment_id(s->fsm, it->preferred_segment);
+        bool found = false;
+        for (unsigned i = 0; i < nc && !found; i++)
+            found = cand[i] == pref;
+        if (!found)
+            return false;
+    }
     for (unsigned i = 1; i < nc; i++) /* insertion sort by room, most first */
         for (unsigned j = i; j > 0; j--) {
             struct svc_resv *a = &s->put->resv[cand[j - 1]], *b = &s->put->resv[cand[j]];
@@ -320,6 +333,12 @@ static bool place(struct kvp_master_service *s, const Kvp__PutStartItem *it, uin
             uint32_t t = cand[j - 1];
             cand[j - 1] = cand[j];
             cand[j] = t;
+        }
+    for (unsigned i = 1; pref && i < nc; i++) /* the preferred one first */
+        if (cand[i] == pref) {
+            memmove(&cand[1], &cand[0], i * sizeof(cand[0]));
+            cand[0] = pref;
+            break;
         }
     const char *hosts[KVP_FSM_MAX_REPLICAS_SVC];
     bool taken[KVP_FSM_MAX_REPLICAS_SVC * 4] = {false};
@@ -372,7 +391,8 @@ bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const K
     for (size_t i = 0; i < ps->n_items; i++) {
         const Kvp__PutStartItem *it = ps->items[i];
         if (!key_ok(it->key) || it->size == 0 || it->size > (1ull << 40) ||
-            (it->preferred_segment && it->preferred_segment[0]) || it->replica_num > KVP_FSM_MAX_REPLICAS_SVC)
+            (it->preferred_segment && strlen(it->preferred_segment) > 256) ||
+            it->replica_num > KVP_FSM_MAX_REPLICAS_SVC)
             return false;
     }
     if (kvp_raftlog_read_begin(s->rl) != KVP_OK)

@@ -305,7 +305,9 @@ static void on_remove(struct kvp_master_service *s, zframe_t *id, Kvp__Request *
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        if (!rr->force && (grace || svc_key_leased(s, p->key_hashes[i]))) {
+        if (svc_put_pending_key(s, rr->keys[i])) {
+            p->remove_status[i] = KVP_ERR_BUSY; /* a one-commit put in flight: as a pending put */
+        } else if (!rr->force && (grace || svc_key_leased(s, p->key_hashes[i]))) {
             p->remove_status[i] = KVP_ERR_LEASED;
         } else {
             p->remove_status[i] = 1;
@@ -517,7 +519,7 @@ static void on_add_member(struct kvp_master_service *s, zframe_t *id, Kvp__Reque
         return;
     kvp_log_info(s->actor, "adding member %llu (raft %s, control %s)", (unsigned long long)m->id,
                  m->raft_address, m->address);
-    admin_done(s, p, kvp_raftlog_add_voter(s->rl, p->corr, m->id, m->raft_address), "add member refused");
+    svc_version_add_member(s, p, slot, m->id, m->raft_address); /* waits for its level if one is committed */
 }
 
 static void on_remove_member(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)

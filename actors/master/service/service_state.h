@@ -66,6 +66,7 @@ enum svc_internal_kind {
     SVC_INT_EVICT_SCAN,        /* service_evict.c: usage / candidates query */
     SVC_INT_EVICT,             /* service_evict.c: EvictCmd */
     SVC_INT_RESERVE,           /* service_put.c: ReserveCmd */
+    SVC_INT_RAISE_LEVEL,       /* service_version.c: RaiseLevelCmd (result not needed) */
 };
 
 /** One request waiting for a raftlog result (APPLIED, QUERY or ADMIN event), keyed by corr. */
@@ -129,6 +130,14 @@ struct kvp_master_service {
     uint32_t feature_level_logged;         /* cluster level in the last INFO line (0 = none yet) */
     uint32_t feature_level;                /* cluster level at the last tick (0 = none yet) */
     uint64_t feature_level_term;           /* the term that tick ran in (leader) */
+    uint32_t feature_committed;            /* the FSM's committed level at the last tick (any role) */
+    uint64_t feature_raise_ms;             /* monotonic ms of the last RaiseLevelCmd submitted */
+    /* An AddMember waiting for the new member's level while a level is committed
+     * (svc_version_add_member); NULL = none. */
+    struct svc_pending *admit_p;
+    int admit_slot;
+    uint64_t admit_id, admit_since_ms;
+    char admit_raft[256];
 
     zsock_t *router;                       /* ROUTER bound at tcp://cfg.listen */
     struct kvp_auth_server *auth;          /* CURVE server end + ZAP handler; NULL = auth none (service_auth.c) */
@@ -321,6 +330,12 @@ int svc_timers_start(struct kvp_master_service *s);
 int svc_version_start(struct kvp_master_service *s);
 void svc_version_stop(struct kvp_master_service *s);
 uint32_t svc_feature_level(struct kvp_master_service *s);
+/* AddMember (p tracked by admin_pending, members[slot] filled): added at once while no level
+ * above 1 is committed; else once the new member reports at least the committed level, and
+ * refused with KVP_ERR_VERSION when it does not within 3 s (docs/master.md "Committed feature
+ * level"). Answers p itself on any refusal. */
+void svc_version_add_member(struct kvp_master_service *s, struct svc_pending *p, int slot, uint64_t id,
+                            const char *raft_address);
 /* service_actor.c: the service actor. Service thread only, inside a callback (s->ctx set). */
 /** Run fn every every_ms (first after every_ms). Errors: KVP_ERR_INVALID (no ctx, table full), NOMEM. */
 int svc_timer_every(struct kvp_master_service *s, uint32_t every_ms, svc_timer_fn fn);

@@ -173,6 +173,7 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_t *fl = json_object();
     json_object_set_new(fl, "this_master", json_integer(KVP_FEATURE_LEVEL));
     json_object_set_new(fl, "cluster", s->is_leader ? json_integer(svc_feature_level(s)) : json_null());
+    json_object_set_new(fl, "committed", json_integer(s->feature_committed));
     json_object_set_new(doc, "feature_level", fl);
     json_object_set_new(doc, "commit_index", json_integer((json_int_t)info.commit_index));
     svc_quota_status(s, doc); /* use per tenant (service_quota.c) */

@@ -7,6 +7,13 @@
  * one that does not answer within KVP_FEATURE_FRESH_MS counts as 1. The members asked are those
  * of the Raft configuration (all roles). The cluster's level is computed on each tick, and
  * svc_submit gates each command with it. All of it runs on the service actor's thread.
+ *
+ * Committed level (level 4, docs/master.md "Committed feature level"): once every member has
+ * reported a level of 4 or more above the FSM's committed one, the leader logs RaiseLevelCmd
+ * (at most every 3 s until it is applied). A leader then logs with the committed level even
+ * while a member is down or not yet heard (kvp_feature_effective_level), so the one-commit put
+ * goes on across a failover. An AddMember waits until the new member reports the committed level
+ * (svc_version_add_member): a master that could not apply the log never joins.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -20,6 +27,10 @@
 #include "wire/envelope.h"
 
 #define VERSION_POLL_MS 1000
+#define RAISE_RETRY_MS 3000 /* a RaiseLevelCmd not yet applied is logged again after this */
+#define ADMIT_WAIT_MS 3000  /* how long an AddMember waits for the new member's level */
+
+static void admit_resolve(struct kvp_master_service *s);
 
 static int on_peer_reply(struct kvp_master_service *s, zsock_t *sock)
 {
@@ -37,6 +48,8 @@ static int on_peer_reply(struct kvp_master_service *s, zsock_t *sock)
             if (i >= 1 && i <= (uint64_t)s->n_members && s->feature_sock[i - 1] == sock) {
                 s->feature_peers[i - 1].level = kvp_feature_reported(resp->feature_level);
                 s->feature_peers[i - 1].heard_ms = kvp_clock_now_ms();
+                if (s->admit_p && s->admit_slot == (int)(i - 1))
+                    admit_resolve(s);
             }
             protobuf_c_message_free_unpacked(&resp->base, NULL);
         }
@@ -95,10 +108,109 @@ static void ask_peer(struct kvp_master_service *s, int i)
 
 uint32_t svc_feature_level(struct kvp_master_service *s)
 {
-    /* Computed by the last tick of this leadership; until then (or not leader): 1. */
-    if (!s->is_leader || s->feature_level_term != s->term || !s->feature_level)
+    if (!s->is_leader)
         return 1u;
+    if (s->feature_level_term != s->term || !s->feature_level) {
+        /* No tick yet in this leadership, no member heard: the committed level as a tick last
+         * read it from the FSM (a tick reads it whenever the raftlog allows a local read, i.e.
+         * while leader; it only grows, so a stale one errs low), else 1. The first tick of the
+         * leadership (within VERSION_POLL_MS) reads it afresh. */
+        uint32_t c = s->feature_committed;
+        return c > 1 ? (c < KVP_FEATURE_LEVEL ? c : KVP_FEATURE_LEVEL) : 1u;
+    }
     return s->feature_level;
+}
+
+/* RaiseLevelCmd{level}: its result is not needed (the next tick reads the FSM). */
+static void submit_raise(struct kvp_master_service *s, uint32_t level)
+{
+    struct svc_pending *p = svc_pending_new(s, NULL, NULL);
+    if (!p)
+        return;
+    p->internal = SVC_INT_RAISE_LEVEL;
+    Kvp__RaiseLevelCmd body = KVP__RAISE_LEVEL_CMD__INIT;
+    body.level = level;
+    Kvp__Command cmd = KVP__COMMAND__INIT;
+    cmd.body_case = KVP__COMMAND__BODY_RAISE_LEVEL;
+    cmd.raise_level = &body;
+    s->feature_raise_ms = kvp_clock_now_ms();
+    kvp_log_info(s->actor, "every member reports feature level %u or more: committing it (was %u)",
+                 (unsigned)level, (unsigned)s->feature_committed);
+    svc_submit(s, p, &cmd); /* answers p itself on error */
+}
+
+/* The parked AddMember: add it if its member reported at least the committed level (fresh),
+ * else (or when no longer leader) refuse it. */
+static void admit_resolve(struct kvp_master_service *s)
+{
+    struct svc_pending *p = s->admit_p;
+    if (!p)
+        return;
+    s->admit_p = NULL;
+    const struct kvp_feature_peer *fp = &s->feature_peers[s->admit_slot];
+    uint64_t now = kvp_clock_now_ms();
+    bool fresh = fp->heard_ms && now >= fp->heard_ms && now - fp->heard_ms < KVP_FEATURE_FRESH_MS;
+    uint32_t need = s->feature_committed;
+    int rc = KVP_OK;
+    char why[200];
+    snprintf(why, sizeof why, "add member refused");
+    if (!s->is_leader) {
+        rc = KVP_ERR_NOT_LEADER;
+    } else if (!fresh || fp->level < need) {
+        rc = KVP_ERR_VERSION;
+        if (fresh)
+            snprintf(why, sizeof why, "member %llu has feature level %u, the cluster committed %u: upgrade it first",
+                     (unsigned long long)s->admit_id, (unsigned)fp->level, (unsigned)need);
+        else
+            snprintf(why, sizeof why, "member %llu did not report its feature level within %u ms (the cluster "
+                     "committed %u): start it first, then add it", (unsigned long long)s->admit_id,
+                     (unsigned)ADMIT_WAIT_MS, (unsigned)need);
+        kvp_log_warn(s->actor, "%s", why);
+    } else {
+        rc = kvp_raftlog_add_voter(s->rl, p->corr, s->admit_id, s->admit_raft);
+    }
+    if (rc == KVP_OK)
+        return; /* the raftlog answers it */
+    uint64_t v;
+    svc_map_del(&s->pending, p->corr, &v);
+    svc_reply_status(s, p->identity, p->req_id, rc, why);
+    svc_pending_free(p);
+}
+
+void svc_version_add_member(struct kvp_master_service *s, struct svc_pending *p, int slot, uint64_t id,
+                            const char *raft_address)
+{
+    uint32_t need = s->feature_committed;
+    int rc;
+    if (need <= 1) {
+        rc = kvp_raftlog_add_voter(s->rl, p->corr, id, raft_address);
+    } else if (slot < 0 || s->admit_p) {
+        rc = slot < 0 ? KVP_ERR_INVALID : KVP_ERR_BUSY; /* no room in the members book / one at a time */
+    } else {
+        s->admit_p = p;
+        s->admit_slot = slot;
+        s->admit_id = id;
+        s->admit_since_ms = kvp_clock_now_ms();
+        snprintf(s->admit_raft, sizeof s->admit_raft, "%s", raft_address);
+        uint64_t now = kvp_clock_now_ms();
+        const struct kvp_feature_peer *fp = &s->feature_peers[slot];
+        if (s->feature_sock[slot] && fp->heard_ms && now - fp->heard_ms < KVP_FEATURE_FRESH_MS &&
+            fp->level >= need) {
+            admit_resolve(s); /* heard already (a member re-added) */
+            return;
+        }
+        kvp_log_info(s->actor, "member %llu: asking its feature level before adding it (committed %u)",
+                     (unsigned long long)id, (unsigned)need);
+        memset(&s->feature_peers[slot], 0, sizeof s->feature_peers[slot]);
+        ask_peer(s, slot);
+        return;
+    }
+    if (rc == KVP_OK)
+        return;
+    uint64_t v;
+    svc_map_del(&s->pending, p->corr, &v);
+    svc_reply_status(s, p->identity, p->req_id, rc, "add member refused");
+    svc_pending_free(p);
 }
 
 static int members_index(const struct kvp_master_service *s, uint64_t id)
@@ -111,6 +223,12 @@ static int members_index(const struct kvp_master_service *s, uint64_t id)
 
 static int on_version_tick(struct kvp_master_service *s)
 {
+    if (kvp_raftlog_read_begin(s->rl) == KVP_OK) {
+        s->feature_committed = kvp_master_fsm_feature_level(s->fsm);
+        kvp_raftlog_read_end(s->rl);
+    }
+    if (s->admit_p && (!s->is_leader || kvp_clock_now_ms() - s->admit_since_ms >= ADMIT_WAIT_MS))
+        admit_resolve(s);
     if (!s->is_leader) {
         for (int i = 0; i < KVP_CFG_MAX_MASTERS; i++)
             close_peer(s, i);
@@ -146,12 +264,18 @@ static int on_version_tick(struct kvp_master_service *s)
                 off += (size_t)w;
         }
     }
-    uint32_t level = kvp_feature_cluster_level(KVP_FEATURE_LEVEL, peers, n, kvp_clock_now_ms());
+    uint64_t now = kvp_clock_now_ms();
+    uint32_t computed = kvp_feature_cluster_level(KVP_FEATURE_LEVEL, peers, n, now);
+    uint32_t level = kvp_feature_effective_level(KVP_FEATURE_LEVEL, peers, n, now, s->feature_committed);
     s->feature_level = level;
     s->feature_level_term = s->term;
+    if (kvp_feature_should_raise(computed, s->feature_committed) &&
+        (!s->feature_raise_ms || now - s->feature_raise_ms >= RAISE_RETRY_MS))
+        submit_raise(s, computed);
     if (level != s->feature_level_logged) {
-        kvp_log_info(s->actor, "cluster feature level %u (this master %u; members id:level, 0 = not heard: %s)%s",
-                     (unsigned)level, (unsigned)KVP_FEATURE_LEVEL, who,
+        kvp_log_info(s->actor, "cluster feature level %u (committed %u, this master %u; members id:level, 0 = not "
+                     "heard: %s)%s",
+                     (unsigned)level, (unsigned)s->feature_committed, (unsigned)KVP_FEATURE_LEVEL, who,
                      level < KVP_FEATURE_AVOID_SEGMENTS
                          ? "; PutStart avoid lists are not logged until every member has level 2"
                          : "");
