@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The master session's cost, this tree against a base tree, in one run (docs/runtime.md
+# "Figures"): tools/bench/bench_msession.c built against both trees' libkvpool.a, run in
+# alternating pairs (the order flips every pair) at 1, 16 and 64 caller threads.
+# Prints each run, then per caller count the medians of calls/s and CPU µs per call, the
+# ratio new/base of the calls/s medians and the median of the per-pair ratios, and the load
+# average before and after.
+#
+#   scripts/bench_msession.sh BASE_SRC BASE_BUILD [PAIRS=5] [SECONDS=2] [CALLERS="1 16 64"]
+#
+# BASE_SRC: a checkout of the base commit (e.g. `git archive 979f8f9 | tar -x -C DIR`);
+# BASE_BUILD: its build folder with libkvpool.a built (cmake --build B --target kvpool_static).
+# This tree's build is build/ (or $KVP_BUILD_DIR) with kvpool_static built.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BASE_SRC=$(cd "$1" && pwd); BASE_BUILD=$(cd "$2" && pwd)
+PAIRS=${3:-5}; SECS=${4:-2}; CALLERS=${5:-"1 16 64"}
+NEW_BUILD=$(cd "${KVP_BUILD_DIR:-build}" && pwd)
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+LIBS="$(pkg-config --libs libczmq libzmq libsodium raft libuv liblz4 libprotobuf-c jansson libxxhash libmicrohttpd) -libverbs -lpthread -lm -ldl"
+build() { # out src build
+  cc -O2 -g -o "$1" tools/bench/bench_msession.c -I"$2" -I"$2/include" -I"$3" "$3/libkvpool.a" $LIBS
+}
+build "$OUT/base" "$BASE_SRC" "$BASE_BUILD"
+build "$OUT/new" "$PWD" "$NEW_BUILD"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+for c in $CALLERS; do
+  for i in $(seq 1 "$PAIRS"); do
+    if [ $((i % 2)) = 1 ]; then order="base new"; else order="new base"; fi
+    for b in $order; do
+      line=$("$OUT/$b" "$c" "$SECS")
+      echo "pair $i $b $line"
+      echo "$c $i $b $line" >> "$OUT/runs"
+    done
+  done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+python3 - "$OUT/runs" <<'EOF'
+import re, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    c, i, b, rest = line.split(None, 3)
+    f = dict(kv.split("=") for kv in rest.split())
+    runs.setdefault(int(c), {}).setdefault(int(i), {})[b] = (float(f["calls_per_s"]), float(f["cpu_us_per_call"]))
+print("callers  base calls/s  new calls/s  ratio(medians)  median(pair ratios)  base cpu us/call  new cpu us/call")
+for c in sorted(runs):
+    pairs = [p for p in runs[c].values() if "base" in p and "new" in p]
+    bm = statistics.median(p["base"][0] for p in pairs); nm = statistics.median(p["new"][0] for p in pairs)
+    pr = statistics.median(p["new"][0] / p["base"][0] for p in pairs)
+    bc = statistics.median(p["base"][1] for p in pairs); nc = statistics.median(p["new"][1] for p in pairs)
+    print(f"{c:7d}  {bm:12.0f}  {nm:11.0f}  {nm / bm:14.2f}  {pr:19.2f}  {bc:16.1f}  {nc:15.1f}")
+EOF
