@@ -298,18 +298,24 @@ static void take_cmds(struct kvp_rt_actor *a, bool *close, bool *term)
 struct rt_pollset {
     zmq_pollitem_t *items;
     size_t n, cap;
-    int ep; /* epoll set over the same items while every watch is an fd, else -1 (zmq_poll) */
+    int ep;        /* epoll set over the items (a libzmq socket by its ZMQ_FD), or -1: zmq_poll */
+    bool has_zmq;  /* some item is a libzmq socket: check ZMQ_EVENTS around the wait */
 };
+
+/* A libzmq socket has a message to read. ZMQ_EVENTS also processes the socket's pending
+ * commands, which is what re-arms its ZMQ_FD (docs/runtime.md, "Watching sockets and fds"). */
+static bool zmq_readable(void *sock)
+{
+    int ev = 0;
+    size_t len = sizeof ev;
+    return zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN);
+}
 
 static int pollset_build(struct kvp_rt_actor *a, struct rt_pollset *ps)
 {
     size_t n = 1;
-    bool all_fds = true;
-    for (struct rt_watch *w = a->core.watches; w; w = w->next) {
+    for (struct rt_watch *w = a->core.watches; w; w = w->next)
         n++;
-        if (w->fd < 0)
-            all_fds = false;
-    }
     if (n > ps->cap) {
         zmq_pollitem_t *ni = realloc(ps->items, n * sizeof(*ni));
         if (!ni)
@@ -329,12 +335,20 @@ static int pollset_build(struct kvp_rt_actor *a, struct rt_pollset *ps)
         ps->items[i].events = ZMQ_POLLIN;
     }
     ps->n = n;
+    ps->has_zmq = false;
     if (ps->ep >= 0)
         close(ps->ep);
-    ps->ep = all_fds ? epoll_create1(EPOLL_CLOEXEC) : -1;
+    ps->ep = epoll_create1(EPOLL_CLOEXEC);
     for (size_t k = 0; k < n && ps->ep >= 0; k++) {
+        int fd = ps->items[k].fd;
+        if (ps->items[k].socket) {
+            size_t len = sizeof fd;
+            if (zmq_getsockopt(ps->items[k].socket, ZMQ_FD, &fd, &len) != 0)
+                fd = -1;
+            ps->has_zmq = true;
+        }
         struct epoll_event ee = {.events = EPOLLIN, .data.u64 = k};
-        if (epoll_ctl(ps->ep, EPOLL_CTL_ADD, ps->items[k].fd, &ee) != 0) {
+        if (fd < 0 || epoll_ctl(ps->ep, EPOLL_CTL_ADD, fd, &ee) != 0) {
             close(ps->ep);
             ps->ep = -1; /* zmq_poll does the same job, with more system calls */
         }
@@ -354,18 +368,29 @@ static int pollset_wait(struct kvp_rt_actor *a, struct rt_pollset *ps, long time
         }
         return n < 0 ? 0 : n;
     }
-    struct epoll_event evs[16];
-    int ne = epoll_wait(ps->ep, evs, 16, (int)timeout_ms);
-    if (ne < 0 && errno != EINTR)
-        kvp_log_error(a->name, "epoll_wait: %s", strerror(errno));
-    for (size_t k = 0; k < ps->n; k++)
-        ps->items[k].revents = 0;
+    /* A libzmq socket's ZMQ_FD says only that its state may have changed: a message can be
+     * waiting while the fd is quiet (a handler's send or receive on the socket took the
+     * notification). So each libzmq socket is asked before the wait (one ZMQ_EVENTS), and one
+     * whose fd fired is asked again after it. */
     int n = 0;
-    for (int k = 0; k < ne; k++)
-        if (evs[k].data.u64 < ps->n && !ps->items[evs[k].data.u64].revents) {
-            ps->items[evs[k].data.u64].revents = ZMQ_POLLIN;
+    for (size_t k = 0; k < ps->n; k++) {
+        ps->items[k].revents = 0;
+        if (ps->has_zmq && ps->items[k].socket && zmq_readable(ps->items[k].socket)) {
+            ps->items[k].revents = ZMQ_POLLIN;
             n++;
         }
+    }
+    struct epoll_event evs[16];
+    int ne = epoll_wait(ps->ep, evs, 16, n ? 0 : (int)timeout_ms);
+    if (ne < 0 && errno != EINTR)
+        kvp_log_error(a->name, "epoll_wait: %s", strerror(errno));
+    for (int k = 0; k < ne; k++) {
+        zmq_pollitem_t *it = evs[k].data.u64 < ps->n ? &ps->items[evs[k].data.u64] : NULL;
+        if (!it || it->revents || (it->socket && !zmq_readable(it->socket)))
+            continue;
+        it->revents = ZMQ_POLLIN;
+        n++;
+    }
     return n;
 }
 
