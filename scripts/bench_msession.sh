@@ -36,6 +36,16 @@ for c in $CALLERS; do
   done
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+# System calls per call at one caller, all threads (the answering master's included), under
+# strace -f -c: a count that the machine's load does not move, next to the timings it does.
+if command -v strace > /dev/null; then
+  for b in base new; do
+    line=$(strace -f -c -o "$OUT/st-$b" "$OUT/$b" 1 "$SECS" 2> /dev/null)
+    calls=$(echo "$line" | sed -n 's/.*calls=\([0-9]*\).*/\1/p')
+    total=$(awk '$NF == "total" {print $4}' "$OUT/st-$b")
+    echo "syscalls $b calls=$calls syscalls=$total per_call=$(python3 -c "print(round($total / ($calls + 200), 1))")"
+  done
+fi
 python3 - "$OUT/runs" <<'EOF'
 import re, statistics, sys
 runs = {}
