@@ -4,7 +4,9 @@
 # alternating pairs (the order flips every pair) at 1, 16 and 64 caller threads.
 # Prints each run, then per caller count the medians of calls/s and CPU µs per call, the
 # ratio new/base of the calls/s medians and the median of the per-pair ratios, and the load
-# average before and after.
+# average before and after; then two counts that the machine's load does not move: system
+# calls per call (strace -f -c) and user-space instructions per call (valgrind callgrind), each
+# at one caller, when those tools are installed.
 #
 #   scripts/bench_msession.sh BASE_SRC BASE_BUILD [PAIRS=5] [SECONDS=2] [CALLERS="1 16 64"]
 #
@@ -44,6 +46,23 @@ if command -v strace > /dev/null; then
     calls=$(echo "$line" | sed -n 's/.*calls=\([0-9]*\).*/\1/p')
     total=$(awk '$NF == "total" {print $4}' "$OUT/st-$b")
     echo "syscalls $b calls=$calls syscalls=$total per_call=$(python3 -c "print(round($total / ($calls + 200), 1))")"
+  done
+fi
+# User-space instructions per call at one caller (valgrind callgrind; all threads): the
+# difference between a 1 s and a 4 s run over the difference in calls, so start-up cancels out.
+if command -v valgrind > /dev/null; then
+  for b in base new; do
+    for d in 1 4; do
+      line=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "$OUT/$b" 1 $d 2> "$OUT/vg-$b-$d")
+      echo "$line" | sed -n 's/.*calls=\([0-9]*\).*/\1/p' > "$OUT/vgc-$b-$d"
+    done
+    python3 - "$OUT" "$b" <<'PY'
+import re, sys
+d, b = sys.argv[1], sys.argv[2]
+ir = {t: int(re.search(r"Collected : (\d+)", open(f"{d}/vg-{b}-{t}").read()).group(1)) for t in (1, 4)}
+calls = {t: int(open(f"{d}/vgc-{b}-{t}").read()) for t in (1, 4)}
+print(f"instructions {b} per_call={(ir[4] - ir[1]) / (calls[4] - calls[1]):.0f} (calls {calls[1]} / {calls[4]})")
+PY
   done
 fi
 python3 - "$OUT/runs" <<'EOF'

@@ -5,7 +5,7 @@
  * time of the whole process per call (getrusage; the master thread's share included).
  *
  *   kvpool-bench-msession CALLERS SECONDS
- *   -> one line: "callers=N calls=C secs=S calls_per_s=R cpu_us_per_call=U"
+ *   -> one line: "callers=N calls=C failed=F secs=S calls_per_s=R cpu_us_per_call=U max_call_ms=M"
  *
  * Only the session's public calls are declared here (not its header), so this one file also
  * builds against older trees whose session lived elsewhere (scripts/bench_msession.sh builds it
@@ -32,7 +32,7 @@ void kvp_msession_response_free(Kvp__Response *resp);
 void kvp_msession_destroy(struct kvp_msession **s);
 
 static atomic_bool stop_master, stop_callers;
-static atomic_ullong calls_done, calls_failed;
+static atomic_ullong calls_done, calls_failed, max_call_us;
 static struct kvp_msession *session;
 
 struct master {
@@ -89,15 +89,26 @@ static void *caller_main(void *arg)
     Kvp__MembersReq mr = KVP__MEMBERS_REQ__INIT;
     req.body_case = KVP__REQUEST__BODY_MEMBERS;
     req.members = &mr;
+    unsigned long long worst = 0;
     while (!atomic_load_explicit(&stop_callers, memory_order_relaxed)) {
         Kvp__Response *resp = NULL;
-        if (kvp_msession_call(session, &req, 5000, &resp) == 0) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        int rc = kvp_msession_call(session, &req, 5000, &resp);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        unsigned long long us = (unsigned long long)((b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000);
+        if (us > worst)
+            worst = us;
+        if (rc == 0) {
             atomic_fetch_add_explicit(&calls_done, 1, memory_order_relaxed);
             kvp_msession_response_free(resp);
         } else {
             atomic_fetch_add_explicit(&calls_failed, 1, memory_order_relaxed);
         }
     }
+    unsigned long long cur = atomic_load(&max_call_us);
+    while (worst > cur && !atomic_compare_exchange_weak(&max_call_us, &cur, worst))
+        ;
     return NULL;
 }
 
@@ -172,8 +183,9 @@ int main(int argc, char **argv)
         pthread_join(th[i], NULL);
     double el = now_s() - t0, cpu = cpu_s() - c0;
     unsigned long long n = atomic_load(&calls_done);
-    printf("callers=%d calls=%llu failed=%llu secs=%.3f calls_per_s=%.0f cpu_us_per_call=%.2f\n", callers, n,
-           (unsigned long long)atomic_load(&calls_failed), el, (double)n / el, n ? cpu * 1e6 / (double)n : 0.0);
+    printf("callers=%d calls=%llu failed=%llu secs=%.3f calls_per_s=%.0f cpu_us_per_call=%.2f max_call_ms=%.1f\n",
+           callers, n, (unsigned long long)atomic_load(&calls_failed), el, (double)n / el,
+           n ? cpu * 1e6 / (double)n : 0.0, (double)atomic_load(&max_call_us) / 1000.0);
     kvp_msession_destroy(&session);
     atomic_store(&stop_master, true);
     pthread_join(mt, NULL);
