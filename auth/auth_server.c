@@ -4,11 +4,14 @@
  * the handshake monitor that logs peers refused before ZAP is asked (no keys, another
  * mechanism, garbage bytes).
  *
- * The ZAP handler is a czmq actor (its own thread): libzmq asks ZAP synchronously from its I/O
- * thread over inproc://zeromq.zap.01, so the handler cannot be a handler of the master's loop
- * without stalling every handshake behind a busy loop. Its only state (the certificate store,
- * the refusal log) is its own; the two refusal counters are atomics read by the metrics
- * (relaxed: plain counters, nothing is ordered by them).
+ * The ZAP handler is a runtime actor, `zap` (its own thread, runtime/actor.h), watching the REP
+ * socket: libzmq asks ZAP synchronously from its I/O thread over inproc://zeromq.zap.01, so the
+ * handler cannot be a handler of the master's loop without stalling every handshake behind a
+ * busy loop. Its state (the certificate store, the refusal log) is touched only on its thread.
+ * The two refusal counters are relaxed atomics (one writer each: the zap actor, the master's
+ * loop for the monitor) read by the metrics endpoint's thread, libmicrohttpd's, which has no
+ * mailbox: a message would make every scrape a blocking round trip to both writers for two
+ * plain counters that order nothing.
  */
 #include "auth/auth.h"
 
@@ -22,6 +25,7 @@
 #include <sys/socket.h>
 
 #include "kvpool.h"
+#include "runtime/actor.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -33,8 +37,10 @@ struct kvp_auth_server {
     char domain[32];
     zcert_t *cert;
     char allowed_dir[1024];
-    zactor_t *zap;
-    zsock_t *rep; /* bound by _new (so a failed bind is an error there), used only by zap_actor */
+    struct kvp_rt_actor *zap;
+    zsock_t *rep; /* bound by _new (so a failed bind is an error there), then used only by `zap` */
+    zcertstore_t *store;          /* `zap` only: made in its init, freed in its fini */
+    struct kvp_auth_ratelog zap_log; /* `zap` only */
     _Atomic uint64_t refused_keys;
     _Atomic uint64_t refused_handshakes;
     /* handshake monitor: owned by the master's loop thread */
@@ -50,74 +56,83 @@ static void zap_reply(zsock_t *rep, const char *req_id, const char *code, const 
     zstr_sendx(rep, "1.0", req_id, code, text, user, "", NULL);
 }
 
-/* The handler thread. Frames: version, request id, domain, address, identity, mechanism,
- * credentials... (RFC 27). Only CURVE with a known key gets 200. */
-static void zap_actor(zsock_t *pipe, void *arg)
+/* The REP socket is readable: one ZAP request. Frames: version, request id, domain, address,
+ * identity, mechanism, credentials... (RFC 27). Only CURVE with a known key gets 200. */
+static int zap_on_request(struct kvp_rt_ctx *ctx, void *handle)
 {
-    struct kvp_auth_server *s = arg;
+    struct kvp_auth_server *s = kvp_rt_state(ctx);
     zsock_t *rep = s->rep;
-    zcertstore_t *store = zcertstore_new(s->allowed_dir); /* reloads when the directory changes */
-    struct kvp_auth_ratelog log;
-    memset(&log, 0, sizeof log);
-    zsock_signal(pipe, 0);
-    zpoller_t *poller = zpoller_new(pipe, rep, NULL);
-    while (poller) {
-        void *which = zpoller_wait(poller, -1);
-        if (which == pipe || !which)
-            break; /* $TERM or interrupted */
-        zmsg_t *m = zmsg_recv(rep);
-        if (!m)
-            break;
-        char *ver = zmsg_popstr(m), *rid = zmsg_popstr(m), *dom = zmsg_popstr(m), *addr = zmsg_popstr(m);
-        zframe_t *ident = zmsg_pop(m);
-        char *mech = zmsg_popstr(m);
-        zframe_t *key = zmsg_pop(m);
-        const char *why = NULL;
-        char user[KVP_AUTH_NAME_MAX + KVP_AUTH_TENANT_MAX + 16] = "";
-        char pub[KVP_AUTH_Z85_LEN + 1] = "";
-        if (!ver || strcmp(ver, "1.0") != 0 || !rid) {
-            why = "bad ZAP request";
-        } else if (!mech || strcmp(mech, "CURVE") != 0) {
-            why = "not CURVE";
-        } else if (!key || zframe_size(key) != 32) {
-            why = "no client key";
+    zcertstore_t *store = s->store;
+    zmsg_t *m = zmsg_recv(rep); /* readable: the whole request is there */
+    if (!m)
+        return KVP_OK;
+    char *ver = zmsg_popstr(m), *rid = zmsg_popstr(m), *dom = zmsg_popstr(m), *addr = zmsg_popstr(m);
+    zframe_t *ident = zmsg_pop(m);
+    char *mech = zmsg_popstr(m);
+    zframe_t *key = zmsg_pop(m);
+    const char *why = NULL;
+    char user[KVP_AUTH_NAME_MAX + KVP_AUTH_TENANT_MAX + 16] = "";
+    char pub[KVP_AUTH_Z85_LEN + 1] = "";
+    if (!ver || strcmp(ver, "1.0") != 0 || !rid) {
+        why = "bad ZAP request";
+    } else if (!mech || strcmp(mech, "CURVE") != 0) {
+        why = "not CURVE";
+    } else if (!key || zframe_size(key) != 32) {
+        why = "no client key";
+    } else {
+        zmq_z85_encode(pub, zframe_data(key), 32);
+        zcert_t *c = store ? zcertstore_lookup(store, pub) : NULL;
+        if (!c) {
+            why = "key not in the allowed-keys directory";
         } else {
-            zmq_z85_encode(pub, zframe_data(key), 32);
-            zcert_t *c = store ? zcertstore_lookup(store, pub) : NULL;
-            if (!c) {
-                why = "key not in the allowed-keys directory";
+            int role = kvp_auth_role_parse(zcert_meta(c, "role"));
+            const char *tenant = zcert_meta(c, "tenant"), *name = zcert_meta(c, "name");
+            if (role < 0 || !kvp_auth_tenant_valid(tenant ? tenant : "")) {
+                why = "allowed certificate has a bad role or tenant";
             } else {
-                int role = kvp_auth_role_parse(zcert_meta(c, "role"));
-                const char *tenant = zcert_meta(c, "tenant"), *name = zcert_meta(c, "name");
-                if (role < 0 || !kvp_auth_tenant_valid(tenant ? tenant : "")) {
-                    why = "allowed certificate has a bad role or tenant";
-                } else {
-                    snprintf(user, sizeof user, "%s/%s/%s", kvp_auth_role_name(role), tenant ? tenant : "",
-                             name ? name : "");
-                }
+                snprintf(user, sizeof user, "%s/%s/%s", kvp_auth_role_name(role), tenant ? tenant : "",
+                         name ? name : "");
             }
         }
-        if (why) {
-            atomic_fetch_add_explicit(&s->refused_keys, 1, memory_order_relaxed);
-            uint64_t sup = 0;
-            if (kvp_auth_ratelog_allow(&log, addr ? addr : "?", kvp_clock_now_ms(), &sup))
-                kvp_log_warn(s->who, "auth: refused control connection from %s: %s%s%s (%llu similar lines held back)",
-                             addr ? addr : "?", why, pub[0] ? ", key " : "", pub, (unsigned long long)sup);
-            zap_reply(rep, rid ? rid : "", "400", why, "");
-        } else {
-            zap_reply(rep, rid, "200", "OK", user);
-        }
-        free(ver);
-        free(rid);
-        free(dom);
-        free(addr);
-        free(mech);
-        zframe_destroy(&ident);
-        zframe_destroy(&key);
-        zmsg_destroy(&m);
     }
-    zpoller_destroy(&poller);
-    zcertstore_destroy(&store);
+    if (why) {
+        atomic_fetch_add_explicit(&s->refused_keys, 1, memory_order_relaxed);
+        uint64_t sup = 0;
+        if (kvp_auth_ratelog_allow(&s->zap_log, addr ? addr : "?", kvp_clock_now_ms(), &sup))
+            kvp_log_warn(s->who, "auth: refused control connection from %s: %s%s%s (%llu similar lines held back)",
+                         addr ? addr : "?", why, pub[0] ? ", key " : "", pub, (unsigned long long)sup);
+        zap_reply(rep, rid ? rid : "", "400", why, "");
+    } else {
+        zap_reply(rep, rid, "200", "OK", user);
+    }
+    free(ver);
+    free(rid);
+    free(dom);
+    free(addr);
+    free(mech);
+    zframe_destroy(&ident);
+    zframe_destroy(&key);
+    zmsg_destroy(&m);
+    return KVP_OK;
+}
+
+static int zap_init(struct kvp_rt_ctx *ctx)
+{
+    struct kvp_auth_server *s = kvp_rt_state(ctx);
+    s->store = zcertstore_new(s->allowed_dir); /* reloads when the directory changes */
+    return kvp_rt_watch(ctx, s->rep, zap_on_request);
+}
+
+static int zap_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    return KVP_OK; /* no messages: it serves its socket */
+}
+
+/* The store only: the server struct is kvp_auth_server_destroy's. */
+static void zap_fini(struct kvp_rt_ctx *ctx)
+{
+    struct kvp_auth_server *s = kvp_rt_state(ctx);
+    zcertstore_destroy(&s->store);
 }
 
 int kvp_auth_server_new(struct kvp_auth_server **out, const char *mode, const char *server_key,
@@ -168,10 +183,11 @@ int kvp_auth_server_new(struct kvp_auth_server **out, const char *mode, const ch
         kvp_auth_server_destroy(&s);
         return KVP_ERR_IO;
     }
-    s->zap = zactor_new(zap_actor, s);
-    if (!s->zap) {
+    struct kvp_rt_spec spec = {.name = "zap", .init = zap_init, .handle = zap_handle, .fini = zap_fini, .state = s};
+    int rc = kvp_rt_spawn(&s->zap, &spec, NULL); /* any failure ran zap_fini (the store only) */
+    if (rc != KVP_OK) {
         kvp_auth_server_destroy(&s);
-        return KVP_ERR_IO;
+        return rc;
     }
     *out = s;
     return KVP_OK;
@@ -280,7 +296,7 @@ void kvp_auth_server_destroy(struct kvp_auth_server **ap)
         return;
     struct kvp_auth_server *a = *ap;
     zsock_destroy(&a->mon);
-    zactor_destroy(&a->zap); /* joins the handler thread; then its socket is ours again */
+    kvp_rt_destroy(&a->zap); /* joins the handler thread; then its socket is ours again */
     zsock_destroy(&a->rep);
     zcert_destroy(&a->cert);
     free(a);

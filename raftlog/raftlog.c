@@ -71,7 +71,10 @@ struct kvp_raftlog {
     pthread_t thread;
     bool thread_started;
 
-    /* mu guards: q_*, closing, start_done, start_rc, info */
+    /* mu guards: q_*, closing, start_done, start_rc, info. This queue is the raft thread's
+     * mailbox (with its uv_async_t as the wake-up): the raft thread is libuv's loop, which owns the
+     * canonical raft instance and must keep running it (issue 23: raft's libuv thread stays the
+     * raft actor's loop), so a runtime mailbox polled by another loop would not do. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct rl_op *q_head, *q_tail;

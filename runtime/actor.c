@@ -1,8 +1,11 @@
 /* actor.c — mailboxes, messages, references, spawn/close/stop, sinks and blocking calls.
  * The loop state (dispatch, timers, hosted actors) is in actor_loop.c. See actor.h. */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include "runtime/actor.h"
 
 #include <czmq.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,7 +256,12 @@ static struct kvp_rt_actor *actor_alloc(enum rt_mode mode, const char *name)
     atomic_init(&a->refs, 1);
     a->mode = mode;
     a->efd = -1;
-    snprintf(a->name, sizeof(a->name), "%s", name ? name : "actor");
+    /* memcpy, not snprintf: kvp_rt_call makes a sink per call, and the format parse was ~40% of
+     * making one (callgrind, kvpool-bench-msession). */
+    const char *n = name ? name : "actor";
+    size_t len = strnlen(n, KVP_RT_NAME_MAX);
+    memcpy(a->name, n, len);
+    a->name[len] = '\0';
     pthread_mutex_init(&a->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -264,153 +272,182 @@ static struct kvp_rt_actor *actor_alloc(enum rt_mode mode, const char *name)
     return a;
 }
 
-static void set_init_rc(struct kvp_rt_actor *a, int rc)
+/* The actor whose loop runs on this thread (threaded actors only): lets kvp_rt_close from a
+ * handler close its own actor directly instead of waiting for its own loop. */
+static __thread struct kvp_rt_actor *rt_current;
+
+/* Init is over (rc: its result): wake the spawner waiting in kvp_rt_spawn. */
+static void set_init_rc(struct kvp_rt_actor *a, int rc, bool exited)
 {
     pthread_mutex_lock(&a->mu);
     a->init_rc = rc;
     if (rc < 0 && !a->fail_err)
         a->fail_err = rc;
+    a->init_done = true;
+    a->exited = exited;
+    pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
 }
 
-/* The actor thread: zactor runs this with the actor end of the pipe. */
-static void actor_main(zsock_t *pipe, void *arg)
+/* What the owner asked for since the last look (kvp_rt_close / kvp_rt_stop). */
+static void take_cmds(struct kvp_rt_actor *a, bool *close, bool *term)
+{
+    pthread_mutex_lock(&a->mu);
+    *close = a->cmd_close;
+    *term = a->cmd_term;
+    a->cmd_close = false;
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Poll set of a threaded actor: item 0 is the mailbox eventfd, then one item per watch. */
+struct rt_pollset {
+    zmq_pollitem_t *items;
+    size_t n, cap;
+    int ep;        /* epoll set over the items (a libzmq socket by its ZMQ_FD), or -1: zmq_poll */
+    bool has_zmq;  /* some item is a libzmq socket: check ZMQ_EVENTS around the wait */
+};
+
+/* A libzmq socket has a message to read. ZMQ_EVENTS also processes the socket's pending
+ * commands, which is what re-arms its ZMQ_FD (docs/runtime.md, "Watching sockets and fds"). */
+static bool zmq_readable(void *sock)
+{
+    int ev = 0;
+    size_t len = sizeof ev;
+    return zmq_getsockopt(sock, ZMQ_EVENTS, &ev, &len) == 0 && (ev & ZMQ_POLLIN);
+}
+
+static int pollset_build(struct kvp_rt_actor *a, struct rt_pollset *ps)
+{
+    size_t n = 1;
+    for (struct rt_watch *w = a->core.watches; w; w = w->next)
+        n++;
+    if (n > ps->cap) {
+        zmq_pollitem_t *ni = realloc(ps->items, n * sizeof(*ni));
+        if (!ni)
+            return KVP_ERR_NOMEM;
+        ps->items = ni;
+        ps->cap = n;
+    }
+    memset(ps->items, 0, n * sizeof(*ps->items));
+    ps->items[0].fd = a->efd;
+    ps->items[0].events = ZMQ_POLLIN;
+    size_t i = 1;
+    for (struct rt_watch *w = a->core.watches; w; w = w->next, i++) {
+        if (w->fd >= 0)
+            ps->items[i].fd = w->fd;
+        else
+            ps->items[i].socket = zsock_resolve(w->handle);
+        ps->items[i].events = ZMQ_POLLIN;
+    }
+    ps->n = n;
+    ps->has_zmq = false;
+    if (ps->ep >= 0)
+        close(ps->ep);
+    ps->ep = epoll_create1(EPOLL_CLOEXEC);
+    for (size_t k = 0; k < n && ps->ep >= 0; k++) {
+        int fd = ps->items[k].fd;
+        if (ps->items[k].socket) {
+            size_t len = sizeof fd;
+            if (zmq_getsockopt(ps->items[k].socket, ZMQ_FD, &fd, &len) != 0)
+                fd = -1;
+            ps->has_zmq = true;
+        }
+        struct epoll_event ee = {.events = EPOLLIN, .data.u64 = k};
+        if (fd < 0 || epoll_ctl(ps->ep, EPOLL_CTL_ADD, fd, &ee) != 0) {
+            close(ps->ep);
+            ps->ep = -1; /* zmq_poll does the same job, with more system calls */
+        }
+    }
+    return KVP_OK;
+}
+
+/* Wait for input or the next timer (timeout_ms, -1 = none); sets revents. Returns how many
+ * items are ready (0 on timeout or EINTR). */
+static int pollset_wait(struct kvp_rt_actor *a, struct rt_pollset *ps, long timeout_ms)
+{
+    if (ps->ep < 0) {
+        int n = zmq_poll(ps->items, (int)ps->n, timeout_ms);
+        if (n < 0 && zmq_errno() != EINTR) {
+            kvp_log_error(a->name, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+            zclock_sleep(1);
+        }
+        return n < 0 ? 0 : n;
+    }
+    /* A libzmq socket's ZMQ_FD says only that its state may have changed: a message can be
+     * waiting while the fd is quiet (a handler's send or receive on the socket took the
+     * notification). So each libzmq socket is asked before the wait (one ZMQ_EVENTS), and one
+     * whose fd fired is asked again after it. */
+    int n = 0;
+    for (size_t k = 0; k < ps->n; k++) {
+        ps->items[k].revents = 0;
+        if (ps->has_zmq && ps->items[k].socket && zmq_readable(ps->items[k].socket)) {
+            ps->items[k].revents = ZMQ_POLLIN;
+            n++;
+        }
+    }
+    struct epoll_event evs[16];
+    int ne = epoll_wait(ps->ep, evs, 16, n ? 0 : (int)timeout_ms);
+    if (ne < 0 && errno != EINTR)
+        kvp_log_error(a->name, "epoll_wait: %s", strerror(errno));
+    for (int k = 0; k < ne; k++) {
+        zmq_pollitem_t *it = evs[k].data.u64 < ps->n ? &ps->items[evs[k].data.u64] : NULL;
+        if (!it || it->revents || (it->socket && !zmq_readable(it->socket)))
+            continue;
+        it->revents = ZMQ_POLLIN;
+        n++;
+    }
+    return n;
+}
+
+/* The actor thread. It waits on its mailbox eventfd, its timers and its watches only: the
+ * owner's commands (close, stop) come as flags under the mailbox lock plus an eventfd write,
+ * so no control socket is polled (docs/runtime.md, "Watching sockets and fds"). */
+static void *actor_main(void *arg)
 {
     struct kvp_rt_actor *a = arg;
-    a->pipe = pipe;
+    rt_current = a;
+    char tname[16];
+    snprintf(tname, sizeof tname, "%s", a->name);
+    pthread_setname_np(pthread_self(), tname);
     int rc = rt_core_start(a);
     if (rc < 0) {
         rt_core_close(a);
         rt_core_finish(a);
-        set_init_rc(a, rc);
-        zsock_signal(pipe, 0);
-        /* Wait for kvp_rt_spawn's zactor_destroy. */
-        for (;;) {
-            char *cmd = zstr_recv(pipe);
-            bool term = !cmd || streq(cmd, "$TERM");
-            zstr_free(&cmd);
-            if (term)
-                break;
-        }
-        return;
+        set_init_rc(a, rc, true); /* the spawner joins this thread */
+        return NULL;
     }
-    set_init_rc(a, KVP_OK);
-    zsock_signal(pipe, 0);
+    set_init_rc(a, KVP_OK, false);
 
-    bool term = false;
-    zmq_pollitem_t *items = NULL;
-    size_t nitems = 0, cap = 0;
+    struct rt_pollset ps = {.ep = -1};
     bool rebuild = true;
-    /* While every watch is a plain fd (the data-plane actors), the loop waits in epoll_wait over
-     * the mailbox eventfd, the pipe's ZMQ_FD and the watched fds: one system call per wake-up.
-     * zmq_poll, needed as soon as a libzmq socket is watched, also asks libzmq about the pipe
-     * (ZMQ_EVENTS, each a poll of its signaler) before and after waiting. ZMQ_FD only says that
-     * the pipe's state may have changed: the pipe is read while ZMQ_EVENTS says POLLIN, and
-     * checked once at start and after every rebuild (docs/runtime.md, "Watching sockets and fds"). */
-    int ep = -1;
-    int pipe_fd = -1;
-    size_t pfl = sizeof pipe_fd;
-    if (zmq_getsockopt(zsock_resolve(pipe), ZMQ_FD, &pipe_fd, &pfl) != 0)
-        pipe_fd = -1;
-    bool use_ep = false, check_pipe = true;
-    while (!term) {
+    for (;;) {
         if (rebuild || a->core.watches_changed) {
-            size_t n = 2;
-            for (struct rt_watch *w = a->core.watches; w; w = w->next)
-                n++;
-            if (n > cap) {
-                zmq_pollitem_t *ni = realloc(items, n * sizeof(*ni));
-                if (!ni) {
-                    kvp_log_error(a->name, "poll set: out of memory");
-                    zclock_sleep(10);
-                    continue;
-                }
-                items = ni;
-                cap = n;
+            if (pollset_build(a, &ps) != KVP_OK) {
+                kvp_log_error(a->name, "poll set: out of memory");
+                zclock_sleep(10);
+                continue;
             }
-            memset(items, 0, n * sizeof(*items));
-            items[0].socket = zsock_resolve(pipe);
-            items[0].events = ZMQ_POLLIN;
-            items[1].fd = a->efd;
-            items[1].events = ZMQ_POLLIN;
-            size_t i = 2;
-            for (struct rt_watch *w = a->core.watches; w; w = w->next, i++) {
-                if (w->fd >= 0)
-                    items[i].fd = w->fd;
-                else
-                    items[i].socket = zsock_resolve(w->handle);
-                items[i].events = ZMQ_POLLIN;
-            }
-            nitems = n;
             rebuild = false;
             a->core.watches_changed = false;
-            bool all_fds = pipe_fd >= 0;
-            for (struct rt_watch *w = a->core.watches; w; w = w->next)
-                if (w->fd < 0)
-                    all_fds = false;
-            if (ep >= 0)
-                close(ep);
-            ep = all_fds ? epoll_create1(EPOLL_CLOEXEC) : -1;
-            use_ep = ep >= 0;
-            for (size_t k = 0; k < nitems && use_ep; k++) {
-                struct epoll_event ee = {.events = EPOLLIN, .data.u64 = k};
-                if (epoll_ctl(ep, EPOLL_CTL_ADD, k == 0 ? pipe_fd : items[k].fd, &ee) != 0) {
-                    close(ep);
-                    ep = -1;
-                    use_ep = false;
-                }
-            }
-            check_pipe = true;
         }
         int64_t due = rt_core_next_due_ms(a);
-        long timeout = due < 0 ? -1 : (long)due;
-        int n;
-        if (use_ep) {
-            struct epoll_event evs[16];
-            int ne = epoll_wait(ep, evs, 16, check_pipe ? 0 : (int)timeout);
-            if (ne < 0 && errno != EINTR)
-                kvp_log_error(a->name, "epoll_wait: %s", strerror(errno));
-            for (size_t k = 0; k < nitems; k++)
-                items[k].revents = 0;
-            n = 0;
-            for (int k = 0; k < ne; k++)
-                if (evs[k].data.u64 < nitems) {
-                    if (evs[k].data.u64 == 0)
-                        check_pipe = true;
-                    else
-                        items[evs[k].data.u64].revents = ZMQ_POLLIN;
-                }
-            if (check_pipe) {
-                check_pipe = false;
-                if (zsock_events(pipe) & ZMQ_POLLIN)
-                    items[0].revents = ZMQ_POLLIN;
-            }
-            for (size_t k = 0; k < nitems; k++)
-                n += items[k].revents != 0;
-        } else {
-            n = zmq_poll(items, (int)nitems, timeout);
-            if (n < 0 && zmq_errno() != EINTR) {
-                kvp_log_error(a->name, "zmq_poll: %s", zmq_strerror(zmq_errno()));
-                zclock_sleep(1);
-            }
-        }
+        int n = pollset_wait(a, &ps, due < 0 ? -1 : (long)due);
+        zmq_pollitem_t *items = ps.items;
         if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
-            char *cmd = zstr_recv(pipe);
-            if (!cmd || streq(cmd, "$TERM")) {
-                term = true;
-            } else if (streq(cmd, "$CLOSE")) {
-                rt_core_close(a);
-                zsock_signal(pipe, 0);
-            }
-            zstr_free(&cmd);
+            uint64_t cnt;
+            ssize_t r = read(a->efd, &cnt, sizeof(cnt)); /* clear before taking commands and queue */
+            (void)r;
+            bool close_cmd, term;
+            take_cmds(a, &close_cmd, &term);
             if (term)
                 break;
-            check_pipe = true; /* epoll: more may be queued (ZMQ_FD will not say so again) */
-        }
-        if (n > 0 && (items[1].revents & ZMQ_POLLIN)) {
-            uint64_t cnt;
-            ssize_t r = read(a->efd, &cnt, sizeof(cnt)); /* clear before taking the queue */
-            (void)r;
+            if (close_cmd) {
+                rt_core_close(a);
+                pthread_mutex_lock(&a->mu);
+                a->close_acked = true;
+                pthread_cond_broadcast(&a->cv);
+                pthread_mutex_unlock(&a->mu);
+            }
             struct kvp_rt_msg *m = rt_take_all(a);
             while (m) {
                 struct kvp_rt_msg *next = m->next;
@@ -419,8 +456,8 @@ static void actor_main(zsock_t *pipe, void *arg)
             }
         }
         if (n > 0 && !a->core.watches_changed) {
-            size_t i = 2;
-            for (struct rt_watch *w = a->core.watches; w && i < nitems; w = w->next, i++) {
+            size_t i = 1;
+            for (struct rt_watch *w = a->core.watches; w && i < ps.n; w = w->next, i++) {
                 if (!(items[i].revents & ZMQ_POLLIN) || a->core.closed)
                     continue;
                 struct kvp_rt_ctx ctx = {a, NULL};
@@ -433,51 +470,100 @@ static void actor_main(zsock_t *pipe, void *arg)
         }
         rt_core_run_timers(a);
     }
-    free(items);
-    if (ep >= 0)
-        close(ep);
+    free(ps.items);
+    if (ps.ep >= 0)
+        close(ps.ep);
     rt_core_close(a);
     rt_core_finish(a);
     pthread_mutex_lock(&a->mu);
     a->exited = true; /* orders every loop-side write before the owner frees the actor */
+    pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+/* A spawn that fails before the actor's loop could run init (bad argument, no memory, no
+ * eventfd, no thread) still owns spec->state: run fini on the caller's thread, once, with the
+ * actor already closed (timers, requests and watches are refused). `a` may be NULL (no
+ * memory for it): a closed actor on the stack stands in for the fini call. */
+static void fini_unstarted(struct kvp_rt_actor *a, const struct kvp_rt_spec *spec)
+{
+    if (!spec->fini)
+        return;
+    struct kvp_rt_actor tmp;
+    if (!a) {
+        memset(&tmp, 0, sizeof tmp);
+        a = &tmp;
+        a->mode = RT_MANUAL;
+        a->efd = -1;
+        snprintf(a->name, sizeof a->name, "%s", spec->name ? spec->name : "actor");
+        rt_core_init(a);
+        a->spec = *spec;
+        a->core.state = spec->state;
+    }
+    a->core.closed = true;
+    a->closed = true; /* only the spawner knows the actor: no lock needed */
+    rt_core_finish(a);
+}
+
+/* Common start of kvp_rt_spawn and kvp_rt_spawn_manual; on failure fini ran. */
+static int spawn_prepare(struct kvp_rt_actor **ap, enum rt_mode mode, struct kvp_rt_actor **out,
+                         const struct kvp_rt_spec *spec)
+{
+    *ap = NULL;
+    if (!spec)
+        return KVP_ERR_INVALID;
+    if (!out || !spec->handle) {
+        kvp_log_error(spec->name ? spec->name : "actor", "spawn refused: %s is NULL; fini runs now",
+                      out ? "spec.handle" : "out");
+        fini_unstarted(NULL, spec);
+        return KVP_ERR_INVALID;
+    }
+    struct kvp_rt_actor *a = actor_alloc(mode, spec->name);
+    if (!a) {
+        kvp_log_error(spec->name ? spec->name : "actor", "spawn: out of memory; fini runs now");
+        fini_unstarted(NULL, spec);
+        return KVP_ERR_NOMEM;
+    }
+    a->spec = *spec;
+    a->spec.name = NULL; /* copied into a->name */
+    a->core.state = spec->state;
+    *ap = a;
+    return KVP_OK;
 }
 
 int kvp_rt_spawn(struct kvp_rt_actor **out, const struct kvp_rt_spec *spec,
                  struct kvp_rt_actor *parent)
 {
-    if (!out || !spec || !spec->handle)
-        return KVP_ERR_INVALID;
-    struct kvp_rt_actor *a = actor_alloc(RT_THREAD, spec->name);
-    if (!a)
-        return KVP_ERR_NOMEM;
-    a->spec = *spec;
-    a->spec.name = NULL; /* copied into a->name */
-    a->core.state = spec->state;
+    struct kvp_rt_actor *a;
+    int rc = spawn_prepare(&a, RT_THREAD, out, spec);
+    if (rc != KVP_OK)
+        return rc;
     a->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->efd < 0) {
-        kvp_log_error(a->name, "eventfd: %s", strerror(errno));
-        actor_free(a);
+        kvp_log_error(a->name, "spawn: eventfd: %s; fini runs now", strerror(errno));
+        fini_unstarted(a, spec);
+        kvp_rt_unref(&a);
         return KVP_ERR_IO;
     }
     a->parent = kvp_rt_ref(parent);
-    zactor_t *z = zactor_new(actor_main, a); /* returns after init ran (ready handshake) */
-    if (!z) {
-        kvp_log_error(a->name, "cannot start the actor thread");
+    int prc = pthread_create(&a->thread, NULL, actor_main, a);
+    if (prc != 0) {
+        kvp_log_error(a->name, "spawn: cannot start the actor thread: %s; fini runs now", strerror(prc));
+        fini_unstarted(a, spec);
         kvp_rt_unref(&a->parent);
-        actor_free(a);
+        kvp_rt_unref(&a);
         return KVP_ERR_IO;
     }
-    a->zactor = z;
-    pthread_mutex_lock(&a->mu);
-    int rc = a->init_rc;
+    a->thread_live = true;
+    pthread_mutex_lock(&a->mu); /* the ready handshake: init ran on the new thread */
+    while (!a->init_done)
+        pthread_cond_wait(&a->cv, &a->mu);
+    rc = a->init_rc;
     pthread_mutex_unlock(&a->mu);
     if (rc < 0) {
-        zactor_destroy(&z);
-        a->zactor = NULL;
-        pthread_mutex_lock(&a->mu);
-        a->closed = true;
-        pthread_mutex_unlock(&a->mu);
+        pthread_join(a->thread, NULL); /* the thread closed, ran fini and ended */
+        a->thread_live = false;
         kvp_rt_unref(&a->parent);
         kvp_log_warn(a->name, "init failed: %s", kvp_strerror(rc));
         kvp_rt_unref(&a);
@@ -491,16 +577,12 @@ int kvp_rt_spawn(struct kvp_rt_actor **out, const struct kvp_rt_spec *spec,
 int kvp_rt_spawn_manual(struct kvp_rt_actor **out, const struct kvp_rt_spec *spec,
                         struct kvp_rt_actor *parent)
 {
-    if (!out || !spec || !spec->handle)
-        return KVP_ERR_INVALID;
-    struct kvp_rt_actor *a = actor_alloc(RT_MANUAL, spec->name);
-    if (!a)
-        return KVP_ERR_NOMEM;
-    a->spec = *spec;
-    a->spec.name = NULL;
-    a->core.state = spec->state;
+    struct kvp_rt_actor *a;
+    int rc = spawn_prepare(&a, RT_MANUAL, out, spec);
+    if (rc != KVP_OK)
+        return rc;
     a->parent = kvp_rt_ref(parent);
-    int rc = rt_core_start(a);
+    rc = rt_core_start(a);
     if (rc < 0) {
         rt_core_close(a);
         rt_core_finish(a);
@@ -531,8 +613,20 @@ void kvp_rt_close(struct kvp_rt_actor *a)
         return;
     switch (a->mode) {
     case RT_THREAD:
-        if (zstr_send(a->zactor, "$CLOSE") == 0)
-            zsock_wait(a->zactor);
+        if (rt_current == a) { /* from its own handler: no need to ask the loop */
+            rt_core_close(a);
+            break;
+        }
+        pthread_mutex_lock(&a->mu);
+        if (!a->close_acked && !a->exited) {
+            a->cmd_close = true;
+            pthread_mutex_unlock(&a->mu);
+            wake_fd(a);
+            pthread_mutex_lock(&a->mu);
+            while (!a->close_acked && !a->exited)
+                pthread_cond_wait(&a->cv, &a->mu);
+        }
+        pthread_mutex_unlock(&a->mu);
         break;
     case RT_MANUAL:
         rt_core_close(a);
@@ -560,9 +654,18 @@ int kvp_rt_stop(struct kvp_rt_actor *a)
     if (!a->stopped) {
         switch (a->mode) {
         case RT_THREAD: {
-            zactor_t *z = a->zactor;
-            zactor_destroy(&z); /* $TERM: the thread closes, runs the finis, signals, ends */
-            a->zactor = NULL;
+            if (rt_current == a) {
+                kvp_log_error(a->name, "kvp_rt_stop from the actor's own thread refused");
+                return KVP_ERR_BUSY;
+            }
+            if (a->thread_live) { /* the thread closes, runs the finis and ends */
+                pthread_mutex_lock(&a->mu);
+                a->cmd_term = true;
+                pthread_mutex_unlock(&a->mu);
+                wake_fd(a);
+                pthread_join(a->thread, NULL);
+                a->thread_live = false;
+            }
             pthread_mutex_lock(&a->mu);
             bool exited = a->exited;
             pthread_mutex_unlock(&a->mu);

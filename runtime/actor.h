@@ -4,8 +4,8 @@
  * An actor is a private state plus a handler that receives typed messages one at a time on
  * one thread. Three kinds share one handle type, struct kvp_rt_actor:
  *
- *  - threaded actor (kvp_rt_spawn): its own thread (a czmq zactor) running a zpoller loop over
- *    its mailbox, its control pipe, its timers and any sockets/fds it watches;
+ *  - threaded actor (kvp_rt_spawn): its own thread running a loop over its mailbox (an eventfd,
+ *    also used for the owner's close/stop commands), its timers and any sockets/fds it watches;
  *  - manual actor (kvp_rt_spawn_manual): no thread; kvp_rt_poll() runs it on the caller's thread
  *    (tests, the harness in tests/lib/, or an embedding event loop);
  *  - sink (kvp_rt_sink_new): a mailbox without a handler; a thread takes messages with
@@ -120,7 +120,11 @@ struct kvp_rt_spec {
      * kvp_err to fail the actor (supervision).
      */
     int (*handle)(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg);
-    /** Releases the state; runs once on the actor's thread at stop (may be NULL). */
+    /**
+     * Releases the state (may be NULL). Runs exactly once: on the actor's thread at stop, or,
+     * when kvp_rt_spawn* fails, before it returns (see there) — also when the failure came
+     * before init could run, so fini must accept the state exactly as the spawner built it.
+     */
     void (*fini)(struct kvp_rt_ctx *ctx);
     void *state; /* initial state pointer, returned by kvp_rt_state() */
 };
@@ -140,13 +144,20 @@ struct kvp_rt_hosted_spec {
  * Spawn a threaded actor. Blocks until init has run on the new thread. `parent` (may be
  * NULL) receives KVP_RT_FAILED if this actor fails; the runtime holds a reference to it.
  * On success *out is the owner's handle (release with kvp_rt_destroy).
- * Errors: KVP_ERR_INVALID (out/spec/handle NULL), KVP_ERR_NOMEM, KVP_ERR_IO (no eventfd or
- * thread), or init's negative return (the thread is then already gone, fini has run).
+ *
+ * Ownership, one rule: from the call on, the runtime owns spec->state. Whatever fails,
+ * spec->fini (when set) has run exactly once before the error returns, and the caller must not
+ * touch the state again: on the actor's thread when init failed, on the caller's thread (with
+ * the actor already closed, init never run) when the spawn failed before that. Only spec ==
+ * NULL leaves nothing to release.
+ * Errors: KVP_ERR_INVALID (spec/out/handle NULL), KVP_ERR_NOMEM, KVP_ERR_IO (no eventfd or
+ * thread), or init's negative return (the thread is then already gone).
  */
 int kvp_rt_spawn(struct kvp_rt_actor **out, const struct kvp_rt_spec *spec,
                  struct kvp_rt_actor *parent);
 
-/** As kvp_rt_spawn, but no thread: init runs now on the caller; kvp_rt_poll() runs it. */
+/** As kvp_rt_spawn (the same ownership rule), but no thread: init runs now on the caller;
+ * kvp_rt_poll() runs it. */
 int kvp_rt_spawn_manual(struct kvp_rt_actor **out, const struct kvp_rt_spec *spec,
                         struct kvp_rt_actor *parent);
 

@@ -2,9 +2,9 @@
  * actor_internal.h — private structures of the actor runtime (runtime/actor*.c only).
  *
  * Threads and locks: the mailbox part of struct kvp_rt_actor (queue, closed, fail_err,
- * init_rc, exited) is guarded by `mu`; the loop part (struct rt_core) is touched only by the
- * thread that runs the actor (its zactor thread, or the owner calling kvp_rt_poll for a manual
- * actor). `refs` is the only atomic; see rt_ref/rt_unref in actor.c for its memory orders.
+ * init_rc, exited, and the owner's commands cmd_close/cmd_term with their answers init_done and
+ * close_acked) is guarded by `mu`; the loop part (struct rt_core) is touched only by the thread
+ * that runs the actor (its own pthread, or the owner calling kvp_rt_poll for a manual actor). `refs` is the only atomic; see rt_ref/rt_unref in actor.c for its memory orders.
  */
 #ifndef KVP_RUNTIME_ACTOR_INTERNAL_H
 #define KVP_RUNTIME_ACTOR_INTERNAL_H
@@ -130,14 +130,19 @@ struct kvp_rt_actor {
     int fail_err;
     int init_rc;
     bool exited;
-    int efd; /* threaded: eventfd written when the queue goes from empty to non-empty */
+    bool init_done;   /* threaded: init ran (or failed); the spawner waits on cv for it */
+    bool cmd_close;   /* threaded: the owner asks the loop to close (kvp_rt_close) */
+    bool cmd_term;    /* threaded: the owner asks the loop to end (kvp_rt_stop) */
+    bool close_acked; /* threaded: the loop closed after cmd_close; kvp_rt_close waits on cv */
+    int efd; /* threaded: eventfd written when the queue goes from empty to non-empty, and for
+              * every owner command (cmd_close, cmd_term) */
 
     /* owner side */
-    void *zactor; /* zactor_t * */
+    pthread_t thread; /* threaded: joined by kvp_rt_stop */
+    bool thread_live; /* threaded: thread started and not yet joined */
     bool stopped;
 
     /* loop side */
-    void *pipe; /* zsock_t *, the actor end of the zactor pipe */
     struct rt_core core;
 };
 

@@ -198,7 +198,7 @@ int kvp_rt_sup_new(struct kvp_rt_actor **out, const char *name, const struct kvp
         s->policy.window_ms = SUP_DEFAULT_WINDOW_MS;
     struct kvp_rt_spec spec = {.name = name ? name : "supervisor", .handle = sup_handle, .fini = sup_fini,
                                .state = s};
-    return kvp_rt_spawn(out, &spec, NULL); /* on failure fini ran: s is freed */
+    return kvp_rt_spawn(out, &spec, NULL); /* owns s from here: any failure ran sup_fini */
 }
 
 static int sup_call(struct kvp_rt_actor *sup, uint32_t type, const char *child, kvp_rt_sup_start_fn start,

@@ -12,15 +12,12 @@
 int kvp_client_checksum_simd_level(void)
 {
 #if defined(__x86_64__)
-    static int known; /* 0 unknown, else level + 1; racing first calls compute the same answer */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (k == 0) {
-        __builtin_cpu_init();
-        /* libgcc reports AVX-512F only when the OS also saves the zmm state (XCR0). */
-        k = __builtin_cpu_supports("avx512f") ? 3 : __builtin_cpu_supports("avx2") ? 2 : 1;
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k - 1;
+    /* No cache of our own (it was a shared atomic): libgcc fills its CPU model once, in a
+     * constructor before main, and __builtin_cpu_supports only reads it (a few instructions next
+     * to hashing a whole object). __builtin_cpu_init is that same one-time fill, for calls from
+     * other constructors. libgcc reports AVX-512F only when the OS also saves the zmm state (XCR0). */
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
 #else
     return 0;
 #endif

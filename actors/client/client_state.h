@@ -49,7 +49,12 @@ struct kvp_client {
     atomic_uint_fast64_t op_counter;/* per-put counter for op ids */
     atomic_uint local_seg_id;       /* embedded segment id registered with the local transport; 0 = none */
 
-    pthread_mutex_t mu;             /* guards closed, inflight, bufs, avoid */
+    /* mu guards closed, inflight, bufs, avoid. A lock rather than a message: the API calls run on
+     * the application's own threads (the client is a library, not an actor), every call enters
+     * and leaves through closed/inflight and looks up bufs on its data path, and close must wait
+     * (idle_cv) until the calls already inside have left; a message round trip to an owner
+     * thread per call would add a hop to every get and put without removing that wait. */
+    pthread_mutex_t mu;
     pthread_cond_t idle_cv;         /* signalled when inflight drops to 0 */
     bool closed;                    /* kvp_client_close started: new calls get KVP_ERR_CLOSED */
     uint32_t inflight;              /* API calls running */

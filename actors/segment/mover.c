@@ -250,5 +250,5 @@ int kvp_mover_spawn(struct kvp_rt_actor **out, struct kvp_rt_actor *parent, cons
     }
     struct kvp_rt_spec spec = {.name = "mover", .init = mover_init, .handle = mover_handle, .fini = mover_fini,
                                .state = m};
-    return kvp_rt_spawn(out, &spec, parent); /* on failure fini ran: m is freed */
+    return kvp_rt_spawn(out, &spec, parent); /* owns m from here: any failure ran mover_fini */
 }

@@ -223,5 +223,5 @@ int kvp_seg_heartbeat_spawn(void *arg, struct kvp_rt_actor *parent, struct kvp_r
     h->timeout = h->period < 1000 ? 1000 : h->period;
     struct kvp_rt_spec spec = {.name = "heartbeat", .init = hb_init, .handle = hb_handle, .fini = hb_fini,
                                .state = h};
-    return kvp_rt_spawn(out, &spec, parent); /* on failure fini ran: h is freed */
+    return kvp_rt_spawn(out, &spec, parent); /* owns h from here: any failure ran hb_fini */
 }

@@ -1250,8 +1250,8 @@ int kvp_seg_server_start_auth(struct kvp_seg_server **out, const char *host, uin
         s->n_token_pks = n_token_pks;
     }
     /* The loops are the first runtime actors of a process that embeds a segment (a client with
-     * global_segment_size, kvpool-segment): the first zactor runs czmq's zsys_init, which would
-     * install czmq's SIGINT/SIGTERM handlers and take Ctrl-C away from the application. Before
+     * global_segment_size, kvpool-segment): czmq's zsys_init (run by the process's first czmq
+     * socket or zactor; the runtime's threads are plain pthreads) would install czmq's SIGINT/SIGTERM handlers and take Ctrl-C away from the application. Before
      * the server was an actor such processes never had them; keep it so (docs/runtime.md). */
     zsys_handler_set(NULL);
     int rc = listen_on(s, host, port);
@@ -1269,7 +1269,7 @@ int kvp_seg_server_start_auth(struct kvp_seg_server **out, const char *host, uin
         snprintf(name, sizeof name, "seg-loop-%d", i);
         struct kvp_rt_spec spec = {.name = name, .init = loop_init, .handle = loop_handle,
                                    .fini = loop_fini, .state = l};
-        rc = kvp_rt_spawn(&s->loops[i], &spec, NULL); /* on failure fini ran: l is freed */
+        rc = kvp_rt_spawn(&s->loops[i], &spec, NULL); /* owns l from here: any failure ran loop_fini */
         if (rc == KVP_OK)
             s->n_loops++;
     }

@@ -301,6 +301,7 @@ struct pf_state {
     size_t allowed;       /* bytes below which memory was checked */
     bool populate;        /* MADV_POPULATE_WRITE works (else: touch page by page) */
     bool ended;           /* the closing line was logged */
+    bool started;         /* init ran (a spawn that failed before it logs no closing line) */
     char why[768];        /* why it stopped early ("" = it did not) */
 };
 
@@ -363,6 +364,7 @@ static int pf_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
 
 static int pf_init(struct kvp_rt_ctx *ctx)
 {
+    ((struct pf_state *)kvp_rt_state(ctx))->started = true;
     return kvp_rt_send(kvp_rt_self(ctx), 0, PF_MSG_STEP, 0, NULL, NULL);
 }
 
@@ -370,7 +372,7 @@ static int pf_init(struct kvp_rt_ctx *ctx)
 static void pf_fini(struct kvp_rt_ctx *ctx)
 {
     struct pf_state *p = kvp_rt_state(ctx);
-    if (!p->ended)
+    if (!p->ended && p->started)
         pf_log_end(p);
     free(p);
 }
@@ -387,7 +389,7 @@ int kvp_seg_prefault_spawn(void *arg, struct kvp_rt_actor *parent, struct kvp_rt
     p->allowed = s->huge ? s->map_bytes : 0;
     struct kvp_rt_spec spec = {.name = "prefault", .init = pf_init, .handle = pf_handle, .fini = pf_fini,
                                .state = p};
-    return kvp_rt_spawn(out, &spec, parent); /* on failure fini ran: p is freed */
+    return kvp_rt_spawn(out, &spec, parent); /* owns p from here: any failure ran pf_fini */
 }
 
 static void prefault_start(struct kvp_segment *s)

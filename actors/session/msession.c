@@ -470,7 +470,6 @@ static int ms_init(struct kvp_rt_ctx *ctx)
         if (rc != KVP_OK)
             return rc;
     }
-    s->spawn_freed = NULL; /* the spawner's flag lives on its stack: no later fini may touch it */
     return KVP_OK;
 }
 
@@ -484,8 +483,6 @@ static void ms_fini(struct kvp_rt_ctx *ctx)
         s->calls = c->next;
         call_free(c);
     }
-    if (s->spawn_freed)
-        *s->spawn_freed = true;
     state_free(s);
 }
 
@@ -524,21 +521,17 @@ int kvp_msession_new_auth(struct kvp_msession **out, const char *const *masters,
         }
         s->n_masters++;
     }
-    /* The session may be the first runtime actor of a process (a client, kvpool-segment,
-     * kvpoolctl): the first zactor runs czmq's zsys_init, which would install czmq's
+    /* The session may be the first user of czmq in a process (a client, kvpool-segment,
+     * kvpoolctl): czmq's zsys_init (run by the process's first czmq socket or zactor; the
+     * runtime's threads are plain pthreads) would install czmq's
      * SIGINT/SIGTERM handlers and take Ctrl-C away from the application. Before the session was
      * an actor such processes never had them; keep it so (docs/runtime.md "Signals"). */
     zsys_handler_set(NULL);
     struct kvp_rt_spec spec = {.name = s->name, .init = ms_init, .handle = ms_handle,
                                .fini = ms_fini, .state = s};
-    /* A failed init runs fini (s freed, keys included); a spawn that failed before the thread
-     * (no memory, no eventfd, no thread) runs none: then s, and the keys it owns, are freed here. */
-    bool freed = false;
-    s->spawn_freed = &freed;
+    /* From here the runtime owns s: any failure ran ms_fini (s and the keys it owns freed). */
     int rc = kvp_rt_spawn(&h->actor, &spec, NULL);
     if (rc != KVP_OK) {
-        if (!freed)
-            state_free(s);
         free(h);
         return rc;
     }

@@ -84,8 +84,6 @@ struct kvp_ms_state {
     uint64_t next_seq;         /* next call sequence */
     void *zctx;                /* ZeroMQ context (the session's own) */
     struct kvp_auth_client *auth; /* CURVE keys (auth/auth.h); NULL = auth off; freed with the state */
-    bool *spawn_freed;         /* during kvp_rt_spawn only: fini sets it (init failed, the state
-                                * is gone); NULL once init succeeded */
     void *socks[KVP_MS_MAX_MASTERS]; /* DEALER per master */
     bool watched[KVP_MS_MAX_MASTERS]; /* socket is in the actor's poll set */
     uint64_t sent_ms[KVP_MS_MAX_MASTERS]; /* last request sent to that master (0 never) */

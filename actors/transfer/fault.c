@@ -77,6 +77,11 @@ struct rule {
     uint32_t left; /* count left (when r.count > 0) */
 };
 
+/* Fault injection exists in test builds only (KVP_FAULT_INJECTION). A lock rather than a message:
+ * the rules are process-wide, set by a test's thread and consulted by every transport actor of
+ * every engine in the process, and the tests wait here (g_cv) for faulted pieces to drain; no one
+ * actor owns them. The late-WRITE threads model a peer whose delayed frame arrives after a fence,
+ * independent of every loop (so that no loop's schedule can order it). */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
 static struct rule g_rules[MAX_RULES];

@@ -943,9 +943,7 @@ static int spawn_xa(struct kvp_rt_actor **out, const struct kvp_xfer_params *p, 
         xa->idle = kvp_rt_ref(idle);
     struct kvp_rt_spec spec = {.name = xa->name, .init = xa_init, .handle = xa_handle, .fini = xa_fini,
                                .state = xa};
-    int rc = kvp_rt_spawn(out, &spec, NULL);
-    /* on failure fini ran (and freed xa) */
-    return rc;
+    return kvp_rt_spawn(out, &spec, NULL); /* owns xa from here: any failure ran xa_fini */
 }
 
 int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_params *p)
@@ -973,8 +971,8 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
         e->p.io_threads = 1;
     if (e->p.io_threads > XFER_MAX_IO_THREADS)
         e->p.io_threads = XFER_MAX_IO_THREADS;
-    /* The transfer actors may be a process's first runtime actors (a client): the first zactor
-     * runs czmq's zsys_init, which would install czmq's SIGINT/SIGTERM handlers and take Ctrl-C
+    /* The transfer actors may be a process's first runtime actors (a client): czmq's zsys_init
+     * (run by the process's first czmq socket or zactor) would install czmq's SIGINT/SIGTERM handlers and take Ctrl-C
      * away from the application. Before the engine was actors clients never had them; keep it so
      * (docs/runtime.md, "Signals"; as kvp_seg_server_start does). */
     zsys_handler_set(NULL);

@@ -10,3 +10,7 @@ foreach(T containers api err)
   kvp_add_test(test_runtime_${T} SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_runtime_${T}.c
                LABEL unit TIMEOUT 60)
 endforeach()
+# The spawn ownership rule under injected eventfd/pthread_create failures (link-time wraps).
+kvp_add_test(test_runtime_spawn_fail SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_runtime_spawn_fail.c
+             LABEL unit TIMEOUT 60)
+target_link_options(test_runtime_spawn_fail PRIVATE -Wl,--wrap=eventfd -Wl,--wrap=pthread_create)

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include "actors/session/msession.h"
@@ -38,6 +39,7 @@
 #include "config/config.h"
 #include "kvpool.h"
 #include "metrics/metrics.h"
+#include "runtime/actor.h"
 #include "runtime/log.h"
 #include "runtime/sdnotify.h"
 
@@ -51,35 +53,35 @@ static void usage(void)
     }
 }
 
-/* The signal watcher of the start (main). */
-struct start_watch {
-    sigset_t sigs;
-    pthread_t th;
-    pthread_mutex_t mu;
-    bool started; /* kvp_segment_start has returned: hand the signal over */
-    int sig;      /* the signal taken after that, for main */
-};
+/* The signal watcher of the start: a runtime actor watching a signalfd of SIGINT/SIGTERM (blocked
+ * in every thread) while main waits in kvp_segment_start. A signal read while starting exits the
+ * process at once; main's START_WATCH_DONE request makes it stop reading (unwatch), so a later
+ * signal stays pending for main's sigwait. */
+enum { START_WATCH_DONE = 1 };
 
-static void *start_watch_main(void *arg)
+static int start_watch_on_signal(struct kvp_rt_ctx *ctx, void *handle)
 {
-    struct start_watch *w = arg;
-    for (;;) {
-        int sig = 0;
-        if (sigwait(&w->sigs, &sig) != 0)
-            continue;
-        pthread_mutex_lock(&w->mu);
-        if (w->started) {
-            if (!w->sig)
-                w->sig = sig;
-            pthread_mutex_unlock(&w->mu);
-            continue; /* main cancels this thread next */
-        }
-        /* Still starting: the mount may be waiting for a master. Leave at once. */
-        fprintf(stderr, "kvpool-segment: %s while starting: exiting without mounting\n",
-                sig == SIGTERM ? "SIGTERM" : "SIGINT");
-        _exit(sig == SIGTERM ? 143 : 130);
+    struct signalfd_siginfo si;
+    if (read(*(int *)handle, &si, sizeof si) != (ssize_t)sizeof si)
+        return KVP_OK; /* EAGAIN: taken already */
+    /* Still starting: the mount may be waiting for a master. Leave at once. */
+    fprintf(stderr, "kvpool-segment: %s while starting: exiting without mounting\n",
+            si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+    _exit(si.ssi_signo == SIGTERM ? 143 : 130);
+}
+
+static int start_watch_init(struct kvp_rt_ctx *ctx)
+{
+    return kvp_rt_watch_fd(ctx, *(int *)kvp_rt_state(ctx), start_watch_on_signal);
+}
+
+static int start_watch_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    if (msg->kind == KVP_RT_REQUEST && msg->type == START_WATCH_DONE) {
+        kvp_rt_unwatch_fd(ctx, *(int *)kvp_rt_state(ctx));
+        kvp_rt_reply(ctx, msg->corr_id, KVP_OK, 0, NULL, NULL);
     }
-    return NULL;
+    return KVP_OK;
 }
 
 /*
@@ -252,25 +254,27 @@ int main(int argc, char **argv)
         return 1;
     }
     /* The start (map, serve, mount) can wait up to the mount's timeout for a master; a signal
-     * then must not wait for it. A watcher thread takes SIGINT/SIGTERM meanwhile: before the
-     * start has returned it exits the process at once (nothing to undo: the master has not
-     * confirmed the segment; were the mount to commit at that moment, the silent segment is
-     * declared lost after client_ttl_ms, holding no object); after, it hands the signal to
-     * main, which handles it as below. */
-    struct start_watch w = {.sigs = sigs};
-    pthread_mutex_init(&w.mu, NULL);
-    bool watching = pthread_create(&w.th, NULL, start_watch_main, &w) == 0;
+     * then must not wait for it. A watcher actor reads SIGINT/SIGTERM from a signalfd meanwhile:
+     * before the start has returned it exits the process at once (nothing to undo: the master
+     * has not confirmed the segment; were the mount to commit at that moment, the silent segment
+     * is declared lost after client_ttl_ms, holding no object); after, it stops reading, and
+     * main takes the signal with sigwait as below. */
+    int sfd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
+    struct kvp_rt_actor *watch = NULL;
+    struct kvp_rt_spec wspec = {.name = "signals", .init = start_watch_init, .handle = start_watch_handle,
+                                .state = &sfd};
+    if (sfd < 0 || kvp_rt_spawn(&watch, &wspec, NULL) != KVP_OK)
+        kvp_log_warn("kvpool-segment", "no signal watcher during the start: a signal waits until it is done");
     struct kvp_segment *seg = NULL;
     rc = kvp_segment_start(&seg, &cfg, ms, &hooks);
-    int early_sig = 0;
-    if (watching) {
-        pthread_mutex_lock(&w.mu);
-        w.started = true;
-        early_sig = w.sig;
-        pthread_mutex_unlock(&w.mu);
-        pthread_cancel(w.th); /* it waits in sigwait, a cancellation point */
-        pthread_join(w.th, NULL);
+    if (watch) {
+        struct kvp_rt_msg *reply = NULL;
+        if (kvp_rt_call(watch, 0, START_WATCH_DONE, 0, NULL, NULL, 0, &reply) == KVP_OK)
+            kvp_rt_msg_destroy(&reply);
+        kvp_rt_destroy(&watch);
     }
+    if (sfd >= 0)
+        close(sfd);
     if (rc != KVP_OK) {
         fprintf(stderr, "kvpool-segment: cannot start: %s\n", kvp_strerror(rc));
         kvp_metrics_http_stop(&http);
@@ -287,7 +291,7 @@ int main(int argc, char **argv)
              kvp_segment_id(seg), kvp_segment_endpoint(seg));
     kvp_sd_notify("kvpool-segment", status);
 
-    int sig = early_sig;
+    int sig = 0;
     while (!sig && sigwait(&sigs, &sig) != 0)
         ;
     kvp_sd_notify("kvpool-segment", sig == SIGTERM ? "STOPPING=1\nSTATUS=draining" : "STOPPING=1\nSTATUS=unmounting");
