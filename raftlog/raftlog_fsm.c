@@ -243,6 +243,8 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
             } else if (now - g->apply_iter_t0_us >= g->apply_budget_us) {
                 defer = true;
             }
+        } else if (defer && g->rs == 0 && g->defer_max_us > 0 && g->q_len * g->apply_mean_us >= g->defer_max_us) {
+            defer = false; /* the backlog bound: catch up below, then apply this one inline */
         }
         if (defer && defer_push(g, buf->base, buf->len) == KVP_OK) {
             after_apply(g, buf->base, buf->len, it.count);
@@ -279,6 +281,7 @@ static void apply_entry(struct kvp_rl_glue *g, struct kvp_rl_entry_iter *it, str
     if (mine != NULL)
         mine->delivered = true;
     uint64_t apply_us = kvp_clock_now_us() - t0, apply_cpu = thread_cpu_us() - c0;
+    g->apply_mean_us = g->apply_mean_us ? (g->apply_mean_us * 7 + apply_us) / 8 : apply_us;
     if (apply_us > g->max_apply_us)
         g->max_apply_us = apply_us;
     if (apply_cpu > g->max_apply_cpu_us)

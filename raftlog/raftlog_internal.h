@@ -137,6 +137,12 @@ struct kvp_rl_glue {
      * entry of this node's own catch up at once (kvp_rl_glue_catch_up). */
     bool steps;                     /* on once raft has started (a start-up restore: one piece) */
     uint64_t apply_budget_us;       /* applies per loop iteration on a follower; 0 = no bound */
+    /* Backlog bound: past the budget an entry is deferred only while the queue holds less than
+     * this much work (queued entries x the mean apply time of an entry); beyond it the follower
+     * catches up and applies inline, so a member that becomes leader never inherits more than
+     * about this much to apply in one piece. 0 = no bound. Not applied behind a staged install. */
+    uint64_t defer_max_us;
+    uint64_t apply_mean_us;         /* moving mean of one entry's apply, wall time */
     uint64_t iter_seq;              /* bumped once per loop iteration (kvp_rl_glue_next_iteration) */
     uint64_t apply_iter, apply_iter_t0_us;
     size_t restore_step_bytes;      /* per user.restore_step call; 0 = 64 KiB */

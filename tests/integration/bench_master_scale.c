@@ -200,8 +200,12 @@ static struct kvp_msession *session(void)
     for (int i = 0; i < TM_MASTERS; i++)
         list[i] = master_list[i];
     struct kvp_msession *ms = NULL;
-    if (kvp_msession_new(&ms, list, TM_MASTERS, "scale-bench") != KVP_OK)
+    struct kvp_auth_client *auth = NULL; /* the cluster's admin key (cluster.json "auth", issue 25) */
+    if (kvp_auth_client_load(&auth, NULL, NULL, NULL, C.file, "admin_key", "scale-bench") != KVP_OK ||
+        kvp_msession_new_auth(&ms, list, TM_MASTERS, "scale-bench", &auth) != KVP_OK) {
+        kvp_auth_client_destroy(&auth);
         return NULL;
+    }
     return ms;
 }
 
@@ -428,6 +432,7 @@ static int mount_segments(void)
         Kvp__Response *resp = NULL;
         int rc = kvp_msession_call(C.ms, &req, 10000, &resp);
         if (rc != KVP_OK || resp->status != KVP_OK || !resp->mount) {
+            printf("mount of %s: %s (status %d)\n", name, kvp_strerror(rc), resp ? resp->status : 0);
             kvp_msession_response_free(resp);
             return -1;
         }
@@ -488,7 +493,7 @@ int main(int argc, char **argv)
         }
     }
     if (!O.extra)
-        O.extra = O.objects / 10 + 50000;
+        O.extra = O.objects / 10 + 400000; /* past two 16 MiB log bounds: the leader compacts past the follower */
     kvp_log_set_level(KVP_LOG_ERROR);
     /* Bring up with --metrics (tm_cluster_up has no flag for it). */
     memset(&C, 0, sizeof C);

@@ -615,6 +615,27 @@ static void test_raftlog_lagging_follower_applies_in_steps(void **state)
     assert_true(g2->entries_deferred > 0);
     assert_int_equal(g2->snapshots_restored, 0);
     assert_digests_equal(x);
+
+    /* The backlog bound: with it at 1 us the follower defers one entry at most, then catches
+     * up and applies inline, however many entries arrive at once. */
+    g2->defer_max_us = 1;
+    raft_fixture_kill(&x->f, 2);
+    for (unsigned e = 0; e < 60; e++) {
+        idx = put_batch(x, 0, &key);
+        assert_true(step_until_applied(x, 0, idx, 5000));
+    }
+    raft_fixture_revive(&x->f, 2);
+    uint64_t deferred0 = g2->entries_deferred, max_q = 0;
+    for (unsigned k = 0; k < 200000 && raft_last_applied(raft_fixture_get(&x->f, 2)) < idx; k++) {
+        step(x);
+        if (g2->q_len > max_q)
+            max_q = g2->q_len;
+    }
+    print_message("bounded: %llu more deferred, at most %llu queued\n",
+                  (unsigned long long)(g2->entries_deferred - deferred0), (unsigned long long)max_q);
+    assert_true(max_q <= 1);
+    assert_true(g2->entries_deferred > deferred0);
+    assert_digests_equal(x);
 }
 
 /* A snapshot() that writes the state with one byte of it flipped: the container built around

@@ -28,9 +28,14 @@ typedef struct kvp_master_fsm fsm_t;
 _Static_assert(sizeof(struct kvp_fsm_range) == 2 * sizeof(uint64_t), "SnapReservation.used is read as ranges");
 #define SNAP_MAX_SEGMENT_IDS (1u << 24)
 
-enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_N_OBJECTS = 5, F_CHECKSUM = 15 };
-/* A restore sizes its object table once from the count the snapshot announces (F_N_OBJECTS,
- * a hint: older snapshots lack it and the table then grows as objects arrive), up to this many. */
+enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_N_OBJECTS = 5, F_TAB_CAP = 6, F_CHECKSUM = 15 };
+/* A restore sizes its object table once, before the first object, from the object count and
+ * the writer's table capacity the snapshot announces (fields 5 and 6, hints: older snapshots
+ * lack them and the table then grows as objects arrive). The writer's capacity is preferred:
+ * the incremental snapshot writes objects in its table's slot order, and inserting a table's
+ * slots in order into a smaller linear-probing table piles them into ever longer runs (quadratic
+ * probing time: a 4.5M-object start-up restore ran for minutes in tab_place); into a table of the
+ * same capacity each lands at or before its old slot. */
 #define SNAP_MAX_OBJECTS_HINT ((uint64_t)1 << 32)
 
 /* ------------------------------------------------------------------ output buffer */
@@ -253,6 +258,8 @@ static void put_prefix(struct obuf *o, const fsm_t *f)
     if (f->n_objects) {
         put_varint(o, F_N_OBJECTS << 3);
         put_varint(o, f->n_objects);
+        put_varint(o, F_TAB_CAP << 3);
+        put_varint(o, f->tab_cap);
     }
 }
 
@@ -574,6 +581,7 @@ struct kvp_fsm_restore {
     struct rctx c;
     struct ibuf in;
     bool have_format, seen_seg, seen_obj;
+    uint64_t n_hint, cap_hint; /* fields 5 and 6: the object table's size */
     enum { RS_PARSE, RS_ALLOC, RS_READY, RS_FREE_OLD, RS_DONE } phase;
     uint32_t seg_next;     /* RS_ALLOC: next segment index */
     uint64_t slot_next;    /* RS_FREE_OLD: next table slot */
@@ -607,17 +615,10 @@ static int restore_field(struct kvp_fsm_restore *r)
                     return KVP_ERR_NOMEM;
             }
             t->n_segs_ids = t->segs_cap = (uint32_t)v;
-        } else if (field == F_N_OBJECTS && !t->tab && v > 0 && v <= SNAP_MAX_OBJECTS_HINT &&
-                   v <= (uint64_t)(in->end - in->p)) {
-            /* Size the table once (load at most 3/4, as kvp_fsm_obj_insert keeps it): growing it
-             * while objects arrive would rehash the whole table in one step. The hint is
-             * bounded by the bytes left (an object takes more than one). */
-            uint64_t cap = 1024;
-            while (v * 4 > cap * 3)
-                cap *= 2;
-            if (!(t->tab = calloc(cap, sizeof(*t->tab))))
-                return KVP_ERR_NOMEM;
-            t->tab_cap = cap;
+        } else if (field == F_N_OBJECTS && v <= SNAP_MAX_OBJECTS_HINT && v <= (uint64_t)(in->end - in->p)) {
+            r->n_hint = v; /* bounded by the bytes left: an object takes more than one */
+        } else if (field == F_TAB_CAP) {
+            r->cap_hint = v;
         }
         return KVP_OK;
     }
@@ -643,6 +644,18 @@ static int restore_field(struct kvp_fsm_restore *r)
         rc = restore_segment(c, m);
         kvp__snap_segment__free_unpacked(m, NULL);
     } else if (field == F_OBJECT) {
+        if (!r->seen_obj && !t->tab && r->n_hint > 0) {
+            /* Size the table once (load at most 3/4, as kvp_fsm_obj_insert keeps it): growing it
+             * while objects arrive would also rehash it in one step. */
+            uint64_t cap = 1024;
+            while (r->n_hint * 4 > cap * 3)
+                cap *= 2;
+            if (r->cap_hint >= cap && r->cap_hint <= cap * 4 && !(r->cap_hint & (r->cap_hint - 1)))
+                cap = r->cap_hint; /* the writer's, when plausible for the count */
+            if (!(t->tab = calloc(cap, sizeof(*t->tab))))
+                return KVP_ERR_NOMEM;
+            t->tab_cap = cap;
+        }
         r->seen_obj = true;
         Kvp__SnapObject *m = kvp__snap_object__unpack(NULL, (size_t)v, sub);
         if (!m)
