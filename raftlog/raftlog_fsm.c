@@ -972,7 +972,7 @@ static int catch_up_unit(struct kvp_rl_glue *g, bool *idle)
         int rc = g->user.restore_begin(g->user.ctx, g->rs_raw, g->rs_raw_len, &g->rs_h);
         if (rc != KVP_OK) {
             g->rs_h = NULL;
-            return staged_fail(g, rc, "the state's bytes fail their checksum");
+            return staged_fail(g, rc, "the state's bytes are not a snapshot");
         }
         g->rs = 2;
         return KVP_OK;
@@ -982,7 +982,7 @@ static int catch_up_unit(struct kvp_rl_glue *g, bool *idle)
         int rc = g->user.restore_step(g->user.ctx, g->rs_h, step_bytes, &done);
         if (rc != KVP_OK)
             return staged_fail(g, rc, rc == KVP_ERR_VERSION ? "a state format newer than this master reads"
-                                                              : "the state's bytes do not decode");
+                                                              : "the state's bytes do not decode or fail their checksum");
         if (!done)
             return KVP_OK;
         if (g->fsm_lock != NULL)

@@ -55,14 +55,15 @@ int kvp_master_fsm_restore(struct kvp_master_fsm *fsm, const uint8_t *buf, size_
 
 /**
  * Restore in steps (fsm_snap.c; raftlog installs a snapshot this way, docs/raftlog.md
- * "Installing a snapshot in steps"). begin checks the snapshot's checksum (O(len), no parse) and
- * returns a handle; buf must stay valid and unchanged until the handle is dropped. step parses
- * about max_bytes of it into a new state built aside (then builds the segments' allocators a few
- * at a time) and sets *done once the new state is complete: the current state is untouched until
+ * "Installing a snapshot in steps"). begin checks the snapshot's trailer (O(1)) and returns a
+ * handle; buf must stay valid and unchanged until the handle is dropped. step parses about
+ * max_bytes of it into a new state built aside, checksumming what it parsed (the whole stream's
+ * XXH3 must match before the new state is complete), then builds the segments' allocators a few
+ * at a time, and sets *done once the new state is complete: the current state is untouched until
  * then. end swaps the new state in (O(1)); after end, step frees the old state about
  * max_bytes / 64 table slots at a time and sets *done when it is gone. drop frees the handle
  * and whatever it still holds (the unfinished new state or the rest of the old one; NULL is
- * fine). Errors: begin KVP_ERR_MALFORMED (checksum), KVP_ERR_NOMEM; step KVP_ERR_MALFORMED /
+ * fine). Errors: begin KVP_ERR_MALFORMED (no checksum trailer), KVP_ERR_NOMEM; step KVP_ERR_MALFORMED /
  * KVP_ERR_VERSION / KVP_ERR_NOMEM (the handle must then be dropped, the state is unchanged);
  * end KVP_ERR_INVALID when the new state is not complete.
  */
