@@ -471,6 +471,7 @@ static void update_info(struct kvp_raftlog *rl)
     in->max_catchup_step_us = rl->glue.max_catchup_step_us;
     in->max_catchup_step_cpu_us = rl->glue.max_catchup_step_cpu_us;
     in->deferred_now = rl->glue.q_len;
+    in->fsm_behind = kvp_rl_glue_behind(&rl->glue);
     pthread_mutex_unlock(&rl->mu);
 }
 

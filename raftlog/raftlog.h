@@ -238,6 +238,8 @@ struct kvp_raftlog_info {
     uint64_t max_catchup_step_us;
     uint64_t max_catchup_step_cpu_us;
     uint64_t deferred_now;
+    bool fsm_behind;            /* the FSM lags raft's applied index (a staged install or deferred
+                                   entries): last_applied is raft's, not yet the state's */
 };
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 

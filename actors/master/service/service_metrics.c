@@ -261,6 +261,9 @@ static void render_raft(struct kvp_master_service *s, struct svc_metrics *m, str
           "Longest single catch-up step of a follower (install in steps, deferred applies) since start.",
           in.max_catchup_step_us);
     one(t, "kvpool_raft_restores_in_steps_total", "counter", "Snapshots installed in steps.", in.restores_in_steps);
+    one(t, "kvpool_raft_fsm_behind", "gauge",
+        "1 while the state machine lags the applied index (an install in steps or deferred entries run).",
+        in.fsm_behind ? 1 : 0);
     one(t, "kvpool_raft_entries_deferred_total", "counter",
         "Committed entries applied in a later loop iteration than Raft handed them over (behind an install or "
         "past the per-iteration apply budget).", in.entries_deferred);
