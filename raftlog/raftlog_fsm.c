@@ -1047,6 +1047,8 @@ int kvp_rl_glue_catch_up_step(struct kvp_rl_glue *g, uint64_t budget_us)
         rc = catch_up_unit(g, &idle);
         if (rc != KVP_OK || idle || kvp_clock_now_us() - t0 >= budget_us)
             break;
+        if (budget_us == UINT64_MAX && !kvp_rl_glue_behind(g))
+            break; /* a full catch-up stops at the state; the old one is freed in later steps */
     }
     uint64_t us = kvp_clock_now_us() - t0, cpu = thread_cpu_us() - c0;
     if (budget_us != UINT64_MAX) { /* one step of many; a full catch-up is one piece on purpose */
