@@ -28,9 +28,9 @@ typedef struct kvp_master_fsm fsm_t;
 _Static_assert(sizeof(struct kvp_fsm_range) == 2 * sizeof(uint64_t), "SnapReservation.used is read as ranges");
 #define SNAP_MAX_SEGMENT_IDS (1u << 24)
 
-enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_N_OBJECTS = 5, F_TAB_CAP = 6, F_CHECKSUM = 15 };
+enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_N_OBJECTS = 7, F_TAB_CAP = 8, F_CHECKSUM = 15 };
 /* A restore sizes its object table once, before the first object, from the object count and
- * the writer's table capacity the snapshot announces (fields 5 and 6, hints: older snapshots
+ * the writer's table capacity the snapshot announces (fields 7 and 8, hints: older snapshots
  * lack them and the table then grows as objects arrive). The writer's capacity is preferred:
  * the incremental snapshot writes objects in its table's slot order, and inserting a table's
  * slots in order into a smaller linear-probing table piles them into ever longer runs (quadratic
@@ -581,7 +581,7 @@ struct kvp_fsm_restore {
     struct rctx c;
     struct ibuf in;
     bool have_format, seen_seg, seen_obj;
-    uint64_t n_hint, cap_hint; /* fields 5 and 6: the object table's size */
+    uint64_t n_hint, cap_hint; /* fields 7 and 8: the object table's size */
     XXH3_state_t *xs;          /* checksum of the bytes parsed so far */
     const uint8_t *hashed;     /* bytes before this are in xs */
     uint64_t sum_want;
