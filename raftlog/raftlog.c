@@ -26,6 +26,12 @@
 #include "runtime/log.h"
 
 #define RL_TICK_MS 20
+/* Catching up in steps (docs/raftlog.md "Installing a snapshot in steps"): a follower applies
+ * committed entries for at most RL_APPLY_BUDGET_US per loop iteration and defers the rest; the
+ * idle handle then does RL_CATCHUP_STEP_US of install or deferred applies per iteration. */
+#define RL_APPLY_BUDGET_US 10000u
+#define RL_CATCHUP_STEP_US 5000u
+#define RL_DEFER_MAX_US 200000u /* a follower's backlog of deferred applies, in apply time */
 #define RL_MIN_UPTIME_MS 1000
 #define RL_DEFAULT_GROUP_MAX 256
 #define RL_DEFAULT_INFLIGHT 4
@@ -107,6 +113,7 @@ struct kvp_raftlog {
     int (*uv_append)(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[],
                      unsigned n, raft_io_append_cb cb);
     bool log_failed;               /* a write failed: nothing more is written or answered */
+    bool install_failed_sent;      /* a failed staged install was reported (EV_LOG_FAILED) */
     struct rl_append *held;        /* appends never answered since then (freed at close) */
     struct raft_transfer log_transfer; /* handover after a failed write or a run of slow ones */
     bool log_transfer_busy;
@@ -462,6 +469,12 @@ static void update_info(struct kvp_raftlog *rl)
     in->last_snap_wall_us = rl->glue.last_snap_wall_us;
     in->last_snap_busy_us = rl->glue.last_snap_busy_us;
     in->last_snap_bytes = rl->glue.last_snap_bytes;
+    in->entries_deferred = rl->glue.entries_deferred;
+    in->restores_in_steps = rl->glue.restores_in_steps;
+    in->max_catchup_step_us = rl->glue.max_catchup_step_us;
+    in->max_catchup_step_cpu_us = rl->glue.max_catchup_step_cpu_us;
+    in->deferred_now = rl->glue.q_len;
+    in->fsm_behind = kvp_rl_glue_behind(&rl->glue);
     pthread_mutex_unlock(&rl->mu);
 }
 
@@ -470,7 +483,9 @@ static void run_query(struct kvp_raftlog *rl, struct rl_op *op)
     uint8_t *res = NULL;
     size_t res_len = 0;
     int st = KVP_ERR_UNSUPPORTED;
-    if (rl->p.fsm.query != NULL)
+    if (kvp_rl_glue_behind(&rl->glue) && kvp_rl_glue_catch_up(&rl->glue) != KVP_OK)
+        st = KVP_ERR_UNAVAILABLE; /* a failed install: the member is stopping */
+    else if (rl->p.fsm.query != NULL)
         st = rl->p.fsm.query(rl->p.fsm.ctx, op->data, op->len, &res, &res_len);
     ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, st, res, res != NULL ? res_len : 0);
     free(res);
@@ -499,7 +514,7 @@ static void read_lease_refresh(struct kvp_raftlog *rl)
 {
     uint64_t until = 0;
     if (!rl->raft_closing && raft_state(&rl->raft) == RAFT_LEADER && rl->raft.transfer == NULL &&
-        rl->ready_term == rl->raft.current_term)
+        rl->ready_term == rl->raft.current_term && !kvp_rl_glue_behind(&rl->glue))
         until = kvp_clock_now_us() + RL_READ_FRESH_US;
     atomic_store_explicit(&rl->read_until_us, until, memory_order_release);
 }
@@ -902,12 +917,33 @@ static void on_tick(uv_timer_t *t)
  * raft's state before the thread sleeps again. The only other refresh is in ev_send. Also
  * where the in-flight entries that reached the local log are timed (a store completes in an
  * I/O callback of this iteration). */
+static bool idle_work_pending(struct kvp_raftlog *rl)
+{
+    return kvp_rl_glue_snap_pending(&rl->glue) || kvp_rl_glue_catch_up_pending(&rl->glue);
+}
+
+/* A follower that failed a staged install stops like one whose log cannot be written. */
+static void report_install_failure(struct kvp_raftlog *rl)
+{
+    if (!rl->glue.failed || rl->install_failed_sent)
+        return;
+    rl->install_failed_sent = true;
+    ev_send(rl, KVP_RAFTLOG_EV_LOG_FAILED, 0, KVP_ERR_MALFORMED, rl->glue.failed_why, strlen(rl->glue.failed_why));
+}
+
 static void on_snap_idle(uv_idle_t *h)
 {
     struct kvp_raftlog *rl = h->data;
-    if (!rl->raft_closing)
-        kvp_rl_glue_snap_work(&rl->glue);
-    if (rl->raft_closing || !kvp_rl_glue_snap_pending(&rl->glue)) {
+    if (!rl->raft_closing) {
+        /* Install steps and deferred applies first: a build cannot begin while the FSM lags. */
+        if (kvp_rl_glue_catch_up_pending(&rl->glue)) {
+            if (kvp_rl_glue_catch_up_step(&rl->glue, RL_CATCHUP_STEP_US) != KVP_OK)
+                report_install_failure(rl);
+        } else {
+            kvp_rl_glue_snap_work(&rl->glue);
+        }
+    }
+    if (rl->raft_closing || !idle_work_pending(rl)) {
         uv_idle_stop(&rl->snap_idle);
         rl->snap_idle_on = false;
     }
@@ -916,6 +952,18 @@ static void on_snap_idle(uv_idle_t *h)
 static void on_check(uv_check_t *h)
 {
     struct kvp_raftlog *rl = h->data;
+    kvp_rl_glue_next_iteration(&rl->glue);
+    if (!rl->raft_closing && kvp_rl_glue_behind(&rl->glue) && raft_state(&rl->raft) == RAFT_LEADER) {
+        /* A leader serves from an FSM at its applied index: the rest of an install and the
+         * deferred entries now, in one piece (bounded by RL_DEFER_MAX_US unless an install ran). */
+        uint64_t t0 = kvp_clock_now_us(), n = rl->glue.q_len;
+        int staged = rl->glue.rs;
+        if (kvp_rl_glue_catch_up(&rl->glue) != KVP_OK)
+            report_install_failure(rl);
+        kvp_log_info(rl->actor, "leading while behind: %s%llu deferred entries applied in one piece, %llu ms",
+                     staged == 1 || staged == 2 ? "the rest of an install and " : "", (unsigned long long)n,
+                     (unsigned long long)(kvp_clock_now_us() - t0) / 1000);
+    }
     if (!rl->raft_closing)
         read_lease_refresh(rl);
     kvp_rl_glue_note_stored(&rl->glue);
@@ -926,8 +974,8 @@ static void on_check(uv_check_t *h)
         else if (drained(rl))
             finish_close(rl);
     }
-    if (rl->snap_idle_inited && !rl->snap_idle_on && !rl->raft_closing && kvp_rl_glue_snap_pending(&rl->glue)) {
-        uv_idle_start(&rl->snap_idle, on_snap_idle); /* a build began during this iteration */
+    if (rl->snap_idle_inited && !rl->snap_idle_on && !rl->raft_closing && idle_work_pending(rl)) {
+        uv_idle_start(&rl->snap_idle, on_snap_idle); /* a build, an install or deferred applies began */
         rl->snap_idle_on = true;
     }
 }
@@ -1068,6 +1116,11 @@ static void *thread_main(void *arg)
     rv = raft_start(&rl->raft);
     if (rv != 0)
         goto fail;
+    /* From here on an install and a follower's applies go in steps (a start-up restore above
+     * ran in one piece: no peer waits on this member yet). */
+    rl->glue.steps = true;
+    rl->glue.apply_budget_us = RL_APPLY_BUDGET_US;
+    rl->glue.defer_max_us = RL_DEFER_MAX_US;
     uv_async_init(&rl->loop, &rl->async, on_async);
     rl->async.data = rl;
     rl->async_inited = true;

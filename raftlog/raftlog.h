@@ -59,6 +59,18 @@ struct kvp_raftlog_fsm {
     int (*snap_begin)(void *ctx);
     int (*snap_next)(void *ctx, size_t max_bytes, uint8_t **chunk, size_t *len, bool *last);
     void (*snap_abort)(void *ctx);
+    /* Added, optional (all four or none): restore in steps (docs/raftlog.md "Installing a
+     * snapshot in steps"). restore_begin checks buf (what snapshot() or the snap_next chunks
+     * wrote; it stays valid until restore_drop) and returns a handle *h; restore_step does about
+     * max_bytes of the work and sets *done when the new state is complete; restore_end swaps it
+     * in; after restore_end, restore_step frees the old state and sets *done when it is gone;
+     * restore_drop frees the handle and whatever it still holds. The current state must stay
+     * untouched before restore_end. With them a follower installs a snapshot a few
+     * milliseconds per loop iteration; without them restore() runs in one piece. */
+    int (*restore_begin)(void *ctx, const uint8_t *buf, size_t len, void **h);
+    int (*restore_step)(void *ctx, void *h, size_t max_bytes, bool *done);
+    int (*restore_end)(void *ctx, void *h);
+    void (*restore_drop)(void *ctx, void *h);
 };
 
 struct kvp_raftlog_member {
@@ -216,6 +228,18 @@ struct kvp_raftlog_info {
     uint64_t last_snap_wall_us;
     uint64_t last_snap_busy_us;
     uint64_t last_snap_bytes;
+    /* Added (issue 22, catching up in steps): committed entries a follower applied later than
+     * raft handed them over (behind a snapshot install, or past the per-iteration budget);
+     * snapshots installed in steps; the longest single catch-up step (install, deferred
+     * applies), wall and CPU time; entries waiting now. max_restore_us is the longest time a
+     * restore held the raft thread in one piece (a step, when installed in steps). */
+    uint64_t entries_deferred;
+    uint64_t restores_in_steps;
+    uint64_t max_catchup_step_us;
+    uint64_t max_catchup_step_cpu_us;
+    uint64_t deferred_now;
+    bool fsm_behind;            /* the FSM lags raft's applied index (a staged install or deferred
+                                   entries): last_applied is raft's, not yet the state's */
 };
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out);
 

@@ -194,6 +194,9 @@ void kvp_rl_glue_note_stored(struct kvp_rl_glue *g)
 /* ---- raft_fsm ---- */
 
 static void snap_inc_after_apply(struct kvp_rl_glue *g, const void *entry, size_t len);
+static void apply_entry(struct kvp_rl_glue *g, struct kvp_rl_entry_iter *it, struct kvp_rl_inflight *mine);
+static void after_apply(struct kvp_rl_glue *g, const void *entry, size_t len, uint32_t n_cmds);
+static int defer_push(struct kvp_rl_glue *g, const void *entry, size_t len);
 
 static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void **result)
 {
@@ -225,10 +228,43 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
         kvp_log_error(g->actor, "own entry holds %u commands, expected %u", it.count, mine->n);
         mine = NULL;
     }
+    if (g->failed)
+        return 0; /* a failed staged install: the state is behind and the member is stopping */
+    bool leader = g->raft != NULL && raft_state(g->raft) == RAFT_LEADER;
+    if (g->steps && mine == NULL && !leader) {
+        /* A follower: behind a staged install or past this iteration's budget, the entry
+         * waits in order (applied by kvp_rl_glue_catch_up_step, one loop iteration at a time). */
+        bool defer = kvp_rl_glue_behind(g);
+        if (!defer && g->apply_budget_us > 0) {
+            uint64_t now = kvp_clock_now_us();
+            if (g->apply_iter != g->iter_seq) {
+                g->apply_iter = g->iter_seq;
+                g->apply_iter_t0_us = now;
+            } else if (now - g->apply_iter_t0_us >= g->apply_budget_us) {
+                defer = true;
+            }
+        } else if (defer && g->rs == 0 && g->defer_max_us > 0 && g->q_len * g->apply_mean_us >= g->defer_max_us) {
+            defer = false; /* the backlog bound: catch up below, then apply this one inline */
+        }
+        if (defer && defer_push(g, buf->base, buf->len) == KVP_OK) {
+            after_apply(g, buf->base, buf->len, it.count);
+            return 0;
+        }
+    }
+    if (kvp_rl_glue_behind(g) && kvp_rl_glue_catch_up(g) != KVP_OK)
+        return 0; /* failed: nothing more is applied */
+    apply_entry(g, &it, mine);
+    after_apply(g, buf->base, buf->len, it.count);
+    return 0;
+}
+
+/* Apply the commands of one decoded entry, delivering results of this node's own. */
+static void apply_entry(struct kvp_rl_glue *g, struct kvp_rl_entry_iter *it, struct kvp_rl_inflight *mine)
+{
     struct kvp_rl_cmd cmd;
     uint32_t i = 0;
     uint64_t t0 = kvp_clock_now_us(), c0 = thread_cpu_us();
-    while (kvp_rl_entry_next(&it, &cmd)) {
+    while (kvp_rl_entry_next(it, &cmd)) {
         uint8_t *res = NULL;
         size_t res_len = 0;
         /* Locked per command, not per entry: a reader waits for one apply at most. */
@@ -245,17 +281,25 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
     if (mine != NULL)
         mine->delivered = true;
     uint64_t apply_us = kvp_clock_now_us() - t0, apply_cpu = thread_cpu_us() - c0;
+    g->apply_mean_us = g->apply_mean_us ? (g->apply_mean_us * 7 + apply_us) / 8 : apply_us;
     if (apply_us > g->max_apply_us)
         g->max_apply_us = apply_us;
     if (apply_cpu > g->max_apply_cpu_us)
         g->max_apply_cpu_us = apply_cpu;
+}
+
+/* What follows raft handing over an entry, applied now or deferred: counters, the byte bound,
+ * the incremental snapshot's log tail (an entry raft counts applied belongs to the tail even
+ * while its apply waits). */
+static void after_apply(struct kvp_rl_glue *g, const void *entry, size_t len, uint32_t n_cmds)
+{
     g->entries_applied++;
-    g->cmds_applied += it.count;
-    g->log_bytes += buf->len;
+    g->cmds_applied += n_cmds;
+    g->log_bytes += len;
     g->log_entries++;
     if (g->inc) {
-        snap_inc_after_apply(g, buf->base, buf->len);
-        return 0;
+        snap_inc_after_apply(g, entry, len);
+        return;
     }
     if (g->snap_log_bytes > 0 && g->log_bytes >= g->snap_log_bytes && !g->snap_forced && g->raft != NULL &&
         g->user.snapshot != NULL) {
@@ -264,7 +308,6 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
         g->snap_forced = true;
         g->snapshots_by_bytes++;
     }
-    return 0;
 }
 
 static void put_le(uint8_t *p, uint64_t v, int n)
@@ -471,6 +514,8 @@ int kvp_rl_glue_snap_start(struct kvp_rl_glue *g)
         return KVP_ERR_INVALID;
     if (g->build != 0)
         return KVP_OK;
+    if (kvp_rl_glue_behind(g))
+        return KVP_ERR_BUSY; /* the FSM lags raft's applied index: after the catch-up */
     uint64_t t0 = kvp_clock_now_us();
     /* Read lock: begin only marks objects (generations) that readers never look at. */
     if (g->fsm_lock != NULL)
@@ -540,12 +585,16 @@ int kvp_rl_glue_snap_work(struct kvp_rl_glue *g)
 static void snap_inc_after_apply(struct kvp_rl_glue *g, const void *entry, size_t len)
 {
     if (g->build != 0) {
+        if (entry == NULL)
+            return; /* the deferred entries drained: nothing new for the tail */
         if (tail_add(g, entry, len) != KVP_OK) {
             kvp_log_error(g->actor, "snapshot build dropped: no memory for the log tail");
             kvp_rl_glue_snap_drop(g);
         }
         return;
     }
+    if (kvp_rl_glue_behind(g))
+        return; /* begin freezes the FSM as of raft's applied index: after the catch-up */
     bool by_bytes = g->snap_log_bytes > 0 && g->log_bytes >= g->snap_log_bytes;
     if (by_bytes || (g->base_threshold > 0 && g->log_entries >= g->base_threshold)) {
         if (kvp_rl_glue_snap_start(g) == KVP_OK && by_bytes)
@@ -633,6 +682,8 @@ static int fsm_snapshot(struct raft_fsm *fsm, struct raft_buffer *bufs[], unsign
     if (g->user.snapshot == NULL && !g->inc)
         return RAFT_INVALID;
     uint64_t t0 = kvp_clock_now_us();
+    if ((!g->inc || g->build != 2) && kvp_rl_glue_behind(g) && kvp_rl_glue_catch_up(g) != KVP_OK)
+        return RAFT_IOERR; /* a failed install: this member stops */
     if (g->inc) {
         if (g->build != 2) {
             /* raft asked before the build finished (not through our threshold): finish it now,
@@ -710,11 +761,11 @@ static int fsm_snapshot_finalize(struct raft_fsm *fsm, struct raft_buffer *bufs[
     return 0;
 }
 
-/* Parse and check a version-2 container: every length and checksum before anything is
- * decompressed; then the FSM bytes (one buffer of fsm_raw_len). *tail, *tail_len: where the tail
- * records start. Errors: KVP_ERR_MALFORMED with *why naming the check. */
-static int snap2_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *raw_len, const uint8_t **tail,
-                        size_t *tail_len, uint32_t *n_tail, const char **why)
+/* Check a version-2 container: every length and checksum, nothing decompressed. *n_chunks,
+ * *raw_want: its chunk count and state size; *tail, *n_tail: where the tail records start and
+ * how many. Errors: KVP_ERR_MALFORMED with *why naming the check. */
+static int snap2_check(const uint8_t *buf, size_t len, uint64_t *n_chunks_out, uint64_t *raw_want,
+                       const uint8_t **tail, uint32_t *n_tail, const char **why)
 {
     *why = "header";
     if (len < KVP_RL_SNAP2_HDR_BYTES)
@@ -744,7 +795,6 @@ static int snap2_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *r
     if (sum_raw != want)
         return (*why = "chunk sizes do not add up to the state size"), KVP_ERR_MALFORMED;
     *tail = p;
-    *tail_len = (size_t)(end - p);
     for (uint32_t i = 0; i < *n_tail; i++) {
         if ((size_t)(end - p) < KVP_RL_SNAP2_TAIL_HDR)
             return (*why = "log tail record past the end"), KVP_ERR_MALFORMED;
@@ -757,22 +807,43 @@ static int snap2_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *r
     }
     if (p != end)
         return (*why = "bytes after the last record"), KVP_ERR_MALFORMED;
+    *n_chunks_out = n_chunks;
+    *raw_want = want;
+    return KVP_OK;
+}
+
+/* Decompress one checked chunk record at p into dst (room for its raw size). */
+static int snap2_chunk_decompress(const uint8_t *p, uint8_t *dst, const char **why)
+{
+    uint64_t r = get_le(p, 4), c = get_le(p + 4, 4);
+    if (r == 0)
+        return KVP_OK;
+    int got = LZ4_decompress_safe((const char *)p + KVP_RL_SNAP2_CHUNK_HDR, (char *)dst, (int)c, (int)r);
+    if (got < 0 || (uint64_t)got != r)
+        return (*why = "chunk does not decompress to its size"), KVP_ERR_MALFORMED;
+    return KVP_OK;
+}
+
+/* Check a version-2 container, then decompress the FSM bytes into one buffer (fsm_raw_len). */
+static int snap2_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *raw_len, const uint8_t **tail,
+                        uint32_t *n_tail, const char **why)
+{
+    uint64_t n_chunks = 0, want = 0;
+    int rc = snap2_check(buf, len, &n_chunks, &want, tail, n_tail, why);
+    if (rc != KVP_OK)
+        return rc;
     uint8_t *dst = malloc(want > 0 ? (size_t)want : 1);
     if (dst == NULL)
         return KVP_ERR_NOMEM;
-    p = buf + KVP_RL_SNAP2_HDR_BYTES;
+    const uint8_t *p = buf + KVP_RL_SNAP2_HDR_BYTES;
     size_t off = 0;
     for (uint64_t i = 0; i < n_chunks; i++) {
-        uint64_t r = get_le(p, 4), c = get_le(p + 4, 4);
-        if (r > 0) {
-            int got = LZ4_decompress_safe((const char *)p + KVP_RL_SNAP2_CHUNK_HDR, (char *)dst + off, (int)c, (int)r);
-            if (got < 0 || (uint64_t)got != r) {
-                free(dst);
-                return (*why = "chunk does not decompress to its size"), KVP_ERR_MALFORMED;
-            }
+        if (snap2_chunk_decompress(p, dst + off, why) != KVP_OK) {
+            free(dst);
+            return KVP_ERR_MALFORMED;
         }
-        off += (size_t)r;
-        p += KVP_RL_SNAP2_CHUNK_HDR + c;
+        off += (size_t)get_le(p, 4);
+        p += KVP_RL_SNAP2_CHUNK_HDR + get_le(p + 4, 4);
     }
     *raw = dst;
     *raw_len = (size_t)want;
@@ -782,7 +853,7 @@ static int snap2_unpack(const uint8_t *buf, size_t len, uint8_t **raw, size_t *r
 int kvp_rl_snap_check(const uint8_t *buf, size_t len, const char **why)
 {
     uint8_t *raw = NULL;
-    size_t raw_len = 0, tail_len = 0;
+    size_t raw_len = 0;
     const uint8_t *tail = NULL;
     uint32_t n_tail = 0;
     *why = "not a snapshot (bad magic)";
@@ -793,13 +864,251 @@ int kvp_rl_snap_check(const uint8_t *buf, size_t len, const char **why)
         rc = kvp_rl_snap_unpack(buf, len, &raw, &raw_len);
         *why = "version-1 frame does not decompress";
     } else if (buf[4] == KVP_RL_SNAP_VERSION2) {
-        rc = snap2_unpack(buf, len, &raw, &raw_len, &tail, &tail_len, &n_tail, why);
+        rc = snap2_unpack(buf, len, &raw, &raw_len, &tail, &n_tail, why);
     } else {
         *why = "unknown container version";
         return KVP_ERR_VERSION;
     }
     free(raw);
     return rc;
+}
+
+/* ---- catching up in steps (docs/raftlog.md "Installing a snapshot in steps") ---- */
+
+static int defer_push(struct kvp_rl_glue *g, const void *entry, size_t len)
+{
+    struct kvp_rl_deferred *d = malloc(sizeof(*d) + len);
+    if (d == NULL)
+        return KVP_ERR_NOMEM;
+    d->next = NULL;
+    d->len = len;
+    memcpy(d->data, entry, len);
+    if (g->q_tail != NULL)
+        g->q_tail->next = d;
+    else
+        g->q_head = d;
+    g->q_tail = d;
+    g->q_len++;
+    g->entries_deferred++;
+    return KVP_OK;
+}
+
+static void defer_clear(struct kvp_rl_glue *g)
+{
+    while (g->q_head != NULL) {
+        struct kvp_rl_deferred *d = g->q_head;
+        g->q_head = d->next;
+        free(d);
+    }
+    g->q_tail = NULL;
+    g->q_len = 0;
+}
+
+/* Drop a staged install (a newer snapshot replaces it, or the glue closes). */
+static void staged_drop(struct kvp_rl_glue *g)
+{
+    if (g->rs_h != NULL && g->user.restore_drop != NULL)
+        g->user.restore_drop(g->user.ctx, g->rs_h);
+    g->rs_h = NULL;
+    if (g->rs_snap != NULL)
+        raft_free(g->rs_snap);
+    g->rs_snap = NULL;
+    free(g->rs_raw);
+    g->rs_raw = NULL;
+    g->rs_raw_len = g->rs_raw_off = 0;
+    g->rs_chunks_left = 0;
+    g->rs = 0;
+}
+
+/* A staged install that cannot finish: raft already counts the snapshot installed, so the FSM
+ * may not apply anything more; raftlog stops the member (its stored snapshot is checked again
+ * at start-up, where a bad one is refused). */
+static int staged_fail(struct kvp_rl_glue *g, int rc, const char *why)
+{
+    snprintf(g->failed_why, sizeof(g->failed_why), "snapshot install failed after it was accepted: %s (%s)", why,
+             kvp_strerror(rc));
+    kvp_log_error(g->actor, "%s; this member's state is behind its log: it stops", g->failed_why);
+    g->failed = true;
+    staged_drop(g);
+    defer_clear(g);
+    return rc;
+}
+
+bool kvp_rl_glue_behind(const struct kvp_rl_glue *g)
+{
+    return g->rs == 1 || g->rs == 2 || g->q_head != NULL || g->failed;
+}
+
+bool kvp_rl_glue_catch_up_pending(const struct kvp_rl_glue *g)
+{
+    return !g->failed && (g->rs != 0 || g->q_head != NULL);
+}
+
+void kvp_rl_glue_next_iteration(struct kvp_rl_glue *g)
+{
+    g->iter_seq++;
+}
+
+/* One unit of catch-up work. Returns KVP_OK with *idle set when nothing was left. */
+static int catch_up_unit(struct kvp_rl_glue *g, bool *idle)
+{
+    *idle = false;
+    const char *why = "";
+    size_t step_bytes = g->restore_step_bytes ? g->restore_step_bytes : ((size_t)64 << 10);
+    if (g->rs == 1) {
+        if (g->rs_chunks_left > 0) {
+            uint64_t r = get_le(g->rs_next, 4);
+            if (r > g->rs_raw_len - g->rs_raw_off)
+                return staged_fail(g, KVP_ERR_MALFORMED, "chunks larger than the state");
+            if (snap2_chunk_decompress(g->rs_next, g->rs_raw + g->rs_raw_off, &why) != KVP_OK)
+                return staged_fail(g, KVP_ERR_MALFORMED, why);
+            g->rs_raw_off += (size_t)r;
+            g->rs_next += KVP_RL_SNAP2_CHUNK_HDR + get_le(g->rs_next + 4, 4);
+            g->rs_chunks_left--;
+            return KVP_OK;
+        }
+        raft_free(g->rs_snap); /* its tail entries were copied into the queue */
+        g->rs_snap = NULL;
+        int rc = g->user.restore_begin(g->user.ctx, g->rs_raw, g->rs_raw_len, &g->rs_h);
+        if (rc != KVP_OK) {
+            g->rs_h = NULL;
+            return staged_fail(g, rc, "the state's bytes are not a snapshot");
+        }
+        g->rs = 2;
+        return KVP_OK;
+    }
+    if (g->rs == 2) {
+        bool done = false;
+        int rc = g->user.restore_step(g->user.ctx, g->rs_h, step_bytes, &done);
+        if (rc != KVP_OK)
+            return staged_fail(g, rc, rc == KVP_ERR_VERSION ? "a state format newer than this master reads"
+                                                              : "the state's bytes do not decode or fail their checksum");
+        if (!done)
+            return KVP_OK;
+        if (g->fsm_lock != NULL)
+            pthread_rwlock_wrlock(g->fsm_lock);
+        rc = g->user.restore_end(g->user.ctx, g->rs_h);
+        if (g->fsm_lock != NULL)
+            pthread_rwlock_unlock(g->fsm_lock);
+        if (rc != KVP_OK)
+            return staged_fail(g, rc, "the new state could not be swapped in");
+        free(g->rs_raw);
+        g->rs_raw = NULL;
+        g->rs = 3;
+        g->snapshots_restored++;
+        g->restores_in_steps++;
+        kvp_log_info(g->actor, "snapshot installed in %llu steps: %zu bytes of state, %llu ms from its arrival, "
+                     "%llu ms of raft-thread work, longest step %llu ms; %llu entries wait to be applied",
+                     (unsigned long long)g->rs_steps + 1, g->rs_raw_len,
+                     (unsigned long long)(kvp_clock_now_us() - g->rs_t0_us) / 1000,
+                     (unsigned long long)g->rs_busy_us / 1000, (unsigned long long)g->max_restore_us / 1000,
+                     (unsigned long long)g->q_len);
+        return KVP_OK;
+    }
+    if (g->q_head != NULL) {
+        struct kvp_rl_deferred *d = g->q_head;
+        g->q_head = d->next;
+        if (g->q_head == NULL)
+            g->q_tail = NULL;
+        g->q_len--;
+        struct kvp_rl_entry_iter it;
+        if (kvp_rl_entry_decode(d->data, d->len, &it) == KVP_OK) /* checked before it was queued */
+            apply_entry(g, &it, NULL);
+        free(d);
+        if (g->q_head == NULL && g->inc)
+            snap_inc_after_apply(g, NULL, 0); /* a build put off while behind may start now */
+        return KVP_OK;
+    }
+    if (g->rs == 3) {
+        bool done = false;
+        int rc = g->user.restore_step(g->user.ctx, g->rs_h, step_bytes, &done);
+        if (rc != KVP_OK || done) {
+            g->user.restore_drop(g->user.ctx, g->rs_h); /* frees what is left */
+            g->rs_h = NULL;
+            g->rs = 0;
+        }
+        return KVP_OK;
+    }
+    *idle = true;
+    return KVP_OK;
+}
+
+int kvp_rl_glue_catch_up_step(struct kvp_rl_glue *g, uint64_t budget_us)
+{
+    if (g->failed)
+        return KVP_ERR_MALFORMED;
+    if (!kvp_rl_glue_catch_up_pending(g))
+        return KVP_OK;
+    uint64_t t0 = kvp_clock_now_us(), c0 = thread_cpu_us();
+    bool staged = g->rs == 1 || g->rs == 2;
+    int rc = KVP_OK;
+    for (;;) {
+        bool idle = false;
+        rc = catch_up_unit(g, &idle);
+        if (rc != KVP_OK || idle || kvp_clock_now_us() - t0 >= budget_us)
+            break;
+        if (budget_us == UINT64_MAX && !kvp_rl_glue_behind(g))
+            break; /* a full catch-up stops at the state; the old one is freed in later steps */
+    }
+    uint64_t us = kvp_clock_now_us() - t0, cpu = thread_cpu_us() - c0;
+    if (budget_us != UINT64_MAX) { /* one step of many; a full catch-up is one piece on purpose */
+        if (us > g->max_catchup_step_us)
+            g->max_catchup_step_us = us;
+        if (cpu > g->max_catchup_step_cpu_us)
+            g->max_catchup_step_cpu_us = cpu;
+    }
+    if (staged) {
+        g->rs_busy_us += us;
+        g->rs_steps++;
+        if (us > g->max_restore_us)
+            g->max_restore_us = us;
+    }
+    return rc;
+}
+
+int kvp_rl_glue_catch_up(struct kvp_rl_glue *g)
+{
+    /* Everything but freeing the replaced state, which may go on in steps. */
+    int rc = KVP_OK;
+    while (rc == KVP_OK && kvp_rl_glue_behind(g) && !g->failed)
+        rc = kvp_rl_glue_catch_up_step(g, UINT64_MAX);
+    return g->failed ? KVP_ERR_MALFORMED : rc;
+}
+
+/* Accept a checked version-2 snapshot for an install in steps: nothing of the state changes
+ * now. The log tail's entries go first into the (emptied) queue of deferred entries. */
+static int restore_staged(struct kvp_rl_glue *g, struct raft_buffer *buf, uint64_t n_chunks, uint64_t raw_len,
+                          const uint8_t *tail, uint32_t n_tail)
+{
+    uint8_t *raw = malloc(raw_len > 0 ? (size_t)raw_len : 1);
+    if (raw == NULL)
+        return KVP_ERR_NOMEM;
+    defer_clear(g);
+    const uint8_t *p = tail;
+    for (uint32_t i = 0; i < n_tail; i++) {
+        size_t l = (size_t)get_le(p, 4);
+        struct kvp_rl_entry_iter it;
+        /* An entry that does not decode was skipped by the leader too: leave it out. */
+        if (kvp_rl_entry_decode(p + KVP_RL_SNAP2_TAIL_HDR, l, &it) == KVP_OK &&
+            defer_push(g, p + KVP_RL_SNAP2_TAIL_HDR, l) != KVP_OK) {
+            defer_clear(g);
+            free(raw);
+            return KVP_ERR_NOMEM;
+        }
+        p += KVP_RL_SNAP2_TAIL_HDR + l;
+    }
+    g->entries_deferred -= g->q_len; /* tail entries are not deferred applies */
+    g->rs_snap = buf->base;      /* the FSM owns raft's buffer on success */
+    g->rs_next = (const uint8_t *)buf->base + KVP_RL_SNAP2_HDR_BYTES;
+    g->rs_chunks_left = n_chunks;
+    g->rs_raw = raw;
+    g->rs_raw_len = (size_t)raw_len;
+    g->rs_raw_off = 0;
+    g->rs = 1;
+    g->rs_t0_us = kvp_clock_now_us();
+    g->rs_busy_us = 0;
+    g->rs_steps = 0;
+    return KVP_OK;
 }
 
 static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
@@ -809,12 +1118,14 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
         return RAFT_INVALID;
     uint64_t t0 = kvp_clock_now_us();
     uint8_t *raw = NULL;
-    size_t raw_len = 0, tail_len = 0;
+    size_t raw_len = 0;
     const uint8_t *tail = NULL;
     uint32_t n_tail = 0;
+    uint64_t n_chunks = 0, want = 0;
     const char *why = "";
     int rc;
     const uint8_t *b = buf->base;
+    bool staged = false;
     if (b == NULL || buf->len < 5 || get_le(b, 4) != KVP_RL_SNAP_MAGIC) {
         rc = KVP_ERR_MALFORMED;
         why = "not a snapshot (bad magic)";
@@ -822,7 +1133,14 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
         rc = kvp_rl_snap_unpack(b, buf->len, &raw, &raw_len); /* written before issue 22 */
         why = "version-1 LZ4 frame does not decode";
     } else if (b[4] == KVP_RL_SNAP_VERSION2) {
-        rc = snap2_unpack(b, buf->len, &raw, &raw_len, &tail, &tail_len, &n_tail, &why);
+        /* In steps once raft runs (a start-up restore has no peers waiting on it): here only
+         * the checks, which refuse a damaged snapshot before raft counts it installed. */
+        staged = g->steps && g->user.restore_begin != NULL && g->user.restore_step != NULL &&
+                 g->user.restore_end != NULL && g->user.restore_drop != NULL;
+        if (staged)
+            rc = snap2_check(b, buf->len, &n_chunks, &want, &tail, &n_tail, &why);
+        else
+            rc = snap2_unpack(b, buf->len, &raw, &raw_len, &tail, &n_tail, &why);
     } else {
         rc = KVP_ERR_VERSION;
     }
@@ -837,6 +1155,24 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
         return RAFT_MALFORMED;
     }
     kvp_rl_glue_snap_drop(g); /* a build of the state being replaced is worthless */
+    staged_drop(g);           /* so is an install not finished yet, */
+    defer_clear(g);           /* and entries older than this snapshot */
+    if (staged) {
+        rc = restore_staged(g, buf, n_chunks, want, tail, n_tail);
+        if (rc != KVP_OK) {
+            kvp_log_error(g->actor, "snapshot of %zu bytes not installed: %s", buf->len, kvp_strerror(rc));
+            return RAFT_NOMEM;
+        }
+        log_bound_reset(g); /* or a second full snapshot would follow the install */
+        uint64_t us = kvp_clock_now_us() - t0;
+        g->rs_busy_us = us;
+        if (us > g->max_restore_us)
+            g->max_restore_us = us;
+        kvp_log_info(g->actor, "snapshot of %zu bytes accepted (%llu ms of checks): %llu bytes of state in %llu chunks "
+                     "+ %u log entries, installed in steps", buf->len, (unsigned long long)us / 1000,
+                     (unsigned long long)want, (unsigned long long)n_chunks, n_tail);
+        return 0;
+    }
     if (g->fsm_lock != NULL)
         pthread_rwlock_wrlock(g->fsm_lock);
     rc = g->user.restore(g->user.ctx, raw, raw_len);
@@ -900,6 +1236,8 @@ void kvp_rl_glue_init(struct kvp_rl_glue *g, const struct kvp_raftlog_fsm *user,
 
 void kvp_rl_glue_fini(struct kvp_rl_glue *g)
 {
+    staged_drop(g);
+    defer_clear(g);
     if (g->build == 1 && g->user.snap_abort != NULL)
         g->user.snap_abort(g->user.ctx);
     g->build = 0;

@@ -49,6 +49,14 @@
 typedef void (*kvp_rl_deliver_fn)(void *ctx, uint64_t corr, int status, const uint8_t *result,
                                   size_t result_len);
 
+/** A committed entry whose apply was put off (a follower catching up in steps): a copy of the
+ * raft entry's payload. */
+struct kvp_rl_deferred {
+    struct kvp_rl_deferred *next;
+    size_t len;
+    uint8_t data[];
+};
+
 /** One entry this node proposed with raft_apply, awaiting its callback. */
 struct kvp_rl_inflight {
     struct raft_apply req;          /* req.data = this record */
@@ -121,6 +129,40 @@ struct kvp_rl_glue {
     uint64_t max_snap_step_us, max_restore_us, max_apply_us; /* wall time */
     uint64_t max_snap_step_cpu_us, max_apply_cpu_us;         /* the raft thread's CPU time */
     uint64_t last_snap_wall_us, last_snap_busy_us, last_snap_bytes;
+    /* Catching up in steps (docs/raftlog.md "Installing a snapshot in steps"): a snapshot
+     * install staged over many kvp_rl_glue_catch_up_step calls, and committed entries a
+     * follower applies later than raft hands them over (behind a staged install, or past
+     * apply_budget_us of applies in one loop iteration). raft counts those entries applied; the
+     * FSM lags until the queue drains. A leader, a query, a snapshot that needs the FSM, or an
+     * entry of this node's own catch up at once (kvp_rl_glue_catch_up). */
+    bool steps;                     /* on once raft has started (a start-up restore: one piece) */
+    uint64_t apply_budget_us;       /* applies per loop iteration on a follower; 0 = no bound */
+    /* Backlog bound: past the budget an entry is deferred only while the queue holds less than
+     * this much work (queued entries x the mean apply time of an entry); beyond it the follower
+     * catches up and applies inline, so a member that becomes leader never inherits more than
+     * about this much to apply in one piece. 0 = no bound. Not applied behind a staged install. */
+    uint64_t defer_max_us;
+    uint64_t apply_mean_us;         /* moving mean of one entry's apply, wall time */
+    uint64_t iter_seq;              /* bumped once per loop iteration (kvp_rl_glue_next_iteration) */
+    uint64_t apply_iter, apply_iter_t0_us;
+    size_t restore_step_bytes;      /* per user.restore_step call; 0 = 64 KiB */
+    int rs;                         /* staged install: 0 none, 1 decompressing, 2 FSM steps,
+                                       3 the old state being freed (the new one is live) */
+    void *rs_snap;                  /* raft's snapshot buffer (ours once restore returned 0) */
+    const uint8_t *rs_next;         /* next chunk record */
+    uint64_t rs_chunks_left;
+    uint8_t *rs_raw;                /* the FSM bytes, decompressed chunk by chunk */
+    size_t rs_raw_len, rs_raw_off;
+    void *rs_h;                     /* user.restore_begin's handle */
+    uint64_t rs_t0_us, rs_busy_us, rs_steps;
+    struct kvp_rl_deferred *q_head, *q_tail;
+    uint64_t q_len;
+    uint64_t entries_deferred, restores_in_steps;
+    uint64_t max_catchup_step_us, max_catchup_step_cpu_us;
+    /* A staged install failed after raft was told it succeeded (the FSM bytes did not decode):
+     * the state is behind raft's, nothing more is applied, and raftlog stops the member. */
+    bool failed;
+    char failed_why[160];
 };
 
 void kvp_rl_glue_init(struct kvp_rl_glue *g, const struct kvp_raftlog_fsm *user,
@@ -157,6 +199,19 @@ int kvp_rl_glue_snap_work(struct kvp_rl_glue *g);
 int kvp_rl_glue_snap_start(struct kvp_rl_glue *g);
 /** Drop a build (and its chunks). */
 void kvp_rl_glue_snap_drop(struct kvp_rl_glue *g);
+
+/** True while the FSM is behind raft: a staged install or deferred entries remain. */
+bool kvp_rl_glue_behind(const struct kvp_rl_glue *g);
+/** True while kvp_rl_glue_catch_up_step has anything to do (behind, or an old state to free). */
+bool kvp_rl_glue_catch_up_pending(const struct kvp_rl_glue *g);
+/** A new loop iteration: the per-iteration apply budget starts again. */
+void kvp_rl_glue_next_iteration(struct kvp_rl_glue *g);
+/** Catch-up work for about budget_us of wall time (0: one unit — a chunk, a restore step, an
+ * entry), install steps first, then deferred entries, then freeing the replaced state.
+ * KVP_OK, or the error that failed a staged install (g->failed, logged). */
+int kvp_rl_glue_catch_up_step(struct kvp_rl_glue *g, uint64_t budget_us);
+/** Catch up completely now (a leader, a query, a snapshot): one piece. */
+int kvp_rl_glue_catch_up(struct kvp_rl_glue *g);
 
 /** Snapshot framing, exposed for tests. *out is malloc'd (free()). kvp_rl_snap_pack writes the
  * version-1 container (kept to produce old-format snapshots for the upgrade test). */

@@ -7,7 +7,7 @@
 #   KVP_SCALE_OBJECTS=10000000 scripts/bench-scale.sh
 #   KVP_SCALE_TARGET=/path/to/old/build scripts/bench-scale.sh      (needs kvpool-master, kvpoolctl)
 # Other knobs: KVP_SCALE_SEGMENTS (100), KVP_SCALE_FAILOVERS (3), KVP_SCALE_EXTRA (objects written
-# while a follower is down, default objects/10 + 50000), KVP_SCALE_LOADERS (4), KVP_SCALE_BATCH (1024),
+# while a follower is down, default objects/10 + 400000), KVP_SCALE_LOADERS (4), KVP_SCALE_BATCH (1024),
 # KVP_SCALE_LOAD_DEADLINE_S (stop the main load after that long on a slow host; figures follow).
 # Memory: each of the 3 masters holds every object (~150-200 B each), plus snapshot buffers; at
 # 10M objects plan for ~7 GiB in all. KVPOOL_* variables reach the masters (e.g. KVPOOL_ELECTION_TIMEOUT_MS).

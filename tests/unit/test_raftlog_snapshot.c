@@ -71,9 +71,15 @@ static void node_init(struct fx *x, unsigned i)
                                    .restore = kvp_master_fsm_restore_bytes,
                                    .snap_begin = kvp_master_fsm_snap_begin_bytes,
                                    .snap_next = kvp_master_fsm_snap_next_bytes,
-                                   .snap_abort = kvp_master_fsm_snap_abort_bytes};
+                                   .snap_abort = kvp_master_fsm_snap_abort_bytes,
+                                   .restore_begin = kvp_master_fsm_restore_begin_bytes,
+                                   .restore_step = kvp_master_fsm_restore_step_bytes,
+                                   .restore_end = kvp_master_fsm_restore_end_bytes,
+                                   .restore_drop = kvp_master_fsm_restore_drop_bytes};
     kvp_rl_glue_init(&n->glue, &user, on_deliver, n, "raftlog-snap-test");
     assert_true(n->glue.inc);
+    n->glue.steps = true;             /* installs in steps, as raftlog does once raft runs */
+    n->glue.restore_step_bytes = 512; /* many steps per install */
     glue_restore = n->glue.fsm.restore;
     n->glue.fsm.restore = restore_maybe_corrupt;
     n->glue.chunk_raw = 1024;     /* many steps per build */
@@ -114,14 +120,39 @@ static int teardown(void **state)
     return 0;
 }
 
-/* One fixture step, then one build step on every live node (raftlog does one per loop
- * iteration). */
+/* One fixture step, then on every live node what raftlog does per loop iteration: a leader
+ * that is behind catches up at once; otherwise one unit of catch-up work (an install step or a
+ * deferred entry) or else one build step. */
 static void step(struct fx *x)
 {
     raft_fixture_step(&x->f);
-    for (unsigned i = 0; i < x->n; i++)
-        if (raft_fixture_alive(&x->f, i))
-            kvp_rl_glue_snap_work(&x->nodes[i].glue);
+    for (unsigned i = 0; i < x->n; i++) {
+        if (!raft_fixture_alive(&x->f, i))
+            continue;
+        struct kvp_rl_glue *g = &x->nodes[i].glue;
+        kvp_rl_glue_next_iteration(g);
+        if (kvp_rl_glue_behind(g) && raft_state(raft_fixture_get(&x->f, i)) == RAFT_LEADER)
+            assert_int_equal(kvp_rl_glue_catch_up(g), KVP_OK);
+        if (kvp_rl_glue_catch_up_pending(g))
+            assert_int_equal(kvp_rl_glue_catch_up_step(g, 0), KVP_OK);
+        else
+            kvp_rl_glue_snap_work(g);
+    }
+}
+
+/* Step until no live node has catch-up work left (its FSM at raft's applied index). */
+static void step_until_caught_up(struct fx *x)
+{
+    for (unsigned k = 0; k < 200000; k++) {
+        bool any = false;
+        for (unsigned i = 0; i < x->n; i++)
+            if (raft_fixture_alive(&x->f, i) && kvp_rl_glue_catch_up_pending(&x->nodes[i].glue))
+                any = true;
+        if (!any)
+            return;
+        step(x);
+    }
+    fail_msg("catch-up did not finish");
 }
 
 static bool step_until_applied(struct fx *x, unsigned i, raft_index idx, unsigned max_ms)
@@ -263,6 +294,7 @@ static raft_index put_batch(struct fx *x, unsigned l, unsigned *next_key)
 
 static void assert_digests_equal(struct fx *x)
 {
+    step_until_caught_up(x);
     uint64_t d0 = kvp_master_fsm_digest(x->nodes[0].fsm);
     for (unsigned i = 0; i < x->n; i++) {
         assert_int_equal(kvp_master_fsm_check(x->nodes[i].fsm), 0);
@@ -510,6 +542,217 @@ static int restore_copy(struct node *n, const uint8_t *b, size_t len)
     return rv;
 }
 
+/* A follower far behind installs the leader's snapshot in steps: the install is accepted at
+ * once (checks only), its chunks are decompressed and the new state built over many loop
+ * iterations while entries keep committing (queued behind it, with the snapshot's log tail);
+ * until the swap the follower's state is exactly what it was. Digests then agree. */
+static void test_raftlog_snap_install_in_steps(void **state)
+{
+    struct fx *x = *state;
+    assert_int_equal(raft_fixture_start(&x->f), 0);
+    raft_fixture_elect(&x->f, 0);
+    raft_index idx = mount2(x, 0);
+    unsigned key = 0;
+    assert_true(step_until_applied(x, 3, idx, 5000));
+    raft_fixture_kill(&x->f, 2);
+    for (unsigned e = 0; e < 150; e++) {
+        idx = put_batch(x, 0, &key);
+        assert_true(step_until_applied(x, 0, idx, 5000));
+    }
+    assert_true(raft_fixture_get(&x->f, 0)->log.offset > 0); /* compacted: an install is needed */
+    struct kvp_rl_glue *g2 = &x->nodes[2].glue;
+    uint64_t before = kvp_master_fsm_digest(x->nodes[2].fsm);
+    raft_fixture_revive(&x->f, 2);
+    unsigned staged = 0, max_queue = 0;
+    for (unsigned e = 0; e < 60 || g2->restores_in_steps == 0; e++) {
+        assert_true(e < 3000);
+        idx = put_batch(x, 0, &key);
+        for (unsigned k = 0; k < 4; k++) {
+            step(x);
+            if (g2->rs == 1 || g2->rs == 2) {
+                staged++;
+                assert_true(kvp_master_fsm_digest(x->nodes[2].fsm) == before);
+                if (g2->q_len > max_queue)
+                    max_queue = (unsigned)g2->q_len;
+            }
+        }
+    }
+    assert_true(step_until_applied(x, 3, idx, 30000));
+    print_message("follower: install over %u steps, %u entries queued behind it at most, %llu deferred applies\n",
+                  staged, max_queue, (unsigned long long)g2->entries_deferred);
+    assert_true(staged > 10);
+    assert_true(max_queue > 0);
+    assert_true(g2->restores_in_steps >= 1);
+    assert_true(g2->snapshots_restored == g2->restores_in_steps);
+    assert_digests_equal(x);
+    assert_int_equal(g2->rs, 0);
+}
+
+/* A follower that missed many entries (no snapshot in between) is sent them at once; with an
+ * apply budget of 1 us per loop iteration it applies the first and defers the rest to later
+ * iterations, in order. Digests then agree. */
+static void test_raftlog_lagging_follower_applies_in_steps(void **state)
+{
+    struct fx *x = *state;
+    for (unsigned i = 0; i < x->n; i++)
+        x->nodes[i].glue.base_threshold = 100000; /* no snapshot: the follower replays the log */
+    x->nodes[2].glue.apply_budget_us = 1;
+    assert_int_equal(raft_fixture_start(&x->f), 0);
+    raft_fixture_elect(&x->f, 0);
+    raft_index idx = mount2(x, 0);
+    unsigned key = 0;
+    assert_true(step_until_applied(x, 3, idx, 5000));
+    raft_fixture_kill(&x->f, 2);
+    for (unsigned e = 0; e < 100; e++) {
+        idx = put_batch(x, 0, &key);
+        assert_true(step_until_applied(x, 0, idx, 5000));
+    }
+    raft_fixture_revive(&x->f, 2);
+    assert_true(step_until_applied(x, 3, idx, 30000));
+    struct kvp_rl_glue *g2 = &x->nodes[2].glue;
+    print_message("follower: %llu of %llu entries deferred to a later loop iteration\n",
+                  (unsigned long long)g2->entries_deferred, (unsigned long long)g2->entries_applied);
+    assert_true(g2->entries_deferred > 0);
+    assert_int_equal(g2->snapshots_restored, 0);
+    assert_digests_equal(x);
+
+    /* The backlog bound: with it at 1 us the follower defers one entry at most, then catches
+     * up and applies inline, however many entries arrive at once. */
+    g2->defer_max_us = 1;
+    raft_fixture_kill(&x->f, 2);
+    for (unsigned e = 0; e < 60; e++) {
+        idx = put_batch(x, 0, &key);
+        assert_true(step_until_applied(x, 0, idx, 5000));
+    }
+    raft_fixture_revive(&x->f, 2);
+    uint64_t deferred0 = g2->entries_deferred, max_q = 0;
+    for (unsigned k = 0; k < 200000 && raft_last_applied(raft_fixture_get(&x->f, 2)) < idx; k++) {
+        step(x);
+        if (g2->q_len > max_q)
+            max_q = g2->q_len;
+    }
+    print_message("bounded: %llu more deferred, at most %llu queued\n",
+                  (unsigned long long)(g2->entries_deferred - deferred0), (unsigned long long)max_q);
+    assert_true(max_q <= 1);
+    assert_true(g2->entries_deferred > deferred0);
+    assert_digests_equal(x);
+}
+
+/* A snapshot() that writes the state with one byte of it flipped: the container built around
+ * it is intact (its checksums are computed over the damaged bytes), the state inside is not. */
+static int snapshot_damaged(void *ctx, uint8_t **buf, size_t *len)
+{
+    int rc = kvp_master_fsm_snapshot(ctx, buf, len);
+    if (rc == KVP_OK && *len > 0)
+        (*buf)[*len / 2] ^= 0x01;
+    return rc;
+}
+
+static void staged_node_init(struct node *n)
+{
+    struct kvp_master_fsm_params p = {.fence_grace_ms = 100, .put_ttl_ms = 5000};
+    memset(n, 0, sizeof(*n));
+    assert_int_equal(kvp_master_fsm_new(&n->fsm, &p), KVP_OK);
+    struct kvp_raftlog_fsm user = {.ctx = n->fsm, .apply = kvp_master_fsm_apply_bytes,
+                                   .snapshot = kvp_master_fsm_snapshot_bytes, .restore = kvp_master_fsm_restore_bytes,
+                                   .restore_begin = kvp_master_fsm_restore_begin_bytes,
+                                   .restore_step = kvp_master_fsm_restore_step_bytes,
+                                   .restore_end = kvp_master_fsm_restore_end_bytes,
+                                   .restore_drop = kvp_master_fsm_restore_drop_bytes};
+    kvp_rl_glue_init(&n->glue, &user, on_deliver, n, "probe-steps");
+    n->glue.steps = true;
+    n->glue.restore_step_bytes = 256;
+}
+
+/* The same refusals on a member that installs in steps: a damaged container is refused before
+ * raft counts it installed, with nothing staged; the intact one is accepted with the state
+ * untouched, then built over many steps to the leader's digest. A container whose checks pass
+ * around damaged state bytes is accepted, fails in its first FSM step, leaves the state as it
+ * was and applies nothing more (raftlog then stops the member). */
+static void staged_probe(const uint8_t *good, size_t len, uint64_t want, struct kvp_master_fsm *src)
+{
+    struct node sp;
+    staged_node_init(&sp);
+    uint64_t empty = kvp_master_fsm_digest(sp.fsm);
+    size_t cuts[] = {0, 5, 36, 40, len / 2, len - 1};
+    for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++) {
+        assert_int_equal(restore_copy(&sp, good, cuts[c]), RAFT_MALFORMED);
+        assert_false(kvp_rl_glue_catch_up_pending(&sp.glue));
+    }
+    size_t flips[] = {9, 30, 40, 60, len / 2, len - 1};
+    for (size_t c = 0; c < sizeof(flips) / sizeof(flips[0]); c++) {
+        uint8_t *bad = malloc(len);
+        memcpy(bad, good, len);
+        bad[flips[c]] ^= 0x10;
+        assert_int_equal(restore_copy(&sp, bad, len), RAFT_MALFORMED);
+        assert_false(kvp_rl_glue_catch_up_pending(&sp.glue));
+        free(bad);
+    }
+    assert_true(kvp_master_fsm_digest(sp.fsm) == empty);
+    assert_int_equal(restore_copy(&sp, good, len), 0);
+    assert_true(kvp_rl_glue_behind(&sp.glue));
+    assert_true(kvp_master_fsm_digest(sp.fsm) == empty); /* accepted, not yet applied */
+    unsigned steps = 0;
+    while (kvp_rl_glue_behind(&sp.glue)) {
+        assert_int_equal(kvp_rl_glue_catch_up_step(&sp.glue, 0), KVP_OK);
+        if (kvp_rl_glue_behind(&sp.glue))
+            assert_true(kvp_master_fsm_digest(sp.fsm) == empty);
+        steps++;
+    }
+    print_message("staged install: %u steps\n", steps);
+    assert_true(steps > 5);
+    assert_true(kvp_master_fsm_digest(sp.fsm) == want);
+    assert_int_equal(kvp_master_fsm_check(sp.fsm), 0);
+    while (kvp_rl_glue_catch_up_pending(&sp.glue)) /* the replaced (empty) state is freed */
+        assert_int_equal(kvp_rl_glue_catch_up_step(&sp.glue, 0), KVP_OK);
+
+    /* Damaged state bytes in an intact container. */
+    struct node src_node;
+    memset(&src_node, 0, sizeof(src_node));
+    struct kvp_raftlog_fsm user = {.ctx = src, .apply = kvp_master_fsm_apply_bytes, .snapshot = snapshot_damaged,
+                                   .restore = kvp_master_fsm_restore_bytes};
+    kvp_rl_glue_init(&src_node.glue, &user, on_deliver, &src_node, "damaged-source");
+    struct raft_buffer *bufs = NULL;
+    unsigned nb = 0;
+    assert_int_equal(src_node.glue.fsm.snapshot(&src_node.glue.fsm, &bufs, &nb), 0);
+    size_t blen = 0;
+    for (unsigned k = 0; k < nb; k++)
+        blen += bufs[k].len;
+    uint8_t *bad = malloc(blen);
+    size_t off = 0;
+    for (unsigned k = 0; k < nb; k++) {
+        memcpy(bad + off, bufs[k].base, bufs[k].len);
+        off += bufs[k].len;
+    }
+    src_node.glue.fsm.snapshot_finalize(&src_node.glue.fsm, &bufs, &nb);
+    kvp_rl_glue_fini(&src_node.glue);
+    const char *why = NULL;
+    assert_int_equal(kvp_rl_snap_check(bad, blen, &why), KVP_OK); /* the container is intact */
+    assert_int_equal(restore_copy(&sp, bad, blen), 0);
+    int rc = KVP_OK;
+    for (unsigned k = 0; k < 100000 && rc == KVP_OK && kvp_rl_glue_catch_up_pending(&sp.glue); k++)
+        rc = kvp_rl_glue_catch_up_step(&sp.glue, 0);
+    assert_int_equal(rc, KVP_ERR_MALFORMED);
+    assert_true(sp.glue.failed);
+    assert_non_null(strstr(sp.glue.failed_why, "checksum"));
+    assert_true(kvp_master_fsm_digest(sp.fsm) == want);
+    size_t cl = 0;
+    uint8_t *cmd = cmd_mount("seg-late", &cl);
+    struct kvp_rl_cmd one = {.data = cmd, .len = cl};
+    size_t esz = kvp_rl_entry_size(&one, 1), ew = 0;
+    uint8_t *entry = malloc(esz);
+    assert_int_equal(kvp_rl_entry_encode(entry, esz, &one, 1, &ew), KVP_OK);
+    struct raft_buffer eb = {.base = entry, .len = ew};
+    void *res = NULL;
+    assert_int_equal(sp.glue.fsm.apply(&sp.glue.fsm, &eb, &res), 0);
+    assert_true(kvp_master_fsm_digest(sp.fsm) == want); /* nothing applied after the failure */
+    free(entry);
+    free(cmd);
+    free(bad);
+    kvp_rl_glue_fini(&sp.glue);
+    kvp_master_fsm_destroy(&sp.fsm);
+}
+
 /* Truncated, bit-flipped (header, chunk, log tail) and lengthened snapshots are refused with
  * RAFT_MALFORMED and the state is left as it was; the intact one restores. Then a follower
  * whose first installs arrive corrupted refuses them and recovers from its leader's next try. */
@@ -569,6 +812,7 @@ static void test_raftlog_snap_corrupt_refused_then_recovered_from_peer(void **st
     assert_true(kvp_master_fsm_digest(probe.fsm) == want);
     kvp_rl_glue_fini(&probe.glue);
     kvp_master_fsm_destroy(&probe.fsm);
+    staged_probe(good, len, want, x->nodes[0].fsm);
     free(good);
 
     /* Node 2 misses enough to need an install; its first two arrive corrupted. */
@@ -594,6 +838,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_raftlog_snap_install_and_catch_up_under_writes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_raftlog_snap_during_membership_change_and_transfer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_raftlog_snap_restores_version1, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_raftlog_snap_install_in_steps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_raftlog_lagging_follower_applies_in_steps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_raftlog_snap_corrupt_refused_then_recovered_from_peer, setup,
                                         teardown),
     };

@@ -54,6 +54,27 @@ int kvp_master_fsm_snapshot(const struct kvp_master_fsm *fsm, uint8_t **buf, siz
 int kvp_master_fsm_restore(struct kvp_master_fsm *fsm, const uint8_t *buf, size_t len);
 
 /**
+ * Restore in steps (fsm_snap.c; raftlog installs a snapshot this way, docs/raftlog.md
+ * "Installing a snapshot in steps"). begin checks the snapshot's trailer (O(1)) and returns a
+ * handle; buf must stay valid and unchanged until the handle is dropped. step parses about
+ * max_bytes of it into a new state built aside, checksumming what it parsed (the whole stream's
+ * XXH3 must match before the new state is complete), then builds the segments' allocators a few
+ * at a time, and sets *done once the new state is complete: the current state is untouched until
+ * then. end swaps the new state in (O(1)); after end, step frees the old state about
+ * max_bytes / 64 table slots at a time and sets *done when it is gone. drop frees the handle
+ * and whatever it still holds (the unfinished new state or the rest of the old one; NULL is
+ * fine). Errors: begin KVP_ERR_MALFORMED (no checksum trailer), KVP_ERR_NOMEM; step KVP_ERR_MALFORMED /
+ * KVP_ERR_VERSION / KVP_ERR_NOMEM (the handle must then be dropped, the state is unchanged);
+ * end KVP_ERR_INVALID when the new state is not complete.
+ */
+struct kvp_fsm_restore;
+int kvp_master_fsm_restore_begin(struct kvp_master_fsm *fsm, const uint8_t *buf, size_t len,
+                                 struct kvp_fsm_restore **out);
+int kvp_master_fsm_restore_step(struct kvp_fsm_restore *r, size_t max_bytes, bool *done);
+int kvp_master_fsm_restore_end(struct kvp_master_fsm *fsm, struct kvp_fsm_restore *r);
+void kvp_master_fsm_restore_drop(struct kvp_fsm_restore *r);
+
+/**
  * Incremental snapshot (fsm_snap_inc.c, docs/raftlog.md "Snapshots"): begin freezes the state
  * as of now (O(segments): the segments and their quarantine are written at once); each next
  * call returns one malloc'd chunk (*chunk, free()) of about max_bytes of the same byte stream
@@ -93,6 +114,10 @@ int kvp_master_fsm_restore_bytes(void *fsm, const uint8_t *buf, size_t len);
 int kvp_master_fsm_snap_begin_bytes(void *fsm);
 int kvp_master_fsm_snap_next_bytes(void *fsm, size_t max_bytes, uint8_t **chunk, size_t *len, bool *last);
 void kvp_master_fsm_snap_abort_bytes(void *fsm);
+int kvp_master_fsm_restore_begin_bytes(void *fsm, const uint8_t *buf, size_t len, void **h);
+int kvp_master_fsm_restore_step_bytes(void *fsm, void *h, size_t max_bytes, bool *done);
+int kvp_master_fsm_restore_end_bytes(void *fsm, void *h);
+void kvp_master_fsm_restore_drop_bytes(void *fsm, void *h);
 
 /**
  * A counter bumped by every applied command that can create repair or drain work (a segment

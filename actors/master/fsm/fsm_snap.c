@@ -5,7 +5,9 @@
  * repeated fields), each segment and object packed/unpacked on its own with protobuf-c, so a
  * snapshot of a million objects never exists as one message tree in memory.
  * Restore builds a complete new state aside and swaps it in only when every check passed: a bad
- * snapshot returns KVP_ERR_MALFORMED and leaves the state unchanged.
+ * snapshot returns KVP_ERR_MALFORMED and leaves the state unchanged. It runs in steps
+ * (kvp_master_fsm_restore_begin/step/end/drop) so that raftlog can install a large snapshot
+ * a few milliseconds per loop iteration; kvp_master_fsm_restore runs the steps in one go.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +28,15 @@ typedef struct kvp_master_fsm fsm_t;
 _Static_assert(sizeof(struct kvp_fsm_range) == 2 * sizeof(uint64_t), "SnapReservation.used is read as ranges");
 #define SNAP_MAX_SEGMENT_IDS (1u << 24)
 
-enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_FEATURE_LEVEL = 5, F_CHECKSUM = 15 };
+enum { F_FORMAT = 1, F_LAST_SEG = 2, F_SEGMENT = 3, F_OBJECT = 4, F_FEATURE_LEVEL = 5, F_N_OBJECTS = 7, F_TAB_CAP = 8, F_CHECKSUM = 15 };
+/* A restore sizes its object table once, before the first object, from the object count and
+ * the writer's table capacity the snapshot announces (fields 7 and 8, hints: older snapshots
+ * lack them and the table then grows as objects arrive). The writer's capacity is preferred:
+ * the incremental snapshot writes objects in its table's slot order, and inserting a table's
+ * slots in order into a smaller linear-probing table piles them into ever longer runs (quadratic
+ * probing time: a 4.5M-object start-up restore ran for minutes in tab_place); into a table of the
+ * same capacity each lands at or before its old slot. */
+#define SNAP_MAX_OBJECTS_HINT ((uint64_t)1 << 32)
 
 /* ------------------------------------------------------------------ output buffer */
 
@@ -251,6 +261,12 @@ static void put_prefix(struct obuf *o, const fsm_t *f)
     for (uint32_t i = 0; i < f->n_segs_ids; i++)
         if (f->segs[i])
             put_segment(o, f->segs[i]);
+    if (f->n_objects) {
+        put_varint(o, F_N_OBJECTS << 3);
+        put_varint(o, f->n_objects);
+        put_varint(o, F_TAB_CAP << 3);
+        put_varint(o, f->tab_cap);
+    }
 }
 
 /* The incremental snapshot's prefix (fsm_snap_inc.c): the same bytes the whole-state snapshot
@@ -378,7 +394,7 @@ static int get_varint(struct ibuf *in, uint64_t *v)
 }
 
 /* Restore collects every segment's used extents (replicas and quarantine) and builds its
- * allocator once at the end from their gaps (restore_allocators): reserving each extent in the
+ * allocator once at the end from their gaps (restore_allocator): reserving each extent in the
  * free-extent treap as it was read cost two treap splits per replica at random offsets, about
  * 2 s of a million-object restore. */
 struct used_ext {
@@ -414,41 +430,6 @@ static int used_cmp(const void *a, const void *b)
 {
     const struct used_ext *x = a, *y = b;
     return x->off < y->off ? -1 : x->off > y->off;
-}
-
-/* Every live segment: sort its used extents, check them (aligned, inside, no overlap), and
- * make the gaps between them its free extents. */
-static int restore_allocators(struct rctx *c)
-{
-    fsm_t *t = c->t;
-    for (uint32_t i = 0; i < t->n_segs_ids; i++) {
-        struct kvp_fsm_seg *s = t->segs[i];
-        if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
-            continue;
-        struct used_vec *u = &c->used[i];
-        if (u->n > 1)
-            qsort(u->v, u->n, sizeof(*u->v), used_cmp);
-        kvp_alloc_init_full(&s->alloc, s->size);
-        uint64_t cap = s->alloc.capacity, pos = 0;
-        for (size_t k = 0; k <= u->n; k++) {
-            uint64_t off = k < u->n ? u->v[k].off : cap;
-            if (k < u->n) {
-                uint64_t len = u->v[k].len;
-                if (off % KVP_FSM_ALIGN || len == 0 || off > cap || len > cap - off)
-                    return KVP_ERR_MALFORMED; /* outside the segment */
-            }
-            if (off < pos)
-                return KVP_ERR_MALFORMED; /* overlaps the extent before */
-            if (off > pos) {
-                int rc = kvp_alloc_free(&s->alloc, pos, off - pos);
-                if (rc)
-                    return rc == KVP_ERR_NOMEM ? rc : KVP_ERR_MALFORMED;
-            }
-            if (k < u->n)
-                pos = off + u->v[k].len;
-        }
-    }
-    return KVP_OK;
 }
 
 /* A segment's reservations: each one's unused gaps are used extents of the allocator (the used
@@ -526,7 +507,7 @@ static int restore_segment(struct rctx *c, const Kvp__SnapSegment *m)
     int rrc = restore_reservations(c, s, m);
     if (rrc)
         return rrc;
-    kvp_alloc_init_full(&s->alloc, s->size); /* its free extents come in restore_allocators */
+    kvp_alloc_init_full(&s->alloc, s->size); /* its free extents come in restore_allocator */
     for (size_t i = 0; i < m->n_quarantine; i++) {
         const Kvp__SnapQuarantine *q = m->quarantine[i];
         if (q->length == 0 || q->length % KVP_FSM_ALIGN)
@@ -575,7 +556,7 @@ static int restore_object(struct rctx *c, const Kvp__SnapObject *m)
     for (size_t i = 0; i < m->n_replicas; i++) {
         const Kvp__SnapReplica *r = m->replicas[i];
         struct kvp_fsm_seg *s = kvp_fsm_seg_get(t, r->segment_id);
-        int rc = used_push(c, s->id, r->offset, need); /* checked in restore_allocators */
+        int rc = used_push(c, s->id, r->offset, need); /* checked in restore_allocator */
         if (rc) {
             free(o); /* the aside state is thrown away on any error */
             return rc;
@@ -598,120 +579,280 @@ static int restore_object(struct rctx *c, const Kvp__SnapObject *m)
     return KVP_OK;
 }
 
-static int restore_parse(struct rctx *c, const uint8_t *buf, size_t len)
-{
-    fsm_t *t = c->t;
-    /* The checksum field (tag + fixed64) ends the buffer; check it before parsing anything. */
-    const size_t trailer = 9;
-    if (len < trailer || buf[len - trailer] != (F_CHECKSUM << 3 | 1u))
-        return KVP_ERR_MALFORMED;
-    uint64_t sum = 0;
-    for (int i = 0; i < 8; i++)
-        sum |= (uint64_t)buf[len - 8 + i] << (8 * i);
-    if (sum != XXH3_64bits(buf, len - trailer))
-        return KVP_ERR_MALFORMED;
-    struct ibuf in = {buf, buf + len - trailer};
-    bool have_format = false;
-    bool seen_seg = false, seen_obj = false;
-    while (in.p < in.end) {
-        uint64_t tag, v;
-        if (get_varint(&in, &tag))
-            return KVP_ERR_MALFORMED;
-        unsigned field = (unsigned)(tag >> 3), wt = (unsigned)(tag & 7);
-        if (wt == 0) {
-            if (get_varint(&in, &v))
-                return KVP_ERR_MALFORMED;
-            if (field == F_FORMAT) {
-                if (v != SNAP_FORMAT && v != SNAP_FORMAT_RESV)
-                    return KVP_ERR_VERSION;
-                have_format = true;
-            } else if (field == F_LAST_SEG) {
-                if (seen_seg || seen_obj || t->segs || v > SNAP_MAX_SEGMENT_IDS)
-                    return KVP_ERR_MALFORMED;
-                if (v) {
-                    t->segs = calloc(v, sizeof(*t->segs));
-                    c->used = calloc(v, sizeof(*c->used));
-                    if (!t->segs || !c->used)
-                        return KVP_ERR_NOMEM;
-                }
-                t->n_segs_ids = t->segs_cap = (uint32_t)v;
-            } else if (field == F_FEATURE_LEVEL) {
-                if (v > UINT32_MAX)
-                    return KVP_ERR_MALFORMED;
-                t->feature_level = (uint32_t)v;
-            }
-            continue;
-        }
-        if (wt == 1 || wt == 5) {
-            size_t skip = wt == 1 ? 8 : 4;
-            if ((size_t)(in.end - in.p) < skip)
-                return KVP_ERR_MALFORMED;
-            in.p += skip;
-            continue;
-        }
-        if (wt != 2 || get_varint(&in, &v) || v > (uint64_t)(in.end - in.p))
-            return KVP_ERR_MALFORMED;
-        const uint8_t *sub = in.p;
-        in.p += v;
-        int rc = KVP_OK;
-        if (field == F_SEGMENT) {
-            if (seen_obj)
-                return KVP_ERR_MALFORMED;
-            seen_seg = true;
-            Kvp__SnapSegment *m = kvp__snap_segment__unpack(NULL, (size_t)v, sub);
-            if (!m)
-                return KVP_ERR_MALFORMED;
-            rc = restore_segment(c, m);
-            kvp__snap_segment__free_unpacked(m, NULL);
-        } else if (field == F_OBJECT) {
-            seen_obj = true;
-            Kvp__SnapObject *m = kvp__snap_object__unpack(NULL, (size_t)v, sub);
-            if (!m)
-                return KVP_ERR_MALFORMED;
-            rc = restore_object(c, m);
-            kvp__snap_object__free_unpacked(m, NULL);
-        }
-        if (rc)
-            return rc;
-    }
-    return have_format ? KVP_OK : KVP_ERR_MALFORMED;
-}
+/* A restore in steps (kvp_master_fsm_restore_begin): the new state built aside, the parse
+ * cursor, then the allocators one segment at a time, then (after the swap) the old state freed
+ * a slice of its table at a time. */
+struct kvp_fsm_restore {
+    fsm_t t;               /* the new state until the swap, then the old one */
+    struct rctx c;
+    struct ibuf in;
+    bool have_format, seen_seg, seen_obj;
+    uint64_t n_hint, cap_hint; /* fields 7 and 8: the object table's size */
+    XXH3_state_t *xs;          /* checksum of the bytes parsed so far */
+    const uint8_t *hashed;     /* bytes before this are in xs */
+    uint64_t sum_want;
+    enum { RS_PARSE, RS_ALLOC, RS_READY, RS_FREE_OLD, RS_DONE } phase;
+    uint32_t seg_next;     /* RS_ALLOC: next segment index */
+    uint64_t slot_next;    /* RS_FREE_OLD: next table slot */
+    uint64_t repair_epoch;
+};
 
-static int restore_into(fsm_t *t, const uint8_t *buf, size_t len)
+/* One field of the outer Snapshot message. */
+static int restore_field(struct kvp_fsm_restore *r)
 {
-    struct rctx c = {.t = t};
-    int rc = restore_parse(&c, buf, len);
-    if (rc == KVP_OK)
-        rc = restore_allocators(&c);
-    if (c.used)
-        for (uint32_t i = 0; i < t->n_segs_ids; i++)
-            free(c.used[i].v);
-    free(c.used);
+    struct rctx *c = &r->c;
+    fsm_t *t = c->t;
+    struct ibuf *in = &r->in;
+    uint64_t tag, v;
+    if (get_varint(in, &tag))
+        return KVP_ERR_MALFORMED;
+    unsigned field = (unsigned)(tag >> 3), wt = (unsigned)(tag & 7);
+    if (wt == 0) {
+        if (get_varint(in, &v))
+            return KVP_ERR_MALFORMED;
+        if (field == F_FORMAT) {
+            if (v != SNAP_FORMAT && v != SNAP_FORMAT_RESV)
+                return KVP_ERR_VERSION;
+            r->have_format = true;
+        } else if (field == F_LAST_SEG) {
+            if (r->seen_seg || r->seen_obj || t->segs || v > SNAP_MAX_SEGMENT_IDS)
+                return KVP_ERR_MALFORMED;
+            if (v) {
+                t->segs = calloc(v, sizeof(*t->segs));
+                c->used = calloc(v, sizeof(*c->used));
+                if (!t->segs || !c->used)
+                    return KVP_ERR_NOMEM;
+            }
+            t->n_segs_ids = t->segs_cap = (uint32_t)v;
+        } else if (field == F_N_OBJECTS && v <= SNAP_MAX_OBJECTS_HINT && v <= (uint64_t)(in->end - in->p)) {
+            r->n_hint = v; /* bounded by the bytes left: an object takes more than one */
+        } else if (field == F_TAB_CAP) {
+            r->cap_hint = v;
+        } else if (field == F_FEATURE_LEVEL) {
+            if (v > UINT32_MAX)
+                return KVP_ERR_MALFORMED;
+            t->feature_level = (uint32_t)v;
+        }
+        return KVP_OK;
+    }
+    if (wt == 1 || wt == 5) {
+        size_t skip = wt == 1 ? 8 : 4;
+        if ((size_t)(in->end - in->p) < skip)
+            return KVP_ERR_MALFORMED;
+        in->p += skip;
+        return KVP_OK;
+    }
+    if (wt != 2 || get_varint(in, &v) || v > (uint64_t)(in->end - in->p))
+        return KVP_ERR_MALFORMED;
+    const uint8_t *sub = in->p;
+    in->p += v;
+    int rc = KVP_OK;
+    if (field == F_SEGMENT) {
+        if (r->seen_obj)
+            return KVP_ERR_MALFORMED;
+        r->seen_seg = true;
+        Kvp__SnapSegment *m = kvp__snap_segment__unpack(NULL, (size_t)v, sub);
+        if (!m)
+            return KVP_ERR_MALFORMED;
+        rc = restore_segment(c, m);
+        kvp__snap_segment__free_unpacked(m, NULL);
+    } else if (field == F_OBJECT) {
+        if (!r->seen_obj && !t->tab && r->n_hint > 0) {
+            /* Size the table once (load at most 3/4, as kvp_fsm_obj_insert keeps it): growing it
+             * while objects arrive would also rehash it in one step. */
+            uint64_t cap = 1024;
+            while (r->n_hint * 4 > cap * 3)
+                cap *= 2;
+            if (r->cap_hint >= cap && r->cap_hint <= cap * 4 && !(r->cap_hint & (r->cap_hint - 1)))
+                cap = r->cap_hint; /* the writer's, when plausible for the count */
+            if (!(t->tab = calloc(cap, sizeof(*t->tab))))
+                return KVP_ERR_NOMEM;
+            t->tab_cap = cap;
+        }
+        r->seen_obj = true;
+        Kvp__SnapObject *m = kvp__snap_object__unpack(NULL, (size_t)v, sub);
+        if (!m)
+            return KVP_ERR_MALFORMED;
+        rc = restore_object(c, m);
+        kvp__snap_object__free_unpacked(m, NULL);
+    }
     return rc;
 }
 
-int kvp_master_fsm_restore(fsm_t *f, const uint8_t *buf, size_t len)
+/* Every live segment's allocator from its used extents: sorted, checked (aligned, inside, no
+ * overlap), the gaps made free extents. */
+static int restore_allocator(struct rctx *c, uint32_t i)
 {
-    if (!f || (!buf && len))
-        return KVP_ERR_INVALID;
-    fsm_t t;
-    memset(&t, 0, sizeof(t));
-    t.params = f->params;
-    int rc = restore_into(&t, buf, len);
-    if (rc != KVP_OK) {
-        kvp_log_warn(KVP_FSM_ACTOR, "restore: snapshot of %zu bytes rejected (%d): state unchanged",
-                     len, rc);
-        kvp_fsm_state_clear(&t);
-        return rc;
+    fsm_t *t = c->t;
+    struct kvp_fsm_seg *s = t->segs[i];
+    if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
+        return KVP_OK;
+    struct used_vec *u = &c->used[i];
+    if (u->n > 1)
+        qsort(u->v, u->n, sizeof(*u->v), used_cmp);
+    kvp_alloc_init_full(&s->alloc, s->size);
+    uint64_t cap = s->alloc.capacity, pos = 0;
+    for (size_t k = 0; k <= u->n; k++) {
+        uint64_t off = k < u->n ? u->v[k].off : cap;
+        if (k < u->n) {
+            uint64_t len = u->v[k].len;
+            if (off % KVP_FSM_ALIGN || len == 0 || off > cap || len > cap - off)
+                return KVP_ERR_MALFORMED; /* outside the segment */
+        }
+        if (off < pos)
+            return KVP_ERR_MALFORMED; /* overlaps the extent before */
+        if (off > pos) {
+            int rc = kvp_alloc_free(&s->alloc, pos, off - pos);
+            if (rc)
+                return rc == KVP_ERR_NOMEM ? rc : KVP_ERR_MALFORMED;
+        }
+        if (k < u->n)
+            pos = off + u->v[k].len;
     }
+    free(u->v); /* done with this segment's extents */
+    u->v = NULL;
+    u->n = u->cap = 0;
+    return KVP_OK;
+}
+
+static void restore_used_free(struct kvp_fsm_restore *r)
+{
+    if (r->c.used)
+        for (uint32_t i = 0; i < r->t.n_segs_ids; i++)
+            free(r->c.used[i].v);
+    free(r->c.used);
+    r->c.used = NULL;
+}
+
+int kvp_master_fsm_restore_begin(fsm_t *f, const uint8_t *buf, size_t len, struct kvp_fsm_restore **out)
+{
+    if (!f || (!buf && len) || !out)
+        return KVP_ERR_INVALID;
+    /* The checksum field (tag + fixed64) ends the buffer. It is checked as the parse goes,
+     * over the bytes each step consumed (one pass over 450 MB at 10M objects would hold the
+     * caller's thread ~100 ms), and must match before the new state can be swapped in; a damaged
+     * stream fails the parse or the checksum and the state is never touched. */
+    const size_t trailer = 9;
+    if (len < trailer || buf[len - trailer] != (F_CHECKSUM << 3 | 1u))
+        return KVP_ERR_MALFORMED;
+    struct kvp_fsm_restore *r = calloc(1, sizeof(*r));
+    if (!r)
+        return KVP_ERR_NOMEM;
+    for (int i = 0; i < 8; i++)
+        r->sum_want |= (uint64_t)buf[len - 8 + i] << (8 * i);
+    if (!(r->xs = XXH3_createState()) || XXH3_64bits_reset(r->xs) != XXH_OK) {
+        XXH3_freeState(r->xs);
+        free(r);
+        return KVP_ERR_NOMEM;
+    }
+    r->hashed = buf;
+    r->t.params = f->params;
+    r->c.t = &r->t;
+    r->in = (struct ibuf){buf, buf + len - trailer};
+    r->phase = RS_PARSE;
+    *out = r;
+    return KVP_OK;
+}
+
+int kvp_master_fsm_restore_step(struct kvp_fsm_restore *r, size_t max_bytes, bool *done)
+{
+    if (!r || !done)
+        return KVP_ERR_INVALID;
+    *done = false;
+    if (r->phase == RS_PARSE) {
+        const uint8_t *stop = (size_t)(r->in.end - r->in.p) > max_bytes ? r->in.p + max_bytes : r->in.end;
+        while (r->in.p < stop) {
+            int rc = restore_field(r);
+            if (rc)
+                return rc;
+        }
+        XXH3_64bits_update(r->xs, r->hashed, (size_t)(r->in.p - r->hashed));
+        r->hashed = r->in.p;
+        if (r->in.p < r->in.end)
+            return KVP_OK;
+        if (XXH3_64bits_digest(r->xs) != r->sum_want || !r->have_format)
+            return KVP_ERR_MALFORMED;
+        r->phase = RS_ALLOC;
+        return KVP_OK;
+    }
+    if (r->phase == RS_ALLOC) {
+        /* Segments until about max_bytes / 16 extents were sorted (one at least). */
+        size_t work = 0;
+        while (r->seg_next < r->t.n_segs_ids && work <= max_bytes / 16) {
+            work += r->c.used ? r->c.used[r->seg_next].n + 1 : 1;
+            int rc = restore_allocator(&r->c, r->seg_next);
+            if (rc)
+                return rc;
+            r->seg_next++;
+        }
+        if (r->seg_next < r->t.n_segs_ids)
+            return KVP_OK;
+        restore_used_free(r);
+        r->phase = RS_READY;
+    }
+    if (r->phase == RS_FREE_OLD) {
+        /* The old state's objects, about max_bytes / 64 table slots at a time. */
+        uint64_t end = r->slot_next + (max_bytes / 64 > 0 ? max_bytes / 64 : 1);
+        if (end > r->t.tab_cap)
+            end = r->t.tab_cap;
+        for (; r->slot_next < end; r->slot_next++) {
+            free(r->t.tab[r->slot_next]);
+            r->t.tab[r->slot_next] = NULL;
+        }
+        if (r->slot_next < r->t.tab_cap)
+            return KVP_OK;
+        free(r->t.tab); /* every slot is empty now */
+        r->t.tab = NULL;
+        r->t.tab_cap = 0;
+        kvp_fsm_state_clear(&r->t); /* segments, pending */
+        r->phase = RS_DONE;
+    }
+    *done = r->phase == RS_READY || r->phase == RS_DONE;
+    return KVP_OK;
+}
+
+int kvp_master_fsm_restore_end(fsm_t *f, struct kvp_fsm_restore *r)
+{
+    if (!f || !r || r->phase != RS_READY)
+        return KVP_ERR_INVALID; /* also: the checksum has not been checked yet */
     uint64_t epoch = f->repair_epoch;
-    kvp_fsm_state_clear(f);
-    *f = t;
+    fsm_t old = *f;
+    kvp_fsm_snap_free(&old); /* a running incremental snapshot of the old state is dropped */
+    *f = r->t;
     f->repair_epoch = epoch + 1;
+    r->t = old;
+    r->c.t = &r->t;
+    r->phase = RS_FREE_OLD;
+    r->slot_next = 0;
     kvp_log_info(KVP_FSM_ACTOR, "restored: %u segment ids, %llu objects (%llu pending)",
                  f->n_segs_ids, (unsigned long long)f->n_objects,
                  (unsigned long long)f->n_pending);
     return KVP_OK;
+}
+
+void kvp_master_fsm_restore_drop(struct kvp_fsm_restore *r)
+{
+    if (!r)
+        return;
+    restore_used_free(r);
+    kvp_fsm_state_clear(&r->t); /* the unfinished new state, or what is left of the old one */
+    XXH3_freeState(r->xs);
+    free(r);
+}
+
+int kvp_master_fsm_restore(fsm_t *f, const uint8_t *buf, size_t len)
+{
+    struct kvp_fsm_restore *r = NULL;
+    int rc = kvp_master_fsm_restore_begin(f, buf, len, &r);
+    bool done = false;
+    while (rc == KVP_OK && !done)
+        rc = kvp_master_fsm_restore_step(r, SIZE_MAX, &done);
+    if (rc == KVP_OK)
+        rc = kvp_master_fsm_restore_end(f, r);
+    if (rc != KVP_OK)
+        kvp_log_warn(KVP_FSM_ACTOR, "restore: snapshot of %zu bytes rejected (%d): state unchanged", len, rc);
+    kvp_master_fsm_restore_drop(r);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ byte adapters */
@@ -780,4 +921,29 @@ int kvp_master_fsm_snapshot_bytes(void *fsm, uint8_t **buf, size_t *len)
 int kvp_master_fsm_restore_bytes(void *fsm, const uint8_t *buf, size_t len)
 {
     return kvp_master_fsm_restore(fsm, buf, len);
+}
+
+int kvp_master_fsm_restore_begin_bytes(void *fsm, const uint8_t *buf, size_t len, void **h)
+{
+    struct kvp_fsm_restore *r = NULL;
+    int rc = kvp_master_fsm_restore_begin(fsm, buf, len, &r);
+    *h = r;
+    return rc;
+}
+
+int kvp_master_fsm_restore_step_bytes(void *fsm, void *h, size_t max_bytes, bool *done)
+{
+    (void)fsm;
+    return kvp_master_fsm_restore_step(h, max_bytes, done);
+}
+
+int kvp_master_fsm_restore_end_bytes(void *fsm, void *h)
+{
+    return kvp_master_fsm_restore_end(fsm, h);
+}
+
+void kvp_master_fsm_restore_drop_bytes(void *fsm, void *h)
+{
+    (void)fsm;
+    kvp_master_fsm_restore_drop(h);
 }

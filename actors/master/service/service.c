@@ -577,6 +577,10 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     rp->fsm.snap_next = kvp_master_fsm_snap_next_bytes;
     rp->fsm.snap_abort = kvp_master_fsm_snap_abort_bytes;
     rp->fsm.restore = kvp_master_fsm_restore_bytes;
+    rp->fsm.restore_begin = kvp_master_fsm_restore_begin_bytes; /* install in steps (issue 22) */
+    rp->fsm.restore_step = kvp_master_fsm_restore_step_bytes;
+    rp->fsm.restore_end = kvp_master_fsm_restore_end_bytes;
+    rp->fsm.restore_drop = kvp_master_fsm_restore_drop_bytes;
     rc = kvp_raftlog_start(&s->rl, rp);
     free(rp);
     if (rc != KVP_OK) {

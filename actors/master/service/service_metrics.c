@@ -255,7 +255,18 @@ static void render_raft(struct kvp_master_service *s, struct svc_metrics *m, str
     one_s(t, "kvpool_raft_apply_max_seconds",
         "Longest apply of one Raft entry (all its commands) on the Raft thread since start.", in.max_apply_us);
     one_s(t, "kvpool_raft_snapshot_restore_max_seconds",
-        "Longest snapshot restore (install or start-up load) on the Raft thread since start.", in.max_restore_us);
+        "Longest time a snapshot restore held the Raft thread in one piece since start (a start-up load, or "
+        "the accept or one step of an install in steps).", in.max_restore_us);
+    one_s(t, "kvpool_raft_catchup_max_step_seconds",
+          "Longest single catch-up step of a follower (install in steps, deferred applies) since start.",
+          in.max_catchup_step_us);
+    one(t, "kvpool_raft_restores_in_steps_total", "counter", "Snapshots installed in steps.", in.restores_in_steps);
+    one(t, "kvpool_raft_fsm_behind", "gauge",
+        "1 while the state machine lags the applied index (an install in steps or deferred entries run).",
+        in.fsm_behind ? 1 : 0);
+    one(t, "kvpool_raft_entries_deferred_total", "counter",
+        "Committed entries applied in a later loop iteration than Raft handed them over (behind an install or "
+        "past the per-iteration apply budget).", in.entries_deferred);
     one_s(t, "kvpool_raft_snapshot_last_wall_seconds",
         "Last snapshot taken: time from the start of its build to handing it to Raft.", in.last_snap_wall_us);
     one_s(t, "kvpool_raft_snapshot_last_busy_seconds",
