@@ -126,10 +126,11 @@ struct tcp_xport {
 
 /* Sanitizer builds keep no pool: a stale piece pointer must hit freed memory, where ASan sees
  * it, not a recycled piece. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define TCP_PIECE_POOL 0
-#else
 #define TCP_PIECE_POOL 1024
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TCP_PIECE_POOL_ON false
+#else
+#define TCP_PIECE_POOL_ON true
 #endif
 
 #define T(x) ((struct tcp_xport *)(x))
@@ -149,7 +150,7 @@ static struct tcp_piece *piece_get(struct tcp_xport *t)
 /* Let go of a piece (reported, on no list, no connection's rpiece). */
 static void piece_put(struct tcp_xport *t, struct tcp_piece *p)
 {
-    if (t->pool_n >= TCP_PIECE_POOL) {
+    if (!TCP_PIECE_POOL_ON || t->pool_n >= TCP_PIECE_POOL) {
         free(p);
         return;
     }
