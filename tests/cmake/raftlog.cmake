@@ -23,4 +23,4 @@ target_link_libraries(raftlog_bench PRIVATE kvpool_static ${KVP_DEP_LIBS})
 # against a real 3-master cluster of $KVP_BUILD_DIR.
 add_executable(bench_master_scale ${CMAKE_SOURCE_DIR}/tests/integration/bench_master_scale.c)
 target_compile_options(bench_master_scale PRIVATE ${KVP_WARN})
-target_link_libraries(bench_master_scale PRIVATE kvpool_static ${KVP_DEP_LIBS})
+target_link_libraries(bench_master_scale PRIVATE kvp_testlib kvpool_static ${KVP_DEP_LIBS})
