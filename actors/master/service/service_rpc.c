@@ -19,20 +19,6 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-/* Set the oneof body of a Raft command: the field whose number is the body case (protobuf-c
- * numbers a oneof's cases by field number), so a new command needs no edit here. */
-static void command_set(Kvp__Command *c, Kvp__Command__BodyCase bc, void *body)
-{
-    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(&kvp__command__descriptor,
-                                                                                 (unsigned)bc);
-    if (!f || !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) || f->type != PROTOBUF_C_TYPE_MESSAGE) {
-        c->body_case = KVP__COMMAND__BODY__NOT_SET;
-        return;
-    }
-    *(void **)((char *)c + f->offset) = body;
-    *(uint32_t *)((char *)c + f->quantifier_offset) = (uint32_t)bc;
-}
-
 /* A mutation: the request body becomes the body of a Raft command; hold_wall_ms is its lease
  * horizon (svc_pending.hold_wall_ms, 0 = none). Returns KVP_OK when submitted; otherwise the
  * caller was answered with the error (svc_submit freed the pending entry). */
@@ -46,7 +32,7 @@ static int mutate_hold(struct kvp_master_service *s, zframe_t *identity, const K
     }
     p->hold_wall_ms = hold_wall_ms;
     Kvp__Command cmd = KVP__COMMAND__INIT;
-    command_set(&cmd, bc, body);
+    svc_command_set(&cmd, bc, body);
     return svc_submit(s, p, &cmd);
 }
 
@@ -186,7 +172,7 @@ static void on_unmount(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     }
     p->segment_id = req->unmount->segment_id;
     Kvp__Command cmd = KVP__COMMAND__INIT;
-    command_set(&cmd, KVP__COMMAND__BODY_UNMOUNT, req->unmount);
+    svc_command_set(&cmd, KVP__COMMAND__BODY_UNMOUNT, req->unmount);
     svc_submit(s, p, &cmd);
 }
 
@@ -246,7 +232,7 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     note_client_witness(s, pe->written_segments, pe->n_written_segments);
     pe->n_written_segments = 0;
     Kvp__Command cmd = KVP__COMMAND__INIT;
-    command_set(&cmd, KVP__COMMAND__BODY_PUT_END, pe);
+    svc_command_set(&cmd, KVP__COMMAND__BODY_PUT_END, pe);
     svc_submit(s, p, &cmd);
 }
 
@@ -343,7 +329,7 @@ static void on_remove(struct kvp_master_service *s, zframe_t *id, Kvp__Request *
     sub.n_keys = nf;
     sub.force = rr->force;
     Kvp__Command cmd = KVP__COMMAND__INIT;
-    command_set(&cmd, KVP__COMMAND__BODY_REMOVE, &sub);
+    svc_command_set(&cmd, KVP__COMMAND__BODY_REMOVE, &sub);
     if (svc_submit(s, p, &cmd) == KVP_OK && !rr->force) {
         /* Un-forced: no lease was found; none may be granted before the commit either. */
         p->hides = true;

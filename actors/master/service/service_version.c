@@ -124,19 +124,12 @@ uint32_t svc_feature_level(struct kvp_master_service *s)
 /* RaiseLevelCmd{level}: its result is not needed (the next tick reads the FSM). */
 static void submit_raise(struct kvp_master_service *s, uint32_t level)
 {
-    struct svc_pending *p = svc_pending_new(s, NULL, NULL);
-    if (!p)
-        return;
-    p->internal = SVC_INT_RAISE_LEVEL;
     Kvp__RaiseLevelCmd body = KVP__RAISE_LEVEL_CMD__INIT;
     body.level = level;
-    Kvp__Command cmd = KVP__COMMAND__INIT;
-    cmd.body_case = KVP__COMMAND__BODY_RAISE_LEVEL;
-    cmd.raise_level = &body;
     s->feature_raise_ms = kvp_clock_now_ms();
     kvp_log_info(s->actor, "every member reports feature level %u or more: committing it (was %u)",
                  (unsigned)level, (unsigned)s->feature_committed);
-    svc_submit(s, p, &cmd); /* answers p itself on error */
+    svc_submit_internal(s, SVC_INT_RAISE_LEVEL, KVP__COMMAND__BODY_RAISE_LEVEL, &body, 0);
 }
 
 /* The parked AddMember: add it if its member reported at least the committed level (fresh),
