@@ -130,7 +130,8 @@ struct kvp_master_service {
     uint32_t feature_level_logged;         /* cluster level in the last INFO line (0 = none yet) */
     uint32_t feature_level;                /* cluster level at the last tick (0 = none yet) */
     uint64_t feature_level_term;           /* the term that tick ran in (leader) */
-    uint32_t feature_committed;            /* the FSM's committed level at the last tick (any role) */
+    uint32_t feature_committed;            /* the FSM's committed level as last read (a local read:
+                                              while leader, at each tick and at AddMember) */
     uint64_t feature_raise_ms;             /* monotonic ms of the last RaiseLevelCmd submitted */
     /* An AddMember waiting for the new member's level while a level is committed
      * (svc_version_add_member); NULL = none. */

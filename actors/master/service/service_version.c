@@ -170,9 +170,23 @@ static void admit_resolve(struct kvp_master_service *s)
     svc_pending_free(p);
 }
 
+/* s->feature_committed from the FSM, when the raftlog allows a local read (leader, state
+ * current); else it keeps the last value read. */
+static void read_committed(struct kvp_master_service *s)
+{
+    if (kvp_raftlog_read_begin(s->rl) == KVP_OK) {
+        s->feature_committed = kvp_master_fsm_feature_level(s->fsm);
+        kvp_raftlog_read_end(s->rl);
+    }
+}
+
 void svc_version_add_member(struct kvp_master_service *s, struct svc_pending *p, int slot, uint64_t id,
                             const char *raft_address)
 {
+    /* Read now, not at the last tick: a leader elected less than a tick ago still holds what it
+     * read in an earlier leadership (or 0, never leader), and a member that cannot apply the
+     * committed level would be added at once. */
+    read_committed(s);
     uint32_t need = s->feature_committed;
     int rc;
     if (need <= 1) {
@@ -216,10 +230,7 @@ static int members_index(const struct kvp_master_service *s, uint64_t id)
 
 static int on_version_tick(struct kvp_master_service *s)
 {
-    if (kvp_raftlog_read_begin(s->rl) == KVP_OK) {
-        s->feature_committed = kvp_master_fsm_feature_level(s->fsm);
-        kvp_raftlog_read_end(s->rl);
-    }
+    read_committed(s);
     if (s->admit_p && (!s->is_leader || kvp_clock_now_ms() - s->admit_since_ms >= ADMIT_WAIT_MS))
         admit_resolve(s);
     if (!s->is_leader) {
