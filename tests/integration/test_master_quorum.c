@@ -226,6 +226,20 @@ static void test_master_isolated_leader_stops_acknowledging(void **state)
     free_keys(keys, 5);
 }
 
+/* A MountSegment request of a 1 MiB segment that serves nothing (127.0.0.1:9), in req and m. */
+static void mount_req(Kvp__Request *req, Kvp__MountSegmentReq *m, const char *name, uint64_t owner_pid)
+{
+    *req = (Kvp__Request)KVP__REQUEST__INIT;
+    *m = (Kvp__MountSegmentReq)KVP__MOUNT_SEGMENT_REQ__INIT;
+    m->name = (char *)name;
+    m->host = "127.0.0.1";
+    m->endpoint = "127.0.0.1:9";
+    m->size = 1u << 20;
+    m->owner_pid = owner_pid;
+    req->body_case = KVP__REQUEST__BODY_MOUNT;
+    req->mount = m;
+}
+
 /* MountSegment resent by the session (same call, the next attempt's req_id: an attempt timed out
  * on a loaded host) is one mount: the copy gets the same segment id. Before, each copy committed a
  * new id ("remounted, the old one is lost"): the segment kept the id of the answer it got while
@@ -240,15 +254,9 @@ static void test_master_mount_resent_copy_same_segment(void **state)
     assert_true(leader >= 1);
     zsock_t *d = tm_dealer(c->addr[leader]);
     assert_non_null(d);
-    Kvp__Request req = KVP__REQUEST__INIT;
-    Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
-    m.name = "resent";
-    m.host = "127.0.0.1";
-    m.endpoint = "127.0.0.1:9";
-    m.size = 1u << 20;
-    m.owner_pid = 99;
-    req.body_case = KVP__REQUEST__BODY_MOUNT;
-    req.mount = &m;
+    Kvp__Request req;
+    Kvp__MountSegmentReq m;
+    mount_req(&req, &m, "resent", 99);
     req.timeout_ms = 5000;
     uint32_t ids[3];
     uint64_t req_ids[3] = {(777ull << 8) | 0, (777ull << 8) | 1, (778ull << 8) | 0}; /* call 777 twice, then 778 */
@@ -296,15 +304,9 @@ static void test_master_mount_late_answer_heartbeat_known(void **state)
     fputs("slow 60\n", ff);
     fclose(ff);
     usleep(300 * 1000); /* re-read at most every 100 ms */
-    Kvp__Request req = KVP__REQUEST__INIT;
-    Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
-    m.name = "late";
-    m.host = "127.0.0.1";
-    m.endpoint = "127.0.0.1:9";
-    m.size = 1u << 20;
-    m.owner_pid = 98;
-    req.body_case = KVP__REQUEST__BODY_MOUNT;
-    req.mount = &m;
+    Kvp__Request req;
+    Kvp__MountSegmentReq m;
+    mount_req(&req, &m, "late", 98);
     req.req_id = 900ull << 8;
     req.timeout_ms = 20;
     Kvp__Response *resp = NULL;
