@@ -585,11 +585,14 @@ int svc_timers_start(struct kvp_master_service *s)
 
 /* ------------------------------------------------------------------ data-plane probe */
 
-/* The prober's answer (service_actor.c): rc is kvp_xfer_probe's status for the segment. */
+/* The prober's answer (service_actor.c): rc is kvp_xfer_probe's status for the segment, or
+ * KVP_ERR_CLOSED for a probe that did not run (the prober stopped or failed): only counted. */
 void svc_on_probe_result(struct kvp_master_service *s, uint32_t seg, int rc)
 {
     if (s->probes_out > 0)
         s->probes_out--;
+    if (rc == KVP_ERR_CLOSED)
+        return; /* retried at the next check or report (svc_probe_segment) */
     if (rc == KVP_OK) {
         /* The data plane answers: the client's trouble was its own or transient, and the
          * process lives whatever its heartbeats say: a witness for liveness rule 5, like a
