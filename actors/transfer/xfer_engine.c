@@ -303,12 +303,15 @@ static int xa_alt_open(struct xa *xa, struct kvp_rt_ctx *ctx)
     tp.inner = NULL;
     int rc = kvp_xport_tcp.open(&xa->alt, &tp);
     int fds[XA_MAX_FDS];
-    int n = rc == KVP_OK ? kvp_xport_tcp.fds(xa->alt, fds, XA_MAX_FDS) : 0;
-    for (int i = 0; rc == KVP_OK && i < n; i++)
-        rc = kvp_rt_watch_fd(ctx, fds[i], xa_on_fd);
+    int n = rc == KVP_OK ? kvp_xport_tcp.fds(xa->alt, fds, XA_MAX_FDS) : 0, watched = 0;
+    for (; rc == KVP_OK && watched < n; watched++)
+        if ((rc = kvp_rt_watch_fd(ctx, fds[watched], xa_on_fd)) != KVP_OK)
+            break;
     if (rc != KVP_OK) {
         kvp_log_error(xa->name, "TCP fallback transport could not be opened (%s): peers without RDMA "
                       "fail", kvp_errname(rc));
+        for (int i = 0; i < watched; i++) /* no watch left on an fd the close below frees */
+            kvp_rt_unwatch_fd(ctx, fds[i]);
         if (xa->alt)
             kvp_xport_tcp.close(xa->alt);
         xa->alt = NULL;

@@ -207,6 +207,32 @@ static void pending_fail(struct kvp_master_service *s, struct svc_pending *p, in
     svc_pending_free(p);
 }
 
+void svc_command_set(Kvp__Command *c, Kvp__Command__BodyCase bc, void *body)
+{
+    /* protobuf-c numbers a oneof's cases by field number: the field is the body case's. */
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(&kvp__command__descriptor,
+                                                                                 (unsigned)bc);
+    if (!f || !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) || f->type != PROTOBUF_C_TYPE_MESSAGE) {
+        c->body_case = KVP__COMMAND__BODY__NOT_SET;
+        return;
+    }
+    *(void **)((char *)c + f->offset) = body;
+    *(uint32_t *)((char *)c + f->quantifier_offset) = (uint32_t)bc;
+}
+
+void svc_submit_internal(struct kvp_master_service *s, int kind, Kvp__Command__BodyCase bc, void *body,
+                         uint32_t segment_id)
+{
+    struct svc_pending *p = svc_pending_new(s, NULL, NULL);
+    if (!p)
+        return;
+    p->internal = kind;
+    p->segment_id = segment_id;
+    Kvp__Command cmd = KVP__COMMAND__INIT;
+    svc_command_set(&cmd, bc, body);
+    svc_submit(s, p, &cmd); /* on error its result runs with the error */
+}
+
 int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command *cmd)
 {
     cmd->now_wall_ms = kvp_clock_wall_ms();

@@ -179,8 +179,9 @@ static int actor_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
         if (!s->stopping && s->timers[msg->type - SVC_MSG_TIMER](s) < 0)
             svc_stop_self(s);
     } else if (msg->kind == KVP_RT_REPLY && msg->type == SVC_MSG_PROBE) {
-        if (msg->status != KVP_ERR_CLOSED) /* CLOSED: the prober or this actor is stopping */
-            svc_on_probe_result(s, (uint32_t)msg->arg, msg->status);
+        /* CLOSED too (the prober or this actor is stopping, or a failed prober's queue): the
+         * probe is no longer out, or probes_out would stay at its cap and nothing be probed. */
+        svc_on_probe_result(s, (uint32_t)msg->arg, msg->status);
     } else if (msg->kind == KVP_RT_FAILED && msg->payload) {
         /* The prober's handler does not fail; should it, start a fresh one (the probes it had
          * were answered CLOSED and are retried on the next report). */

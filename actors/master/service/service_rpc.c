@@ -19,39 +19,25 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-/* Set the oneof body of a Raft command: the field whose number is the body case (protobuf-c
- * numbers a oneof's cases by field number), so a new command needs no edit here. */
-static void command_set(Kvp__Command *c, Kvp__Command__BodyCase bc, void *body)
-{
-    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(&kvp__command__descriptor,
-                                                                                 (unsigned)bc);
-    if (!f || !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) || f->type != PROTOBUF_C_TYPE_MESSAGE) {
-        c->body_case = KVP__COMMAND__BODY__NOT_SET;
-        return;
-    }
-    *(void **)((char *)c + f->offset) = body;
-    *(uint32_t *)((char *)c + f->quantifier_offset) = (uint32_t)bc;
-}
-
 /* A mutation: the request body becomes the body of a Raft command; hold_wall_ms is its lease
- * horizon (svc_pending.hold_wall_ms, 0 = none). */
-static struct svc_pending *mutate_hold(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
-                                       Kvp__Command__BodyCase bc, void *body, uint64_t hold_wall_ms)
+ * horizon (svc_pending.hold_wall_ms, 0 = none). Returns KVP_OK when submitted; otherwise the
+ * caller was answered with the error (svc_submit freed the pending entry). */
+static int mutate_hold(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
+                       Kvp__Command__BodyCase bc, void *body, uint64_t hold_wall_ms)
 {
     struct svc_pending *p = svc_pending_new(s, identity, req);
     if (!p) {
         svc_reply_status(s, identity, req->req_id, KVP_ERR_NOMEM, "out of memory");
-        return NULL;
+        return KVP_ERR_NOMEM;
     }
     p->hold_wall_ms = hold_wall_ms;
     Kvp__Command cmd = KVP__COMMAND__INIT;
-    command_set(&cmd, bc, body);
-    svc_submit(s, p, &cmd);
-    return p;
+    svc_command_set(&cmd, bc, body);
+    return svc_submit(s, p, &cmd);
 }
 
-static struct svc_pending *mutate(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
-                                  Kvp__Command__BodyCase bc, void *body)
+static int mutate(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
+                  Kvp__Command__BodyCase bc, void *body)
 {
     return mutate_hold(s, identity, req, bc, body, 0);
 }
@@ -147,15 +133,19 @@ static void on_mount(struct kvp_master_service *s, zframe_t *id, Kvp__Request *r
         svc_reply(s, id, req->req_id, &resp);
         return;
     }
+    struct svc_mount_seen *slot = NULL;
     if (id) {
-        struct svc_mount_seen *slot = &s->mount_seen[s->mount_seen_next++ % (sizeof s->mount_seen / sizeof s->mount_seen[0])];
+        slot = &s->mount_seen[s->mount_seen_next++ % (sizeof s->mount_seen / sizeof s->mount_seen[0])];
         zframe_destroy(&slot->identity);
         slot->identity = zframe_dup(id); /* NULL on no memory: then not remembered */
         slot->call = call;
         slot->segment_id = 0;
         slot->at_ms = svc_now_ms();
     }
-    mutate(s, id, req, KVP__COMMAND__BODY_MOUNT, req->mount);
+    /* Not submitted (answered with the error already): no copy is in flight, so a resent copy
+     * must be a new try, not dropped for SVC_MOUNT_SEEN_MS. */
+    if (mutate(s, id, req, KVP__COMMAND__BODY_MOUNT, req->mount) != KVP_OK && slot)
+        zframe_destroy(&slot->identity);
 }
 
 /* The result of a MountSegment call: remembered when OK, forgotten otherwise (a resent copy
@@ -182,7 +172,7 @@ static void on_unmount(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     }
     p->segment_id = req->unmount->segment_id;
     Kvp__Command cmd = KVP__COMMAND__INIT;
-    command_set(&cmd, KVP__COMMAND__BODY_UNMOUNT, req->unmount);
+    svc_command_set(&cmd, KVP__COMMAND__BODY_UNMOUNT, req->unmount);
     svc_submit(s, p, &cmd);
 }
 
@@ -242,7 +232,7 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
     note_client_witness(s, pe->written_segments, pe->n_written_segments);
     pe->n_written_segments = 0;
     Kvp__Command cmd = KVP__COMMAND__INIT;
-    command_set(&cmd, KVP__COMMAND__BODY_PUT_END, pe);
+    svc_command_set(&cmd, KVP__COMMAND__BODY_PUT_END, pe);
     svc_submit(s, p, &cmd);
 }
 
@@ -339,7 +329,7 @@ static void on_remove(struct kvp_master_service *s, zframe_t *id, Kvp__Request *
     sub.n_keys = nf;
     sub.force = rr->force;
     Kvp__Command cmd = KVP__COMMAND__INIT;
-    command_set(&cmd, KVP__COMMAND__BODY_REMOVE, &sub);
+    svc_command_set(&cmd, KVP__COMMAND__BODY_REMOVE, &sub);
     if (svc_submit(s, p, &cmd) == KVP_OK && !rr->force) {
         /* Un-forced: no lease was found; none may be granted before the commit either. */
         p->hides = true;
@@ -655,13 +645,19 @@ static void after_cluster_status(struct kvp_master_service *s, struct svc_pendin
 struct svc_rpc {
     void (*on_request)(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req);
     void (*on_result)(struct kvp_master_service *s, struct svc_pending *p, Kvp__Response *resp);
+    /* on_result runs even when the answer comes after the caller's deadline (it is not sent):
+     * the step records a committed fact, the segment table, not something granted to the
+     * caller. A late mount's segment missing from s->segments answered its first heartbeats
+     * NOT_FOUND until the next refresh, and the segment remounted; with MountSegment's resent
+     * copies answered from mount_seen, no second mount filled it in either. */
+    bool late_too;
 };
 
 #define SVC_RPC_CASES 64 /* above the largest client body case (MoverPoll, 40) */
 
 static const struct svc_rpc rpc_table[SVC_RPC_CASES] = {
-    [KVP__REQUEST__BODY_MOUNT] = {on_mount, after_mount},
-    [KVP__REQUEST__BODY_UNMOUNT] = {on_unmount, after_unmount},
+    [KVP__REQUEST__BODY_MOUNT] = {on_mount, after_mount, true},
+    [KVP__REQUEST__BODY_UNMOUNT] = {on_unmount, after_unmount, true},
     [KVP__REQUEST__BODY_HEARTBEAT] = {on_heartbeat, NULL},
     [KVP__REQUEST__BODY_PUT_START] = {on_put_start, after_put_start},
     [KVP__REQUEST__BODY_PUT_END] = {on_put_end, after_put_end},
@@ -671,7 +667,7 @@ static const struct svc_rpc rpc_table[SVC_RPC_CASES] = {
     [KVP__REQUEST__BODY_GET_SIZE] = {on_get_size, NULL},
     [KVP__REQUEST__BODY_REMOVE] = {on_remove, after_remove},
     [KVP__REQUEST__BODY_REMOVE_ALL] = {on_remove_all, after_remove_all},
-    [KVP__REQUEST__BODY_DRAIN] = {on_drain, after_drain},
+    [KVP__REQUEST__BODY_DRAIN] = {on_drain, after_drain, true},
     [KVP__REQUEST__BODY_SEGMENT_LOST] = {on_segment_lost, NULL},
     [KVP__REQUEST__BODY_REPORT_UNREACHABLE] = {on_report_unreachable, NULL},
     [KVP__REQUEST__BODY_CLUSTER_STATUS] = {on_cluster_status, after_cluster_status},
@@ -834,7 +830,10 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
                 svc_evict_unhide(s, p->key_hashes[i]);
         p->hides = false;
     }
+    const struct svc_rpc *rpc = rpc_of(p->body_case);
     if (p->deadline_ms && svc_now_ms() > p->deadline_ms) {
+        if (rpc && rpc->on_result && rpc->late_too && status == KVP_OK && kind != KVP_RAFTLOG_EV_ADMIN && resp)
+            rpc->on_result(s, p, resp);
         kvp_log_debug(s->actor, "req %llu: result after the caller's deadline: dropped",
                       (unsigned long long)p->req_id);
         return;
@@ -845,7 +844,6 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
         return;
     }
 
-    const struct svc_rpc *rpc = rpc_of(p->body_case);
     if (rpc && rpc->on_result)
         rpc->on_result(s, p, resp);
     svc_reply(s, p->identity, p->req_id, resp);

@@ -223,9 +223,6 @@ bool svc_in_election_grace(const struct kvp_master_service *s)
     return s->is_leader && svc_now_ms() < s->leader_since_ms + s->cfg.default_kv_lease_ttl_ms;
 }
 
-static void submit_internal(struct kvp_master_service *s, int kind, Kvp__Command__BodyCase bc, void *body,
-                            uint32_t segment_id);
-
 uint64_t svc_mono_to_wall(uint64_t mono_ms)
 {
     uint64_t now = svc_now_ms(), wall = kvp_clock_wall_ms();
@@ -257,7 +254,7 @@ void svc_release_now(struct kvp_master_service *s)
     Kvp__QuarantineReleaseCmd body = KVP__QUARANTINE_RELEASE_CMD__INIT;
     s->release_inflight = true;
     s->release_sent_ms = now;
-    submit_internal(s, SVC_INT_QUARANTINE_RELEASE, KVP__COMMAND__BODY_QUARANTINE_RELEASE, &body, 0);
+    svc_submit_internal(s, SVC_INT_QUARANTINE_RELEASE, KVP__COMMAND__BODY_QUARANTINE_RELEASE, &body, 0);
 }
 
 bool svc_key_leased(const struct kvp_master_service *s, uint64_t key_hash)
@@ -443,25 +440,6 @@ void svc_on_heartbeat_req(struct kvp_master_service *s, zframe_t *identity, cons
 
 /* ------------------------------------------------------------------ timers */
 
-static void submit_internal(struct kvp_master_service *s, int kind, Kvp__Command__BodyCase bc, void *body,
-                            uint32_t segment_id)
-{
-    struct svc_pending *p = svc_pending_new(s, NULL, NULL);
-    if (!p)
-        return;
-    p->internal = kind;
-    p->segment_id = segment_id;
-    Kvp__Command cmd = KVP__COMMAND__INIT;
-    cmd.body_case = bc;
-    switch (bc) {
-    case KVP__COMMAND__BODY_REVOKE_EXPIRED: cmd.revoke_expired = body; break;
-    case KVP__COMMAND__BODY_QUARANTINE_RELEASE: cmd.quarantine_release = body; break;
-    case KVP__COMMAND__BODY_SEGMENT_LOST: cmd.segment_lost = body; break;
-    default: break;
-    }
-    svc_submit(s, p, &cmd);
-}
-
 /* Every ~200 ms: revoke pending puts past their deadline (their space goes to quarantine). */
 static int on_revoke_timer(struct kvp_master_service *s)
 {
@@ -475,7 +453,7 @@ static int on_revoke_timer(struct kvp_master_service *s)
         return 0;
     Kvp__RevokeExpiredCmd body = KVP__REVOKE_EXPIRED_CMD__INIT;
     s->revoke_inflight = true;
-    submit_internal(s, SVC_INT_REVOKE_EXPIRED, KVP__COMMAND__BODY_REVOKE_EXPIRED, &body, 0);
+    svc_submit_internal(s, SVC_INT_REVOKE_EXPIRED, KVP__COMMAND__BODY_REVOKE_EXPIRED, &body, 0);
     return 0;
 }
 
@@ -547,7 +525,7 @@ static void check_liveness(struct kvp_master_service *s)
         svc_map_put(&s->lost_sent, v->id, now);
         Kvp__SegmentLostCmd body = KVP__SEGMENT_LOST_CMD__INIT;
         body.segment_id = v->id;
-        submit_internal(s, SVC_INT_SEGMENT_LOST, KVP__COMMAND__BODY_SEGMENT_LOST, &body, v->id);
+        svc_submit_internal(s, SVC_INT_SEGMENT_LOST, KVP__COMMAND__BODY_SEGMENT_LOST, &body, v->id);
     }
     free(in);
 }
@@ -607,11 +585,14 @@ int svc_timers_start(struct kvp_master_service *s)
 
 /* ------------------------------------------------------------------ data-plane probe */
 
-/* The prober's answer (service_actor.c): rc is kvp_xfer_probe's status for the segment. */
+/* The prober's answer (service_actor.c): rc is kvp_xfer_probe's status for the segment, or
+ * KVP_ERR_CLOSED for a probe that did not run (the prober stopped or failed): only counted. */
 void svc_on_probe_result(struct kvp_master_service *s, uint32_t seg, int rc)
 {
     if (s->probes_out > 0)
         s->probes_out--;
+    if (rc == KVP_ERR_CLOSED)
+        return; /* retried at the next check or report (svc_probe_segment) */
     if (rc == KVP_OK) {
         /* The data plane answers: the client's trouble was its own or transient, and the
          * process lives whatever its heartbeats say: a witness for liveness rule 5, like a

@@ -130,7 +130,8 @@ struct kvp_master_service {
     uint32_t feature_level_logged;         /* cluster level in the last INFO line (0 = none yet) */
     uint32_t feature_level;                /* cluster level at the last tick (0 = none yet) */
     uint64_t feature_level_term;           /* the term that tick ran in (leader) */
-    uint32_t feature_committed;            /* the FSM's committed level at the last tick (any role) */
+    uint32_t feature_committed;            /* the FSM's committed level as last read (a local read:
+                                              while leader, at each tick and at AddMember) */
     uint64_t feature_raise_ms;             /* monotonic ms of the last RaiseLevelCmd submitted */
     /* An AddMember waiting for the new member's level while a level is committed
      * (svc_version_add_member); NULL = none. */
@@ -285,6 +286,13 @@ void svc_pending_free(struct svc_pending *p);
 /** Pack cmd_body into a Command (now_wall_ms, term) and submit it under p->corr. On error the
  * pending entry is freed and, for a request, answered with the error. */
 int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command *cmd);
+/** Set c's oneof body to body (a message of the case bc), through the Command descriptor: a new
+ * command needs no switch. An unknown or non-message case leaves c's body NOT_SET. */
+void svc_command_set(Kvp__Command *c, Kvp__Command__BodyCase bc, void *body);
+/** Submit internal work (kind: enum svc_internal_kind) as the command bc with body; its result
+ * (or a submit error) goes to svc_on_result's internal step. Nothing happens without memory. */
+void svc_submit_internal(struct kvp_master_service *s, int kind, Kvp__Command__BodyCase bc, void *body,
+                         uint32_t segment_id);
 /** Pack req as a raw Request and run it as a raftlog query under p->corr (same error rule). */
 int svc_query(struct kvp_master_service *s, struct svc_pending *p, const Kvp__Request *req);
 

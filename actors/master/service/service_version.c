@@ -124,19 +124,12 @@ uint32_t svc_feature_level(struct kvp_master_service *s)
 /* RaiseLevelCmd{level}: its result is not needed (the next tick reads the FSM). */
 static void submit_raise(struct kvp_master_service *s, uint32_t level)
 {
-    struct svc_pending *p = svc_pending_new(s, NULL, NULL);
-    if (!p)
-        return;
-    p->internal = SVC_INT_RAISE_LEVEL;
     Kvp__RaiseLevelCmd body = KVP__RAISE_LEVEL_CMD__INIT;
     body.level = level;
-    Kvp__Command cmd = KVP__COMMAND__INIT;
-    cmd.body_case = KVP__COMMAND__BODY_RAISE_LEVEL;
-    cmd.raise_level = &body;
     s->feature_raise_ms = kvp_clock_now_ms();
     kvp_log_info(s->actor, "every member reports feature level %u or more: committing it (was %u)",
                  (unsigned)level, (unsigned)s->feature_committed);
-    svc_submit(s, p, &cmd); /* answers p itself on error */
+    svc_submit_internal(s, SVC_INT_RAISE_LEVEL, KVP__COMMAND__BODY_RAISE_LEVEL, &body, 0);
 }
 
 /* The parked AddMember: add it if its member reported at least the committed level (fresh),
@@ -177,9 +170,23 @@ static void admit_resolve(struct kvp_master_service *s)
     svc_pending_free(p);
 }
 
+/* s->feature_committed from the FSM, when the raftlog allows a local read (leader, state
+ * current); else it keeps the last value read. */
+static void read_committed(struct kvp_master_service *s)
+{
+    if (kvp_raftlog_read_begin(s->rl) == KVP_OK) {
+        s->feature_committed = kvp_master_fsm_feature_level(s->fsm);
+        kvp_raftlog_read_end(s->rl);
+    }
+}
+
 void svc_version_add_member(struct kvp_master_service *s, struct svc_pending *p, int slot, uint64_t id,
                             const char *raft_address)
 {
+    /* Read now, not at the last tick: a leader elected less than a tick ago still holds what it
+     * read in an earlier leadership (or 0, never leader), and a member that cannot apply the
+     * committed level would be added at once. */
+    read_committed(s);
     uint32_t need = s->feature_committed;
     int rc;
     if (need <= 1) {
@@ -223,10 +230,7 @@ static int members_index(const struct kvp_master_service *s, uint64_t id)
 
 static int on_version_tick(struct kvp_master_service *s)
 {
-    if (kvp_raftlog_read_begin(s->rl) == KVP_OK) {
-        s->feature_committed = kvp_master_fsm_feature_level(s->fsm);
-        kvp_raftlog_read_end(s->rl);
-    }
+    read_committed(s);
     if (s->admit_p && (!s->is_leader || kvp_clock_now_ms() - s->admit_since_ms >= ADMIT_WAIT_MS))
         admit_resolve(s);
     if (!s->is_leader) {
