@@ -41,9 +41,13 @@ struct kvp_auth_server {
     zsock_t *rep; /* bound by _new (so a failed bind is an error there), then used only by `zap` */
     zcertstore_t *store;          /* `zap` only: made in its init, freed in its fini */
     struct kvp_auth_ratelog zap_log; /* `zap` only */
+    /* Refusal counters: refused_keys written by the `zap` actor, refused_handshakes by the
+     * master service actor, both read by kvp_auth_server_stats when the master renders its
+     * metrics (service_quota.c). Relaxed atomics: two independent counts, nothing else published
+     * through them; asking `zap` by message for a count would make the renderer wait on it. */
     _Atomic uint64_t refused_keys;
     _Atomic uint64_t refused_handshakes;
-    /* handshake monitor: owned by the master's loop thread */
+    /* handshake monitor: owned by the master service actor's thread */
     zsock_t *mon;
     char mon_ep[64];
     char fd_addr[MON_FDS][64];

@@ -24,7 +24,10 @@ struct kvp_rt_actor;
 /** What the mover works for: all borrowed, and they outlive the mover. */
 struct kvp_mover_cfg {
     struct kvp_msession *ms;
-    _Atomic uint32_t *id; /* the segment's current id (0 = not mounted: no polls); relaxed reads */
+    /* The segment's current id (0 = not mounted: no polls); relaxed reads. Segment state's
+     * atomic (segment_state.h): the heartbeat actor changes it on a remount, and the mover reads
+     * it before each poll; a message per remount would only duplicate that one value. */
+    _Atomic uint32_t *id;
     void *base;           /* the region [base, base + size) */
     uint64_t size;
     const char *actor;    /* the segment's log name; " mover" is appended */

@@ -99,13 +99,6 @@ uint64_t kvp_fence_track_heartbeat(struct kvp_fence_track *t, uint32_t seg, bool
     return e->asked ? e->want_seq : 0;
 }
 
-void kvp_fence_track_forget(struct kvp_fence_track *t, uint32_t seg)
-{
-    struct kvp_fence_seg *e = slot(t, seg, false);
-    if (e)
-        memset(e, 0, sizeof *e);
-}
-
 uint64_t kvp_fence_track_release_time(struct kvp_fence_track *t, uint64_t now_ms, uint64_t grace_ms,
                                       bool (*alive)(void *ctx, uint32_t seg), void *ctx,
                                       uint32_t *held_by)

@@ -30,8 +30,8 @@
  * heartbeated the new one is not held (docs/rdma.md "What remains").
  *
  * A segment that stops heartbeating holds releases until the leader drops it (lost or
- * unmounted: kvp_fence_track_forget, or the alive callback says no): the bound is the liveness
- * rule's (client_ttl_ms).
+ * unmounted: the alive callback of kvp_fence_track_release_time says no): the bound is the
+ * liveness rule's (client_ttl_ms).
  *
  * Plain data, owned by the master service actor's thread; no locks, no clock reads (callers pass
  * wall-clock ms). Segment ids index a dense array (ids start at 1 and are never reused).
@@ -80,9 +80,6 @@ uint32_t kvp_fence_track_note_failure(struct kvp_fence_track *t, uint64_t wall_m
  */
 uint64_t kvp_fence_track_heartbeat(struct kvp_fence_track *t, uint32_t seg, bool rdma_writers,
                                    uint64_t fenced_seq, int fenced_status, bool *nomem);
-
-/** The segment is gone (lost, unmounted, unknown): it holds nothing any more. */
-void kvp_fence_track_forget(struct kvp_fence_track *t, uint32_t seg);
 
 /**
  * The time to stamp on a QuarantineRelease (wall ms): now_ms, or less while a segment for which
