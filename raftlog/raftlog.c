@@ -716,15 +716,22 @@ static void run_admin(struct kvp_raftlog *rl, struct rl_op *op)
         rv = raft_add(&rl->raft, &a->change, op->id, op->addr, add_cb);
         if (rv == RAFT_DUPLICATEID) {
             /* A retried add whose first attempt added the server but did not finish promoting
-             * it (catch-up too slow): promote it now. A server that is a voter already stays
-             * a duplicate (KVP_ERR_INVALID). */
+             * it (catch-up too slow): promote it now. A retried add whose first attempt did
+             * finish (its answer lost, or the caller gave up while the catch-up ran) finds a
+             * voter at the same address: done, KVP_OK. A voter at another address stays a
+             * duplicate (KVP_ERR_INVALID). */
             const struct raft_configuration *cf = &rl->raft.configuration;
             for (unsigned i = 0; i < cf->n; i++) {
-                if (cf->servers[i].id == op->id && cf->servers[i].role != RAFT_VOTER) {
+                if (cf->servers[i].id != op->id)
+                    continue;
+                if (cf->servers[i].role != RAFT_VOTER) {
                     a->assign.data = a;
                     rv = raft_assign(&rl->raft, &a->assign, op->id, RAFT_VOTER, assign_cb);
-                    break;
+                } else if (strcmp(cf->servers[i].address, op->addr) == 0) {
+                    admin_done(a, KVP_OK);
+                    return;
                 }
+                break;
             }
         }
     } else if (op->kind == OP_REMOVE) {

@@ -29,6 +29,7 @@
 #include "actors/transfer/fault.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
+#include "tests/lib/proc_reap.h"
 #ifdef KVP_FENCE_RDMA
 #include "actors/segment/seg_rdma.h"
 #include "actors/transfer/rdma/xport_rdma.h"
@@ -257,6 +258,7 @@ static void test_fence_faults_env_rules_read_at_engine_start(void **state)
 {
     (void)state;
     pid_t pid = fork();
+    kvp_test_child_track(pid); /* killed at teardown if a failed assert skips its stop */
     assert_true(pid >= 0);
     if (pid == 0) {
         setenv("KVP_XFER_FAULT", "fail,transport=tcp,op=read", 1);

@@ -36,6 +36,7 @@
 #include "kvpool.h"
 #include "tests/actor/seg_raw_client.h"
 #include "wire/envelope.h"
+#include "tests/lib/proc_reap.h"
 
 #define REGION (8u << 20)
 #define SEG_ID 5
@@ -221,6 +222,7 @@ static void test_seg_idle_conns_cost_no_threads(void **state)
     assert_int_equal(pipe(ready), 0);
     assert_int_equal(pipe(done), 0);
     pid_t pid = fork();
+    kvp_test_child_track(pid); /* killed at teardown if a failed assert skips its stop */
     assert_true(pid >= 0);
     if (pid == 0) {
         close(ready[0]);

@@ -19,6 +19,7 @@
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
 #include "seg_fake_master.h"
+#include "tests/lib/proc_reap.h"
 
 static char g_exe[1024];
 
@@ -34,6 +35,7 @@ static int spawn(struct proc *p, const char *const *args)
     if (pipe(fds) != 0)
         return -1;
     p->pid = fork();
+    kvp_test_child_track(p->pid); /* killed at teardown if a failed assert skips its stop */
     if (p->pid == 0) {
         dup2(fds[1], 1);
         close(fds[0]);

@@ -33,6 +33,7 @@
 #include "tests/integration/test_client_util.h"
 #include "tests/lib/http_get.h"
 #include "wire/envelope.h"
+#include "tests/lib/proc_reap.h"
 
 static struct {
     struct tc_cluster cl;
@@ -106,6 +107,7 @@ static int group_setup(void **state)
 
 static int group_teardown(void **state)
 {
+    (void)kvp_test_children_kill();
     tc_cluster_down(&A.cl);
     return 0;
 }
@@ -267,6 +269,7 @@ static void test_auth_raft_non_loopback_refused(void **state)
     snprintf(key, sizeof key, "%s/master-1_secret", A.keys);
     snprintf(log, sizeof log, "%s/nonloopback.log", A.cl.dir);
     pid_t pid = fork();
+    kvp_test_child_track(pid); /* killed at teardown if a failed assert skips its stop */
     assert_true(pid >= 0);
     if (pid == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -299,6 +302,7 @@ static void test_auth_none_warns_once(void **state)
     snprintf(data, sizeof data, "%s/authnone", A.cl.dir);
     snprintf(log, sizeof log, "%s/authnone.log", A.cl.dir);
     pid_t pid = fork();
+    kvp_test_child_track(pid);
     assert_true(pid >= 0);
     if (pid == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);

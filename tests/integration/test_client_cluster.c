@@ -16,6 +16,7 @@
 
 #include "tests/integration/test_batch_util.h"
 #include "tests/integration/test_client_util.h"
+#include "tests/lib/proc_reap.h"
 
 #define SEG_SIZE_STR "256M"
 #define SEG_BYTES (256ull << 20)
@@ -35,6 +36,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    (void)kvp_test_children_kill();
     (void)state;
     tc_cluster_down(&CL);
     return 0;
@@ -190,6 +192,7 @@ static void test_client_cluster_two_processes_race_one_stores(void **state)
     assert_int_equal(pipe(to_child), 0);
     assert_int_equal(pipe(to_parent), 0);
     pid_t pid = fork();
+    kvp_test_child_track(pid); /* killed at teardown if a failed assert skips its stop */
     assert_true(pid >= 0);
     if (pid == 0) {
         /* child: own client; report its K put results then its read check */

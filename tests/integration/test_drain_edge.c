@@ -48,6 +48,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    (void)kvp_test_children_kill();
     tc_close(&C);
     kvp_msession_destroy(&MS);
     tc_cluster_down(&CL);
@@ -284,10 +285,10 @@ static void test_drain_kvpoolctl_drain_moves_then_process_exits0(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_drain_replica_num1_objects_readable_after_drain),
-        cmocka_unit_test(test_drain_kvpoolctl_drain_moves_then_process_exits0),
-        cmocka_unit_test(test_drain_leader_killed_mid_drain_completes_under_new_leader),
-        cmocka_unit_test(test_drain_pool_full_reports_no_room_and_ends_at_timeout),
+        cmocka_unit_test_teardown(test_drain_replica_num1_objects_readable_after_drain, kvp_test_children_teardown),
+        cmocka_unit_test_teardown(test_drain_kvpoolctl_drain_moves_then_process_exits0, kvp_test_children_teardown),
+        cmocka_unit_test_teardown(test_drain_leader_killed_mid_drain_completes_under_new_leader, kvp_test_children_teardown),
+        cmocka_unit_test_teardown(test_drain_pool_full_reports_no_room_and_ends_at_timeout, kvp_test_children_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

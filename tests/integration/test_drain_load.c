@@ -41,6 +41,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    (void)kvp_test_children_kill();
     tc_cluster_down(&CL);
     return 0;
 }
@@ -159,7 +160,7 @@ static void test_drain_under_load_zero_failed_gets_three_replicas_exit0(void **s
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_drain_under_load_zero_failed_gets_three_replicas_exit0),
+        cmocka_unit_test_teardown(test_drain_under_load_zero_failed_gets_three_replicas_exit0, kvp_test_children_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

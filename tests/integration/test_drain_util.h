@@ -20,6 +20,7 @@
 #include "auth/auth.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
+#include "tests/lib/proc_reap.h"
 
 #define TD_CHILDREN 2
 #define TD_MAX_KEYS 4096
@@ -151,6 +152,7 @@ static inline int td_load_start(struct td_load *l, const struct tc_cluster *cl, 
         if (p == 0)
             td_child_main(cl, l->sh, i, rn);
         l->pids[i] = p;
+        kvp_test_child_track(p);
     }
     return 0;
 }
@@ -368,6 +370,7 @@ static inline pid_t td_spawn_segment(const struct tc_cluster *cl, const char *na
         execv(exe, argv);
         _exit(127);
     }
+    kvp_test_child_track(p);
     return p;
 }
 

@@ -31,6 +31,7 @@
 #include "actors/transfer/transfer.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
+#include "tests/lib/proc_reap.h"
 
 #define SEG_SIZE_STR "4M"
 #define POOL_BYTES (12ull << 20)
@@ -89,6 +90,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    (void)kvp_test_children_kill();
     (void)state;
     tc_cluster_down(&CL);
     return 0;
@@ -206,6 +208,7 @@ static void test_evict_fill_three_times_capacity_all_puts_succeed(void **state)
     pid_t pids[N_CLIENTS];
     for (int i = 0; i < N_CLIENTS; i++) {
         pids[i] = fork();
+        kvp_test_child_track(pids[i]); /* killed at teardown if a failed assert skips its stop */
         assert_true(pids[i] >= 0);
         if (pids[i] == 0)
             _exit(writer(i));
@@ -431,6 +434,7 @@ static void test_evict_failover_new_leader_evicts_at_once(void **state)
     /* a writer keeps the pool under pressure while the new leader is in its grace window: its
      * puts wait (NO_SPACE, evicting) and succeed once eviction resumes */
     pid_t w = fork();
+    kvp_test_child_track(w);
     assert_true(w >= 0);
     if (w == 0) {
         kvp_client *wc = tc_open(&CL, 30000);
@@ -492,11 +496,11 @@ static void test_evict_failover_new_leader_evicts_at_once(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_evict_fill_three_times_capacity_all_puts_succeed),
-        cmocka_unit_test(test_evict_all_leased_no_space_at_once_then_succeeds),
-        cmocka_unit_test(test_evict_lease_expired_mid_transfer_returns_lease_expired),
-        cmocka_unit_test(test_evict_leases_granted_by_get_only_forced_remove_quarantined),
-        cmocka_unit_test(test_evict_failover_new_leader_evicts_at_once),
+        cmocka_unit_test_teardown(test_evict_fill_three_times_capacity_all_puts_succeed, kvp_test_children_teardown),
+        cmocka_unit_test_teardown(test_evict_all_leased_no_space_at_once_then_succeeds, kvp_test_children_teardown),
+        cmocka_unit_test_teardown(test_evict_lease_expired_mid_transfer_returns_lease_expired, kvp_test_children_teardown),
+        cmocka_unit_test_teardown(test_evict_leases_granted_by_get_only_forced_remove_quarantined, kvp_test_children_teardown),
+        cmocka_unit_test_teardown(test_evict_failover_new_leader_evicts_at_once, kvp_test_children_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

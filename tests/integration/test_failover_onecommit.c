@@ -43,6 +43,7 @@
 #include "actors/transfer/transfer.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
+#include "tests/lib/proc_reap.h"
 
 #define OBJ (256u << 10)
 #define N_BEFORE 12
@@ -70,6 +71,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    (void)kvp_test_children_kill();
     (void)state;
     tc_cluster_down(&CL);
     return 0;
@@ -203,6 +205,7 @@ static void test_onecommit_pending_intents_across_failover(void **state)
     g_ready_w = cready[1];
     fflush(stderr);
     pid_t wc = fork();
+    kvp_test_child_track(wc); /* killed at teardown if a failed assert skips its stop */
     assert_true(wc >= 0);
     if (wc == 0)
         _exit(child_writer(&cl, "pend-c", 1500, 8000, KVP_OK));
@@ -227,10 +230,12 @@ static void test_onecommit_pending_intents_across_failover(void **state)
     assert_int_equal(pipe(ready), 0);
     g_ready_w = ready[1];
     pid_t wa = fork();
+    kvp_test_child_track(wa);
     assert_true(wa >= 0);
     if (wa == 0)
         _exit(child_writer(&cl, "pend-a", 700, 6000, KVP_OK));
     pid_t wb = fork();
+    kvp_test_child_track(wb);
     assert_true(wb >= 0);
     if (wb == 0)
         _exit(child_writer(&cl, "pend-b", 3000, 1200, KVP_ERR_TIMEOUT));

@@ -26,6 +26,7 @@
 #include "kvpool.h"
 #include "runtime/clock.h"
 #include "tests/lib/proc_stop.h"
+#include "tests/lib/proc_reap.h"
 
 #define REGION (32u << 20)
 #define SEG_ID 7u
@@ -45,6 +46,7 @@ static void child_start(struct child *ch)
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
     ch->pid = fork();
+    kvp_test_child_track(ch->pid); /* killed at teardown if a failed assert skips its stop */
     assert_true(ch->pid >= 0);
     if (ch->pid == 0) {
         close(pfd[0]);
@@ -151,6 +153,7 @@ static void test_fence_peer_sigkill_mid_transfer_per_slice_errors(void **state)
     /* Freeze it so the transfer is surely in flight, then kill it. */
     assert_true(kvp_test_stop_process(ch.pid, 5000)); /* every thread stopped (proc_stop.h) */
     pid_t killer = fork();
+    kvp_test_child_track(killer);
     if (killer == 0) {
         usleep(200 * 1000);
         kill(ch.pid, SIGKILL);
@@ -176,8 +179,8 @@ static void test_fence_peer_sigkill_mid_transfer_per_slice_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fence_peer_sigstop_timeout_then_nothing_lands),
-        cmocka_unit_test(test_fence_peer_sigkill_mid_transfer_per_slice_errors),
+        cmocka_unit_test_teardown(test_fence_peer_sigstop_timeout_then_nothing_lands, kvp_test_children_teardown),
+        cmocka_unit_test_teardown(test_fence_peer_sigkill_mid_transfer_per_slice_errors, kvp_test_children_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,7 @@
 
 #include "kvpool.h"
 #include "tests/lib/http_get.h"
+#include "tests/lib/proc_reap.h"
 
 static struct {
     char dir[128];
@@ -69,6 +70,7 @@ static void sleep_ms(unsigned ms)
 static pid_t spawn(char *const argv[], const char *log, const char *cwd, const char *const env[])
 {
     pid_t pid = fork();
+    kvp_test_child_track(pid); /* killed at teardown if a failed assert skips its stop */
     if (pid == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd >= 0) {

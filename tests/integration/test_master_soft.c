@@ -26,6 +26,7 @@
 #include "actors/master/service/service.h"
 #include "auth/auth.h"
 #include "tests/integration/test_master_util.h"
+#include "tests/lib/proc_reap.h"
 
 /* True once a listener can bind 127.0.0.1:port (SO_REUSEADDR, as zmq binds), within ms. */
 static bool port_bindable(int port, unsigned ms)
@@ -57,6 +58,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    (void)kvp_test_children_kill();
     tm_cluster_down(*state);
     free(*state);
     return 0;
@@ -416,6 +418,7 @@ static void test_master_joined_member_added_leads_then_removed(void **state)
     const char *bd = getenv("KVP_BUILD_DIR");
     snprintf(master, sizeof master, "%s/tools/kvpool-master", bd ? bd : ".");
     pid_t pid = fork();
+    kvp_test_child_track(pid); /* killed at teardown if a failed assert skips its stop */
     if (pid == 0) {
         FILE *f = freopen(log, "w", stderr);
         (void)f;

@@ -32,6 +32,7 @@
 #include "kvpool.h"
 #include "tests/lib/http_get.h"
 #include "tests/lib/prom_check.h"
+#include "tests/lib/proc_reap.h"
 
 #define NM 3
 
@@ -69,6 +70,7 @@ static void sleep_ms(unsigned ms)
 static pid_t spawn(char *const argv[], const char *log)
 {
     pid_t pid = fork();
+    kvp_test_child_track(pid); /* killed at teardown if a failed assert skips its stop */
     if (pid == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd >= 0) {
@@ -248,6 +250,7 @@ static int group_setup(void **state)
 
 static int group_teardown(void **state)
 {
+    (void)kvp_test_children_kill();
     teardown_all();
     return 0;
 }

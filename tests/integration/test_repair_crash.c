@@ -43,6 +43,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    (void)kvp_test_children_kill();
     tc_cluster_down(&CL);
     return 0;
 }
@@ -182,8 +183,8 @@ static void test_repair_segment_stalled_lost_then_remounts_old_id_refused(void *
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_repair_segment_killed_zero_failed_gets_replicas_restored),
-        cmocka_unit_test(test_repair_segment_stalled_lost_then_remounts_old_id_refused),
+        cmocka_unit_test_teardown(test_repair_segment_killed_zero_failed_gets_replicas_restored, kvp_test_children_teardown),
+        cmocka_unit_test_teardown(test_repair_segment_stalled_lost_then_remounts_old_id_refused, kvp_test_children_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

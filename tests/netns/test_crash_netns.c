@@ -24,6 +24,7 @@
 #include <sched.h>
 
 #include "tests/integration/test_drain_util.h"
+#include "tests/lib/proc_reap.h"
 
 #define HOSTS 4
 
@@ -98,6 +99,7 @@ static void cleanup(void)
 static pid_t spawn_in(const char *ns, char *const argv[], const char *log)
 {
     pid_t p = fork();
+    kvp_test_child_track(p); /* killed at teardown if a failed assert skips its stop */
     if (p != 0)
         return p;
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);

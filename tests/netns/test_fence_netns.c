@@ -33,6 +33,7 @@
 #include "actors/segment/seg_server.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
+#include "tests/lib/proc_reap.h"
 
 #define REGION (8u << 20)
 #define SEG_ID 9u
@@ -142,6 +143,7 @@ static int setup(void **state)
     if (pipe(pfd) != 0)
         return -1;
     N.seg_pid = fork();
+    kvp_test_child_track(N.seg_pid); /* killed at teardown if a failed assert skips its stop */
     if (N.seg_pid == 0) {
         close(pfd[0]);
         struct kvp_seg_server *s = NULL;

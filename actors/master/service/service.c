@@ -309,6 +309,7 @@ void svc_pending_sweep(struct kvp_master_service *s)
                       (unsigned long long)(now - p->created_ms));
         if (p->internal)
             svc_on_result(s, p, 0, KVP_ERR_TIMEOUT, NULL, 0); /* clears its in-flight flag */
+        svc_mount_seen_forget(s, p); /* else its resent copies are dropped for 60 s */
         svc_pending_free(p);
     }
 }
@@ -484,16 +485,21 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     svc_map_init(&s->successor);
     kvp_liveness_init(&s->liveness, cfg->client_ttl_ms, 0, 0, svc_now_ms());
     svc_map_init(&s->probing);
-    if (svc_evict_new(s) != KVP_OK || svc_put_new(s) != KVP_OK) {
+    int rc = svc_evict_new(s);
+    if (rc == KVP_OK)
+        rc = svc_put_new(s);
+    if (rc != KVP_OK) {
         kvp_master_service_destroy(&s);
-        return KVP_ERR_NOMEM;
+        return rc;
     }
     s->hb_waiters = zlist_new();
-    int rc = KVP_OK;
-    if (!s->hb_waiters || kvp_rt_sink_new(&s->ctl, "master-ctl") != KVP_OK) {
+    if (!s->hb_waiters) {
         rc = KVP_ERR_NOMEM;
         goto fail;
     }
+    rc = kvp_rt_sink_new(&s->ctl, "master-ctl");
+    if (rc != KVP_OK)
+        goto fail;
 
     if (cfg->id == 0) {
         kvp_log_error(s->actor, "id must be >= 1");
@@ -629,14 +635,29 @@ fail:
 
 int svc_loop_start(struct kvp_master_service *s)
 {
-    if (svc_watch(s, s->router, on_router_readable) != KVP_OK ||
-        svc_watch(s, kvp_raftlog_events(s->rl), on_raftlog_event) != KVP_OK ||
-        svc_timer_every(s, 10, on_tick) != KVP_OK || svc_timers_start(s) != KVP_OK ||
-        svc_evict_timer_start(s) != KVP_OK || svc_prober_start(s) != KVP_OK ||
-        svc_metrics_timer_start(s) != KVP_OK || svc_version_start(s) != KVP_OK ||
-        svc_auth_loop_start(s) != KVP_OK)
-        return KVP_ERR_NOMEM;
-    return KVP_OK;
+    /* Each step's own error (no watch, no eventfd or thread for the prober, no memory), with
+     * the step named: a start that fails says why, not always "out of memory". */
+    int rc;
+    const char *step;
+    if ((rc = svc_watch(s, s->router, on_router_readable)) != KVP_OK)
+        step = "watch the control socket";
+    else if ((rc = svc_watch(s, kvp_raftlog_events(s->rl), on_raftlog_event)) != KVP_OK)
+        step = "watch the raft log's events";
+    else if ((rc = svc_timer_every(s, 10, on_tick)) != KVP_OK || (rc = svc_timers_start(s)) != KVP_OK ||
+             (rc = svc_evict_timer_start(s)) != KVP_OK)
+        step = "start the timers";
+    else if ((rc = svc_prober_start(s)) != KVP_OK)
+        step = "start the prober";
+    else if ((rc = svc_metrics_timer_start(s)) != KVP_OK)
+        step = "start the metrics timer";
+    else if ((rc = svc_version_start(s)) != KVP_OK)
+        step = "start the feature-level checks";
+    else if ((rc = svc_auth_loop_start(s)) != KVP_OK)
+        step = "watch the CURVE handshakes";
+    else
+        return KVP_OK;
+    kvp_log_error(s->actor, "cannot %s: %s", step, kvp_strerror(rc));
+    return rc;
 }
 
 void kvp_master_service_destroy(struct kvp_master_service **sp)

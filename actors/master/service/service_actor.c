@@ -219,7 +219,7 @@ int kvp_master_service_run(struct kvp_master_service *s)
     int rc = kvp_rt_spawn(&s->rt, &spec, s->ctl); /* ctl hears of a failure (supervision) */
     if (rc != KVP_OK) {
         kvp_log_error(s->actor, "service actor did not start: %s", kvp_strerror(rc));
-        return rc == KVP_ERR_INVALID ? KVP_ERR_NOMEM : rc;
+        return rc; /* init's own error (svc_loop_start names the step), or the spawn's */
     }
     const char *why = "requested";
     int failed = KVP_OK;

@@ -163,6 +163,12 @@ static void mount_seen_result(struct kvp_master_service *s, const struct svc_pen
     }
 }
 
+void svc_mount_seen_forget(struct kvp_master_service *s, const struct svc_pending *p)
+{
+    if (p->body_case == KVP__REQUEST__BODY_MOUNT)
+        mount_seen_result(s, p, KVP_ERR_TIMEOUT, 0);
+}
+
 static void on_unmount(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     struct svc_pending *p = svc_pending_new(s, id, req);

@@ -304,6 +304,10 @@ void svc_on_result(struct kvp_master_service *s, struct svc_pending *p, int kind
 
 /* service.c: drop pending entries that raftlog never answered (a bug guard; logged). */
 void svc_pending_sweep(struct kvp_master_service *s);
+/** A MountSegment entry dropped without a result (the sweep): forget its dedupe slot, so that
+ *  a resent copy is a new try instead of being dropped as "still in flight" for the slot's
+ *  60 s. Any other entry: nothing. */
+void svc_mount_seen_forget(struct kvp_master_service *s, const struct svc_pending *p);
 
 /* service_soft.c: soft state and timers. */
 void svc_soft_reset(struct kvp_master_service *s);
