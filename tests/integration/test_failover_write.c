@@ -41,19 +41,13 @@
 #include "actors/transfer/fault.h"
 #include "actors/transfer/transfer.h"
 #include "runtime/clock.h"
-#include "tests/integration/test_client_util.h"
+#include "tests/integration/test_failover_util.h"
 #include "tests/lib/proc_reap.h"
 
 #define SEG_SIZE_STR "4M"
 #define OBJ (256u << 10)
 #define POOL_OBJS 48 /* 12 MiB / 256 KiB */
 #define LEASE_MS 6000
-
-static void sleep_ms(unsigned ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* The test's cluster: started by setup, stopped by teardown, also when the test fails. */
 static struct tc_cluster CL;
@@ -67,13 +61,7 @@ static int cluster_start(struct tc_cluster *c)
     /* the objects a test must find again are soft-pinned: the new leader, which has no access
      * times yet, may evict any other */
     setenv("KVPOOL_ALLOW_EVICT_SOFT_PINNED_OBJECTS", "false", 1);
-    for (int attempt = 0; attempt < 4; attempt++) {
-        if (tc_cluster_up(c, 3, SEG_SIZE_STR) == 0)
-            return 0;
-        fprintf(stderr, "kvpoolctl cluster up failed (dir %s), attempt %d\n", c->dir, attempt + 1);
-        tc_cluster_down(c);
-    }
-    return -1;
+    return tf_cluster_start(c, 3, SEG_SIZE_STR);
 }
 
 static int setup(void **state)
@@ -90,39 +78,6 @@ static int teardown(void **state)
     return 0;
 }
 
-/* `kvpoolctl --cluster FILE --json status`, parsed; NULL on failure. */
-static json_t *status(const struct tc_cluster *c)
-{
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "%s --cluster %s --json --timeout 3000 status 2>/dev/null", c->ctl, c->file);
-    FILE *p = popen(cmd, "r");
-    if (!p)
-        return NULL;
-    json_error_t e;
-    json_t *j = json_loadf(p, 0, &e);
-    pclose(p);
-    return j;
-}
-
-static long long jget(json_t *o, const char *k)
-{
-    return (long long)json_integer_value(json_object_get(o, k));
-}
-
-/* SIGKILL the leader; returns its pid. */
-static int kill_leader(const struct tc_cluster *c)
-{
-    json_t *st = status(c);
-    assert_non_null(st);
-    const char *addr = json_string_value(json_object_get(st, "leader_address"));
-    assert_non_null(addr);
-    int pid = tc_master_pid(c, strncmp(addr, "tcp://", 6) == 0 ? addr + 6 : addr);
-    json_decref(st);
-    assert_true(pid > 0);
-    assert_int_equal(kill(pid, SIGKILL), 0);
-    return pid;
-}
-
 /* Fill the pool with n objects PREFIX-i; asserts every put succeeds. */
 static void fill(kvp_client *c, const char *prefix, int n, uint8_t *buf)
 {
@@ -136,25 +91,12 @@ static void fill(kvp_client *c, const char *prefix, int n, uint8_t *buf)
     }
 }
 
-/* Read key into a poisoned buffer: 1 exact bytes, 0 NOT_FOUND; anything else fails the test. */
-static int read_exact(kvp_client *c, const char *key, uint8_t *buf)
-{
-    memset(buf, TC_POISON, OBJ);
-    int64_t n = kvp_get(c, key, buf, OBJ, 0);
-    if (n == KVP_ERR_NOT_FOUND)
-        return 0;
-    if (n != (int64_t)OBJ)
-        fail_msg("get %s: %s", key, n < 0 ? kvp_errname((int)n) : "short read");
-    if (!tc_check(key, buf, OBJ))
-        fail_msg("get %s: other bytes (C1)", key);
-    return 1;
-}
-
 static void assert_pool_full(const struct tc_cluster *c)
 {
-    json_t *st = status(c);
+    json_t *st = tf_status(c);
     assert_non_null(st);
-    long long cap = jget(st, "capacity_bytes"), used = jget(st, "used_bytes"), q = jget(st, "quarantined_bytes");
+    long long cap = tf_jget(st, "capacity_bytes"), used = tf_jget(st, "used_bytes");
+    long long q = tf_jget(st, "quarantined_bytes");
     json_decref(st);
     fprintf(stderr, "pool: capacity %lld, used %lld, quarantined %lld\n", cap, used, q);
     assert_true(cap - used - q < (long long)OBJ);
@@ -174,22 +116,22 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
     /* Un-forced removes are refused during a leader's election grace: wait for the first
      * leader's to end (the cluster just started). */
     for (int i = 0; i < 200; i++) {
-        json_t *st = status(&cl);
+        json_t *st = tf_status(&cl);
         bool grace = !st || json_is_true(json_object_get(json_object_get(st, "node"), "in_election_grace"));
         json_decref(st);
         if (!grace)
             break;
-        sleep_ms(100);
+        tf_sleep_ms(100);
     }
     /* What the filling evicted comes back as its quarantine is released (fence_grace_ms after
      * each eviction, at the leader's pace): fill it again until nothing is quarantined and less
      * than one object is free, so the removes below are the only quarantined space at the kill. */
     int n_z = 0;
     for (int round = 0; round < 100; round++) {
-        json_t *st = status(&cl);
+        json_t *st = tf_status(&cl);
         assert_non_null(st);
-        long long q_b = jget(st, "quarantined_bytes");
-        long long free_b = jget(st, "capacity_bytes") - jget(st, "used_bytes") - q_b;
+        long long q_b = tf_jget(st, "quarantined_bytes");
+        long long free_b = tf_jget(st, "capacity_bytes") - tf_jget(st, "used_bytes") - q_b;
         json_decref(st);
         int more = (int)(free_b / (long long)OBJ);
         if (more == 0 && q_b == 0)
@@ -202,7 +144,7 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
                 fail_msg("put %s: %s", key, kvp_errname(rc));
         }
         if (more == 0)
-            sleep_ms(100);
+            tf_sleep_ms(100);
     }
     /* a quarter of the pool freed (no leases: nothing was read), then the leader dies before
      * its quarantine (fence_grace_ms 500) can have been released by it */
@@ -233,9 +175,9 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
      * its per-term reservations (one-commit put, docs/master.md). Fill that too, so that the
      * quarter removed above is the only space a put can get right after the kill. */
     for (int round = 0; round < 50; round++) {
-        json_t *st = status(&cl);
+        json_t *st = tf_status(&cl);
         assert_non_null(st);
-        long long free_b = jget(st, "capacity_bytes") - jget(st, "used_bytes") - jget(st, "quarantined_bytes");
+        long long free_b = tf_jget(st, "capacity_bytes") - tf_jget(st, "used_bytes") - tf_jget(st, "quarantined_bytes");
         json_decref(st);
         if (free_b < (long long)OBJ)
             break;
@@ -248,7 +190,7 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
         }
     }
     assert_pool_full(&cl);
-    kill_leader(&cl);
+    tf_kill_leader(&cl);
     uint64_t t_kill = kvp_clock_now_ms();
     uint64_t first_ok = 0;
     for (int i = 0; i < n_removed; i++) {
@@ -267,67 +209,29 @@ static void test_failover_full_pool_first_put_within_bound(void **state)
             (unsigned long long)dt, LEASE_MS);
     /* Under the old rule dt >= LEASE_MS always (see the file comment); no margin needed. */
     if (dt >= LEASE_MS)
-        fail_msg("first put %llu ms after the kill: not inside the lease TTL (%d ms)", (unsigned long long)dt, LEASE_MS);
+        fail_msg("first put %llu ms after the kill: not inside the lease TTL (%d ms)", (unsigned long long)dt,
+                 LEASE_MS);
     /* C1 / C3: every object is exact, or absent when removed (or evicted) */
     int present = 0;
     for (int i = 0; i < POOL_OBJS; i++) {
         snprintf(key, sizeof key, "a-%d", i);
-        int r = read_exact(c, key, buf);
+        int r = tf_read_exact(c, key, buf, OBJ);
         if (removed[i])
             assert_int_equal(r, 0);
         present += r;
     }
     for (int i = 0; i < n_z; i++) {
         snprintf(key, sizeof key, "z-%d", i);
-        present += read_exact(c, key, buf);
+        present += tf_read_exact(c, key, buf, OBJ);
     }
     for (int i = 0; i < n_removed; i++) {
         snprintf(key, sizeof key, "b-%d", i);
-        assert_int_equal(read_exact(c, key, buf), 1);
+        assert_int_equal(tf_read_exact(c, key, buf, OBJ), 1);
     }
     fprintf(stderr, "%d objects written before the kill still present, %d removed, %d written after it\n",
             present, n_removed, n_removed);
     free(buf);
     tc_close(&c);
-}
-
-/* The write end of the parent's pipe: each child writes one byte once the master answered its
- * call (tc_ready_watch_start), so the parent kills the old leader only after all three calls were
- * answered by it. Before, the parent slept 300 ms and assumed it; a child slow to start on a
- * loaded host met the new leader instead. */
-static int g_ready_w = -1;
-
-/* Child: one put of KEY with its WRITEs late by late_ms, timeout timeout_ms. Exit 0 when the
- * put's result is `want` (KVP_OK or KVP_ERR_TIMEOUT) and no late WRITE landed after a timeout. */
-static int child_writer(const struct tc_cluster *cl, const char *key, unsigned late_ms, unsigned timeout_ms,
-                        int want)
-{
-    struct kvp_xfer_fault_rule rule = {.action = KVP_FAULT_LATE, .transport = KVP_FAULT_TCP,
-                                       .op = KVP_XFER_WRITE, .ms = late_ms};
-    if (kvp_xfer_fault_add(&rule) != KVP_OK)
-        return 10;
-    kvp_client *c = tc_open(cl, timeout_ms);
-    uint8_t *buf = malloc(OBJ);
-    if (!c || !buf)
-        return 11;
-    tc_ready_watch_start(g_ready_w);
-    tc_fill(key, buf, OBJ);
-    kvp_put_opts opts = {.soft_pin = want == KVP_OK}; /* not evicted before the parent reads it */
-    int rc = kvp_put(c, key, buf, OBJ, &opts);
-    if (kvp_xfer_fault_quiesce(15000) != KVP_OK) /* every late frame has been answered */
-        return 12;
-    struct kvp_xfer_fault_counts fc;
-    kvp_xfer_fault_counts(&fc);
-    fprintf(stderr, "writer %s: put %s (want %s); late frames sent %llu, refused %llu, accepted %llu\n", key,
-            kvp_errname(rc), kvp_errname(want), (unsigned long long)fc.late_sent,
-            (unsigned long long)fc.late_refused, (unsigned long long)fc.late_accepted);
-    tc_close(&c);
-    free(buf);
-    if (rc != want)
-        return 13;
-    if (want != KVP_OK && fc.late_accepted != 0)
-        return 14; /* a timed-out put's bytes landed after its deadline */
-    return 0;
 }
 
 /* Child: get KEY with its READs answered late_ms late. Exit 0 on the exact bytes, 1 on a clean
@@ -342,7 +246,7 @@ static int child_reader(const struct tc_cluster *cl, const char *key, unsigned l
     uint8_t *buf = malloc(OBJ);
     if (!c || !buf)
         return 11;
-    tc_ready_watch_start(g_ready_w);
+    tc_ready_watch_start(tf_ready_w);
     memset(buf, TC_POISON, OBJ);
     int64_t n = kvp_get(c, key, buf, OBJ, 0);
     fprintf(stderr, "reader %s: %s\n", key, n == (int64_t)OBJ ? "exact size" : kvp_errname((int)n));
@@ -355,14 +259,6 @@ static int child_reader(const struct tc_cluster *cl, const char *key, unsigned l
     tc_close(&c);
     free(buf);
     return ret;
-}
-
-static int wait_child(pid_t pid)
-{
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
 }
 
 static void test_failover_pending_intents_old_writer_leased_reader(void **state)
@@ -379,7 +275,7 @@ static void test_failover_pending_intents_old_writer_leased_reader(void **state)
     fflush(stderr);
     int ready[2];
     assert_int_equal(pipe(ready), 0);
-    g_ready_w = ready[1];
+    tf_ready_w = ready[1];
     pid_t reader = fork();
     kvp_test_child_track(reader); /* killed at teardown if a failed assert skips its stop */
     assert_true(reader >= 0);
@@ -389,19 +285,19 @@ static void test_failover_pending_intents_old_writer_leased_reader(void **state)
     kvp_test_child_track(wa);
     assert_true(wa >= 0);
     if (wa == 0)
-        _exit(child_writer(&cl, "pend-a", 700, 6000, KVP_OK));
+        _exit(tf_child_writer(&cl, "pend-a", OBJ, 700, 6000, KVP_OK, true));
     pid_t wb = fork();
     kvp_test_child_track(wb);
     assert_true(wb >= 0);
     if (wb == 0)
-        _exit(child_writer(&cl, "pend-b", 3000, 1200, KVP_ERR_TIMEOUT));
+        _exit(tf_child_writer(&cl, "pend-b", OBJ, 3000, 1200, KVP_ERR_TIMEOUT, false));
     close(ready[1]);
-    g_ready_w = -1;
+    tf_ready_w = -1;
     /* the children's PutStarts and GetReplicaList are answered by the old leader */
     int nready = tc_ready_wait(ready[0], 3, 30000);
     close(ready[0]);
     assert_int_equal(nready, 3);
-    kill_leader(&cl);
+    tf_kill_leader(&cl);
     uint64_t t_kill = kvp_clock_now_ms();
     /* The new leader: force-remove the object the reader holds a lease on (its space is held
      * past the election grace), then puts: the first ones take the free space (the new
@@ -411,7 +307,7 @@ static void test_failover_pending_intents_old_writer_leased_reader(void **state)
     assert_non_null(q);
     int rc = KVP_ERR_UNAVAILABLE;
     for (int i = 0; i < 100 && (rc = kvp_remove(q, "p-5", true)) != KVP_OK; i++)
-        sleep_ms(50);
+        tf_sleep_ms(50);
     assert_int_equal(rc, KVP_OK);
     char key[64];
     int put_ok[6] = {0};
@@ -428,25 +324,25 @@ static void test_failover_pending_intents_old_writer_leased_reader(void **state)
     }
     assert_true(put_ok[0]); /* free space: no wait for any grace */
     tc_close(&q);
-    int r = wait_child(reader);
+    int r = tf_wait_child(reader);
     fprintf(stderr, "reader across the failover: %s\n", r == 0 ? "exact bytes" : r == 1 ? "clean error" : "BAD");
     assert_true(r == 0 || r == 1);
-    assert_int_equal(wait_child(wa), 0);
-    assert_int_equal(wait_child(wb), 0);
+    assert_int_equal(tf_wait_child(wa), 0);
+    assert_int_equal(tf_wait_child(wb), 0);
     /* C1 / C3 everywhere: pend-a (completed across the kill) exact; pend-b (revoked) and p-5
      * (removed) absent; everything else exact, or absent where the new leader evicted it */
-    assert_int_equal(read_exact(c, "pend-a", buf), 1);
-    assert_int_equal(read_exact(c, "pend-b", buf), 0);
-    assert_int_equal(read_exact(c, "p-5", buf), 0);
+    assert_int_equal(tf_read_exact(c, "pend-a", buf, OBJ), 1);
+    assert_int_equal(tf_read_exact(c, "pend-b", buf, OBJ), 0);
+    assert_int_equal(tf_read_exact(c, "p-5", buf, OBJ), 0);
     int present = 0;
     for (int i = 0; i < n_p; i++) {
         snprintf(key, sizeof key, "p-%d", i);
-        present += read_exact(c, key, buf);
+        present += tf_read_exact(c, key, buf, OBJ);
     }
     for (int i = 0; i < 6; i++) {
         snprintf(key, sizeof key, "q-%d", i);
         if (put_ok[i])
-            assert_int_equal(read_exact(c, key, buf), 1);
+            assert_int_equal(tf_read_exact(c, key, buf, OBJ), 1);
     }
     fprintf(stderr, "%d of %d older objects still present (the rest evicted)\n", present, n_p - 1);
     free(buf);
