@@ -45,6 +45,11 @@ struct svc_evict {
     uint64_t cap, used, quar, pinned;
     uint64_t scan_ms;          /* monotonic time of the last listed scan, 0 = none */
     bool blocked;              /* last listed scan: nothing could be evicted */
+    /* Monotonic time the first lease that blocked it ends (UINT64_MAX: only pins blocked it).
+     * A verdict is not repeated past it: the scan saw leases that have ended since, and a put
+     * answered "eviction cannot help" then would be refused with room to be made (seen under
+     * load: test_evict_cluster's put right after the leases ended got NO_SPACE at once). */
+    uint64_t blocked_until;
     char blocked_why[160];
     /* Hints and holds. */
     struct svc_map parents;    /* key hash → parent key hash (prefix hint) */
@@ -238,7 +243,8 @@ void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *
         release = true;
         const char *why;
         bool evicting = true;
-        if (e->blocked && e->quar == 0 && !e->evict_inflight && svc_now_ms() - e->scan_ms < 1000) {
+        uint64_t now = svc_now_ms();
+        if (e->blocked && e->quar == 0 && !e->evict_inflight && now - e->scan_ms < 1000 && now < e->blocked_until) {
             why = e->blocked_why;
             evicting = false;
         } else {
@@ -336,8 +342,10 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
      * it takes no soft-pinned object and a round that finds nothing for it is not "blocked"
      * (kvp_evict_choose_round). */
     uint64_t t_room = kvp_evict_headroom_target(e->used, e->cap, e->headroom, ratio);
-    if (target == 0 && t_room == 0)
+    if (target == 0 && t_room == 0) {
+        e->blocked = false; /* nothing was needed: no verdict (else an older one looks fresh) */
         return;
+    }
 
     size_t n = r->n_objects;
     struct kvp_evict_cand *c = calloc(n ? n : 1, sizeof *c);
@@ -349,6 +357,7 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
     }
     struct svc_map present;
     svc_map_init(&present);
+    uint64_t lease_end = UINT64_MAX; /* the first of the leases seen here to end */
     for (size_t i = 0; i < n; i++) {
         const Kvp__EvictCandidate *o = r->objects[i];
         uint64_t h = svc_key_hash(o->key);
@@ -356,6 +365,9 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
         c[i].size = o->size;
         c[i].pinned = o->soft_pin;
         c[i].leased = svc_key_leased(s, h);
+        uint64_t exp = 0;
+        if (c[i].leased && svc_map_get(&s->leases, h, &exp) && exp < lease_end)
+            lease_end = exp;
         uint64_t at = 0, parent = 0;
         svc_map_get(&s->last_access, h, &at);
         svc_map_get(&e->parents, h, &parent);
@@ -377,6 +389,7 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
      * are revoked, so clients keep waiting. Only the watermark or a waiting put can be blocked:
      * the headroom rule is ahead of need. */
     e->blocked = target > 0 && k == 0 && e->quar == 0 && (n > 0 || e->cap == 0);
+    e->blocked_until = lease_end;
     if (e->blocked) {
         e->blocked_rounds++;
         if (n == 0)
