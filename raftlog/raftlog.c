@@ -113,8 +113,7 @@ struct kvp_raftlog {
     int (*uv_append)(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[],
                      unsigned n, raft_io_append_cb cb);
     /* raft_uv's own send, wrapped by rl_send (a message to no address is dropped). */
-    int (*uv_send)(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
-                   raft_io_send_cb cb);
+    kvp_rl_io_send_fn uv_send;
     uint64_t sends_no_address;     /* messages dropped by rl_send: to a leader no longer known */
     bool log_failed;               /* a write failed: nothing more is written or answered */
     bool install_failed_sent;      /* a failed staged install was reported (EV_LOG_FAILED) */
@@ -393,17 +392,23 @@ static int rl_append(struct raft_io *io, struct raft_io_append *req, const struc
  * fixed upstream after 0.15 by not answering when the term changed). Such a message is
  * refused here (raft frees the request; no callback): the new leader learns the follower's log
  * from its own AppendEntries, as upstream does. */
+int kvp_rl_send_checked(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
+                        raft_io_send_cb cb, kvp_rl_io_send_fn inner, uint64_t *dropped, const char *actor)
+{
+    if (message->server_address == NULL || message->server_id == 0) {
+        if ((*dropped)++ % 1000 == 0)
+            kvp_log_info(actor, "raft message of type %d to no known server dropped (%llu so far)",
+                         (int)message->type, (unsigned long long)*dropped);
+        return RAFT_NOCONNECTION;
+    }
+    return inner(io, req, message, cb);
+}
+
 static int rl_send(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
                    raft_io_send_cb cb)
 {
     struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)io - offsetof(struct kvp_raftlog, io));
-    if (message->server_address == NULL || message->server_id == 0) {
-        if (rl->sends_no_address++ % 1000 == 0)
-            kvp_log_info(rl->actor, "raft message of type %d to no known server dropped (%llu so far)",
-                         (int)message->type, (unsigned long long)rl->sends_no_address);
-        return RAFT_NOCONNECTION;
-    }
-    return rl->uv_send(io, req, message, cb);
+    return kvp_rl_send_checked(io, req, message, cb, rl->uv_send, &rl->sends_no_address, rl->actor);
 }
 
 static void rl_append_install(struct kvp_raftlog *rl)
