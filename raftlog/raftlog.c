@@ -112,6 +112,9 @@ struct kvp_raftlog {
     /* Log writes (rl_append*): raft_uv's own append, wrapped. Raft thread only. */
     int (*uv_append)(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[],
                      unsigned n, raft_io_append_cb cb);
+    /* raft_uv's own send, wrapped by rl_send (a message to no address is dropped). */
+    kvp_rl_io_send_fn uv_send;
+    uint64_t sends_no_address;     /* messages dropped by rl_send: to a leader no longer known */
     bool log_failed;               /* a write failed: nothing more is written or answered */
     bool install_failed_sent;      /* a failed staged install was reported (EV_LOG_FAILED) */
     struct rl_append *held;        /* appends never answered since then (freed at close) */
@@ -380,10 +383,40 @@ static int rl_append(struct raft_io *io, struct raft_io_append *req, const struc
     return rv;
 }
 
+/* libraft 0.15 answers a follower's log write, once it is on disk, with an AppendEntriesResult
+ * to the leader it knew when the entries came (follower_state.current_leader). If the term
+ * moved meanwhile (a RequestVote of a higher term: the follower no longer knows a leader), that
+ * address is NULL and raft_uv's send crashes in strlen (uvGetClient copying the address): the
+ * master SIGSEGV in the raft thread seen in the issue-22 scale bench under elections (core:
+ * strlen <- uvSend <- sendAppendEntriesResult <- appendFollowerCb; canonical/raft issue 339,
+ * fixed upstream after 0.15 by not answering when the term changed). Such a message is
+ * refused here (raft frees the request; no callback): the new leader learns the follower's log
+ * from its own AppendEntries, as upstream does. */
+int kvp_rl_send_checked(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
+                        raft_io_send_cb cb, kvp_rl_io_send_fn inner, uint64_t *dropped, const char *actor)
+{
+    if (message->server_address == NULL || message->server_id == 0) {
+        if ((*dropped)++ % 1000 == 0)
+            kvp_log_info(actor, "raft message of type %d to no known server dropped (%llu so far)",
+                         (int)message->type, (unsigned long long)*dropped);
+        return RAFT_NOCONNECTION;
+    }
+    return inner(io, req, message, cb);
+}
+
+static int rl_send(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
+                   raft_io_send_cb cb)
+{
+    struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)io - offsetof(struct kvp_raftlog, io));
+    return kvp_rl_send_checked(io, req, message, cb, rl->uv_send, &rl->sends_no_address, rl->actor);
+}
+
 static void rl_append_install(struct kvp_raftlog *rl)
 {
     rl->uv_append = rl->io.append;
     rl->io.append = rl_append;
+    rl->uv_send = rl->io.send;
+    rl->io.send = rl_send;
 #ifdef KVP_FAULT_INJECTION
     rl_fault_install(rl);
 #endif

@@ -185,6 +185,16 @@ void kvp_rl_glue_note_stored(struct kvp_rl_glue *g);
 
 /** Map a raft error code (RAFT_*) to a kvp_err. */
 int kvp_rl_err_from_raft(int rv);
+
+/* raftlog.c: every raft message goes through this on its way to raft_uv's send (`inner`). A
+ * message to no known server (NULL address or id 0: libraft 0.15 answers a follower's finished
+ * log write to a leader it no longer knows, and raft_uv's send then crashes in strlen) is
+ * refused with RAFT_NOCONNECTION (raft frees the request, no callback) and counted in *dropped.
+ * Raft thread only. */
+typedef int (*kvp_rl_io_send_fn)(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
+                                 raft_io_send_cb cb);
+int kvp_rl_send_checked(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
+                        raft_io_send_cb cb, kvp_rl_io_send_fn inner, uint64_t *dropped, const char *actor);
 /** raft_strerror for log lines, with the codes it calls "unknown error" (RAFT_NOSPACE: a full
  * disk) named. */
 const char *kvp_rl_strerror(int rv);

@@ -75,7 +75,12 @@ static uint64_t n_fuzz_decoded;
 
 static void key_name(int i, char *buf, size_t n)
 {
-    snprintf(buf, n, "model/layer-%02d/block-%06d", i % 40, i);
+    /* three tenants and the default one: kvp_master_fsm_check compares the per-tenant use kept
+     * on apply with a recount */
+    if (i % 4)
+        snprintf(buf, n, "t%d\x1fmodel/layer-%02d/block-%06d", i % 4, i % 40, i);
+    else
+        snprintf(buf, n, "model/layer-%02d/block-%06d", i % 40, i);
 }
 
 static struct mseg *mseg_find(uint32_t id)

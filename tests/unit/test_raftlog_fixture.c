@@ -342,6 +342,127 @@ static void test_raftlog_fixture_log_bytes_trigger_snapshot(void **state)
     assert_int_equal(x->nodes[0].fsm.sum, sum);
 }
 
+/* ---- a follower's finished log write answered to a leader it no longer knows ----
+ * The master SIGSEGV of the issue-22 scale bench (core: strlen <- raft_uv's send <- the
+ * AppendEntries result of libraft 0.15's follower append callback, address NULL). Server 1's
+ * disk is slow; while its write of an entry is in flight the leader dies, server 1 stands and
+ * loses to server 2, whose RequestVote turns it back into a follower with no leader known
+ * (server 2's messages to it are then cut, so it learns none). When the write finishes, libraft answers it to "the current leader": no address.
+ * Every message of the fixture's servers goes through raftlog's send check
+ * (kvp_rl_send_checked), as raft_uv's does in a master; behind it a recorder counts messages
+ * with no address that got through (raft_uv would have crashed on one). A libraft that no longer
+ * answers such a write (upstream's fix, after 0.15) fails the "dropped" wait: then the check in
+ * raftlog.c is no longer needed. */
+static kvp_rl_io_send_fn g_inner_send[N];
+static struct raft_io *g_io[N];
+static uint64_t g_dropped[N], g_no_address_passed[N];
+
+static unsigned io_index(struct raft_io *io)
+{
+    for (unsigned i = 0; i < N; i++)
+        if (g_io[i] == io)
+            return i;
+    fail_msg("unknown raft_io");
+    return 0;
+}
+
+static int recorder_send(struct raft_io *io, struct raft_io_send *req, const struct raft_message *m,
+                         raft_io_send_cb cb)
+{
+    unsigned i = io_index(io);
+    if (m->server_address == NULL || m->server_id == 0) {
+        g_no_address_passed[i]++;
+        return RAFT_NOCONNECTION;
+    }
+    return g_inner_send[i](io, req, m, cb);
+}
+
+static int checked_send(struct raft_io *io, struct raft_io_send *req, const struct raft_message *m,
+                        raft_io_send_cb cb)
+{
+    return kvp_rl_send_checked(io, req, m, cb, recorder_send, &g_dropped[io_index(io)], "raftlog-test");
+}
+
+struct until_arg {
+    struct raft *r;
+    uint64_t v;
+};
+
+static bool has_index(struct raft_fixture *f, void *arg)
+{
+    (void)f;
+    struct until_arg *a = arg;
+    return raft_last_index(a->r) >= a->v;
+}
+
+static bool follower_above(struct raft_fixture *f, void *arg)
+{
+    (void)f;
+    struct until_arg *a = arg;
+    return a->r->current_term > a->v && raft_state(a->r) == RAFT_FOLLOWER;
+}
+
+static bool dropped_any(struct raft_fixture *f, void *arg)
+{
+    (void)f;
+    return *(uint64_t *)arg > 0;
+}
+
+static void test_raftlog_fixture_answer_to_unknown_leader_dropped(void **state)
+{
+    struct fx *x = *state;
+    struct raft_fixture *f = &x->f;
+    start(x);
+    raft_fixture_elect(f, 0);
+    for (unsigned i = 0; i < N; i++) {
+        struct raft *r = raft_fixture_get(f, i);
+        g_io[i] = r->io;
+        g_inner_send[i] = r->io->send;
+        r->io->send = checked_send;
+        g_dropped[i] = g_no_address_passed[i] = 0;
+    }
+    /* server 2 waits longest for a leader (the fixture draws a follower's timeout when it
+     * becomes one: set both the next draw and the current one) */
+    raft_fixture_set_randomized_election_timeout(f, 2, 3000);
+    raft_fixture_get(f, 2)->follower_state.randomized_election_timeout = 3000;
+    raft_fixture_set_disk_latency(f, 1, 15000);
+    raft_index idx = propose(x, 0, 1, 1, KVP_OK);
+    struct raft *r1 = raft_fixture_get(f, 1);
+    struct until_arg a = {r1, idx};
+    assert_true(raft_fixture_step_until(f, has_index, &a, 2000)); /* in server 1's log, not on its disk */
+    struct until_arg a2 = {raft_fixture_get(f, 2), idx};
+    assert_true(raft_fixture_step_until(f, has_index, &a2, 2000));
+    /* The leader dies. Server 1 stands first and stays a candidate (server 2, which heard from
+     * the leader as late, refuses it its vote); server 2 stands later, and its RequestVote of a
+     * higher term makes server 1 a follower again, with no leader known. */
+    raft_fixture_kill(f, 0);
+    assert_true(raft_fixture_step_until_state_is(f, 1, RAFT_CANDIDATE, 3000));
+    r1->candidate_state.randomized_election_timeout = 60000;
+    raft_fixture_set_randomized_election_timeout(f, 1, 60000);
+    a.v = r1->current_term;
+    assert_true(raft_fixture_step_until(f, follower_above, &a, 10000));
+    assert_int_equal(r1->follower_state.current_leader.id, 0);
+    assert_null(r1->follower_state.current_leader.address);
+    raft_fixture_saturate(f, 2, 1);
+    /* the write finishes: its answer has no address and is refused before raft_uv */
+    assert_true(raft_fixture_step_until(f, dropped_any, &g_dropped[1], 10000));
+    assert_int_equal(g_no_address_passed[1], 0);
+    assert_int_equal(raft_state(r1), RAFT_FOLLOWER);
+    /* and the cluster goes on: the new leader's next entry commits both on the two live
+     * servers (an entry of an earlier term commits with one of the leader's own) */
+    raft_fixture_desaturate(f, 2, 1);
+    raft_fixture_set_disk_latency(f, 1, 10);
+    assert_true(raft_fixture_step_until_state_is(f, 2, RAFT_LEADER, 10000));
+    raft_index idx2 = propose(x, 2, 2, 1, KVP_OK);
+    assert_true(idx2 > idx);
+    assert_true(raft_fixture_step_until_applied(f, 2, idx2, 20000));
+    assert_true(raft_fixture_step_until_applied(f, 1, idx2, 20000));
+    assert_int_equal(x->nodes[1].fsm.sum, 1 + 2);
+    assert_int_equal(x->nodes[2].fsm.sum, 1 + 2);
+    for (unsigned i = 0; i < N; i++)
+        assert_int_equal(g_no_address_passed[i], 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -357,6 +478,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_raftlog_fixture_snapshot_catch_up_restores, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_raftlog_fixture_log_bytes_trigger_snapshot, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_raftlog_fixture_answer_to_unknown_leader_dropped, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

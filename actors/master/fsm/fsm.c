@@ -83,9 +83,18 @@ static int tab_grow(struct kvp_master_fsm *f)
     struct kvp_fsm_obj **t = calloc(cap, sizeof(*t));
     if (!t)
         return KVP_ERR_NOMEM;
-    for (uint64_t i = 0; i < f->tab_cap; i++)
+    /* Every object is a cache miss (its hash), and so is its new slot: at 6.3M objects this
+     * loop held the raft thread 261-342 ms of CPU (issue 22). Prefetching the object 16 slots
+     * ahead and its new slot 8 ahead keeps several misses in flight at once. */
+    uint64_t mask = cap - 1;
+    for (uint64_t i = 0; i < f->tab_cap; i++) {
+        if (i + 16 < f->tab_cap && f->tab[i + 16])
+            __builtin_prefetch(f->tab[i + 16]);
+        if (i + 8 < f->tab_cap && f->tab[i + 8])
+            __builtin_prefetch(&t[f->tab[i + 8]->hash & mask], 1);
         if (f->tab[i])
             tab_place(t, cap, f->tab[i]);
+    }
     free(f->tab);
     f->tab = t;
     f->tab_cap = cap;
@@ -248,8 +257,11 @@ void kvp_fsm_obj_destroy(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64
     }
     if (o->state == KVP_FSM_OBJ_PENDING)
         kvp_fsm_pending_del(f, o);
-    else if (o->soft_pin)
-        f->pinned_bytes -= o->size;
+    else {
+        if (o->soft_pin)
+            f->pinned_bytes -= o->size;
+        kvp_fsm_tenant_count(f, o, -1);
+    }
     kvp_fsm_obj_unlink(f, o);
     free(o);
 }
@@ -330,6 +342,7 @@ void kvp_fsm_state_clear(struct kvp_master_fsm *f)
     f->n_segs_ids = f->segs_cap = 0;
     f->pinned_bytes = 0;
     f->feature_level = 0;
+    kvp_fsm_tenants_clear(f);
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -597,6 +610,8 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
         rc = -12;
         goto out;
     }
+    if ((rc = kvp_fsm_tenants_check(fsm)) != 0)
+        goto out;
     for (uint32_t i = 0; i < fsm->n_segs_ids; i++) {
         const struct kvp_fsm_seg *s = fsm->segs[i];
         if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)

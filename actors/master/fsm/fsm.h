@@ -155,6 +155,17 @@ void kvp_master_fsm_foreach_object(const struct kvp_master_fsm *fsm,
                                    void *ctx);
 
 /**
+ * Added (issue 22): visit every tenant's complete objects: bytes (each object's size rounded up
+ * to 64) and count, kept as entries are applied, so O(tenants), not O(objects). The tenant is
+ * the key's part before KVP_AUTH_TENANT_SEP ("" without one), at most 63 bytes. A tenant seen
+ * once may be listed at 0. KVP_ERR_NOMEM when a count was lost for want of memory (the figures
+ * are then low until the next restore), KVP_ERR_INVALID on NULL arguments.
+ */
+int kvp_master_fsm_tenants(const struct kvp_master_fsm *fsm,
+                           void (*cb)(void *ctx, const char *tenant, uint64_t used_bytes, uint64_t objects),
+                           void *ctx);
+
+/**
  * Added, for tests: check every invariant of the state (per live segment: allocator tree valid,
  * free + used + quarantined == capacity, no two replica/quarantine extents overlap, counters
  * match; objects findable by key, pending list consistent, replicas on distinct live

@@ -463,6 +463,7 @@ static int on_put_end(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
                 f->repair_epoch++; /* a complete object short of copies: repair work */
             if (o->soft_pin)
                 f->pinned_bytes += o->size;
+            kvp_fsm_tenant_count(f, o, +1);
             body->status[i] = KVP_OK;
         }
     }

@@ -119,7 +119,20 @@ struct kvp_master_fsm {
     struct kvp_fsm_snap *snap;
     uint8_t snap_gen;
     uint8_t snap_abandoned; /* snapshots abandoned since the last finished one */
+    /* Complete objects' bytes and count per tenant, kept on apply (fsm_tenant.c); derived, not
+     * in snapshots. tenant_idx: open addressing over tenants[] positions + 1. */
+    struct kvp_fsm_tenant *tenants;
+    uint32_t n_tenants, tenants_cap;
+    uint32_t *tenant_idx;
+    uint32_t tenant_idx_cap;
+    bool tenants_lost; /* a count was dropped for want of memory */
 };
+
+/* fsm_tenant.c: o (COMPLETE) joins (sign +1) or leaves (-1) its tenant's counts. */
+void kvp_fsm_tenant_count(struct kvp_master_fsm *f, const struct kvp_fsm_obj *o, int sign);
+void kvp_fsm_tenants_clear(struct kvp_master_fsm *f);
+/* 0 when a recount of the table equals the kept counts, -14 otherwise (kvp_master_fsm_check). */
+int kvp_fsm_tenants_check(const struct kvp_master_fsm *f);
 
 /* Snapshot generation of an object (fsm_snap_inc.c): kept in pad[1]. */
 #define KVP_FSM_OBJ_GEN(o) ((o)->pad[1])

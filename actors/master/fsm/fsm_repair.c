@@ -374,7 +374,16 @@ int kvp_fsm_repair_scan(const fsm_t *f, const Kvp__RepairScanReq *q, Kvp__Respon
         if (f->segs[i] && f->segs[i]->state == KVP__SEGMENT_STATE__SEGMENT_DRAINING)
             any_draining = true;
     unsigned n_active = active_segments(f);
-    for (uint64_t t = 0; t < f->tab_cap; t++) {
+    /* A slice [cursor, cursor + slots) of the table (slots 0: all of it), so one query holds the
+     * raft thread for a bounded time at any table size (issue 22). The counters are the slice's;
+     * the caller sums a pass. */
+    uint64_t from = q && q->cursor < f->tab_cap ? q->cursor : 0;
+    uint64_t to = q && q->slots && q->slots < f->tab_cap - from ? from + q->slots : f->tab_cap;
+    b->next_cursor = to < f->tab_cap ? to : 0;
+    b->table_slots = f->tab_cap;
+    for (uint64_t t = from; t < to; t++) {
+        if (t + 16 < to && f->tab[t + 16])
+            __builtin_prefetch(f->tab[t + 16]); /* each object is a cache miss: keep some in flight */
         const obj_t *o = f->tab[t];
         if (!o || o->state != KVP_FSM_OBJ_COMPLETE)
             continue;

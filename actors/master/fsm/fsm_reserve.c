@@ -213,6 +213,7 @@ static int put_commit_item(struct kvp_master_fsm *f, const Kvp__Command *c, cons
         f->repair_epoch++;
     if (o->soft_pin)
         f->pinned_bytes += o->size;
+    kvp_fsm_tenant_count(f, o, +1);
     *status = KVP_OK;
     return KVP_OK;
 }

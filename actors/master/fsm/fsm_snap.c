@@ -576,6 +576,8 @@ static int restore_object(struct rctx *c, const Kvp__SnapObject *m)
     }
     if (o->state == KVP_FSM_OBJ_COMPLETE && o->soft_pin)
         t->pinned_bytes += o->size;
+    if (o->state == KVP_FSM_OBJ_COMPLETE)
+        kvp_fsm_tenant_count(t, o, +1);
     return KVP_OK;
 }
 

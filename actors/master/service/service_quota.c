@@ -1,9 +1,10 @@
 /*
  * service_quota.c — use and quota per tenant (service_quota.h). Soft state of the leader:
- * use is counted from the state machine (read on this thread under kvp_raftlog_read_begin, as
- * the data path's local reads are), at most every QUOTA_SCAN_MS, plus the bytes of PutStarts
- * admitted since (so puts in flight count before they complete; the next scan replaces the
- * estimate). Without a quota a tenant is only counted: eviction is then the pool's one LRU
+ * use is read from the state machine's per-tenant counts, kept there as entries are applied
+ * (kvp_master_fsm_tenants: O(tenants), read on this thread under kvp_raftlog_read_begin, as the
+ * data path's local reads are), at most every QUOTA_SCAN_MS, plus the bytes of PutStarts
+ * admitted since (so puts in flight count before they complete; the next read replaces the
+ * estimate). Only a tenant over its quota walks the objects, for its eviction candidates. Without a quota a tenant is only counted: eviction is then the pool's one LRU
  * across tenants (service_evict.c).
  */
 #include "actors/master/service/service_quota.h"
@@ -102,18 +103,20 @@ void svc_quota_destroy(struct kvp_master_service *s)
     s->quota = NULL;
 }
 
+static void use_one(void *ctx, const char *tenant, uint64_t used_bytes, uint64_t objects)
+{
+    struct scan *sc = ctx;
+    struct quota_tenant *t = find(sc->q, tenant, objects > 0);
+    if (t) {
+        t->used_bytes = used_bytes;
+        t->objects = objects;
+    }
+}
+
 static void scan_one(void *ctx, const char *key, uint64_t size, bool soft_pin)
 {
     struct scan *sc = ctx;
-    char tenant[KVP_AUTH_TENANT_MAX];
-    size_t pl = kvp_auth_key_tenant(key, tenant, sizeof tenant);
-    if (pl == 0)
-        tenant[0] = '\0';
-    struct quota_tenant *t = find(sc->q, tenant, true);
-    if (t) {
-        t->used_bytes += ALIGN64(size);
-        t->objects++;
-    }
+    size_t pl = kvp_auth_key_tenant(key, NULL, 0);
     if (!sc->collect || pl != sc->collect_len + 1 || strncmp(key, sc->collect, sc->collect_len) != 0)
         return;
     if (soft_pin && !sc->s->cfg.allow_evict_soft_pinned_objects)
@@ -143,8 +146,9 @@ static void scan_one(void *ctx, const char *key, uint64_t size, bool soft_pin)
     sc->n++;
 }
 
-/* A full scan: every tenant's use; candidates of `collect` (NULL: none). false when the state
- * machine cannot be read here now. */
+/* Every tenant's use (O(tenants)); with `collect`, also that tenant's eviction candidates (a walk
+ * of every object: only for a tenant over its quota). false when the state machine cannot be
+ * read here now. */
 static bool scan(struct kvp_master_service *s, const char *collect, struct scan *sc)
 {
     memset(sc, 0, sizeof *sc);
@@ -159,7 +163,10 @@ static bool scan(struct kvp_master_service *s, const char *collect, struct scan 
         s->quota->t[i].used_bytes = s->quota->t[i].objects = s->quota->t[i].admitted = 0;
         s->quota->t[i].scanned_ms = now;
     }
-    kvp_master_fsm_foreach_object(s->fsm, scan_one, sc);
+    if (kvp_master_fsm_tenants(s->fsm, use_one, sc) == KVP_ERR_NOMEM)
+        kvp_log_warn(s->actor, "tenant use: a count was lost for want of memory; figures are low until a restore");
+    if (collect)
+        kvp_master_fsm_foreach_object(s->fsm, scan_one, sc);
     kvp_raftlog_read_end(s->rl);
     s->quota->status_ms = now;
     return true;

@@ -19,6 +19,11 @@
 #define SCAN_BUSY_MS 200u
 #define SCAN_IDLE_MS 1000u
 #define SCAN_MAX 512u
+/* Table slots one RepairScan query walks on the raft thread (issue 22). An occupied slot costs
+ * a cache miss (~50-80 ns measured at 2M objects: a 4M-slot walk held the thread 330-350 ms),
+ * so a slice is a few ms; a pass over a 16M-slot table (10M objects) is 128 slices, one per
+ * REPAIR_TICK_MS (~13 s). Needs a slice finds are acted on at once, not at the pass's end. */
+#define SCAN_SLICE_SLOTS (1u << 17)
 #define MAX_TASKS 256u
 #define START_BATCH 64u
 #define TASK_RESEND_MS 15000u  /* a handed task not reported on is handed again */
@@ -56,6 +61,13 @@ struct svc_repair {
      * are at most that old after removes, which do not move the epoch. */
     uint64_t clean_until_ms;
     uint64_t scans_run, scans_skipped;
+    /* The pass in progress: slices of SCAN_SLICE_SLOTS table slots, one query each. `pass`
+     * sums the slices' counters (published to `last` when the pass ends); pass_seen_* are the
+     * droppable/stale entries seen in it, pass_full whether a slice's needs list overflowed. */
+    bool in_pass, pass_full;
+    uint64_t cursor, pass_slots, pass_epoch, passes;
+    Kvp__RepairScanResp pass;
+    struct svc_map pass_seen_drop, pass_seen_stale;
     struct svc_map droppable;    /* hash(key, seg) -> first seen droppable (ms) */
     struct svc_map stale;        /* hash(key, seg, off) -> first seen unknown PENDING (ms) */
     struct svc_map probe_failed; /* segment id -> time of a failed probe */
@@ -86,7 +98,10 @@ static struct svc_repair *R(struct kvp_master_service *s)
     svc_map_init(&r->droppable);
     svc_map_init(&r->stale);
     svc_map_init(&r->probe_failed);
+    svc_map_init(&r->pass_seen_drop);
+    svc_map_init(&r->pass_seen_stale);
     kvp__repair_scan_resp__init(&r->last);
+    kvp__repair_scan_resp__init(&r->pass);
     s->repair = r;
     return r;
 }
@@ -107,6 +122,16 @@ static void task_del(struct svc_repair *r, size_t i)
     r->tasks[i] = r->tasks[--r->n_tasks];
 }
 
+/* Forget the pass in progress: the next scan starts one at slot 0. */
+static void pass_reset(struct svc_repair *r)
+{
+    r->in_pass = r->pass_full = false;
+    r->cursor = r->pass_slots = r->pass_epoch = 0;
+    kvp__repair_scan_resp__init(&r->pass);
+    svc_map_clear(&r->pass_seen_drop);
+    svc_map_clear(&r->pass_seen_stale);
+}
+
 void svc_repair_reset(struct kvp_master_service *s)
 {
     struct svc_repair *r = R(s);
@@ -125,6 +150,7 @@ void svc_repair_reset(struct kvp_master_service *s)
     r->rate_bps = 0;
     r->drain_started_ms = 0;
     kvp__repair_scan_resp__init(&r->last);
+    pass_reset(r);
 }
 
 void svc_repair_free(struct kvp_master_service *s)
@@ -139,6 +165,8 @@ void svc_repair_free(struct kvp_master_service *s)
     svc_map_fini(&r->droppable);
     svc_map_fini(&r->stale);
     svc_map_fini(&r->probe_failed);
+    svc_map_fini(&r->pass_seen_drop);
+    svc_map_fini(&r->pass_seen_stale);
     free(r);
 }
 
@@ -206,29 +234,36 @@ static int on_tick(struct kvp_master_service *s)
     }
     if (r->scan_inflight || r->start_inflight)
         return 0;
-    uint64_t every = (r->busy || r->n_tasks) ? SCAN_BUSY_MS : SCAN_IDLE_MS;
-    if (now - r->last_scan_ms < every)
-        return 0;
-    r->last_scan_ms = now;
-    /* The scan walks every object on the raft thread (tens of ms per million). Skip it while
-     * nothing that could create work has been applied since a scan that found none. */
-    uint64_t epoch = 0;
-    if (kvp_raftlog_read_begin(s->rl) == KVP_OK) {
-        epoch = kvp_master_fsm_repair_epoch(s->fsm);
-        kvp_raftlog_read_end(s->rl);
+    if (!r->in_pass) {
+        uint64_t every = (r->busy || r->n_tasks) ? SCAN_BUSY_MS : SCAN_IDLE_MS;
+        if (now - r->last_scan_ms < every)
+            return 0;
+        r->last_scan_ms = now;
+        /* A pass walks every object on the raft thread (tens of ms per million, a slice per
+         * tick). Skip it while nothing that could create work has been applied since a pass
+         * that found none. */
+        uint64_t epoch = 0;
+        if (kvp_raftlog_read_begin(s->rl) == KVP_OK) {
+            epoch = kvp_master_fsm_repair_epoch(s->fsm);
+            kvp_raftlog_read_end(s->rl);
+        }
+        if (epoch != 0 && epoch == r->clean_epoch && !r->n_tasks && now < r->clean_until_ms) {
+            r->scans_skipped++;
+            return 0;
+        }
+        pass_reset(r);
+        r->in_pass = true;
+        r->pass_epoch = epoch;
+        r->scans_run++;
     }
-    if (epoch != 0 && epoch == r->clean_epoch && !r->n_tasks && now < r->clean_until_ms) {
-        r->scans_skipped++;
-        return 0;
-    }
-    r->scan_epoch = epoch;
-    r->scans_run++;
     struct svc_pending *p = svc_pending_new(s, NULL, NULL);
     if (!p)
         return 0;
     p->internal = SVC_INT_REPAIR_SCAN;
     Kvp__RepairScanReq q = KVP__REPAIR_SCAN_REQ__INIT;
     q.max = SCAN_MAX;
+    q.cursor = r->cursor;
+    q.slots = SCAN_SLICE_SLOTS;
     Kvp__Request req = KVP__REQUEST__INIT;
     req.body_case = KVP__REQUEST__BODY_REPAIR_SCAN;
     req.repair_scan = &q;
@@ -296,14 +331,35 @@ static void on_scan(struct kvp_master_service *s, struct svc_repair *r, const Kv
 {
     uint64_t now = svc_now_ms();
     uint64_t lease = s->cfg.default_kv_lease_ttl_ms;
-    r->last.draining_objects = b->draining_objects;
-    r->last.draining_bytes = b->draining_bytes;
-    r->last.under_replicated = b->under_replicated;
-    r->last.in_flight = b->in_flight;
-    r->last.no_space = b->no_space;
-    r->last.lost_if_drained = b->lost_if_drained;
-    r->last.n_needs = b->n_needs;
-    r->busy = b->n_needs > 0 || b->draining_objects > 0;
+    if (r->pass_slots && b->table_slots != r->pass_slots) {
+        /* The table grew within the pass: slots moved, so the sums would be off. Start over. */
+        pass_reset(r);
+        r->in_pass = true;
+        r->pass_epoch = r->scan_epoch;
+    }
+    r->pass_slots = b->table_slots;
+    r->pass.draining_objects += b->draining_objects;
+    r->pass.draining_bytes += b->draining_bytes;
+    r->pass.under_replicated += b->under_replicated;
+    r->pass.in_flight += b->in_flight;
+    r->pass.no_space += b->no_space;
+    r->pass.lost_if_drained += b->lost_if_drained;
+    r->pass.n_needs += b->n_needs;
+    r->pass_full |= b->n_needs >= SCAN_MAX;
+    bool pass_done = b->next_cursor == 0;
+    r->cursor = b->next_cursor;
+    r->busy = r->pass.n_needs > 0 || r->pass.draining_objects > 0 || (!pass_done && r->last.draining_objects);
+    if (pass_done) {
+        r->last.draining_objects = r->pass.draining_objects;
+        r->last.draining_bytes = r->pass.draining_bytes;
+        r->last.under_replicated = r->pass.under_replicated;
+        r->last.in_flight = r->pass.in_flight;
+        r->last.no_space = r->pass.no_space;
+        r->last.lost_if_drained = r->pass.lost_if_drained;
+        r->last.n_needs = r->pass.n_needs;
+        r->in_pass = false;
+        r->passes++;
+    }
 
     Kvp__RepairItem *items = calloc(START_BATCH, sizeof *items);
     Kvp__RepairItem **ip = calloc(START_BATCH, sizeof *ip);
@@ -314,9 +370,7 @@ static void on_scan(struct kvp_master_service *s, struct svc_repair *r, const Kv
     if (!items || !ip || !drops || !dp || !ends || !ep)
         goto out;
     size_t n_items = 0, n_drops = 0, n_ends = 0;
-    struct svc_map seen_drop, seen_stale;
-    svc_map_init(&seen_drop);
-    svc_map_init(&seen_stale);
+    struct svc_map *seen_drop = &r->pass_seen_drop, *seen_stale = &r->pass_seen_stale;
     for (size_t i = 0; i < b->n_needs; i++) {
         const Kvp__RepairNeed *n = b->needs[i];
         if (!n->key)
@@ -332,7 +386,7 @@ static void on_scan(struct kvp_master_service *s, struct svc_repair *r, const Kv
             n_items++;
         } else if (n->kind == 1) {
             uint64_t h = pair_hash(n->key, n->drop_segment_id, 0), since = 0;
-            svc_map_put(&seen_drop, h, 1);
+            svc_map_put(seen_drop, h, 1);
             if (!svc_map_get(&r->droppable, h, &since)) {
                 svc_map_put(&r->droppable, h, now);
                 continue;
@@ -348,7 +402,7 @@ static void on_scan(struct kvp_master_service *s, struct svc_repair *r, const Kv
             if (has_task(r, n->key, n->drop_segment_id, n->offset, false))
                 continue;
             uint64_t h = pair_hash(n->key, n->drop_segment_id, n->offset), since = 0;
-            svc_map_put(&seen_stale, h, 1);
+            svc_map_put(seen_stale, h, 1);
             if (!svc_map_get(&r->stale, h, &since)) {
                 svc_map_put(&r->stale, h, now);
                 continue;
@@ -366,9 +420,10 @@ static void on_scan(struct kvp_master_service *s, struct svc_repair *r, const Kv
             n_ends++;
         }
     }
-    /* forget entries no longer reported (the scan list is bounded, so only when it was complete) */
-    if (b->n_needs < SCAN_MAX) {
-        struct svc_map keep[2] = {seen_drop, seen_stale};
+    /* forget entries no longer reported in a whole pass (the scan list is bounded, so only when
+     * no slice's list overflowed) */
+    if (pass_done && !r->pass_full) {
+        struct svc_map *keep[2] = {seen_drop, seen_stale};
         struct svc_map *tabs[2] = {&r->droppable, &r->stale};
         for (int t = 0; t < 2; t++) {
             size_t pos = 0;
@@ -376,14 +431,16 @@ static void on_scan(struct kvp_master_service *s, struct svc_repair *r, const Kv
             uint64_t gone[256];
             size_t n_gone = 0;
             while (svc_map_next(tabs[t], &pos, &k, &v) && n_gone < 256)
-                if (!svc_map_get(&keep[t], k, NULL))
+                if (!svc_map_get(keep[t], k, NULL))
                     gone[n_gone++] = k;
             for (size_t g = 0; g < n_gone; g++)
                 svc_map_del(tabs[t], gone[g], NULL);
         }
     }
-    svc_map_fini(&seen_drop);
-    svc_map_fini(&seen_stale);
+    if (pass_done) {
+        svc_map_clear(seen_drop);
+        svc_map_clear(seen_stale);
+    }
     if (n_items) {
         Kvp__RepairStartCmd body = KVP__REPAIR_START_CMD__INIT;
         body.items = ip;
@@ -479,13 +536,16 @@ void svc_repair_on_result(struct kvp_master_service *s, struct svc_pending *p, i
         r->scan_inflight = false;
         if (st == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_REPAIR_SCAN && resp->repair_scan &&
             s->is_leader) {
-            const Kvp__RepairScanResp *b = resp->repair_scan;
-            /* No work of any kind (objects short of copies only because too few segments are
-             * ACTIVE are no work: a mount bumps the epoch). */
-            bool clean = b->n_needs == 0 && b->in_flight == 0 && b->no_space == 0 && b->draining_objects == 0;
-            r->clean_epoch = clean ? r->scan_epoch : 0;
-            r->clean_until_ms = b->under_replicated ? svc_now_ms() + 10u * SCAN_IDLE_MS : UINT64_MAX;
+            r->scan_epoch = r->pass_epoch;
             on_scan(s, r, resp->repair_scan);
+            if (!r->in_pass) {
+                /* A whole pass with no work of any kind (objects short of copies only because
+                 * too few segments are ACTIVE are no work: a mount bumps the epoch). */
+                const Kvp__RepairScanResp *b = &r->last;
+                bool clean = b->n_needs == 0 && b->in_flight == 0 && b->no_space == 0 && b->draining_objects == 0;
+                r->clean_epoch = clean ? r->pass_epoch : 0;
+                r->clean_until_ms = b->under_replicated ? svc_now_ms() + 10u * SCAN_IDLE_MS : UINT64_MAX;
+            }
         }
         else if (st != KVP_ERR_NOT_LEADER)
             kvp_log_debug(s->actor, "RepairScan: %s", kvp_strerror(st));

@@ -1,0 +1,352 @@
+/*
+ * test_fsm_scale.c — the master's bounded walks (issue 22) give the full walk's answers.
+ *
+ * - RepairScan in slices of the table (cursor + slots, as the leader's repair driver asks at
+ *   10M objects) over one pass reports the same needs and, summed, the same counters as one
+ *   walk of the whole table: every under-replicated object is found within a pass. Seeded,
+ *   random state (short copies, draining and lost segments, pending puts and repair replicas)
+ *   and random slice sizes.
+ * - Per-tenant use kept on apply (kvp_master_fsm_tenants) equals a recount over every object
+ *   after random puts, ends, removes, evictions, segment losses, expiry and a restore.
+ * KVP_FSM_SCALE_SEED overrides the seed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "test_fsm_helpers.h"
+
+#define MB (1024ull * 1024ull)
+#define NKEYS 3000
+
+static uint64_t rs = 0x2545f4914f6cdd1dull;
+static uint64_t rn(uint64_t n)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return rs % n;
+}
+
+static void seed(void)
+{
+    const char *e = getenv("KVP_FSM_SCALE_SEED");
+    if (e && *e)
+        rs = strtoull(e, NULL, 0) | 1u;
+    print_message("seed %#llx\n", (unsigned long long)rs);
+}
+
+static void key_name(int i, char *buf, size_t n)
+{
+    /* four tenants and the default one ("" : no separator) */
+    if (i % 5)
+        snprintf(buf, n, "tenant-%d\x1fmodel/block-%06d", i % 5, i);
+    else
+        snprintf(buf, n, "model/block-%06d", i);
+}
+
+/* A random state with repair work of every kind: 6 segments, objects wanting 1..4 copies,
+ * some pending, then one segment draining and one lost. */
+static struct kvp_master_fsm *random_state(uint64_t *now)
+{
+    struct kvp_master_fsm *f = tf_new(1000, 600000);
+    uint32_t ids[6];
+    for (int i = 0; i < 6; i++) {
+        char name[16], host[16];
+        snprintf(name, sizeof name, "s%d", i);
+        snprintf(host, sizeof host, "h%d", i);
+        assert_int_equal(tf_mount(f, name, host, 64 * MB, 1, &ids[i]), KVP_OK);
+    }
+    *now = 10;
+    char k[64];
+    for (int i = 0; i < NKEYS; i++) {
+        key_name(i, k, sizeof k);
+        uint32_t want = 1 + (uint32_t)rn(4);
+        if (tf_put_start(f, k, 64 + rn(4000), want, (uint64_t)i + 1, *now) != KVP_OK)
+            continue;
+        if (rn(10) != 0)
+            assert_int_equal(tf_put_end(f, k, (uint64_t)i + 1, 7, *now), KVP_OK);
+    }
+    assert_int_equal(tf_drain(f, ids[1], NULL, ++*now), KVP_OK);
+    assert_int_equal(tf_seg_lost(f, ids[4], ++*now), KVP_OK);
+    for (int i = 0; i < NKEYS / 10; i++) {
+        key_name((int)rn(NKEYS), k, sizeof k);
+        (void)tf_remove(f, k, rn(2) == 0, ++*now);
+    }
+    /* Copies started for some of the objects a scan says need one: half of them finished (the
+     * draining original is then droppable), half left PENDING (a repair replica in flight). */
+    Kvp__Request q = KVP__REQUEST__INIT;
+    Kvp__RepairScanReq rq = KVP__REPAIR_SCAN_REQ__INIT;
+    rq.max = 200;
+    q.body_case = KVP__REQUEST__BODY_REPAIR_SCAN;
+    q.repair_scan = &rq;
+    Kvp__Response *sr = tf_query(f, &q);
+    for (size_t i = 0; i < sr->repair_scan->n_needs; i++) {
+        const Kvp__RepairNeed *n = sr->repair_scan->needs[i];
+        if (n->kind != 0)
+            continue;
+        Kvp__Command c = KVP__COMMAND__INIT;
+        Kvp__RepairStartCmd st = KVP__REPAIR_START_CMD__INIT;
+        Kvp__RepairItem it = KVP__REPAIR_ITEM__INIT, *its[1] = {&it};
+        it.key = n->key;
+        it.src_segment_id = n->src_segment_id;
+        st.n_items = 1;
+        st.items = its;
+        c.now_wall_ms = ++*now;
+        c.body_case = KVP__COMMAND__BODY_REPAIR_START;
+        c.repair_start = &st;
+        Kvp__Response *r = tf_apply(f, &c);
+        if (r->body_case == KVP__RESPONSE__BODY_REPAIR_START && r->repair_start->n_results == 1 &&
+            r->repair_start->results[0]->status == KVP_OK && i % 2 == 0) {
+            Kvp__Command e = KVP__COMMAND__INIT;
+            Kvp__RepairEndCmd ec = KVP__REPAIR_END_CMD__INIT;
+            Kvp__RepairEndItem ei = KVP__REPAIR_END_ITEM__INIT, *eis[1] = {&ei};
+            ei.key = n->key;
+            ei.segment_id = r->repair_start->results[0]->target->segment_id;
+            ei.offset = r->repair_start->results[0]->target->offset;
+            ei.ok = true;
+            ec.n_items = 1;
+            ec.items = eis;
+            e.now_wall_ms = ++*now;
+            e.body_case = KVP__COMMAND__BODY_REPAIR_END;
+            e.repair_end = &ec;
+            kvp_master_fsm_response_free(tf_apply(f, &e));
+        }
+        kvp_master_fsm_response_free(r);
+    }
+    kvp_master_fsm_response_free(sr);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    return f;
+}
+
+static Kvp__Response *scan(const struct kvp_master_fsm *f, uint64_t cursor, uint64_t slots)
+{
+    Kvp__Request q = KVP__REQUEST__INIT;
+    Kvp__RepairScanReq rq = KVP__REPAIR_SCAN_REQ__INIT;
+    rq.max = 4096;
+    rq.cursor = cursor;
+    rq.slots = slots;
+    q.body_case = KVP__REQUEST__BODY_REPAIR_SCAN;
+    q.repair_scan = &rq;
+    Kvp__Response *r = tf_query(f, &q);
+    assert_int_equal(r->body_case, KVP__RESPONSE__BODY_REPAIR_SCAN);
+    return r;
+}
+
+/* One line per need, sorted, for comparing lists whatever their order. */
+static size_t needs_lines(const Kvp__RepairScanResp *b, char (*out)[160], size_t at)
+{
+    for (size_t i = 0; i < b->n_needs; i++) {
+        const Kvp__RepairNeed *n = b->needs[i];
+        snprintf(out[at++], 160, "%s|%llu|%u|%u|%u|%llu", n->key, (unsigned long long)n->size, n->src_segment_id,
+                 n->drop_segment_id, n->kind, (unsigned long long)n->offset);
+    }
+    return at;
+}
+
+static int cmp_line(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+static void test_repair_scan_slices_equal_one_walk(void **state)
+{
+    (void)state;
+    uint64_t now;
+    struct kvp_master_fsm *f = random_state(&now);
+    Kvp__Response *all = scan(f, 0, 0);
+    const Kvp__RepairScanResp *a = all->repair_scan;
+    assert_int_equal(a->next_cursor, 0);
+    assert_true(a->table_slots >= NKEYS);
+    /* the state has work of each kind, so the comparison below means something */
+    assert_true(a->under_replicated > 0);
+    assert_true(a->draining_objects > 0);
+    assert_true(a->n_needs > 0 && a->n_needs < 4096);
+    char(*want)[160] = calloc(4096, 160), (*got)[160] = calloc(4096 * 2, 160);
+    assert_non_null(want);
+    assert_non_null(got);
+    size_t nw = needs_lines(a, want, 0);
+    qsort(want, nw, 160, cmp_line);
+    bool kinds[3] = {false, false, false};
+    for (size_t i = 0; i < a->n_needs; i++)
+        if (a->needs[i]->kind < 3)
+            kinds[a->needs[i]->kind] = true;
+    assert_true(kinds[0] && kinds[1] && kinds[2]);
+    for (int round = 0; round < 8; round++) {
+        uint64_t slots = round == 0 ? 1 : round == 1 ? a->table_slots - 1 : 1 + rn(a->table_slots / 3);
+        Kvp__RepairScanResp sum = KVP__REPAIR_SCAN_RESP__INIT;
+        size_t ng = 0, slices = 0;
+        uint64_t cursor = 0;
+        do {
+            Kvp__Response *r = scan(f, cursor, slots);
+            const Kvp__RepairScanResp *b = r->repair_scan;
+            assert_int_equal(b->table_slots, a->table_slots);
+            assert_true(b->next_cursor == 0 || b->next_cursor == cursor + slots);
+            sum.draining_objects += b->draining_objects;
+            sum.draining_bytes += b->draining_bytes;
+            sum.under_replicated += b->under_replicated;
+            sum.in_flight += b->in_flight;
+            sum.no_space += b->no_space;
+            sum.lost_if_drained += b->lost_if_drained;
+            ng = needs_lines(b, got, ng);
+            cursor = b->next_cursor;
+            slices++;
+            kvp_master_fsm_response_free(r);
+        } while (cursor != 0);
+        assert_int_equal(slices, (a->table_slots + slots - 1) / slots);
+        assert_int_equal(sum.draining_objects, a->draining_objects);
+        assert_int_equal(sum.draining_bytes, a->draining_bytes);
+        assert_int_equal(sum.under_replicated, a->under_replicated);
+        assert_int_equal(sum.in_flight, a->in_flight);
+        assert_int_equal(sum.no_space, a->no_space);
+        assert_int_equal(sum.lost_if_drained, a->lost_if_drained);
+        assert_int_equal(ng, nw);
+        qsort(got, ng, 160, cmp_line);
+        for (size_t i = 0; i < nw; i++)
+            assert_string_equal(got[i], want[i]);
+    }
+    /* a cursor past the table (it shrank under a restore) starts at 0 */
+    Kvp__Response *r = scan(f, a->table_slots + 5, a->table_slots);
+    assert_int_equal(r->repair_scan->n_needs, a->n_needs);
+    assert_int_equal(r->repair_scan->next_cursor, 0);
+    kvp_master_fsm_response_free(r);
+    free(want);
+    free(got);
+    kvp_master_fsm_response_free(all);
+    kvp_master_fsm_destroy(&f);
+}
+
+/* tenant -> (bytes, objects) recounted over every complete object */
+struct recount {
+    char name[8][64];
+    uint64_t bytes[8], objects[8];
+    int n;
+};
+
+static void recount_one(void *ctx, const char *key, uint64_t size, bool soft_pin)
+{
+    (void)soft_pin;
+    struct recount *rc = ctx;
+    const char *sep = strchr(key, '\x1f');
+    char t[64] = "";
+    if (sep)
+        snprintf(t, sizeof t, "%.*s", (int)(sep - key), key);
+    int i = 0;
+    while (i < rc->n && strcmp(rc->name[i], t) != 0)
+        i++;
+    assert_true(i < 8);
+    if (i == rc->n)
+        snprintf(rc->name[rc->n++], 64, "%s", t);
+    rc->bytes[i] += (size + 63) & ~63ull;
+    rc->objects[i]++;
+}
+
+struct kept {
+    struct recount *want;
+    int seen;
+};
+
+static void kept_one(void *ctx, const char *tenant, uint64_t used_bytes, uint64_t objects)
+{
+    struct kept *k = ctx;
+    int i = 0;
+    while (i < k->want->n && strcmp(k->want->name[i], tenant) != 0)
+        i++;
+    if (i == k->want->n) { /* listed once seen, at 0 when all its objects are gone */
+        assert_int_equal(used_bytes, 0);
+        assert_int_equal(objects, 0);
+        return;
+    }
+    assert_int_equal(used_bytes, k->want->bytes[i]);
+    assert_int_equal(objects, k->want->objects[i]);
+    k->seen++;
+}
+
+static void assert_tenants_equal_recount(const struct kvp_master_fsm *f)
+{
+    struct recount rc;
+    memset(&rc, 0, sizeof rc);
+    kvp_master_fsm_foreach_object(f, recount_one, &rc);
+    struct kept k = {.want = &rc};
+    assert_int_equal(kvp_master_fsm_tenants(f, kept_one, &k), KVP_OK);
+    assert_int_equal(k.seen, rc.n);
+}
+
+static void test_tenant_use_kept_on_apply_equals_recount(void **state)
+{
+    (void)state;
+    uint64_t now;
+    struct kvp_master_fsm *f = random_state(&now);
+    assert_tenants_equal_recount(f);
+    char k[64];
+    uint64_t op = 100000;
+    for (int step = 0; step < 20000; step++) {
+        int i = (int)rn(NKEYS);
+        key_name(i, k, sizeof k);
+        switch (rn(8)) {
+        case 0:
+        case 1:
+        case 2:
+            if (tf_put_start(f, k, 1 + rn(5000), 1 + (uint32_t)rn(2), ++op, now) == KVP_OK && rn(4))
+                (void)tf_put_end(f, k, op, 7, now);
+            break;
+        case 3:
+            (void)tf_put_end(f, k, op, 7, now);
+            break;
+        case 4:
+        case 5:
+            (void)tf_remove(f, k, rn(2) == 0, now);
+            break;
+        case 6:
+            now += 1000 + rn(700000); /* pending puts expire */
+            (void)tf_revoke_expired(f, now);
+            break;
+        default:
+            if (rn(200) == 0) { /* a segment lost now and then: objects on it alone go */
+                uint32_t id;
+                char name[16];
+                snprintf(name, sizeof name, "x%d", step);
+                assert_int_equal(tf_mount(f, name, "hx", 64 * MB, now, &id), KVP_OK);
+                for (int j = 0; j < 40; j++) {
+                    key_name((int)rn(NKEYS), k, sizeof k);
+                    if (tf_put_start(f, k, 100, 1, ++op, now) == KVP_OK)
+                        (void)tf_put_end(f, k, op, 7, now);
+                }
+                assert_int_equal(tf_seg_lost(f, id, ++now), KVP_OK);
+            }
+            break;
+        }
+        if (step % 2000 == 0) {
+            assert_tenants_equal_recount(f);
+            assert_int_equal(kvp_master_fsm_check(f), 0);
+        }
+    }
+    assert_tenants_equal_recount(f);
+    /* a restore rebuilds the counts from the objects */
+    size_t len = 0;
+    uint8_t *snap = tf_snapshot(f, &len);
+    struct kvp_master_fsm *g = tf_new(1000, 600000);
+    assert_int_equal(kvp_master_fsm_restore(g, snap, len), KVP_OK);
+    assert_tenants_equal_recount(g);
+    assert_int_equal(kvp_master_fsm_check(g), 0);
+    free(snap);
+    kvp_master_fsm_destroy(&g);
+    kvp_master_fsm_destroy(&f);
+}
+
+int main(void)
+{
+    seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_repair_scan_slices_equal_one_walk),
+        cmocka_unit_test(test_tenant_use_kept_on_apply_equals_recount),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
