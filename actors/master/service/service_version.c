@@ -180,6 +180,11 @@ static void read_committed(struct kvp_master_service *s)
     }
 }
 
+void svc_version_refresh(struct kvp_master_service *s)
+{
+    read_committed(s);
+}
+
 void svc_version_add_member(struct kvp_master_service *s, struct svc_pending *p, int slot, uint64_t id,
                             const char *raft_address)
 {
