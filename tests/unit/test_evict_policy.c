@@ -191,9 +191,13 @@ static void test_evict_write_rate_windows(void **state)
     const uint64_t W = 5000; /* fence_grace_ms */
     assert_true(kvp_write_rate_tick(&r, 1000, W) == 0); /* starts the bucket */
     kvp_write_rate_add(&r, 50u << 20);
-    assert_true(kvp_write_rate_tick(&r, 1500, W) == 0); /* bucket not over */
+    assert_true(kvp_write_rate_tick(&r, 1200, W) == 0); /* under KVP_WRITE_RATE_FIRST_MS: none yet */
+    double b = kvp_write_rate_tick(&r, 1500, W); /* bucket not over: its partial rate, 50 MiB / 0.5 s */
+    assert_true(b > 104e6 && b < 105e6);
     kvp_write_rate_add(&r, 50u << 20);
-    double b = kvp_write_rate_tick(&r, 2000, W); /* 100 MiB in the only second so far */
+    b = kvp_write_rate_tick(&r, 1800, W); /* 100 MiB / 0.8 s, still partial */
+    assert_true(b > 131e6 && b < 131.1e6);
+    b = kvp_write_rate_tick(&r, 2000, W); /* 100 MiB in the only second so far */
     assert_true(b > 104e6 && b < 105e6);
     for (uint64_t t = 3000; t <= 6000; t += 1000)
         b = kvp_write_rate_tick(&r, t, W); /* four idle seconds: 100 MiB over 5 s */

@@ -125,8 +125,14 @@ double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms, uint64_t w
         return r->bps;
     }
     uint64_t dt = now_ms - r->t0_ms;
-    if (dt < 1000)
+    if (dt < 1000) {
+        /* No bucket closed yet (a new leader's first second): the partial one, once it spans
+         * KVP_WRITE_RATE_FIRST_MS, so that its eviction keeps headroom from then on rather than
+         * a second later (what it evicts in its election grace is held the longest). */
+        if (r->n == 0 && dt >= KVP_WRITE_RATE_FIRST_MS)
+            r->bps = (double)r->bytes * 1000.0 / (double)dt;
         return r->bps;
+    }
     r->b_bytes[r->head] = r->bytes;
     r->b_ms[r->head] = dt;
     r->head = (r->head + 1) % KVP_WRITE_RATE_BUCKETS;

@@ -82,9 +82,14 @@ struct kvp_write_rate {
 /** Count `bytes` asked now. */
 void kvp_write_rate_add(struct kvp_write_rate *r, uint64_t bytes);
 
+/** Before the first bucket closes, the estimate is the partial bucket's once it spans this (ms). */
+#define KVP_WRITE_RATE_FIRST_MS 250u
+
 /**
  * Close the current bucket when it is at least 1,000 ms old at now_ms (monotonic ms) and
  * recompute r->bps over the newest buckets spanning window_ms (at least one); returns r->bps.
+ * Until the first bucket closes, r->bps is the current bucket's rate once it is
+ * KVP_WRITE_RATE_FIRST_MS old (0 before).
  */
 double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms, uint64_t window_ms);
 

@@ -207,6 +207,13 @@ static void maybe_scan(struct kvp_master_service *s)
         start_scan(s);
 }
 
+void svc_evict_kick(struct kvp_master_service *s)
+{
+    if (s->evict)
+        s->evict->dirty = true;
+    maybe_scan(s);
+}
+
 static int on_evict_timer(struct kvp_master_service *s)
 {
     struct svc_evict *e = s->evict;

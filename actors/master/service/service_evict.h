@@ -36,6 +36,8 @@ int svc_evict_new(struct kvp_master_service *s);
 void svc_evict_destroy(struct kvp_master_service *s);
 /** Leadership change: forget hints, counters in flight, the last scan. */
 void svc_evict_reset(struct kvp_master_service *s);
+/* A scan now (a new leader whose state became current), unless one is in flight. */
+void svc_evict_kick(struct kvp_master_service *s);
 /** Service actor timer (every 50 ms, leader only): start a scan when usage may be above the watermark. */
 int svc_evict_timer_start(struct kvp_master_service *s);
 /** PutStart request seen: record prefix hints (parent keys) and the largest size asked. */

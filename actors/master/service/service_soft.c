@@ -385,12 +385,29 @@ void svc_request_status_refresh(struct kvp_master_service *s)
     svc_query(s, p, &req); /* on error svc_query runs the result path, clearing the flag */
 }
 
+/* A new leader's first segment table: its state is current from here (the query ran after its
+ * term's barrier), so what waited for the periodic timers runs now, not up to a second later:
+ * the committed feature level (the one-commit put), this term's first reservations, the release
+ * of quarantine already due and an eviction scan. Safe as early as this: every freed extent
+ * carries its lease horizon (docs/master.md "Leases and failover"), reservations are fenced by
+ * term, and what this leader evicts in its election grace is held past the grace's end. */
+static void on_leader_ready(struct kvp_master_service *s)
+{
+    svc_version_refresh(s);
+    svc_put_tick(s);
+    svc_release_now(s);
+    svc_evict_kick(s);
+}
+
 void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp)
 {
     s->status_refresh_inflight = false;
     if (status == KVP_OK && resp && resp->status == KVP_OK && resp->cluster_status && resp->cluster_status->json) {
+        bool first = s->is_leader && !s->segments_fresh_ms;
         if (svc_segments_from_json(s, resp->cluster_status->json) != KVP_OK)
             status = KVP_ERR_INTERNAL;
+        else if (first)
+            on_leader_ready(s);
         /* The query ran on the raft thread as leader: quorum contact confirmed (raftlog.h). */
         uint64_t stale_since = s->liveness.quorum_ok_ms;
         if (s->is_leader && kvp_liveness_quorum_ok(&s->liveness, svc_now_ms()))

@@ -341,6 +341,9 @@ int svc_timers_start(struct kvp_master_service *s);
 /* service_version.c: ask the other members for their feature level; the cluster's level now. */
 int svc_version_start(struct kvp_master_service *s);
 void svc_version_stop(struct kvp_master_service *s);
+/* A new leader whose state is current (its first segment table read): the committed feature
+ * level read from the FSM now, not at the next version tick. Not inside a read_begin. */
+void svc_version_refresh(struct kvp_master_service *s);
 uint32_t svc_feature_level(struct kvp_master_service *s);
 /* AddMember (p tracked by admin_pending, members[slot] filled): added at once while no level
  * above 1 is committed; else once the new member reports at least the committed level, and

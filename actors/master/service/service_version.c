@@ -111,10 +111,10 @@ uint32_t svc_feature_level(struct kvp_master_service *s)
     if (!s->is_leader)
         return 1u;
     if (s->feature_level_term != s->term || !s->feature_level) {
-        /* No tick yet in this leadership, no member heard: the committed level as a tick last
-         * read it from the FSM (a tick reads it whenever the raftlog allows a local read, i.e.
-         * while leader; it only grows, so a stale one errs low), else 1. The first tick of the
-         * leadership (within VERSION_POLL_MS) reads it afresh. */
+        /* No tick yet in this leadership, no member heard: the committed level as last read
+         * from the FSM (svc_version_refresh as soon as this leader's state is current, i.e. its
+         * first segment table; else a tick, which reads it whenever the raftlog allows a local
+         * read; it only grows, so a stale one errs low), else 1. */
         uint32_t c = s->feature_committed;
         return c > 1 ? (c < KVP_FEATURE_LEVEL ? c : KVP_FEATURE_LEVEL) : 1u;
     }
@@ -178,6 +178,11 @@ static void read_committed(struct kvp_master_service *s)
         s->feature_committed = kvp_master_fsm_feature_level(s->fsm);
         kvp_raftlog_read_end(s->rl);
     }
+}
+
+void svc_version_refresh(struct kvp_master_service *s)
+{
+    read_committed(s);
 }
 
 void svc_version_add_member(struct kvp_master_service *s, struct svc_pending *p, int slot, uint64_t id,
