@@ -41,7 +41,6 @@ static struct opts O = {.objects = 1000000, .extra = 0, .segments = 100, .batch 
                         .hb_ms = 1000, .failovers = 3};
 static struct tm_cluster C;
 static char metrics_addr[TM_MASTERS + 1][64];
-static char master_list[TM_MASTERS][64];
 static uint32_t seg_ids[1024];
 static _Atomic int stop_hb, stop_sampler;
 static _Atomic uint64_t hb_sent, hb_failed, objects_done, next_key;
@@ -64,27 +63,6 @@ static uint64_t proc_rss_kb(int pid)
             break;
     fclose(f);
     return kb;
-}
-
-/* utime + stime of a process, in clock ticks. */
-static uint64_t proc_cpu_ticks(int pid)
-{
-    char path[64], buf[2048];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    if (!p)
-        return 0;
-    unsigned long long ut = 0, st = 0;
-    /* after ')': state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
-    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-        return 0;
-    return ut + st;
 }
 
 static char *http_get(const char *hostport)
@@ -197,47 +175,18 @@ static bool read_metrics(int id, struct msnap *m)
 
 static struct kvp_msession *session(void)
 {
-    const char *list[TM_MASTERS];
-    for (int i = 0; i < TM_MASTERS; i++)
-        list[i] = master_list[i];
-    struct kvp_msession *ms = NULL;
-    struct kvp_auth_client *auth = NULL; /* the cluster's admin key (cluster.json "auth", issue 25) */
-    if (kvp_auth_client_load(&auth, NULL, NULL, NULL, C.file, "admin_key", "scale-bench") != KVP_OK ||
-        kvp_msession_new_auth(&ms, list, TM_MASTERS, "scale-bench", &auth) != KVP_OK) {
-        kvp_auth_client_destroy(&auth);
-        return NULL;
-    }
-    return ms;
+    return tm_admin_session(&C, "scale-bench");
 }
 
 static void *hb_main(void *arg)
 {
     (void)arg;
     struct kvp_msession *ms = session();
-    uint64_t t0 = tm_now_ms();
-    uint64_t round = 0;
-    while (!atomic_load(&stop_hb)) {
-        for (unsigned i = 0; i < O.segments && !atomic_load(&stop_hb); i++) {
-            /* spread evenly over the period, as independent segments would be */
-            uint64_t due = t0 + round * O.hb_ms + (uint64_t)i * O.hb_ms / O.segments;
-            uint64_t now = tm_now_ms();
-            if (due > now)
-                tm_sleep_ms((unsigned)(due - now));
-            Kvp__Request req = KVP__REQUEST__INIT;
-            Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
-            hb.segment_id = seg_ids[i];
-            req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
-            req.heartbeat = &hb;
-            Kvp__Response *resp = NULL;
-            int rc = kvp_msession_call(ms, &req, 2000, &resp);
-            if (rc == KVP_OK && resp->status == KVP_OK)
-                atomic_fetch_add(&hb_sent, 1);
-            else
-                atomic_fetch_add(&hb_failed, 1);
-            kvp_msession_response_free(resp);
-        }
-        round++;
-    }
+    if (!ms)
+        return NULL;
+    struct tm_hb_driver d = {.ms = ms, .ids = seg_ids, .n = O.segments, .step = 1, .period_ms = O.hb_ms,
+                             .timeout_ms = 2000, .stop = &stop_hb, .ok = &hb_sent, .failed = &hb_failed};
+    tm_hb_drive(&d);
     kvp_msession_destroy(&ms);
     return NULL;
 }
@@ -416,40 +365,17 @@ static void log_snapshots(int id, unsigned *n, uint64_t *max_thread_ms, uint64_t
 
 static int mount_segments(void)
 {
-    uint64_t size = O.objects * 128 / O.segments + (1ull << 30);
-    for (unsigned i = 0; i < O.segments; i++) {
-        char name[32], ep[32];
-        snprintf(name, sizeof name, "scale-seg-%03u", i);
-        snprintf(ep, sizeof ep, "127.0.0.1:%u", 20000 + i);
-        Kvp__Request req = KVP__REQUEST__INIT;
-        Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
-        m.name = name;
-        m.host = "127.0.0.1";
-        m.endpoint = ep;
-        m.size = size;
-        m.owner_pid = (uint64_t)getpid();
-        req.body_case = KVP__REQUEST__BODY_MOUNT;
-        req.mount = &m;
-        Kvp__Response *resp = NULL;
-        int rc = kvp_msession_call(C.ms, &req, 10000, &resp);
-        if (rc != KVP_OK || resp->status != KVP_OK || !resp->mount) {
-            printf("mount of %s: %s (status %d)\n", name, kvp_strerror(rc), resp ? resp->status : 0);
-            kvp_msession_response_free(resp);
-            return -1;
-        }
-        seg_ids[i] = resp->mount->segment_id;
-        kvp_msession_response_free(resp);
-    }
-    return 0;
+    return tm_mount_fake_segments(&C, "scale-seg", O.segments, O.objects * 128 / O.segments + (1ull << 30), 20000,
+                                  seg_ids);
 }
 
 static double leader_cpu_us_per_s(int id, unsigned secs)
 {
     long hz = sysconf(_SC_CLK_TCK);
-    uint64_t c0 = proc_cpu_ticks(C.pids[id]);
+    uint64_t c0 = tm_proc_cpu_ticks(C.pids[id]);
     uint64_t t0 = tm_now_ms();
     tm_sleep_ms(secs * 1000);
-    uint64_t c1 = proc_cpu_ticks(C.pids[id]);
+    uint64_t c1 = tm_proc_cpu_ticks(C.pids[id]);
     uint64_t t1 = tm_now_ms();
     return (double)(c1 - c0) * 1e6 / (double)hz / ((double)(t1 - t0) / 1000.0);
 }
@@ -518,10 +444,8 @@ int main(int argc, char **argv)
     json_t *m;
     json_array_foreach(json_object_get(j, "masters"), ix, m) {
         int id = (int)json_integer_value(json_object_get(m, "id"));
-        if (id >= 1 && id <= TM_MASTERS) {
+        if (id >= 1 && id <= TM_MASTERS)
             snprintf(metrics_addr[id], sizeof metrics_addr[id], "%s", json_string_value(json_object_get(m, "metrics")));
-            snprintf(master_list[id - 1], sizeof master_list[id - 1], "%s", C.addr[id]);
-        }
     }
     json_decref(j);
     C.ms = session();

@@ -26,81 +26,24 @@ static uint32_t ids[NSEG];
 static _Atomic int stop;
 static _Atomic uint64_t ok, not_active, failed;
 
-static int heartbeat_one(struct kvp_msession *ms, uint32_t id)
-{
-    Kvp__Request req = KVP__REQUEST__INIT;
-    Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
-    hb.segment_id = id;
-    req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
-    req.heartbeat = &hb;
-    Kvp__Response *resp = NULL;
-    int rc = kvp_msession_call(ms, &req, 3000, &resp);
-    if (rc == KVP_OK)
-        rc = resp->status;
-    if (rc == KVP_OK && (!resp->heartbeat || resp->heartbeat->state != KVP__SEGMENT_STATE__SEGMENT_ACTIVE))
-        rc = KVP_ERR_INTERNAL;
-    kvp_msession_response_free(resp);
-    return rc;
-}
-
-static struct kvp_msession *session(void)
-{
-    const char *list[TM_MASTERS];
-    for (int i = 0; i < TM_MASTERS; i++)
-        list[i] = C->addr[i + 1];
-    struct kvp_msession *ms = NULL;
-    struct kvp_auth_client *auth = NULL; /* the cluster's admin key (cluster.json "auth") */
-    assert_int_equal(kvp_auth_client_load(&auth, NULL, NULL, NULL, C->file, "admin_key", "hb-test"), KVP_OK);
-    assert_int_equal(kvp_msession_new_auth(&ms, list, TM_MASTERS, "hb-test", &auth), KVP_OK);
-    return ms;
-}
-
 static void *hb_thread(void *arg)
 {
     unsigned t = (unsigned)(uintptr_t)arg;
-    struct kvp_msession *ms = session();
-    uint64_t t0 = tm_now_ms();
-    for (uint64_t round = 0; !atomic_load(&stop); round++) {
-        for (unsigned i = t; i < NSEG && !atomic_load(&stop); i += NTHR) {
-            uint64_t due = t0 + round * 1000 + (uint64_t)i * 1000 / NSEG;
-            uint64_t now = tm_now_ms();
-            if (due > now)
-                tm_sleep_ms((unsigned)(due - now));
-            int rc = heartbeat_one(ms, ids[i]);
-            if (rc == KVP_OK)
-                atomic_fetch_add(&ok, 1);
-            else if (rc == KVP_ERR_INTERNAL || rc == KVP_ERR_NOT_FOUND)
-                atomic_fetch_add(&not_active, 1);
-            else
-                atomic_fetch_add(&failed, 1);
-        }
-    }
+    struct kvp_msession *ms = tm_admin_session(C, "hb-test");
+    assert_non_null(ms);
+    struct tm_hb_driver d = {.ms = ms, .ids = ids, .n = NSEG, .first = t, .step = NTHR, .period_ms = 1000,
+                             .timeout_ms = 3000, .stop = &stop, .ok = &ok, .not_active = &not_active,
+                             .failed = &failed};
+    tm_hb_drive(&d);
     kvp_msession_destroy(&ms);
     return NULL;
 }
 
-static uint64_t cpu_ticks(int pid)
-{
-    char path[64], buf[2048];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    unsigned long long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-        return 0;
-    return ut + st;
-}
-
 static double cpu_us_per_s(int pid, unsigned ms)
 {
-    uint64_t c0 = cpu_ticks(pid), t0 = tm_now_ms();
+    uint64_t c0 = tm_proc_cpu_ticks(pid), t0 = tm_now_ms();
     tm_sleep_ms(ms);
-    uint64_t c1 = cpu_ticks(pid), t1 = tm_now_ms();
+    uint64_t c1 = tm_proc_cpu_ticks(pid), t1 = tm_now_ms();
     return (double)(c1 - c0) * 1e6 / (double)sysconf(_SC_CLK_TCK) / ((double)(t1 - t0) / 1000.0);
 }
 
@@ -118,25 +61,7 @@ static void test_master_100_segments_heartbeat_quorum(void **state)
     C = *state;
     setenv("KVPOOL_CLIENT_TTL", "3000ms", 1);
     assert_int_equal(tm_cluster_up(C), 0);
-    for (unsigned i = 0; i < NSEG; i++) {
-        char name[32], ep[32];
-        snprintf(name, sizeof name, "hb-seg-%03u", i);
-        snprintf(ep, sizeof ep, "127.0.0.1:%u", 21000 + i);
-        Kvp__Request req = KVP__REQUEST__INIT;
-        Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
-        m.name = name;
-        m.host = "127.0.0.1";
-        m.endpoint = ep;
-        m.size = 1ull << 30;
-        m.owner_pid = (uint64_t)getpid();
-        req.body_case = KVP__REQUEST__BODY_MOUNT;
-        req.mount = &m;
-        Kvp__Response *resp = NULL;
-        assert_int_equal(kvp_msession_call(C->ms, &req, 10000, &resp), KVP_OK);
-        assert_int_equal(resp->status, KVP_OK);
-        ids[i] = resp->mount->segment_id;
-        kvp_msession_response_free(resp);
-    }
+    assert_int_equal(tm_mount_fake_segments(C, "hb-seg", NSEG, 1ull << 30, 21000, ids), 0);
     int leader = tm_leader(C, 5000);
     assert_true(leader >= 1);
     tm_load(C);
@@ -165,9 +90,10 @@ static void test_master_100_segments_heartbeat_quorum(void **state)
                   (unsigned long long)atomic_load(&failed), leader, next);
     assert_int_equal(atomic_load(&not_active), 0); /* never declared lost */
     assert_true(atomic_load(&ok) >= before + 4 * NSEG);
-    struct kvp_msession *ms = session();
+    struct kvp_msession *ms = tm_admin_session(C, "hb-test");
+    assert_non_null(ms);
     for (unsigned i = 0; i < NSEG; i++)
-        assert_int_equal(heartbeat_one(ms, ids[i]), KVP_OK);
+        assert_int_equal(tm_segment_heartbeat(ms, ids[i], 3000), KVP_OK);
     kvp_msession_destroy(&ms);
 }
 

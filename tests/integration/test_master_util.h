@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -352,21 +353,132 @@ static int tm_get_replicas(struct tm_cluster *c, const char *key, uint32_t timeo
     return rc;
 }
 
-static int tm_heartbeat(struct tm_cluster *c, uint32_t timeout_ms)
+/* One Heartbeat of segment id through ms: KVP_OK when answered ACTIVE, KVP_ERR_INTERNAL when
+ * answered with another state, else the call's or the answer's error. */
+static inline int tm_segment_heartbeat(struct kvp_msession *ms, uint32_t id, uint32_t timeout_ms)
 {
     Kvp__Request req = KVP__REQUEST__INIT;
     Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
-    hb.segment_id = c->segment_id;
+    hb.segment_id = id;
     req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
     req.heartbeat = &hb;
     Kvp__Response *resp = NULL;
-    int rc = kvp_msession_call(c->ms, &req, timeout_ms, &resp);
+    int rc = kvp_msession_call(ms, &req, timeout_ms, &resp);
     if (rc == KVP_OK)
         rc = resp->status;
     if (rc == KVP_OK && (!resp->heartbeat || resp->heartbeat->state != KVP__SEGMENT_STATE__SEGMENT_ACTIVE))
         rc = KVP_ERR_INTERNAL;
     kvp_msession_response_free(resp);
     return rc;
+}
+
+static int tm_heartbeat(struct tm_cluster *c, uint32_t timeout_ms)
+{
+    return tm_segment_heartbeat(c->ms, c->segment_id, timeout_ms);
+}
+
+/* A session of its own to the cluster's masters with its admin key (cluster.json "auth"), named
+ * name in the masters' logs; NULL on failure. */
+static inline struct kvp_msession *tm_admin_session(const struct tm_cluster *c, const char *name)
+{
+    const char *list[TM_MASTERS];
+    for (int i = 0; i < TM_MASTERS; i++)
+        list[i] = c->addr[i + 1];
+    struct kvp_msession *ms = NULL;
+    struct kvp_auth_client *auth = NULL;
+    if (kvp_auth_client_load(&auth, NULL, NULL, NULL, c->file, "admin_key", name) != KVP_OK ||
+        kvp_msession_new_auth(&ms, list, TM_MASTERS, name, &auth) != KVP_OK) {
+        kvp_auth_client_destroy(&auth);
+        return NULL;
+    }
+    return ms;
+}
+
+/* Segments that heartbeat on their own schedule, driven from one thread: segment ids[i] (i from
+ * first, step by step, below n) is due at i * period_ms / n into each period, as independent
+ * segments would spread themselves. Counts answers ACTIVE (ok), NOT_FOUND or another state
+ * (not_active, may be NULL: then counted as failed) and other errors (failed), until *stop. */
+struct tm_hb_driver {
+    struct kvp_msession *ms;
+    const uint32_t *ids;
+    unsigned n, first, step;
+    unsigned period_ms;
+    uint32_t timeout_ms;
+    _Atomic int *stop;
+    _Atomic uint64_t *ok, *not_active, *failed;
+};
+
+static inline void tm_hb_drive(const struct tm_hb_driver *d)
+{
+    uint64_t t0 = tm_now_ms();
+    unsigned step = d->step ? d->step : 1;
+    for (uint64_t round = 0; !atomic_load(d->stop); round++) {
+        for (unsigned i = d->first; i < d->n && !atomic_load(d->stop); i += step) {
+            uint64_t due = t0 + round * d->period_ms + (uint64_t)i * d->period_ms / d->n;
+            uint64_t now = tm_now_ms();
+            if (due > now)
+                tm_sleep_ms((unsigned)(due - now));
+            int rc = tm_segment_heartbeat(d->ms, d->ids[i], d->timeout_ms);
+            if (rc == KVP_OK)
+                atomic_fetch_add(d->ok, 1);
+            else if ((rc == KVP_ERR_INTERNAL || rc == KVP_ERR_NOT_FOUND) && d->not_active)
+                atomic_fetch_add(d->not_active, 1);
+            else
+                atomic_fetch_add(d->failed, 1);
+        }
+    }
+}
+
+/* Mount n fake segments "<prefix>-NNN" of size bytes each at 127.0.0.1:<port0 + i> (nothing
+ * listens there) through c->ms; their ids in ids[]. 0, or -1 after printing what failed. */
+static inline int tm_mount_fake_segments(struct tm_cluster *c, const char *prefix, unsigned n, uint64_t size,
+                                         unsigned port0, uint32_t *ids)
+{
+    for (unsigned i = 0; i < n; i++) {
+        char name[64], ep[32];
+        snprintf(name, sizeof name, "%s-%03u", prefix, i);
+        snprintf(ep, sizeof ep, "127.0.0.1:%u", port0 + i);
+        Kvp__Request req = KVP__REQUEST__INIT;
+        Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
+        m.name = name;
+        m.host = "127.0.0.1";
+        m.endpoint = ep;
+        m.size = size;
+        m.owner_pid = (uint64_t)getpid();
+        req.body_case = KVP__REQUEST__BODY_MOUNT;
+        req.mount = &m;
+        Kvp__Response *resp = NULL;
+        int rc = kvp_msession_call(c->ms, &req, 10000, &resp);
+        if (rc != KVP_OK || resp->status != KVP_OK || !resp->mount) {
+            printf("mount of %s: %s (status %d)\n", name, kvp_strerror(rc), resp ? resp->status : 0);
+            kvp_msession_response_free(resp);
+            return -1;
+        }
+        ids[i] = resp->mount->segment_id;
+        kvp_msession_response_free(resp);
+    }
+    return 0;
+}
+
+/* utime + stime of a process, in clock ticks; 0 when /proc/PID/stat cannot be read. */
+static inline uint64_t tm_proc_cpu_ticks(int pid)
+{
+    char path[64], buf[2048];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    unsigned long long ut = 0, st = 0;
+    /* after ')': state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return ut + st;
 }
 
 /* Hand leadership to id and wait until it leads (Members says so). */

@@ -288,13 +288,17 @@ static void test_liveness_short_tick_gap_not_blind(void **state)
     assert_int_equal(s.lv.blind_periods, 0);
 }
 
-/* Heartbeats every `period` ms, segment i's at phase i * period / NSEG (as real segments do:
- * each started at its own moment), client_ttl `ttl`, ticks every 500 ms, quorum every second;
- * alive[i] false = its heartbeats no longer arrive. Returns how many were declared lost. */
-static unsigned staggered_run(uint64_t ttl, uint64_t period, const bool alive_after[NSEG], uint64_t cut_ms)
+/* One simulated leader for run_ms after a 10 s warm-up (from now = 100000; the fault begins at
+ * t0 = now + 10000): client_ttl `ttl`, ticks every 500 ms, quorum contact every second, every
+ * 50 ms each segment not yet lost whose heartbeat arrives then (arrives(ctx, i, now, t0)) is
+ * heard. Returns how many were declared lost; *episodes (may be NULL) counts withheld episodes.
+ * The shared body of staggered_run and fault_run. */
+typedef bool (*arrives_fn)(const void *ctx, int i, uint64_t now, uint64_t t0);
+
+static unsigned phased_run(uint64_t ttl, uint64_t run_ms, arrives_fn arrives, const void *ctx, unsigned *episodes)
 {
     struct kvp_liveness lv;
-    uint64_t now = 100000;
+    uint64_t now = 100000, t0 = now + 10000;
     kvp_liveness_init(&lv, ttl, 0, 0, now);
     struct kvp_liveness_seg segs[NSEG];
     bool gone[NSEG] = {false};
@@ -304,10 +308,12 @@ static unsigned staggered_run(uint64_t ttl, uint64_t period, const bool alive_af
         segs[i].last_hb_ms = now;
     }
     unsigned lost = 0;
-    for (uint64_t t = 0; t < 10000 + cut_ms; t += 50) {
+    if (episodes)
+        *episodes = 0;
+    while (now < t0 + run_ms) {
         now += 50;
         for (int i = 0; i < NSEG; i++)
-            if ((t < 10000 || alive_after[i]) && !gone[i] && now % period == (uint64_t)i * period / NSEG) {
+            if (!gone[i] && arrives(ctx, i, now, t0)) {
                 segs[i].hb_gap_ms = now - segs[i].last_hb_ms;
                 segs[i].last_hb_ms = now;
             }
@@ -326,15 +332,38 @@ static unsigned staggered_run(uint64_t ttl, uint64_t period, const bool alive_af
         struct kvp_liveness_verdict out[NSEG];
         struct kvp_liveness_events ev;
         kvp_liveness_check(&lv, now, in, n, out, &ev);
+        if (episodes)
+            *episodes += ev.withhold_began;
         for (size_t k = 0; k < n; k++)
             if (out[k].state == KVP_LIVENESS_LOST) {
                 gone[idx[k]] = true;
                 lost++;
-                printf("t=%llu ms after the cut: segment %u lost: %s\n", (unsigned long long)(t - 10000), out[k].id,
+                printf("t=%lld ms after the fault began: segment %u lost: %s\n", (long long)(now - t0), out[k].id,
                        out[k].why);
             }
     }
     return lost;
+}
+
+struct staggered {
+    uint64_t period;
+    const bool *alive_after;
+};
+
+static bool staggered_arrives(const void *ctx, int i, uint64_t now, uint64_t t0)
+{
+    const struct staggered *st = ctx;
+    return (now < t0 + 50 || st->alive_after[i]) && now % st->period == (uint64_t)i * st->period / NSEG;
+}
+
+/* Heartbeats every `period` ms, segment i's at phase i * period / NSEG (as real segments do:
+ * each started at its own moment), client_ttl `ttl`, ticks every 500 ms, quorum every second;
+ * alive_after[i] false = its heartbeats no longer arrive after the warm-up, for cut_ms. Returns
+ * how many were declared lost. */
+static unsigned staggered_run(uint64_t ttl, uint64_t period, const bool alive_after[NSEG], uint64_t cut_ms)
+{
+    struct staggered st = {.period = period, .alive_after = alive_after};
+    return phased_run(ttl, cut_ms, staggered_arrives, &st, NULL);
 }
 
 /* client_ttl 2 s with the segments' default 1 s heartbeat, their phases spread over the period:
@@ -385,6 +414,18 @@ static void test_liveness_successor_mount_declares_the_silent_one_lost(void **st
     assert_int_equal(n_lost(&t), 0);
 }
 
+struct faulted {
+    const uint64_t *cut, *heal;
+    const bool *dead;
+};
+
+static bool faulted_arrives(const void *ctx, int i, uint64_t now, uint64_t t0)
+{
+    const struct faulted *f = ctx;
+    bool cut_off = now >= t0 + f->cut[i] && (f->dead[i] || now < t0 + f->heal[i]);
+    return !cut_off && now % 300 == (uint64_t)i * 50;
+}
+
 /* The nemesis suite's set-up (client_ttl 2 s, heartbeats every 300 ms, each segment at its own
  * phase, ticks every 500 ms, quorum contact every second): segment i's heartbeats stop arriving
  * at cut[i] ms after the start of the fault and arrive again from heal[i] on (dead[i]: never
@@ -392,53 +433,8 @@ static void test_liveness_successor_mount_declares_the_silent_one_lost(void **st
 static unsigned fault_run(const uint64_t cut[NSEG], const uint64_t heal[NSEG], const bool dead[NSEG],
                           uint64_t run_ms, unsigned *episodes)
 {
-    const uint64_t ttl = 2000, period = 300;
-    struct kvp_liveness lv;
-    uint64_t now = 100000, t0 = now + 10000;
-    kvp_liveness_init(&lv, ttl, 0, 0, now);
-    struct kvp_liveness_seg segs[NSEG];
-    bool gone[NSEG] = {false};
-    memset(segs, 0, sizeof segs);
-    for (int i = 0; i < NSEG; i++) {
-        segs[i].id = (uint32_t)(i + 1);
-        segs[i].last_hb_ms = now;
-    }
-    unsigned lost = 0;
-    *episodes = 0;
-    while (now < t0 + run_ms) {
-        now += 50;
-        for (int i = 0; i < NSEG; i++) {
-            bool cut_off = now >= t0 + cut[i] && (dead[i] || now < t0 + heal[i]);
-            if (!cut_off && !gone[i] && now % period == (uint64_t)i * 50) {
-                segs[i].hb_gap_ms = now - segs[i].last_hb_ms;
-                segs[i].last_hb_ms = now;
-            }
-        }
-        if (now % 1000 == 0)
-            kvp_liveness_quorum_ok(&lv, now);
-        if (now % 500 != 0)
-            continue;
-        struct kvp_liveness_seg in[NSEG];
-        int idx[NSEG];
-        size_t n = 0;
-        for (int i = 0; i < NSEG; i++)
-            if (!gone[i]) {
-                idx[n] = i;
-                in[n++] = segs[i];
-            }
-        struct kvp_liveness_verdict out[NSEG];
-        struct kvp_liveness_events ev;
-        kvp_liveness_check(&lv, now, in, n, out, &ev);
-        *episodes += ev.withhold_began;
-        for (size_t k = 0; k < n; k++)
-            if (out[k].state == KVP_LIVENESS_LOST) {
-                gone[idx[k]] = true;
-                lost++;
-                printf("t=%lld ms after the fault began: segment %u lost: %s\n", (long long)(now - t0), out[k].id,
-                       out[k].why);
-            }
-    }
-    return lost;
+    struct faulted f = {.cut = cut, .heal = heal, .dead = dead};
+    return phased_run(2000, run_ms, faulted_arrives, &f, episodes);
 }
 
 /* A fresh-clone CI run under load (test_nemesis masters_cut_from_segments): the partition of

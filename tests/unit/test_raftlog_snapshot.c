@@ -292,6 +292,25 @@ static raft_index put_batch(struct fx *x, unsigned l, unsigned *next_key)
     return propose_raw(x, l, b, n, k);
 }
 
+/* Start the fixture, elect node 0 and mount two segments through it: the mount's index. */
+static raft_index start_led_by_0(struct fx *x)
+{
+    assert_int_equal(raft_fixture_start(&x->f), 0);
+    raft_fixture_elect(&x->f, 0);
+    return mount2(x, 0);
+}
+
+/* n entries of put_batch from node l, each applied on l before the next: the last one's index. */
+static raft_index put_batches(struct fx *x, unsigned l, unsigned n, unsigned *next_key)
+{
+    raft_index idx = 0;
+    for (unsigned e = 0; e < n; e++) {
+        idx = put_batch(x, l, next_key);
+        assert_true(step_until_applied(x, l, idx, 5000));
+    }
+    return idx;
+}
+
 static void assert_digests_equal(struct fx *x)
 {
     step_until_caught_up(x);
@@ -310,16 +329,11 @@ static void assert_digests_equal(struct fx *x)
 static void test_raftlog_snap_install_and_catch_up_under_writes(void **state)
 {
     struct fx *x = *state;
-    assert_int_equal(raft_fixture_start(&x->f), 0);
-    raft_fixture_elect(&x->f, 0);
-    raft_index idx = mount2(x, 0);
+    raft_index idx = start_led_by_0(x);
     unsigned key = 0;
     assert_true(step_until_applied(x, 3, idx, 5000));
     raft_fixture_kill(&x->f, 2);
-    for (unsigned e = 0; e < 150; e++) {
-        idx = put_batch(x, 0, &key);
-        assert_true(step_until_applied(x, 0, idx, 5000));
-    }
+    idx = put_batches(x, 0, 150, &key);
     assert_true(step_until_applied(x, 0, idx, 10000));
     struct kvp_rl_glue *g0 = &x->nodes[0].glue;
     print_message("leader: %llu snapshots, %llu tail entries in them\n", (unsigned long long)g0->snapshots_taken,
@@ -328,10 +342,7 @@ static void test_raftlog_snap_install_and_catch_up_under_writes(void **state)
     assert_true(g0->snap_tail_entries > g0->snapshots_taken); /* built while entries applied */
     assert_true(raft_fixture_get(&x->f, 0)->log.offset > 0); /* compacted */
     raft_fixture_revive(&x->f, 2);
-    for (unsigned e = 0; e < 60; e++) {
-        idx = put_batch(x, 0, &key);
-        assert_true(step_until_applied(x, 0, idx, 5000));
-    }
+    idx = put_batches(x, 0, 60, &key);
     assert_true(step_until_applied(x, 3, idx, 30000));
     assert_true(x->nodes[2].glue.snapshots_restored >= 1);
     assert_digests_equal(x);
@@ -356,14 +367,9 @@ static void transfer_cb(struct raft_transfer *req)
 static void test_raftlog_snap_during_membership_change_and_transfer(void **state)
 {
     struct fx *x = *state;
-    assert_int_equal(raft_fixture_start(&x->f), 0);
-    raft_fixture_elect(&x->f, 0);
-    raft_index idx = mount2(x, 0);
+    raft_index idx = start_led_by_0(x);
     unsigned key = 0;
-    for (unsigned e = 0; e < 40; e++) {
-        idx = put_batch(x, 0, &key);
-        assert_true(step_until_applied(x, 0, idx, 5000));
-    }
+    idx = put_batches(x, 0, 40, &key);
     assert_true(step_until_applied(x, 3, idx, 10000));
     uint64_t taken0 = x->nodes[0].glue.snapshots_taken;
     /* A fresh build, many steps long, is running on the leader. */
@@ -497,10 +503,7 @@ static void test_raftlog_snap_restores_version1(void **state)
     raft_fixture_elect(&x->f, 0);
     unsigned key = 1000;
     raft_index idx = 0;
-    for (unsigned e = 0; e < 40; e++) {
-        idx = put_batch(x, 0, &key);
-        assert_true(step_until_applied(x, 0, idx, 5000));
-    }
+    idx = put_batches(x, 0, 40, &key);
     assert_true(step_until_applied(x, 3, idx, 10000));
     assert_true(x->nodes[0].glue.snapshots_taken >= 1);
     assert_digests_equal(x);
@@ -549,16 +552,11 @@ static int restore_copy(struct node *n, const uint8_t *b, size_t len)
 static void test_raftlog_snap_install_in_steps(void **state)
 {
     struct fx *x = *state;
-    assert_int_equal(raft_fixture_start(&x->f), 0);
-    raft_fixture_elect(&x->f, 0);
-    raft_index idx = mount2(x, 0);
+    raft_index idx = start_led_by_0(x);
     unsigned key = 0;
     assert_true(step_until_applied(x, 3, idx, 5000));
     raft_fixture_kill(&x->f, 2);
-    for (unsigned e = 0; e < 150; e++) {
-        idx = put_batch(x, 0, &key);
-        assert_true(step_until_applied(x, 0, idx, 5000));
-    }
+    idx = put_batches(x, 0, 150, &key);
     assert_true(raft_fixture_get(&x->f, 0)->log.offset > 0); /* compacted: an install is needed */
     struct kvp_rl_glue *g2 = &x->nodes[2].glue;
     uint64_t before = kvp_master_fsm_digest(x->nodes[2].fsm);
@@ -597,16 +595,11 @@ static void test_raftlog_lagging_follower_applies_in_steps(void **state)
     for (unsigned i = 0; i < x->n; i++)
         x->nodes[i].glue.base_threshold = 100000; /* no snapshot: the follower replays the log */
     x->nodes[2].glue.apply_budget_us = 1;
-    assert_int_equal(raft_fixture_start(&x->f), 0);
-    raft_fixture_elect(&x->f, 0);
-    raft_index idx = mount2(x, 0);
+    raft_index idx = start_led_by_0(x);
     unsigned key = 0;
     assert_true(step_until_applied(x, 3, idx, 5000));
     raft_fixture_kill(&x->f, 2);
-    for (unsigned e = 0; e < 100; e++) {
-        idx = put_batch(x, 0, &key);
-        assert_true(step_until_applied(x, 0, idx, 5000));
-    }
+    idx = put_batches(x, 0, 100, &key);
     raft_fixture_revive(&x->f, 2);
     assert_true(step_until_applied(x, 3, idx, 30000));
     struct kvp_rl_glue *g2 = &x->nodes[2].glue;
@@ -620,10 +613,7 @@ static void test_raftlog_lagging_follower_applies_in_steps(void **state)
      * up and applies inline, however many entries arrive at once. */
     g2->defer_max_us = 1;
     raft_fixture_kill(&x->f, 2);
-    for (unsigned e = 0; e < 60; e++) {
-        idx = put_batch(x, 0, &key);
-        assert_true(step_until_applied(x, 0, idx, 5000));
-    }
+    idx = put_batches(x, 0, 60, &key);
     raft_fixture_revive(&x->f, 2);
     uint64_t deferred0 = g2->entries_deferred, max_q = 0;
     for (unsigned k = 0; k < 200000 && raft_last_applied(raft_fixture_get(&x->f, 2)) < idx; k++) {
@@ -759,14 +749,9 @@ static void staged_probe(const uint8_t *good, size_t len, uint64_t want, struct 
 static void test_raftlog_snap_corrupt_refused_then_recovered_from_peer(void **state)
 {
     struct fx *x = *state;
-    assert_int_equal(raft_fixture_start(&x->f), 0);
-    raft_fixture_elect(&x->f, 0);
-    raft_index idx = mount2(x, 0);
+    raft_index idx = start_led_by_0(x);
     unsigned key = 0;
-    for (unsigned e = 0; e < 30; e++) {
-        idx = put_batch(x, 0, &key);
-        assert_true(step_until_applied(x, 0, idx, 5000));
-    }
+    idx = put_batches(x, 0, 30, &key);
     assert_true(step_until_applied(x, 3, idx, 10000));
     /* A build with a log tail: entries applied while it ran. */
     struct kvp_rl_glue *g0 = &x->nodes[0].glue;
@@ -817,10 +802,7 @@ static void test_raftlog_snap_corrupt_refused_then_recovered_from_peer(void **st
 
     /* Node 2 misses enough to need an install; its first two arrive corrupted. */
     raft_fixture_kill(&x->f, 2);
-    for (unsigned e = 0; e < 80; e++) {
-        idx = put_batch(x, 0, &key);
-        assert_true(step_until_applied(x, 0, idx, 5000));
-    }
+    idx = put_batches(x, 0, 80, &key);
     assert_true(step_until_applied(x, 0, idx, 10000));
     x->nodes[2].corrupt_next = 2;
     raft_fixture_revive(&x->f, 2);

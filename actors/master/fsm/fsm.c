@@ -77,15 +77,49 @@ static void tab_place(struct kvp_fsm_obj **tab, uint64_t cap, struct kvp_fsm_obj
     tab[i] = o;
 }
 
+/* Remove o from a table that holds it (backward-shift deletion keeps probe chains intact
+ * without tombstones). `touch`: the live table, whose moves a running snapshot must see; moves
+ * into the growing table's walked part are recorded there (see tab_grow_step). */
+static void tab_remove(struct kvp_master_fsm *f, struct kvp_fsm_obj **tab, uint64_t cap, struct kvp_fsm_obj *o,
+                       bool live)
+{
+    uint64_t mask = cap - 1;
+    uint64_t i = o->hash & mask;
+    while (tab[i] != o)
+        i = (i + 1) & mask;
+    uint64_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        struct kvp_fsm_obj *n = tab[j];
+        if (!n)
+            break;
+        uint64_t k = n->hash & mask;
+        bool movable = (i <= j) ? (k <= i || k > j) : (k <= i && k > j);
+        if (movable) {
+            if (live) {
+                kvp_fsm_snap_touch(f, n); /* may move behind a running snapshot's walk */
+                /* ... or behind the growth's walk: copy it now, or the new table misses it */
+                if (f->ntab && i < f->ncursor && KVP_FSM_OBJ_MOVED(n) != f->grow_gen) {
+                    tab_place(f->ntab, f->ncap, n);
+                    KVP_FSM_OBJ_MOVED(n) = f->grow_gen;
+                }
+            }
+            tab[i] = n;
+            i = j;
+        }
+    }
+    tab[i] = NULL;
+}
+
+/* The whole table at once: small tables, and a growth that could not finish in steps. */
 static int tab_grow(struct kvp_master_fsm *f)
 {
     uint64_t cap = f->tab_cap ? f->tab_cap * 2 : 1024;
     struct kvp_fsm_obj **t = calloc(cap, sizeof(*t));
     if (!t)
         return KVP_ERR_NOMEM;
-    /* Every object is a cache miss (its hash), and so is its new slot: at 6.3M objects this
-     * loop held the raft thread 261-342 ms of CPU (issue 22). Prefetching the object 16 slots
-     * ahead and its new slot 8 ahead keeps several misses in flight at once. */
+    /* Every object is a cache miss (its hash), and so is its new slot: prefetch the object 16
+     * slots ahead and its new slot 8 ahead, to keep several misses in flight. */
     uint64_t mask = cap - 1;
     for (uint64_t i = 0; i < f->tab_cap; i++) {
         if (i + 16 < f->tab_cap && f->tab[i + 16])
@@ -102,15 +136,72 @@ static int tab_grow(struct kvp_master_fsm *f)
     return KVP_OK;
 }
 
+/* Growth in steps (issue 22: the whole rehash at 6.3M objects held the raft thread 261-342 ms of
+ * CPU in one apply). From a load of 5/8 a table of KVP_FSM_GROW_STEP_MIN_CAP slots or more gets
+ * its successor (twice the size) built aside: every insert first copies KVP_FSM_GROW_STEP_SLOTS
+ * slots of the live table into it, and objects inserted meanwhile go into both. The live table
+ * stays the one every lookup and walk uses until the copy has passed its last slot; then the new
+ * one replaces it (and a running snapshot's walk starts over, as after a whole growth). An
+ * object is in the new table iff KVP_FSM_OBJ_MOVED(o) == grow_gen. The copy ends after
+ * cap / 64 inserts, long before the load of 3/4 at which a growth is forced whole. */
+static void tab_grow_swap(struct kvp_master_fsm *f)
+{
+    free(f->tab);
+    f->tab = f->ntab;
+    f->tab_cap = f->ncap;
+    f->ntab = NULL;
+    f->ncap = f->ncursor = 0;
+    kvp_fsm_snap_rewind(f);
+}
+
+static void tab_grow_step(struct kvp_master_fsm *f, uint64_t slots)
+{
+    uint64_t end = f->ncursor + slots < f->tab_cap ? f->ncursor + slots : f->tab_cap;
+    uint64_t mask = f->ncap - 1;
+    for (uint64_t i = f->ncursor; i < end; i++) {
+        if (i + 16 < end && f->tab[i + 16])
+            __builtin_prefetch(f->tab[i + 16]);
+        if (i + 8 < end && f->tab[i + 8])
+            __builtin_prefetch(&f->ntab[f->tab[i + 8]->hash & mask], 1);
+        struct kvp_fsm_obj *o = f->tab[i];
+        if (o && KVP_FSM_OBJ_MOVED(o) != f->grow_gen) {
+            tab_place(f->ntab, f->ncap, o);
+            KVP_FSM_OBJ_MOVED(o) = f->grow_gen;
+        }
+    }
+    f->ncursor = end;
+    if (f->ncursor == f->tab_cap)
+        tab_grow_swap(f);
+}
+
 int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
 {
+    if (f->ntab)
+        tab_grow_step(f, KVP_FSM_GROW_STEP_SLOTS);
+    if (!f->ntab && f->tab_cap >= KVP_FSM_GROW_STEP_MIN_CAP && (f->n_objects + 1) * 8 > f->tab_cap * 5) {
+        f->ntab = calloc(f->tab_cap * 2, sizeof(*f->ntab));
+        if (f->ntab) { /* else: grown whole at 3/4 below */
+            f->ncap = f->tab_cap * 2;
+            f->ncursor = 0;
+            f->grow_gen = (uint8_t)(f->grow_gen + 1 ? f->grow_gen + 1 : 1); /* 0: never moved */
+        }
+    }
     if ((f->n_objects + 1) * 4 > f->tab_cap * 3) {
-        int rc = tab_grow(f);
-        if (rc)
-            return rc;
+        if (f->ntab) {
+            tab_grow_step(f, f->tab_cap); /* the copy did not keep up: finish it now */
+        } else {
+            int rc = tab_grow(f);
+            if (rc)
+                return rc;
+        }
     }
     KVP_FSM_OBJ_GEN(o) = f->snap_gen; /* not part of a snapshot already running */
     tab_place(f->tab, f->tab_cap, o);
+    KVP_FSM_OBJ_MOVED(o) = 0;
+    if (f->ntab) {
+        tab_place(f->ntab, f->ncap, o);
+        KVP_FSM_OBJ_MOVED(o) = f->grow_gen;
+    }
     f->n_objects++;
     return KVP_OK;
 }
@@ -118,26 +209,10 @@ int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
 void kvp_fsm_obj_unlink(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
 {
     kvp_fsm_snap_touch(f, o);
-    uint64_t mask = f->tab_cap - 1;
-    uint64_t i = o->hash & mask;
-    while (f->tab[i] != o)
-        i = (i + 1) & mask;
-    /* Backward-shift deletion keeps probe chains intact without tombstones. */
-    uint64_t j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        struct kvp_fsm_obj *n = f->tab[j];
-        if (!n)
-            break;
-        uint64_t k = n->hash & mask;
-        bool movable = (i <= j) ? (k <= i || k > j) : (k <= i && k > j);
-        if (movable) {
-            kvp_fsm_snap_touch(f, n); /* may move behind a running snapshot's walk */
-            f->tab[i] = n;
-            i = j;
-        }
-    }
-    f->tab[i] = NULL;
+    if (f->ntab && KVP_FSM_OBJ_MOVED(o) == f->grow_gen)
+        tab_remove(f, f->ntab, f->ncap, o, false);
+    KVP_FSM_OBJ_MOVED(o) = 0;
+    tab_remove(f, f->tab, f->tab_cap, o, true);
     f->n_objects--;
 }
 
@@ -331,6 +406,9 @@ void kvp_fsm_state_clear(struct kvp_master_fsm *f)
     free(f->tab);
     f->tab = NULL;
     f->tab_cap = 0;
+    free(f->ntab); /* the objects were freed above */
+    f->ntab = NULL;
+    f->ncap = f->ncursor = 0;
     f->n_objects = 0;
     free(f->pending);
     f->pending = NULL;
@@ -612,6 +690,35 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
     }
     if ((rc = kvp_fsm_tenants_check(fsm)) != 0)
         goto out;
+    if (fsm->ntab) {
+        /* A growth in steps: the new table holds exactly the objects marked moved, each where
+         * its probe chain finds it, and every slot already copied is marked. */
+        uint64_t in_new = 0, marked = 0;
+        for (uint64_t i = 0; i < fsm->ncap; i++)
+            in_new += fsm->ntab[i] != NULL;
+        for (uint64_t i = 0; i < fsm->tab_cap; i++) {
+            const struct kvp_fsm_obj *o = fsm->tab[i];
+            if (!o)
+                continue;
+            bool moved = KVP_FSM_OBJ_MOVED(o) == fsm->grow_gen;
+            marked += moved;
+            if (i < fsm->ncursor && !moved) {
+                rc = -15;
+                goto out;
+            }
+            uint64_t mask = fsm->ncap - 1, j = o->hash & mask;
+            while (moved && fsm->ntab[j] && fsm->ntab[j] != o)
+                j = (j + 1) & mask;
+            if (moved && fsm->ntab[j] != o) {
+                rc = -15;
+                goto out;
+            }
+        }
+        if (in_new != marked) {
+            rc = -15;
+            goto out;
+        }
+    }
     for (uint32_t i = 0; i < fsm->n_segs_ids; i++) {
         const struct kvp_fsm_seg *s = fsm->segs[i];
         if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)

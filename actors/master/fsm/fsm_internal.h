@@ -101,6 +101,11 @@ struct kvp_master_fsm {
     /* Objects: open addressing, linear probing, backward-shift deletion. */
     struct kvp_fsm_obj **tab;
     uint64_t tab_cap; /* power of two */
+    /* The table's successor while it is built in steps (fsm.c, kvp_fsm_obj_insert), or NULL:
+     * ncap slots, tab[0, ncursor) copied; grow_gen marks the objects in it. */
+    struct kvp_fsm_obj **ntab;
+    uint64_t ncap, ncursor;
+    uint8_t grow_gen;
     uint64_t n_objects; /* complete + pending */
     /* Pending puts (unordered; obj->pending_idx is the index). */
     struct kvp_fsm_obj **pending;
@@ -136,6 +141,11 @@ int kvp_fsm_tenants_check(const struct kvp_master_fsm *f);
 
 /* Snapshot generation of an object (fsm_snap_inc.c): kept in pad[1]. */
 #define KVP_FSM_OBJ_GEN(o) ((o)->pad[1])
+/* In the growing table iff equal to the FSM's grow_gen (fsm.c): kept in pad[2]. */
+#define KVP_FSM_OBJ_MOVED(o) ((o)->pad[2])
+/* Tables from this size grow in steps, this many slots copied per insert (fsm.c). */
+#define KVP_FSM_GROW_STEP_MIN_CAP 65536u
+#define KVP_FSM_GROW_STEP_SLOTS 64u
 
 /* fsm_snap_inc.c: write o into the running snapshot if it is still owed to it. Every change to
  * an object of the table (fields, replicas, unlink, move between slots) calls this first. */

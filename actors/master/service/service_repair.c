@@ -65,6 +65,7 @@ struct svc_repair {
      * sums the slices' counters (published to `last` when the pass ends); pass_seen_* are the
      * droppable/stale entries seen in it, pass_full whether a slice's needs list overflowed. */
     bool in_pass, pass_full;
+    uint64_t slice; /* slots per query: SCAN_SLICE_SLOTS (test builds: $KVPOOL_TEST_REPAIR_SCAN_SLOTS) */
     uint64_t cursor, pass_slots, pass_epoch, passes;
     Kvp__RepairScanResp pass;
     struct svc_map pass_seen_drop, pass_seen_stale;
@@ -95,6 +96,13 @@ static struct svc_repair *R(struct kvp_master_service *s)
         return NULL;
     r->s = s;
     r->next_task = 1;
+    r->slice = SCAN_SLICE_SLOTS;
+#ifdef KVP_FAULT_INJECTION
+    /* tests: small slices, so a pass of a small table has many of them */
+    const char *ts = getenv("KVPOOL_TEST_REPAIR_SCAN_SLOTS");
+    if (ts && strtoull(ts, NULL, 10) > 0)
+        r->slice = strtoull(ts, NULL, 10);
+#endif
     svc_map_init(&r->droppable);
     svc_map_init(&r->stale);
     svc_map_init(&r->probe_failed);
@@ -263,7 +271,7 @@ static int on_tick(struct kvp_master_service *s)
     Kvp__RepairScanReq q = KVP__REPAIR_SCAN_REQ__INIT;
     q.max = SCAN_MAX;
     q.cursor = r->cursor;
-    q.slots = SCAN_SLICE_SLOTS;
+    q.slots = r->slice;
     Kvp__Request req = KVP__REQUEST__INIT;
     req.body_case = KVP__REQUEST__BODY_REPAIR_SCAN;
     req.repair_scan = &q;
@@ -713,6 +721,7 @@ json_t *svc_repair_status(struct kvp_master_service *s)
     json_object_set_new(o, "moved_objects", json_integer((json_int_t)r->moved_objects));
     json_object_set_new(o, "scans_run", json_integer((json_int_t)r->scans_run));
     json_object_set_new(o, "scans_skipped", json_integer((json_int_t)r->scans_skipped));
+    json_object_set_new(o, "scan_passes", json_integer((json_int_t)r->passes));
     json_object_set_new(o, "moved_bytes", json_integer((json_int_t)r->moved_bytes));
     json_object_set_new(o, "failed_copies", json_integer((json_int_t)r->failed_copies));
     json_object_set_new(o, "dropped_replicas", json_integer((json_int_t)r->dropped));
