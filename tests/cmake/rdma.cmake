@@ -23,6 +23,10 @@ if(KVP_HAVE_VERBS)
     kvp_add_test(test_fence_faults_rdma SOURCES ${CMAKE_SOURCE_DIR}/tests/actor/test_fence_faults.c LABEL actor TIMEOUT 60)
     target_compile_definitions(test_fence_faults_rdma PRIVATE KVP_FENCE_RDMA=1)
   endif()
+  # test_fence_peer with the segment child's RDMA side and the engine on the rdma transport, over
+  # one verbs double shared by the two processes (tests/lib/fakeverbs_shared.h)
+  kvp_add_test(test_fence_peer_rdma SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_fence_peer.c LABEL integration TIMEOUT 90)
+  target_compile_definitions(test_fence_peer_rdma PRIVATE KVP_FENCE_RDMA=1)
   kvp_add_test(test_rdma_topo SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_topo.c LABEL unit TIMEOUT 30)
 endif()
 # kvpool-bench-rdma: CPU per posted and reaped slice, rdma on the double vs tcp on loopback
