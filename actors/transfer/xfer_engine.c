@@ -217,6 +217,11 @@ static void xs_terminal(struct xa *xa, struct xfer_work *w, size_t i, int status
 {
     if (w->st[i] != XS_PENDING)
         return;
+    /* Stopping aborts at once, without waiting for the fence bound: a transport that reports
+     * what its abort tore down as FENCE_FAILED (rdma: QPs destroyed, MRs deregistered, so no
+     * byte can land) missed no bound, and the slice ends with the stop's status, as on tcp. */
+    if (w->abort_now && status == KVP_ERR_FENCE_FAILED && w->fence_status)
+        status = w->fence_status;
     w->st[i] = status;
     w->left--;
     if (w->fence_status && status == w->fence_status)
