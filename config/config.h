@@ -106,6 +106,7 @@ struct kvp_cfg_client {
     uint32_t rdma_qps_per_peer;       /* `rdma_qps_per_peer`: RC QPs per (local NIC, segment NIC), 1..16 (default 2; Mooncake's MC_NUM_QP_PER_EP) */
     uint64_t rdma_slice_bytes;         /* `rdma_slice_bytes`: bytes per RDMA work request, clamped at MR chunk edges (default 256 KiB) */
     uint32_t rdma_fence_bound_ms;     /* `rdma_fence_bound_ms`: longest wait for flush completions before a QP is destroyed and the buffers deregistered (default 1000) */
+    uint32_t rdma_reprobe_ms;         /* `rdma_reprobe_ms`: a segment moved to TCP is tried over RDMA again after this long, 0 = never (default 30000) */
     uint32_t replica_num;             /* `replica_num`: default replicas of a put, 1..16 (default 1) */
     uint32_t transfer_timeout_ms;     /* `transfer_timeout_ms`, or Mooncake's `transfer_timeout` in seconds: call timeout (default 10 s) */
     uint32_t rpc_timeout_ms;          /* `rpc_timeout_ms`: one master RPC incl. failover retries (default 5000) */

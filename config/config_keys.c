@@ -197,6 +197,9 @@ static const struct kvp_cfg_key client_keys[] = {
     NUM(C, KVP_CFG_T_DURATION_MS, "rdma_fence_bound_ms", rdma_fence_bound_ms, 1, 600000, "1000",
         "a timed-out call waits this long for flush completions; then its QPs are destroyed and its "
         "buffers deregistered (docs/rdma.md)"),
+    NUM(C, KVP_CFG_T_DURATION_MS, "rdma_reprobe_ms", rdma_reprobe_ms, 0, 3600000, "30000",
+        "a segment reached over TCP because RDMA was refused is tried over RDMA again this long after "
+        "(0 = never; docs/rdma.md)"),
     NUM(C, KVP_CFG_T_U32, "replica_num", replica_num, 1, 16, "1", "default replicas of a put"),
     NUM(C, KVP_CFG_T_DURATION_MS, "transfer_timeout_ms", transfer_timeout_ms, 1, 3600000, "10000",
         "default timeout of one put/get call"),

@@ -317,6 +317,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .io_threads = c->cfg.transfer_io_threads ? c->cfg.transfer_io_threads : 2,
         .transport = xport,
         .transport_opts = xport ? c->rdma_opts : NULL,
+        .rdma_reprobe_ms = c->cfg.rdma_reprobe_ms ? c->cfg.rdma_reprobe_ms : UINT32_MAX,
         .token_respond = c->dtok ? kvp_dtoken_respond : NULL,
         .token_ctx = c->dtok,
     };

@@ -52,6 +52,10 @@ struct kvp_xfer_params {
      * The C2 suite runs on the rdma transport over the verbs double this way (issue 20). */
     const struct kvp_xport_ops *transport;
     const void *transport_opts;
+    /* A peer moved to TCP (its connect answered KVP_ERR_UNSUPPORTED) tries `transport` again
+     * this long after (ms), at its next batch: a segment that gains RDMA (its device appears, it
+     * restarts with protocol=rdma) is used over RDMA again. 0: 30000; UINT32_MAX: never. */
+    uint32_t rdma_reprobe_ms;
     /* Data-plane tokens (docs/security.md "Data plane: tokens"): given to the tcp transport of
      * every transfer actor (kvp_xport_params.token_respond), so called from several actors'
      * threads at once: token_ctx must serialise itself. NULL: no token (auth none). */
@@ -70,6 +74,8 @@ struct kvp_xfer_stats {
     uint64_t spec_pieces;   /* READ payloads received by a readv that began before their header */
     uint64_t pushbacks;     /* error answers found behind a speculative readv (bytes parsed again) */
     uint64_t tcp_fallback_peers; /* peers the transport (rdma) could not reach, moved to TCP */
+    uint64_t rdma_reprobes;      /* of them, tries of the transport again (rdma_reprobe_ms) */
+    uint64_t rdma_returned_peers;/* tries that succeeded: the peer is back on the transport */
 };
 
 struct kvp_xfer_engine;

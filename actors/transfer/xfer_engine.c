@@ -100,6 +100,11 @@ struct xa_peer {
     char *endpoint;
     struct kvp_xport_peer *p;
     bool alt;                  /* on xa->alt (TCP fallback), not xa->t */
+    struct kvp_xport_peer *tcp_p; /* its TCP peer once it went back to the transport (kept: the
+                                   * instance owns it, and in-flight ids may still complete) */
+    uint64_t reprobe_ms;       /* alt: when to try the transport again (monotonic ms) */
+    struct sockaddr_storage sa;
+    unsigned sl;
     struct xa_peer *next;
 };
 
@@ -217,6 +222,11 @@ static void xs_terminal(struct xa *xa, struct xfer_work *w, size_t i, int status
 {
     if (w->st[i] != XS_PENDING)
         return;
+    /* Stopping aborts at once, without waiting for the fence bound: a transport that reports
+     * what its abort tore down as FENCE_FAILED (rdma: QPs destroyed, MRs deregistered, so no
+     * byte can land) missed no bound, and the slice ends with the stop's status, as on tcp. */
+    if (w->abort_now && status == KVP_ERR_FENCE_FAILED && w->fence_status)
+        status = w->fence_status;
     w->st[i] = status;
     w->left--;
     if (w->fence_status && status == w->fence_status)
@@ -320,12 +330,44 @@ static int xa_alt_open(struct xa *xa, struct kvp_rt_ctx *ctx)
     return rc;
 }
 
+/* When the next try of the transport for a peer on TCP is due (0: never). */
+static uint64_t reprobe_at(const struct xa *xa)
+{
+    uint32_t ms = xa->p.rdma_reprobe_ms ? xa->p.rdma_reprobe_ms : 30000;
+    return ms == UINT32_MAX ? 0 : kvp_clock_now_ms() + ms;
+}
+
+/* A peer on the TCP fallback: try the transport's connect again (one handshake round trip on
+ * this actor, at most once per rdma_reprobe_ms). OK: new batches to it use the transport (one
+ * log line); the TCP peer stays with the TCP instance, which finishes what it has in flight.
+ * Anything else: TCP still, silently, until the next try. */
+static void xa_reprobe(struct xa *xa, struct xa_peer *p)
+{
+    xa->st.rdma_reprobes++;
+    struct kvp_xport_peer *np = NULL;
+    int rc = xa->ops->connect(xa->t, p->endpoint, &p->sa, p->sl, &np);
+    if (rc != KVP_OK) {
+        p->reprobe_ms = reprobe_at(xa);
+        kvp_log_debug(xa->name, "segment %s: RDMA still unusable (%s); TCP", p->endpoint, kvp_errname(rc));
+        return;
+    }
+    p->tcp_p = p->p;
+    p->p = np;
+    p->alt = false;
+    p->reprobe_ms = 0;
+    xa->st.rdma_returned_peers++;
+    kvp_log_info(xa->name, "segment %s: reachable over RDMA again; new transfers use RDMA", p->endpoint);
+}
+
 static struct xa_peer *xa_peer_get(struct xa *xa, struct kvp_rt_ctx *ctx, const char *endpoint, int *err)
 {
     const char *key = endpoint ? endpoint : "";
     for (struct xa_peer *p = xa->peers; p; p = p->next)
-        if (!strcmp(p->endpoint, key))
+        if (!strcmp(p->endpoint, key)) {
+            if (p->alt && p->reprobe_ms && kvp_clock_now_ms() >= p->reprobe_ms)
+                xa_reprobe(xa, p);
             return p;
+        }
     struct sockaddr_storage sa;
     unsigned sl = 0;
     memset(&sa, 0, sizeof sa);
@@ -350,9 +392,16 @@ static struct xa_peer *xa_peer_get(struct xa *xa, struct kvp_rt_ctx *ctx, const 
         rc = kvp_xport_tcp.connect(xa->alt, endpoint, &sa, sl, &p->p);
         if (rc == KVP_OK) {
             p->alt = true;
+            p->sa = sa;
+            p->sl = sl;
+            p->reprobe_ms = reprobe_at(xa);
             xa->st.tcp_fallback_peers++;
+            char again[64] = "for the engine's life";
+            if (p->reprobe_ms)
+                snprintf(again, sizeof again, "RDMA tried again every %u ms",
+                         xa->p.rdma_reprobe_ms ? xa->p.rdma_reprobe_ms : 30000);
             kvp_log_warn(xa->name, "segment %s: not reachable over RDMA (no RDMA there, or the handshake "
-                         "was refused); using TCP for this segment", endpoint);
+                         "was refused); using TCP for this segment, %s", endpoint, again);
         }
     }
     if (rc != KVP_OK) {
@@ -1035,6 +1084,8 @@ void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out)
         out->spec_pieces += s->spec_pieces;
         out->pushbacks += s->pushbacks;
         out->tcp_fallback_peers += s->tcp_fallback_peers;
+        out->rdma_reprobes += s->rdma_reprobes;
+        out->rdma_returned_peers += s->rdma_returned_peers;
         free(pl);
     }
 }

@@ -68,6 +68,9 @@ struct rig {
     struct kvp_xfer_engine *e;
 };
 
+/* The engine's rdma_reprobe_ms for the next rig_up (0: the default). */
+static uint32_t rig_reprobe_ms;
+
 /* rig_up_auth: token_pk non-NULL: the segment requires tokens signed by that key. */
 static void rig_up_auth(struct rig *g, unsigned seed, int flush, const uint8_t *token_pk);
 
@@ -104,7 +107,8 @@ static void rig_up_auth(struct rig *g, unsigned seed, int flush, const uint8_t *
         .env = g->env, .client_id = 9, .hello = kvp_rdma_hello_tcp, .hello_arg = &g->ho,
         .drive_clock = true};
     struct kvp_xfer_params p = {.conns_per_peer = 2, .slice_bytes = 64 * 1024, .fence_bound_ms = 200,
-                                .transport = &kvp_xport_rdma, .transport_opts = &g->o};
+                                .transport = &kvp_xport_rdma, .transport_opts = &g->o,
+                                .rdma_reprobe_ms = rig_reprobe_ms};
     assert_int_equal(kvp_xfer_engine_new(&g->e, &p), KVP_OK);
 }
 
@@ -499,6 +503,100 @@ static void test_rdma_e2e_tcp_only_segment_uses_tcp_for_that_peer(void **state)
     free(region2);
 }
 
+
+/* Item 3 of issue 20's closing: a segment moved to TCP (it had no RDMA) is tried over RDMA
+ * again after rdma_reprobe_ms; while it still has none it stays on TCP, and once its device
+ * appears (its RDMA side opens on the running server) new transfers go over the QPs. */
+static void one_round(struct rig *g, const char *ep, uint8_t *region2, uint8_t *w, uint8_t *r, int round)
+{
+    enum { LEN = 20000 };
+    for (int j = 0; j < LEN; j++)
+        w[j] = (uint8_t)(j * 5 + 1 + round);
+    struct kvp_xfer_slice s = {.local = w, .length = LEN, .segment_id = 6, .endpoint = ep,
+                               .remote_offset = 4096, .op = KVP_XFER_WRITE};
+    assert_int_equal(kvp_xfer_run(g->e, &s, 1, 5000), KVP_OK);
+    assert_memory_equal(region2 + 4096, w, LEN);
+    memset(r, 0, LEN);
+    s.local = r;
+    s.op = KVP_XFER_READ;
+    assert_int_equal(kvp_xfer_run(g->e, &s, 1, 5000), KVP_OK);
+    assert_memory_equal(r, w, LEN);
+}
+
+static uint64_t tcp_frames(struct kvp_seg_server *srv)
+{
+    struct kvp_seg_server_stats st;
+    kvp_seg_server_stats(srv, &st);
+    uint64_t n = 0;
+    for (int o = 0; o < 2; o++)
+        for (int k = 0; k < KVP_SEG_RESULTS; k++)
+            n += st.requests[o][k];
+    return n;
+}
+
+static void wait_ms_passed(uint64_t since, uint64_t ms)
+{
+    while (kvp_clock_now_ms() < since + ms)
+        usleep(2000); /* the condition is the clock itself: a reprobe is due */
+}
+
+static void test_rdma_e2e_tcp_peer_back_on_rdma_after_reprobe(void **state)
+{
+    (void)state;
+    struct rig g;
+    rig_reprobe_ms = 300;
+    rig_up(&g, 13, FV_FLUSH_ALL);
+    rig_reprobe_ms = 0;
+    uint8_t *region2 = aligned_alloc(4096, SEG_BYTES);
+    memset(region2, 0, SEG_BYTES);
+    struct kvp_seg_server *srv2 = NULL;
+    assert_int_equal(kvp_seg_server_start(&srv2, "127.0.0.1", 0, region2, SEG_BYTES), KVP_OK);
+    kvp_seg_server_set_id(srv2, 6);
+    char ep2[64];
+    snprintf(ep2, sizeof ep2, "127.0.0.1:%u", kvp_seg_server_port(srv2));
+    uint8_t *w = aligned_alloc(4096, 20480), *r = aligned_alloc(4096, 20480);
+    struct kvp_xfer_stats xs;
+
+    one_round(&g, ep2, region2, w, r, 0); /* no RDMA there: TCP */
+    assert_int_equal(tcp_frames(srv2), 2);
+    kvp_xfer_stats(g.e, &xs);
+    assert_int_equal(xs.tcp_fallback_peers, 1);
+
+    wait_ms_passed(kvp_clock_now_ms(), 350); /* a try is due; still no RDMA there: TCP again */
+    one_round(&g, ep2, region2, w, r, 1);
+    assert_int_equal(tcp_frames(srv2), 4);
+    kvp_xfer_stats(g.e, &xs);
+    assert_true(xs.rdma_reprobes >= 1);
+    assert_int_equal(xs.rdma_returned_peers, 0);
+    uint64_t reprobes = xs.rdma_reprobes;
+
+    /* its device appears: the running server opens its RDMA side */
+    struct fv_node *n2 = NULL;
+    struct fv_node_config sc2 = {.name = "segment2", .n_devices = 1};
+    fv_lock();
+    assert_int_equal(fv_node_add(g.f, &sc2, &n2), KVP_OK);
+    fv_unlock();
+    struct kvp_seg_rdma_cfg rc = {.who = "seg-e2e-2", .ops = fv_locked_ops(n2), .env = &g.env,
+                                  .sysfs_root = "/nonexistent", .gid_index = -1, .psn_seed = 77};
+    assert_int_equal(kvp_seg_server_rdma(srv2, &rc), KVP_OK);
+
+    wait_ms_passed(kvp_clock_now_ms(), 350); /* the next try is due: it finds RDMA */
+    for (int round = 2; round < 5; round++)
+        one_round(&g, ep2, region2, w, r, round); /* over the QPs now */
+    assert_int_equal(tcp_frames(srv2), 4);
+    kvp_xfer_stats(g.e, &xs);
+    assert_int_equal(xs.rdma_returned_peers, 1);
+    assert_int_equal(xs.rdma_reprobes, reprobes + 1);
+    assert_int_equal(xs.tcp_fallback_peers, 1);
+    tcp_frames_none(&g);
+    free(w);
+    free(r);
+    kvp_xfer_engine_destroy(&g.e);
+    kvp_seg_server_stop(&srv2);
+    rig_down(&g);
+    free(region2);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_ERROR);
@@ -510,6 +608,7 @@ int main(void)
         cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
         cmocka_unit_test(test_rdma_e2e_hello_answers_token_challenge),
         cmocka_unit_test(test_rdma_e2e_tcp_only_segment_uses_tcp_for_that_peer),
+        cmocka_unit_test(test_rdma_e2e_tcp_peer_back_on_rdma_after_reprobe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

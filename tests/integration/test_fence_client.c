@@ -12,6 +12,15 @@
  *  - close with calls in flight: returns only when every slice is terminal, nothing lands after;
  *  - a transport that cannot fence (WEDGE): the call returns KVP_ERR_FENCE_FAILED per key after
  *    the fence bound, never hangs, and the stats count it.
+ *
+ * Built a second time with KVP_FENCE_RDMA (test_fence_client_rdma, issue 20): the client opened
+ * with protocol=rdma through the public API, whose kvp_verbs_ops_ibv() answers the verbs double
+ * (kvp_verbs_ops_set_test), the segment servers with their RDMA side on the double, the double
+ * run at real time (tests/lib/fakeverbs_shared.h ticker). The fault rules act on TCP frames and
+ * engine completions, so here the stall is the double's: the segments' NIC held by a PFC pause
+ * (packets held, then delivered in order), and the proof is the DMA audit log (no placement in
+ * the caller's registered buffers after the call returned). The teardown fails if any READ or
+ * WRITE frame reached a segment's TCP path, or the client moved a segment to TCP.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -38,6 +47,13 @@
 #include "runtime/clock.h"
 #include "tests/lib/fake_master.h"
 #include "wire/envelope.h"
+#ifdef KVP_FENCE_RDMA
+#include "actors/segment/seg_rdma.h"
+#include "actors/transfer/rdma/verbs_ops.h"
+#include "tests/lib/fakeverbs.h"
+#include "tests/lib/fakeverbs_locked.h"
+#include "tests/lib/fakeverbs_shared.h"
+#endif
 
 #define NSEG 3
 #define SEG_BYTES (32ull << 20)
@@ -57,6 +73,39 @@ struct seg {
 };
 static struct seg S[NSEG + 1];
 
+#ifdef KVP_FENCE_RDMA
+static struct {
+    struct fv_fabric *f;
+    struct fv_node *nc, *ns;          /* the client's host, the segments' host */
+    const struct kvp_verbs_ops *sops; /* the segments' locked table */
+} V;
+
+static uint64_t fv_time(void)
+{
+    fv_lock();
+    uint64_t t = fv_now(V.f);
+    fv_unlock();
+    return t;
+}
+
+/* Hold every packet reaching the segments' NIC for ms (PFC pause); returns when it ends. */
+static uint64_t hold_segments(uint32_t ms)
+{
+    fv_lock();
+    uint64_t end = fv_now(V.f) + (uint64_t)ms * 1000000u;
+    fv_node_pause(V.ns, (uint64_t)ms * 1000000u);
+    fv_unlock();
+    return end;
+}
+
+/* Wait (bounded, on the double's clock) until every packet held until `end` was delivered. */
+static void wait_held_delivered(uint64_t end)
+{
+    for (int i = 0; i < 30000 && fv_time() < end + 20000000u; i++)
+        usleep(1000);
+}
+#endif
+
 static void start_segment(int i, uint64_t size)
 {
     struct seg *g = &S[i];
@@ -67,6 +116,10 @@ static void start_segment(int i, uint64_t size)
     snprintf(g->endpoint, sizeof g->endpoint, "127.0.0.1:%u", kvp_seg_server_port(g->srv));
     char name[32];
     snprintf(name, sizeof name, "seg-%d", i);
+#ifdef KVP_FENCE_RDMA
+    struct kvp_seg_rdma_cfg rc = {.who = name, .ops = V.sops, .sysfs_root = "/nonexistent", .gid_index = -1};
+    assert_int_equal(kvp_seg_server_rdma(g->srv, &rc), KVP_OK);
+#endif
     g->id = kvp_fake_master_mount(&M, name, g->endpoint, size);
     kvp_seg_server_set_id(g->srv, g->id);
 }
@@ -124,7 +177,23 @@ static uint8_t p1_byte(size_t key, size_t i) { return (uint8_t)(key * 131u + i *
 
 static kvp_client *open_client(uint32_t timeout_ms)
 {
+#ifdef KVP_FENCE_RDMA
+    kvp_config *cfg = NULL;
+    assert_int_equal(kvp_config_new(&cfg), KVP_OK);
+    assert_int_equal(kvp_config_set(cfg, "master_server_address", M.addr), KVP_OK);
+    assert_int_equal(kvp_config_set(cfg, "auth", "none"), KVP_OK);
+    assert_int_equal(kvp_config_set(cfg, "protocol", "rdma"), KVP_OK);
+    char t[32];
+    snprintf(t, sizeof t, "%ums", timeout_ms);
+    assert_int_equal(kvp_config_set(cfg, "transfer_timeout", t), KVP_OK);
+    kvp_client *c = NULL;
+    assert_int_equal(kvp_client_open(cfg, &c), KVP_OK);
+    kvp_config_destroy(&cfg);
+    assert_string_equal(c->transport, "rdma"); /* the double answered the probe */
+    return c;
+#else
     return kvp_fake_master_open_client(&M, timeout_ms);
+#endif
 }
 
 static char g_keys[NKEYS][32];
@@ -137,6 +206,16 @@ static int setup(void **state)
     struct kvp_master_fsm_params p = {.fence_grace_ms = 5000, .put_ttl_ms = 30000};
     if (kvp_fake_master_start(&M, &p) != 0)
         return -1;
+#ifdef KVP_FENCE_RDMA
+    struct fv_config fc = {.seed = 20};
+    struct fv_node_config cc = {.name = "client", .n_devices = 1, .flush = FV_FLUSH_ALL};
+    struct fv_node_config sc = {.name = "segments", .n_devices = 1};
+    if (fv_fabric_new(&V.f, &fc) != KVP_OK || fv_node_add(V.f, &cc, &V.nc) != KVP_OK ||
+        fv_node_add(V.f, &sc, &V.ns) != KVP_OK || fv_ticker_start(V.f) != KVP_OK)
+        return -1;
+    V.sops = fv_locked_ops(V.ns);
+    kvp_verbs_ops_set_test(fv_locked_ops(V.nc));
+#endif
     for (int i = 0; i < NSEG; i++)
         start_segment(i, SEG_BYTES);
 
@@ -173,13 +252,41 @@ static int teardown(void **state)
     kvp_xfer_fault_clear();
     kvp_xfer_fault_release();
     kvp_xfer_fault_quiesce(10000);
+    int rc = 0;
+#ifdef KVP_FENCE_RDMA
+    struct kvp_xfer_stats xs;
+    kvp_xfer_stats(g_client->xfer, &xs);
+    if (xs.tcp_fallback_peers) {
+        fprintf(stderr, "rdma variant: %llu segment(s) moved to TCP\n", (unsigned long long)xs.tcp_fallback_peers);
+        rc = -1;
+    }
+    for (int i = 0; i <= NSEG; i++) {
+        if (!S[i].srv)
+            continue;
+        struct kvp_seg_server_stats st;
+        kvp_seg_server_stats(S[i].srv, &st);
+        for (int o = 0; o < 2; o++) /* read, write: no data frame took the TCP path */
+            for (int r = 0; r < KVP_SEG_RESULTS; r++)
+                if (st.requests[o][r]) {
+                    fprintf(stderr, "rdma variant: segment %d: %llu TCP data frames (op %d, result %d)\n", i,
+                            (unsigned long long)st.requests[o][r], o, r);
+                    rc = -1;
+                }
+    }
+#endif
     kvp_client_close(&g_client);
     kvp_fake_master_stop(&M);
     for (int i = 0; i <= NSEG; i++) {
         kvp_seg_server_stop(&S[i].srv);
         free(S[i].base);
     }
-    return 0;
+#ifdef KVP_FENCE_RDMA
+    fv_ticker_stop();
+    kvp_verbs_ops_set_test(NULL);
+    fv_locked_reset();
+    fv_fabric_destroy(&V.f);
+#endif
+    return rc;
 }
 
 /* ------------------------------------------------------------------ (a) the reproduction */
@@ -192,6 +299,7 @@ static uint64_t count_not(const uint8_t *b, size_t len, uint8_t v)
     return n;
 }
 
+#ifndef KVP_FENCE_RDMA /* the fault rules' LATE cases: TCP frames (the rdma ones are below) */
 static void test_fence_get_stalled_reads_500_reps_no_late_byte_lands(void **state)
 {
     (void)state;
@@ -324,6 +432,8 @@ static void test_fence_put_late_writes_never_change_reused_space(void **state)
     free(back);
 }
 
+#endif
+
 /* ------------------------------------------------------------------ (d) close with calls in flight */
 
 struct get_call {
@@ -353,6 +463,7 @@ static void *get_thread(void *arg)
     return NULL;
 }
 
+#ifndef KVP_FENCE_RDMA
 static void test_fence_close_with_calls_in_flight_no_write_after(void **state)
 {
     (void)state;
@@ -394,6 +505,8 @@ static void test_fence_close_with_calls_in_flight_no_write_after(void **state)
     free(g.arena);
 }
 
+#endif
+
 /* ------------------------------------------------------------------ the fence bound */
 
 static void test_fence_wedged_transport_fence_failed_after_bound(void **state)
@@ -433,12 +546,194 @@ static void test_fence_wedged_transport_fence_failed_after_bound(void **state)
     free(b);
 }
 
+
+#ifdef KVP_FENCE_RDMA
+/* ------------------------------------------------------------------ the same cases on the double */
+
+static size_t audit_after(const void *addr, size_t len, uint64_t t)
+{
+    fv_lock();
+    size_t n = fv_audit_placed_after(V.f, addr, len, t, NULL);
+    fv_unlock();
+    return n;
+}
+
+/* (a) on rdma: the segments' NIC held 0..3x the timeout, READs straight into registered memory. */
+static void test_fence_rdma_get_held_reads_no_late_byte_lands(void **state)
+{
+    (void)state;
+    struct kvp_xfer_stats st0, st1;
+    kvp_xfer_stats(g_client->xfer, &st0);
+    size_t total = 0, off[NKEYS];
+    for (size_t k = 0; k < NKEYS; k++) {
+        off[k] = total;
+        total += g_size[k];
+    }
+    uint8_t *arena = malloc(total);
+    assert_int_equal(kvp_register_buffer(g_client, arena, total), KVP_OK);
+    unsigned r = 7;
+    uint64_t strays = 0, late = 0, n_timeout = 0, n_ok = 0, n_unavail = 0, held = 0;
+    for (int rep = 0; rep < 150; rep++) {
+        size_t n = 1 + (size_t)(rand_r(&r) % NKEYS);
+        size_t first = (size_t)(rand_r(&r) % NKEYS);
+        uint32_t timeout = rep < 3 ? 200 : 5 + (uint32_t)(rand_r(&r) % 25);
+        uint32_t hold = (uint32_t)(rand_r(&r) % (3 * timeout + 1));
+        const char *keys[NKEYS];
+        void *bufs[NKEYS];
+        size_t caps[NKEYS];
+        int64_t res[NKEYS];
+        for (size_t i = 0; i < n; i++) {
+            size_t k = (first + i) % NKEYS;
+            keys[i] = g_keys[k];
+            bufs[i] = arena + off[k];
+            caps[i] = g_size[k];
+        }
+        memset(arena, 0, total);
+        uint64_t end = hold ? hold_segments(hold) : 0;
+        held += hold != 0;
+        kvp_batch_get(g_client, n, keys, bufs, caps, timeout, res);
+        uint64_t t_ret = fv_time();
+        for (size_t i = 0; i < n; i++) {
+            size_t k = (first + i) % NKEYS;
+            if (res[i] == KVP_ERR_TIMEOUT) {
+                n_timeout++;
+                continue;
+            }
+            if (res[i] == KVP_ERR_UNAVAILABLE) {
+                n_unavail++;
+                continue;
+            }
+            if (res[i] != (int64_t)g_size[k])
+                fail_msg("rep %d key %zu: %s", rep, k, kvp_errname((int)res[i]));
+            n_ok++;
+            for (size_t j = 0; j < g_size[k]; j++)
+                if (arena[off[k] + j] != p1_byte(k, j))
+                    fail_msg("rep %d key %zu: wrong byte %zu", rep, k, j);
+        }
+        uint8_t p2 = (uint8_t)(0x80 | rep);
+        memset(arena, p2, total); /* the caller reuses D at once */
+        if (end)
+            wait_held_delivered(end); /* every held READ reached a segment and was answered */
+        strays += count_not(arena, total, p2);
+        late += audit_after(arena, total, t_ret);
+    }
+    kvp_xfer_stats(g_client->xfer, &st1);
+    printf("fence repro (rdma): 150 reps, %lu with the NIC held, %lu keys TIMEOUT, %lu keys OK, %lu fenced "
+           "pieces, %lu placements in D after a return, %lu stray bytes in D (%lu keys UNAVAILABLE)\n",
+           (unsigned long)held, (unsigned long)n_timeout, (unsigned long)n_ok,
+           (unsigned long)(st1.fenced - st0.fenced), (unsigned long)late, (unsigned long)strays,
+           (unsigned long)n_unavail);
+    assert_int_equal(strays, 0);
+    assert_int_equal(late, 0);
+    assert_true(n_timeout > 0);
+    assert_true(n_ok > 0);
+    assert_true(st1.timeouts > st0.timeouts);
+    assert_int_equal(st1.fence_failed, st0.fence_failed);
+    assert_int_equal(kvp_unregister_buffer(g_client, arena), KVP_OK);
+    free(arena);
+}
+
+/* (b) on rdma: K1's WRITE packets held at the segment's NIC past the put's timeout; the segment
+ * fences the writers (what the leader's FenceWriter makes it do: test_rdma_fence_writer covers
+ * the leader's half); the quarantine passes; K2 reuses the space; K1's packets then reach the
+ * segment and land nowhere. */
+static void test_fence_rdma_put_held_writes_never_change_reused_space(void **state)
+{
+    (void)state;
+    start_segment(NSEG, SMALL_SEG_BYTES);
+    const size_t len = SMALL_SEG_BYTES;
+    uint8_t *p1 = malloc(len), *p2 = malloc(len), *back = malloc(len);
+    memset(p1, 0x11, len);
+    for (size_t i = 0; i < len; i++)
+        p2[i] = (uint8_t)(i * 13u + 5u);
+    char pref[16];
+    snprintf(pref, sizeof pref, "seg-%d", NSEG);
+    kvp_put_opts o = {.replica_num = 1, .preferred_segment = pref, .timeout_ms = 200};
+    uint64_t end = hold_segments(3000); /* ample for the put to reach its transfer under load */
+    assert_int_equal(kvp_put(g_client, "fence-k1", p1, len, &o), KVP_ERR_TIMEOUT);
+    assert_int_equal(kvp_exists(g_client, "fence-k1"), 0);
+    int fenced = kvp_seg_rdma_fence_writers(kvp_seg_server_rdma_side(S[NSEG].srv), 0, 0);
+    uint64_t t_fence = fv_time();
+    assert_true(fenced > 0);
+    master_sweeps_later();
+    /* K1's held packets reach the segment when the hold ends, behind the fence: none lands */
+    wait_held_delivered(end);
+    assert_int_equal(audit_after(S[NSEG].base, len, t_fence), 0);
+    assert_int_equal(count_not(S[NSEG].base, len, 0), 0); /* not one byte of K1 (0x11) */
+    o.timeout_ms = 10000;
+    assert_int_equal(kvp_put(g_client, "fence-k2", p2, len, &o), KVP_OK);
+    int idx = -1;
+    uint64_t off = 1;
+    assert_true(first_replica("fence-k2", &idx, &off));
+    assert_int_equal(idx, NSEG);
+    assert_int_equal(off, 0);
+    struct fv_stats fs;
+    fv_lock();
+    fv_stats_get(V.f, &fs);
+    fv_unlock();
+    printf("write side (rdma): %d segment QPs fenced, %lu packets dropped by the fabric\n", fenced,
+           (unsigned long)fs.dropped);
+    memset(back, 0, len);
+    assert_int_equal(kvp_get(g_client, "fence-k2", back, len, 5000), (int64_t)len);
+    assert_memory_equal(back, p2, len);
+    assert_memory_equal(S[NSEG].base, p2, len);
+    free(p1);
+    free(p2);
+    free(back);
+}
+
+/* (d) on rdma: close while READs are held at the segments' NIC. */
+static void test_fence_rdma_close_with_calls_in_flight_no_write_after(void **state)
+{
+    (void)state;
+    struct get_call g = {.c = open_client(30000), .n = 16};
+    size_t total = 0;
+    for (size_t i = 0; i < g.n; i++) {
+        g.off[i] = total;
+        total += g_size[i];
+    }
+    g.arena = calloc(1, total);
+    assert_int_equal(kvp_register_buffer(g.c, g.arena, total), KVP_OK);
+    struct kvp_xfer_stats st0, st;
+    kvp_xfer_stats(g.c->xfer, &st0);
+    uint64_t end = hold_segments(3000); /* ample for the batch to reach the engine under load */
+    pthread_t t;
+    pthread_create(&t, NULL, get_thread, &g);
+    while (!atomic_load(&g.started))
+        usleep(1000);
+    /* the batch reached the engine (its READs are posted and held): 20 s at most */
+    kvp_xfer_stats(g.c->xfer, &st);
+    for (int i = 0; i < 20000 && st.batches == st0.batches; i++) {
+        usleep(1000);
+        kvp_xfer_stats(g.c->xfer, &st);
+    }
+    assert_true(st.batches > st0.batches);
+    kvp_client_close(&g.c);
+    uint64_t t_ret = fv_time();
+    assert_true(atomic_load(&g.returned));
+    pthread_join(t, NULL);
+    for (size_t i = 0; i < g.n; i++)
+        assert_int_equal(g.res[i], KVP_ERR_CLOSED);
+    memset(g.arena, 0x3c, total);
+    wait_held_delivered(end);
+    assert_int_equal(count_not(g.arena, total, 0x3c), 0);
+    assert_int_equal(audit_after(g.arena, total, t_ret), 0);
+    free(g.arena);
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+#ifdef KVP_FENCE_RDMA
+        cmocka_unit_test(test_fence_rdma_get_held_reads_no_late_byte_lands),
+        cmocka_unit_test(test_fence_rdma_put_held_writes_never_change_reused_space),
+        cmocka_unit_test(test_fence_rdma_close_with_calls_in_flight_no_write_after),
+#else
         cmocka_unit_test(test_fence_get_stalled_reads_500_reps_no_late_byte_lands),
         cmocka_unit_test(test_fence_put_late_writes_never_change_reused_space),
         cmocka_unit_test(test_fence_close_with_calls_in_flight_no_write_after),
+#endif
         cmocka_unit_test(test_fence_wedged_transport_fence_failed_after_bound),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

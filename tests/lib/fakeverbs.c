@@ -39,7 +39,7 @@ static struct ibv_device **fv_get_device_list(const struct kvp_verbs_ops *ops, i
         errno = n && n->cfg.list_errno ? n->cfg.list_errno : ENOSYS;
         return NULL;
     }
-    struct ibv_device **l = calloc((size_t)n->n_dev + 1, sizeof *l);
+    struct ibv_device **l = fv_calloc((size_t)n->n_dev + 1, sizeof *l);
     if (!l) {
         errno = ENOMEM;
         return NULL;
@@ -54,7 +54,7 @@ static struct ibv_device **fv_get_device_list(const struct kvp_verbs_ops *ops, i
 static void fv_free_device_list(const struct kvp_verbs_ops *ops, struct ibv_device **list)
 {
     (void)ops;
-    free(list);
+    fv_free(list);
 }
 
 static const char *fv_get_device_name(struct ibv_device *dev)
@@ -69,7 +69,7 @@ static struct ibv_context *fv_open_device(struct ibv_device *dev)
         errno = ENODEV;
         return NULL;
     }
-    struct fv_ctx *c = calloc(1, sizeof *c);
+    struct fv_ctx *c = fv_calloc(1, sizeof *c);
     if (!c) {
         errno = ENOMEM;
         return NULL;
@@ -208,7 +208,7 @@ static struct ibv_pd *fv_alloc_pd(struct ibv_context *ctx)
         errno = EINVAL;
         return NULL;
     }
-    struct fv_pd *p = calloc(1, sizeof *p);
+    struct fv_pd *p = fv_calloc(1, sizeof *p);
     if (!p) {
         errno = ENOMEM;
         return NULL;
@@ -272,7 +272,7 @@ static struct ibv_mr *mr_make(struct fv_pd *p, uint8_t *host, uint64_t iova, siz
         errno = ENOMEM;
         return NULL;
     }
-    struct fv_mr *m = calloc(1, sizeof *m);
+    struct fv_mr *m = fv_calloc(1, sizeof *m);
     if (!m) {
         errno = ENOMEM;
         return NULL;
@@ -356,7 +356,7 @@ static struct ibv_comp_channel *fv_create_comp_channel(struct ibv_context *ctx)
         errno = EINVAL;
         return NULL;
     }
-    struct fv_chan *ch = calloc(1, sizeof *ch);
+    struct fv_chan *ch = fv_calloc(1, sizeof *ch);
     if (!ch) {
         errno = ENOMEM;
         return NULL;
@@ -364,11 +364,12 @@ static struct ibv_comp_channel *fv_create_comp_channel(struct ibv_context *ctx)
     ch->ch.fd = eventfd(0, EFD_NONBLOCK | EFD_SEMAPHORE | EFD_CLOEXEC);
     if (ch->ch.fd < 0) {
         int e = errno;
-        free(ch);
+        fv_free(ch);
         errno = e;
         return NULL;
     }
     ch->c = c;
+    ch->pid = (int)getpid();
     ch->ch.context = ctx;
     ch->next = c->d->node->chans;
     c->d->node->chans = ch;
@@ -384,7 +385,8 @@ static int fv_destroy_comp_channel(struct ibv_comp_channel *chp)
         if (!cq->dead && cq->ch == ch)
             return EBUSY;
     ch->dead = true;
-    close(ch->ch.fd);
+    if (ch->pid == getpid())
+        close(ch->ch.fd);
     ch->ch.fd = -1;
     return 0;
 }
@@ -398,12 +400,12 @@ static struct ibv_cq *fv_create_cq(struct ibv_context *ctx, int cqe, void *cq_co
         errno = EINVAL;
         return NULL;
     }
-    struct fv_cq *cq = calloc(1, sizeof *cq);
+    struct fv_cq *cq = fv_calloc(1, sizeof *cq);
     if (cq)
-        cq->ring = calloc((size_t)cqe, sizeof *cq->ring);
+        cq->ring = fv_calloc((size_t)cqe, sizeof *cq->ring);
     if (!cq || !cq->ring) {
         if (cq)
-            free(cq);
+            fv_free(cq);
         errno = ENOMEM;
         return NULL;
     }
@@ -538,7 +540,7 @@ static struct ibv_qp *fv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *i
         errno = EINVAL;
         return NULL;
     }
-    struct fv_qp *q = calloc(1, sizeof *q);
+    struct fv_qp *q = fv_calloc(1, sizeof *q);
     if (!q) {
         errno = ENOMEM;
         return NULL;
@@ -773,7 +775,7 @@ static int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             return EINVAL;
         if (q->n_out >= q->cap.max_send_wr)
             return ENOMEM;
-        struct fv_wqe *w = calloc(1, sizeof *w);
+        struct fv_wqe *w = fv_calloc(1, sizeof *w);
         if (!w)
             return ENOMEM;
         w->seq = ++q->wqe_seq;
@@ -786,9 +788,9 @@ static int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
         w->raddr = wr->wr.rdma.remote_addr;
         w->rkey = wr->wr.rdma.rkey;
         if (inl && w->len) {
-            w->inl = malloc(w->len);
+            w->inl = fv_malloc(w->len);
             if (!w->inl) {
-                free(w);
+                fv_free(w);
                 return ENOMEM;
             }
             memcpy(w->inl, (const void *)(uintptr_t)w->laddr, w->len);
@@ -854,7 +856,7 @@ int fv_fabric_new(struct fv_fabric **out, const struct fv_config *cfg)
         c.flush_delay_ns = 5000;
     if (c.mtu < 256 || c.mtu > 4096)
         return KVP_ERR_INVALID;
-    struct fv_fabric *f = calloc(1, sizeof *f);
+    struct fv_fabric *f = fv_calloc(1, sizeof *f);
     if (!f)
         return KVP_ERR_NOMEM;
     f->cfg = c;
@@ -869,34 +871,34 @@ static void node_free(struct fv_node *n)
     for (struct fv_qp *q = n->qps, *x; q; q = x) {
         x = q->next;
         fvi_discard_all(q);
-        free(q->rq);
-        free(q);
+        fv_free(q->rq);
+        fv_free(q);
     }
     for (struct fv_cq *c = n->cqs, *x; c; c = x) {
         x = c->next;
-        free(c->ring);
-        free(c);
+        fv_free(c->ring);
+        fv_free(c);
     }
     for (struct fv_chan *c = n->chans, *x; c; c = x) {
         x = c->next;
-        if (!c->dead)
+        if (!c->dead && c->pid == getpid())
             close(c->ch.fd);
-        free(c->pend);
-        free(c);
+        fv_free(c->pend);
+        fv_free(c);
     }
     for (struct fv_mr *m = n->mrs, *x; m; m = x) {
         x = m->next;
-        free(m);
+        fv_free(m);
     }
     for (struct fv_pd *p = n->pds, *x; p; p = x) {
         x = p->next;
-        free(p);
+        fv_free(p);
     }
     for (struct fv_ctx *c = n->ctxs, *x; c; c = x) {
         x = c->next;
-        free(c);
+        fv_free(c);
     }
-    free(n);
+    fv_free(n);
 }
 
 void fv_fabric_destroy(struct fv_fabric **fp)
@@ -906,14 +908,14 @@ void fv_fabric_destroy(struct fv_fabric **fp)
     struct fv_fabric *f = *fp;
     for (size_t i = 0; i < f->n_heap; i++)
         fvi_ev_free(f->heap[i]);
-    free(f->heap);
+    fv_free(f->heap);
     for (struct fv_node *n = f->nodes, *x; n; n = x) {
         x = n->next;
         node_free(n);
     }
-    free(f->audit);
-    free(f->dmabufs);
-    free(f);
+    fv_free(f->audit);
+    fv_free(f->dmabufs);
+    fv_free(f);
     *fp = NULL;
 }
 
@@ -940,7 +942,7 @@ int fv_node_add(struct fv_fabric *f, const struct fv_node_config *cfg, struct fv
         c.max_cqe = 65536;
     if (!c.link_layer)
         c.link_layer = IBV_LINK_LAYER_ETHERNET;
-    struct fv_node *n = calloc(1, sizeof *n);
+    struct fv_node *n = fv_calloc(1, sizeof *n);
     if (!n)
         return KVP_ERR_NOMEM;
     n->f = f;
@@ -1065,6 +1067,11 @@ void fv_chan_spurious(struct ibv_comp_channel *chp, struct ibv_cq *cq)
     struct fv_chan *ch = (struct fv_chan *)chp;
     if (ch && cq && !ch->dead)
         fvi_chan_signal(ch, (struct fv_cq *)cq);
+}
+
+bool fv_node_killed(const struct fv_node *n)
+{
+    return n->killed;
 }
 
 void fv_node_partition(struct fv_node *n, bool partitioned)

@@ -160,6 +160,8 @@ void fv_node_freeze(struct fv_node *n, bool frozen);
 /** SIGKILL: every QP destroyed (no CQEs), every MR deregistered, CQs gone. Irreversible. */
 void fv_node_kill(struct fv_node *n);
 void fv_node_partition(struct fv_node *n, bool partitioned);
+/** Whether fv_node_kill ran on n. */
+bool fv_node_killed(const struct fv_node *n);
 /**
  * PFC pause: for the next ns, nothing is delivered to this node's ports; packets that reach it
  * meanwhile are held upstream and delivered, in order, just after the pause (then they execute

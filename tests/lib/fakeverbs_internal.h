@@ -12,6 +12,13 @@
 
 #include "tests/lib/fakeverbs.h"
 
+/* Every record of the double comes from these (fakeverbs_shared.c): libc, or the shared arena
+ * of fv_shared_init, so that forked processes see one fabric. */
+void *fv_malloc(size_t n);
+void *fv_calloc(size_t n, size_t size);
+void *fv_realloc(void *p, size_t n);
+void fv_free(void *p);
+
 #define PSN_MASK 0xffffffu
 #define FV_MAX_DEVS 4
 #define FV_GIDS 4
@@ -60,6 +67,8 @@ struct fv_chan {
     struct ibv_comp_channel ch;
     struct fv_ctx *c;
     struct fv_cq **pend;  /* CQs with an undelivered completion event, FIFO */
+    int pid;              /* the process whose fd table holds ch.fd (fv_shared_init: one fabric,
+                           * several processes; only that one writes or closes it) */
     size_t n_pend, cap_pend;
     bool dead;
     struct fv_chan *next;

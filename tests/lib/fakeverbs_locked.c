@@ -11,8 +11,23 @@
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
-void fv_lock(void) { pthread_mutex_lock(&g_mu); }
-void fv_unlock(void) { pthread_mutex_unlock(&g_mu); }
+/* fakeverbs_shared.c: with a shared arena the lock is its robust, process-shared mutex */
+pthread_mutex_t *fvi_shared_lock(void);
+void fvi_shared_lock_take(pthread_mutex_t *m);
+
+void fv_lock(void)
+{
+    pthread_mutex_t *m = fvi_shared_lock();
+    if (m)
+        fvi_shared_lock_take(m);
+    else
+        pthread_mutex_lock(&g_mu);
+}
+void fv_unlock(void)
+{
+    pthread_mutex_t *m = fvi_shared_lock();
+    pthread_mutex_unlock(m ? m : &g_mu);
+}
 
 /* ops first: get/free_device_list get the locked table and find the node's own from it. */
 struct locked {

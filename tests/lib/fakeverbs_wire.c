@@ -32,7 +32,7 @@ void *fvi_grow(void *p, size_t *cap, size_t need, size_t elem)
     size_t nc = *cap ? *cap * 2 : 16;
     while (nc < need)
         nc *= 2;
-    void *q = realloc(p, nc * elem);
+    void *q = fv_realloc(p, nc * elem);
     if (!q)
         abort(); /* test double: out of memory ends the test */
     *cap = nc;
@@ -109,7 +109,7 @@ static struct fv_ev *heap_pop(struct fv_fabric *f)
 
 static struct fv_ev *ev_new(int kind)
 {
-    struct fv_ev *e = calloc(1, sizeof *e);
+    struct fv_ev *e = fv_calloc(1, sizeof *e);
     if (!e)
         abort();
     e->kind = kind;
@@ -119,8 +119,8 @@ static struct fv_ev *ev_new(int kind)
 void fvi_ev_free(struct fv_ev *e)
 {
     if (e) {
-        free(e->data);
-        free(e);
+        fv_free(e->data);
+        fv_free(e);
     }
 }
 
@@ -162,7 +162,9 @@ void fvi_chan_signal(struct fv_chan *ch, struct fv_cq *cq)
     ch->pend = fvi_grow(ch->pend, &ch->cap_pend, ch->n_pend + 1, sizeof *ch->pend);
     ch->pend[ch->n_pend++] = cq;
     uint64_t one = 1;
-    if (write(ch->ch.fd, &one, sizeof one) < 0) {
+    /* Another process's channel (fv_shared_init): its fd number means nothing here; it finds
+     * the event when it polls (no wake-up across processes). */
+    if (ch->pid == (int)getpid() && write(ch->ch.fd, &one, sizeof one) < 0) {
         /* EAGAIN at the eventfd's limit: the fd is readable anyway. */
     }
 }
@@ -224,8 +226,8 @@ static struct fv_wqe *wqe_find(struct fv_qp *q, uint64_t wseq)
 
 static void wqe_free(struct fv_wqe *w)
 {
-    free(w->inl);
-    free(w);
+    fv_free(w->inl);
+    fv_free(w);
 }
 
 void fvi_discard_all(struct fv_qp *q)
@@ -379,7 +381,7 @@ static void transmit(struct fv_fabric *f, struct fv_qp *q, struct fv_wqe *w)
             e->ah = q->ah;
             e->dest_qpn = q->dest_qpn;
             if (e->len) {
-                e->data = malloc(e->len);
+                e->data = fv_malloc(e->len);
                 if (!e->data)
                     abort();
                 if (src)
@@ -561,7 +563,7 @@ static void on_req(struct fv_fabric *f, struct fv_ev *e)
         p->off = i * mtu;
         p->len = e->wr_len - p->off < mtu ? e->wr_len - p->off : mtu;
         if (p->len) {
-            p->data = malloc(p->len);
+            p->data = fv_malloc(p->len);
             if (!p->data)
                 abort();
             memcpy(p->data, src + p->off, p->len);

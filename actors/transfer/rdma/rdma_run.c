@@ -189,7 +189,9 @@ static int piece_add(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint32_t 
 int kvp_rdma_submit(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint64_t id, uint8_t op,
                     void *local, uint64_t len, uint64_t remote_offset)
 {
-    if (!x || !ep || ep->x != x || !local || !len || len > x->cfg.slice_bytes ||
+    /* an xslice longer than slice_bytes (the engine's slices are its own size: the client's
+     * slice_bytes is 1 MiB, rdma_slice_bytes 256 KiB) is cut into pieces of at most slice_bytes */
+    if (!x || !ep || ep->x != x || !local || !len || len > UINT32_MAX ||
         (op != KVP_RDMA_READ && op != KVP_RDMA_WRITE) || remote_offset + len < len ||
         ep->state != EP_LIVE || remote_offset + len > ep->remote.len)
         return KVP_ERR_INVALID;
@@ -204,15 +206,23 @@ int kvp_rdma_submit(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint64_t i
     struct kvp_rdma_mrent *e = kvp_rdma_mr_find(x, la, len);
     int rc = KVP_OK;
     if (e && e->region[ep->nic].n) {
-        struct kvp_rdma_span sp[8];
+        struct kvp_rdma_span sp8[8], *sp = sp8;
         size_t need = 0;
         rc = kvp_rdma_spans(&e->region[ep->nic], la, &ep->remote, ra, len, x->cfg.slice_bytes, sp,
                             8, &need);
+        if (rc == KVP_ERR_BUSY) { /* more than 8 spans: size the array */
+            sp = malloc(need * sizeof *sp);
+            rc = sp ? kvp_rdma_spans(&e->region[ep->nic], la, &ep->remote, ra, len, x->cfg.slice_bytes,
+                                     sp, need, &need)
+                    : KVP_ERR_NOMEM;
+        }
         for (size_t k = 0; rc == KVP_OK && k < need; k++) {
             struct kvp_rdma_piece t = {.laddr = sp[k].laddr, .raddr = sp[k].raddr, .len = sp[k].len,
                                        .lkey = sp[k].lkey, .rkey = sp[k].rkey, .ent = e, .op = op};
             rc = piece_add(x, ep, xi, &t);
         }
+        if (sp != sp8)
+            free(sp);
     } else {
         /* Unregistered host memory: bounce-slot pieces, clamped at remote chunk edges. */
         for (uint64_t off = 0; rc == KVP_OK && off < len;) {
@@ -224,6 +234,8 @@ int kvp_rdma_submit(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint64_t i
             uint64_t l = len - off;
             if (l > c->base + c->len - (ra + off))
                 l = c->base + c->len - (ra + off);
+            if (l > x->cfg.slice_bytes) /* one bounce slot per piece */
+                l = x->cfg.slice_bytes;
             struct kvp_rdma_piece t = {.laddr = la + off, .raddr = ra + off, .len = (uint32_t)l,
                                        .rkey = c->rkey, .op = op};
             rc = piece_add(x, ep, xi, &t);
@@ -387,9 +399,22 @@ static void ep_fence_end(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep)
     bool wedged = ep->f.result == KVP_ERR_FENCE_FAILED;
     if (wedged) {
         x->st.wedged_batches++;
-        for (size_t i = 0; i < ep->f_n; i++)
-            if (!ep->f_mrs[i])
-                ep->f_owner[i]->mr = NULL; /* deregistered by the wedged path */
+        for (size_t i = 0; i < ep->f_n; i++) {
+            if (ep->f_mrs[i] || !ep->f_owner[i])
+                continue;
+            /* deregistered by the wedged path. Registrations are shared by the NIC's endpoints:
+             * another endpoint fencing now listed the same MR, and must not deregister it again
+             * (a freed ibv_mr) nor forget the registration made after this one (below). */
+            struct ibv_mr *old = ep->f_owner[i]->mr;
+            for (struct kvp_rdma_ep *o = x->eps; o && old; o = o->next)
+                if (o != ep && o->f_mrs)
+                    for (size_t j = 0; j < o->f_n; j++)
+                        if (o->f_mrs[j] == old) {
+                            o->f_mrs[j] = NULL;
+                            o->f_owner[j] = NULL;
+                        }
+            ep->f_owner[i]->mr = NULL;
+        }
     }
     /* posted pieces without a completion (wedged: their QPs are destroyed, their MRs gone) */
     for (uint32_t i = 0; i < x->pc_cap; i++)

@@ -7,6 +7,8 @@
  */
 #include "actors/transfer/rdma/verbs_ops.h"
 
+#include <stdatomic.h>
+
 static struct ibv_device **ibv_w_get_device_list(const struct kvp_verbs_ops *ops, int *num)
 {
     (void)ops;
@@ -100,7 +102,25 @@ static const struct kvp_verbs_ops ibv_ops = {
     .post_recv = ibv_w_post_recv,
 };
 
+#ifdef KVP_FAULT_INJECTION
+/* Test builds only: the table a test installed in place of libibverbs (kvp_verbs_ops_set_test).
+ * Atomic rather than a message: it is read once by each transport open, from whichever actor
+ * opens one (client open, segment open), and set once by the test before any of them exists;
+ * there is no actor that owns "which verbs library this process uses". */
+static _Atomic(const struct kvp_verbs_ops *) g_test_ops;
+
+void kvp_verbs_ops_set_test(const struct kvp_verbs_ops *ops)
+{
+    atomic_store(&g_test_ops, ops);
+}
+#endif
+
 const struct kvp_verbs_ops *kvp_verbs_ops_ibv(void)
 {
+#ifdef KVP_FAULT_INJECTION
+    const struct kvp_verbs_ops *t = atomic_load(&g_test_ops);
+    if (t)
+        return t;
+#endif
     return &ibv_ops;
 }

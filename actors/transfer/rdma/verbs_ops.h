@@ -95,6 +95,16 @@ struct kvp_verbs_ops {
  */
 const struct kvp_verbs_ops *kvp_verbs_ops_ibv(void);
 
+#ifdef KVP_FAULT_INJECTION
+/**
+ * Test builds (KVP_FAULT_INJECTION) only: make kvp_verbs_ops_ibv() return `ops` (the verbs
+ * double, tests/lib/fakeverbs_locked.h) from now on, so code that always asks for libibverbs
+ * (kvp_client_open with protocol=rdma, kvpool-segment) runs on the double; NULL restores
+ * libibverbs. Set it before opening anything that uses RDMA; `ops` must outlive every user.
+ */
+void kvp_verbs_ops_set_test(const struct kvp_verbs_ops *ops);
+#endif
+
 /** What kvp_verbs_probe() found. */
 struct kvp_verbs_probe {
     int n_devices;      /* usable devices (>= 0) */
