@@ -14,7 +14,8 @@
 #  - KVP_BENCH_UP_ARGS is given to a build's `kvpoolctl cluster up` only when that build knows
 #    the option (a build from before authentication has no --auth: it runs without it).
 #  - Every other KVP_BENCH_* setting goes to bench.sh as is (e.g. KVP_BENCH_KILLS=1,
-#    KVP_BENCH_META=0). The bench.sh of this tree runs for both builds.
+#    KVP_BENCH_META=0). The bench.sh of this tree (a copy, in KVP_PAIRS_DIR/scripts) runs for
+#    both builds, its cluster data dirs are KVP_PAIRS_DIR/pI-SIDE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 2 ]; then
@@ -51,7 +52,7 @@ run_one() { # run_one BUILD TAG
   echo "$(cut -d' ' -f1 /proc/loadavg)" >"$d/load_before"
   echo "== $(date -u +%H:%M:%S) $tag ($b), load $(cut -d' ' -f1-3 /proc/loadavg)"
   if KVP_BUILD_DIR="$b" KVP_BENCH_DIR="$d" KVP_BENCH_UP_ARGS="$(up_args_for "$b")" \
-     KVP_BENCH_COUNTS="${KVP_PAIRS_COUNTS:-1}" scripts/bench.sh >"$d/bench.log" 2>&1; then
+     KVP_BENCH_COUNTS="${KVP_PAIRS_COUNTS:-1}" "$DIR/scripts/bench.sh" >"$d/bench.log" 2>&1; then
     echo ok >"$d/status"
   else
     echo "failed (rc $?): see $d/bench.log" | tee "$d/status"
@@ -60,6 +61,10 @@ run_one() { # run_one BUILD TAG
 }
 
 if [ "${KVP_PAIRS_SUMMARY_ONLY:-0}" != 1 ]; then
+  # The runs use a copy of the scripts: bash reads a script while it runs it, so editing
+  # scripts/bench.sh during a series would break the run in progress.
+  mkdir -p "$DIR/scripts"
+  cp scripts/bench.sh scripts/bench-auth.sh scripts/schedstat.py "$DIR/scripts/"
   for i in $(seq 1 "$N"); do
     if [ $((i % 2)) = 1 ]; then run_one "$BASE" "p$i-base"; run_one "$NEW" "p$i-new"
     else run_one "$NEW" "p$i-new"; run_one "$BASE" "p$i-base"; fi
@@ -77,13 +82,18 @@ def load_json(p):
         return None
 
 def meta_rows(p):
-    """callers -> put pairs/s from bench meta's table (meta.txt)."""
-    rows = {}
+    """callers -> (put pairs/s, {process kind: CPU us per pair}) from bench meta's text (meta.txt)."""
+    rows, cur = {}, None
     try:
         for line in open(p):
             m = re.match(r"^(\d+)\s+(\d+)\s+\d+\s+\d+\s+\d+", line)
             if m:
-                rows[int(m.group(1))] = float(m.group(2))
+                cur = int(m.group(1))
+                rows[cur] = (float(m.group(2)), {})
+            m = re.match(r"^\s+CPU us per put pair: (.*)$", line)
+            if m and cur in rows:
+                w = m.group(1).split()
+                rows[cur][1].update({w[i]: float(w[i + 1]) for i in range(0, len(w) - 1, 2)})
     except OSError:
         pass
     return rows
@@ -117,7 +127,7 @@ def figures(run):
         j = load_json(os.path.join(res, name + ".json"))
         if j:
             cnt = {w: perf(os.path.join(res, "cnt_%s_%s.txt" % (name, w))) for w in ("client", "servers")}
-            out[label] = (j[key], j.get("ops_ok", 0), cnt)
+            out[label] = (j[key], j.get("ops_ok", 0), cnt, j.get("cpu_us_per_op") or {}, sched(res, name))
     rows = meta_rows(os.path.join(res, "meta.txt"))
     for label, c in META:
         if c in rows:
@@ -128,8 +138,19 @@ def figures(run):
                 if lv:
                     ops = lv.get("put_pairs_per_second", 0) * 3.0  # its --seconds 3 run
                     cnt = {w: perf(os.path.join(res, "cnt_meta_c%d_%s.txt" % (c, w))) for w in ("client", "servers")}
-            out[label] = (rows[c], ops, cnt)
+            out[label] = (rows[c][0], ops, cnt, rows[c][1], sched(res, "meta_c%d" % c))
     return out
+
+def sched(res, name):
+    """(client cpu, client wait, servers cpu, servers wait) in ns over a counted run, or None."""
+    c = load_json(os.path.join(res, "sched_%s_client.json" % name))
+    s0 = load_json(os.path.join(res, "sched_%s_servers0.json" % name))
+    s1 = load_json(os.path.join(res, "sched_%s_servers1.json" % name))
+    if c is None or s0 is None or s1 is None:
+        return None
+    scpu = sum(v[0] - s0.get(t, [0, 0])[0] for t, v in s1.items())
+    swait = sum(v[1] - s0.get(t, [0, 0])[1] for t, v in s1.items())
+    return (sum(v[0] for v in c.values()), sum(v[1] for v in c.values()), scpu, swait)
 
 def num(f):
     try:
@@ -182,4 +203,36 @@ for label in [k[0] for k in KV] + [k[0] for k in META]:
             continue
         print("%-24s %-5s %10.2f %10.2f %10.2f %10.1f %10.1f" % (label, side, *(statistics.median(per[e]) for e, _ in EV),
                                                                 statistics.median(cli)))
+
+print()
+print("CPU us per operation in the timed phase only (the bench's own figure, from /proc schedstat), median")
+print("over runs. Under contention the busiest process's CPU per op, not ops/s, is what a change moves:")
+print("%-24s %-5s %10s %10s %10s" % ("figure", "build", "bench", "masters", "segments"))
+for label in [k[0] for k in KV] + [k[0] for k in META]:
+    for side in ("base", "new"):
+        v = {w: [] for w in ("bench", "masters", "segments")}
+        for i in pairs:
+            f = runs[(i, side)].get(label)
+            if f and f[3]:
+                for w in v:
+                    if w in f[3]:
+                        v[w].append(f[3][w])
+        if any(v.values()):
+            print("%-24s %-5s %s" % (label, side, " ".join("%10.1f" % statistics.median(x) if x else "%10s" % "-"
+                                                            for x in v.values())))
+
+print()
+print("time on CPU and time waiting for a CPU (run-queue wait) per operation, us, median over runs")
+print("(/proc schedstat of every thread; the wait is the load's share of the wall time, not the code's):")
+print("%-24s %-5s %10s %10s %10s %10s" % ("figure", "build", "cli CPU", "cli wait", "srv CPU", "srv wait"))
+for label in [k[0] for k in KV] + [k[0] for k in META]:
+    for side in ("base", "new"):
+        v = [[], [], [], []]
+        for i in pairs:
+            f = runs[(i, side)].get(label)
+            if f and f[1] and f[4]:
+                for k in range(4):
+                    v[k].append(f[4][k] / 1e3 / f[1])
+        if v[0]:
+            print("%-24s %-5s %s" % (label, side, " ".join("%10.1f" % statistics.median(x) for x in v)))
 PY

@@ -23,8 +23,10 @@
 #  - KVP_BENCH_COUNTS=1: each timed kv run also runs under `perf stat` (the bench client, and every
 #    master and segment process by pid): context switches, system calls, wake-ups and CPU time,
 #    written to results/cnt_NAME_{client,servers}.txt; with meta on, one extra 3 s PutStart+PutEnd
-#    run per caller level (meta_cN.json) is counted the same way. These counts per operation do
-#    not move with the machine's load the way ops/s does (scripts/bench-pairs.sh prints them).
+#    run per caller level (meta_cN.json) is counted the same way; and every thread's time on CPU
+#    and waiting for a CPU (run-queue wait, scripts/schedstat.py) on both sides. These counts per
+#    operation do not move with the machine's load the way ops/s does; the wait shows how much
+#    the load did (scripts/bench-pairs.sh prints them).
 # The cluster's data dir is on the ordinary disk (KVP_BENCH_DIR, default ./bench-run-<pid>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,14 +71,22 @@ if [ "${KVP_BENCH_COUNTS:-0}" = 1 ]; then
 fi
 # counted NAME CMD...: run CMD; with KVP_BENCH_COUNTS=1 also count it (client) and the cluster's
 # processes (servers) over the same window. stdout is CMD's.
+# Also time on CPU and waiting for a CPU (scripts/schedstat.py) of every thread of both sides:
+# sched_NAME_servers{0,1}.json before and after, sched_NAME_client.json.
 counted() {
   local name=$1; shift
   if [ "$COUNTS" != 1 ]; then "$@"; return; fi
-  local pp
+  local pp cp sp rc=0
+  python3 scripts/schedstat.py snap "$CNT_PIDS" "$OUT/sched_${name}_servers0.json" || true
   perf stat -x, -e "$CNT_EV" -p "$CNT_PIDS" -o "$OUT/cnt_${name}_servers.txt" & pp=$!
   sleep 0.3
-  perf stat -x, -e "$CNT_EV" -o "$OUT/cnt_${name}_client.txt" -- "$@"
+  perf stat -x, -e "$CNT_EV" -o "$OUT/cnt_${name}_client.txt" -- "$@" & cp=$!
+  python3 scripts/schedstat.py follow "$cp" "$OUT/sched_${name}_client.json" & sp=$!
+  wait "$cp" || rc=$?
+  wait "$sp" || true
   kill -INT "$pp"; wait "$pp" || true
+  python3 scripts/schedstat.py snap "$CNT_PIDS" "$OUT/sched_${name}_servers1.json" || true
+  return $rc
 }
 
 echo "== baselines: one loopback TCP stream"
