@@ -20,6 +20,13 @@
 #  - KVP_BENCH_UP_ARGS: extra `kvpoolctl cluster up` options, e.g. "--auth none" to compare the
 #    data path against a build from before authentication (issue 25) without its cost.
 #  - KVP_BENCH_AUTH=1: instead of all this, authentication on against off (scripts/bench-auth.sh).
+#  - KVP_BENCH_COUNTS=1: each timed kv run also runs under `perf stat` (the bench client, and every
+#    master and segment process by pid): context switches, system calls, wake-ups and CPU time,
+#    written to results/cnt_NAME_{client,servers}.txt; with meta on, one extra 3 s PutStart+PutEnd
+#    run per caller level (meta_cN.json) is counted the same way; and every thread's time on CPU
+#    and waiting for a CPU (run-queue wait, scripts/schedstat.py) on both sides. These counts per
+#    operation do not move with the machine's load the way ops/s does; the wait shows how much
+#    the load did (scripts/bench-pairs.sh prints them).
 # The cluster's data dir is on the ordinary disk (KVP_BENCH_DIR, default ./bench-run-<pid>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +59,36 @@ echo "== cluster up in $DIR (3 masters, 3 segments of $SEGSIZE)"
 "$CTL" cluster up --dir "$DIR" --masters 3 --segments 3 --segment-size "$SEGSIZE" ${KVP_BENCH_UP_ARGS:-} >"$OUT/up.log"
 C=$DIR/cluster.json
 
+COUNTS=0
+CNT_EV=context-switches,task-clock,raw_syscalls:sys_enter,sched:sched_wakeup
+if [ "${KVP_BENCH_COUNTS:-0}" = 1 ]; then
+  if command -v perf >/dev/null && perf stat -e raw_syscalls:sys_enter -o /dev/null -- true 2>/dev/null; then
+    COUNTS=1
+    CNT_PIDS=$(jget "$C" '",".join(str(p["pid"]) for p in d["masters"] + d["segments"])')
+  else
+    echo "KVP_BENCH_COUNTS=1: perf is missing or not allowed here; no counts"
+  fi
+fi
+# counted NAME CMD...: run CMD; with KVP_BENCH_COUNTS=1 also count it (client) and the cluster's
+# processes (servers) over the same window. stdout is CMD's.
+# Also time on CPU and waiting for a CPU (scripts/schedstat.py) of every thread of both sides:
+# sched_NAME_servers{0,1}.json before and after, sched_NAME_client.json.
+counted() {
+  local name=$1; shift
+  if [ "$COUNTS" != 1 ]; then "$@"; return; fi
+  local pp cp sp rc=0
+  python3 scripts/schedstat.py snap "$CNT_PIDS" "$OUT/sched_${name}_servers0.json" || true
+  perf stat -x, -e "$CNT_EV" -p "$CNT_PIDS" -o "$OUT/cnt_${name}_servers.txt" & pp=$!
+  sleep 0.3
+  perf stat -x, -e "$CNT_EV" -o "$OUT/cnt_${name}_client.txt" -- "$@" & cp=$!
+  python3 scripts/schedstat.py follow "$cp" "$OUT/sched_${name}_client.json" & sp=$!
+  wait "$cp" || rc=$?
+  wait "$sp" || true
+  kill -INT "$pp"; wait "$pp" || true
+  python3 scripts/schedstat.py snap "$CNT_PIDS" "$OUT/sched_${name}_servers1.json" || true
+  return $rc
+}
+
 echo "== baselines: one loopback TCP stream"
 "$BENCH" baseline-tcp --value-size 4M --json | tee "$OUT/tcp.json"
 IPERF=0
@@ -80,17 +117,17 @@ echo "== kv: 4 MiB put / get, batch 1, 1 thread, replicas 1"
 # so a run does not wait for eviction because of the previous run's keys. The machine is shared
 # and its load drifts, so each 4 MiB run has a baseline-tcp run right before it (tcp_NAME.json).
 "$BENCH" baseline-tcp --value-size 4M --json >"$OUT/tcp_put4m.json"
-"$BENCH" put --cluster "$C" --value-size 4M --count 200 --batch 1 --threads 1 --replicas 1 --json | tee "$OUT/put4m.json"
+counted put4m "$BENCH" put --cluster "$C" --value-size 4M --count 200 --batch 1 --threads 1 --replicas 1 --json | tee "$OUT/put4m.json"
 sleep 6
 "$BENCH" baseline-tcp --value-size 4M --json >"$OUT/tcp_get4m.json"
-"$BENCH" get --cluster "$C" --value-size 4M --count 200 --batch 1 --threads 1 --replicas 1 --json | tee "$OUT/get4m.json"
+counted get4m "$BENCH" get --cluster "$C" --value-size 4M --count 200 --batch 1 --threads 1 --replicas 1 --json | tee "$OUT/get4m.json"
 sleep 6
 echo "== kv: 4 MiB put and get, batch $PUT_BATCH, $PUT_THREADS threads, replicas 1"
 "$BENCH" baseline-tcp --value-size 4M --json >"$OUT/tcp_put4m_batch.json"
-"$BENCH" put --cluster "$C" --value-size 4M --count 400 --batch "$PUT_BATCH" --threads "$PUT_THREADS" --replicas 1 --json | tee "$OUT/put4m_batch.json"
+counted put4m_batch "$BENCH" put --cluster "$C" --value-size 4M --count 400 --batch "$PUT_BATCH" --threads "$PUT_THREADS" --replicas 1 --json | tee "$OUT/put4m_batch.json"
 sleep 6
 "$BENCH" baseline-tcp --value-size 4M --json >"$OUT/tcp_get4m_batch.json"
-"$BENCH" get --cluster "$C" --value-size 4M --count 320 --batch "$PUT_BATCH" --threads "$PUT_THREADS" --replicas 1 --json | tee "$OUT/get4m_batch.json"
+counted get4m_batch "$BENCH" get --cluster "$C" --value-size 4M --count 320 --batch "$PUT_BATCH" --threads "$PUT_THREADS" --replicas 1 --json | tee "$OUT/get4m_batch.json"
 sleep 6
 
 # The fixed cost of one call, whatever its size: a 1-byte put is the two Raft commits (PutStart,
@@ -102,8 +139,8 @@ echo "== kv: fixed cost of a call: 1-byte put / get, batch 1, 1 thread"
 echo "1-byte put p50 $(jget "$OUT/put1b.json" 'd["latency_us"]["p50"]') us, get p50 $(jget "$OUT/get1b.json" 'd["latency_us"]["p50"]') us"
 
 echo "== kv: 4 KiB batch_get of 32 keys, $CLIENTS threads"
-"$BENCH" get --cluster "$C" --value-size 4K --count 32000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/get4k.json"
-"$BENCH" put --cluster "$C" --value-size 4K --count 32000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/put4k.json"
+counted get4k "$BENCH" get --cluster "$C" --value-size 4K --count 32000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/get4k.json"
+counted put4k "$BENCH" put --cluster "$C" --value-size 4K --count 32000 --batch 32 --threads "$CLIENTS" --replicas 1 --json | tee "$OUT/put4k.json"
 
 echo "== redis-benchmark GET -P 16 -d 4096 -c $CLIENTS"
 REDIS=0
@@ -153,6 +190,16 @@ fi
 if [ "${KVP_BENCH_META:-1}" != 0 ]; then
   echo "== meta: callers 1,16,64; $OBJECTS objects; $KILLS failovers"
   "$BENCH" meta --cluster "$C" --callers 1,16,64 --seconds 3 --objects "$OBJECTS" --failover-kills "$KILLS" | tee "$OUT/meta.txt"
+  if [ "$COUNTS" = 1 ]; then
+    # The leader may have moved (failover kills): count every master and segment still listed.
+    CNT_PIDS=$(python3 -c 'import json,sys,os
+d=json.load(open(sys.argv[1])); ps=[str(p["pid"]) for p in d["masters"]+d["segments"]]
+print(",".join(p for p in ps if os.path.exists("/proc/"+p)))' "$C")
+    for n in 1 16 64; do
+      counted "meta_c$n" "$BENCH" meta --cluster "$C" --callers "$n" --seconds 3 --objects 0 --failover-kills 0 \
+        --only puts --json >"$OUT/meta_c$n.json"
+    done
+  fi
 fi
 
 echo
