@@ -5,9 +5,11 @@
  *  - hosted (kvp_metrics_http_start_hosted): no thread. libmicrohttpd keeps its sockets in an
  *    epoll set (MHD_USE_EPOLL) whose fd the owner actor watches; the owner calls
  *    kvp_metrics_http_run from its own loop, so on_request and the owner's callbacks run on the
- *    owner's thread and read its state with no lock. Every socket is non-blocking and a run does
- *    a bounded amount of work (see kvp_metrics_http_run), so a slow scraper costs the owner one
- *    short call per readiness, never a wait. The master service serves its endpoint this way.
+ *    owner's thread and read its state with no lock. Every socket is non-blocking (libmicrohttpd
+ *    sets O_NONBLOCK on the listen socket it is given and accepts with SOCK_NONBLOCK: seen with
+ *    strace) and a run does a bounded amount of work (see kvp_metrics_http_run), so a slow
+ *    scraper costs the owner one short call per readiness, never a wait. The master service
+ *    serves its endpoint this way.
  *  - threaded (kvp_metrics_http_start): libmicrohttpd's own thread (MHD_USE_INTERNAL_POLLING_
  *    THREAD) polls and calls on_request. That thread is a library's, with no mailbox, so what it
  *    serves must be relaxed atomics of single writers (the client's counters, updated on its

@@ -243,6 +243,7 @@ struct fx_host {
     atomic_bool stop;
     pthread_t loop;
     size_t big;                 /* bytes of filler each render adds */
+    atomic_uint rounds;         /* loop iterations: it is not stuck in a call */
     /* loop thread only (read by the test after the join): */
     unsigned renders;
     unsigned renders_elsewhere; /* renders that ran on any other thread */
@@ -267,6 +268,7 @@ static void *fx_host_loop(void *arg)
     while (!atomic_load(&f->stop)) {
         poll(&p, 1, 50); /* the bound stands for the owner's timer */
         kvp_metrics_http_run(f->h);
+        atomic_fetch_add(&f->rounds, 1);
     }
     return NULL;
 }
@@ -306,6 +308,11 @@ static void test_metrics_http_hosted_serves_on_caller_thread(void **state)
     get(port, "GET", "/metrics", 200, "kvpool_build_info{version=", "version=0.0.4");
     get(port, "GET", "/nope", 404, "no such path /nope", NULL);
     get(port, "GET", "/healthz", 200, "ok", NULL);
+    /* With no connection waiting, run() returns (a blocking accept would hold it here). */
+    unsigned r0 = atomic_load(&f.rounds);
+    for (int i = 0; i < 500 && atomic_load(&f.rounds) < r0 + 3; i++)
+        usleep(10 * 1000);
+    assert_true(atomic_load(&f.rounds) >= r0 + 3);
     close(half);
     close(noread);
     atomic_store(&f.stop, true);
