@@ -363,6 +363,16 @@ static void render_repair_evict(struct kvp_master_service *s, struct kvp_metrics
 
 static const char *const seg_states[] = {"ACTIVE", "DRAINING", "LOST"};
 
+/* Whether entry i of the FSM's segments is the newest of its name. A segment remounted under
+ * its name (declared lost, then its heartbeat remounted it) leaves the old, LOST entry in the
+ * table; the per-segment series are labelled by name only, so only the newest entry of a name
+ * is exported (two samples with the same labels would make the whole scrape invalid). The
+ * entries are in id order, so the newest is the last. `newest` maps name → last index. */
+static bool newest_of_name(json_t *newest, size_t i, const char *nm)
+{
+    return json_integer_value(json_object_get(newest, nm ? nm : "")) == (json_int_t)i;
+}
+
 /* Pool series from the FSM document; also the /get_all_segments body (mounted segment names,
  * one per line: ACTIVE and DRAINING ones). */
 static void render_fsm(struct svc_metrics *m, struct kvp_metrics_text *t, struct kvp_metrics_text *names)
@@ -376,6 +386,15 @@ static void render_fsm(struct svc_metrics *m, struct kvp_metrics_text *t, struct
         ju(f, "quarantined_bytes"));
     one(t, "kvpool_pool_pinned_bytes", "gauge", "Bytes of soft-pinned objects.", ju(f, "pinned_bytes"));
     json_t *segs = json_object_get(f, "segments");
+    json_t *newest = json_object();
+    {
+        size_t i;
+        json_t *sg;
+        json_array_foreach(segs, i, sg) {
+            const char *nm = json_string_value(json_object_get(sg, "name"));
+            json_object_set_new(newest, nm ? nm : "", json_integer((json_int_t)i));
+        }
+    }
     static const struct {
         const char *name, *key, *help;
     } per[] = {
@@ -390,6 +409,8 @@ static void render_fsm(struct svc_metrics *m, struct kvp_metrics_text *t, struct
         json_t *sg;
         json_array_foreach(segs, i, sg) {
             const char *nm = json_string_value(json_object_get(sg, "name"));
+            if (!newest_of_name(newest, i, nm))
+                continue;
             const char *l[] = {"segment", nm ? nm : "", NULL};
             kvp_metrics_sample_u64(t, per[k].name, l, ju(sg, per[k].key));
         }
@@ -401,15 +422,18 @@ static void render_fsm(struct svc_metrics *m, struct kvp_metrics_text *t, struct
     json_array_foreach(segs, i, sg) {
         const char *nm = json_string_value(json_object_get(sg, "name"));
         const char *st = json_string_value(json_object_get(sg, "state"));
+        bool newest_one = newest_of_name(newest, i, nm);
         for (int k = 0; k < 3; k++) {
             bool here = st && strcmp(st, seg_states[k]) == 0;
-            by_state[k] += here;
+            by_state[k] += here; /* every segment known, the superseded ones too */
             const char *l[] = {"segment", nm ? nm : "", "state", seg_states[k], NULL};
-            kvp_metrics_sample_u64(t, "kvpool_pool_segment_state", l, here);
+            if (newest_one)
+                kvp_metrics_sample_u64(t, "kvpool_pool_segment_state", l, here);
         }
         if (nm && st && strcmp(st, "LOST") != 0)
             kvp_metrics_text_printf(names, "%s\n", nm);
     }
+    json_decref(newest);
     kvp_metrics_family(t, "kvpool_pool_segments", "gauge", "Segments known to the pool, by state.");
     for (int k = 0; k < 3; k++) {
         const char *l[] = {"state", seg_states[k], NULL};
