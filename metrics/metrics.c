@@ -1,5 +1,6 @@
 /*
- * metrics.c — histogram, Prometheus text writer and the publish slot (metrics.h).
+ * metrics.c — histogram, Prometheus text writer and the publish slot (metrics.h). No locks:
+ * the slot lives on its owner's thread, the shared histogram uses relaxed atomics.
  */
 #include "metrics/metrics.h"
 
@@ -184,7 +185,6 @@ void kvp_metrics_ahist_read(struct kvp_metrics_ahist *h, struct kvp_metrics_hist
 void kvp_metrics_pub_init(struct kvp_metrics_pub *p)
 {
     memset(p, 0, sizeof *p);
-    pthread_mutex_init(&p->mu, NULL);
     snprintf(p->not_ready, sizeof p->not_ready, "starting");
 }
 
@@ -192,7 +192,6 @@ void kvp_metrics_pub_fini(struct kvp_metrics_pub *p)
 {
     for (int i = 0; i < KVP_METRICS_DOC_N; i++)
         free(p->doc[i]);
-    pthread_mutex_destroy(&p->mu);
     memset(p, 0, sizeof *p);
 }
 
@@ -200,34 +199,26 @@ void kvp_metrics_pub_set(struct kvp_metrics_pub *p, enum kvp_metrics_doc which, 
 {
     if ((unsigned)which >= KVP_METRICS_DOC_N || !doc)
         return;
-    char *old;
-    pthread_mutex_lock(&p->mu);
-    old = p->doc[which];
+    free(p->doc[which]);
     p->doc[which] = *doc;
     p->published_ms = kvp_clock_now_ms();
-    pthread_mutex_unlock(&p->mu);
     *doc = NULL;
-    free(old); /* outside the lock */
 }
 
 void kvp_metrics_pub_state(struct kvp_metrics_pub *p, bool ready, const char *why, const char *redirect)
 {
-    pthread_mutex_lock(&p->mu);
     p->ready = ready;
     snprintf(p->not_ready, sizeof p->not_ready, "%s", ready || !why ? "" : why);
     snprintf(p->redirect, sizeof p->redirect, "%s", redirect ? redirect : "");
-    pthread_mutex_unlock(&p->mu);
 }
 
 char *kvp_metrics_pub_copy(struct kvp_metrics_pub *p, enum kvp_metrics_doc which, uint64_t *published_ms)
 {
     if ((unsigned)which >= KVP_METRICS_DOC_N)
         return NULL;
-    pthread_mutex_lock(&p->mu);
     char *c = p->doc[which] ? strdup(p->doc[which]) : NULL;
     if (published_ms)
         *published_ms = p->published_ms;
-    pthread_mutex_unlock(&p->mu);
     return c;
 }
 

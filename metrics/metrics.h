@@ -6,20 +6,21 @@
  *    whoever observes into it (an actor's state, the raft thread's counters);
  *  - kvp_metrics_text: a growing text buffer that writes the Prometheus text exposition format
  *    0.0.4 (HELP/TYPE once per family, label values escaped);
- *  - kvp_metrics_http: the HTTP endpoint (libmicrohttpd, its own thread) that serves /metrics,
- *    /healthz, /readyz and extra routes from callbacks of its owner.
+ *  - kvp_metrics_http: the HTTP endpoint (libmicrohttpd) that serves /metrics, /healthz,
+ *    /readyz and extra routes from callbacks of its owner.
  *
- * How values reach the HTTP thread (the thread never reads an actor's live state):
- *  - kvp_metrics_pub: a slot holding documents an actor renders on its own thread and hands
- *    over whole (kvp_metrics_pub_set takes ownership); the HTTP thread copies the current one.
- *    The master service publishes this way (actors/master/service/service_metrics.c).
- *  - or the owner's callbacks read counters that their writers publish with relaxed atomic
- *    stores (one writer per counter), as the segment's data plane does (seg_server.c).
+ * Where the endpoint runs, and so what its callbacks may read:
+ *  - hosted in its owner actor (kvp_metrics_http_start_hosted): the actor watches the
+ *    endpoint's fd and serves requests on its own thread, so the callbacks read the actor's
+ *    state directly. The master service does this (actors/master/service/service_metrics.c),
+ *    answering from a kvp_metrics_pub slot it re-renders every 500 ms.
+ *  - on libmicrohttpd's own thread (kvp_metrics_http_start), for an owner that is not one actor
+ *    (the client library, whose counters its callers' threads update): the callbacks read only
+ *    relaxed atomics of single writers or kvp_metrics_ahist.
  */
 #ifndef KVP_METRICS_H
 #define KVP_METRICS_H
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -103,14 +104,11 @@ enum kvp_metrics_doc {
 };
 
 /**
- * A slot of documents one actor publishes for the HTTP thread. The lock is held only for a
- * pointer swap or a copy: the actor never waits on a scrape (it renders outside the lock).
- * This lock is outside runtime/ on purpose: the reader is libmicrohttpd's thread, which has no
- * mailbox; a message would make a scrape wait on the actor's loop, and a stalled actor must not
- * stall /metrics (the age of the snapshot is exported instead).
+ * The documents an actor last rendered, for its hosted endpoint: a scrape copies the current
+ * one instead of rendering again, so many scrapes cost the owner a copy each. Not thread-safe:
+ * written and read on the owner's thread only (the endpoint is hosted in that actor).
  */
 struct kvp_metrics_pub {
-    pthread_mutex_t mu;
     char *doc[KVP_METRICS_DOC_N];   /* malloc'd, or NULL before the first publish */
     uint64_t published_ms;          /* monotonic time of the last kvp_metrics_pub_set (any doc) */
     bool ready;                     /* the owner's readiness (/readyz) */
@@ -120,18 +118,18 @@ struct kvp_metrics_pub {
 
 void kvp_metrics_pub_init(struct kvp_metrics_pub *p);
 void kvp_metrics_pub_fini(struct kvp_metrics_pub *p);
-/** Replace document `which` with *doc (ownership moves, *doc set NULL). Any thread. */
+/** Replace document `which` with *doc (ownership moves, *doc set NULL). Owner's thread. */
 void kvp_metrics_pub_set(struct kvp_metrics_pub *p, enum kvp_metrics_doc which, char **doc);
-/** Publish readiness: ready, or not with a reason; `redirect` NULL = none. Any thread. */
+/** Publish readiness: ready, or not with a reason; `redirect` NULL = none. Owner's thread. */
 void kvp_metrics_pub_state(struct kvp_metrics_pub *p, bool ready, const char *why, const char *redirect);
 /** A malloc'd copy of document `which` (NULL when never published or out of memory), and the
- * publish time in *published_ms (may be NULL). Any thread. */
+ * publish time in *published_ms (may be NULL). Owner's thread. */
 char *kvp_metrics_pub_copy(struct kvp_metrics_pub *p, enum kvp_metrics_doc which, uint64_t *published_ms);
 
 /* ------------------------------------------------------------------ HTTP endpoint */
 
-/** Callbacks of the HTTP endpoint's owner. They run on the HTTP thread: read published values
- * only (a kvp_metrics_pub, or relaxed atomics of single writers). */
+/** Callbacks of the HTTP endpoint's owner. Hosted: they run on the owner's thread. Threaded:
+ * on libmicrohttpd's thread, reading only relaxed atomics of single writers (metrics.h top). */
 struct kvp_metrics_http_ops {
     void *ctx;
     /** Append the process's metrics to t. Required. */
@@ -166,10 +164,31 @@ struct kvp_metrics_http;
 int kvp_metrics_http_start(struct kvp_metrics_http **out, const char *actor, const char *host, uint32_t port,
                            uint32_t bind_retry_ms, const struct kvp_metrics_http_ops *ops);
 
+/**
+ * As kvp_metrics_http_start, the same routes and errors, but with no thread: the caller (an
+ * actor) hosts the endpoint. Watch kvp_metrics_http_fd() for reading and call
+ * kvp_metrics_http_run() when it is readable and at least every second (idle connections are
+ * closed after 10 s, only while it runs). The callbacks then run inside kvp_metrics_http_run,
+ * on the caller's thread. Linux only (libmicrohttpd's epoll mode).
+ */
+int kvp_metrics_http_start_hosted(struct kvp_metrics_http **out, const char *actor, const char *host,
+                                  uint32_t port, uint32_t bind_retry_ms, const struct kvp_metrics_http_ops *ops);
+
+/** A hosted endpoint's fd (libmicrohttpd's epoll set; readable when a socket is ready). -1 when
+ * none (NULL, or a threaded endpoint). Owned by the endpoint: do not close it. */
+int kvp_metrics_http_fd(const struct kvp_metrics_http *h);
+
+/**
+ * Serve what is ready on a hosted endpoint: accept, read requests, call the callbacks, write
+ * answers, close idle connections. Never blocks (non-blocking sockets, epoll timeout 0); does at
+ * most 8 rounds of libmicrohttpd's work, each bounded by its 64 connections. Accepts NULL.
+ */
+void kvp_metrics_http_run(struct kvp_metrics_http *h);
+
 /** The bound port (useful with tests). */
 uint32_t kvp_metrics_http_port(const struct kvp_metrics_http *h);
 
-/** Stop the HTTP thread (a request in progress completes first), free. Accepts NULL; sets NULL.
+/** Stop the endpoint (threaded: its thread, after a request in progress completes), free. Accepts NULL; sets NULL.
  * After it returns no callback runs. */
 void kvp_metrics_http_stop(struct kvp_metrics_http **h);
 

@@ -1,13 +1,21 @@
 /*
  * metrics_http.c — the /metrics, /healthz, /readyz endpoint on libmicrohttpd (metrics.h).
  *
- * Threads: libmicrohttpd runs one internal thread (MHD_USE_INTERNAL_POLLING_THREAD) that polls
- * the listen socket and the connections and calls on_request. That thread is not an actor and
- * has no mailbox: it is a library's thread, which is why the values it serves come through
- * kvp_metrics_pub (a lock held for a copy) or relaxed atomics of single writers, never through
- * a message that would make each scrape wait on an actor's loop. The fields below are written
- * before MHD_start_daemon and only read afterwards, except the log rate limit, which only the
- * HTTP thread touches.
+ * Two ways to run it:
+ *  - hosted (kvp_metrics_http_start_hosted): no thread. libmicrohttpd keeps its sockets in an
+ *    epoll set (MHD_USE_EPOLL) whose fd the owner actor watches; the owner calls
+ *    kvp_metrics_http_run from its own loop, so on_request and the owner's callbacks run on the
+ *    owner's thread and read its state with no lock. Every socket is non-blocking (libmicrohttpd
+ *    sets O_NONBLOCK on the listen socket it is given and accepts with SOCK_NONBLOCK: seen with
+ *    strace) and a run does a bounded amount of work (see kvp_metrics_http_run), so a slow
+ *    scraper costs the owner one short call per readiness, never a wait. The master service
+ *    serves its endpoint this way.
+ *  - threaded (kvp_metrics_http_start): libmicrohttpd's own thread (MHD_USE_INTERNAL_POLLING_
+ *    THREAD) polls and calls on_request. That thread is a library's, with no mailbox, so what it
+ *    serves must be relaxed atomics of single writers (the client's counters, updated on its
+ *    callers' threads, which no actor owns).
+ * The fields below are written before MHD_start_daemon and only read afterwards, except the log
+ * rate limit, which only the thread serving requests touches.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,7 +47,7 @@ struct kvp_metrics_http {
     int lfd;
     uint32_t port;
     double start_time_s;   /* wall clock at start, for kvpool_process_start_time_seconds */
-    /* Bad-request log rate limit (HTTP thread only). */
+    /* Bad-request log rate limit (the serving thread only). */
     uint64_t bad_window_ms;
     unsigned bad_in_window;
 };
@@ -203,8 +211,8 @@ static int bind_attempt(void *arg, char *why, size_t why_cap)
     return rc;
 }
 
-int kvp_metrics_http_start(struct kvp_metrics_http **out, const char *actor, const char *host, uint32_t port,
-                           uint32_t bind_retry_ms, const struct kvp_metrics_http_ops *ops)
+static int start(struct kvp_metrics_http **out, const char *actor, const char *host, uint32_t port,
+                 uint32_t bind_retry_ms, const struct kvp_metrics_http_ops *ops, bool hosted)
 {
     const char *a = actor ? actor : "metrics";
     if (!out || !ops || !ops->render || port == 0 || port > 65535) {
@@ -229,7 +237,9 @@ int kvp_metrics_http_start(struct kvp_metrics_http **out, const char *actor, con
         return rc == KVP_ERR_INVALID ? KVP_ERR_INVALID : KVP_ERR_IO;
     }
     h->lfd = b.fd;
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+    unsigned flags = hosted ? MHD_USE_EPOLL | MHD_USE_ERROR_LOG
+                            : MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL,
                             on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first: see its doc */
                             MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->lfd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
@@ -247,6 +257,51 @@ int kvp_metrics_http_start(struct kvp_metrics_http **out, const char *actor, con
     return KVP_OK;
 }
 
+int kvp_metrics_http_start(struct kvp_metrics_http **out, const char *actor, const char *host, uint32_t port,
+                           uint32_t bind_retry_ms, const struct kvp_metrics_http_ops *ops)
+{
+    return start(out, actor, host, port, bind_retry_ms, ops, false);
+}
+
+int kvp_metrics_http_start_hosted(struct kvp_metrics_http **out, const char *actor, const char *host,
+                                  uint32_t port, uint32_t bind_retry_ms, const struct kvp_metrics_http_ops *ops)
+{
+    int rc = start(out, actor, host, port, bind_retry_ms, ops, true);
+    if (rc != KVP_OK)
+        return rc;
+    if (kvp_metrics_http_fd(*out) < 0) {
+        kvp_log_error((*out)->actor, "metrics endpoint: libmicrohttpd gave no epoll fd");
+        kvp_metrics_http_stop(out);
+        return KVP_ERR_IO;
+    }
+    return KVP_OK;
+}
+
+int kvp_metrics_http_fd(const struct kvp_metrics_http *h)
+{
+    if (!h || !h->d)
+        return -1;
+    const union MHD_DaemonInfo *i = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
+    return i ? i->epoll_fd : -1;
+}
+
+void kvp_metrics_http_run(struct kvp_metrics_http *h)
+{
+    if (!h || !h->d)
+        return;
+    /* MHD_run never blocks here (its epoll_wait has timeout 0). A timeout of 0 after it means a
+     * connection is still ready to make progress (libmicrohttpd's edge-triggered ready list),
+     * which the watched fd would not announce again: run again, at most 8 times a call; what is
+     * left then waits for the owner's next call (its timer). */
+    for (int round = 0; round < 8; round++) {
+        if (MHD_run(h->d) != MHD_YES)
+            return;
+        MHD_UNSIGNED_LONG_LONG t = 1;
+        if (MHD_get_timeout(h->d, &t) != MHD_YES || t != 0)
+            return;
+    }
+}
+
 uint32_t kvp_metrics_http_port(const struct kvp_metrics_http *h) { return h ? h->port : 0; }
 
 void kvp_metrics_http_stop(struct kvp_metrics_http **hp)
@@ -255,6 +310,6 @@ void kvp_metrics_http_stop(struct kvp_metrics_http **hp)
         return;
     struct kvp_metrics_http *h = *hp;
     *hp = NULL;
-    MHD_stop_daemon(h->d); /* joins the HTTP thread and closes the listen socket it was given */
+    MHD_stop_daemon(h->d); /* joins the HTTP thread (threaded) and closes the listen socket it was given */
     free(h);
 }

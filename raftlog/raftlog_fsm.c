@@ -268,11 +268,9 @@ static void apply_entry(struct kvp_rl_glue *g, struct kvp_rl_entry_iter *it, str
         uint8_t *res = NULL;
         size_t res_len = 0;
         /* Locked per command, not per entry: a reader waits for one apply at most. */
-        if (g->fsm_lock != NULL)
-            pthread_rwlock_wrlock(g->fsm_lock);
+        kvp_rl_view_write_begin(g->view);
         int st = g->user.apply(g->user.ctx, cmd.data, cmd.len, &res, &res_len);
-        if (g->fsm_lock != NULL)
-            pthread_rwlock_unlock(g->fsm_lock);
+        kvp_rl_view_end(g->view);
         if (mine != NULL)
             g->deliver(g->deliver_ctx, mine->corrs[i], st, res, res != NULL ? res_len : 0);
         free(res);
@@ -518,11 +516,9 @@ int kvp_rl_glue_snap_start(struct kvp_rl_glue *g)
         return KVP_ERR_BUSY; /* the FSM lags raft's applied index: after the catch-up */
     uint64_t t0 = kvp_clock_now_us();
     /* Read lock: begin only marks objects (generations) that readers never look at. */
-    if (g->fsm_lock != NULL)
-        pthread_rwlock_rdlock(g->fsm_lock);
+    kvp_rl_view_scan_begin(g->view);
     int rc = g->user.snap_begin(g->user.ctx);
-    if (g->fsm_lock != NULL)
-        pthread_rwlock_unlock(g->fsm_lock);
+    kvp_rl_view_end(g->view);
     if (rc != KVP_OK) {
         kvp_log_error(g->actor, "snapshot not begun: %s", kvp_strerror(rc));
         return rc;
@@ -547,12 +543,10 @@ int kvp_rl_glue_snap_work(struct kvp_rl_glue *g)
     uint8_t *raw = NULL;
     size_t raw_len = 0;
     bool last = false;
-    if (g->fsm_lock != NULL)
-        pthread_rwlock_rdlock(g->fsm_lock);
+    kvp_rl_view_scan_begin(g->view);
     int rc = g->user.snap_next(g->user.ctx, g->chunk_raw ? g->chunk_raw : KVP_RL_SNAP_CHUNK_RAW, &raw, &raw_len,
                                &last);
-    if (g->fsm_lock != NULL)
-        pthread_rwlock_unlock(g->fsm_lock);
+    kvp_rl_view_end(g->view);
     if (rc == KVP_OK)
         rc = chunk_add(g, raw != NULL ? raw : (const uint8_t *)"", raw != NULL ? raw_len : 0);
     free(raw);
@@ -985,11 +979,9 @@ static int catch_up_unit(struct kvp_rl_glue *g, bool *idle)
                                                               : "the state's bytes do not decode or fail their checksum");
         if (!done)
             return KVP_OK;
-        if (g->fsm_lock != NULL)
-            pthread_rwlock_wrlock(g->fsm_lock);
+        kvp_rl_view_write_begin(g->view);
         rc = g->user.restore_end(g->user.ctx, g->rs_h);
-        if (g->fsm_lock != NULL)
-            pthread_rwlock_unlock(g->fsm_lock);
+        kvp_rl_view_end(g->view);
         if (rc != KVP_OK)
             return staged_fail(g, rc, "the new state could not be swapped in");
         free(g->rs_raw);
@@ -1173,11 +1165,9 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
                      (unsigned long long)want, (unsigned long long)n_chunks, n_tail);
         return 0;
     }
-    if (g->fsm_lock != NULL)
-        pthread_rwlock_wrlock(g->fsm_lock);
+    kvp_rl_view_write_begin(g->view);
     rc = g->user.restore(g->user.ctx, raw, raw_len);
-    if (g->fsm_lock != NULL)
-        pthread_rwlock_unlock(g->fsm_lock);
+    kvp_rl_view_end(g->view);
     free(raw);
     if (rc != KVP_OK) {
         kvp_log_error(g->actor, "fsm restore failed: %s%s", kvp_strerror(rc),
@@ -1195,11 +1185,9 @@ static int fsm_restore(struct raft_fsm *fsm, struct raft_buffer *buf)
             while (kvp_rl_entry_next(&it, &cmd)) {
                 uint8_t *res = NULL;
                 size_t res_len = 0;
-                if (g->fsm_lock != NULL)
-                    pthread_rwlock_wrlock(g->fsm_lock);
+                kvp_rl_view_write_begin(g->view);
                 g->user.apply(g->user.ctx, cmd.data, cmd.len, &res, &res_len);
-                if (g->fsm_lock != NULL)
-                    pthread_rwlock_unlock(g->fsm_lock);
+                kvp_rl_view_end(g->view);
                 free(res);
             }
         }

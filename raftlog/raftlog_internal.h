@@ -11,7 +11,6 @@
 #ifndef KVP_RAFTLOG_INTERNAL_H
 #define KVP_RAFTLOG_INTERNAL_H
 
-#include <pthread.h>
 #include <raft.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -70,13 +69,28 @@ struct kvp_rl_inflight {
     uint64_t corrs[];               /* n correlation ids, command order */
 };
 
+/*
+ * The FSM's read view (defined in raftlog.c, the one file of raftlog that holds a lock). The
+ * glue enters it around every change of the FSM (write: apply, restore, the swap of a state
+ * built in steps) and around snapshot reads (scan: begin and the chunks, which only mark
+ * generations that readers never look at). The service reads through kvp_raftlog_read_begin/
+ * _end (raftlog.h); the rule is in docs/raftlog.md "Reading committed state". A NULL view
+ * does nothing (the fixture, where no other thread reads).
+ */
+struct kvp_rl_view;
+void kvp_rl_view_write_begin(struct kvp_rl_view *v);
+void kvp_rl_view_scan_begin(struct kvp_rl_view *v);
+/** Leave what write_begin or scan_begin entered. */
+void kvp_rl_view_end(struct kvp_rl_view *v);
+
 struct kvp_rl_glue {
     struct raft_fsm fsm;            /* handed to raft_init/raft_fixture_grow; fsm.data = glue */
     struct raft *raft;              /* set once raft is initialised (needed to know our index) */
     struct kvp_raftlog_fsm user;    /* the caller's FSM */
-    /* Held for writing around user.apply and user.restore, so another thread may read the FSM
-     * under a read lock (kvp_raftlog_read_begin). NULL: no other thread reads it (fixture). */
-    pthread_rwlock_t *fsm_lock;
+    /* The read view (raftlog.c): entered for writing around user.apply and user.restore, so
+     * another thread may read the FSM through kvp_raftlog_read_begin. NULL: no other thread
+     * reads it (fixture). */
+    struct kvp_rl_view *view;
     kvp_rl_deliver_fn deliver;
     void *deliver_ctx;
     void (*on_done)(void *ctx);     /* an in-flight slot freed (may be NULL) */

@@ -1,16 +1,24 @@
 /*
  * test_metrics.c — the metrics module (metrics/metrics.h): Prometheus text writer, histogram,
- * publish slot, the HTTP endpoint on loopback (real libmicrohttpd thread, no timing), and the
+ * publish slot, the HTTP endpoint on loopback (on libmicrohttpd's thread, and hosted on a loop
+ * thread of the test's, as an actor hosts it; no timing), and the
  * tests' own format checker (tests/lib/prom_check.h) — which must reject bad text, or the
  * format checks of the integration test could not fail.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -227,6 +235,101 @@ static void test_metrics_http_endpoints_answer(void **state)
     assert_int_not_equal(kvp_test_http(port, "GET", "/healthz", &st, &body, NULL, 2000), 0);
 }
 
+/* ------------------------------------------------------------------ the hosted endpoint */
+
+/* The hosting loop: what an actor does with kvp_rt_watch_fd, on a plain thread of the test. */
+struct fx_host {
+    struct kvp_metrics_http *h;
+    atomic_bool stop;
+    pthread_t loop;
+    size_t big;                 /* bytes of filler each render adds */
+    atomic_uint rounds;         /* loop iterations: it is not stuck in a call */
+    /* loop thread only (read by the test after the join): */
+    unsigned renders;
+    unsigned renders_elsewhere; /* renders that ran on any other thread */
+};
+
+static void fx_host_render(void *ctx, struct kvp_metrics_text *t)
+{
+    struct fx_host *f = ctx;
+    f->renders++;
+    if (!pthread_equal(pthread_self(), f->loop))
+        f->renders_elsewhere++;
+    kvp_metrics_family(t, "kvpool_test_renders_total", "counter", "Renders.");
+    kvp_metrics_sample_u64(t, "kvpool_test_renders_total", NULL, f->renders);
+    for (size_t i = 0; i < f->big / 64; i++)
+        kvp_metrics_text_printf(t, "# filler %054zu\n", i);
+}
+
+static void *fx_host_loop(void *arg)
+{
+    struct fx_host *f = arg;
+    struct pollfd p = {.fd = kvp_metrics_http_fd(f->h), .events = POLLIN};
+    while (!atomic_load(&f->stop)) {
+        poll(&p, 1, 50); /* the bound stands for the owner's timer */
+        kvp_metrics_http_run(f->h);
+        atomic_fetch_add(&f->rounds, 1);
+    }
+    return NULL;
+}
+
+/* A raw loopback connection that sends `req` and then does nothing (a slow scraper). */
+static int stalled_conn(uint32_t port, const char *req)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
+    return fd;
+}
+
+/* Hosted: no thread of its own; every callback runs on the thread that calls run(), and a
+ * scraper that stops halfway through its request, or never reads a large answer, does not stop
+ * that thread from answering the next scrape. */
+static void test_metrics_http_hosted_serves_on_caller_thread(void **state)
+{
+    struct fx_host f = {.big = 1 << 20};
+    struct kvp_metrics_http_ops ops = {.ctx = &f, .render = fx_host_render};
+    uint32_t port = kvp_test_free_port();
+    assert_true(port > 0);
+    assert_int_equal(kvp_metrics_http_start_hosted(&f.h, "test", "127.0.0.1", port, 2000, &ops), KVP_OK);
+    assert_true(kvp_metrics_http_fd(f.h) >= 0);
+    assert_int_equal(kvp_metrics_http_fd(NULL), -1);
+    kvp_metrics_http_run(NULL); /* NULL is fine */
+    assert_int_equal(pthread_create(&f.loop, NULL, fx_host_loop, &f), 0);
+    get(port, "GET", "/healthz", 200, "ok", NULL);
+    get(port, "GET", "/readyz", 200, "ready", NULL); /* no ready callback: ready */
+    int half = stalled_conn(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n");  /* never finished */
+    int noread = stalled_conn(port, "GET /metrics HTTP/1.0\r\n\r\n");       /* 1 MiB never read */
+    get(port, "GET", "/metrics", 200, "kvpool_build_info{version=", "version=0.0.4");
+    get(port, "GET", "/nope", 404, "no such path /nope", NULL);
+    get(port, "GET", "/healthz", 200, "ok", NULL);
+    /* With no connection waiting, run() returns (a blocking accept would hold it here). */
+    unsigned r0 = atomic_load(&f.rounds);
+    for (int i = 0; i < 500 && atomic_load(&f.rounds) < r0 + 3; i++)
+        usleep(10 * 1000);
+    assert_true(atomic_load(&f.rounds) >= r0 + 3);
+    close(half);
+    close(noread);
+    atomic_store(&f.stop, true);
+    pthread_join(f.loop, NULL);
+    assert_true(f.renders >= 2);
+    assert_int_equal(f.renders_elsewhere, 0);
+    kvp_metrics_http_stop(&f.h);
+    assert_null(f.h);
+    int st = 0;
+    char *body = NULL;
+    assert_int_not_equal(kvp_test_http(port, "GET", "/healthz", &st, &body, NULL, 2000), 0);
+    /* The same argument checks as the threaded start. */
+    struct kvp_metrics_http *h2 = NULL;
+    assert_int_equal(kvp_metrics_http_start_hosted(&h2, "test", "127.0.0.1", 0, 0, &ops), KVP_ERR_INVALID);
+    assert_null(h2);
+}
+
 /* metrics_port: off by default; Mooncake's --metrics_port and --metrics-port alike; bounds. */
 static void test_metrics_port_key_both_spellings(void **state)
 {
@@ -257,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_prom_check_rejects_bad_text),
         cmocka_unit_test(test_metrics_pub_set_copy_state),
         cmocka_unit_test(test_metrics_http_endpoints_answer),
+        cmocka_unit_test(test_metrics_http_hosted_serves_on_caller_thread),
         cmocka_unit_test(test_metrics_port_key_both_spellings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

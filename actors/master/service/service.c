@@ -665,7 +665,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     if (!sp || !*sp)
         return;
     struct kvp_master_service *s = *sp;
-    svc_metrics_destroy(s); /* the HTTP thread first: it reads what the rest frees */
+    svc_metrics_destroy(s); /* the endpoint first: its callbacks read what the rest frees */
     kvp_raftlog_stop(&s->rl); /* the raft thread no longer touches the FSM after this */
     kvp_master_fsm_destroy(&s->fsm);
     size_t pos = 0;

@@ -1,12 +1,15 @@
 /*
  * service_metrics.c — the master's metrics: counted on the service thread, rendered on the
- * service thread into Prometheus text every METRICS_PUBLISH_MS, published whole through a
- * kvp_metrics_pub slot, served by libmicrohttpd's thread (docs/operations.md "Metrics").
+ * service thread into Prometheus text every METRICS_PUBLISH_MS into a kvp_metrics_pub slot, and
+ * served on the service thread too: the HTTP endpoint is hosted in the service actor (its
+ * libmicrohttpd epoll fd is one of the actor's watches, metrics/metrics.h), so nothing here is
+ * shared with another thread and nothing takes a lock (docs/operations.md "Metrics").
  *
- * Why a published snapshot and not a message per scrape: the HTTP thread is libmicrohttpd's,
- * with no mailbox; a scrape that waited on the service loop would stall while the loop does,
- * exactly when an operator needs the numbers. The snapshot's age is exported instead
- * (kvpool_master_metrics_age_seconds), and /readyz turns 503 when it is stale.
+ * A scrape copies the last snapshot rather than rendering anew, so scrapes cost the service
+ * loop a copy each; a slow scraper costs nothing more (non-blocking sockets, bounded runs). A
+ * stuck service loop now leaves scrapes unanswered (they time out) rather than answering an
+ * old snapshot; the snapshot's age is still exported (kvpool_master_metrics_age_seconds), and
+ * /readyz still turns 503 when it is stale (the publish timer starved by a busy loop).
  *
  * Sources, all read on the service thread: this file's counters (replies by type and code,
  * latency, leader changes), kvp_raftlog_get_info() (raft thread counters, copied under its
@@ -69,9 +72,10 @@ static const struct {
 #define N_CODES (-(KVP_ERR__LAST) + 1)
 
 struct svc_metrics {
-    struct kvp_metrics_pub pub;      /* read by the HTTP thread */
+    /* All on the service thread (the endpoint is hosted there): */
+    struct kvp_metrics_pub pub;      /* the last snapshot, served by the endpoint */
     struct kvp_metrics_http *http;   /* NULL when metrics_port is 0 */
-    /* Service thread only: */
+    int http_fd;                     /* its watched fd, -1 before the loop starts */
     uint64_t replies[N_TYPES][N_CODES];
     uint64_t keys[N_TYPES][N_CODES];  /* per-key results inside batch replies */
     struct kvp_metrics_hist latency[N_TYPES];
@@ -359,6 +363,16 @@ static void render_repair_evict(struct kvp_master_service *s, struct kvp_metrics
 
 static const char *const seg_states[] = {"ACTIVE", "DRAINING", "LOST"};
 
+/* Whether entry i of the FSM's segments is the newest of its name. A segment remounted under
+ * its name (declared lost, then its heartbeat remounted it) leaves the old, LOST entry in the
+ * table; the per-segment series are labelled by name only, so only the newest entry of a name
+ * is exported (two samples with the same labels would make the whole scrape invalid). The
+ * entries are in id order, so the newest is the last. `newest` maps name → last index. */
+static bool newest_of_name(json_t *newest, size_t i, const char *nm)
+{
+    return json_integer_value(json_object_get(newest, nm ? nm : "")) == (json_int_t)i;
+}
+
 /* Pool series from the FSM document; also the /get_all_segments body (mounted segment names,
  * one per line: ACTIVE and DRAINING ones). */
 static void render_fsm(struct svc_metrics *m, struct kvp_metrics_text *t, struct kvp_metrics_text *names)
@@ -372,6 +386,15 @@ static void render_fsm(struct svc_metrics *m, struct kvp_metrics_text *t, struct
         ju(f, "quarantined_bytes"));
     one(t, "kvpool_pool_pinned_bytes", "gauge", "Bytes of soft-pinned objects.", ju(f, "pinned_bytes"));
     json_t *segs = json_object_get(f, "segments");
+    json_t *newest = json_object();
+    {
+        size_t i;
+        json_t *sg;
+        json_array_foreach(segs, i, sg) {
+            const char *nm = json_string_value(json_object_get(sg, "name"));
+            json_object_set_new(newest, nm ? nm : "", json_integer((json_int_t)i));
+        }
+    }
     static const struct {
         const char *name, *key, *help;
     } per[] = {
@@ -386,6 +409,8 @@ static void render_fsm(struct svc_metrics *m, struct kvp_metrics_text *t, struct
         json_t *sg;
         json_array_foreach(segs, i, sg) {
             const char *nm = json_string_value(json_object_get(sg, "name"));
+            if (!newest_of_name(newest, i, nm))
+                continue;
             const char *l[] = {"segment", nm ? nm : "", NULL};
             kvp_metrics_sample_u64(t, per[k].name, l, ju(sg, per[k].key));
         }
@@ -397,15 +422,18 @@ static void render_fsm(struct svc_metrics *m, struct kvp_metrics_text *t, struct
     json_array_foreach(segs, i, sg) {
         const char *nm = json_string_value(json_object_get(sg, "name"));
         const char *st = json_string_value(json_object_get(sg, "state"));
+        bool newest_one = newest_of_name(newest, i, nm);
         for (int k = 0; k < 3; k++) {
             bool here = st && strcmp(st, seg_states[k]) == 0;
-            by_state[k] += here;
+            by_state[k] += here; /* every segment known, the superseded ones too */
             const char *l[] = {"segment", nm ? nm : "", "state", seg_states[k], NULL};
-            kvp_metrics_sample_u64(t, "kvpool_pool_segment_state", l, here);
+            if (newest_one)
+                kvp_metrics_sample_u64(t, "kvpool_pool_segment_state", l, here);
         }
         if (nm && st && strcmp(st, "LOST") != 0)
             kvp_metrics_text_printf(names, "%s\n", nm);
     }
+    json_decref(newest);
     kvp_metrics_family(t, "kvpool_pool_segments", "gauge", "Segments known to the pool, by state.");
     for (int k = 0; k < 3; k++) {
         const char *l[] = {"state", seg_states[k], NULL};
@@ -458,12 +486,28 @@ void svc_metrics_publish_now(struct kvp_master_service *s)
 
 static int on_publish_timer(struct kvp_master_service *s)
 {
-    if (s->metrics && s->metrics->http)
+    if (s->metrics && s->metrics->http) {
         publish(s);
+        kvp_metrics_http_run(s->metrics->http); /* idle connections close only while it runs */
+    }
     return 0;
 }
 
-/* ------------------------------------------------------------------ HTTP thread callbacks */
+/* The endpoint's fd is readable: serve on this thread (never blocks; bounded per call). */
+static int on_http_readable(struct kvp_rt_ctx *ctx, void *handle)
+{
+    struct kvp_master_service *s = kvp_rt_state(ctx);
+    struct svc_metrics *m = s->metrics;
+    if (s->stopping) { /* serve nothing more (svc_stop_self); a readable fd left unread would spin */
+        kvp_rt_unwatch_fd(ctx, *(int *)handle);
+        m->http_fd = -1;
+        return KVP_OK;
+    }
+    kvp_metrics_http_run(m->http);
+    return KVP_OK;
+}
+
+/* ------------------------------------------------------------------ HTTP callbacks (service thread) */
 
 static void http_render(void *ctx, struct kvp_metrics_text *t)
 {
@@ -483,11 +527,9 @@ static void http_render(void *ctx, struct kvp_metrics_text *t)
 static bool http_ready(void *ctx, char *why, size_t cap)
 {
     struct svc_metrics *m = ctx;
-    pthread_mutex_lock(&m->pub.mu);
     bool ready = m->pub.ready;
     uint64_t at = m->pub.published_ms;
     snprintf(why, cap, "%s", m->pub.not_ready);
-    pthread_mutex_unlock(&m->pub.mu);
     uint64_t now = kvp_clock_now_ms();
     if (!at) {
         snprintf(why, cap, "starting");
@@ -516,10 +558,7 @@ static int http_route(void *ctx, const char *path, char **body, const char **ct)
         *body = doc;
         return 200;
     }
-    char redirect[300];
-    pthread_mutex_lock(&m->pub.mu);
-    snprintf(redirect, sizeof redirect, "%s", m->pub.redirect);
-    pthread_mutex_unlock(&m->pub.mu);
+    const char *redirect = m->pub.redirect;
     if (redirect[0]) {
         size_t n = strlen(redirect) + sizeof "/get_all_segments";
         *body = malloc(n);
@@ -539,13 +578,16 @@ int svc_metrics_start(struct kvp_master_service *s)
     if (!m)
         return KVP_ERR_NOMEM;
     kvp_metrics_pub_init(&m->pub);
+    m->http_fd = -1;
     s->metrics = m;
     if (s->cfg.metrics_port == 0)
         return KVP_OK;
     char host[256];
     kvp_metrics_host_of(s->cfg.listen, host, sizeof host);
     struct kvp_metrics_http_ops ops = {.ctx = m, .render = http_render, .ready = http_ready, .route = http_route};
-    return kvp_metrics_http_start(&m->http, s->actor, host, s->cfg.metrics_port, s->cfg.bind_retry_ms, &ops);
+    /* Bound here (a port that cannot be bound fails the start); served once the loop watches it. */
+    return kvp_metrics_http_start_hosted(&m->http, s->actor, host, s->cfg.metrics_port, s->cfg.bind_retry_ms,
+                                         &ops);
 }
 
 void svc_metrics_destroy(struct kvp_master_service *s)
@@ -553,7 +595,7 @@ void svc_metrics_destroy(struct kvp_master_service *s)
     struct svc_metrics *m = s->metrics;
     if (!m)
         return;
-    kvp_metrics_http_stop(&m->http); /* no callback runs after this */
+    kvp_metrics_http_stop(&m->http); /* after the actor's thread is gone: nothing runs it */
     kvp_metrics_pub_fini(&m->pub);
     json_decref(m->fsm);
     free(m);
@@ -565,5 +607,10 @@ int svc_metrics_timer_start(struct kvp_master_service *s)
     if (!s->metrics || !s->metrics->http)
         return KVP_OK; /* nothing to publish to */
     publish(s);
+    struct svc_metrics *m = s->metrics;
+    int fd = kvp_metrics_http_fd(m->http);
+    if (fd < 0 || kvp_rt_watch_fd(s->ctx, fd, on_http_readable) != KVP_OK)
+        return KVP_ERR_NOMEM;
+    m->http_fd = fd;
     return svc_timer_every(s, METRICS_PUBLISH_MS, on_publish_timer) != KVP_OK ? KVP_ERR_NOMEM : KVP_OK;
 }

@@ -1,8 +1,8 @@
 /*
  * service_metrics.h — the master's metrics (docs/operations.md "Metrics"): counters the service
- * actor keeps on its own thread, a snapshot it renders every METRICS_PUBLISH_MS and publishes
- * whole to the HTTP endpoint's thread (metrics/metrics.h kvp_metrics_pub), and the endpoint
- * itself (metrics_port; off when 0).
+ * actor keeps on its own thread, a snapshot it renders every METRICS_PUBLISH_MS into a
+ * kvp_metrics_pub slot, and the endpoint itself (metrics_port; off when 0), hosted in the
+ * service actor: requests are served on the service thread (metrics/metrics.h).
  */
 #ifndef KVP_MASTER_SERVICE_METRICS_H
 #define KVP_MASTER_SERVICE_METRICS_H
