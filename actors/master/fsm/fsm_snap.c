@@ -265,7 +265,9 @@ static void put_prefix(struct obuf *o, const fsm_t *f)
         put_varint(o, F_N_OBJECTS << 3);
         put_varint(o, f->n_objects);
         put_varint(o, F_TAB_CAP << 3);
-        put_varint(o, f->tab_cap);
+        /* while the table grows in steps, its successor's size: the value then depends only on
+         * the object count and the size, as on every member, not on how far the copy got */
+        put_varint(o, f->ntab ? f->ncap : f->tab_cap);
     }
 }
 
@@ -661,12 +663,15 @@ static int restore_field(struct kvp_fsm_restore *r)
     } else if (field == F_OBJECT) {
         if (!r->seen_obj && !t->tab && r->n_hint > 0) {
             /* Size the table once (load at most 3/4, as kvp_fsm_obj_insert keeps it): growing it
-             * while objects arrive would also rehash it in one step. */
+             * while objects arrive would be wasted work. */
             uint64_t cap = 1024;
             while (r->n_hint * 4 > cap * 3)
                 cap *= 2;
             if (r->cap_hint >= cap && r->cap_hint <= cap * 4 && !(r->cap_hint & (r->cap_hint - 1)))
                 cap = r->cap_hint; /* the writer's, when plausible for the count */
+            else
+                while (r->n_hint * 8 > cap * 5) /* none: below the load where a growth starts */
+                    cap *= 2;
             if (!(t->tab = calloc(cap, sizeof(*t->tab))))
                 return KVP_ERR_NOMEM;
             t->tab_cap = cap;

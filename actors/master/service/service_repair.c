@@ -100,8 +100,11 @@ static struct svc_repair *R(struct kvp_master_service *s)
 #ifdef KVP_FAULT_INJECTION
     /* tests: small slices, so a pass of a small table has many of them */
     const char *ts = getenv("KVPOOL_TEST_REPAIR_SCAN_SLOTS");
-    if (ts && strtoull(ts, NULL, 10) > 0)
+    if (ts && strtoull(ts, NULL, 10) > 0) {
         r->slice = strtoull(ts, NULL, 10);
+        kvp_log_info(s->actor, "repair scan: slices of %llu table slots (KVPOOL_TEST_REPAIR_SCAN_SLOTS)",
+                     (unsigned long long)r->slice);
+    }
 #endif
     svc_map_init(&r->droppable);
     svc_map_init(&r->stale);
