@@ -1,11 +1,12 @@
 /*
  * raftlog.c — the raft thread: libuv loop, raft_uv + TCP transport, the submission queue
  * (mutex + uv_async_t), group commit, leadership polling, admin calls, events PAIR socket.
- * See raftlog.h for the contract and docs/raftlog.md for the behaviour notes.
+ * raft_uv's log writes and sends are wrapped in raftlog_io.c; the thread's state is in
+ * raftlog_thread.h. See raftlog.h for the contract and docs/raftlog.md for the behaviour notes.
  *
  * Threads and locks (issue 23: raft's libuv thread stays the raft actor's loop): this file starts
  * the raft thread, guards its submission queue with `mu` (why not a runtime mailbox: at struct
- * kvp_raftlog) and holds the FSM's read view (why not a message: at struct kvp_rl_view). No other
+ * kvp_raftlog, raftlog_thread.h) and holds the FSM's read view (why not a message: at struct kvp_rl_view). No other
  * file of raftlog/ takes a lock or starts a thread.
  */
 #define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
@@ -27,6 +28,7 @@
 
 #include "kvpool.h"
 #include "raftlog/raftlog_internal.h"
+#include "raftlog/raftlog_thread.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -50,32 +52,6 @@
  * let one late tick pass without sending reads to the slow path. */
 #define RL_READ_FRESH_US (2u * RL_TICK_MS * 1000u)
 
-enum op_kind { OP_SUBMIT, OP_QUERY, OP_ADD_VOTER, OP_REMOVE, OP_TRANSFER };
-
-/* One request from a caller thread to the raft thread. */
-struct rl_op {
-    enum op_kind kind;
-    uint64_t corr;
-    uint64_t id;          /* admin target */
-    char addr[256];       /* add_voter */
-    size_t len;           /* data bytes */
-    uint64_t queued_us;   /* monotonic time of enqueue (submit latency counters) */
-    struct rl_op *next;
-    uint8_t data[];
-};
-
-/* An admin call in flight (raft_change / raft_transfer need stable memory). */
-struct rl_admin {
-    struct kvp_raftlog *rl;
-    enum op_kind kind;
-    uint64_t corr;
-    uint64_t id;
-    struct raft_change change;
-    struct raft_change assign;
-    struct raft_transfer transfer;
-    struct rl_admin *next;
-};
-
 /*
  * The FSM's read view: a reader-writer lock that lets the service thread read committed state
  * (kvp_raftlog_read_begin/_end) while the raft thread applies. The glue (raftlog_fsm.c) enters
@@ -92,93 +68,6 @@ struct kvp_rl_view {
     bool inited;
 };
 
-struct kvp_raftlog {
-    struct kvp_raftlog_params p;
-    char actor[32];
-    pthread_t thread;
-    bool thread_started;
-
-    /* mu guards: q_*, closing, start_done, start_rc, info. This queue is the raft thread's
-     * mailbox (with its uv_async_t as the wake-up): the raft thread is libuv's loop, which owns the
-     * canonical raft instance and must keep running it (issue 23: raft's libuv thread stays the
-     * raft actor's loop), so a runtime mailbox polled by another loop would not do. */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct rl_op *q_head, *q_tail;
-    bool closing;
-    bool start_done;
-    int start_rc;
-    struct kvp_raftlog_info info;
-
-    /* raft thread only */
-    uv_loop_t loop;
-    uv_async_t async;
-    uv_timer_t timer;
-    uv_check_t check; /* after every loop iteration's I/O: read_lease_refresh */
-    bool async_inited, timer_inited, check_inited;
-    /* Incremental snapshot: while a build runs, an idle handle makes every loop iteration poll
-     * for I/O without blocking and then build one chunk (kvp_rl_glue_snap_work). */
-    uv_idle_t snap_idle;
-    bool snap_idle_inited, snap_idle_on;
-    bool slot_freed;          /* an in-flight entry settled: pump (or close) in on_check */
-    uint64_t last_tick_us;    /* when on_tick last ran (stall measurement) */
-    uint64_t last_tick_cpu_us; /* the raft thread's CPU time then */
-    uint64_t max_stall_us;    /* largest tick lateness: the raft thread's longest stall */
-    uint64_t max_busy_stall_us; /* the part of a lateness the thread spent on its own CPU work */
-    struct raft_uv_transport transport;
-    /* raft_uv_tcp's own connect, wrapped by rl_connect (TCP_NODELAY on Raft connections) */
-    int (*tcp_connect)(struct raft_uv_transport *t, struct raft_uv_connect *req, raft_id id,
-                       const char *address, raft_uv_connect_cb cb);
-    struct raft_io io;
-    /* Log writes (rl_append*): raft_uv's own append, wrapped. Raft thread only. */
-    int (*uv_append)(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[],
-                     unsigned n, raft_io_append_cb cb);
-    /* raft_uv's own send, wrapped by rl_send (a message to no address is dropped). */
-    kvp_rl_io_send_fn uv_send;
-    uint64_t sends_no_address;     /* messages dropped by rl_send: to a leader no longer known */
-    bool log_failed;               /* a write failed: nothing more is written or answered */
-    bool install_failed_sent;      /* a failed staged install was reported (EV_LOG_FAILED) */
-    struct rl_append *held;        /* appends never answered since then (freed at close) */
-    struct raft_transfer log_transfer; /* handover after a failed write or a run of slow ones */
-    bool log_transfer_busy;
-    uint64_t slow_since_ms;        /* start of the current run of slow appends (0 = none) */
-    unsigned slow_count;           /* appends in that run */
-    uint64_t slow_handover_ms;     /* last handover for slow writes */
-#ifdef KVP_FAULT_INJECTION
-    char fault_file[256];          /* $KVP_RAFTLOG_FAULT_FILE; "" = off */
-    uint64_t fault_read_ms;        /* when the file was last read */
-    int fault_mode;                /* 0 none, 1 nospace, 2 slow */
-    unsigned fault_ms;             /* slow: completion delay */
-#endif
-    struct raft raft;
-    struct kvp_rl_glue glue;
-    struct rl_op *pend_head, *pend_tail; /* submits taken from the queue, not yet proposed */
-    struct rl_op *qwait_head;            /* queries waiting for the new leader's barrier */
-    struct rl_admin *admins;
-    struct raft_barrier barrier;
-    bool barrier_pending;
-    uint64_t ready_term;                 /* term whose barrier has applied (reads allowed) */
-    uint64_t last_leader;
-    uint64_t last_term;
-    int last_is_leader;
-    bool raft_closing;        /* stop begun: nothing new is proposed */
-    bool raft_closed_called;  /* raft_close issued */
-    uint64_t close_deadline_ms;
-    uint64_t started_ms;
-    unsigned max_inflight;
-    uint64_t trimmed_at_snapshot; /* glue.snapshots_taken at the last malloc_trim */
-    uint32_t group_max;
-    uint64_t cmd_queue_us_total; /* submit → raft_apply, summed over proposed commands */
-
-    /* Local reads: the view (below) is entered for writing around every fsm apply and restore
-     * (glue) and for reading by kvp_raftlog_read_begin..end. read_until_us (monotonic µs, 0 =
-     * none): until when a local read may trust this node's leadership. */
-    struct kvp_rl_view view;
-    _Atomic uint64_t read_until_us;
-
-    zsock_t *ev_reader; /* caller side */
-    zsock_t *ev_writer; /* raft thread side */
-};
 
 static atomic_uint g_instance_seq;
 
@@ -202,266 +91,6 @@ void kvp_rl_view_end(struct kvp_rl_view *v)
         pthread_rwlock_unlock(&v->lock);
 }
 
-/* ---- log writes (raft thread only; docs/raftlog.md "When the log cannot be written") ----
- * raft_uv's append is always wrapped (rl_append):
- *  - A write that fails (a full disk, an I/O error) is never handed back to raft: libraft 0.15
- *    crashes (SIGSEGV in the raft thread) when a leader's append completes with an error (found
- *    with the fault injection below), and raft_uv marks itself errored after a failed write, so
- *    no later write of this member can succeed before a restart. So the append is held, never
- *    answered, as is every later one; a leader hands leadership over; the owner is told
- *    (KVP_RAFTLOG_EV_LOG_FAILED) and stops the process, for its supervisor to start it again
- *    once the disk is fixed. The other members go on committing: nothing committed is lost.
- *  - Slow writes: when every append completed for RL_SLOW_RUN_MS took longer than
- *    max(election_timeout / 2, 100 ms) (at least RL_SLOW_MIN_APPENDS of them), a leader hands
- *    leadership over (at most once per RL_SLOW_REARM_MS): a slow disk delays every commit, and
- *    a member with a healthy disk can lead instead.
- * Fault injection (test builds, $KVP_RAFTLOG_FAULT_FILE, re-read at most every 100 ms): missing
- * or empty = no fault; "nospace" = an append is not written and completes with RAFT_NOSPACE, as
- * on a full disk; "slow MS" = an append is written and its completion comes MS ms late. Both go
- * through the same completion path as real writes. */
-#define RL_SLOW_RUN_MS 2000u
-#define RL_SLOW_MIN_APPENDS 3u
-#define RL_SLOW_REARM_MS 10000u
-
-struct rl_append {
-    struct raft_io_append inner;   /* handed to raft_uv */
-    struct raft_io_append *orig;   /* raft's request */
-    raft_io_append_cb cb;          /* raft's callback */
-    struct kvp_raftlog *rl;
-    uint64_t t0_ms;                /* when raft asked for it */
-    int status;
-    bool timer_used, held;
-    uv_timer_t timer;              /* fault injection: a delayed or failed completion */
-    struct rl_append *next;        /* held list */
-};
-
-static void ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t status, const void *data,
-                    size_t len);
-
-static void rl_log_transfer_cb(struct raft_transfer *req)
-{
-    struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)req - offsetof(struct kvp_raftlog, log_transfer));
-    rl->log_transfer_busy = false;
-}
-
-/* Hand leadership to the most up-to-date follower (raft_transfer with id 0), if leading. */
-static void rl_log_handover(struct kvp_raftlog *rl, const char *why)
-{
-    if (raft_state(&rl->raft) != RAFT_LEADER || rl->log_transfer_busy)
-        return;
-    int rv = raft_transfer(&rl->raft, &rl->log_transfer, 0, rl_log_transfer_cb);
-    rl->log_transfer_busy = rv == 0;
-    kvp_log_warn(rl->actor, "%s: handing leadership over (%s)", why, rv == 0 ? "transfer started" : kvp_rl_strerror(rv));
-}
-
-static void rl_append_free(uv_handle_t *h)
-{
-    struct rl_append *w = h->data;
-    if (!w->held)
-        free(w);
-}
-
-static void rl_append_release(struct rl_append *w)
-{
-    if (w->timer_used)
-        uv_close((uv_handle_t *)&w->timer, rl_append_free);
-    else if (!w->held)
-        free(w);
-}
-
-static void rl_append_hold(struct kvp_raftlog *rl, struct rl_append *w)
-{
-    w->held = true;
-    w->next = rl->held;
-    rl->held = w;
-}
-
-/* Every append's completion, real or injected. */
-static void rl_append_done(struct rl_append *w, int status)
-{
-    struct kvp_raftlog *rl = w->rl;
-    if (rl->raft_closed_called) { /* never call into a closed raft */
-        rl_append_release(w);
-        return;
-    }
-    if (status != 0 || rl->log_failed) {
-        if (!rl->log_failed) {
-            rl->log_failed = true;
-            char msg[512];
-            snprintf(msg, sizeof msg, "raft log write failed: %s (%s): this member cannot write its log any more",
-                     kvp_rl_strerror(status), rl->io.errmsg[0] ? rl->io.errmsg : "no detail");
-            kvp_log_error(rl->actor, "%s; no further write is answered", msg);
-            rl_log_handover(rl, "raft log write failed");
-            ev_send(rl, KVP_RAFTLOG_EV_LOG_FAILED, 0, KVP_ERR_IO, msg, strlen(msg));
-        }
-        rl_append_hold(rl, w);
-        rl_append_release(w);
-        return;
-    }
-    uint64_t now = kvp_clock_now_ms();
-    uint64_t slow_ms = rl->p.election_timeout_ms / 2 > 100 ? rl->p.election_timeout_ms / 2 : 100;
-    if (now - w->t0_ms > slow_ms) {
-        if (rl->slow_count++ == 0)
-            rl->slow_since_ms = w->t0_ms;
-        if (rl->slow_count >= RL_SLOW_MIN_APPENDS && now - rl->slow_since_ms >= RL_SLOW_RUN_MS &&
-            (rl->slow_handover_ms == 0 || now - rl->slow_handover_ms >= RL_SLOW_REARM_MS) &&
-            raft_state(&rl->raft) == RAFT_LEADER) {
-            rl->slow_handover_ms = now;
-            char why[160];
-            snprintf(why, sizeof why, "raft log writes slow: %u appends over %llu ms each took more than %llu ms",
-                     rl->slow_count, (unsigned long long)(now - rl->slow_since_ms), (unsigned long long)slow_ms);
-            rl_log_handover(rl, why);
-        }
-    } else {
-        rl->slow_count = 0;
-        rl->slow_since_ms = 0;
-    }
-    raft_io_append_cb cb = w->cb;
-    struct raft_io_append *orig = w->orig;
-    rl_append_release(w);
-    cb(orig, 0);
-}
-
-static void rl_append_inner_cb(struct raft_io_append *req, int status);
-
-#ifdef KVP_FAULT_INJECTION
-static void rl_fault_read(struct kvp_raftlog *rl)
-{
-    uint64_t now = kvp_clock_now_ms();
-    if (rl->fault_read_ms && now - rl->fault_read_ms < 100)
-        return;
-    rl->fault_read_ms = now;
-    int mode = 0;
-    unsigned ms = 0;
-    FILE *f = fopen(rl->fault_file, "r");
-    if (f) {
-        char buf[64] = "";
-        if (fgets(buf, sizeof buf, f)) {
-            if (strncmp(buf, "nospace", 7) == 0)
-                mode = 1;
-            else if (sscanf(buf, "slow %u", &ms) == 1 && ms > 0)
-                mode = 2;
-        }
-        fclose(f);
-    }
-    if (mode != rl->fault_mode || ms != rl->fault_ms)
-        kvp_log_warn(rl->actor, "fault injection: raft log writes %s", mode == 1 ? "fail (no space)"
-                                                                     : mode == 2 ? "are slow"
-                                                                                 : "are normal again");
-    rl->fault_mode = mode;
-    rl->fault_ms = ms;
-}
-
-static void rl_fault_fire(uv_timer_t *t)
-{
-    struct rl_append *w = t->data;
-    rl_append_done(w, w->status);
-}
-
-/* Deliver w's completion (status) after ms, from the loop. */
-static void rl_fault_later(struct rl_append *w, int status, unsigned ms)
-{
-    w->status = status;
-    w->timer_used = true;
-    uv_timer_init(&w->rl->loop, &w->timer);
-    w->timer.data = w;
-    uv_timer_start(&w->timer, rl_fault_fire, ms, 0);
-}
-
-static void rl_fault_inner_cb(struct raft_io_append *req, int status)
-{
-    struct rl_append *w = req->data;
-    rl_fault_later(w, status, w->rl->fault_ms);
-}
-
-static void rl_fault_install(struct kvp_raftlog *rl)
-{
-    const char *f = getenv("KVP_RAFTLOG_FAULT_FILE");
-    if (!f || !*f || strlen(f) >= sizeof rl->fault_file)
-        return;
-    snprintf(rl->fault_file, sizeof rl->fault_file, "%s", f);
-    kvp_log_warn(rl->actor, "fault injection: raft log writes follow %s", rl->fault_file);
-}
-#endif
-
-static void rl_append_inner_cb(struct raft_io_append *req, int status)
-{
-    rl_append_done(req->data, status);
-}
-
-static int rl_append(struct raft_io *io, struct raft_io_append *req, const struct raft_entry entries[], unsigned n,
-                     raft_io_append_cb cb)
-{
-    struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)io - offsetof(struct kvp_raftlog, io));
-    struct rl_append *w = calloc(1, sizeof *w);
-    if (!w)
-        return RAFT_NOMEM;
-    w->orig = req;
-    w->cb = cb;
-    w->rl = rl;
-    w->t0_ms = kvp_clock_now_ms();
-    w->inner.data = w;
-    if (rl->log_failed) { /* raft_uv is errored: never write, never answer */
-        rl_append_hold(rl, w);
-        return 0;
-    }
-    raft_io_append_cb inner_cb = rl_append_inner_cb;
-#ifdef KVP_FAULT_INJECTION
-    if (rl->fault_file[0]) {
-        rl_fault_read(rl);
-        if (rl->fault_mode == 1) { /* a full disk: not written, fails on the next loop turn */
-            rl_fault_later(w, RAFT_NOSPACE, 0);
-            return 0;
-        }
-        if (rl->fault_mode == 2)
-            inner_cb = rl_fault_inner_cb;
-    }
-#endif
-    int rv = rl->uv_append(io, &w->inner, entries, n, inner_cb);
-    if (rv != 0)
-        free(w);
-    return rv;
-}
-
-/* libraft 0.15 answers a follower's log write, once it is on disk, with an AppendEntriesResult
- * to the leader it knew when the entries came (follower_state.current_leader). If the term
- * moved meanwhile (a RequestVote of a higher term: the follower no longer knows a leader), that
- * address is NULL and raft_uv's send crashes in strlen (uvGetClient copying the address): the
- * master SIGSEGV in the raft thread seen in the issue-22 scale bench under elections (core:
- * strlen <- uvSend <- sendAppendEntriesResult <- appendFollowerCb; canonical/raft issue 339,
- * fixed upstream after 0.15 by not answering when the term changed). Such a message is
- * refused here (raft frees the request; no callback): the new leader learns the follower's log
- * from its own AppendEntries, as upstream does. */
-int kvp_rl_send_checked(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
-                        raft_io_send_cb cb, kvp_rl_io_send_fn inner, uint64_t *dropped, const char *actor)
-{
-    if (message->server_address == NULL || message->server_id == 0) {
-        if ((*dropped)++ % 1000 == 0)
-            kvp_log_info(actor, "raft message of type %d to no known server dropped (%llu so far)",
-                         (int)message->type, (unsigned long long)*dropped);
-        return RAFT_NOCONNECTION;
-    }
-    return inner(io, req, message, cb);
-}
-
-static int rl_send(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
-                   raft_io_send_cb cb)
-{
-    struct kvp_raftlog *rl = (struct kvp_raftlog *)((char *)io - offsetof(struct kvp_raftlog, io));
-    return kvp_rl_send_checked(io, req, message, cb, rl->uv_send, &rl->sends_no_address, rl->actor);
-}
-
-static void rl_append_install(struct kvp_raftlog *rl)
-{
-    rl->uv_append = rl->io.append;
-    rl->io.append = rl_append;
-    rl->uv_send = rl->io.send;
-    rl->io.send = rl_send;
-#ifdef KVP_FAULT_INJECTION
-    rl_fault_install(rl);
-#endif
-}
-
 /* ---- events (raft thread only) ---- */
 
 static void put_le64(uint8_t *p, uint64_t v)
@@ -472,7 +101,7 @@ static void put_le64(uint8_t *p, uint64_t v)
 
 static void read_lease_refresh(struct kvp_raftlog *rl);
 
-static void ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t status,
+void kvp_rl_ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t status,
                     const void *data, size_t len)
 {
     /* Nothing leaves this thread (an applied result, a leader change, a finished transfer)
@@ -492,7 +121,7 @@ static void ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t
 
 static void deliver_applied(void *ctx, uint64_t corr, int status, const uint8_t *res, size_t len)
 {
-    ev_send(ctx, KVP_RAFTLOG_EV_APPLIED, corr, status, res, len);
+    kvp_rl_ev_send(ctx, KVP_RAFTLOG_EV_APPLIED, corr, status, res, len);
 }
 
 /* ---- state polling ---- */
@@ -560,7 +189,7 @@ static void run_query(struct kvp_raftlog *rl, struct rl_op *op)
         st = KVP_ERR_UNAVAILABLE; /* a failed install: the member is stopping */
     else if (rl->p.fsm.query != NULL)
         st = rl->p.fsm.query(rl->p.fsm.ctx, op->data, op->len, &res, &res_len);
-    ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, st, res, res != NULL ? res_len : 0);
+    kvp_rl_ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, st, res, res != NULL ? res_len : 0);
     free(res);
 }
 
@@ -572,7 +201,7 @@ static void flush_query_waiters(struct kvp_raftlog *rl, int status)
         if (status == KVP_OK)
             run_query(rl, op);
         else
-            ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, status, NULL, 0);
+            kvp_rl_ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, status, NULL, 0);
         free(op);
     }
 }
@@ -642,7 +271,7 @@ static void check_leadership(struct kvp_raftlog *rl)
     put_le64(t, term);
     kvp_log_info(rl->actor, "leader %llu term %llu%s", (unsigned long long)lid,
                  (unsigned long long)term, is_leader ? " (this node)" : "");
-    ev_send(rl, KVP_RAFTLOG_EV_LEADER, lid, is_leader, t, sizeof(t));
+    kvp_rl_ev_send(rl, KVP_RAFTLOG_EV_LEADER, lid, is_leader, t, sizeof(t));
 }
 
 /* ---- submission pump (raft thread) ---- */
@@ -653,7 +282,7 @@ static void fail_pending(struct kvp_raftlog *rl, int status)
         struct rl_op *op = rl->pend_head;
         rl->pend_head = op->next;
         if (status != 0)
-            ev_send(rl, KVP_RAFTLOG_EV_APPLIED, op->corr, status, NULL, 0);
+            kvp_rl_ev_send(rl, KVP_RAFTLOG_EV_APPLIED, op->corr, status, NULL, 0);
         free(op);
     }
     rl->pend_tail = NULL;
@@ -689,7 +318,7 @@ static void pump(struct kvp_raftlog *rl)
             struct rl_op *o = rl->pend_head;
             rl->pend_head = o->next;
             if (rc != KVP_OK)
-                ev_send(rl, KVP_RAFTLOG_EV_APPLIED, o->corr, rc, NULL, 0);
+                kvp_rl_ev_send(rl, KVP_RAFTLOG_EV_APPLIED, o->corr, rc, NULL, 0);
             else
                 rl->cmd_queue_us_total += now - o->queued_us;
             free(o);
@@ -731,7 +360,7 @@ static void admin_done(struct rl_admin *a, int status)
     }
     kvp_log_info(rl->actor, "admin op %d on %llu: %s", a->kind, (unsigned long long)a->id,
                  kvp_strerror(status));
-    ev_send(rl, KVP_RAFTLOG_EV_ADMIN, a->corr, status, NULL, 0);
+    kvp_rl_ev_send(rl, KVP_RAFTLOG_EV_ADMIN, a->corr, status, NULL, 0);
     free(a);
 }
 
@@ -773,7 +402,7 @@ static void run_admin(struct kvp_raftlog *rl, struct rl_op *op)
 {
     struct rl_admin *a = calloc(1, sizeof(*a));
     if (a == NULL) {
-        ev_send(rl, KVP_RAFTLOG_EV_ADMIN, op->corr, KVP_ERR_NOMEM, NULL, 0);
+        kvp_rl_ev_send(rl, KVP_RAFTLOG_EV_ADMIN, op->corr, KVP_ERR_NOMEM, NULL, 0);
         return;
     }
     a->rl = rl;
@@ -932,7 +561,7 @@ static void on_async(uv_async_t *h)
              * transfer runs the target may already lead and commit: not answered here either
              * (a local read falls back to this path). */
             if (raft_state(&rl->raft) != RAFT_LEADER || rl->raft.transfer != NULL) {
-                ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, KVP_ERR_NOT_LEADER, NULL, 0);
+                kvp_rl_ev_send(rl, KVP_RAFTLOG_EV_QUERY, op->corr, KVP_ERR_NOT_LEADER, NULL, 0);
             } else if (rl->ready_term != rl->raft.current_term) {
                 op->next = rl->qwait_head;
                 rl->qwait_head = op;
@@ -994,7 +623,7 @@ static void on_tick(uv_timer_t *t)
 
 /* After the timer and I/O callbacks of every loop iteration (messages of a new term, raft's own
  * check-quorum step-down, a barrier applied, submissions): the local-read permission follows
- * raft's state before the thread sleeps again. The only other refresh is in ev_send. Also
+ * raft's state before the thread sleeps again. The only other refresh is in kvp_rl_ev_send. Also
  * where the in-flight entries that reached the local log are timed (a store completes in an
  * I/O callback of this iteration). */
 static bool idle_work_pending(struct kvp_raftlog *rl)
@@ -1008,7 +637,7 @@ static void report_install_failure(struct kvp_raftlog *rl)
     if (!rl->glue.failed || rl->install_failed_sent)
         return;
     rl->install_failed_sent = true;
-    ev_send(rl, KVP_RAFTLOG_EV_LOG_FAILED, 0, KVP_ERR_MALFORMED, rl->glue.failed_why, strlen(rl->glue.failed_why));
+    kvp_rl_ev_send(rl, KVP_RAFTLOG_EV_LOG_FAILED, 0, KVP_ERR_MALFORMED, rl->glue.failed_why, strlen(rl->glue.failed_why));
 }
 
 static void on_snap_idle(uv_idle_t *h)
@@ -1159,7 +788,7 @@ static void *thread_main(void *arg)
         raft_uv_set_segment_size(&rl->io, rl->p.segment_size_bytes);
     raft_uv_set_snapshot_compression(&rl->io, false); /* we LZ4-frame snapshots ourselves */
     raft_uv_set_connect_retry_delay(&rl->io, 100);
-    rl_append_install(rl);
+    kvp_rl_io_install(rl);
     rv = raft_init(&rl->raft, &rl->io, &rl->glue.fsm, rl->p.id, rl->p.raft_address);
     if (rv != 0)
         goto fail;
@@ -1297,8 +926,9 @@ static void rl_free(struct kvp_raftlog *rl)
         free(a);
     }
     kvp_rl_glue_fini(&rl->glue);
-    if (rl->view.inited)
-        pthread_rwlock_destroy(&rl->view.lock);
+    if (rl->view != NULL && rl->view->inited)
+        pthread_rwlock_destroy(&rl->view->lock);
+    free(rl->view);
     zsock_destroy(&rl->ev_writer);
     zsock_destroy(&rl->ev_reader);
     pthread_mutex_destroy(&rl->mu);
@@ -1346,14 +976,15 @@ int kvp_raftlog_start(struct kvp_raftlog **out, const struct kvp_raftlog_params 
     pthread_rwlockattr_init(&la);
     /* Writer first: the one raft thread applying must not wait behind a stream of reads. */
     pthread_rwlockattr_setkind_np(&la, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    if (pthread_rwlock_init(&rl->view.lock, &la) != 0) {
+    rl->view = calloc(1, sizeof *rl->view);
+    if (rl->view == NULL || pthread_rwlock_init(&rl->view->lock, &la) != 0) {
         pthread_rwlockattr_destroy(&la);
         rl_free(rl);
         return KVP_ERR_NOMEM;
     }
     pthread_rwlockattr_destroy(&la);
-    rl->view.inited = true;
-    rl->glue.view = &rl->view;
+    rl->view->inited = true;
+    rl->glue.view = rl->view;
 
     char ep[96];
     snprintf(ep, sizeof(ep), "inproc://kvp-raftlog-%llu-%u-%p", (unsigned long long)p->id,
@@ -1402,11 +1033,11 @@ int kvp_raftlog_read_begin(struct kvp_raftlog *rl)
         return KVP_ERR_INVALID;
     if (!read_lease_valid(rl))
         return KVP_ERR_NOT_LEADER;
-    pthread_rwlock_rdlock(&rl->view.lock);
+    pthread_rwlock_rdlock(&rl->view->lock);
     /* Checked again under the lock: a step-down followed by a snapshot install (which holds
      * the lock for writing) may have happened while this thread waited. */
     if (!read_lease_valid(rl)) {
-        pthread_rwlock_unlock(&rl->view.lock);
+        pthread_rwlock_unlock(&rl->view->lock);
         return KVP_ERR_NOT_LEADER;
     }
     return KVP_OK;
@@ -1415,7 +1046,7 @@ int kvp_raftlog_read_begin(struct kvp_raftlog *rl)
 void kvp_raftlog_read_end(struct kvp_raftlog *rl)
 {
     if (rl != NULL)
-        pthread_rwlock_unlock(&rl->view.lock);
+        pthread_rwlock_unlock(&rl->view->lock);
 }
 
 zsock_t *kvp_raftlog_events(struct kvp_raftlog *rl)
