@@ -591,8 +591,11 @@ int bench_meta_main(int argc, char **argv)
             bool back = false;
             while (!back && bench_now_us() - w0 < 60000000ull) {
                 char out[4096];
-                char *margv[] = {ctl, (char *)"--masters", addr, (char *)"--timeout", (char *)"500", (char *)"members",
-                                 (char *)"--json", NULL};
+                /* --masters picks the member to ask; --cluster gives kvpoolctl the cluster's keys (its
+                 * "auth" section): with --masters alone it has none, and with authentication on every
+                 * call failed until the 60 s bound below. */
+                char *margv[] = {ctl, (char *)"--cluster", (char *)m.target.cluster_file, (char *)"--masters", addr,
+                                 (char *)"--timeout", (char *)"500", (char *)"members", (char *)"--json", NULL};
                 if (*addr && run_capture(margv, out, sizeof out) == 0) {
                     json_error_t e;
                     json_t *j = json_loads(out, 0, &e);
