@@ -565,5 +565,5 @@ int svc_metrics_timer_start(struct kvp_master_service *s)
     if (!s->metrics || !s->metrics->http)
         return KVP_OK; /* nothing to publish to */
     publish(s);
-    return svc_timer_every(s, METRICS_PUBLISH_MS, on_publish_timer) != KVP_OK ? KVP_ERR_NOMEM : KVP_OK;
+    return svc_timer_every(s, METRICS_PUBLISH_MS, on_publish_timer); /* its own error, not always NOMEM */
 }
