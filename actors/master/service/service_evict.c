@@ -231,7 +231,7 @@ static int on_evict_timer(struct kvp_master_service *s)
 
 int svc_evict_timer_start(struct kvp_master_service *s)
 {
-    return svc_timer_every(s, 50, on_evict_timer) != KVP_OK ? KVP_ERR_NOMEM : KVP_OK;
+    return svc_timer_every(s, 50, on_evict_timer); /* its own error, not always NOMEM */
 }
 
 void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *resp)

@@ -609,8 +609,11 @@ int svc_metrics_timer_start(struct kvp_master_service *s)
     publish(s);
     struct svc_metrics *m = s->metrics;
     int fd = kvp_metrics_http_fd(m->http);
-    if (fd < 0 || kvp_rt_watch_fd(s->ctx, fd, on_http_readable) != KVP_OK)
-        return KVP_ERR_NOMEM;
+    if (fd < 0)
+        return KVP_ERR_INVALID; /* the endpoint was not started hosted */
+    int rc = kvp_rt_watch_fd(s->ctx, fd, on_http_readable);
+    if (rc != KVP_OK)
+        return rc;
     m->http_fd = fd;
-    return svc_timer_every(s, METRICS_PUBLISH_MS, on_publish_timer) != KVP_OK ? KVP_ERR_NOMEM : KVP_OK;
+    return svc_timer_every(s, METRICS_PUBLISH_MS, on_publish_timer); /* its own error, not always NOMEM */
 }

@@ -295,7 +295,7 @@ static int on_version_tick(struct kvp_master_service *s)
 
 int svc_version_start(struct kvp_master_service *s)
 {
-    return svc_timer_every(s, VERSION_POLL_MS, on_version_tick) != KVP_OK ? KVP_ERR_NOMEM : KVP_OK;
+    return svc_timer_every(s, VERSION_POLL_MS, on_version_tick); /* its own error, not always NOMEM */
 }
 
 void svc_version_stop(struct kvp_master_service *s)
