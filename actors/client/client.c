@@ -298,7 +298,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
     if (rc != KVP_OK)
         goto fail;
-    rc = kvp_devstage_new(&c->devstage, c->xfer, 0); /* [GPU hook] lanes are made on first use */
+    rc = kvp_devstage_new_owned(&c->devstage, c->xfer, 0, c->actor); /* [GPU hook] lanes are made on first use */
     if (rc != KVP_OK)
         goto fail;
 

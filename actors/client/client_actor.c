@@ -9,6 +9,7 @@
  *    and puts ask the master to place on last (issue 18 item 2);
  *  - the read witnesses: segments read from successfully, named to the master in the next
  *    GetReplicaList (issue 18 rule 5);
+ *  - the GPU staging lanes (devstage.c: a staged batch takes a lane and gives it back by request);
  *  - the wait of kvp_client_close for the calls still inside.
  *
  * Hops (docs/data-plane.md "Client actor"): calls that need none of this state send nothing
@@ -195,6 +196,8 @@ static int ca_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
     struct ca *s = kvp_rt_state(ctx);
     if (m->kind != KVP_RT_SEND && m->kind != KVP_RT_REQUEST)
         return KVP_OK;
+    if (m->type >= KVP_DEVSTAGE_MSG_FIRST && m->type <= KVP_DEVSTAGE_MSG_LAST) /* the staging lanes */
+        return kvp_devstage_handle(s->c->devstage, ctx, m);
     switch (m->type) {
     case CA_IDLE:
         s->idle = true;
