@@ -60,8 +60,13 @@ struct kvp_client {
     struct kvp_devstage *devstage;  /* GPU staging lanes of this transfer side (owned; devstage.h) */
     struct kvp_segment *seg;        /* embedded segment, NULL when global_segment_size == 0 (owned) */
     uint64_t client_id;             /* random; op ids are client_id ^ counter */
-    atomic_uint_fast64_t op_counter;/* per-put counter for op ids */
-    atomic_uint local_seg_id;       /* embedded segment id registered with the local transport; 0 = none */
+    /* per-put counter for op ids: an atomic, since every put of any thread takes one and a
+     * message to the client actor for a number would add a hop to every put */
+    atomic_uint_fast64_t op_counter;
+    /* embedded segment id registered with the local transport; 0 = none. Written by the segment's
+     * mount hook (its heartbeat actor's thread), read once per get to order replicas: an atomic,
+     * since the hook must not wait on a reply and a get would pay a hop to ask for one number */
+    atomic_uint local_seg_id;
 
     /* The client actor (client_actor.c): owns the registered buffers, the avoid list and the read
      * witnesses, and closes the client's lifecycle; reached by message. */
