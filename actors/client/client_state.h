@@ -64,7 +64,7 @@ struct kvp_client {
      * message to the client actor for a number would add a hop to every put */
     atomic_uint_fast64_t op_counter;
     /* embedded segment id registered with the local transport; 0 = none. Written by the segment's
-     * mount hook (its heartbeat actor's thread), read once per get to order replicas: an atomic,
+     * mount hook (on the segment's own thread), read once per get to order replicas: an atomic,
      * since the hook must not wait on a reply and a get would pay a hop to ask for one number */
     atomic_uint local_seg_id;
 
