@@ -17,8 +17,8 @@ void kvp_clock_set_fake(const uint64_t *ns)
 uint64_t kvp_clock_now_ns(void)
 {
     const uint64_t *f = atomic_load_explicit(&g_fake, memory_order_relaxed);
-    if (f)
-        return *(const volatile uint64_t *)f;
+    if (f) /* a test may move it while actors read it: an atomic read (TSan) */
+        return __atomic_load_n(f, __ATOMIC_RELAXED);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;

@@ -115,87 +115,6 @@ static size_t count_pieces(const struct kvp_client_obj *o, uint64_t size)
     return n;
 }
 
-void kvp_client_avoid_note(struct kvp_client *c, uint32_t segment_id)
-{
-    uint64_t now = kvp_clock_now_ms();
-    pthread_mutex_lock(&c->mu);
-    size_t slot = 0;
-    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX; k++) {
-        if (c->avoid[k].segment_id == segment_id) {
-            slot = k;
-            break;
-        }
-        if (c->avoid[k].until_ms < c->avoid[slot].until_ms)
-            slot = k; /* the oldest (or an empty) entry */
-    }
-    c->avoid[slot].segment_id = segment_id;
-    c->avoid[slot].until_ms = now + KVP_CLIENT_AVOID_MS;
-    pthread_mutex_unlock(&c->mu);
-}
-
-bool kvp_client_avoided(struct kvp_client *c, uint32_t segment_id, uint64_t now_ms)
-{
-    bool yes = false;
-    pthread_mutex_lock(&c->mu);
-    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX && !yes; k++)
-        yes = c->avoid[k].segment_id == segment_id && c->avoid[k].until_ms > now_ms;
-    pthread_mutex_unlock(&c->mu);
-    return yes;
-}
-
-size_t kvp_client_avoid_list(struct kvp_client *c, uint32_t *out, size_t cap)
-{
-    uint64_t now = kvp_clock_now_ms();
-    size_t n = 0;
-    pthread_mutex_lock(&c->mu);
-    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX && n < cap; k++)
-        if (c->avoid[k].segment_id && c->avoid[k].until_ms > now)
-            out[n++] = c->avoid[k].segment_id;
-    pthread_mutex_unlock(&c->mu);
-    return n;
-}
-
-/* Successful reads, witnesses for the master's liveness rule (client_state.h read_ok): one
- * entry per segment read from in this round, the oldest replaced when the table is full. */
-static void read_ok_note(struct kvp_client *c, const struct kvp_xfer_slice *slices, size_t ns)
-{
-    uint64_t now = kvp_clock_now_ms();
-    pthread_mutex_lock(&c->mu);
-    for (size_t q = 0; q < ns; q++) {
-        if (slices[q].status != KVP_OK || slices[q].segment_id == 0)
-            continue;
-        size_t slot = 0;
-        for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX; k++) {
-            if (c->read_ok[k].segment_id == slices[q].segment_id) {
-                slot = k;
-                break;
-            }
-            if (c->read_ok[k].at_ms < c->read_ok[slot].at_ms)
-                slot = k;
-        }
-        c->read_ok[slot].segment_id = slices[q].segment_id;
-        c->read_ok[slot].at_ms = now;
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* The witnesses for the next GetReplicaList: segments read within KVP_CLIENT_READ_WITNESS_MS;
- * each reading is named once (the table is emptied). Returns how many (at most cap). */
-static size_t read_ok_take(struct kvp_client *c, uint32_t *out, size_t cap)
-{
-    uint64_t now = kvp_clock_now_ms();
-    size_t n = 0;
-    pthread_mutex_lock(&c->mu);
-    for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX; k++) {
-        if (c->read_ok[k].segment_id && now - c->read_ok[k].at_ms <= KVP_CLIENT_READ_WITNESS_MS && n < cap)
-            out[n++] = c->read_ok[k].segment_id;
-        c->read_ok[k].segment_id = 0;
-        c->read_ok[k].at_ms = 0;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return n;
-}
-
 void kvp_client_report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline)
 {
     for (size_t i = 0; i < n; i++)
@@ -273,9 +192,10 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     gr.n_keys = nu;
     gr.keys = ukeys;
     gr.client_host = c->cfg.local_hostname;
-    uint32_t read_segs[KVP_CLIENT_AVOID_MAX];
-    gr.n_read_segments = read_ok_take(c, read_segs, KVP_CLIENT_AVOID_MAX);
-    gr.read_segments = read_segs;
+    struct kvp_client_view view; /* witnesses taken, avoid list copied: one request (client_actor.c) */
+    kvp_client_get_begin(c, &view);
+    gr.n_read_segments = view.n_read_ok;
+    gr.read_segments = view.read_ok;
     req.body_case = KVP__REQUEST__BODY_GET_REPLICAS;
     req.get_replicas = &gr;
     /* The lease runs from the master's reply; timing it from before the request is the safe
@@ -324,7 +244,7 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         uint64_t now_ms = kvp_clock_now_ms();
         bool avoided[16];
         for (size_t r = 0; r < lim; r++)
-            avoided[r] = kvp_client_avoided(c, info->replicas[r]->segment_id, now_ms);
+            avoided[r] = kvp_client_view_avoided(&view, info->replicas[r]->segment_id, now_ms);
         for (size_t r = 0; r < lim; r++) {
             const Kvp__Replica *rep = info->replicas[r];
             if (local_seg && rep->segment_id == local_seg && rep->owner_pid == pid &&
@@ -414,7 +334,7 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
             kvp_xfer_run(c->xfer, slices, ns, round_ms);
         }
         rounds++;
-        read_ok_note(c, slices, ns);
+        kvp_client_read_ok(c, slices, ns);
         /* A transfer that ended after the lease may have read an extent already reused by
          * another put: its bytes are never returned (docs/eviction.md). */
         if (lease_ms != UINT64_MAX && kvp_clock_now_ms() >= reply_ms + lease_ms) {

@@ -24,33 +24,7 @@
 
 /* ------------------------------------------------------------------ helpers (client.h) */
 
-int kvp_client_enter(struct kvp_client *c)
-{
-    int rc = KVP_OK;
-    pthread_mutex_lock(&c->mu);
-    if (c->closed)
-        rc = KVP_ERR_CLOSED;
-    else
-        c->inflight++;
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
-void kvp_client_leave(struct kvp_client *c)
-{
-    pthread_mutex_lock(&c->mu);
-    if (--c->inflight == 0)
-        pthread_cond_broadcast(&c->idle_cv);
-    pthread_mutex_unlock(&c->mu);
-}
-
-bool kvp_client_closing(struct kvp_client *c)
-{
-    pthread_mutex_lock(&c->mu);
-    bool closed = c->closed;
-    pthread_mutex_unlock(&c->mu);
-    return closed;
-}
+/* kvp_client_enter, kvp_client_leave and kvp_client_closing: client_actor.c. */
 
 uint64_t kvp_client_deadline(const struct kvp_client *c, uint32_t timeout_ms)
 {
@@ -239,9 +213,7 @@ static void client_free(struct kvp_client *c)
     free(c->rdma_opts); /* after the engine: its transfer actors read it */
     kvp_dtoken_destroy(&c->dtok); /* after the engine: its transports call it */
     kvp_msession_destroy(&c->ms);
-    free(c->bufs);
-    pthread_cond_destroy(&c->idle_cv);
-    pthread_mutex_destroy(&c->mu);
+    kvp_client_actor_stop(c); /* no call is inside: nothing sends to it any more */
     free(c);
 }
 
@@ -256,13 +228,16 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     c->cfg = cfg->c;
     snprintf(c->name, sizeof c->name, "client-%d", (int)getpid());
     snprintf(c->transport, sizeof c->transport, "tcp");
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->idle_cv, NULL);
     if (getrandom(&c->client_id, sizeof c->client_id, 0) != sizeof c->client_id)
         c->client_id = kvp_clock_now_ns() ^ ((uint64_t)getpid() << 32);
     c->client_id &= ~0xffffffffull; /* the counter fills the low half: op ids never repeat within a client */
 
-    int rc;
+    int rc = kvp_client_actor_start(c);
+    if (rc != KVP_OK) {
+        kvp_log_error(c->name, "client actor: %s", kvp_errname(rc));
+        c->actor = NULL;
+        goto fail;
+    }
     const struct kvp_xport_ops *xport = NULL;
     if (strcmp(c->cfg.protocol, "rdma") == 0) {
         /* no device: vLLM's and SGLang's default: run, on TCP, rather than refuse the whole client */
@@ -324,7 +299,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
     if (rc != KVP_OK)
         goto fail;
-    rc = kvp_devstage_new(&c->devstage, c->xfer, 0); /* [GPU hook] lanes are made on first use */
+    rc = kvp_devstage_new_owned(&c->devstage, c->xfer, 0, c->actor); /* [GPU hook] lanes are made on first use */
     if (rc != KVP_OK)
         goto fail;
 
@@ -383,17 +358,13 @@ void kvp_client_close(kvp_client **cp)
         return;
     struct kvp_client *c = *cp;
     *cp = NULL;
-    pthread_mutex_lock(&c->mu);
-    c->closed = true;
-    pthread_mutex_unlock(&c->mu);
+    /* New calls get KVP_ERR_CLOSED from here on. */
+    uint64_t inside = kvp_client_mark_closed(c);
     /* Fence the transfers of the calls in flight now (their slices end KVP_ERR_CLOSED) instead
      * of waiting for their timeouts; each call still returns only once its slices are terminal. */
     if (c->xfer)
         kvp_xfer_engine_stop(c->xfer);
-    pthread_mutex_lock(&c->mu);
-    while (c->inflight > 0) /* each call returns only after its slices are terminal */
-        pthread_cond_wait(&c->idle_cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    kvp_client_close_wait(c, inside); /* the client actor answers once the last call inside left */
     kvp_log_info(c->name, "closing");
     client_free(c); /* segment (unmount) → engine → session */
 }
@@ -517,28 +488,7 @@ int kvp_client_register_range(kvp_client *c, void *addr, size_t len, bool allow_
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
-    uintptr_t a = (uintptr_t)addr;
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; !allow_overlap && i < c->n_bufs; i++) {
-        if (a < c->bufs[i].addr + c->bufs[i].len && c->bufs[i].addr < a + len) {
-            kvp_log_warn(c->name, "register_buffer %p+%zu overlaps a registered buffer", addr, len);
-            rc = KVP_ERR_INVALID;
-            goto out;
-        }
-    }
-    if (c->n_bufs == c->cap_bufs) {
-        size_t cap = c->cap_bufs ? c->cap_bufs * 2 : 8;
-        struct kvp_client_buf *nb = realloc(c->bufs, cap * sizeof *nb);
-        if (!nb) {
-            rc = KVP_ERR_NOMEM;
-            goto out;
-        }
-        c->bufs = nb;
-        c->cap_bufs = cap;
-    }
-    c->bufs[c->n_bufs++] = (struct kvp_client_buf){.addr = a, .len = len};
-out:
-    pthread_mutex_unlock(&c->mu);
+    rc = kvp_client_buf_add(c, (uintptr_t)addr, len, allow_overlap);
     if (rc == KVP_OK) {
         kvp_client_dev_register(c, addr, len); /* [GPU hook] device memory: cache, pin bounce buffers */
         /* rdma: memory regions, so transfers from/to the buffer skip the bounce pool */
@@ -563,20 +513,8 @@ int kvp_unregister_buffer(kvp_client *c, void *addr)
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
-    rc = KVP_ERR_NOT_FOUND;
     size_t len = 0;
-    pthread_mutex_lock(&c->mu);
-    /* the latest registration at addr first (kvp_register_buffer_overlap may have nested ones) */
-    for (size_t i = c->n_bufs; i-- > 0;) {
-        if (c->bufs[i].addr == (uintptr_t)addr) {
-            len = c->bufs[i].len;
-            memmove(&c->bufs[i], &c->bufs[i + 1], (c->n_bufs - i - 1) * sizeof c->bufs[0]);
-            c->n_bufs--;
-            rc = KVP_OK;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&c->mu);
+    rc = kvp_client_buf_del(c, (uintptr_t)addr, &len);
     if (rc == KVP_OK && c->rdma_opts)
         (void)kvp_xfer_mem_unregister(c->xfer, addr, len); /* not registered there (logged then): NOT_FOUND */
     if (rc == KVP_OK)

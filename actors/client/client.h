@@ -95,12 +95,36 @@ void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client
 void kvp_client_dev_register(struct kvp_client *c, void *addr, size_t len);
 
 void kvp_client_report_unreachable(struct kvp_client *c, const uint32_t *segs, size_t n, uint64_t deadline);
-/** Reads try replicas on segment_id last for KVP_CLIENT_AVOID_MS (reported unreachable). */
+
+/* ---- the client actor (client_actor.c): the state the calls share, reached by message ---- */
+
+/** Spawn the client actor (c->actor). Errors: as kvp_rt_spawn. */
+int kvp_client_actor_start(struct kvp_client *c);
+/** Stop it and drop c->actor (after no call is inside). Accepts c->actor == NULL. */
+void kvp_client_actor_stop(struct kvp_client *c);
+/** kvp_client_close's first step: refuse new calls from now on; returns how many calls were
+ * inside then. */
+uint64_t kvp_client_mark_closed(struct kvp_client *c);
+/** Then (after fencing their transfers): return once each of the `inside` calls left. */
+void kvp_client_close_wait(struct kvp_client *c, uint64_t inside);
+/** Reads try replicas on segment_id last for KVP_CLIENT_AVOID_MS (reported unreachable). A
+ * request: the next call of any thread sees it. */
 void kvp_client_avoid_note(struct kvp_client *c, uint32_t segment_id);
-/** The segments avoided now (at most cap, into out); returns how many. Any thread. */
+/** The segments avoided now (at most cap, into out); returns how many. No request while the
+ * avoid list is empty. */
 size_t kvp_client_avoid_list(struct kvp_client *c, uint32_t *out, size_t cap);
-/** true while segment_id's replicas are tried last (kvp_client_avoid_note). Any thread. */
-bool kvp_client_avoided(struct kvp_client *c, uint32_t segment_id, uint64_t now_ms);
+/** Before a GetReplicaList: take the read witnesses it carries and copy the avoid list into *v
+ * (one request per batch; none while both are empty). */
+void kvp_client_get_begin(struct kvp_client *c, struct kvp_client_view *v);
+/** true while segment_id's replicas are tried last, as copied in v. */
+bool kvp_client_view_avoided(const struct kvp_client_view *v, uint32_t segment_id, uint64_t now_ms);
+/** After a transfer round of a get: the segments of slices[] that completed become witnesses
+ * (one one-way message; the caller does not wait). */
+void kvp_client_read_ok(struct kvp_client *c, const struct kvp_xfer_slice *slices, size_t ns);
+/** Registered-buffer table: add (KVP_ERR_INVALID with a WARN on an overlap unless
+ * allow_overlap), and remove the latest registration at addr (*len its length; NOT_FOUND). */
+int kvp_client_buf_add(struct kvp_client *c, uintptr_t addr, size_t len, bool allow_overlap);
+int kvp_client_buf_del(struct kvp_client *c, uintptr_t addr, size_t *len);
 /** Get flows (batch_get.c): results[i] = size or negative code. */
 void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,
                          uint32_t timeout_ms, int64_t results[]);

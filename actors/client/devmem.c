@@ -104,73 +104,105 @@ struct reg_range {
     int ordinal;
 };
 
-/* Registered device ranges: written by kvp_register_buffer, read by every classification on
- * any API thread. A lock rather than an actor message: a lookup is a few loads on the data
- * path of every call, and no actor owns process-wide driver state. */
-static pthread_rwlock_t reg_lock = PTHREAD_RWLOCK_INITIALIZER;
-static struct reg_range *regs;
-static size_t n_regs, cap_regs;
-/* n_regs mirrored for the lock-free "any registered range?" test on the data path. */
-static atomic_size_t n_regs_hint;
-static uint64_t reg_bytes;
+/* Registered device ranges, process-wide (include/kvpool.h: kvp_device_stats.registered_bytes and
+ * kvp_device_pointer are per process): written by kvp_register_buffer / kvp_unregister_buffer of
+ * any client, read by every classification on any API thread of any client. The table is
+ * immutable once published; a change builds a new one and swaps one atomic pointer
+ * (compare-and-swap, so two clients registering at once both land). Neither a lock nor a
+ * message: a lookup is a few loads on the data path of every call, and no single actor owns
+ * state that every client of the process shares. A replaced table stays allocated (on the
+ * `retired` list, reachable) until the process exits, because a reader on another thread may
+ * still be scanning it and nothing tracks readers process-wide; registrations are rare (once per
+ * KV-cache region), so this is a few small tables. */
+struct reg_table {
+    struct reg_table *retired_next;
+    uint64_t bytes; /* sum of len */
+    size_t n;
+    struct reg_range r[];
+};
+static _Atomic(struct reg_table *) regs_now; /* NULL: nothing registered */
+static _Atomic(struct reg_table *) retired;
+
+static void retire(struct reg_table *t)
+{
+    if (!t)
+        return;
+    struct reg_table *head = atomic_load(&retired);
+    do
+        t->retired_next = head;
+    while (!atomic_compare_exchange_weak(&retired, &head, t));
+}
+
+/* Replace the table with cur + (base,len,ordinal) when add, else cur without the last range at
+ * base. KVP_OK, KVP_ERR_NOMEM, or KVP_ERR_NOT_FOUND (forget: no range at base). */
+static int regs_change(bool add, uintptr_t base, size_t len, int ordinal)
+{
+    for (;;) {
+        struct reg_table *cur = atomic_load(&regs_now);
+        size_t n = cur ? cur->n : 0;
+        size_t at = n;
+        if (!add) {
+            for (size_t i = n; i-- > 0;)
+                if (cur->r[i].base == base) {
+                    at = i;
+                    break;
+                }
+            if (at == n)
+                return KVP_ERR_NOT_FOUND;
+        }
+        size_t nn = add ? n + 1 : n - 1;
+        struct reg_table *t = NULL;
+        if (nn > 0) {
+            t = malloc(sizeof *t + nn * sizeof t->r[0]);
+            if (!t)
+                return KVP_ERR_NOMEM;
+            t->n = 0;
+            t->bytes = 0;
+            for (size_t i = 0; i < n; i++)
+                if (add || i != at) {
+                    t->r[t->n++] = cur->r[i];
+                    t->bytes += cur->r[i].len;
+                }
+            if (add) {
+                t->r[t->n++] = (struct reg_range){.base = base, .len = len, .ordinal = ordinal};
+                t->bytes += len;
+            }
+        }
+        if (atomic_compare_exchange_strong(&regs_now, &cur, t)) {
+            retire(cur);
+            return KVP_OK;
+        }
+        free(t); /* another change landed first: build again from it */
+    }
+}
 
 int kvp_devmem_remember(uintptr_t base, size_t len, int ordinal)
 {
-    int rc = KVP_OK;
-    pthread_rwlock_wrlock(&reg_lock);
-    if (n_regs == cap_regs) {
-        size_t cap = cap_regs ? cap_regs * 2 : 8;
-        struct reg_range *nr = realloc(regs, cap * sizeof *nr);
-        if (!nr) {
-            rc = KVP_ERR_NOMEM;
-            goto out;
-        }
-        regs = nr;
-        cap_regs = cap;
-    }
-    regs[n_regs++] = (struct reg_range){.base = base, .len = len, .ordinal = ordinal};
-    reg_bytes += len;
-    atomic_store_explicit(&n_regs_hint, n_regs, memory_order_relaxed);
-out:
-    pthread_rwlock_unlock(&reg_lock);
-    return rc;
+    return regs_change(true, base, len, ordinal);
 }
 
 void kvp_devmem_forget(uintptr_t base)
 {
-    pthread_rwlock_wrlock(&reg_lock);
-    for (size_t i = n_regs; i-- > 0;) {
-        if (regs[i].base == base) {
-            reg_bytes -= regs[i].len;
-            regs[i] = regs[--n_regs];
-            atomic_store_explicit(&n_regs_hint, n_regs, memory_order_relaxed);
-            break;
-        }
-    }
-    pthread_rwlock_unlock(&reg_lock);
+    (void)regs_change(false, base, 0, 0);
 }
 
 uint64_t kvp_devmem_registered_bytes(void)
 {
-    pthread_rwlock_rdlock(&reg_lock);
-    uint64_t b = reg_bytes;
-    pthread_rwlock_unlock(&reg_lock);
-    return b;
+    struct reg_table *t = atomic_load(&regs_now);
+    return t ? t->bytes : 0;
 }
 
 static bool reg_lookup(uintptr_t a, struct kvp_devmem_info *info)
 {
-    bool hit = false;
-    pthread_rwlock_rdlock(&reg_lock);
-    for (size_t i = 0; i < n_regs && !hit; i++) {
-        if (a >= regs[i].base && a - regs[i].base < regs[i].len) {
-            hit = true;
+    struct reg_table *t = atomic_load(&regs_now);
+    for (size_t i = 0; t && i < t->n; i++) {
+        if (a >= t->r[i].base && a - t->r[i].base < t->r[i].len) {
             if (info)
-                *info = (struct kvp_devmem_info){.ordinal = regs[i].ordinal, .base = regs[i].base, .size = regs[i].len};
+                *info = (struct kvp_devmem_info){.ordinal = t->r[i].ordinal, .base = t->r[i].base, .size = t->r[i].len};
+            return true;
         }
     }
-    pthread_rwlock_unlock(&reg_lock);
-    return hit;
+    return false;
 }
 
 /* ------------------------------------------------------------------ classification */
@@ -180,8 +212,7 @@ int kvp_devmem_classify(const void *addr, struct kvp_devmem_info *info)
     if (!addr || !kvp_devmem_available())
         return 0;
     uintptr_t a = (uintptr_t)addr;
-    /* a stale hint only costs the driver call (a miss) or one locked lookup */
-    if (atomic_load_explicit(&n_regs_hint, memory_order_relaxed) > 0 && reg_lookup(a, info))
+    if (reg_lookup(a, info))
         return 1;
     unsigned int type = 0;
     kvp_cu_result r = drv.get_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (kvp_cu_devptr)a);

@@ -1,7 +1,6 @@
 /* devstage.c — staging GPU memory through pinned bounce buffers (devstage.h, docs/gpu.md). */
 #include "actors/client/devstage.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +8,7 @@
 
 #include "actors/client/devmem.h"
 #include "kvpool.h"
+#include "runtime/actor.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 
@@ -25,19 +25,30 @@ struct lane {
     bool busy;
 };
 
+/* A caller waiting for a lane of `ordinal` (a DS_TAKE not answered yet), in arrival order. */
+struct lane_wait {
+    struct lane_wait *next;
+    uint64_t token;
+    int ordinal;
+};
+
 struct kvp_devstage {
     struct kvp_xfer_engine *engine;
     kvp_devstage_xfer_fn xfer;
     void *xfer_ctx;
     uint64_t window;
-    /* The lane pool: taken and given back by API threads, which block in the call anyway (the
-     * batch owns its lane for the whole call). A mutex and condition variable rather than an
-     * actor: a message round trip per batch would add a hop without removing the wait for a
-     * free lane. */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    /* The lane pool is the owner actor's (the client actor, or the pool actor of a devstage made
+     * without one): lanes, busy flags and the waiters change only on its thread, in
+     * kvp_devstage_handle. An API thread takes a lane with a request (answered when one is free:
+     * the wait for a free lane is the reply) and gives it back with a request too, so that a
+     * give is never still queued when the pool is freed. One round trip each per staged batch
+     * (device memory only). */
+    struct kvp_rt_actor *owner;     /* where DS_* messages go (a reference) */
+    struct kvp_rt_actor *own_actor; /* the pool actor when made without an owner, else NULL */
     struct lane *lanes[DEVSTAGE_MAX_DEVICES][DEVSTAGE_MAX_LANES];
-    /* Counters written by API threads, read by status: atomics (no owner thread to message). */
+    struct lane_wait *waits, **waits_tail;
+    /* Counters added to by API threads per copy, read by status: atomics, since a message per
+     * copy would add a hop to the staging pipeline; the lane counts are written by the owner. */
     _Atomic uint64_t bounce_bytes, staged_batches, staged_bytes, copies, copy_errors;
     _Atomic uint32_t n_lanes, lanes_busy;
 };
@@ -47,7 +58,13 @@ static int default_xfer(void *ctx, struct kvp_xfer_slice *s, size_t n, uint32_t 
     return kvp_xfer_run_overlap(ctx, s, n, t, ov, arg);
 }
 
-int kvp_devstage_new(struct kvp_devstage **out, struct kvp_xfer_engine *e, uint64_t window)
+static int pool_actor_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
+{
+    return kvp_devstage_handle(kvp_rt_state(ctx), ctx, m);
+}
+
+int kvp_devstage_new_owned(struct kvp_devstage **out, struct kvp_xfer_engine *e, uint64_t window,
+                           struct kvp_rt_actor *owner)
 {
     struct kvp_devstage *ds = calloc(1, sizeof *ds);
     if (!ds)
@@ -56,10 +73,25 @@ int kvp_devstage_new(struct kvp_devstage **out, struct kvp_xfer_engine *e, uint6
     ds->xfer = default_xfer;
     ds->xfer_ctx = e;
     ds->window = window ? window : DEVSTAGE_DEFAULT_WINDOW;
-    pthread_mutex_init(&ds->mu, NULL);
-    pthread_cond_init(&ds->cv, NULL);
+    ds->waits_tail = &ds->waits;
+    if (owner) {
+        ds->owner = kvp_rt_ref(owner);
+    } else {
+        struct kvp_rt_spec spec = {.name = "devstage", .handle = pool_actor_handle, .state = ds};
+        int rc = kvp_rt_spawn(&ds->own_actor, &spec, NULL);
+        if (rc != KVP_OK) {
+            free(ds);
+            return rc;
+        }
+        ds->owner = kvp_rt_ref(ds->own_actor);
+    }
     *out = ds;
     return KVP_OK;
+}
+
+int kvp_devstage_new(struct kvp_devstage **out, struct kvp_xfer_engine *e, uint64_t window)
+{
+    return kvp_devstage_new_owned(out, e, window, NULL);
 }
 
 void kvp_devstage_set_transport(struct kvp_devstage *ds, kvp_devstage_xfer_fn fn, void *ctx)
@@ -100,11 +132,14 @@ void kvp_devstage_destroy(struct kvp_devstage **pds)
     if (!pds || !*pds)
         return;
     struct kvp_devstage *ds = *pds;
-    for (int d = 0; d < DEVSTAGE_MAX_DEVICES; d++)
-        for (int i = 0; i < DEVSTAGE_MAX_LANES; i++)
-            lane_free(ds, ds->lanes[d][i]);
-    pthread_mutex_destroy(&ds->mu);
-    pthread_cond_destroy(&ds->cv);
+    /* The lanes are freed on the owner's thread, after every give already queued there. */
+    struct kvp_rt_msg *r = NULL;
+    if (kvp_rt_call(ds->owner, 0, DS_FREE, 0, NULL, NULL, 0, &r) == KVP_OK)
+        kvp_rt_msg_destroy(&r);
+    else
+        kvp_log_error("devstage", "free: the pool's owner is gone; its lanes are leaked");
+    kvp_rt_unref(&ds->owner);
+    kvp_rt_destroy(&ds->own_actor);
     free(ds);
     *pds = NULL;
 }
@@ -155,46 +190,122 @@ static struct lane *lane_new(struct kvp_devstage *ds, int ordinal)
     return l;
 }
 
-/* Take a free lane of `ordinal`, creating one while under DEVSTAGE_MAX_LANES, else wait. */
+/* Owner's thread: a free lane of `ordinal`, created while under DEVSTAGE_MAX_LANES; NULL when
+ * all are busy (*full) or one could not be made (logged). */
+static struct lane *lane_pick(struct kvp_devstage *ds, int ordinal, bool *full)
+{
+    int empty = -1;
+    *full = false;
+    for (int i = 0; i < DEVSTAGE_MAX_LANES; i++) {
+        struct lane *l = ds->lanes[ordinal][i];
+        if (l && !l->busy) {
+            l->busy = true;
+            atomic_fetch_add(&ds->lanes_busy, 1);
+            return l;
+        }
+        if (!l && empty < 0)
+            empty = i;
+    }
+    if (empty < 0) {
+        *full = true;
+        return NULL;
+    }
+    struct lane *l = lane_new(ds, ordinal);
+    if (l) {
+        l->busy = true;
+        ds->lanes[ordinal][empty] = l;
+        atomic_fetch_add(&ds->lanes_busy, 1);
+    }
+    return l;
+}
+
+static void lane_answer(struct kvp_rt_ctx *ctx, uint64_t token, struct lane *l)
+{
+    (void)kvp_rt_reply(ctx, token, l ? KVP_OK : KVP_ERR_DEVICE, (uint64_t)(uintptr_t)l, NULL, NULL);
+}
+
+int kvp_devstage_handle(struct kvp_devstage *ds, struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
+{
+    if (m->kind != KVP_RT_REQUEST)
+        return KVP_OK;
+    switch (m->type) {
+    case DS_TAKE: {
+        int ordinal = (int)m->arg;
+        bool full;
+        struct lane *l = lane_pick(ds, ordinal, &full);
+        if (!full) {
+            lane_answer(ctx, m->corr_id, l);
+            return KVP_OK;
+        }
+        struct lane_wait *w = malloc(sizeof *w);
+        if (!w) {
+            (void)kvp_rt_reply(ctx, m->corr_id, KVP_ERR_NOMEM, 0, NULL, NULL);
+            return KVP_OK;
+        }
+        *w = (struct lane_wait){.token = m->corr_id, .ordinal = ordinal};
+        *ds->waits_tail = w;
+        ds->waits_tail = &w->next;
+        return KVP_OK;
+    }
+    case DS_GIVE: {
+        struct lane *l = (struct lane *)(uintptr_t)m->arg;
+        (void)kvp_rt_reply(ctx, m->corr_id, KVP_OK, 0, NULL, NULL);
+        /* the first caller waiting for this device gets it at once */
+        for (struct lane_wait **pw = &ds->waits; *pw; pw = &(*pw)->next) {
+            if ((*pw)->ordinal != l->ordinal)
+                continue;
+            struct lane_wait *w = *pw;
+            *pw = w->next;
+            if (ds->waits_tail == &w->next)
+                ds->waits_tail = pw;
+            lane_answer(ctx, w->token, l);
+            free(w);
+            return KVP_OK;
+        }
+        l->busy = false;
+        atomic_fetch_sub(&ds->lanes_busy, 1);
+        return KVP_OK;
+    }
+    case DS_FREE:
+        for (int d = 0; d < DEVSTAGE_MAX_DEVICES; d++)
+            for (int i = 0; i < DEVSTAGE_MAX_LANES; i++) {
+                lane_free(ds, ds->lanes[d][i]);
+                ds->lanes[d][i] = NULL;
+            }
+        while (ds->waits) { /* none can be left (no batch runs); answered rather than lost */
+            struct lane_wait *w = ds->waits;
+            ds->waits = w->next;
+            (void)kvp_rt_reply(ctx, w->token, KVP_ERR_CLOSED, 0, NULL, NULL);
+            free(w);
+        }
+        ds->waits_tail = &ds->waits;
+        (void)kvp_rt_reply(ctx, m->corr_id, KVP_OK, 0, NULL, NULL);
+        return KVP_OK;
+    default:
+        kvp_log_warn("devstage", "unknown message %u", (unsigned)m->type);
+        (void)kvp_rt_reply(ctx, m->corr_id, KVP_ERR_INVALID, 0, NULL, NULL);
+        return KVP_OK;
+    }
+}
+
+/* API thread: a lane of `ordinal`, waiting for one to be free. NULL when none can be made. */
 static struct lane *lane_take(struct kvp_devstage *ds, int ordinal)
 {
     if (ordinal < 0 || ordinal >= DEVSTAGE_MAX_DEVICES)
         return NULL;
-    pthread_mutex_lock(&ds->mu);
-    for (;;) {
-        int empty = -1;
-        for (int i = 0; i < DEVSTAGE_MAX_LANES; i++) {
-            struct lane *l = ds->lanes[ordinal][i];
-            if (l && !l->busy) {
-                l->busy = true;
-                atomic_fetch_add(&ds->lanes_busy, 1);
-                pthread_mutex_unlock(&ds->mu);
-                return l;
-            }
-            if (!l && empty < 0)
-                empty = i;
-        }
-        if (empty >= 0) {
-            struct lane *l = lane_new(ds, ordinal);
-            if (l) {
-                l->busy = true;
-                ds->lanes[ordinal][empty] = l;
-                atomic_fetch_add(&ds->lanes_busy, 1);
-            }
-            pthread_mutex_unlock(&ds->mu);
-            return l;
-        }
-        pthread_cond_wait(&ds->cv, &ds->mu);
-    }
+    struct kvp_rt_msg *r = NULL;
+    if (kvp_rt_call(ds->owner, 0, DS_TAKE, (uint64_t)ordinal, NULL, NULL, 0, &r) != KVP_OK)
+        return NULL;
+    struct lane *l = r->status == KVP_OK ? (struct lane *)(uintptr_t)r->arg : NULL;
+    kvp_rt_msg_destroy(&r);
+    return l;
 }
 
 static void lane_give(struct kvp_devstage *ds, struct lane *l)
 {
-    pthread_mutex_lock(&ds->mu);
-    l->busy = false;
-    atomic_fetch_sub(&ds->lanes_busy, 1);
-    pthread_cond_signal(&ds->cv);
-    pthread_mutex_unlock(&ds->mu);
+    struct kvp_rt_msg *r = NULL;
+    if (kvp_rt_call(ds->owner, 0, DS_GIVE, (uint64_t)(uintptr_t)l, NULL, NULL, 0, &r) == KVP_OK)
+        kvp_rt_msg_destroy(&r);
 }
 
 int kvp_devstage_pin(struct kvp_devstage *ds, int ordinal)

@@ -33,10 +33,29 @@ struct kvp_devstage;
 typedef int (*kvp_devstage_xfer_fn)(void *ctx, struct kvp_xfer_slice *slices, size_t n, uint32_t timeout_ms,
                                     void (*overlap)(void *arg), void *arg);
 
-/** New staging state for one engine; window 0 = DEVSTAGE_DEFAULT_WINDOW. KVP_ERR_NOMEM. */
-int kvp_devstage_new(struct kvp_devstage **out, struct kvp_xfer_engine *e, uint64_t window);
+struct kvp_rt_actor;
+struct kvp_rt_ctx;
+struct kvp_rt_msg;
 
-/** Free every lane (streams, events, pinned buffers); no batch may run. Accepts NULL. */
+/* The lane pool's messages (requests to its owner, which passes them to kvp_devstage_handle). */
+enum { DS_TAKE = 0x4400, DS_GIVE, DS_FREE };
+#define KVP_DEVSTAGE_MSG_FIRST DS_TAKE
+#define KVP_DEVSTAGE_MSG_LAST DS_FREE
+
+/**
+ * New staging state for one engine; window 0 = DEVSTAGE_DEFAULT_WINDOW. The lane pool is owned
+ * by `owner` (the client actor): its handler passes every message of type
+ * KVP_DEVSTAGE_MSG_FIRST..LAST to kvp_devstage_handle. kvp_devstage_new has no owner: it runs the
+ * pool in an actor of its own ("devstage"). Errors: KVP_ERR_NOMEM, kvp_rt_spawn's.
+ */
+int kvp_devstage_new_owned(struct kvp_devstage **out, struct kvp_xfer_engine *e, uint64_t window,
+                           struct kvp_rt_actor *owner);
+int kvp_devstage_new(struct kvp_devstage **out, struct kvp_xfer_engine *e, uint64_t window);
+/** The owner's handler for a DS_* message (on the owner's thread). Always KVP_OK. */
+int kvp_devstage_handle(struct kvp_devstage *ds, struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m);
+
+/** Free every lane (streams, events, pinned buffers, on the owner's thread: the owner must still
+ * run); no batch may run. Accepts NULL. */
 void kvp_devstage_destroy(struct kvp_devstage **ds);
 
 /** Replace the transport (tests). */

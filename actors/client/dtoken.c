@@ -4,7 +4,8 @@
  * The lock: the wallet is read by the transfer engine's actors (their TCP transports answer a
  * segment's challenge from inside poll, where they may not block waiting for a reply, so a
  * message to an owner would not do) and filled by application threads after a DataToken call.
- * It is held only to copy a token or sign one challenge (microseconds).
+ * It is held only to copy a token or sign one challenge (microseconds). This is the one client
+ * file with a lock; the rest of the client's shared state is the client actor's (client_actor.c).
  */
 #include "actors/client/dtoken.h"
 

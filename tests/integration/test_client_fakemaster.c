@@ -672,9 +672,7 @@ static void test_client_close_during_put_returns(void **state)
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, closer_put_main, &p), 0);
     for (;;) { /* wait until the put is inside the client */
-        pthread_mutex_lock(&c->mu);
-        uint32_t n = c->inflight;
-        pthread_mutex_unlock(&c->mu);
+        uint64_t n = atomic_load(&c->life) & ~(UINT64_C(1) << 63); /* calls inside (client_state.h) */
         if (n > 0)
             break;
         usleep(100);
@@ -686,6 +684,71 @@ static void test_client_close_during_put_returns(void **state)
     assert_int_equal(kvp_exists(c2, "close-race"), p.rc == KVP_OK ? 1 : 0);
     tc_close(&c2);
     free(p.buf);
+}
+
+struct closer_many {
+    kvp_client *c;
+    char key[32];
+    uint8_t *buf;
+    size_t len;
+    int rc;
+    atomic_bool returned;
+};
+
+static void *closer_many_main(void *arg)
+{
+    struct closer_many *p = arg;
+    kvp_put_opts o = {.replica_num = 1};
+    p->rc = kvp_put(p->c, p->key, p->buf, p->len, &o);
+    atomic_store(&p->returned, true);
+    return NULL;
+}
+
+/* kvp_client_close with several calls inside (the client actor's close protocol: the call that
+ * leaves last tells the actor, which answers close): close returns, and every call returns OK or
+ * CLOSED. */
+static void test_client_close_with_several_calls_inside_returns_after_all(void **state)
+{
+    (void)state;
+    enum { N = 6 };
+    kvp_client *c = open_client(20000);
+    static struct closer_many p[N];
+    pthread_t t[N];
+    for (int i = 0; i < N; i++) {
+        p[i].c = c;
+        snprintf(p[i].key, sizeof p[i].key, "close-many-%d", i);
+        p[i].len = 1u << 20;
+        p[i].buf = malloc(p[i].len);
+        p[i].rc = 1;
+        atomic_store(&p[i].returned, false);
+        fill(p[i].key, p[i].buf, p[i].len);
+        assert_int_equal(pthread_create(&t[i], NULL, closer_many_main, &p[i]), 0);
+    }
+    /* wait (bounded, 20 s) until every call entered the client: inside now, or already returned
+     * (a call not entered yet would use the client after close freed it) */
+    bool all = false;
+    for (int k = 0; k < 200000 && !all; k++) {
+        uint64_t n = atomic_load(&c->life) & ~(UINT64_C(1) << 63);
+        int done = 0;
+        for (int i = 0; i < N; i++)
+            done += atomic_load(&p[i].returned);
+        all = n + (uint64_t)done >= N;
+        if (!all)
+            usleep(100);
+    }
+    assert_true(all);
+    /* close returns only once the last call inside left (its CA_IDLE answered close): the client
+     * is freed then, so a call still inside would touch freed memory (ASan/TSan stages) */
+    tc_close(&c);
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        assert_true(p[i].rc == KVP_OK || p[i].rc == KVP_ERR_CLOSED);
+        free(p[i].buf);
+    }
+    kvp_client *c2 = open_client(10000); /* the later tests need the space */
+    for (int i = 0; i < N; i++)
+        (void)kvp_remove(c2, p[i].key, true);
+    tc_close(&c2);
 }
 
 /* Must run last: stops segments. */
@@ -797,6 +860,7 @@ int main(void)
         cmocka_unit_test(test_client_large_batches_chunked),
         cmocka_unit_test(test_client_put_iov_length_overflow_invalid),
         cmocka_unit_test(test_client_close_during_put_returns),
+        cmocka_unit_test(test_client_close_with_several_calls_inside_returns_after_all),
         cmocka_unit_test(test_client_dead_replica_failover_then_dead_only_fails_fast),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

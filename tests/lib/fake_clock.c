@@ -7,18 +7,18 @@
 
 void kvp_fake_clock_install(struct kvp_fake_clock *fc, uint64_t start_ns)
 {
-    fc->ns = start_ns ? start_ns : 1000000000ull;
+    __atomic_store_n(&fc->ns, start_ns ? start_ns : 1000000000ull, __ATOMIC_RELAXED);
     kvp_clock_set_fake(&fc->ns);
 }
 
 void kvp_fake_clock_advance_ns(struct kvp_fake_clock *fc, uint64_t ns)
 {
-    fc->ns += ns;
+    __atomic_fetch_add(&fc->ns, ns, __ATOMIC_RELAXED); /* threaded actors read it meanwhile */
 }
 
 void kvp_fake_clock_advance_ms(struct kvp_fake_clock *fc, uint64_t ms)
 {
-    fc->ns += ms * 1000000ull;
+    __atomic_fetch_add(&fc->ns, ms * 1000000ull, __ATOMIC_RELAXED);
 }
 
 void kvp_fake_clock_uninstall(void)
