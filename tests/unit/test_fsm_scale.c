@@ -228,6 +228,53 @@ static void test_repair_scan_slices_equal_one_walk(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+/* RepairScanResp.table_moves counts objects a removal's backward shift moved between slots
+ * (one of them may cross a slice's cursor, repair_pass.h): a removal with a displaced object
+ * after it moves the count, one with an empty slot after it does not, a restore does. */
+static uint64_t moves_now(const struct kvp_master_fsm *f)
+{
+    Kvp__Response *r = scan(f, 0, 1);
+    uint64_t m = r->repair_scan->table_moves;
+    kvp_master_fsm_response_free(r);
+    return m;
+}
+
+static void test_repair_scan_table_moves(void **state)
+{
+    (void)state;
+    uint64_t now = 0;
+    struct kvp_master_fsm *f = random_state(&now);
+    uint64_t mask = f->tab_cap - 1;
+    int shifted = -1, alone = -1; /* slots whose removal shifts / cannot shift another object */
+    for (uint64_t i = 0; i + 1 < f->tab_cap && (shifted < 0 || alone < 0); i++) {
+        const struct kvp_fsm_obj *o = f->tab[i], *n = f->tab[i + 1];
+        if (!o || o->state != KVP_FSM_OBJ_COMPLETE)
+            continue;
+        if (n && (n->hash & mask) != i + 1 && shifted < 0)
+            shifted = (int)i;
+        else if (!n && alone < 0)
+            alone = (int)i;
+    }
+    assert_true(shifted >= 0 && alone >= 0);
+    char k[256];
+    snprintf(k, sizeof k, "%s", kvp_fsm_obj_key(f->tab[alone]));
+    uint64_t m0 = moves_now(f);
+    assert_int_equal(tf_remove(f, k, true, now), KVP_OK);
+    assert_int_equal(moves_now(f), m0);
+    snprintf(k, sizeof k, "%s", kvp_fsm_obj_key(f->tab[shifted]));
+    assert_int_equal(tf_remove(f, k, true, now), KVP_OK);
+    assert_true(moves_now(f) > m0);
+    size_t n = 0;
+    uint8_t *b = tf_snapshot(f, &n);
+    struct kvp_master_fsm *g = tf_new(100, 600000);
+    uint64_t g0 = moves_now(g);
+    assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_OK);
+    assert_true(moves_now(g) != g0);
+    free(b);
+    kvp_master_fsm_destroy(&g);
+    kvp_master_fsm_destroy(&f);
+}
+
 /* tenant -> (bytes, objects) recounted over every complete object */
 struct recount {
     char name[8][64];
@@ -457,6 +504,7 @@ int main(void)
     seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repair_scan_slices_equal_one_walk),
+        cmocka_unit_test(test_repair_scan_table_moves),
         cmocka_unit_test(test_tenant_use_kept_on_apply_equals_recount),
         cmocka_unit_test(test_table_grows_in_steps_under_snapshot),
     };
