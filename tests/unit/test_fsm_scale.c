@@ -275,6 +275,41 @@ static void test_repair_scan_table_moves(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+/* A tenant whose count was lost for want of memory (its +1 dropped) and whose object then
+ * leaves stays at 0, flagged lost, rather than wrapping to ~2^64 bytes (which the quota would
+ * read as far over its limit). */
+static void max_one(void *ctx, const char *tenant, uint64_t used_bytes, uint64_t objects)
+{
+    (void)tenant;
+    uint64_t *m = ctx;
+    if (used_bytes > m[0])
+        m[0] = used_bytes;
+    if (objects > m[1])
+        m[1] = objects;
+}
+
+static void test_tenant_count_lost_stays_at_zero(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(100, 600000);
+    uint32_t id;
+    assert_int_equal(tf_mount(f, "a", "h1", 64 * MB, 1, &id), KVP_OK);
+    assert_int_equal(tf_put(f, "t1\x1fk", 100, 1, 1, 10), KVP_OK);
+    const struct kvp_fsm_obj *o = NULL;
+    for (uint64_t i = 0; i < f->tab_cap && !o; i++)
+        o = f->tab[i];
+    assert_non_null(o);
+    kvp_fsm_tenant_count(f, o, -1); /* as if its +1 had been lost: the tenant at 0 */
+    uint64_t m[2] = {0, 0};
+    assert_int_equal(kvp_master_fsm_tenants(f, max_one, m), KVP_OK);
+    assert_int_equal(m[1], 0);
+    assert_int_equal(tf_remove(f, "t1\x1fk", false, 20), KVP_OK); /* its -1 */
+    assert_int_equal(kvp_master_fsm_tenants(f, max_one, m), KVP_ERR_NOMEM);
+    assert_int_equal(m[0], 0);
+    assert_int_equal(m[1], 0);
+    kvp_master_fsm_destroy(&f);
+}
+
 /* tenant -> (bytes, objects) recounted over every complete object */
 struct recount {
     char name[8][64];
@@ -505,6 +540,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repair_scan_slices_equal_one_walk),
         cmocka_unit_test(test_repair_scan_table_moves),
+        cmocka_unit_test(test_tenant_count_lost_stays_at_zero),
         cmocka_unit_test(test_tenant_use_kept_on_apply_equals_recount),
         cmocka_unit_test(test_table_grows_in_steps_under_snapshot),
     };
