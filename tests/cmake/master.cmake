@@ -11,6 +11,8 @@ if(TARGET test_master_restart)
 endif()
 # Pure parts of the service (soft-state map, members parser).
 kvp_add_test(test_master_service SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_service.c LABEL unit TIMEOUT 30)
+# The repair driver's pass in slices (repair_pass.h): restart on growth, moves mark the pass.
+kvp_add_test(test_repair_pass SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_repair_pass.c LABEL unit TIMEOUT 30)
 # The leader's "segment lost" rule (issue 18): blind periods, self-suspicion, evidence.
 kvp_add_test(test_master_liveness SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_liveness.c LABEL unit TIMEOUT 30)
 # Rolling upgrades (issue 24 item 4): feature levels, the PutStart gate, a newer command refused.

@@ -98,6 +98,7 @@ static void tab_remove(struct kvp_master_fsm *f, struct kvp_fsm_obj **tab, uint6
         if (movable) {
             if (live) {
                 kvp_fsm_snap_touch(f, n); /* may move behind a running snapshot's walk */
+                f->tab_moves++;           /* ... or behind a repair scan slice's cursor */
                 /* ... or behind the growth's walk: copy it now, or the new table misses it */
                 if (f->ntab && i < f->ncursor && KVP_FSM_OBJ_MOVED(n) != f->grow_gen) {
                     tab_place(f->ntab, f->ncap, n);
@@ -183,7 +184,7 @@ int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
         if (f->ntab) { /* else: grown whole at 3/4 below */
             f->ncap = f->tab_cap * 2;
             f->ncursor = 0;
-            f->grow_gen = (uint8_t)(f->grow_gen + 1 ? f->grow_gen + 1 : 1); /* 0: never moved */
+            f->grow_gen = f->grow_gen == UINT8_MAX ? 1 : (uint8_t)(f->grow_gen + 1); /* 0: never moved */
         }
     }
     if ((f->n_objects + 1) * 4 > f->tab_cap * 3) {

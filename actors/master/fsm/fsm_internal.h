@@ -106,6 +106,9 @@ struct kvp_master_fsm {
     struct kvp_fsm_obj **ntab;
     uint64_t ncap, ncursor;
     uint8_t grow_gen;
+    /* Objects moved between slots of the live table (backward shifts; a restore counts one),
+     * for the repair scan's slices (RepairScanResp.table_moves). Derived, not in snapshots. */
+    uint64_t tab_moves;
     uint64_t n_objects; /* complete + pending */
     /* Pending puts (unordered; obj->pending_idx is the index). */
     struct kvp_fsm_obj **pending;

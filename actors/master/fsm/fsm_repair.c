@@ -381,6 +381,7 @@ int kvp_fsm_repair_scan(const fsm_t *f, const Kvp__RepairScanReq *q, Kvp__Respon
     uint64_t to = q && q->slots && q->slots < f->tab_cap - from ? from + q->slots : f->tab_cap;
     b->next_cursor = to < f->tab_cap ? to : 0;
     b->table_slots = f->tab_cap;
+    b->table_moves = f->tab_moves;
     for (uint64_t t = from; t < to; t++) {
         if (t + 16 < to && f->tab[t + 16])
             __builtin_prefetch(f->tab[t + 16]); /* each object is a cache miss: keep some in flight */

@@ -822,11 +822,12 @@ int kvp_master_fsm_restore_end(fsm_t *f, struct kvp_fsm_restore *r)
 {
     if (!f || !r || r->phase != RS_READY)
         return KVP_ERR_INVALID; /* also: the checksum has not been checked yet */
-    uint64_t epoch = f->repair_epoch;
+    uint64_t epoch = f->repair_epoch, moves = f->tab_moves;
     fsm_t old = *f;
     kvp_fsm_snap_free(&old); /* a running incremental snapshot of the old state is dropped */
     *f = r->t;
     f->repair_epoch = epoch + 1;
+    f->tab_moves = moves + 1; /* every object is in another slot: a repair pass's slices too */
     r->t = old;
     r->c.t = &r->t;
     r->phase = RS_FREE_OLD;

@@ -90,6 +90,11 @@ void kvp_fsm_tenant_count(struct kvp_master_fsm *f, const struct kvp_fsm_obj *o,
     if (sign > 0) {
         t->used_bytes += ALIGN64(o->size);
         t->objects++;
+    } else if (t->objects == 0 || t->used_bytes < ALIGN64(o->size)) {
+        /* its +1 was lost for want of memory (or a new entry for it was just made): stay at 0,
+         * not wrap to ~2^64 bytes, which the quota would read as far over and evict for */
+        t->used_bytes = t->objects = 0;
+        f->tenants_lost = true;
     } else {
         t->used_bytes -= ALIGN64(o->size);
         t->objects--;

@@ -40,6 +40,7 @@ struct svc_quota {
     size_t n;
     struct quota_tenant t[QUOTA_MAX_TENANTS];
     uint64_t status_ms;     /* last full scan for status/metrics */
+    bool lost_logged;       /* the FSM's "a count was lost" was logged (once per loss, not per scan) */
 };
 
 struct cand {
@@ -163,8 +164,10 @@ static bool scan(struct kvp_master_service *s, const char *collect, struct scan 
         s->quota->t[i].used_bytes = s->quota->t[i].objects = s->quota->t[i].admitted = 0;
         s->quota->t[i].scanned_ms = now;
     }
-    if (kvp_master_fsm_tenants(s->fsm, use_one, sc) == KVP_ERR_NOMEM)
+    bool lost = kvp_master_fsm_tenants(s->fsm, use_one, sc) == KVP_ERR_NOMEM;
+    if (lost && !s->quota->lost_logged) /* it stays lost until a restore: say so once, not 4/s */
         kvp_log_warn(s->actor, "tenant use: a count was lost for want of memory; figures are low until a restore");
+    s->quota->lost_logged = lost;
     if (collect)
         kvp_master_fsm_foreach_object(s->fsm, scan_one, sc);
     kvp_raftlog_read_end(s->rl);

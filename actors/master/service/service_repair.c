@@ -11,6 +11,7 @@
 
 #include <xxhash.h>
 
+#include "actors/master/service/repair_pass.h"
 #include "actors/master/service/service_state.h"
 #include "kvpool.h"
 #include "runtime/log.h"
@@ -61,13 +62,12 @@ struct svc_repair {
      * are at most that old after removes, which do not move the epoch. */
     uint64_t clean_until_ms;
     uint64_t scans_run, scans_skipped;
-    /* The pass in progress: slices of SCAN_SLICE_SLOTS table slots, one query each. `pass`
-     * sums the slices' counters (published to `last` when the pass ends); pass_seen_* are the
-     * droppable/stale entries seen in it, pass_full whether a slice's needs list overflowed. */
-    bool in_pass, pass_full;
+    /* The pass in progress: slices of SCAN_SLICE_SLOTS table slots, one query each (the rules
+     * in repair_pass.h). `pass.sum` sums the slices' counters (published to `last` when the pass
+     * ends); pass_seen_* are the droppable/stale entries seen in it. */
+    struct repair_pass pass;
     uint64_t slice; /* slots per query: SCAN_SLICE_SLOTS (test builds: $KVPOOL_TEST_REPAIR_SCAN_SLOTS) */
-    uint64_t cursor, pass_slots, pass_epoch, passes;
-    Kvp__RepairScanResp pass;
+    uint64_t pass_epoch, passes;
     struct svc_map pass_seen_drop, pass_seen_stale;
     struct svc_map droppable;    /* hash(key, seg) -> first seen droppable (ms) */
     struct svc_map stale;        /* hash(key, seg, off) -> first seen unknown PENDING (ms) */
@@ -112,7 +112,7 @@ static struct svc_repair *R(struct kvp_master_service *s)
     svc_map_init(&r->pass_seen_drop);
     svc_map_init(&r->pass_seen_stale);
     kvp__repair_scan_resp__init(&r->last);
-    kvp__repair_scan_resp__init(&r->pass);
+    repair_pass_reset(&r->pass);
     s->repair = r;
     return r;
 }
@@ -136,9 +136,8 @@ static void task_del(struct svc_repair *r, size_t i)
 /* Forget the pass in progress: the next scan starts one at slot 0. */
 static void pass_reset(struct svc_repair *r)
 {
-    r->in_pass = r->pass_full = false;
-    r->cursor = r->pass_slots = r->pass_epoch = 0;
-    kvp__repair_scan_resp__init(&r->pass);
+    repair_pass_reset(&r->pass);
+    r->pass_epoch = 0;
     svc_map_clear(&r->pass_seen_drop);
     svc_map_clear(&r->pass_seen_stale);
 }
@@ -245,7 +244,7 @@ static int on_tick(struct kvp_master_service *s)
     }
     if (r->scan_inflight || r->start_inflight)
         return 0;
-    if (!r->in_pass) {
+    if (!r->pass.in_pass) {
         uint64_t every = (r->busy || r->n_tasks) ? SCAN_BUSY_MS : SCAN_IDLE_MS;
         if (now - r->last_scan_ms < every)
             return 0;
@@ -263,7 +262,7 @@ static int on_tick(struct kvp_master_service *s)
             return 0;
         }
         pass_reset(r);
-        r->in_pass = true;
+        r->pass.in_pass = true;
         r->pass_epoch = epoch;
         r->scans_run++;
     }
@@ -273,7 +272,7 @@ static int on_tick(struct kvp_master_service *s)
     p->internal = SVC_INT_REPAIR_SCAN;
     Kvp__RepairScanReq q = KVP__REPAIR_SCAN_REQ__INIT;
     q.max = SCAN_MAX;
-    q.cursor = r->cursor;
+    q.cursor = r->pass.cursor;
     q.slots = r->slice;
     Kvp__Request req = KVP__REQUEST__INIT;
     req.body_case = KVP__REQUEST__BODY_REPAIR_SCAN;
@@ -342,33 +341,27 @@ static void on_scan(struct kvp_master_service *s, struct svc_repair *r, const Kv
 {
     uint64_t now = svc_now_ms();
     uint64_t lease = s->cfg.default_kv_lease_ttl_ms;
-    if (r->pass_slots && b->table_slots != r->pass_slots) {
-        /* The table grew within the pass: slots moved, so the sums would be off. Start over. */
-        pass_reset(r);
-        r->in_pass = true;
+    enum repair_pass_step step = repair_pass_add(&r->pass, b, SCAN_MAX);
+    if (step == REPAIR_PASS_RESTARTED) {
+        /* The table's size changed within the pass (a growth swapped tables): its slots name
+         * other objects now, so the pass starts over at slot 0 (this slice's needs are still
+         * acted on below; its counters are not the pass's). */
+        svc_map_clear(&r->pass_seen_drop);
+        svc_map_clear(&r->pass_seen_stale);
         r->pass_epoch = r->scan_epoch;
     }
-    r->pass_slots = b->table_slots;
-    r->pass.draining_objects += b->draining_objects;
-    r->pass.draining_bytes += b->draining_bytes;
-    r->pass.under_replicated += b->under_replicated;
-    r->pass.in_flight += b->in_flight;
-    r->pass.no_space += b->no_space;
-    r->pass.lost_if_drained += b->lost_if_drained;
-    r->pass.n_needs += b->n_needs;
-    r->pass_full |= b->n_needs >= SCAN_MAX;
-    bool pass_done = b->next_cursor == 0;
-    r->cursor = b->next_cursor;
-    r->busy = r->pass.n_needs > 0 || r->pass.draining_objects > 0 || (!pass_done && r->last.draining_objects);
+    bool pass_done = step == REPAIR_PASS_DONE;
+    const Kvp__RepairScanResp *sum = &r->pass.sum;
+    r->busy = sum->n_needs > 0 || sum->draining_objects > 0 || b->n_needs > 0 ||
+              (!pass_done && r->last.draining_objects);
     if (pass_done) {
-        r->last.draining_objects = r->pass.draining_objects;
-        r->last.draining_bytes = r->pass.draining_bytes;
-        r->last.under_replicated = r->pass.under_replicated;
-        r->last.in_flight = r->pass.in_flight;
-        r->last.no_space = r->pass.no_space;
-        r->last.lost_if_drained = r->pass.lost_if_drained;
-        r->last.n_needs = r->pass.n_needs;
-        r->in_pass = false;
+        r->last.draining_objects = sum->draining_objects;
+        r->last.draining_bytes = sum->draining_bytes;
+        r->last.under_replicated = sum->under_replicated;
+        r->last.in_flight = sum->in_flight;
+        r->last.no_space = sum->no_space;
+        r->last.lost_if_drained = sum->lost_if_drained;
+        r->last.n_needs = sum->n_needs;
         r->passes++;
     }
 
@@ -433,7 +426,7 @@ static void on_scan(struct kvp_master_service *s, struct svc_repair *r, const Kv
     }
     /* forget entries no longer reported in a whole pass (the scan list is bounded, so only when
      * no slice's list overflowed) */
-    if (pass_done && !r->pass_full) {
+    if (pass_done && !r->pass.full) {
         struct svc_map *keep[2] = {seen_drop, seen_stale};
         struct svc_map *tabs[2] = {&r->droppable, &r->stale};
         for (int t = 0; t < 2; t++) {
@@ -549,13 +542,17 @@ void svc_repair_on_result(struct kvp_master_service *s, struct svc_pending *p, i
             s->is_leader) {
             r->scan_epoch = r->pass_epoch;
             on_scan(s, r, resp->repair_scan);
-            if (!r->in_pass) {
+            if (!r->pass.in_pass) {
                 /* A whole pass with no work of any kind (objects short of copies only because
-                 * too few segments are ACTIVE are no work: a mount bumps the epoch). */
+                 * too few segments are ACTIVE are no work: a mount bumps the epoch). Removals do
+                 * not move the epoch, but their backward shifts may have moved an object that
+                 * needs work from ahead of a slice's cursor to behind it (repair_pass.h): then
+                 * the verdict holds 10 idle periods, not until the epoch moves. */
                 const Kvp__RepairScanResp *b = &r->last;
                 bool clean = b->n_needs == 0 && b->in_flight == 0 && b->no_space == 0 && b->draining_objects == 0;
                 r->clean_epoch = clean ? r->pass_epoch : 0;
-                r->clean_until_ms = b->under_replicated ? svc_now_ms() + 10u * SCAN_IDLE_MS : UINT64_MAX;
+                r->clean_until_ms =
+                    (b->under_replicated || r->pass.moved) ? svc_now_ms() + 10u * SCAN_IDLE_MS : UINT64_MAX;
             }
         }
         else if (st != KVP_ERR_NOT_LEADER)
