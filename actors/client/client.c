@@ -364,7 +364,13 @@ void kvp_client_close(kvp_client **cp)
      * of waiting for their timeouts; each call still returns only once its slices are terminal. */
     if (c->xfer)
         kvp_xfer_engine_stop(c->xfer);
-    kvp_client_close_wait(c, inside); /* the client actor answers once the last call inside left */
+    /* the client actor answers once the last call inside left */
+    if (kvp_client_close_wait(c, inside) != KVP_OK) {
+        /* Not known to be idle (the client actor stopped answering, logged): freeing could pull
+         * the client from under a call still inside, so it is left allocated. */
+        kvp_log_error(c->name, "close: the client is not freed (a call may still be inside)");
+        return;
+    }
     kvp_log_info(c->name, "closing");
     client_free(c); /* segment (unmount) → engine → session */
 }

@@ -105,8 +105,9 @@ void kvp_client_actor_stop(struct kvp_client *c);
 /** kvp_client_close's first step: refuse new calls from now on; returns how many calls were
  * inside then. */
 uint64_t kvp_client_mark_closed(struct kvp_client *c);
-/** Then (after fencing their transfers): return once each of the `inside` calls left. */
-void kvp_client_close_wait(struct kvp_client *c, uint64_t inside);
+/** Then (after fencing their transfers): return once each of the `inside` calls left. KVP_OK;
+ * anything else (logged) means a call may still be inside: the client must not be freed. */
+int kvp_client_close_wait(struct kvp_client *c, uint64_t inside);
 /** Reads try replicas on segment_id last for KVP_CLIENT_AVOID_MS (reported unreachable). A
  * request: the next call of any thread sees it. */
 void kvp_client_avoid_note(struct kvp_client *c, uint32_t segment_id);

@@ -33,6 +33,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime/actor.h"
 #include "runtime/clock.h"
@@ -307,14 +308,31 @@ int kvp_client_enter(struct kvp_client *c)
     return KVP_OK;
 }
 
+/* A message close depends on (CA_IDLE, CA_CLOSE_WAIT) may not be dropped: a send or a call that
+ * found no memory is tried again every millisecond, logged once. The mailbox is unbounded, so
+ * NOMEM is the only transient failure; any other error is returned. */
+static void nomem_pause(struct kvp_client *c, int tries, const char *what)
+{
+    if (tries == 1)
+        kvp_log_error(c->name, "close: %s: out of memory; trying again every 1 ms", what);
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000};
+    nanosleep(&ts, NULL);
+}
+
 void kvp_client_leave(struct kvp_client *c)
 {
     uint64_t old = atomic_fetch_sub(&c->life, 1);
     if (old == (CLIENT_LIFE_CLOSED | 1)) {
         /* The last call inside a closing client: close waits for this message, so the client
-         * and its actor are still there; the reference covers the send's own end. */
+         * and its actor are still there; the reference covers the send's own end. Dropping it
+         * would leave close waiting forever. */
         struct kvp_rt_actor *a = kvp_rt_ref(c->actor);
-        (void)kvp_rt_send(a, 0, CA_IDLE, 0, NULL, NULL);
+        int rc;
+        for (int tries = 1; (rc = kvp_rt_send(a, 0, CA_IDLE, 0, NULL, NULL)) == KVP_ERR_NOMEM; tries++)
+            nomem_pause(c, tries, "telling the client actor the last call left");
+        if (rc != KVP_OK) /* the actor closed (it never fails itself): close got CLOSED and leaks */
+            kvp_log_error(c->name, "close: the last call could not tell the client actor (%s)",
+                          kvp_errname(rc));
         kvp_rt_unref(&a);
     }
 }
@@ -329,15 +347,18 @@ uint64_t kvp_client_mark_closed(struct kvp_client *c)
     return atomic_fetch_or(&c->life, CLIENT_LIFE_CLOSED) & ~CLIENT_LIFE_CLOSED;
 }
 
-void kvp_client_close_wait(struct kvp_client *c, uint64_t inside)
+int kvp_client_close_wait(struct kvp_client *c, uint64_t inside)
 {
     /* inside == 0: no call was in, and none can enter now. Otherwise the one that leaves last
      * sends CA_IDLE, which this must wait for even if it already left: it may still be sending. */
     if (inside == 0 || !c->actor)
-        return;
-    int rc = ca_call(c, CA_CLOSE_WAIT, 0, NULL, NULL, NULL);
+        return KVP_OK;
+    int rc;
+    for (int tries = 1; (rc = ca_call(c, CA_CLOSE_WAIT, 0, NULL, NULL, NULL)) == KVP_ERR_NOMEM; tries++)
+        nomem_pause(c, tries, "waiting for the calls in flight");
     if (rc != KVP_OK)
         kvp_log_error(c->name, "close: waiting for the calls in flight failed (%s)", kvp_errname(rc));
+    return rc;
 }
 
 void kvp_client_avoid_note(struct kvp_client *c, uint32_t segment_id)
