@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "actors/client/devmem.h"
@@ -230,6 +231,12 @@ int kvp_devstage_handle(struct kvp_devstage *ds, struct kvp_rt_ctx *ctx, struct 
         return KVP_OK;
     switch (m->type) {
     case DS_TAKE: {
+        if (m->arg >= DEVSTAGE_MAX_DEVICES) { /* lane_take checks it; a bad sender gets an error */
+            kvp_log_warn("devstage", "take: device ordinal %llu out of range (max %d)",
+                         (unsigned long long)m->arg, DEVSTAGE_MAX_DEVICES - 1);
+            (void)kvp_rt_reply(ctx, m->corr_id, KVP_ERR_INVALID, 0, NULL, NULL);
+            return KVP_OK;
+        }
         int ordinal = (int)m->arg;
         bool full;
         struct lane *l = lane_pick(ds, ordinal, &full);
@@ -301,11 +308,25 @@ static struct lane *lane_take(struct kvp_devstage *ds, int ordinal)
     return l;
 }
 
+/* A give that is dropped leaves the lane busy for good, and a batch waiting for a lane of that
+ * device (DS_TAKE, no deadline) could then wait forever: a give that found no memory is tried
+ * again every millisecond (logged once); the owner does not close while a batch runs. */
 static void lane_give(struct kvp_devstage *ds, struct lane *l)
 {
     struct kvp_rt_msg *r = NULL;
-    if (kvp_rt_call(ds->owner, 0, DS_GIVE, (uint64_t)(uintptr_t)l, NULL, NULL, 0, &r) == KVP_OK)
+    int rc;
+    for (int tries = 1; (rc = kvp_rt_call(ds->owner, 0, DS_GIVE, (uint64_t)(uintptr_t)l, NULL, NULL, 0, &r)) ==
+                        KVP_ERR_NOMEM;
+         tries++) {
+        if (tries == 1)
+            kvp_log_error("devstage", "giving a lane back: out of memory; trying again every 1 ms");
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (rc == KVP_OK)
         kvp_rt_msg_destroy(&r);
+    else
+        kvp_log_error("devstage", "giving a lane back failed (%s): the lane stays busy", kvp_errname(rc));
 }
 
 int kvp_devstage_pin(struct kvp_devstage *ds, int ordinal)
