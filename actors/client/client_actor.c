@@ -244,7 +244,9 @@ static int ca_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
     }
     default:
         kvp_log_warn(s->c->name, "client actor: unknown message %u dropped", (unsigned)m->type);
-        break;
+        if (m->kind == KVP_RT_REQUEST) /* an unknown request is not done: say so */
+            (void)kvp_rt_reply(ctx, m->corr_id, KVP_ERR_INVALID, 0, NULL, NULL);
+        return KVP_OK;
     }
     if (m->kind == KVP_RT_REQUEST)
         (void)kvp_rt_reply(ctx, m->corr_id, KVP_OK, 0, NULL, NULL);
