@@ -239,6 +239,9 @@ static int ca_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
     }
     case CA_BUF_DEL: {
         size_t len = buf_del(s, (uintptr_t)m->arg);
+        if (!len)
+            kvp_log_warn(s->c->name, "unregister_buffer %p: no registered buffer starts there",
+                         (void *)(uintptr_t)m->arg);
         (void)kvp_rt_reply(ctx, m->corr_id, len ? KVP_OK : KVP_ERR_NOT_FOUND, len, NULL, NULL);
         return KVP_OK;
     }

@@ -112,8 +112,12 @@ struct reg_range {
  * message: a lookup is a few loads on the data path of every call, and no single actor owns
  * state that every client of the process shares. A replaced table stays allocated (on the
  * `retired` list, reachable) until the process exits, because a reader on another thread may
- * still be scanning it and nothing tracks readers process-wide; registrations are rare (once per
- * KV-cache region), so this is a few small tables. */
+ * still be scanning it and nothing tracks readers process-wide. The kept memory is not bounded by
+ * the live ranges: every register or unregister of device memory keeps one replaced table of
+ * 24 + 24 * n bytes (n its ranges), so it grows with the number of changes over the process's
+ * life. Registrations are meant to be rare (once per KV-cache region: a few small tables); an
+ * application that registers and unregisters device buffers per request grows by that much per
+ * call (no reclamation: readers would have to announce themselves, an atomic per lookup). */
 struct reg_table {
     struct reg_table *retired_next;
     uint64_t bytes; /* sum of len */
