@@ -214,6 +214,11 @@ static void maybe_scan(struct kvp_master_service *s)
         start_scan(s);
 }
 
+bool svc_evict_scan_wanted(const struct kvp_master_service *s)
+{
+    return s->evict && (s->evict->dirty || s->evict->need);
+}
+
 void svc_evict_kick(struct kvp_master_service *s)
 {
     if (s->evict)
