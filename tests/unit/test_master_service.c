@@ -1,7 +1,8 @@
 /*
  * test_master_service.c — the pure parts of the master service: the u64 → u64 map behind every
  * soft-state table (insert/overwrite/delete with backward shift, filter, iteration, growth,
- * against a reference array) and the members list parser (every error path).
+ * against a reference array), the members list parser (every error path), and that a PutStart
+ * marks the eviction state for a scan whichever path answers it (issue 21 item 2).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "actors/master/service/service_evict.h"
 #include "actors/master/service/service_state.h"
 #include "kvpool.h"
 
@@ -147,6 +149,33 @@ static void test_members_parse_bad_entries_invalid(void **state)
     assert_int_equal(kvp_master_members_parse(NULL, m, 2), KVP_ERR_INVALID);
 }
 
+/* A PutStart answered from a reservation (service_put.c: svc_evict_on_put_start_req, no FSM
+ * result) must lead to a scan: before, only the FSM path's result marked usage as changed, so
+ * with every put on the one-commit path the headroom rule was never applied (issue 21 item 2). */
+static void test_evict_put_start_req_wants_scan(void **state)
+{
+    (void)state;
+    struct kvp_master_service *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    strcpy(s->cfg.eviction_policy, "lru");
+    s->cfg.fence_grace_ms = 5000;
+    assert_int_equal(svc_evict_new(s), KVP_OK);
+    assert_false(svc_evict_scan_wanted(s)); /* nothing seen yet */
+    Kvp__PutStartItem it = KVP__PUT_START_ITEM__INIT;
+    it.key = "blk-1";
+    it.size = 32768;
+    it.replica_num = 2;
+    Kvp__PutStartItem *ip = &it;
+    Kvp__PutStartReq ps = KVP__PUT_START_REQ__INIT;
+    ps.n_items = 1;
+    ps.items = &ip;
+    svc_evict_on_put_start_req(s, &ps);
+    assert_true(svc_evict_scan_wanted(s));
+    svc_evict_destroy(s);
+    assert_false(svc_evict_scan_wanted(s)); /* no eviction state: nothing to scan */
+    free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -155,6 +184,7 @@ int main(void)
         cmocka_unit_test(test_svc_key_hash_never_zero_stable),
         cmocka_unit_test(test_members_parse_valid_list_parsed),
         cmocka_unit_test(test_members_parse_bad_entries_invalid),
+        cmocka_unit_test(test_evict_put_start_req_wants_scan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,7 +40,10 @@ void svc_evict_reset(struct kvp_master_service *s);
 void svc_evict_kick(struct kvp_master_service *s);
 /** Service actor timer (every 50 ms, leader only): start a scan when usage may be above the watermark. */
 int svc_evict_timer_start(struct kvp_master_service *s);
-/** PutStart request seen: record prefix hints (parent keys) and the largest size asked. */
+/** Whether the 50 ms timer starts a scan next (usage may have changed, or a put waits for room). */
+bool svc_evict_scan_wanted(const struct kvp_master_service *s);
+/** PutStart request seen, on either path (the FSM's or a reservation's): record prefix hints
+ * (parent keys) and the write rate, and mark usage as changed (a scan follows). */
 void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStartReq *ps);
 /** PutStart result: mark usage dirty; NO_SPACE items get reason/evicting and start eviction. */
 void svc_evict_on_put_start_result(struct kvp_master_service *s, Kvp__Response *resp);
