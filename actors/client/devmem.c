@@ -110,14 +110,23 @@ struct reg_range {
  * immutable once published; a change builds a new one and swaps one atomic pointer
  * (compare-and-swap, so two clients registering at once both land). Neither a lock nor a
  * message: a lookup is a few loads on the data path of every call, and no single actor owns
- * state that every client of the process shares. A replaced table stays allocated (on the
- * `retired` list, reachable) until the process exits, because a reader on another thread may
- * still be scanning it and nothing tracks readers process-wide. The kept memory is not bounded by
- * the live ranges: every register or unregister of device memory keeps one replaced table of
- * 24 + 24 * n bytes (n its ranges), so it grows with the number of changes over the process's
- * life. Registrations are meant to be rare (once per KV-cache region: a few small tables); an
- * application that registers and unregisters device buffers per request grows by that much per
- * call (no reclamation: readers would have to announce themselves, an atomic per lookup). */
+ * state that every client of the process shares.
+ *
+ * Reclaiming replaced tables (atomics, not a lock: a lookup must not block behind a writer, and
+ * no actor owns this state). Whoever dereferences a table (lookups, registered_bytes, a writer
+ * copying it) first increments `regs_pins`, then loads `regs_now`, and decrements `regs_pins`
+ * when done: two atomic read-modify-writes per lookup, none while nothing is registered (the
+ * NULL check comes first and dereferences nothing). A replaced table goes on the `retired` list;
+ * after each change the writer takes the whole list (exchange) and frees it if it then reads
+ * `regs_pins` == 0, else puts it back for the next change. Why that is safe (all operations
+ * sequentially consistent, so they fall in one total order): every table on the taken list was
+ * swapped out of `regs_now` before it was pushed, so before the exchange, so before the read of
+ * `regs_pins`. A thread whose increment comes before that read is counted (non-zero: nothing is
+ * freed); one whose increment comes after it loads `regs_now` later still, after every table of
+ * the list was swapped out, so it cannot hold one of them. Bound: a change made while no other
+ * thread is inside a pinned section frees every retired table (none left); retired tables only
+ * accumulate while every change meets a concurrent reader, and go at the first change that does
+ * not. kvp_devmem_retired_tables() counts them for tests. */
 struct reg_table {
     struct reg_table *retired_next;
     uint64_t bytes; /* sum of len */
@@ -126,15 +135,61 @@ struct reg_table {
 };
 static _Atomic(struct reg_table *) regs_now; /* NULL: nothing registered */
 static _Atomic(struct reg_table *) retired;
+static atomic_size_t regs_pins;     /* threads between pin() and unpin() */
+static atomic_size_t retired_alive; /* tables on `retired` (tests) */
+
+/* The current table, safe to read until unpin() (NULL: nothing registered). */
+static struct reg_table *pin(void)
+{
+    atomic_fetch_add(&regs_pins, 1);
+    return atomic_load(&regs_now);
+}
+
+static void unpin(void)
+{
+    atomic_fetch_sub(&regs_pins, 1);
+}
+
+static void push_retired(struct reg_table *first, struct reg_table *last)
+{
+    struct reg_table *head = atomic_load(&retired);
+    do
+        last->retired_next = head;
+    while (!atomic_compare_exchange_weak(&retired, &head, first));
+}
 
 static void retire(struct reg_table *t)
 {
     if (!t)
         return;
-    struct reg_table *head = atomic_load(&retired);
-    do
-        t->retired_next = head;
-    while (!atomic_compare_exchange_weak(&retired, &head, t));
+    atomic_fetch_add(&retired_alive, 1);
+    push_retired(t, t);
+}
+
+/* Free the retired tables if no thread is pinned (see above for the order that makes it safe). */
+static void reclaim(void)
+{
+    struct reg_table *list = atomic_exchange(&retired, NULL);
+    if (!list)
+        return;
+    if (atomic_load(&regs_pins) == 0) {
+        while (list) {
+            struct reg_table *next = list->retired_next;
+            free(list);
+            atomic_fetch_sub(&retired_alive, 1);
+            list = next;
+        }
+        return;
+    }
+    struct reg_table *last = list;
+    while (last->retired_next)
+        last = last->retired_next;
+    push_retired(list, last); /* a reader may hold one: the next change tries again */
+}
+
+size_t kvp_devmem_retired_tables(void)
+{
+    return atomic_load(&retired_alive);
 }
 
 /* Replace the table with cur + (base,len,ordinal) when add, else cur without the last range at
@@ -142,7 +197,7 @@ static void retire(struct reg_table *t)
 static int regs_change(bool add, uintptr_t base, size_t len, int ordinal)
 {
     for (;;) {
-        struct reg_table *cur = atomic_load(&regs_now);
+        struct reg_table *cur = pin(); /* another writer may free the table it replaces */
         size_t n = cur ? cur->n : 0;
         size_t at = n;
         if (!add) {
@@ -151,15 +206,19 @@ static int regs_change(bool add, uintptr_t base, size_t len, int ordinal)
                     at = i;
                     break;
                 }
-            if (at == n)
+            if (at == n) {
+                unpin();
                 return KVP_ERR_NOT_FOUND;
+            }
         }
         size_t nn = add ? n + 1 : n - 1;
         struct reg_table *t = NULL;
         if (nn > 0) {
             t = malloc(sizeof *t + nn * sizeof t->r[0]);
-            if (!t)
+            if (!t) {
+                unpin();
                 return KVP_ERR_NOMEM;
+            }
             t->n = 0;
             t->bytes = 0;
             for (size_t i = 0; i < n; i++)
@@ -174,8 +233,11 @@ static int regs_change(bool add, uintptr_t base, size_t len, int ordinal)
         }
         if (atomic_compare_exchange_strong(&regs_now, &cur, t)) {
             retire(cur);
+            unpin();
+            reclaim();
             return KVP_OK;
         }
+        unpin();
         free(t); /* another change landed first: build again from it */
     }
 }
@@ -192,21 +254,30 @@ void kvp_devmem_forget(uintptr_t base)
 
 uint64_t kvp_devmem_registered_bytes(void)
 {
-    struct reg_table *t = atomic_load(&regs_now);
-    return t ? t->bytes : 0;
+    if (!atomic_load(&regs_now))
+        return 0;
+    struct reg_table *t = pin();
+    uint64_t bytes = t ? t->bytes : 0;
+    unpin();
+    return bytes;
 }
 
 static bool reg_lookup(uintptr_t a, struct kvp_devmem_info *info)
 {
-    struct reg_table *t = atomic_load(&regs_now);
+    if (!atomic_load(&regs_now))
+        return false; /* nothing registered: no pin (the common case without GPU registration) */
+    struct reg_table *t = pin();
+    bool found = false;
     for (size_t i = 0; t && i < t->n; i++) {
         if (a >= t->r[i].base && a - t->r[i].base < t->r[i].len) {
             if (info)
                 *info = (struct kvp_devmem_info){.ordinal = t->r[i].ordinal, .base = t->r[i].base, .size = t->r[i].len};
-            return true;
+            found = true;
+            break;
         }
     }
-    return false;
+    unpin();
+    return found;
 }
 
 /* ------------------------------------------------------------------ classification */

@@ -13,6 +13,9 @@ kvp_add_test(test_client_api_ext SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/t
 # GPU staging (issue 17) against the CUDA driver double (tests/lib/fakecuda) and a model network.
 kvp_add_test(test_client_devstage SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_client_devstage.c LABEL unit TIMEOUT 120)
 add_dependencies(test_client_devstage kvp_fakecuda)
+# Registered-range table: replaced tables are freed; lookups during changes (TSan stage too).
+kvp_add_test(test_client_devmem_regs SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_client_devmem_regs.c LABEL unit TIMEOUT 60)
+add_dependencies(test_client_devmem_regs kvp_fakecuda)
 # Device pointers end to end: real cluster + the CUDA driver double (issue 17).
 kvp_add_test(test_client_gpu SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_client_gpu.c LABEL integration TIMEOUT 120)
 add_dependencies(test_client_gpu kvp_fakecuda)
