@@ -299,6 +299,58 @@ static uint64_t count_not(const uint8_t *b, size_t len, uint8_t v)
     return n;
 }
 
+/* (b), on either transport: segment NSEG holds exactly one object, so K2 ("fence-k2") must reuse
+ * the space of K1 ("fence-k1", all 0x11) whose put timed out. reuse_begin starts the segment and
+ * makes both payloads and a read-back buffer (len bytes each, freed by reuse_end); `o` places a
+ * put on that segment with K1's short timeout. */
+struct reuse_case {
+    size_t len;
+    uint8_t *p1, *p2, *back;
+    char pref[16];
+    kvp_put_opts o;
+};
+
+static void reuse_begin(struct reuse_case *rc)
+{
+    start_segment(NSEG, SMALL_SEG_BYTES);
+    rc->len = SMALL_SEG_BYTES;
+    rc->p1 = malloc(rc->len);
+    rc->p2 = malloc(rc->len);
+    rc->back = malloc(rc->len);
+    assert_non_null(rc->p1);
+    assert_non_null(rc->p2);
+    assert_non_null(rc->back);
+    memset(rc->p1, 0x11, rc->len);
+    for (size_t i = 0; i < rc->len; i++)
+        rc->p2[i] = (uint8_t)(i * 13u + 5u);
+    snprintf(rc->pref, sizeof rc->pref, "seg-%d", NSEG);
+    rc->o = (kvp_put_opts){.replica_num = 1, .preferred_segment = rc->pref, .timeout_ms = 200};
+}
+
+/* Put K2 (within timeout_ms) and check it took K1's space: segment NSEG, offset 0. */
+static void reuse_put_k2_same_space(struct reuse_case *rc, uint32_t timeout_ms)
+{
+    rc->o.timeout_ms = timeout_ms;
+    assert_int_equal(kvp_put(g_client, "fence-k2", rc->p2, rc->len, &rc->o), KVP_OK);
+    int idx = -1;
+    uint64_t off = 1;
+    assert_true(first_replica("fence-k2", &idx, &off));
+    assert_int_equal(idx, NSEG); /* same segment, same space as K1 */
+    assert_int_equal(off, 0);
+}
+
+/* K2 reads back whole, and the region itself holds K2 byte for byte; frees the buffers. */
+static void reuse_end(struct reuse_case *rc)
+{
+    memset(rc->back, 0, rc->len);
+    assert_int_equal(kvp_get(g_client, "fence-k2", rc->back, rc->len, 5000), (int64_t)rc->len);
+    assert_memory_equal(rc->back, rc->p2, rc->len);
+    assert_memory_equal(S[NSEG].base, rc->p2, rc->len); /* the region itself, byte for byte */
+    free(rc->p1);
+    free(rc->p2);
+    free(rc->back);
+}
+
 #ifndef KVP_FENCE_RDMA /* the fault rules' LATE cases: TCP frames (the rdma ones are below) */
 static void test_fence_get_stalled_reads_500_reps_no_late_byte_lands(void **state)
 {
@@ -388,32 +440,19 @@ static void test_fence_put_late_writes_never_change_reused_space(void **state)
 {
     (void)state;
     /* A segment that holds exactly one object: the second put must reuse the first one's space. */
-    start_segment(NSEG, SMALL_SEG_BYTES);
-    const size_t len = SMALL_SEG_BYTES;
-    uint8_t *p1 = malloc(len), *p2 = malloc(len), *back = malloc(len);
-    memset(p1, 0x11, len);
-    for (size_t i = 0; i < len; i++)
-        p2[i] = (uint8_t)(i * 13u + 5u);
+    struct reuse_case rc;
+    reuse_begin(&rc);
     struct kvp_xfer_fault_rule rule = {.action = KVP_FAULT_LATE, .transport = KVP_FAULT_TCP,
                                        .op = KVP_XFER_WRITE, .segment_id = S[NSEG].id, .ms = 60000};
     assert_int_equal(kvp_xfer_fault_add(&rule), KVP_OK);
     struct kvp_xfer_fault_counts c0, c1;
     kvp_xfer_fault_counts(&c0);
-    char pref[16];
-    snprintf(pref, sizeof pref, "seg-%d", NSEG);
-    kvp_put_opts o = {.replica_num = 1, .preferred_segment = pref, .timeout_ms = 200};
-    assert_int_equal(kvp_put(g_client, "fence-k1", p1, len, &o), KVP_ERR_TIMEOUT);
+    assert_int_equal(kvp_put(g_client, "fence-k1", rc.p1, rc.len, &rc.o), KVP_ERR_TIMEOUT);
     kvp_xfer_fault_clear();
     assert_int_equal(kvp_exists(g_client, "fence-k1"), 0);
     /* The master revokes K1 (its space goes to quarantine); the quarantine passes. */
     master_sweeps_later();
-    o.timeout_ms = 5000;
-    assert_int_equal(kvp_put(g_client, "fence-k2", p2, len, &o), KVP_OK);
-    int idx = -1;
-    uint64_t off = 1;
-    assert_true(first_replica("fence-k2", &idx, &off));
-    assert_int_equal(idx, NSEG); /* same segment, same space as K1 */
-    assert_int_equal(off, 0);
+    reuse_put_k2_same_space(&rc, 5000);
     /* K1's stalled writes land now, after its deadline. */
     kvp_xfer_fault_release();
     assert_int_equal(kvp_xfer_fault_quiesce(10000), KVP_OK);
@@ -423,13 +462,7 @@ static void test_fence_put_late_writes_never_change_reused_space(void **state)
            (unsigned long)(c1.late_accepted - c0.late_accepted));
     assert_true(c1.late_sent - c0.late_sent >= 1);
     assert_int_equal(c1.late_accepted - c0.late_accepted, 0);
-    memset(back, 0, len);
-    assert_int_equal(kvp_get(g_client, "fence-k2", back, len, 5000), (int64_t)len);
-    assert_memory_equal(back, p2, len);
-    assert_memory_equal(S[NSEG].base, p2, len); /* the region itself, byte for byte */
-    free(p1);
-    free(p2);
-    free(back);
+    reuse_end(&rc);
 }
 
 #endif
@@ -640,17 +673,10 @@ static void test_fence_rdma_get_held_reads_no_late_byte_lands(void **state)
 static void test_fence_rdma_put_held_writes_never_change_reused_space(void **state)
 {
     (void)state;
-    start_segment(NSEG, SMALL_SEG_BYTES);
-    const size_t len = SMALL_SEG_BYTES;
-    uint8_t *p1 = malloc(len), *p2 = malloc(len), *back = malloc(len);
-    memset(p1, 0x11, len);
-    for (size_t i = 0; i < len; i++)
-        p2[i] = (uint8_t)(i * 13u + 5u);
-    char pref[16];
-    snprintf(pref, sizeof pref, "seg-%d", NSEG);
-    kvp_put_opts o = {.replica_num = 1, .preferred_segment = pref, .timeout_ms = 200};
+    struct reuse_case rc;
+    reuse_begin(&rc);
     uint64_t end = hold_segments(3000); /* ample for the put to reach its transfer under load */
-    assert_int_equal(kvp_put(g_client, "fence-k1", p1, len, &o), KVP_ERR_TIMEOUT);
+    assert_int_equal(kvp_put(g_client, "fence-k1", rc.p1, rc.len, &rc.o), KVP_ERR_TIMEOUT);
     assert_int_equal(kvp_exists(g_client, "fence-k1"), 0);
     int fenced = kvp_seg_rdma_fence_writers(kvp_seg_server_rdma_side(S[NSEG].srv), 0, 0);
     uint64_t t_fence = fv_time();
@@ -658,28 +684,16 @@ static void test_fence_rdma_put_held_writes_never_change_reused_space(void **sta
     master_sweeps_later();
     /* K1's held packets reach the segment when the hold ends, behind the fence: none lands */
     wait_held_delivered(end);
-    assert_int_equal(audit_after(S[NSEG].base, len, t_fence), 0);
-    assert_int_equal(count_not(S[NSEG].base, len, 0), 0); /* not one byte of K1 (0x11) */
-    o.timeout_ms = 10000;
-    assert_int_equal(kvp_put(g_client, "fence-k2", p2, len, &o), KVP_OK);
-    int idx = -1;
-    uint64_t off = 1;
-    assert_true(first_replica("fence-k2", &idx, &off));
-    assert_int_equal(idx, NSEG);
-    assert_int_equal(off, 0);
+    assert_int_equal(audit_after(S[NSEG].base, rc.len, t_fence), 0);
+    assert_int_equal(count_not(S[NSEG].base, rc.len, 0), 0); /* not one byte of K1 (0x11) */
+    reuse_put_k2_same_space(&rc, 10000);
     struct fv_stats fs;
     fv_lock();
     fv_stats_get(V.f, &fs);
     fv_unlock();
     printf("write side (rdma): %d segment QPs fenced, %lu packets dropped by the fabric\n", fenced,
            (unsigned long)fs.dropped);
-    memset(back, 0, len);
-    assert_int_equal(kvp_get(g_client, "fence-k2", back, len, 5000), (int64_t)len);
-    assert_memory_equal(back, p2, len);
-    assert_memory_equal(S[NSEG].base, p2, len);
-    free(p1);
-    free(p2);
-    free(back);
+    reuse_end(&rc);
 }
 
 /* (d) on rdma: close while READs are held at the segments' NIC. */
