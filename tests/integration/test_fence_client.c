@@ -299,6 +299,52 @@ static uint64_t count_not(const uint8_t *b, size_t len, uint8_t v)
     return n;
 }
 
+/* (a), on either transport: one rep's batch, n keys from g_keys[first] on (wrapping), key k read
+ * into arena + off[k] (the arena holds every key back to back). */
+struct rep_batch {
+    size_t n, first;
+    const char *keys[NKEYS];
+    void *bufs[NKEYS];
+    size_t caps[NKEYS];
+    int64_t res[NKEYS];
+};
+
+static void rep_batch_fill(struct rep_batch *b, size_t n, size_t first, uint8_t *arena, const size_t *off)
+{
+    b->n = n;
+    b->first = first;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = (first + i) % NKEYS;
+        b->keys[i] = g_keys[k];
+        b->bufs[i] = arena + off[k];
+        b->caps[i] = g_size[k];
+    }
+}
+
+/* Count the rep's results: TIMEOUT and UNAVAILABLE (a few-ms timeout ran out in the master RPC)
+ * are counted; any other result must be the whole key, its bytes in the arena its P1 bytes. */
+static void rep_batch_tally(const struct rep_batch *b, int rep, const uint8_t *arena, const size_t *off,
+                            uint64_t *n_timeout, uint64_t *n_unavail, uint64_t *n_ok)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        size_t k = (b->first + i) % NKEYS;
+        if (b->res[i] == KVP_ERR_TIMEOUT) {
+            (*n_timeout)++;
+            continue;
+        }
+        if (b->res[i] == KVP_ERR_UNAVAILABLE) {
+            (*n_unavail)++;
+            continue;
+        }
+        if (b->res[i] != (int64_t)g_size[k])
+            fail_msg("rep %d key %zu: %s", rep, k, kvp_errname((int)b->res[i]));
+        (*n_ok)++;
+        for (size_t j = 0; j < g_size[k]; j++)
+            if (arena[off[k] + j] != p1_byte(k, j))
+                fail_msg("rep %d key %zu: wrong byte %zu", rep, k, j);
+    }
+}
+
 /* (b), on either transport: segment NSEG holds exactly one object, so K2 ("fence-k2") must reuse
  * the space of K1 ("fence-k1", all 0x11) whose put timed out. reuse_begin starts the segment and
  * makes both payloads and a read-back buffer (len bytes each, freed by reuse_end); `o` places a
@@ -380,36 +426,12 @@ static void test_fence_get_stalled_reads_500_reps_no_late_byte_lands(void **stat
             rule.segment_id = S[rand_r(&r) % NSEG].id;
         assert_int_equal(kvp_xfer_fault_add(&rule), KVP_OK);
         injected++;
-        const char *keys[NKEYS];
-        void *bufs[NKEYS];
-        size_t caps[NKEYS];
-        int64_t res[NKEYS];
-        for (size_t i = 0; i < n; i++) {
-            size_t k = (first + i) % NKEYS;
-            keys[i] = g_keys[k];
-            bufs[i] = arena + off[k];
-            caps[i] = g_size[k];
-        }
+        struct rep_batch b;
+        rep_batch_fill(&b, n, first, arena, off);
         memset(arena, 0, total);
-        kvp_batch_get(g_client, n, keys, bufs, caps, timeout, res);
+        kvp_batch_get(g_client, b.n, b.keys, b.bufs, b.caps, timeout, b.res);
         kvp_xfer_fault_clear();
-        for (size_t i = 0; i < n; i++) {
-            size_t k = (first + i) % NKEYS;
-            if (res[i] == KVP_ERR_TIMEOUT) {
-                n_timeout++;
-                continue;
-            }
-            if (res[i] == KVP_ERR_UNAVAILABLE) { /* a few-ms timeout ran out in the master RPC */
-                n_unavail++;
-                continue;
-            }
-            if (res[i] != (int64_t)g_size[k])
-                fail_msg("rep %d key %zu: %s", rep, k, kvp_errname((int)res[i]));
-            n_ok++;
-            for (size_t j = 0; j < g_size[k]; j++)
-                if (arena[off[k] + j] != p1_byte(k, j))
-                    fail_msg("rep %d key %zu: wrong byte %zu", rep, k, j);
-        }
+        rep_batch_tally(&b, rep, arena, off, &n_timeout, &n_unavail, &n_ok);
         /* The caller owns D again: it reuses it at once (pattern P2). */
         uint8_t p2 = (uint8_t)(0x80 | rep);
         memset(arena, p2, total);
@@ -611,38 +633,14 @@ static void test_fence_rdma_get_held_reads_no_late_byte_lands(void **state)
         size_t first = (size_t)(rand_r(&r) % NKEYS);
         uint32_t timeout = rep < 3 ? 200 : 5 + (uint32_t)(rand_r(&r) % 25);
         uint32_t hold = (uint32_t)(rand_r(&r) % (3 * timeout + 1));
-        const char *keys[NKEYS];
-        void *bufs[NKEYS];
-        size_t caps[NKEYS];
-        int64_t res[NKEYS];
-        for (size_t i = 0; i < n; i++) {
-            size_t k = (first + i) % NKEYS;
-            keys[i] = g_keys[k];
-            bufs[i] = arena + off[k];
-            caps[i] = g_size[k];
-        }
+        struct rep_batch b;
+        rep_batch_fill(&b, n, first, arena, off);
         memset(arena, 0, total);
         uint64_t end = hold ? hold_segments(hold) : 0;
         held += hold != 0;
-        kvp_batch_get(g_client, n, keys, bufs, caps, timeout, res);
+        kvp_batch_get(g_client, b.n, b.keys, b.bufs, b.caps, timeout, b.res);
         uint64_t t_ret = fv_time();
-        for (size_t i = 0; i < n; i++) {
-            size_t k = (first + i) % NKEYS;
-            if (res[i] == KVP_ERR_TIMEOUT) {
-                n_timeout++;
-                continue;
-            }
-            if (res[i] == KVP_ERR_UNAVAILABLE) {
-                n_unavail++;
-                continue;
-            }
-            if (res[i] != (int64_t)g_size[k])
-                fail_msg("rep %d key %zu: %s", rep, k, kvp_errname((int)res[i]));
-            n_ok++;
-            for (size_t j = 0; j < g_size[k]; j++)
-                if (arena[off[k] + j] != p1_byte(k, j))
-                    fail_msg("rep %d key %zu: wrong byte %zu", rep, k, j);
-        }
+        rep_batch_tally(&b, rep, arena, off, &n_timeout, &n_unavail, &n_ok);
         uint8_t p2 = (uint8_t)(0x80 | rep);
         memset(arena, p2, total); /* the caller reuses D at once */
         if (end)
