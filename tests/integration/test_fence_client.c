@@ -518,17 +518,27 @@ static void *get_thread(void *arg)
     return NULL;
 }
 
+/* (d), on either transport: a client of its own (30 s timeout) and a zeroed arena holding the
+ * first g->n keys back to back (g->off); returns the arena's size in bytes. */
+static size_t get_call_init(struct get_call *g)
+{
+    g->c = open_client(30000);
+    size_t total = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        g->off[i] = total;
+        total += g_size[i];
+    }
+    g->arena = calloc(1, total);
+    assert_non_null(g->arena);
+    return total;
+}
+
 #ifndef KVP_FENCE_RDMA
 static void test_fence_close_with_calls_in_flight_no_write_after(void **state)
 {
     (void)state;
-    struct get_call g = {.c = open_client(30000), .n = 16};
-    size_t total = 0;
-    for (size_t i = 0; i < g.n; i++) {
-        g.off[i] = total;
-        total += g_size[i];
-    }
-    g.arena = calloc(1, total);
+    struct get_call g = {.n = 16};
+    size_t total = get_call_init(&g);
     struct kvp_xfer_fault_rule rule = {.action = KVP_FAULT_LATE, .transport = KVP_FAULT_TCP,
                                        .op = KVP_XFER_READ, .ms = 60000};
     assert_int_equal(kvp_xfer_fault_add(&rule), KVP_OK);
@@ -698,13 +708,8 @@ static void test_fence_rdma_put_held_writes_never_change_reused_space(void **sta
 static void test_fence_rdma_close_with_calls_in_flight_no_write_after(void **state)
 {
     (void)state;
-    struct get_call g = {.c = open_client(30000), .n = 16};
-    size_t total = 0;
-    for (size_t i = 0; i < g.n; i++) {
-        g.off[i] = total;
-        total += g_size[i];
-    }
-    g.arena = calloc(1, total);
+    struct get_call g = {.n = 16};
+    size_t total = get_call_init(&g);
     assert_int_equal(kvp_register_buffer(g.c, g.arena, total), KVP_OK);
     struct kvp_xfer_stats st0, st;
     kvp_xfer_stats(g.c->xfer, &st0);
