@@ -299,6 +299,104 @@ static uint64_t count_not(const uint8_t *b, size_t len, uint8_t v)
     return n;
 }
 
+/* (a), on either transport: one rep's batch, n keys from g_keys[first] on (wrapping), key k read
+ * into arena + off[k] (the arena holds every key back to back). */
+struct rep_batch {
+    size_t n, first;
+    const char *keys[NKEYS];
+    void *bufs[NKEYS];
+    size_t caps[NKEYS];
+    int64_t res[NKEYS];
+};
+
+static void rep_batch_fill(struct rep_batch *b, size_t n, size_t first, uint8_t *arena, const size_t *off)
+{
+    b->n = n;
+    b->first = first;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = (first + i) % NKEYS;
+        b->keys[i] = g_keys[k];
+        b->bufs[i] = arena + off[k];
+        b->caps[i] = g_size[k];
+    }
+}
+
+/* Count the rep's results: TIMEOUT and UNAVAILABLE (a few-ms timeout ran out in the master RPC)
+ * are counted; any other result must be the whole key, its bytes in the arena its P1 bytes. */
+static void rep_batch_tally(const struct rep_batch *b, int rep, const uint8_t *arena, const size_t *off,
+                            uint64_t *n_timeout, uint64_t *n_unavail, uint64_t *n_ok)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        size_t k = (b->first + i) % NKEYS;
+        if (b->res[i] == KVP_ERR_TIMEOUT) {
+            (*n_timeout)++;
+            continue;
+        }
+        if (b->res[i] == KVP_ERR_UNAVAILABLE) {
+            (*n_unavail)++;
+            continue;
+        }
+        if (b->res[i] != (int64_t)g_size[k])
+            fail_msg("rep %d key %zu: %s", rep, k, kvp_errname((int)b->res[i]));
+        (*n_ok)++;
+        for (size_t j = 0; j < g_size[k]; j++)
+            if (arena[off[k] + j] != p1_byte(k, j))
+                fail_msg("rep %d key %zu: wrong byte %zu", rep, k, j);
+    }
+}
+
+/* (b), on either transport: segment NSEG holds exactly one object, so K2 ("fence-k2") must reuse
+ * the space of K1 ("fence-k1", all 0x11) whose put timed out. reuse_begin starts the segment and
+ * makes both payloads and a read-back buffer (len bytes each, freed by reuse_end); `o` places a
+ * put on that segment with K1's short timeout. */
+struct reuse_case {
+    size_t len;
+    uint8_t *p1, *p2, *back;
+    char pref[16];
+    kvp_put_opts o;
+};
+
+static void reuse_begin(struct reuse_case *rc)
+{
+    start_segment(NSEG, SMALL_SEG_BYTES);
+    rc->len = SMALL_SEG_BYTES;
+    rc->p1 = malloc(rc->len);
+    rc->p2 = malloc(rc->len);
+    rc->back = malloc(rc->len);
+    assert_non_null(rc->p1);
+    assert_non_null(rc->p2);
+    assert_non_null(rc->back);
+    memset(rc->p1, 0x11, rc->len);
+    for (size_t i = 0; i < rc->len; i++)
+        rc->p2[i] = (uint8_t)(i * 13u + 5u);
+    snprintf(rc->pref, sizeof rc->pref, "seg-%d", NSEG);
+    rc->o = (kvp_put_opts){.replica_num = 1, .preferred_segment = rc->pref, .timeout_ms = 200};
+}
+
+/* Put K2 (within timeout_ms) and check it took K1's space: segment NSEG, offset 0. */
+static void reuse_put_k2_same_space(struct reuse_case *rc, uint32_t timeout_ms)
+{
+    rc->o.timeout_ms = timeout_ms;
+    assert_int_equal(kvp_put(g_client, "fence-k2", rc->p2, rc->len, &rc->o), KVP_OK);
+    int idx = -1;
+    uint64_t off = 1;
+    assert_true(first_replica("fence-k2", &idx, &off));
+    assert_int_equal(idx, NSEG); /* same segment, same space as K1 */
+    assert_int_equal(off, 0);
+}
+
+/* K2 reads back whole, and the region itself holds K2 byte for byte; frees the buffers. */
+static void reuse_end(struct reuse_case *rc)
+{
+    memset(rc->back, 0, rc->len);
+    assert_int_equal(kvp_get(g_client, "fence-k2", rc->back, rc->len, 5000), (int64_t)rc->len);
+    assert_memory_equal(rc->back, rc->p2, rc->len);
+    assert_memory_equal(S[NSEG].base, rc->p2, rc->len); /* the region itself, byte for byte */
+    free(rc->p1);
+    free(rc->p2);
+    free(rc->back);
+}
+
 #ifndef KVP_FENCE_RDMA /* the fault rules' LATE cases: TCP frames (the rdma ones are below) */
 static void test_fence_get_stalled_reads_500_reps_no_late_byte_lands(void **state)
 {
@@ -328,36 +426,12 @@ static void test_fence_get_stalled_reads_500_reps_no_late_byte_lands(void **stat
             rule.segment_id = S[rand_r(&r) % NSEG].id;
         assert_int_equal(kvp_xfer_fault_add(&rule), KVP_OK);
         injected++;
-        const char *keys[NKEYS];
-        void *bufs[NKEYS];
-        size_t caps[NKEYS];
-        int64_t res[NKEYS];
-        for (size_t i = 0; i < n; i++) {
-            size_t k = (first + i) % NKEYS;
-            keys[i] = g_keys[k];
-            bufs[i] = arena + off[k];
-            caps[i] = g_size[k];
-        }
+        struct rep_batch b;
+        rep_batch_fill(&b, n, first, arena, off);
         memset(arena, 0, total);
-        kvp_batch_get(g_client, n, keys, bufs, caps, timeout, res);
+        kvp_batch_get(g_client, b.n, b.keys, b.bufs, b.caps, timeout, b.res);
         kvp_xfer_fault_clear();
-        for (size_t i = 0; i < n; i++) {
-            size_t k = (first + i) % NKEYS;
-            if (res[i] == KVP_ERR_TIMEOUT) {
-                n_timeout++;
-                continue;
-            }
-            if (res[i] == KVP_ERR_UNAVAILABLE) { /* a few-ms timeout ran out in the master RPC */
-                n_unavail++;
-                continue;
-            }
-            if (res[i] != (int64_t)g_size[k])
-                fail_msg("rep %d key %zu: %s", rep, k, kvp_errname((int)res[i]));
-            n_ok++;
-            for (size_t j = 0; j < g_size[k]; j++)
-                if (arena[off[k] + j] != p1_byte(k, j))
-                    fail_msg("rep %d key %zu: wrong byte %zu", rep, k, j);
-        }
+        rep_batch_tally(&b, rep, arena, off, &n_timeout, &n_unavail, &n_ok);
         /* The caller owns D again: it reuses it at once (pattern P2). */
         uint8_t p2 = (uint8_t)(0x80 | rep);
         memset(arena, p2, total);
@@ -388,32 +462,19 @@ static void test_fence_put_late_writes_never_change_reused_space(void **state)
 {
     (void)state;
     /* A segment that holds exactly one object: the second put must reuse the first one's space. */
-    start_segment(NSEG, SMALL_SEG_BYTES);
-    const size_t len = SMALL_SEG_BYTES;
-    uint8_t *p1 = malloc(len), *p2 = malloc(len), *back = malloc(len);
-    memset(p1, 0x11, len);
-    for (size_t i = 0; i < len; i++)
-        p2[i] = (uint8_t)(i * 13u + 5u);
+    struct reuse_case rc;
+    reuse_begin(&rc);
     struct kvp_xfer_fault_rule rule = {.action = KVP_FAULT_LATE, .transport = KVP_FAULT_TCP,
                                        .op = KVP_XFER_WRITE, .segment_id = S[NSEG].id, .ms = 60000};
     assert_int_equal(kvp_xfer_fault_add(&rule), KVP_OK);
     struct kvp_xfer_fault_counts c0, c1;
     kvp_xfer_fault_counts(&c0);
-    char pref[16];
-    snprintf(pref, sizeof pref, "seg-%d", NSEG);
-    kvp_put_opts o = {.replica_num = 1, .preferred_segment = pref, .timeout_ms = 200};
-    assert_int_equal(kvp_put(g_client, "fence-k1", p1, len, &o), KVP_ERR_TIMEOUT);
+    assert_int_equal(kvp_put(g_client, "fence-k1", rc.p1, rc.len, &rc.o), KVP_ERR_TIMEOUT);
     kvp_xfer_fault_clear();
     assert_int_equal(kvp_exists(g_client, "fence-k1"), 0);
     /* The master revokes K1 (its space goes to quarantine); the quarantine passes. */
     master_sweeps_later();
-    o.timeout_ms = 5000;
-    assert_int_equal(kvp_put(g_client, "fence-k2", p2, len, &o), KVP_OK);
-    int idx = -1;
-    uint64_t off = 1;
-    assert_true(first_replica("fence-k2", &idx, &off));
-    assert_int_equal(idx, NSEG); /* same segment, same space as K1 */
-    assert_int_equal(off, 0);
+    reuse_put_k2_same_space(&rc, 5000);
     /* K1's stalled writes land now, after its deadline. */
     kvp_xfer_fault_release();
     assert_int_equal(kvp_xfer_fault_quiesce(10000), KVP_OK);
@@ -423,13 +484,7 @@ static void test_fence_put_late_writes_never_change_reused_space(void **state)
            (unsigned long)(c1.late_accepted - c0.late_accepted));
     assert_true(c1.late_sent - c0.late_sent >= 1);
     assert_int_equal(c1.late_accepted - c0.late_accepted, 0);
-    memset(back, 0, len);
-    assert_int_equal(kvp_get(g_client, "fence-k2", back, len, 5000), (int64_t)len);
-    assert_memory_equal(back, p2, len);
-    assert_memory_equal(S[NSEG].base, p2, len); /* the region itself, byte for byte */
-    free(p1);
-    free(p2);
-    free(back);
+    reuse_end(&rc);
 }
 
 #endif
@@ -463,17 +518,27 @@ static void *get_thread(void *arg)
     return NULL;
 }
 
+/* (d), on either transport: a client of its own (30 s timeout) and a zeroed arena holding the
+ * first g->n keys back to back (g->off); returns the arena's size in bytes. */
+static size_t get_call_init(struct get_call *g)
+{
+    g->c = open_client(30000);
+    size_t total = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        g->off[i] = total;
+        total += g_size[i];
+    }
+    g->arena = calloc(1, total);
+    assert_non_null(g->arena);
+    return total;
+}
+
 #ifndef KVP_FENCE_RDMA
 static void test_fence_close_with_calls_in_flight_no_write_after(void **state)
 {
     (void)state;
-    struct get_call g = {.c = open_client(30000), .n = 16};
-    size_t total = 0;
-    for (size_t i = 0; i < g.n; i++) {
-        g.off[i] = total;
-        total += g_size[i];
-    }
-    g.arena = calloc(1, total);
+    struct get_call g = {.n = 16};
+    size_t total = get_call_init(&g);
     struct kvp_xfer_fault_rule rule = {.action = KVP_FAULT_LATE, .transport = KVP_FAULT_TCP,
                                        .op = KVP_XFER_READ, .ms = 60000};
     assert_int_equal(kvp_xfer_fault_add(&rule), KVP_OK);
@@ -578,38 +643,14 @@ static void test_fence_rdma_get_held_reads_no_late_byte_lands(void **state)
         size_t first = (size_t)(rand_r(&r) % NKEYS);
         uint32_t timeout = rep < 3 ? 200 : 5 + (uint32_t)(rand_r(&r) % 25);
         uint32_t hold = (uint32_t)(rand_r(&r) % (3 * timeout + 1));
-        const char *keys[NKEYS];
-        void *bufs[NKEYS];
-        size_t caps[NKEYS];
-        int64_t res[NKEYS];
-        for (size_t i = 0; i < n; i++) {
-            size_t k = (first + i) % NKEYS;
-            keys[i] = g_keys[k];
-            bufs[i] = arena + off[k];
-            caps[i] = g_size[k];
-        }
+        struct rep_batch b;
+        rep_batch_fill(&b, n, first, arena, off);
         memset(arena, 0, total);
         uint64_t end = hold ? hold_segments(hold) : 0;
         held += hold != 0;
-        kvp_batch_get(g_client, n, keys, bufs, caps, timeout, res);
+        kvp_batch_get(g_client, b.n, b.keys, b.bufs, b.caps, timeout, b.res);
         uint64_t t_ret = fv_time();
-        for (size_t i = 0; i < n; i++) {
-            size_t k = (first + i) % NKEYS;
-            if (res[i] == KVP_ERR_TIMEOUT) {
-                n_timeout++;
-                continue;
-            }
-            if (res[i] == KVP_ERR_UNAVAILABLE) {
-                n_unavail++;
-                continue;
-            }
-            if (res[i] != (int64_t)g_size[k])
-                fail_msg("rep %d key %zu: %s", rep, k, kvp_errname((int)res[i]));
-            n_ok++;
-            for (size_t j = 0; j < g_size[k]; j++)
-                if (arena[off[k] + j] != p1_byte(k, j))
-                    fail_msg("rep %d key %zu: wrong byte %zu", rep, k, j);
-        }
+        rep_batch_tally(&b, rep, arena, off, &n_timeout, &n_unavail, &n_ok);
         uint8_t p2 = (uint8_t)(0x80 | rep);
         memset(arena, p2, total); /* the caller reuses D at once */
         if (end)
@@ -640,17 +681,10 @@ static void test_fence_rdma_get_held_reads_no_late_byte_lands(void **state)
 static void test_fence_rdma_put_held_writes_never_change_reused_space(void **state)
 {
     (void)state;
-    start_segment(NSEG, SMALL_SEG_BYTES);
-    const size_t len = SMALL_SEG_BYTES;
-    uint8_t *p1 = malloc(len), *p2 = malloc(len), *back = malloc(len);
-    memset(p1, 0x11, len);
-    for (size_t i = 0; i < len; i++)
-        p2[i] = (uint8_t)(i * 13u + 5u);
-    char pref[16];
-    snprintf(pref, sizeof pref, "seg-%d", NSEG);
-    kvp_put_opts o = {.replica_num = 1, .preferred_segment = pref, .timeout_ms = 200};
+    struct reuse_case rc;
+    reuse_begin(&rc);
     uint64_t end = hold_segments(3000); /* ample for the put to reach its transfer under load */
-    assert_int_equal(kvp_put(g_client, "fence-k1", p1, len, &o), KVP_ERR_TIMEOUT);
+    assert_int_equal(kvp_put(g_client, "fence-k1", rc.p1, rc.len, &rc.o), KVP_ERR_TIMEOUT);
     assert_int_equal(kvp_exists(g_client, "fence-k1"), 0);
     int fenced = kvp_seg_rdma_fence_writers(kvp_seg_server_rdma_side(S[NSEG].srv), 0, 0);
     uint64_t t_fence = fv_time();
@@ -658,41 +692,24 @@ static void test_fence_rdma_put_held_writes_never_change_reused_space(void **sta
     master_sweeps_later();
     /* K1's held packets reach the segment when the hold ends, behind the fence: none lands */
     wait_held_delivered(end);
-    assert_int_equal(audit_after(S[NSEG].base, len, t_fence), 0);
-    assert_int_equal(count_not(S[NSEG].base, len, 0), 0); /* not one byte of K1 (0x11) */
-    o.timeout_ms = 10000;
-    assert_int_equal(kvp_put(g_client, "fence-k2", p2, len, &o), KVP_OK);
-    int idx = -1;
-    uint64_t off = 1;
-    assert_true(first_replica("fence-k2", &idx, &off));
-    assert_int_equal(idx, NSEG);
-    assert_int_equal(off, 0);
+    assert_int_equal(audit_after(S[NSEG].base, rc.len, t_fence), 0);
+    assert_int_equal(count_not(S[NSEG].base, rc.len, 0), 0); /* not one byte of K1 (0x11) */
+    reuse_put_k2_same_space(&rc, 10000);
     struct fv_stats fs;
     fv_lock();
     fv_stats_get(V.f, &fs);
     fv_unlock();
     printf("write side (rdma): %d segment QPs fenced, %lu packets dropped by the fabric\n", fenced,
            (unsigned long)fs.dropped);
-    memset(back, 0, len);
-    assert_int_equal(kvp_get(g_client, "fence-k2", back, len, 5000), (int64_t)len);
-    assert_memory_equal(back, p2, len);
-    assert_memory_equal(S[NSEG].base, p2, len);
-    free(p1);
-    free(p2);
-    free(back);
+    reuse_end(&rc);
 }
 
 /* (d) on rdma: close while READs are held at the segments' NIC. */
 static void test_fence_rdma_close_with_calls_in_flight_no_write_after(void **state)
 {
     (void)state;
-    struct get_call g = {.c = open_client(30000), .n = 16};
-    size_t total = 0;
-    for (size_t i = 0; i < g.n; i++) {
-        g.off[i] = total;
-        total += g_size[i];
-    }
-    g.arena = calloc(1, total);
+    struct get_call g = {.n = 16};
+    size_t total = get_call_init(&g);
     assert_int_equal(kvp_register_buffer(g.c, g.arena, total), KVP_OK);
     struct kvp_xfer_stats st0, st;
     kvp_xfer_stats(g.c->xfer, &st0);

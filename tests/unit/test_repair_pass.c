@@ -2,7 +2,8 @@
  * test_repair_pass.c — the repair driver's pass in slices (actors/master/service/repair_pass.h):
  * slices' counters sum to the pass; a change of the table's size within a pass restarts it at
  * slot 0 without counting the answer that saw it; objects moved between slots within a pass
- * mark it (its "no work" verdict is then bounded in time by service_repair.c).
+ * mark it (its "no work" verdict is then bounded in time by service_repair.c); an answer to a
+ * query sent before a reset (leadership lost, then won again) is not awaited and does not join.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -103,12 +104,67 @@ static void test_moves_within_a_pass_mark_it(void **state)
     assert_true(p.full);
 }
 
+/* Issue 22: a query sent in an old term and answered after the node leads again. Mirrors
+ * service_repair.c: on_tick sends with repair_scan_send, svc_repair_reset forgets, and
+ * svc_repair_on_result joins an answer to the pass only if repair_scan_answered. */
+static void test_answer_from_before_a_reset_is_dropped(void **state)
+{
+    (void)state;
+    struct repair_pass p;
+    struct repair_scan_ticket t = {0, 0};
+    repair_pass_reset(&p);
+    p.in_pass = true;
+    /* old term: the first slice answered, the second asked from cursor 512 */
+    uint64_t t1 = repair_scan_send(&t);
+    assert_true(repair_scan_answered(&t, t1));
+    Kvp__RepairScanResp b = slice(1024, 0, p.cursor, 512, 0, 0);
+    assert_int_equal(repair_pass_add(&p, &b, MAX), REPAIR_PASS_MORE);
+    uint64_t old = repair_scan_send(&t);
+    uint64_t old_cursor = p.cursor;
+    assert_int_equal(old_cursor, 512);
+    /* leadership lost: svc_repair_reset */
+    repair_scan_forget(&t);
+    repair_pass_reset(&p);
+    assert_false(repair_scan_in_flight(&t)); /* the new leader's first scan is not held back */
+    /* leadership won again: the new pass's first query, from slot 0 */
+    p.in_pass = true;
+    uint64_t t2 = repair_scan_send(&t);
+    assert_int_not_equal(t2, old);
+    assert_int_equal(p.cursor, 0);
+    /* the old query's answer ([512, 1024), the table's end) comes now: dropped, and the new query
+     * is still awaited (no second one is sent beside it) */
+    assert_false(repair_scan_answered(&t, old));
+    assert_true(repair_scan_in_flight(&t));
+    assert_true(p.in_pass);
+    assert_int_equal(p.cursor, 0); /* joining it would have ended the pass after half the table */
+    /* the new query's answers make the whole pass */
+    int slices = 0;
+    enum repair_pass_step st;
+    uint64_t tk = t2;
+    do {
+        assert_true(repair_scan_answered(&t, tk));
+        b = slice(1024, 0, p.cursor, 512, 1, 0);
+        st = repair_pass_add(&p, &b, MAX);
+        slices++;
+        tk = repair_scan_send(&t);
+    } while (st == REPAIR_PASS_MORE);
+    assert_int_equal(st, REPAIR_PASS_DONE);
+    assert_int_equal(slices, 2);
+    assert_int_equal(p.sum.n_needs, 2);
+    /* a stale answer with none awaited is dropped too, and so is ticket 0 */
+    repair_scan_forget(&t);
+    assert_false(repair_scan_answered(&t, tk));
+    assert_false(repair_scan_answered(&t, 0));
+    assert_false(repair_scan_in_flight(&t));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slices_sum_to_the_pass),
         cmocka_unit_test(test_growth_within_a_pass_restarts_at_slot_0),
         cmocka_unit_test(test_moves_within_a_pass_mark_it),
+        cmocka_unit_test(test_answer_from_before_a_reset_is_dropped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

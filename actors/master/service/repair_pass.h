@@ -11,6 +11,10 @@
  *  - objects moved between slots (a removal's backward shift, FSM table_moves): one may have
  *    moved from ahead of the cursor to behind it and been missed, so the pass is marked `moved`
  *    and its "no work" verdict must not be trusted for long (service_repair.c bounds it).
+ *
+ * Each slice query is sent with a ticket (struct repair_scan_ticket) and only the answer that
+ * carries the awaited ticket may join the pass: one from before a reset (the node lost
+ * leadership and won it again) was asked from the old pass's cursor and is dropped.
  */
 #ifndef KVP_MASTER_SERVICE_REPAIR_PASS_H
 #define KVP_MASTER_SERVICE_REPAIR_PASS_H
@@ -73,6 +77,46 @@ static inline enum repair_pass_step repair_pass_add(struct repair_pass *p, const
         return REPAIR_PASS_MORE;
     p->in_pass = false;
     return REPAIR_PASS_DONE;
+}
+
+/* The RepairScan query awaited. Tickets are sequence numbers from 1 (0: none awaited). A reset
+ * (svc_repair_reset, on leadership loss) forgets the awaited one but keeps counting, so the
+ * answer to a query sent in an old term, arriving after the node leads again, does not match the
+ * new leader's query: it is dropped, and it neither joins the new pass (it walked a slice from
+ * the old pass's cursor) nor marks the new query answered (which would let a second one go). */
+struct repair_scan_ticket {
+    uint64_t last;    /* the last ticket handed out */
+    uint64_t awaited; /* the ticket of the query in flight; 0 = none */
+};
+
+/* A query is about to be sent: its ticket (never 0), now the awaited one. */
+static inline uint64_t repair_scan_send(struct repair_scan_ticket *t)
+{
+    if (++t->last == 0)
+        t->last = 1;
+    t->awaited = t->last;
+    return t->awaited;
+}
+
+static inline bool repair_scan_in_flight(const struct repair_scan_ticket *t)
+{
+    return t->awaited != 0;
+}
+
+/* Forget the query in flight (a reset): its answer, when it comes, is dropped. */
+static inline void repair_scan_forget(struct repair_scan_ticket *t)
+{
+    t->awaited = 0;
+}
+
+/* An answer (or failure) to the query sent with `ticket` came: true if it is the awaited one
+ * (then none is awaited any more); false if stale, to be dropped without counting. */
+static inline bool repair_scan_answered(struct repair_scan_ticket *t, uint64_t ticket)
+{
+    if (ticket == 0 || ticket != t->awaited)
+        return false;
+    t->awaited = 0;
+    return true;
 }
 
 #endif

@@ -50,7 +50,8 @@ struct svc_repair {
     struct rtask **tasks;
     size_t n_tasks, cap_tasks;
     uint64_t next_task;
-    bool scan_inflight, start_inflight;
+    struct repair_scan_ticket scan; /* the RepairScan query in flight (repair_pass.h) */
+    bool start_inflight;
     uint64_t last_scan_ms;
     bool busy; /* the last scan found work */
     /* FSM repair epoch when the scan in flight was sent (0: unknown), and the epoch of the last
@@ -152,7 +153,8 @@ void svc_repair_reset(struct kvp_master_service *s)
     svc_map_clear(&r->droppable);
     svc_map_clear(&r->stale);
     svc_map_clear(&r->probe_failed);
-    r->scan_inflight = r->start_inflight = false;
+    repair_scan_forget(&r->scan); /* its answer, if it still comes, is dropped in svc_repair_on_result */
+    r->start_inflight = false;
     r->busy = false;
     r->scan_epoch = r->clean_epoch = 0;
     r->moved_objects = r->moved_bytes = r->dropped = r->failed_copies = 0;
@@ -242,7 +244,7 @@ static int on_tick(struct kvp_master_service *s)
             i++;
         }
     }
-    if (r->scan_inflight || r->start_inflight)
+    if (repair_scan_in_flight(&r->scan) || r->start_inflight)
         return 0;
     if (!r->pass.in_pass) {
         uint64_t every = (r->busy || r->n_tasks) ? SCAN_BUSY_MS : SCAN_IDLE_MS;
@@ -277,9 +279,9 @@ static int on_tick(struct kvp_master_service *s)
     Kvp__Request req = KVP__REQUEST__INIT;
     req.body_case = KVP__REQUEST__BODY_REPAIR_SCAN;
     req.repair_scan = &q;
-    r->scan_inflight = true;
+    p->repair_scan_ticket = repair_scan_send(&r->scan);
     if (svc_query(s, p, &req) != KVP_OK)
-        r->scan_inflight = false;
+        repair_scan_forget(&r->scan);
     return 0;
 }
 
@@ -537,7 +539,15 @@ void svc_repair_on_result(struct kvp_master_service *s, struct svc_pending *p, i
     int st = status != KVP_OK ? status : (resp ? resp->status : KVP_ERR_INTERNAL);
     switch (p->internal) {
     case SVC_INT_REPAIR_SCAN:
-        r->scan_inflight = false;
+        if (!repair_scan_answered(&r->scan, p->repair_scan_ticket)) {
+            /* sent before a reset (leadership lost, then won again): it walked a slice from the
+             * old pass's cursor; the new leader's passes do not count it */
+            kvp_log_debug(s->actor, "RepairScan: dropped the answer to query %llu, no longer awaited (sent before a "
+                          "leadership change; %s; awaited: %llu)",
+                          (unsigned long long)p->repair_scan_ticket, kvp_strerror(st),
+                          (unsigned long long)r->scan.awaited);
+            break;
+        }
         if (st == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_REPAIR_SCAN && resp->repair_scan &&
             s->is_leader) {
             r->scan_epoch = r->pass_epoch;

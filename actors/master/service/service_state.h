@@ -97,6 +97,9 @@ struct svc_pending {
     bool hides;
     /* ReserveCmd (service_put.c): what was asked, in which term. */
     uint64_t resv_len, resv_horizon_ms, resv_term;
+    /* RepairScan (service_repair.c): the query's ticket (repair_pass.h); an answer whose ticket is
+     * no longer awaited (sent before a leadership loss) is dropped. */
+    uint64_t repair_scan_ticket;
 };
 
 /** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
