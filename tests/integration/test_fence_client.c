@@ -587,16 +587,41 @@ static void test_fence_wedged_transport_fence_failed_after_bound(void **state)
     void *bufs[4] = {b, b + 8192, b + 16384, b + 24576};
     size_t caps[4] = {g_size[1], g_size[2], g_size[3], g_size[4]};
     int64_t res[4];
-    uint64_t t0 = kvp_clock_now_ms();
-    kvp_batch_get(g_client, 4, keys, bufs, caps, 100, res);
-    uint64_t took = kvp_clock_now_ms() - t0;
+    /* The call's timeout covers its master lookup (GetReplicaList) and round set-up too: on a
+     * loaded machine 100 ms can run out before the reads are posted, and then every key is
+     * KVP_ERR_TIMEOUT with no piece at the transport (nothing held, nothing to fence: correct,
+     * but not the case under test). The rule's hit count says whether the reads reached the
+     * wedged transport; if none did, the call must have been all TIMEOUT, and it is tried again
+     * with twice the timeout (100 ms .. 6.4 s). Once the wedge held them, every key must be
+     * FENCE_FAILED. */
+    uint32_t timeout_ms = 100;
+    uint64_t took = 0;
+    for (int attempt = 0;; attempt++) {
+        struct kvp_xfer_fault_counts fc0, fc1;
+        kvp_xfer_fault_counts(&fc0);
+        uint64_t t0 = kvp_clock_now_ms();
+        kvp_batch_get(g_client, 4, keys, bufs, caps, timeout_ms, res);
+        took = kvp_clock_now_ms() - t0;
+        kvp_xfer_fault_counts(&fc1);
+        if (fc1.hits > fc0.hits)
+            break;
+        for (int i = 0; i < 4; i++)
+            if (res[i] != KVP_ERR_TIMEOUT)
+                fail_msg("timeout %u ms: no read reached the wedged transport, yet key %d is %s", timeout_ms,
+                         i, kvp_errname((int)res[i]));
+        printf("wedged: the %u ms timeout ran out before the reads were posted (after %lu ms); again with "
+               "%u ms\n", timeout_ms, (unsigned long)took, timeout_ms * 2);
+        if (attempt == 6)
+            fail_msg("the reads never reached the transport within %u ms", timeout_ms);
+        timeout_ms *= 2;
+    }
     kvp_xfer_fault_clear();
     for (int i = 0; i < 4; i++)
         assert_int_equal(res[i], KVP_ERR_FENCE_FAILED);
     kvp_xfer_stats(g_client->xfer, &st1);
     assert_true(st1.fence_failed >= st0.fence_failed + 4);
-    printf("wedged: returned after %lu ms (timeout 100 + fence bound), fence_failed %lu\n",
-           (unsigned long)took, (unsigned long)(st1.fence_failed - st0.fence_failed));
+    printf("wedged: returned after %lu ms (timeout %u + fence bound), fence_failed %lu\n",
+           (unsigned long)took, timeout_ms, (unsigned long)(st1.fence_failed - st0.fence_failed));
     assert_true(took < 60000); /* never hangs (no tighter timing assertion on a shared machine) */
     memset(b, 0x77, 4 * 8192);
     kvp_xfer_fault_release();
