@@ -228,8 +228,8 @@ static int rl_append(struct raft_io *io, struct raft_io_append *req, const struc
  * moved meanwhile (a RequestVote of a higher term: the follower no longer knows a leader), that
  * address is NULL and raft_uv's send crashes in strlen (uvGetClient copying the address): the
  * master SIGSEGV in the raft thread seen in the issue-22 scale bench under elections (core:
- * strlen <- uvSend <- sendAppendEntriesResult <- appendFollowerCb; canonical/raft issue 339,
- * fixed upstream after 0.15 by not answering when the term changed). Such a message is
+ * strlen <- uvSend <- sendAppendEntriesResult <- appendFollowerCb; reported upstream as
+ * canonical/raft issue 350, and as 339 through installSnapshotCb). Such a message is
  * refused here (raft frees the request; no callback): the new leader learns the follower's log
  * from its own AppendEntries, as upstream does. */
 int kvp_rl_send_checked(struct raft_io *io, struct raft_io_send *req, const struct raft_message *message,
