@@ -25,8 +25,21 @@ KVPOOLCTL = os.path.join(BUILD, "tools", "kvpoolctl")
 MASTER_CONFIG = {"default_kv_lease_ttl": 1000, "fence_grace_ms": 200, "segment_prefault": False}
 
 
+def _guard():
+    """Daemons of this pytest process die with it, however it ends (a ctest timeout SIGKILLs
+    pytest, and `down` never runs): the guard of tests/lib/cluster_guard.h, started once. Every
+    process started from here on carries its mark KVP_TEST_OWNER; a build without the guard
+    binary (an installed module tested alone) runs unguarded."""
+    guard = os.path.join(BUILD, "tests", "kvp_test_guard")
+    if os.environ.get("KVP_TEST_OWNER", "").startswith("%d." % os.getpid()) or not os.path.exists(guard):
+        return
+    os.environ["KVP_TEST_OWNER"] = subprocess.run([guard, str(os.getpid())], check=True, timeout=30,
+                                                  stdout=subprocess.PIPE, text=True).stdout.strip()
+
+
 class Cluster:
     def __init__(self, masters=1, segments=2, segment_size="128M"):
+        _guard()
         self.dir = tempfile.mkdtemp(prefix="kvp-py-")
         cfg = os.path.join(self.dir, "test-config.json")
         with open(cfg, "w") as f:

@@ -30,6 +30,7 @@
 
 #include "runtime/log.h"
 #include "test_master_util.h"
+#include "tests/lib/cluster_guard.h"
 
 struct opts {
     uint64_t objects, extra;
@@ -433,6 +434,7 @@ int main(int argc, char **argv)
     C.up = true;
     tm_current = &C;
     atexit(tm_atexit);
+    (void)kvp_test_cluster_guard(); /* its daemons die with this process, however it ends */
     char *up[] = {C.ctl, "cluster", "up", "--dir", C.dir, "--masters", "3", "--metrics", NULL};
     if (tm_run(up, true) != 0 || tm_load(&C) != 0) {
         fprintf(stderr, "cluster up failed (logs in %s)\n", C.dir);

@@ -32,6 +32,9 @@ cleanup() {
   rm -f "$LOG"
 }
 trap cleanup EXIT INT TERM
+# Its daemons die with this script however it ends: ctest's timeout SIGKILLs it, past the trap
+# (the guard of tests/lib/cluster_guard.h; every process started from here carries its mark).
+if [ -x "$B/tests/kvp_test_guard" ]; then export KVP_TEST_OWNER=$("$B/tests/kvp_test_guard" $$); fi
 if [ $V = 1 ]; then
   echo $LIMIT >"$CG/memory.limit_in_bytes"
   echo $LIMIT >"$CG/memory.memsw.limit_in_bytes" 2>/dev/null || true # no swapping around it

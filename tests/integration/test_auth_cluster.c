@@ -31,9 +31,10 @@
 #include "config/config.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
+#include "tests/lib/cluster_guard.h"
 #include "tests/lib/http_get.h"
-#include "wire/envelope.h"
 #include "tests/lib/proc_reap.h"
+#include "wire/envelope.h"
 
 static struct {
     struct tc_cluster cl;
@@ -83,6 +84,7 @@ static int group_setup(void **state)
     fprintf(f, "{\"tenant_quota\": \"qa=1MiB\", \"default_kv_lease_ttl\": 300, \"fence_grace_ms\": 200,"
                " \"segment_prefault\": false}\n");
     fclose(f);
+    (void)kvp_test_cluster_guard(); /* its daemons die with this process, however it ends */
     char *argv[] = {c->ctl, "cluster", "up", "--dir", c->dir, "--masters", "1", "--segments", "2",
                     "--segment-size", "32M", "--config", cfgpath, NULL};
     int rc = tc_run(argv);

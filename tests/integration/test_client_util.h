@@ -25,6 +25,7 @@
 #include "actors/transfer/fault.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
+#include "tests/lib/cluster_guard.h"
 
 #define TC_POISON 0xA5
 
@@ -66,6 +67,7 @@ static inline int tc_cluster_up(struct tc_cluster *c, int segments, const char *
     snprintf(c->file, sizeof c->file, "%s/cluster.json", c->dir);
     char segs[16];
     snprintf(segs, sizeof segs, "%d", segments);
+    (void)kvp_test_cluster_guard(); /* its daemons die with this process, however it ends */
     char *argv[] = {c->ctl, "cluster", "up", "--dir", c->dir, "--masters", "3", "--segments", segs,
                     "--segment-size", (char *)segment_size, NULL};
     int rc = tc_run(argv);

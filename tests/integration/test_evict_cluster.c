@@ -31,6 +31,7 @@
 #include "actors/transfer/transfer.h"
 #include "runtime/clock.h"
 #include "tests/integration/test_client_util.h"
+#include "tests/lib/cluster_guard.h"
 #include "tests/lib/proc_reap.h"
 
 #define SEG_SIZE_STR "4M"
@@ -58,6 +59,7 @@ static int cluster_up(struct tc_cluster *c, int segments, const char *segment_si
     char segs[16];
     (void)attempt; /* kvpoolctl picks free ports; a retry gets new ones */
     snprintf(segs, sizeof segs, "%d", segments);
+    (void)kvp_test_cluster_guard(); /* its daemons die with this process, however it ends */
     char *argv[] = {c->ctl, "cluster", "up", "--dir", c->dir, "--masters", "3", "--segments", segs,
                     "--segment-size", (char *)segment_size, NULL};
     int rc = tc_run(argv);

@@ -28,6 +28,7 @@
 #include "auth/auth.h"
 #include "kvpool.h"
 #include "runtime/proc.h"
+#include "tests/lib/cluster_guard.h"
 #include "tests/lib/proc_stop.h"
 #include "wire/envelope.h"
 
@@ -157,6 +158,7 @@ static int tm_cluster_up(struct tm_cluster *c)
         atexit(tm_atexit);
         registered = true;
     }
+    (void)kvp_test_cluster_guard(); /* its daemons die with this process, however it ends */
     char *argv[] = {c->ctl, "cluster", "up", "--dir", c->dir, "--masters", "3", NULL};
     int rc = tm_run(argv, false);
     if (rc != 0 || tm_load(c) != 0)

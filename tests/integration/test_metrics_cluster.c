@@ -30,9 +30,10 @@
 #include <cmocka.h>
 
 #include "kvpool.h"
+#include "tests/lib/cluster_guard.h"
 #include "tests/lib/http_get.h"
-#include "tests/lib/prom_check.h"
 #include "tests/lib/proc_reap.h"
+#include "tests/lib/prom_check.h"
 
 #define NM 3
 
@@ -726,6 +727,7 @@ static void test_metrics_cluster_up_metrics_and_top(void **state)
     snprintf(dir, sizeof dir, "%s/cu", C.dir);
     snprintf(out, sizeof out, "%s/cu.out", C.dir);
     snprintf(file, sizeof file, "%s/cluster.json", dir);
+    (void)kvp_test_cluster_guard(); /* its daemons die with this process, however it ends */
     char *up[] = {exe, "cluster", "up", "--dir", dir, "--masters", "1", "--segments", "1", "--segment-size", "32M",
                   "--metrics", NULL};
     C.cu_up = true;
