@@ -5,9 +5,10 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config git
       libczmq-dev libzmq3-dev libsodium-dev libraft-dev libuv1-dev liblz4-dev libcmocka-dev
       libibverbs-dev librdmacm-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev
-      libxxhash-dev libmicrohttpd-dev clang libclang-rt-14-dev gnuplot-nox iproute2 nftables procps psmisc
+      libxxhash-dev libmicrohttpd-dev clang libclang-rt-14-dev gnuplot-nox iproute2 nftables procps psmisc jq
       python3 python3-dev python3-pytest python3-setuptools python3-wheel python3-pip
       prometheus)
+# jq: tests/integration/upgrade_mixed.sh (test_master_upgrade) reads and edits cluster.json with it.
 # prometheus: for promtool (`promtool check metrics` in the metrics tests). Its server must not run
 # on a build machine: a policy-rc.d keeps every package's daemon from starting during the install,
 # and the prometheus unit is disabled afterwards where systemd runs.
