@@ -187,7 +187,8 @@ static void test_master_bad_members_exit_2(void **state)
     assert_int_equal(tm_run(not_me, true), 2);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    if (system(cmd) != 0) /* clean-up only: under TSan system() itself failed once (tm_log_has) */
+        fprintf(stderr, "could not remove %s\n", dir);
 }
 
 /* One-commit put with a preferred segment (docs/master.md "One-commit put"): the first replica
@@ -316,9 +317,9 @@ static void test_master_soft_state_leases_revoke_liveness(void **state)
     /* Past the grace (1.5 s) and past client_ttl (2.5 s) of the silent segment. */
     wait_heartbeating(c, 4000);
     int leader = tm_leader(c, 5000);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "grep -q 'segment %u: probe failed' %s/master-%d.log", c->segment_id, c->dir, leader);
-    assert_int_equal(system(cmd), 0);
+    char needle[64];
+    snprintf(needle, sizeof needle, "segment %u: probe failed", c->segment_id);
+    assert_true(tm_log_has(c, leader, needle));
 
     /* The abandoned put was revoked by the leader: its PutEnd finds nothing. */
     Kvp__Request pe_req = KVP__REQUEST__INIT;
@@ -507,9 +508,9 @@ static void test_master_reported_segment_with_slow_heartbeat_kept(void **state)
         assert_int_equal(tm_heartbeat(c, 3000), KVP_OK);
     }
     int leader = tm_leader(c, 5000);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "grep -q 'segment %u: probe failed' %s/master-%d.log", c->segment_id, c->dir, leader);
-    assert_int_equal(system(cmd), 0);
+    char needle[64];
+    snprintf(needle, sizeof needle, "segment %u: probe failed", c->segment_id);
+    assert_true(tm_log_has(c, leader, needle));
 }
 
 int main(void)
