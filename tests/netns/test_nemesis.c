@@ -236,6 +236,8 @@ static struct {
     char hub[32], cli[32], ns[HOSTS][32], br[16];
     int orig_ns;
     pid_t masters[3], segs[HOSTS], load[NM_CHILDREN];
+    uint32_t lost_before[16]; /* segment ids already LOST when the scenario began (setup) */
+    unsigned n_lost_before;
     struct tc_cluster cl;
     struct nm_shared *sh;
     struct kvp_msession *ms;
@@ -400,6 +402,8 @@ static void spawn_master(int i)
     unsetenv("KVP_RAFTLOG_FAULT_FILE");
 }
 
+static json_t *status(void);
+
 static int setup(void)
 {
     memset(&N, 0, sizeof N);
@@ -511,6 +515,24 @@ static int setup(void)
         cleanup();
         return -1;
     }
+    /* Losses before any fault do not count: a segment whose first mount was answered after its
+     * 2 s try window mounts again, and the master marks the first registration LOST (the same
+     * name, host and endpoint: a restart, fsm_cmd.c on_mount). Seen at load 20-30 ("mount try 1:
+     * no master answered within 2000 ms", segment 4 LOST, the segment serving as 5): the
+     * scenario then counted a loss it did not cause. */
+    json_t *d = status();
+    size_t i;
+    json_t *sg;
+    N.n_lost_before = 0;
+    json_array_foreach(json_object_get(d, "segments"), i, sg) {
+        const char *st = json_string_value(json_object_get(sg, "state"));
+        if (st && strcasestr(st, "lost") && N.n_lost_before < sizeof N.lost_before / sizeof N.lost_before[0])
+            N.lost_before[N.n_lost_before++] = (uint32_t)td_jint(sg, "id");
+    }
+    json_decref(d);
+    if (N.n_lost_before)
+        printf("set-up: %u segment registration(s) already LOST (a mount tried again); not counted\n",
+               N.n_lost_before);
     N.ok = true;
     return 0;
 }
@@ -527,6 +549,30 @@ static int nft_drop(const char *ns, const char *rule_in, const char *rule_out)
     if (rule_out && sh("ip netns exec %s nft add rule inet kvn18 out %s drop", ns, rule_out))
         return -1;
     return 0;
+}
+
+/* A cut like nft_drop's, as one `nft -f` transaction: every rule lands at the same instant.
+ * in_rules and out_rules are complete nft statements ("ip saddr X drop; tcp dport Y drop").
+ * A cut applied namespace by namespace (5 `ip netns exec nft` runs each) spread over a second or
+ * more at load 20-30, longer than a segment's heartbeat period: the hosts cut last kept
+ * heartbeating after the first ones fell silent and, by the liveness rule, rightly vouched for
+ * their loss (masters_cut_from_segments declared 1 segment lost once in 3 runs at load 21). */
+static int nft_drop_at_once(const char *ns, const char *in_rules, const char *out_rules)
+{
+    char file[400];
+    snprintf(file, sizeof file, "%s/nft-%s.rules", N.cl.dir, ns);
+    FILE *f = fopen(file, "w");
+    if (!f)
+        return -1;
+    fprintf(f,
+            "table inet kvn18 {\n"
+            "  chain in { type filter hook input priority 0; %s; }\n"
+            "  chain out { type filter hook output priority 0; %s; }\n"
+            "}\n",
+            in_rules, out_rules);
+    if (fclose(f) != 0)
+        return -1;
+    return sh("ip netns exec %s nft -f %s", ns, file);
 }
 
 static void nft_heal(const char *ns)
@@ -554,7 +600,12 @@ static unsigned lost_segments(json_t *doc)
     json_t *s;
     json_array_foreach(json_object_get(doc, "segments"), i, s) {
         const char *st = json_string_value(json_object_get(s, "state"));
-        n += st && strcasestr(st, "lost") != NULL;
+        if (!st || !strcasestr(st, "lost"))
+            continue;
+        bool before = false;
+        for (unsigned k = 0; k < N.n_lost_before; k++)
+            before |= N.lost_before[k] == (uint32_t)td_jint(s, "id");
+        n += !before;
     }
     return n;
 }
@@ -860,11 +911,12 @@ static void sc_masters_cut_from_segments(void)
 {
     wait_keys(100);
     pause_puts(true);
-    char in[64], out[64];
-    snprintf(in, sizeof in, "ip saddr 10.78.%d.1", N.net);
-    snprintf(out, sizeof out, "ip daddr 10.78.%d.1", N.net);
-    for (int i = 0; i < HOSTS; i++)
-        assert_int_equal(nft_drop(N.ns[i], in, out), 0);
+    /* In the hub, where the masters (10.78.N.1) live: every segment host's address (10.78.N.11
+     * and up) at once. */
+    char in[96], out[96];
+    snprintf(in, sizeof in, "ip saddr 10.78.%d.11-10.78.%d.%d drop", N.net, N.net, 10 + HOSTS);
+    snprintf(out, sizeof out, "ip daddr 10.78.%d.11-10.78.%d.%d drop", N.net, N.net, 10 + HOSTS);
+    assert_int_equal(nft_drop_at_once(N.hub, in, out), 0);
     usleep(3 * TTL_MS * 1000);
     json_t *d = status();
     assert_non_null(d);
@@ -874,8 +926,7 @@ static void sc_masters_cut_from_segments(void)
            json_is_true(json_object_get(lv, "withholding")) ? "yes" : "no",
            json_string_value(json_object_get(lv, "withheld_why")));
     json_decref(d);
-    for (int i = 0; i < HOSTS; i++)
-        nft_heal(N.ns[i]);
+    nft_heal(N.hub);
     pause_puts(false);
     usleep(2 * TTL_MS * 1000);
     struct figures f;
@@ -1065,28 +1116,23 @@ static void sc_leader_isolated(void)
     json_t *d = status();
     uint32_t s0 = seg_id(d, 0);
     json_decref(d);
-    char r[160];
-    snprintf(r, sizeof r, "tcp dport %d", 7201 + L);
-    char r2[160];
-    snprintf(r2, sizeof r2, "tcp sport %d", 7201 + L);
-    /* raft traffic to and from the leader's raft port, in the hub (all masters live there) */
+    /* All in the hub (the masters live there), one transaction (nft_drop_at_once): raft traffic
+     * to and from the leader's raft port; segment hosts 1-3 and the client host (10.78.N.2) cut
+     * from the leader's control port; segment host 0 (10.78.N.11) cut from the other two. */
+    char in[512], out[512];
+    int o1 = 7101 + (L + 1) % 3, o2 = 7101 + (L + 2) % 3;
+    snprintf(in, sizeof in,
+             "tcp dport %d drop; ip saddr { 10.78.%d.2, 10.78.%d.12-10.78.%d.%d } tcp dport %d drop; "
+             "ip saddr 10.78.%d.11 tcp dport { %d, %d } drop",
+             7201 + L, N.net, N.net, N.net, 10 + HOSTS, 7101 + L, N.net, o1, o2);
+    snprintf(out, sizeof out,
+             "tcp sport %d drop; ip daddr { 10.78.%d.2, 10.78.%d.12-10.78.%d.%d } tcp sport %d drop; "
+             "ip daddr 10.78.%d.11 tcp sport { %d, %d } drop",
+             7201 + L, N.net, N.net, N.net, 10 + HOSTS, 7101 + L, N.net, o1, o2);
     fault_begin();
-    assert_int_equal(nft_drop(N.hub, r, r2), 0);
-    char cin[96], cout[96];
-    snprintf(cin, sizeof cin, "tcp sport %d", 7101 + L);
-    snprintf(cout, sizeof cout, "tcp dport %d", 7101 + L);
-    for (int i = 1; i < HOSTS; i++)
-        assert_int_equal(nft_drop(N.ns[i], cin, cout), 0);
-    assert_int_equal(nft_drop(N.cli, cin, cout), 0);
-    char oin[96], oout[96];
-    snprintf(oin, sizeof oin, "tcp sport { %d, %d }", 7101 + (L + 1) % 3, 7101 + (L + 2) % 3);
-    snprintf(oout, sizeof oout, "tcp dport { %d, %d }", 7101 + (L + 1) % 3, 7101 + (L + 2) % 3);
-    assert_int_equal(nft_drop(N.ns[0], oin, oout), 0);
+    assert_int_equal(nft_drop_at_once(N.hub, in, out), 0);
     usleep(3 * TTL_MS * 1000);
     nft_heal(N.hub);
-    for (int i = 0; i < HOSTS; i++)
-        nft_heal(N.ns[i]);
-    nft_heal(N.cli);
     fault_end();
     d = status();
     bool lost0 = d && seg_id(d, 0) != s0;
