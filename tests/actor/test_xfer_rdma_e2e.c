@@ -13,6 +13,10 @@
  *    was delivered, no timed-out READ buffer (refilled with poison at return) changed, every OK
  *    READ holds the region's bytes, no WRITE placed poison in the region.
  *  - remount: a new segment id fences the old mount's QPs: the old id fails, the new one works.
+ *  - remount while a handshake is forwarded: the hello lands on loop 1 and goes to loop 0 (the RDMA
+ *    side's owner) by message while the mount changes, through the blocking set_id and through
+ *    the actors' set_id_request: once set_id returns (or its reply came) no WRITE of the old mount
+ *    places a byte in the region, whichever of the two loop 0 ran first.
  *  - tokens: a segment that requires data-plane tokens (kvp_seg_server_start_auth): the hello's own
  *    TCP connection answers the challenge through kvp_rdma_hello_tcp_opts.token_respond and the
  *    data goes over RDMA; without the callback, or with no token for this segment, the hello is
@@ -25,9 +29,11 @@
 
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "actors/segment/seg_rdma.h"
@@ -37,6 +43,7 @@
 #include "actors/transfer/transfer.h"
 #include "auth/auth_token.h"
 #include "kvpool.h"
+#include "runtime/actor.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 #include "tests/lib/fakeverbs.h"
@@ -293,6 +300,152 @@ static void test_rdma_e2e_remount_fences_old_qps(void **state)
     assert_memory_equal(buf, g.region + 8192, sizeof buf);
     tcp_frames_none(&g);
     rig_down(&g);
+}
+
+/* A WRITE of poison to the old mount (id 5), run by a thread while the test changes the mount. */
+struct fwd_writer {
+    struct rig *g;
+    uint8_t *buf;
+    struct kvp_xfer_slice s;
+};
+
+static void *fwd_writer_run(void *arg)
+{
+    struct fwd_writer *w = arg;
+    (void)kvp_xfer_run(w->g->e, &w->s, 1, 2000);
+    return NULL;
+}
+
+/* A manual actor playing the segment's heartbeat: asks loop 0 for a mount change by request and
+ * notes when the reply came (the heartbeat then sends its MountSegment). */
+struct fwd_hb {
+    struct kvp_seg_server *srv;
+    uint64_t corr;
+    int status; /* 1: not yet answered */
+};
+
+static int fwd_hb_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    struct fwd_hb *h = kvp_rt_state(ctx);
+    if (msg->kind == KVP_RT_SEND)
+        return kvp_seg_server_set_id_request(ctx, h->srv, (uint32_t)msg->arg, &h->corr);
+    if (msg->kind == KVP_RT_REPLY && msg->corr_id == h->corr)
+        h->status = msg->status;
+    return KVP_OK;
+}
+
+static uint64_t hellos_forwarded(struct kvp_seg_server *srv)
+{
+    struct kvp_seg_server_stats st;
+    kvp_seg_server_stats(srv, &st);
+    return st.rdma_hellos_forwarded;
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void test_rdma_e2e_remount_while_hello_forwarded_fences_old_writer(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 8, LEN = 16384 };
+    unsigned seen_fwd = 0, seen_held = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        struct rig g;
+        rig_up(&g, 40 + (unsigned)round, FV_FLUSH_ALL);
+        memset(g.region, 0, SEG_BYTES);
+        /* A first connection takes loop 0 (round robin from loop 0): the engine's hello then
+         * comes on loop 1, which forwards it to loop 0 */
+        int idle = seg_raw_connect(kvp_seg_server_port(g.srv));
+        assert_true(idle >= 0);
+        struct kvp_seg_server_stats st;
+        for (int i = 0; i < 5000; i++) {
+            kvp_seg_server_stats(g.srv, &st);
+            if (st.conns_accepted >= 1)
+                break;
+            nap_ms(1);
+        }
+        assert_int_equal(st.conns_accepted, 1);
+        /* odd rounds: the heartbeat's way (a request from an actor), even rounds: a plain thread */
+        struct fwd_hb hb = {.srv = g.srv, .status = 1};
+        struct kvp_rt_actor *a = NULL;
+        if (round % 2) {
+            struct kvp_rt_spec spec = {.name = "fwd-hb", .handle = fwd_hb_handle, .state = &hb};
+            assert_int_equal(kvp_rt_spawn_manual(&a, &spec, NULL), KVP_OK);
+        }
+        /* rounds 4..7: the segment's NIC is paused (PFC) first, so the WRITE is posted on a QP
+         * the hello made and held in flight when the mount changes: it must not land after */
+        bool held = round >= 4;
+        struct fv_stats fs0, fs;
+        fv_lock();
+        if (held)
+            fv_node_pause(g.ns, 1500 * MS);
+        fv_stats_get(g.f, &fs0);
+        fv_unlock();
+        struct fwd_writer w = {.g = &g, .buf = malloc(LEN)};
+        memset(w.buf, POISON, LEN);
+        w.s = (struct kvp_xfer_slice){.local = w.buf, .length = LEN, .segment_id = 5, .endpoint = g.ep,
+                                      .remote_offset = 16384, .op = KVP_XFER_WRITE};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, fwd_writer_run, &w), 0);
+        /* The mount changes as soon as the hello is on its way to loop 0 (bounded wait; the
+         * change goes ahead anyway if it does not come) */
+        for (int i = 0; i < 5000 && hellos_forwarded(g.srv) == 0; i++)
+            nap_ms(1);
+        for (int i = 0; held && i < 5000; i++) { /* held: until the WRITE's packets are out */
+            fv_lock();
+            fv_stats_get(g.f, &fs);
+            fv_unlock();
+            if (fs.packets > fs0.packets)
+                break;
+            nap_ms(1);
+        }
+        if (round % 2) {
+            assert_int_equal(kvp_rt_send(a, 0, 1, 6, NULL, NULL), KVP_OK);
+            for (int i = 0; i < 10000 && hb.status == 1; i++) {
+                (void)kvp_rt_poll(a);
+                if (hb.status == 1)
+                    nap_ms(1);
+            }
+            assert_int_equal(hb.status, KVP_OK);
+        } else {
+            kvp_seg_server_set_id(g.srv, 6);
+        }
+        fv_lock();
+        uint64_t t_fence = fv_now(g.f); /* the old mount's writers are fenced by now */
+        fv_unlock();
+        assert_int_equal(pthread_join(t, NULL), 0);
+        kvp_xfer_engine_destroy(&g.e);
+        fv_lock();
+        fv_run_idle(g.f, 5000 * MS); /* every packet still in flight arrives now */
+        const struct fv_dma *first = NULL;
+        size_t late = fv_audit_placed_after(g.f, g.region, SEG_BYTES, t_fence, &first);
+        fv_unlock();
+        if (late)
+            fail_msg("round %d: %zu placement(s) in the region after the remount returned", round, late);
+        for (size_t i = 0; i < SEG_BYTES; i++)
+            if (g.region[i] == POISON && fv_audit_placed_after(g.f, g.region + i, 1, t_fence, NULL))
+                fail_msg("round %d: region byte %zu written by the old mount after the fence", round, i);
+        uint64_t fwd = hellos_forwarded(g.srv);
+        seen_fwd += fwd > 0;
+        fv_lock();
+        fv_stats_get(g.f, &fs);
+        fv_unlock();
+        seen_held += held && fs.dropped > fs0.dropped; /* held packets met a fenced QP */
+        fprintf(stderr, "round %d (%s%s): write %s, %llu hello(s) forwarded, %llu packet(s) dropped\n",
+                round, round % 2 ? "request" : "blocking", held ? ", held" : "", kvp_errname(w.s.status),
+                (unsigned long long)fwd, (unsigned long long)(fs.dropped - fs0.dropped));
+        kvp_rt_destroy(&a);
+        close(idle);
+        free(w.buf);
+        rig_down(&g);
+    }
+    /* the scenario is real: hellos went through another loop, and WRITEs of the old mount were
+     * in flight at the change */
+    assert_true(seen_fwd > 0);
+    assert_true(seen_held > 0);
 }
 
 /* The opcode on the wire: a server without the RDMA side answers UNSUPPORTED and keeps serving;
@@ -605,6 +758,7 @@ int main(void)
         cmocka_unit_test(test_rdma_e2e_timed_out_reads_never_land),
         cmocka_unit_test(test_rdma_e2e_timed_out_writes_never_read_late),
         cmocka_unit_test(test_rdma_e2e_remount_fences_old_qps),
+        cmocka_unit_test(test_rdma_e2e_remount_while_hello_forwarded_fences_old_writer),
         cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
         cmocka_unit_test(test_rdma_e2e_hello_answers_token_challenge),
         cmocka_unit_test(test_rdma_e2e_tcp_only_segment_uses_tcp_for_that_peer),
