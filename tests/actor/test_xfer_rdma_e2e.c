@@ -17,6 +17,10 @@
  *    side's owner) by message while the mount changes, through the blocking set_id and through
  *    the actors' set_id_request: once set_id returns (or its reply came) no WRITE of the old mount
  *    places a byte in the region, whichever of the two loop 0 ran first.
+ *  - FenceWriter through the segment's heartbeat actor (a kvpool segment with protocol=rdma and a
+ *    scripted fake master): a WRITE held in flight by a PFC pause when the master asks for the
+ *    fence places nothing in the region after the heartbeat that answers Fenced reached the
+ *    master (the heartbeat waits for loop 0's fence before it sends Fenced).
  *  - tokens: a segment that requires data-plane tokens (kvp_seg_server_start_auth): the hello's own
  *    TCP connection answers the challenge through kvp_rdma_hello_tcp_opts.token_respond and the
  *    data goes over RDMA; without the callback, or with no token for this segment, the hello is
@@ -38,6 +42,9 @@
 
 #include "actors/segment/seg_rdma.h"
 #include "actors/segment/seg_server.h"
+#include "actors/segment/segment.h"
+#include "actors/session/msession.h"
+#include "config/config.h"
 #include "actors/transfer/rdma/rdma_xport_internal.h"
 #include "actors/transfer/rdma/xport_rdma.h"
 #include "actors/transfer/transfer.h"
@@ -48,6 +55,7 @@
 #include "runtime/log.h"
 #include "tests/lib/fakeverbs.h"
 #include "tests/lib/fakeverbs_locked.h"
+#include "tests/actor/seg_fake_master.h"
 #include "tests/actor/seg_raw_client.h"
 #include "wire/rdma_hello.h"
 
@@ -448,6 +456,143 @@ static void test_rdma_e2e_remount_while_hello_forwarded_fences_old_writer(void *
     assert_true(seen_held > 0);
 }
 
+#ifdef KVP_FAULT_INJECTION
+struct fw_ack {
+    struct fv_fabric *f;
+    _Atomic uint64_t t_ack; /* the double's clock when the Fenced heartbeat reached the master */
+};
+
+/* The Fenced heartbeat reached the master: note the time, then let every held packet arrive now
+ * (past the pause): a QP not yet fenced would place the held WRITE after t_ack. */
+static void fw_on_fenced(void *arg)
+{
+    struct fw_ack *a = arg;
+    fv_lock();
+    atomic_store(&a->t_ack, fv_now(a->f));
+    fv_run_idle(a->f, 2000 * MS);
+    fv_unlock();
+}
+
+static void test_rdma_e2e_heartbeat_fence_writer_acks_after_fence(void **state)
+{
+    (void)state;
+    enum { LEN = 16384 };
+    struct fv_fabric *f;
+    struct fv_node *nc, *ns;
+    struct fv_config fc = {.seed = 77, .jitter_ns = 2 * MS};
+    struct fv_node_config cc = {.name = "client", .n_devices = 1, .flush = FV_FLUSH_ALL};
+    struct fv_node_config sc = {.name = "segment", .n_devices = 1};
+    assert_int_equal(fv_fabric_new(&f, &fc), KVP_OK);
+    assert_int_equal(fv_node_add(f, &cc, &nc), KVP_OK);
+    assert_int_equal(fv_node_add(f, &sc, &ns), KVP_OK);
+    struct kvp_rdma_env env = fv_locked_env(f);
+    kvp_verbs_ops_set_test(fv_locked_ops(ns)); /* the segment's RDMA side opens on the double */
+
+    struct fake_master fm;
+    assert_int_equal(fm_start(&fm), 0);
+    struct fw_ack ack = {.f = f};
+    fm.on_fenced = fw_on_fenced;
+    fm.on_fenced_arg = &ack;
+    struct kvp_msession *ms = NULL;
+    const char *m[1] = {fm.addr};
+    assert_int_equal(kvp_msession_new(&ms, m, 1, "test-fw"), KVP_OK);
+    struct kvp_cfg_segment cfg;
+    kvp_cfg_defaults(KVP_CFG_SEGMENT, &cfg);
+    snprintf(cfg.local_hostname, sizeof cfg.local_hostname, "127.0.0.1");
+    snprintf(cfg.protocol, sizeof cfg.protocol, "rdma");
+    cfg.global_segment_size = SEG_BYTES;
+    cfg.heartbeat_ms = 30;
+    struct kvp_segment *seg = NULL;
+    assert_int_equal(kvp_segment_start(&seg, &cfg, ms, NULL), KVP_OK);
+    uint32_t id = kvp_segment_id(seg);
+    assert_true(id != 0);
+    for (int i = 0; i < 5000 && atomic_load(&fm.rdma_beats) == 0; i++)
+        nap_ms(1);
+    assert_true(atomic_load(&fm.rdma_beats) > 0); /* the heartbeat says it serves RDMA writers */
+
+    /* a writer: the engine on the double, its handshake over the segment's TCP port */
+    struct kvp_rdma_hello_tcp_opts ho = {.timeout_ms = 2000};
+    struct kvp_xport_rdma_opts o = {
+        .cfg = {.ops = fv_locked_ops(nc), .gid_index = -1, .psn_seed = 5, .sysfs_root = "/nonexistent"},
+        .env = env, .client_id = 9, .hello = kvp_rdma_hello_tcp, .hello_arg = &ho, .drive_clock = true};
+    struct kvp_xfer_params p = {.conns_per_peer = 1, .slice_bytes = 64 * 1024, .fence_bound_ms = 200,
+                                .transport = &kvp_xport_rdma, .transport_opts = &o};
+    struct kvp_xfer_engine *e = NULL;
+    assert_int_equal(kvp_xfer_engine_new(&e, &p), KVP_OK);
+    char ep[128];
+    snprintf(ep, sizeof ep, "%s", kvp_segment_endpoint(seg));
+    uint8_t *good = malloc(LEN);
+    memset(good, 0x3c, LEN);
+    struct kvp_xfer_slice s0 = {.local = good, .length = LEN, .segment_id = id, .endpoint = ep,
+                                .remote_offset = 0, .op = KVP_XFER_WRITE};
+    assert_int_equal(kvp_xfer_run(e, &s0, 1, 5000), KVP_OK); /* the writer's QP is up */
+    struct kvp_xfer_stats xs;
+    kvp_xfer_stats(e, &xs);
+    assert_int_equal(xs.tcp_fallback_peers, 0);
+
+    /* its next WRITE is held in flight by a PFC pause of the segment's NIC */
+    struct fv_stats fs0, fs;
+    fv_lock();
+    fv_node_pause(ns, 1500 * MS);
+    fv_stats_get(f, &fs0);
+    fv_unlock();
+    struct rig g = {.e = e};
+    struct fwd_writer w = {.g = &g, .buf = malloc(LEN)};
+    memset(w.buf, POISON, LEN);
+    w.s = (struct kvp_xfer_slice){.local = w.buf, .length = LEN, .segment_id = id, .endpoint = ep,
+                                  .remote_offset = 32768, .op = KVP_XFER_WRITE};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fwd_writer_run, &w), 0);
+    for (int i = 0; i < 5000; i++) {
+        fv_lock();
+        fv_stats_get(f, &fs);
+        fv_unlock();
+        if (fs.packets > fs0.packets)
+            break;
+        nap_ms(1);
+    }
+    assert_true(fs.packets > fs0.packets);
+
+    /* the master asks for the fence; the Fenced must come only after it */
+    atomic_store(&fm.fw_seq, 7);
+    for (int i = 0; i < 10000 && atomic_load(&fm.fenced_seq) != 7; i++)
+        nap_ms(1);
+    assert_int_equal(atomic_load(&fm.fenced_seq), 7);
+    assert_true(atomic_load(&fm.fenced_qps) >= 1);
+    uint64_t t_ack = atomic_load(&ack.t_ack);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_not_equal(w.s.status, KVP_OK);
+    kvp_xfer_engine_destroy(&e);
+    fv_lock();
+    fv_run_idle(f, 5000 * MS); /* every packet still in flight arrives now */
+    fv_stats_get(f, &fs);
+    fv_unlock();
+    assert_true(fs.dropped > fs0.dropped); /* the held WRITE met a fenced QP */
+    /* the region is the segment's mapping: audit the range the held WRITE targeted */
+    fv_lock();
+    size_t late = 0;
+    for (size_t i = 0; i < fv_audit_count(f); i++) {
+        const struct fv_dma *d = fv_audit_get(f, i);
+        if (d->t_ns > t_ack)
+            late++;
+    }
+    fv_unlock();
+    if (late)
+        fail_msg("%zu placement(s) after the Fenced heartbeat reached the master", late);
+    fprintf(stderr, "FenceWriter: %u QP(s) fenced, held write %s, %llu packet(s) dropped\n",
+            atomic_load(&fm.fenced_qps), kvp_errname(w.s.status),
+            (unsigned long long)(fs.dropped - fs0.dropped));
+    kvp_segment_stop(&seg);
+    kvp_msession_destroy(&ms);
+    fm_stop(&fm);
+    kvp_verbs_ops_set_test(NULL);
+    fv_locked_reset();
+    fv_fabric_destroy(&f);
+    free(good);
+    free(w.buf);
+}
+#endif
+
 /* The opcode on the wire: a server without the RDMA side answers UNSUPPORTED and keeps serving;
  * a garbage offer gets an encoded refusal and the connection keeps serving; a hello of length 0
  * or over KVP_FRAME_RDMA_HELLO_MAX is a malformed frame (connection closed, counted). */
@@ -759,6 +904,9 @@ int main(void)
         cmocka_unit_test(test_rdma_e2e_timed_out_writes_never_read_late),
         cmocka_unit_test(test_rdma_e2e_remount_fences_old_qps),
         cmocka_unit_test(test_rdma_e2e_remount_while_hello_forwarded_fences_old_writer),
+#ifdef KVP_FAULT_INJECTION
+        cmocka_unit_test(test_rdma_e2e_heartbeat_fence_writer_acks_after_fence),
+#endif
         cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
         cmocka_unit_test(test_rdma_e2e_hello_answers_token_challenge),
         cmocka_unit_test(test_rdma_e2e_tcp_only_segment_uses_tcp_for_that_peer),
