@@ -5,7 +5,10 @@
  * the connections in it; nothing else touches a connection. Loop 0 also owns the listen
  * sockets: it accepts and hands each new socket to a loop, round robin, by message
  * (SEG_MSG_CONN; to itself directly). A loop closing a connection tells loop 0 (SEG_MSG_GONE),
- * which keeps the count behind the per-segment connection cap. Every socket is non-blocking;
+ * which keeps the count behind the per-segment connection cap. Loop 0 also owns the segment id
+ * the loops check (its only writer) and, with protocol=rdma, the RDMA side: mount changes,
+ * FenceWriter and the RDMA handshakes of every loop reach it by message (seg_server_rdma.c).
+ * Every socket is non-blocking;
  * a loop never waits on one connection, so idle connections cost memory (a struct and, only
  * while bytes are buffered, a receive buffer), not threads, and a peer that stalls mid-frame
  * delays nobody (it is dropped after KVP_SEG_STALL_MS without progress).
