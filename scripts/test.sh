@@ -49,7 +49,7 @@ if [ "${KVP_TEST_QUICK:-0}" != 1 ]; then
   # Their daemons run TSan builds too; what those report goes to the daemons' logs, not the test.
   # die_after_fork=0: czmq's background thread lives in client processes that fork.
   TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp die_after_fork=0${TSAN_OPTIONS:+ $TSAN_OPTIONS}" \
-    run_ctest build-tsan -R '^test_runtime_|^test_seg_|^test_xfer_|^test_fence_(faults|peer|hotpath|client)$|^test_msession$|^test_client_(fakemaster|api_ext|cluster_loss|quorum_lost|avoid|devmem_regs)$|^test_master_(failover|soft|quorum)$|^test_segment_lost_cmd$' -E 'hugetlb|netns'
+    run_ctest build-tsan -R '^test_runtime_|^test_seg_|^test_xfer_|^test_fence_(faults|peer|hotpath|client|faults_rdma)$|^test_msession$|^test_client_(fakemaster|api_ext|cluster_loss|quorum_lost|avoid|devmem_regs)$|^test_master_(failover|soft|quorum)$|^test_segment_lost_cmd$' -E 'hugetlb|netns'
   stage "libFuzzer: every decoder target, ${KVP_FUZZ_SECONDS:-10} s each"
   scripts/fuzz.sh "${KVP_FUZZ_SECONDS:-10}"
 fi

@@ -18,6 +18,18 @@
  * Stall fence: when two ticks are more than 3 periods + 1 s apart (SIGSTOP, a paused VM), the
  * master may have declared the segment lost: the data plane refuses data until a heartbeat
  * confirms the id.
+ *
+ * Mount changes and fences go to the data-plane server's loop 0, the RDMA side's owner
+ * (seg_server_rdma.c), by message: this actor never blocks on it. Two of them gate what this
+ * actor tells the master next, so it waits for loop 0's reply (HB_RDMA, ticks skipped meanwhile)
+ * before going on:
+ *  - remount: id 0 (every writer of the old mount fenced) before the MountSegment goes out: the
+ *    new mount lets the master place objects in this region again;
+ *  - FenceWriter: the QPs fenced before the Fenced that lets the leader free the space.
+ * The other three are one-way (kvp_seg_server_set_id_post): the stall fence (id 0; the beat that
+ * follows only asks the master to confirm), the confirmation and the mount's answer (the new id:
+ * a remount's id 0 came first, so no writer of an old mount is left to fence). Loop 0 runs them
+ * in the order this actor sent them, before any later request of this actor.
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -35,7 +47,10 @@
 
 enum { HB_MSG_TICK = 1 };
 
-enum hb_wait { HB_IDLE, HB_BEAT, HB_MOUNT }; /* what the request in flight is */
+/* What the request in flight is: a heartbeat or a mount (to the master), or a step on the RDMA
+ * side (to the server's loop 0; hb_next says what follows its reply). */
+enum hb_wait { HB_IDLE, HB_BEAT, HB_MOUNT, HB_RDMA };
+enum hb_next { NEXT_MOUNT, NEXT_FENCED };
 
 struct hb_state {
     struct kvp_segment *s;
@@ -43,7 +58,9 @@ struct hb_state {
     uint32_t timeout;    /* ms: a heartbeat's (and a remount's) call timeout */
     enum hb_wait wait;   /* the request in flight */
     uint64_t corr;       /* its correlation id */
-    uint32_t beat_id;    /* the id the heartbeat in flight was for */
+    uint32_t beat_id;    /* the id the heartbeat in flight (or the FenceWriter being run) was for */
+    enum hb_next next;   /* HB_RDMA: what its reply leads to */
+    uint64_t fence_seq;  /* NEXT_FENCED: the FenceWriter.seq being run */
     bool failing;        /* a WARN was logged for the current run of failures */
     bool fenced;         /* the data plane refuses data until a heartbeat confirms the id */
     bool drain_signalled;
@@ -64,24 +81,40 @@ static int send_mount(struct kvp_rt_ctx *ctx, struct hb_state *h)
     return rc;
 }
 
-/* The master does not know the segment (or declared it lost): remount as a new one. */
-static int remount(struct kvp_rt_ctx *ctx, struct hb_state *h, uint32_t id)
+/* The MountSegment of a remount, once loop 0 has fenced the old mount's writers. */
+static int remount_send(struct kvp_rt_ctx *ctx, struct hb_state *h)
 {
-    struct kvp_segment *s = h->s;
-    kvp_log_warn(s->actor, "segment %u unknown to the master: remounting as a new segment", id);
-    kvp_seg_server_set_id(s->srv, 0);
     int rc = send_mount(ctx, h);
     if (rc == KVP_ERR_NOMEM)
         return rc; /* fails the actor: the supervisor restarts it */
     if (rc != KVP_OK)
-        kvp_log_warn(s->actor, "remount: %s (next try in %u ms)", kvp_errname(rc), h->period);
+        kvp_log_warn(h->s->actor, "remount: %s (next try in %u ms)", kvp_errname(rc), h->period);
+    return KVP_OK;
+}
+
+/* The master does not know the segment (or declared it lost): remount as a new one. The data
+ * plane goes to id 0 first (every writer of the old mount fenced), then the MountSegment goes
+ * out (remount_send, on loop 0's reply). */
+static int remount(struct kvp_rt_ctx *ctx, struct hb_state *h, uint32_t id)
+{
+    struct kvp_segment *s = h->s;
+    kvp_log_warn(s->actor, "segment %u unknown to the master: remounting as a new segment", id);
+    int rc = kvp_seg_server_set_id_request(ctx, s->srv, 0, &h->corr);
+    if (rc == KVP_ERR_NOMEM)
+        return rc;
+    if (rc != KVP_OK) { /* the server is stopping */
+        kvp_log_warn(s->actor, "remount: data plane: %s (next try in %u ms)", kvp_errname(rc), h->period);
+        return KVP_OK;
+    }
+    h->wait = HB_RDMA;
+    h->next = NEXT_MOUNT;
     return KVP_OK;
 }
 
 static void on_mount_reply(struct hb_state *h, int rc, Kvp__Response *resp)
 {
     struct kvp_segment *s = h->s;
-    if (kvp_seg_mount_apply(s, rc, resp, false) != KVP_OK) {
+    if (kvp_seg_mount_apply(s, rc, resp, false, true) != KVP_OK) {
         uint32_t old = atomic_exchange_explicit(&s->id, 0, memory_order_relaxed);
         if (old && s->hooks.on_mount)
             s->hooks.on_mount(s->hooks.ctx, old, 0, NULL, 0);
@@ -89,6 +122,17 @@ static void on_mount_reply(struct hb_state *h, int rc, Kvp__Response *resp)
     h->failing = false;
     h->fenced = false;
     h->fence = (struct kvp_seg_fence_ack){0}; /* a new id: the leader asks afresh */
+}
+
+/* A one-way mount change (see the file comment). Fails the actor only when out of memory. */
+static int post_id(struct hb_state *h, uint32_t id)
+{
+    int rc = kvp_seg_server_set_id_post(h->s->srv, id);
+    if (rc == KVP_ERR_NOMEM)
+        return rc;
+    if (rc != KVP_OK)
+        kvp_log_warn(h->s->actor, "data plane: set id %u: %s", id, kvp_errname(rc));
+    return KVP_OK;
 }
 
 static int on_beat_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, int rc, Kvp__Response *resp)
@@ -121,15 +165,47 @@ static int on_beat_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, int rc, Kvp
         h->failing = false;
     }
     if (rc == KVP_OK && h->fenced) {
-        kvp_seg_server_set_id(s->srv, id);
+        int e = post_id(h, id);
+        if (e != KVP_OK)
+            return e;
         kvp_log_info(s->actor, "segment %u: confirmed by the master: serving again", id);
         h->fenced = false;
     }
     if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
-        kvp_seg_rdma_on_fence_writer(kvp_seg_server_rdma_side(s->srv), resp->heartbeat->fence_writer,
-                                     &h->fence))
-        return send_beat(ctx, h, id); /* Fenced now, not a period later */
+        kvp_seg_server_has_rdma(s->srv) && kvp_seg_fence_writer_due(resp->heartbeat->fence_writer, &h->fence)) {
+        /* Fence on loop 0; the Fenced goes out when it replies (on_rdma_reply), not a period later */
+        const Kvp__FenceWriter *fw = resp->heartbeat->fence_writer;
+        int e = kvp_seg_server_fence_request(ctx, s->srv, fw->client_id, fw->generation, &h->corr);
+        if (e == KVP_ERR_NOMEM)
+            return e;
+        if (e != KVP_OK) { /* the server is stopping: not run, not acknowledged */
+            kvp_log_warn(s->actor, "segment %u: FenceWriter %llu: %s", id, (unsigned long long)fw->seq,
+                         kvp_errname(e));
+            return KVP_OK;
+        }
+        h->wait = HB_RDMA;
+        h->next = NEXT_FENCED;
+        h->fence_seq = fw->seq;
+        h->beat_id = id;
+    }
     return KVP_OK;
+}
+
+/* Loop 0 answered a step on the RDMA side (HB_RDMA): go on with what waited for it. A failed
+ * step (the server stopping) goes no further: nothing is acknowledged that did not happen; the
+ * next tick remounts again, the leader asks for the fence again. */
+static int on_rdma_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, const struct kvp_rt_msg *msg)
+{
+    struct kvp_segment *s = h->s;
+    if (msg->status != KVP_OK) {
+        kvp_log_warn(s->actor, "data plane: %s: %s", h->next == NEXT_MOUNT ? "remount" : "FenceWriter",
+                     kvp_errname(msg->status));
+        return KVP_OK;
+    }
+    if (h->next == NEXT_MOUNT)
+        return remount_send(ctx, h);
+    kvp_seg_fence_ack_set(&h->fence, h->fence_seq, msg->arg > INT32_MAX ? INT32_MAX : (int)msg->arg);
+    return send_beat(ctx, h, h->beat_id); /* Fenced now, not a period later */
 }
 
 static int on_tick(struct kvp_rt_ctx *ctx, struct hb_state *h)
@@ -142,7 +218,9 @@ static int on_tick(struct kvp_rt_ctx *ctx, struct hb_state *h)
          * dropped our replicas. Refuse data until a heartbeat confirms the id. */
         kvp_log_warn(s->actor, "segment %u: stalled for %llu ms: refusing data until the master "
                      "confirms this segment", id, (unsigned long long)(now - h->last_tick_ms));
-        kvp_seg_server_set_id(s->srv, 0);
+        int e = post_id(h, 0);
+        if (e != KVP_OK)
+            return e;
         h->fenced = true;
     }
     h->last_tick_ms = now;
@@ -162,7 +240,7 @@ static int send_beat(struct kvp_rt_ctx *ctx, struct hb_state *h, uint32_t id)
     kvp__request__init(&req);
     kvp__heartbeat_req__init(&hb);
     hb.segment_id = id;
-    kvp_seg_rdma_hb_fill(kvp_seg_server_rdma_side(s->srv), &h->fence, &hb, &fenced);
+    kvp_seg_rdma_hb_fill(kvp_seg_server_has_rdma(s->srv), &h->fence, &hb, &fenced);
     req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
     req.heartbeat = &hb;
     int rc = kvp_msession_request(ctx, s->ms, &req, h->timeout, &h->corr);
@@ -189,6 +267,8 @@ static int hb_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
         return KVP_OK;
     enum hb_wait w = h->wait;
     h->wait = HB_IDLE;
+    if (w == HB_RDMA)
+        return on_rdma_reply(ctx, h, msg);
     Kvp__Response *resp = msg->status == KVP_OK ? kvp_rt_msg_take(msg) : NULL;
     int rc = msg->status == KVP_OK && !resp ? KVP_ERR_MALFORMED : msg->status;
     if (w == HB_MOUNT) {

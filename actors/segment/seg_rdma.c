@@ -1,18 +1,14 @@
 /*
  * seg_rdma.c — a segment's RDMA side; see seg_rdma.h and docs/rdma.md "Segment side".
  *
- * The rdma transport core (actors/transfer/rdma/rdma_xport.h) is single-owner state. Two kinds
- * of threads reach it here: the segment runtime (mount changes) and the data-plane loops (a
- * handshake arrives on whichever loop owns the client's connection). Both are rare control-plane
- * events (one per mount, one per client connection generation), never on the data path: RDMA
- * data moves without the segment's CPU. A mutex serializes them. Not a message: set_id must hold
- * when it returns (the space of an unmounted segment may be reused at once, so the old writers'
- * QPs must be fenced before), and kvp_seg_server_set_id is called from inside the segment
- * runtime's own actor callbacks, where a blocking call to another actor is not allowed.
+ * Single-owner state, no lock: the rdma transport core (actors/transfer/rdma/rdma_xport.h) and
+ * this object are touched by one thread, their owner. In a segment that is loop 0 of the
+ * data-plane server (seg_server_rdma.c): the other loops forward handshakes to it and mount
+ * changes and FenceWriter reach it by message, so they run one at a time in loop 0's order.
+ * Tests may own one directly (tests/unit/test_rdma_fence_writer.c).
  */
 #include "actors/segment/seg_rdma.h"
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,11 +17,22 @@
 #include "kvpool.h"
 #include "runtime/log.h"
 
+bool kvp_seg_fence_writer_due(const Kvp__FenceWriter *fw, const struct kvp_seg_fence_ack *ack)
+{
+    return fw && ack && fw->seq != 0 && fw->seq != ack->seq;
+}
+
+void kvp_seg_fence_ack_set(struct kvp_seg_fence_ack *ack, uint64_t seq, int qps)
+{
+    ack->seq = seq;
+    ack->status = KVP_OK;
+    ack->qps = qps > 0 ? (uint32_t)qps : 0;
+}
+
 #ifdef KVP_HAVE_VERBS
 #include "actors/transfer/rdma/rdma_xport_internal.h"
 
 struct kvp_seg_rdma {
-    pthread_mutex_t mu;          /* see the file comment */
     struct kvp_rdma_xport *x;
     void *base;
     uint64_t size;
@@ -55,14 +62,13 @@ int kvp_seg_rdma_open(struct kvp_seg_rdma **out, const struct kvp_seg_rdma_cfg *
         free(r);
         return e;
     }
-    pthread_mutex_init(&r->mu, NULL);
     r->base = base;
     r->size = size;
     *out = r;
     return KVP_OK;
 }
 
-/* Fence every writer's QPs (they answer no inbound request once fenced). Under r->mu. */
+/* Fence every writer's QPs (they answer no inbound request once fenced). */
 static void fence_all(struct kvp_seg_rdma *r)
 {
     while (r->x->writers)
@@ -73,7 +79,6 @@ void kvp_seg_rdma_set_id(struct kvp_seg_rdma *r, uint32_t segment_id)
 {
     if (!r)
         return;
-    pthread_mutex_lock(&r->mu);
     if (segment_id != r->id) {
         fence_all(r);
         r->id = segment_id;
@@ -90,7 +95,6 @@ void kvp_seg_rdma_set_id(struct kvp_seg_rdma *r, uint32_t segment_id)
         /* the same region under the new mount's id (the transport checks offers against it) */
         r->x->seg_id = segment_id;
     }
-    pthread_mutex_unlock(&r->mu);
 }
 
 int kvp_seg_rdma_accept(struct kvp_seg_rdma *r, const uint8_t *offer, size_t len,
@@ -102,7 +106,6 @@ int kvp_seg_rdma_accept(struct kvp_seg_rdma *r, const uint8_t *offer, size_t len
     *answer_len = 0;
     if (!r)
         return KVP_ERR_UNSUPPORTED;
-    pthread_mutex_lock(&r->mu);
     int rc;
     if (!r->registered || !r->id) {
         /* unmounted, or the registration failed: the transport refuses with an answer */
@@ -113,7 +116,6 @@ int kvp_seg_rdma_accept(struct kvp_seg_rdma *r, const uint8_t *offer, size_t len
     } else {
         rc = kvp_rdma_seg_accept(r->x, offer, len, answer, answer_len);
     }
-    pthread_mutex_unlock(&r->mu);
     return rc;
 }
 
@@ -124,7 +126,6 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
     if (gen == 0)
         gen = UINT64_MAX;
     int n = 0;
-    pthread_mutex_lock(&r->mu);
     if (client_id) {
         n = kvp_rdma_seg_fence_writer(r->x, client_id, gen);
     } else {
@@ -141,17 +142,16 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
             n += k;
         }
     }
-    pthread_mutex_unlock(&r->mu);
     if (n > 0)
         kvp_log_info(r->who, "rdma: FenceWriter: %d QP(s) of %s destroyed", n,
                      client_id ? "one writer" : "every writer");
     return n < 0 ? 0 : n;
 }
 
-void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,
-                          Kvp__HeartbeatReq *hb, Kvp__Fenced *f)
+void kvp_seg_rdma_hb_fill(bool rdma, const struct kvp_seg_fence_ack *ack, Kvp__HeartbeatReq *hb,
+                          Kvp__Fenced *f)
 {
-    if (!r || !ack || !hb || !f)
+    if (!rdma || !ack || !hb || !f)
         return;
     hb->rdma_writers = 1;
     kvp__fenced__init(f);
@@ -164,12 +164,9 @@ void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fen
 bool kvp_seg_rdma_on_fence_writer(struct kvp_seg_rdma *r, const Kvp__FenceWriter *fw,
                                   struct kvp_seg_fence_ack *ack)
 {
-    if (!r || !fw || !ack || fw->seq == 0 || fw->seq == ack->seq)
+    if (!r || !kvp_seg_fence_writer_due(fw, ack))
         return false;
-    int n = kvp_seg_rdma_fence_writers(r, fw->client_id, fw->generation);
-    ack->seq = fw->seq;
-    ack->status = KVP_OK;
-    ack->qps = (uint32_t)n;
+    kvp_seg_fence_ack_set(ack, fw->seq, kvp_seg_rdma_fence_writers(r, fw->client_id, fw->generation));
     return true;
 }
 
@@ -179,11 +176,8 @@ void kvp_seg_rdma_close(struct kvp_seg_rdma **rp)
         return;
     struct kvp_seg_rdma *r = *rp;
     *rp = NULL;
-    pthread_mutex_lock(&r->mu);
     fence_all(r);
-    pthread_mutex_unlock(&r->mu);
     kvp_rdma_close(&r->x); /* deregisters the region */
-    pthread_mutex_destroy(&r->mu);
     free(r);
 }
 
@@ -229,10 +223,10 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
     (void)gen;
     return 0;
 }
-void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,
-                          Kvp__HeartbeatReq *hb, Kvp__Fenced *f)
+void kvp_seg_rdma_hb_fill(bool rdma, const struct kvp_seg_fence_ack *ack, Kvp__HeartbeatReq *hb,
+                          Kvp__Fenced *f)
 {
-    (void)r;
+    (void)rdma;
     (void)ack;
     (void)hb;
     (void)f;

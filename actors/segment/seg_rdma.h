@@ -6,8 +6,9 @@
  * answered with the segment's QPs and chunk table. Every mount change (a new id, or unmount)
  * fences every writer's QPs first, so QPs made for an earlier mount never reach the region again.
  *
- * Thread use: set_id runs on the segment runtime's thread, accept on any data-plane loop; both
- * take the object's mutex (see seg_rdma.c for why not a message).
+ * Thread use: single-owner state, no lock: every function below is called by the object's owner
+ * only. In a segment that is loop 0 of the data-plane server (seg_server_rdma.c); the heartbeat
+ * and the other loops reach it by message through seg_server.h.
  */
 #ifndef KVP_SEGMENT_SEG_RDMA_H
 #define KVP_SEGMENT_SEG_RDMA_H
@@ -64,13 +65,19 @@ struct kvp_seg_fence_ack {
     int32_t status;   /* its result (0) */
     uint32_t qps;     /* QPs it destroyed */
 };
-/** With r (an RDMA side): set hb->rdma_writers and hb->fenced (f is its storage) from *ack.
- *  r NULL: nothing is set (a TCP-only segment says nothing, as older ones). */
-void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,
-                          Kvp__HeartbeatReq *hb, Kvp__Fenced *f);
-/** A HeartbeatResp's FenceWriter (fw may be NULL): a seq other than ack->seq is run
- *  (kvp_seg_rdma_fence_writers) and recorded in *ack. Returns true when it ran (the caller
- *  answers at once rather than a period later). r NULL: false. */
+/** With an RDMA side (rdma): set hb->rdma_writers and hb->fenced (f is its storage) from *ack.
+ *  rdma false: nothing is set (a TCP-only segment says nothing, as older ones). Any thread. */
+void kvp_seg_rdma_hb_fill(bool rdma, const struct kvp_seg_fence_ack *ack, Kvp__HeartbeatReq *hb,
+                          Kvp__Fenced *f);
+/** Whether a HeartbeatResp's FenceWriter (fw may be NULL) is one to run: a seq other than 0 and
+ *  than the last one run (ack->seq). Any thread. */
+bool kvp_seg_fence_writer_due(const Kvp__FenceWriter *fw, const struct kvp_seg_fence_ack *ack);
+/** Record a FenceWriter run: seq, status OK, qps QPs destroyed (negative: 0). */
+void kvp_seg_fence_ack_set(struct kvp_seg_fence_ack *ack, uint64_t seq, int qps);
+/** The owner's FenceWriter step in one call: when kvp_seg_fence_writer_due, run it
+ *  (kvp_seg_rdma_fence_writers) and record it in *ack. Returns true when it ran (the caller
+ *  answers at once rather than a period later). r NULL: false. The segment's heartbeat does the
+ *  same through loop 0 (kvp_seg_server_fence_request) and answers when the reply comes. */
 bool kvp_seg_rdma_on_fence_writer(struct kvp_seg_rdma *r, const Kvp__FenceWriter *fw,
                                   struct kvp_seg_fence_ack *ack);
 

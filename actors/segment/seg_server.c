@@ -5,7 +5,10 @@
  * the connections in it; nothing else touches a connection. Loop 0 also owns the listen
  * sockets: it accepts and hands each new socket to a loop, round robin, by message
  * (SEG_MSG_CONN; to itself directly). A loop closing a connection tells loop 0 (SEG_MSG_GONE),
- * which keeps the count behind the per-segment connection cap. Every socket is non-blocking;
+ * which keeps the count behind the per-segment connection cap. Loop 0 also owns the segment id
+ * the loops check (its only writer) and, with protocol=rdma, the RDMA side: mount changes,
+ * FenceWriter and the RDMA handshakes of every loop reach it by message (seg_server_rdma.c).
+ * Every socket is non-blocking;
  * a loop never waits on one connection, so idle connections cost memory (a struct and, only
  * while bytes are buffered, a receive buffer), not threads, and a peer that stalls mid-frame
  * delays nobody (it is dropped after KVP_SEG_STALL_MS without progress).
@@ -36,6 +39,7 @@
 #include <unistd.h>
 
 #include "actors/segment/seg_rdma.h"
+#include "actors/segment/seg_server_internal.h"
 #include "actors/segment/segment_internal.h"
 #include "auth/auth.h"
 #include "auth/auth_token.h"
@@ -63,26 +67,6 @@ void __tsan_release(void *addr);
 #define REGION_RELEASE(s) ((void)(s))
 #endif
 
-/*
- * Request counters of one loop, for the metrics endpoint (kvp_seg_server_stats). Written only by
- * the loop's own thread, as load + store (one writer: no read-modify-write, so no locked
- * instruction on the request path); read by the metrics HTTP thread with relaxed loads. Relaxed
- * is enough: each counter is an independent monotonic value and nothing else is published
- * through it; a scrape may see one counter a request ahead of another. Atomics and not a
- * message: the reader is libmicrohttpd's thread, which has no mailbox to take a reply, and a
- * scrape must not cost the data path a wake-up.
- */
-struct seg_counters {
-    _Atomic uint64_t bytes_read;    /* READ payload bytes queued for sending */
-    _Atomic uint64_t bytes_written; /* WRITE payload bytes that landed in the region */
-    _Atomic uint64_t req[KVP_SEG_OPS][KVP_SEG_RESULTS];
-    _Atomic uint64_t bad_frames;
-    _Atomic uint64_t conns_open;     /* this loop's connections now */
-    _Atomic uint64_t conns_accepted; /* loop 0 only */
-    _Atomic uint64_t conns_refused;  /* loop 0 only */
-    _Atomic uint64_t token_refused;  /* connections refused by the data-plane token check */
-};
-
 static inline void ctr_add(_Atomic uint64_t *c, uint64_t v)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v, memory_order_relaxed);
@@ -102,47 +86,6 @@ static int result_index(int st)
 const char *const kvp_seg_op_names[KVP_SEG_OPS] = {"read", "write", "ping"};
 const char *const kvp_seg_result_names[KVP_SEG_RESULTS] = {"ok", "not_found", "invalid", "deadline_passed",
                                                            "other"};
-
-/* Messages between the loops. */
-enum {
-    SEG_MSG_CONN = 1, /* payload struct seg_newconn: a socket for this loop to serve */
-    SEG_MSG_GONE = 2, /* to loop 0: arg connections of the sender were closed */
-    SEG_MSG_SWEEP = 3,  /* timer: drop connections stalled mid-frame */
-    SEG_MSG_REARM = 4,  /* timer: accept again after running out of descriptors */
-    SEG_MSG_STOP = 5,   /* the server stops: wait in the runtime's poll from now on */
-    SEG_MSG_LISTEN = 6, /* to loop 0, once every loop runs: start accepting */
-    SEG_MSG_ID = 7,     /* set_id gave the segment an id: send the challenges held until then */
-};
-
-struct seg_loop;
-
-struct kvp_seg_server {
-    uint8_t *base;
-    uint64_t size;
-    /* The id requests must carry. Written by set_id from any thread (the segment runtime, often
-     * from inside its own actor callback, where it cannot block on a call), read by every loop
-     * before each request; set_id must hold when it returns (an unmounted segment refuses at
-     * once), which a message to the loops would not give without a blocking call. Relaxed is
-     * enough: a single independent value, no other memory is published through it. */
-    _Atomic uint32_t segment_id;
-    uint32_t port;
-    int lfd[KVP_SEG_MAX_LISTEN];
-    int n_lfd;
-    struct kvp_rt_actor *loops[KVP_SEG_LOOPS];
-    int n_loops;
-    struct seg_counters ctr[KVP_SEG_LOOPS]; /* loop i writes ctr[i]; see struct seg_counters */
-    /* The masters' token keys (docs/security.md "Data plane: tokens"): n_token_pks > 0 makes
-     * every connection present a token first. Written once by start before any loop runs,
-     * read-only afterwards (no synchronisation needed beyond the spawn). */
-    uint8_t (*token_pks)[KVP_DT_PK_BYTES];
-    size_t n_token_pks;
-    char region_sync; /* TSan annotation address only (REGION_ACQUIRE/RELEASE) */
-    /* protocol=rdma: the RDMA side (seg_rdma.h), set once by kvp_seg_server_rdma after start and
-     * read by the loops at each handshake (release/acquire: the object is complete when seen).
-     * Not a message to the loops: it must hold when kvp_seg_server_rdma returns (a hello right
-     * after would otherwise be answered UNSUPPORTED), as segment_id above. */
-    _Atomic(struct kvp_seg_rdma *) rdma;
-};
 
 /* What an epoll event points to: a listen socket or a connection (first member of both). */
 enum { EP_LISTEN = 1, EP_CONN = 2 };
@@ -215,11 +158,14 @@ struct seg_conn {
     uint64_t progress_ms; /* monotonic time of the last byte in or out */
     char peer[64];
     uint8_t *hello;       /* ST_HELLO: the offer; then the answer until the next hello or close */
+    bool hello_wait;      /* the offer went to loop 0 (hello_done): read nothing until it answers */
+    uint64_t hello_corr;  /* that request's correlation id */
 };
 
 struct seg_loop {
     struct kvp_seg_server *srv;
     int idx;
+    struct kvp_rt_ctx *ctx; /* the running callback's (set on entry to each; used only inside) */
     struct seg_counters *ctr; /* &srv->ctr[idx] */
     int epfd;
     struct seg_conn *conns; /* every connection of this loop (doubly linked) */
@@ -477,15 +423,10 @@ static int write_done(struct seg_conn *c)
     return out_add(c, KVP_FRAME_WRITE_RESP, c->cur_status, &c->cur, 0, NULL);
 }
 
-/* The RDMA_HELLO in c->cur got its offer: answer it (seg_rdma.c) with the answer as payload, and
- * read nothing more until it is sent (c->hello holds it until then). */
-static int hello_done(struct seg_conn *c)
+/* Answer the RDMA_HELLO in c->cur with `ans` (the encoded answer, taken; NULL: none could be
+ * made, st says why) as payload, and read nothing more until it is sent (c->hello holds it). */
+static int hello_answer(struct seg_conn *c, int st, uint8_t *ans, size_t alen)
 {
-    c->st = ST_HDR;
-    struct kvp_seg_rdma *r = atomic_load_explicit(&c->loop->srv->rdma, memory_order_acquire);
-    uint8_t *ans = NULL;
-    size_t alen = 0;
-    int st = kvp_seg_rdma_accept(r, c->hello, c->cur.length, &ans, &alen);
     free(c->hello);
     c->hello = ans;
     if (st != KVP_OK)
@@ -496,6 +437,33 @@ static int hello_done(struct seg_conn *c)
         return -1;
     c->wait_out = out_pending(c);
     return 0;
+}
+
+/*
+ * The RDMA_HELLO in c->cur got its offer. The RDMA side is loop 0's (seg_server_rdma.c): loop 0
+ * answers at once; another loop forwards the offer to loop 0 and the connection reads nothing
+ * more (hello_wait) until the answer comes back (hello_reply). No deadline on the forward: loop
+ * 0 answers every request, or CLOSED when it stops.
+ */
+static int hello_done(struct seg_conn *c)
+{
+    c->st = ST_HDR;
+    struct seg_loop *l = c->loop;
+    if (l->idx == 0) {
+        uint8_t *ans = NULL;
+        size_t alen = 0;
+        int st = kvp_seg_rdma_loop_hello(l->srv, c->hello, c->cur.length, &ans, &alen);
+        return hello_answer(c, st, ans, alen);
+    }
+    void *p = c->hello;
+    int rc = kvp_rt_request(l->ctx, l->srv->loops[0], 0, SEG_MSG_RDMA_HELLO, c->cur.length, &p, NULL, 0,
+                            &c->hello_corr);
+    if (rc != KVP_OK) /* loop 0 closed (stopping) or out of memory: the offer is still c->hello */
+        return hello_answer(c, rc, NULL, 0);
+    c->hello = NULL;
+    c->hello_wait = true;
+    ctr_add(&l->ctr->rdma_hellos_fwd, 1);
+    return out_flush(c); /* the answers queued before the hello go out meanwhile */
 }
 
 /*
@@ -676,6 +644,8 @@ static int conn_serve(struct seg_conn *c)
             return r;
     }
     for (;;) {
+        if (c->hello_wait)
+            return 0; /* hello_reply brings us back */
         if (c->wait_out) {
             if (out_pending(c))
                 return 0; /* EPOLLOUT brings us back */
@@ -738,7 +708,7 @@ static int conn_serve(struct seg_conn *c)
             (void)out_flush(c); /* the requests before it are answered, as far as the kernel takes them */
             return -1;
         }
-        if (f.op == KVP_FRAME_RDMA_HELLO) { /* seg_rdma.c; answered by hello_done */
+        if (f.op == KVP_FRAME_RDMA_HELLO) { /* answered by hello_done (loop 0's RDMA side) */
             free(c->hello);
             if (!(c->hello = malloc(f.length)))
                 return -1;
@@ -786,7 +756,7 @@ static int conn_serve(struct seg_conn *c)
 /* Make epoll watch what the connection needs now. */
 static int conn_arm(struct seg_conn *c)
 {
-    uint32_t want = (c->wait_out ? 0 : EPOLLIN) | (out_pending(c) ? EPOLLOUT : 0);
+    uint32_t want = (c->wait_out || c->hello_wait ? 0 : EPOLLIN) | (out_pending(c) ? EPOLLOUT : 0);
     if (want == c->events)
         return 0;
     struct epoll_event ev = {.events = want, .data.ptr = &c->ep};
@@ -1042,6 +1012,7 @@ static int loop_on_epoll(struct kvp_rt_ctx *ctx, void *handle)
 {
     (void)handle;
     struct seg_loop *l = kvp_rt_state(ctx);
+    l->ctx = ctx;
     struct epoll_event ev[64];
     for (int pass = 0; pass < LOOP_PASSES; pass++) {
         int n = epoll_wait(l->epfd, ev, 64, 0);
@@ -1079,9 +1050,33 @@ static int loop_init(struct kvp_rt_ctx *ctx)
     return rc;
 }
 
+/* Loop 0's answer to a forwarded RDMA_HELLO (hello_done): answer the connection, if it is still
+ * open, and serve what it pipelined behind the hello. */
+static void hello_reply(struct seg_loop *l, struct kvp_rt_msg *msg)
+{
+    struct seg_conn *c = l->conns;
+    while (c && !(c->hello_wait && c->hello_corr == msg->corr_id))
+        c = c->next;
+    if (!c)
+        return; /* closed meanwhile: the runtime frees the answer */
+    c->hello_wait = false;
+    uint8_t *ans = kvp_rt_msg_take(msg); /* also with a refusal's status; NULL: CLOSED */
+    if (hello_answer(c, msg->status, ans, ans ? (size_t)msg->arg : 0) != 0) {
+        conn_close(c, true);
+        return;
+    }
+    conn_event(c, 0);
+}
+
 static int loop_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
 {
     struct seg_loop *l = kvp_rt_state(ctx);
+    l->ctx = ctx;
+    if (msg->kind == KVP_RT_REPLY) {
+        if (msg->type == SEG_MSG_RDMA_HELLO)
+            hello_reply(l, msg);
+        return KVP_OK;
+    }
     switch (msg->type) {
     case SEG_MSG_CONN: {
         struct seg_newconn *nc = msg->payload;
@@ -1107,6 +1102,14 @@ static int loop_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
     case SEG_MSG_ID:
         challenges_release(l);
         break;
+    case SEG_MSG_SET_ID:
+    case SEG_MSG_RDMA_OPEN:
+    case SEG_MSG_RDMA_FENCE:
+    case SEG_MSG_RDMA_HELLO:
+        if (l->idx == 0) /* the RDMA side's owner (seg_server_rdma.c) */
+            return kvp_seg_rdma_loop_msg(l->srv, ctx, msg);
+        kvp_log_warn(ACTOR, "loop %d: RDMA message %u is loop 0's", l->idx, msg->type);
+        break;
     case SEG_MSG_LISTEN:
         /* Sent once every loop is spawned, so s->loops[] and s->n_loops are complete (and seen:
          * the message orders them) before the first accept hands a socket to another loop. */
@@ -1131,6 +1134,8 @@ static void loop_fini(struct kvp_rt_ctx *ctx)
     struct seg_loop *l = kvp_rt_state(ctx);
     while (l->conns)
         conn_close(l->conns, false);
+    if (l->idx == 0)
+        kvp_seg_rdma_loop_fini(l->srv); /* the RDMA side is loop 0's: fence, deregister, close */
     for (int i = 0; i < l->ncache; i++)
         free(l->cache[i]);
     for (int i = 0; i < l->nocache; i++)
@@ -1293,37 +1298,6 @@ int kvp_seg_server_start_auth(struct kvp_seg_server **out, const char *host, uin
 
 uint32_t kvp_seg_server_port(const struct kvp_seg_server *s) { return s ? s->port : 0; }
 
-void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id)
-{
-    if (!s)
-        return;
-    /* RDMA first: the old mount's QPs are fenced before the new id is served (seg_rdma.h) */
-    kvp_seg_rdma_set_id(atomic_load_explicit(&s->rdma, memory_order_acquire), segment_id);
-    atomic_store_explicit(&s->segment_id, segment_id, memory_order_relaxed);
-    /* After the store: a loop that held a challenge because it read 0 sees the id when this
-     * message comes (challenge_send). */
-    for (int i = 0; segment_id != 0 && i < s->n_loops; i++)
-        (void)loop_send(s, i, SEG_MSG_ID, 0, NULL, NULL);
-}
-
-struct kvp_seg_rdma *kvp_seg_server_rdma_side(struct kvp_seg_server *s)
-{
-    return s ? atomic_load_explicit(&s->rdma, memory_order_acquire) : NULL;
-}
-
-int kvp_seg_server_rdma(struct kvp_seg_server *s, const struct kvp_seg_rdma_cfg *cfg)
-{
-    if (!s || !cfg || atomic_load_explicit(&s->rdma, memory_order_acquire))
-        return KVP_ERR_INVALID;
-    struct kvp_seg_rdma *r = NULL;
-    int rc = kvp_seg_rdma_open(&r, cfg, s->base, s->size);
-    if (rc != KVP_OK)
-        return rc;
-    kvp_seg_rdma_set_id(r, atomic_load_explicit(&s->segment_id, memory_order_relaxed));
-    atomic_store_explicit(&s->rdma, r, memory_order_release);
-    return KVP_OK;
-}
-
 void kvp_seg_server_sweep(struct kvp_seg_server *s, uint64_t ahead_ms)
 {
     for (int i = 0; s && i < s->n_loops; i++)
@@ -1347,6 +1321,7 @@ void kvp_seg_server_stats(struct kvp_seg_server *s, struct kvp_seg_server_stats 
         out->conns_accepted += atomic_load_explicit(&c->conns_accepted, memory_order_relaxed);
         out->conns_refused += atomic_load_explicit(&c->conns_refused, memory_order_relaxed);
         out->token_refused += atomic_load_explicit(&c->token_refused, memory_order_relaxed);
+        out->rdma_hellos_forwarded += atomic_load_explicit(&c->rdma_hellos_fwd, memory_order_relaxed);
     }
 }
 
@@ -1356,9 +1331,7 @@ void kvp_seg_server_stop(struct kvp_seg_server **sp)
         return;
     struct kvp_seg_server *s = *sp;
     *sp = NULL;
-    stop_loops(s);
-    struct kvp_seg_rdma *r = atomic_load_explicit(&s->rdma, memory_order_acquire);
-    kvp_seg_rdma_close(&r);
+    stop_loops(s); /* loop 0's fini closed the RDMA side */
     for (int i = 0; i < s->n_lfd; i++)
         close(s->lfd[i]);
     kvp_log_info(ACTOR, "port %u: stopped", s->port);

@@ -10,6 +10,7 @@
 #ifndef KVP_SEG_SERVER_H
 #define KVP_SEG_SERVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,17 +37,50 @@ int kvp_seg_server_start_auth(struct kvp_seg_server **out, const char *host, uin
 /** The bound port. */
 uint32_t kvp_seg_server_port(const struct kvp_seg_server *s);
 struct kvp_seg_rdma_cfg;
+struct kvp_rt_ctx;
 /**
  * protocol=rdma: also serve RDMA (actors/segment/seg_rdma.h): open the rdma transport as this
  * segment, register the region at mount, answer KVP_FRAME_RDMA_HELLO on the data-plane port.
- * Once per server. KVP_ERR_UNSUPPORTED: no usable device (logged; TCP only, handshakes are
- * answered UNSUPPORTED); KVP_ERR_INVALID (NULL, or called twice).
+ * The RDMA side is then loop 0's state (seg_server_rdma.c); this returns once loop 0 has it, so a
+ * hello right after is answered. Once per server; a plain thread's call (it blocks on loop 0).
+ * KVP_ERR_UNSUPPORTED: no usable device (logged; TCP only, handshakes are answered UNSUPPORTED);
+ * KVP_ERR_INVALID (NULL, or called twice); KVP_ERR_CLOSED (the server is stopping).
  */
 int kvp_seg_server_rdma(struct kvp_seg_server *s, const struct kvp_seg_rdma_cfg *cfg);
-/** The RDMA side opened by kvp_seg_server_rdma, or NULL (TCP only). Owned by the server. */
-struct kvp_seg_rdma *kvp_seg_server_rdma_side(struct kvp_seg_server *s);
-/** Set the segment id requests must carry (0 = reject all until mounted). Thread-safe. */
+/** Whether kvp_seg_server_rdma gave this server an RDMA side (any thread). */
+bool kvp_seg_server_has_rdma(const struct kvp_seg_server *s);
+/**
+ * Set the segment id requests must carry (0 = reject all until mounted): a mount change. Loop 0
+ * runs it: the RDMA side first fences every writer of the old mount, then the new id is served.
+ * Blocking: when this returns, both hold. Plain threads only (not from an actor's callback: use
+ * the _request form there).
+ */
 void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id);
+/**
+ * set_id from inside an actor's callback: the reply (KVP_RT_REPLY, msg->corr_id == *corr_id,
+ * status KVP_OK; KVP_ERR_CLOSED when the server stopped first) comes back to the caller once the
+ * old mount's writers are fenced and the new id is served. No deadline. Errors (no reply will
+ * come): KVP_ERR_INVALID, KVP_ERR_NOMEM, KVP_ERR_CLOSED.
+ */
+int kvp_seg_server_set_id_request(struct kvp_rt_ctx *ctx, struct kvp_seg_server *s, uint32_t segment_id,
+                                  uint64_t *corr_id);
+/**
+ * set_id as a one-way message (any thread): loop 0 runs it after every set_id/fence the same
+ * thread sent before, and before those it sends after. Nothing says when it ran: for a caller
+ * that does nothing that depends on it. Errors: KVP_ERR_INVALID, KVP_ERR_NOMEM, KVP_ERR_CLOSED.
+ */
+int kvp_seg_server_set_id_post(struct kvp_seg_server *s, uint32_t segment_id);
+/**
+ * FenceWriter on the RDMA side (seg_rdma.h, kvp_seg_rdma_fence_writers): fence the QPs facing
+ * writer client_id (0: every writer) with a generation <= gen (0: any). Blocking (plain threads):
+ * returns the number of QPs fenced (>= 0; 0 without an RDMA side), or a negative kvp_err when
+ * loop 0 could not be reached.
+ */
+int kvp_seg_server_fence_writers(struct kvp_seg_server *s, uint64_t client_id, uint64_t gen);
+/** FenceWriter from inside an actor's callback: the reply (as kvp_seg_server_set_id_request; its
+ *  arg: QPs fenced) comes once those QPs are fenced. Errors as kvp_seg_server_set_id_request. */
+int kvp_seg_server_fence_request(struct kvp_rt_ctx *ctx, struct kvp_seg_server *s, uint64_t client_id,
+                                 uint64_t gen, uint64_t *corr_id);
 /* Request kinds and results counted by the server (names for metrics labels). */
 #define KVP_SEG_OPS 3     /* read, write, ping */
 #define KVP_SEG_RESULTS 5 /* ok, not_found, invalid, deadline_passed, other */
@@ -63,6 +97,8 @@ struct kvp_seg_server_stats {
     uint64_t conns_accepted;  /* since start */
     uint64_t conns_refused;   /* over KVP_SEG_MAX_CONNS */
     uint64_t token_refused;   /* refused by the data-plane token check */
+    uint64_t rdma_hellos_forwarded; /* RDMA handshakes that came on a loop other than loop 0 (the
+                                     * RDMA side's owner) and were forwarded to it */
 };
 
 /** Snapshot of the counters. Any thread (the metrics endpoint's): takes the connection list's

@@ -72,7 +72,7 @@ void kvp_seg_mount_req(struct kvp_segment *s, Kvp__Request *req, Kvp__MountSegme
     req->mount = m;
 }
 
-int kvp_seg_mount_apply(struct kvp_segment *s, int rc, Kvp__Response *resp, bool quiet)
+int kvp_seg_mount_apply(struct kvp_segment *s, int rc, Kvp__Response *resp, bool quiet, bool post)
 {
     if (rc == KVP_OK && !resp)
         rc = KVP_ERR_MALFORMED;
@@ -95,7 +95,13 @@ int kvp_seg_mount_apply(struct kvp_segment *s, int rc, Kvp__Response *resp, bool
     uint32_t id = resp->mount->segment_id;
     kvp_msession_response_free(resp);
     atomic_store_explicit(&s->id, id, memory_order_relaxed);
-    kvp_seg_server_set_id(s->srv, id);
+    if (post) { /* the heartbeat actor: one-way (seg_heartbeat.c says why that is enough) */
+        int e = kvp_seg_server_set_id_post(s->srv, id);
+        if (e != KVP_OK)
+            kvp_log_warn(s->actor, "segment %u: data plane: %s", id, kvp_errname(e));
+    } else {
+        kvp_seg_server_set_id(s->srv, id);
+    }
     kvp_log_info(s->actor, "mounted as segment %u (%lu bytes, endpoint %s)", id, (unsigned long)s->size,
                  s->endpoint);
     if (s->hooks.on_mount)
@@ -112,7 +118,7 @@ static int do_mount_ex(struct kvp_segment *s, uint32_t timeout_ms, bool quiet)
     kvp_seg_mount_req(s, &req, &m);
     Kvp__Response *resp = NULL;
     int rc = kvp_msession_call(s->ms, &req, timeout_ms, &resp);
-    return kvp_seg_mount_apply(s, rc, resp, quiet);
+    return kvp_seg_mount_apply(s, rc, resp, quiet, false);
 }
 
 static int do_mount(struct kvp_segment *s, uint32_t timeout_ms)

@@ -57,9 +57,11 @@ void kvp_seg_mount_req(struct kvp_segment *s, Kvp__Request *req, Kvp__MountSegme
  * Apply a MountSegment answer: `rc` is the session's result (KVP_OK: resp is the master's
  * Response, whose status is checked here). On success the new id is stored, the data plane
  * accepts it and hooks.on_mount runs. A failure is counted and logged as ERROR unless `quiet`.
+ * `post`: the caller is an actor (the heartbeat): the data plane gets the id by a one-way message
+ * (kvp_seg_server_set_id_post); else by the blocking kvp_seg_server_set_id (plain threads).
  * Frees resp. Returns KVP_OK or the error.
  */
-int kvp_seg_mount_apply(struct kvp_segment *s, int rc, Kvp__Response *resp, bool quiet);
+int kvp_seg_mount_apply(struct kvp_segment *s, int rc, Kvp__Response *resp, bool quiet, bool post);
 
 /** Start functions of the children (kvp_rt_sup_start_fn); arg is the struct kvp_segment. */
 int kvp_seg_heartbeat_spawn(void *arg, struct kvp_rt_actor *parent, struct kvp_rt_actor **out);

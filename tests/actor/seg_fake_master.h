@@ -30,6 +30,15 @@ struct fake_master {
     atomic_bool objects_stuck;
     char mount_name[128], mount_endpoint[128]; /* written before `mounts` is incremented */
     uint64_t mount_pid;
+    /* FenceWriter (docs/rdma.md): fw_seq != 0 is asked in every HeartbeatResp until a heartbeat
+     * answers it with Fenced; on_fenced (when set) runs on the fake master's thread as the first
+     * heartbeat carrying a new Fenced.seq arrives, before it is answered. */
+    _Atomic uint64_t fw_seq;
+    _Atomic uint64_t fenced_seq;
+    _Atomic uint32_t fenced_qps;
+    _Atomic int rdma_beats; /* heartbeats that said rdma_writers */
+    void (*on_fenced)(void *arg);
+    void *on_fenced_arg;
 };
 
 static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request *req)
@@ -42,6 +51,7 @@ static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request 
     Kvp__Empty em;
     Kvp__DrainSegmentResp dr;
     Kvp__ClusterStatusResp cr;
+    Kvp__FenceWriter fw;
     char json[256];
     switch (req->body_case) {
     case KVP__REQUEST__BODY_MOUNT:
@@ -63,6 +73,20 @@ static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request 
         kvp__heartbeat_resp__init(&hr);
         resp.body_case = KVP__RESPONSE__BODY_HEARTBEAT;
         resp.heartbeat = &hr;
+        if (req->heartbeat->rdma_writers)
+            atomic_fetch_add(&fm->rdma_beats, 1);
+        if (req->heartbeat->fenced && req->heartbeat->fenced->seq &&
+            req->heartbeat->fenced->seq != atomic_load(&fm->fenced_seq)) {
+            if (fm->on_fenced)
+                fm->on_fenced(fm->on_fenced_arg);
+            atomic_store(&fm->fenced_qps, req->heartbeat->fenced->qps_fenced);
+            atomic_store(&fm->fenced_seq, req->heartbeat->fenced->seq);
+        }
+        if (atomic_load(&fm->fw_seq) && atomic_load(&fm->fw_seq) != atomic_load(&fm->fenced_seq)) {
+            kvp__fence_writer__init(&fw);
+            fw.seq = atomic_load(&fm->fw_seq); /* client_id 0, generation 0: every writer */
+            hr.fence_writer = &fw;
+        }
         break;
     case KVP__REQUEST__BODY_UNMOUNT:
         atomic_store(&fm->unmounted_id, req->unmount->segment_id);

@@ -13,6 +13,14 @@
  *    was delivered, no timed-out READ buffer (refilled with poison at return) changed, every OK
  *    READ holds the region's bytes, no WRITE placed poison in the region.
  *  - remount: a new segment id fences the old mount's QPs: the old id fails, the new one works.
+ *  - remount while a handshake is forwarded: the hello lands on loop 1 and goes to loop 0 (the RDMA
+ *    side's owner) by message while the mount changes, through the blocking set_id and through
+ *    the actors' set_id_request: once set_id returns (or its reply came) no WRITE of the old mount
+ *    places a byte in the region, whichever of the two loop 0 ran first.
+ *  - FenceWriter through the segment's heartbeat actor (a kvpool segment with protocol=rdma and a
+ *    scripted fake master): a WRITE held in flight by a PFC pause when the master asks for the
+ *    fence places nothing in the region after the heartbeat that answers Fenced reached the
+ *    master (the heartbeat waits for loop 0's fence before it sends Fenced).
  *  - tokens: a segment that requires data-plane tokens (kvp_seg_server_start_auth): the hello's own
  *    TCP connection answers the challenge through kvp_rdma_hello_tcp_opts.token_respond and the
  *    data goes over RDMA; without the callback, or with no token for this segment, the hello is
@@ -25,22 +33,29 @@
 
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "actors/segment/seg_rdma.h"
 #include "actors/segment/seg_server.h"
+#include "actors/segment/segment.h"
+#include "actors/session/msession.h"
+#include "config/config.h"
 #include "actors/transfer/rdma/rdma_xport_internal.h"
 #include "actors/transfer/rdma/xport_rdma.h"
 #include "actors/transfer/transfer.h"
 #include "auth/auth_token.h"
 #include "kvpool.h"
+#include "runtime/actor.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
 #include "tests/lib/fakeverbs.h"
 #include "tests/lib/fakeverbs_locked.h"
+#include "tests/actor/seg_fake_master.h"
 #include "tests/actor/seg_raw_client.h"
 #include "wire/rdma_hello.h"
 
@@ -294,6 +309,289 @@ static void test_rdma_e2e_remount_fences_old_qps(void **state)
     tcp_frames_none(&g);
     rig_down(&g);
 }
+
+/* A WRITE of poison to the old mount (id 5), run by a thread while the test changes the mount. */
+struct fwd_writer {
+    struct rig *g;
+    uint8_t *buf;
+    struct kvp_xfer_slice s;
+};
+
+static void *fwd_writer_run(void *arg)
+{
+    struct fwd_writer *w = arg;
+    (void)kvp_xfer_run(w->g->e, &w->s, 1, 2000);
+    return NULL;
+}
+
+/* A manual actor playing the segment's heartbeat: asks loop 0 for a mount change by request and
+ * notes when the reply came (the heartbeat then sends its MountSegment). */
+struct fwd_hb {
+    struct kvp_seg_server *srv;
+    uint64_t corr;
+    int status; /* 1: not yet answered */
+};
+
+static int fwd_hb_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    struct fwd_hb *h = kvp_rt_state(ctx);
+    if (msg->kind == KVP_RT_SEND)
+        return kvp_seg_server_set_id_request(ctx, h->srv, (uint32_t)msg->arg, &h->corr);
+    if (msg->kind == KVP_RT_REPLY && msg->corr_id == h->corr)
+        h->status = msg->status;
+    return KVP_OK;
+}
+
+static uint64_t hellos_forwarded(struct kvp_seg_server *srv)
+{
+    struct kvp_seg_server_stats st;
+    kvp_seg_server_stats(srv, &st);
+    return st.rdma_hellos_forwarded;
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void test_rdma_e2e_remount_while_hello_forwarded_fences_old_writer(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 8, LEN = 16384 };
+    unsigned seen_fwd = 0, seen_held = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        struct rig g;
+        rig_up(&g, 40 + (unsigned)round, FV_FLUSH_ALL);
+        memset(g.region, 0, SEG_BYTES);
+        /* A first connection takes loop 0 (round robin from loop 0): the engine's hello then
+         * comes on loop 1, which forwards it to loop 0 */
+        int idle = seg_raw_connect(kvp_seg_server_port(g.srv));
+        assert_true(idle >= 0);
+        struct kvp_seg_server_stats st;
+        for (int i = 0; i < 5000; i++) {
+            kvp_seg_server_stats(g.srv, &st);
+            if (st.conns_accepted >= 1)
+                break;
+            nap_ms(1);
+        }
+        assert_int_equal(st.conns_accepted, 1);
+        /* odd rounds: the heartbeat's way (a request from an actor), even rounds: a plain thread */
+        struct fwd_hb hb = {.srv = g.srv, .status = 1};
+        struct kvp_rt_actor *a = NULL;
+        if (round % 2) {
+            struct kvp_rt_spec spec = {.name = "fwd-hb", .handle = fwd_hb_handle, .state = &hb};
+            assert_int_equal(kvp_rt_spawn_manual(&a, &spec, NULL), KVP_OK);
+        }
+        /* rounds 4..7: the segment's NIC is paused (PFC) first, so the WRITE is posted on a QP
+         * the hello made and held in flight when the mount changes: it must not land after */
+        bool held = round >= 4;
+        struct fv_stats fs0, fs;
+        fv_lock();
+        if (held)
+            fv_node_pause(g.ns, 1500 * MS);
+        fv_stats_get(g.f, &fs0);
+        fv_unlock();
+        struct fwd_writer w = {.g = &g, .buf = malloc(LEN)};
+        memset(w.buf, POISON, LEN);
+        w.s = (struct kvp_xfer_slice){.local = w.buf, .length = LEN, .segment_id = 5, .endpoint = g.ep,
+                                      .remote_offset = 16384, .op = KVP_XFER_WRITE};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, fwd_writer_run, &w), 0);
+        /* The mount changes as soon as the hello is on its way to loop 0 (bounded wait; the
+         * change goes ahead anyway if it does not come) */
+        for (int i = 0; i < 5000 && hellos_forwarded(g.srv) == 0; i++)
+            nap_ms(1);
+        for (int i = 0; held && i < 5000; i++) { /* held: until the WRITE's packets are out */
+            fv_lock();
+            fv_stats_get(g.f, &fs);
+            fv_unlock();
+            if (fs.packets > fs0.packets)
+                break;
+            nap_ms(1);
+        }
+        if (round % 2) {
+            assert_int_equal(kvp_rt_send(a, 0, 1, 6, NULL, NULL), KVP_OK);
+            for (int i = 0; i < 10000 && hb.status == 1; i++) {
+                (void)kvp_rt_poll(a);
+                if (hb.status == 1)
+                    nap_ms(1);
+            }
+            assert_int_equal(hb.status, KVP_OK);
+        } else {
+            kvp_seg_server_set_id(g.srv, 6);
+        }
+        fv_lock();
+        uint64_t t_fence = fv_now(g.f); /* the old mount's writers are fenced by now */
+        fv_unlock();
+        assert_int_equal(pthread_join(t, NULL), 0);
+        kvp_xfer_engine_destroy(&g.e);
+        fv_lock();
+        fv_run_idle(g.f, 5000 * MS); /* every packet still in flight arrives now */
+        const struct fv_dma *first = NULL;
+        size_t late = fv_audit_placed_after(g.f, g.region, SEG_BYTES, t_fence, &first);
+        fv_unlock();
+        if (late)
+            fail_msg("round %d: %zu placement(s) in the region after the remount returned", round, late);
+        for (size_t i = 0; i < SEG_BYTES; i++)
+            if (g.region[i] == POISON && fv_audit_placed_after(g.f, g.region + i, 1, t_fence, NULL))
+                fail_msg("round %d: region byte %zu written by the old mount after the fence", round, i);
+        uint64_t fwd = hellos_forwarded(g.srv);
+        seen_fwd += fwd > 0;
+        fv_lock();
+        fv_stats_get(g.f, &fs);
+        fv_unlock();
+        seen_held += held && fs.dropped > fs0.dropped; /* held packets met a fenced QP */
+        fprintf(stderr, "round %d (%s%s): write %s, %llu hello(s) forwarded, %llu packet(s) dropped\n",
+                round, round % 2 ? "request" : "blocking", held ? ", held" : "", kvp_errname(w.s.status),
+                (unsigned long long)fwd, (unsigned long long)(fs.dropped - fs0.dropped));
+        kvp_rt_destroy(&a);
+        close(idle);
+        free(w.buf);
+        rig_down(&g);
+    }
+    /* the scenario is real: hellos went through another loop, and WRITEs of the old mount were
+     * in flight at the change */
+    assert_true(seen_fwd > 0);
+    assert_true(seen_held > 0);
+}
+
+#ifdef KVP_FAULT_INJECTION
+struct fw_ack {
+    struct fv_fabric *f;
+    _Atomic uint64_t t_ack; /* the double's clock when the Fenced heartbeat reached the master */
+};
+
+/* The Fenced heartbeat reached the master: note the time, then let every held packet arrive now
+ * (past the pause): a QP not yet fenced would place the held WRITE after t_ack. */
+static void fw_on_fenced(void *arg)
+{
+    struct fw_ack *a = arg;
+    fv_lock();
+    atomic_store(&a->t_ack, fv_now(a->f));
+    fv_run_idle(a->f, 2000 * MS);
+    fv_unlock();
+}
+
+static void test_rdma_e2e_heartbeat_fence_writer_acks_after_fence(void **state)
+{
+    (void)state;
+    enum { LEN = 16384 };
+    struct fv_fabric *f;
+    struct fv_node *nc, *ns;
+    struct fv_config fc = {.seed = 77, .jitter_ns = 2 * MS};
+    struct fv_node_config cc = {.name = "client", .n_devices = 1, .flush = FV_FLUSH_ALL};
+    struct fv_node_config sc = {.name = "segment", .n_devices = 1};
+    assert_int_equal(fv_fabric_new(&f, &fc), KVP_OK);
+    assert_int_equal(fv_node_add(f, &cc, &nc), KVP_OK);
+    assert_int_equal(fv_node_add(f, &sc, &ns), KVP_OK);
+    struct kvp_rdma_env env = fv_locked_env(f);
+    kvp_verbs_ops_set_test(fv_locked_ops(ns)); /* the segment's RDMA side opens on the double */
+
+    struct fake_master fm;
+    assert_int_equal(fm_start(&fm), 0);
+    struct fw_ack ack = {.f = f};
+    fm.on_fenced = fw_on_fenced;
+    fm.on_fenced_arg = &ack;
+    struct kvp_msession *ms = NULL;
+    const char *m[1] = {fm.addr};
+    assert_int_equal(kvp_msession_new(&ms, m, 1, "test-fw"), KVP_OK);
+    struct kvp_cfg_segment cfg;
+    kvp_cfg_defaults(KVP_CFG_SEGMENT, &cfg);
+    snprintf(cfg.local_hostname, sizeof cfg.local_hostname, "127.0.0.1");
+    snprintf(cfg.protocol, sizeof cfg.protocol, "rdma");
+    cfg.global_segment_size = SEG_BYTES;
+    cfg.heartbeat_ms = 30;
+    struct kvp_segment *seg = NULL;
+    assert_int_equal(kvp_segment_start(&seg, &cfg, ms, NULL), KVP_OK);
+    uint32_t id = kvp_segment_id(seg);
+    assert_true(id != 0);
+    for (int i = 0; i < 5000 && atomic_load(&fm.rdma_beats) == 0; i++)
+        nap_ms(1);
+    assert_true(atomic_load(&fm.rdma_beats) > 0); /* the heartbeat says it serves RDMA writers */
+
+    /* a writer: the engine on the double, its handshake over the segment's TCP port */
+    struct kvp_rdma_hello_tcp_opts ho = {.timeout_ms = 2000};
+    struct kvp_xport_rdma_opts o = {
+        .cfg = {.ops = fv_locked_ops(nc), .gid_index = -1, .psn_seed = 5, .sysfs_root = "/nonexistent"},
+        .env = env, .client_id = 9, .hello = kvp_rdma_hello_tcp, .hello_arg = &ho, .drive_clock = true};
+    struct kvp_xfer_params p = {.conns_per_peer = 1, .slice_bytes = 64 * 1024, .fence_bound_ms = 200,
+                                .transport = &kvp_xport_rdma, .transport_opts = &o};
+    struct kvp_xfer_engine *e = NULL;
+    assert_int_equal(kvp_xfer_engine_new(&e, &p), KVP_OK);
+    char ep[128];
+    snprintf(ep, sizeof ep, "%s", kvp_segment_endpoint(seg));
+    uint8_t *good = malloc(LEN);
+    memset(good, 0x3c, LEN);
+    struct kvp_xfer_slice s0 = {.local = good, .length = LEN, .segment_id = id, .endpoint = ep,
+                                .remote_offset = 0, .op = KVP_XFER_WRITE};
+    assert_int_equal(kvp_xfer_run(e, &s0, 1, 5000), KVP_OK); /* the writer's QP is up */
+    struct kvp_xfer_stats xs;
+    kvp_xfer_stats(e, &xs);
+    assert_int_equal(xs.tcp_fallback_peers, 0);
+
+    /* its next WRITE is held in flight by a PFC pause of the segment's NIC */
+    struct fv_stats fs0, fs;
+    fv_lock();
+    fv_node_pause(ns, 1500 * MS);
+    fv_stats_get(f, &fs0);
+    fv_unlock();
+    struct rig g = {.e = e};
+    struct fwd_writer w = {.g = &g, .buf = malloc(LEN)};
+    memset(w.buf, POISON, LEN);
+    w.s = (struct kvp_xfer_slice){.local = w.buf, .length = LEN, .segment_id = id, .endpoint = ep,
+                                  .remote_offset = 32768, .op = KVP_XFER_WRITE};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fwd_writer_run, &w), 0);
+    for (int i = 0; i < 5000; i++) {
+        fv_lock();
+        fv_stats_get(f, &fs);
+        fv_unlock();
+        if (fs.packets > fs0.packets)
+            break;
+        nap_ms(1);
+    }
+    assert_true(fs.packets > fs0.packets);
+
+    /* the master asks for the fence; the Fenced must come only after it */
+    atomic_store(&fm.fw_seq, 7);
+    for (int i = 0; i < 10000 && atomic_load(&fm.fenced_seq) != 7; i++)
+        nap_ms(1);
+    assert_int_equal(atomic_load(&fm.fenced_seq), 7);
+    assert_true(atomic_load(&fm.fenced_qps) >= 1);
+    uint64_t t_ack = atomic_load(&ack.t_ack);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_not_equal(w.s.status, KVP_OK);
+    kvp_xfer_engine_destroy(&e);
+    fv_lock();
+    fv_run_idle(f, 5000 * MS); /* every packet still in flight arrives now */
+    fv_stats_get(f, &fs);
+    fv_unlock();
+    assert_true(fs.dropped > fs0.dropped); /* the held WRITE met a fenced QP */
+    /* the region is the segment's mapping: audit the range the held WRITE targeted */
+    fv_lock();
+    size_t late = 0;
+    for (size_t i = 0; i < fv_audit_count(f); i++) {
+        const struct fv_dma *d = fv_audit_get(f, i);
+        if (d->t_ns > t_ack)
+            late++;
+    }
+    fv_unlock();
+    if (late)
+        fail_msg("%zu placement(s) after the Fenced heartbeat reached the master", late);
+    fprintf(stderr, "FenceWriter: %u QP(s) fenced, held write %s, %llu packet(s) dropped\n",
+            atomic_load(&fm.fenced_qps), kvp_errname(w.s.status),
+            (unsigned long long)(fs.dropped - fs0.dropped));
+    kvp_segment_stop(&seg);
+    kvp_msession_destroy(&ms);
+    fm_stop(&fm);
+    kvp_verbs_ops_set_test(NULL);
+    fv_locked_reset();
+    fv_fabric_destroy(&f);
+    free(good);
+    free(w.buf);
+}
+#endif
 
 /* The opcode on the wire: a server without the RDMA side answers UNSUPPORTED and keeps serving;
  * a garbage offer gets an encoded refusal and the connection keeps serving; a hello of length 0
@@ -605,6 +903,10 @@ int main(void)
         cmocka_unit_test(test_rdma_e2e_timed_out_reads_never_land),
         cmocka_unit_test(test_rdma_e2e_timed_out_writes_never_read_late),
         cmocka_unit_test(test_rdma_e2e_remount_fences_old_qps),
+        cmocka_unit_test(test_rdma_e2e_remount_while_hello_forwarded_fences_old_writer),
+#ifdef KVP_FAULT_INJECTION
+        cmocka_unit_test(test_rdma_e2e_heartbeat_fence_writer_acks_after_fence),
+#endif
         cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
         cmocka_unit_test(test_rdma_e2e_hello_answers_token_challenge),
         cmocka_unit_test(test_rdma_e2e_tcp_only_segment_uses_tcp_for_that_peer),

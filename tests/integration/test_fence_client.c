@@ -711,7 +711,7 @@ static void test_fence_rdma_put_held_writes_never_change_reused_space(void **sta
     uint64_t end = hold_segments(3000); /* ample for the put to reach its transfer under load */
     assert_int_equal(kvp_put(g_client, "fence-k1", rc.p1, rc.len, &rc.o), KVP_ERR_TIMEOUT);
     assert_int_equal(kvp_exists(g_client, "fence-k1"), 0);
-    int fenced = kvp_seg_rdma_fence_writers(kvp_seg_server_rdma_side(S[NSEG].srv), 0, 0);
+    int fenced = kvp_seg_server_fence_writers(S[NSEG].srv, 0, 0);
     uint64_t t_fence = fv_time();
     assert_true(fenced > 0);
     master_sweeps_later();

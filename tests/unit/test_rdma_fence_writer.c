@@ -273,7 +273,7 @@ static void beat(struct e2e *x)
         Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
         Kvp__Fenced fd;
         hb.segment_id = x->seg_id;
-        kvp_seg_rdma_hb_fill(x->sr, &x->ack, &hb, &fd);
+        kvp_seg_rdma_hb_fill(x->sr != NULL, &x->ack, &hb, &fd);
         rq.body_case = KVP__REQUEST__BODY_HEARTBEAT;
         rq.heartbeat = &hb;
         uint8_t *b = NULL;

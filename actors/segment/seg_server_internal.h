@@ -1,0 +1,112 @@
+/*
+ * seg_server_internal.h — the segment data-plane server's shared state (seg_server.c, the loops;
+ * seg_server_rdma.c, the RDMA side owned by loop 0). Not a public interface.
+ */
+#ifndef KVP_SEG_SERVER_INTERNAL_H
+#define KVP_SEG_SERVER_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/segment/seg_server.h"
+#include "actors/segment/segment_internal.h"
+#include "auth/auth_token.h"
+
+struct kvp_rt_actor;
+struct kvp_rt_ctx;
+struct kvp_rt_msg;
+struct kvp_seg_rdma;
+
+/*
+ * Request counters of one loop, for the metrics endpoint (kvp_seg_server_stats). Written only by
+ * the loop's own thread, as load + store (one writer: no read-modify-write, so no locked
+ * instruction on the request path); read by the metrics HTTP thread with relaxed loads. Relaxed
+ * is enough: each counter is an independent monotonic value and nothing else is published
+ * through it; a scrape may see one counter a request ahead of another. Atomics and not a
+ * message: the reader is libmicrohttpd's thread, which has no mailbox to take a reply, and a
+ * scrape must not cost the data path a wake-up.
+ */
+struct seg_counters {
+    _Atomic uint64_t bytes_read;    /* READ payload bytes queued for sending */
+    _Atomic uint64_t bytes_written; /* WRITE payload bytes that landed in the region */
+    _Atomic uint64_t req[KVP_SEG_OPS][KVP_SEG_RESULTS];
+    _Atomic uint64_t bad_frames;
+    _Atomic uint64_t conns_open;     /* this loop's connections now */
+    _Atomic uint64_t conns_accepted; /* loop 0 only */
+    _Atomic uint64_t conns_refused;  /* loop 0 only */
+    _Atomic uint64_t token_refused;  /* connections refused by the data-plane token check */
+    _Atomic uint64_t rdma_hellos_fwd; /* RDMA handshakes this loop forwarded to loop 0 */
+};
+
+/* Messages to the loops. SEG_MSG_RDMA_* go to loop 0, the RDMA side's owner (seg_server_rdma.c). */
+enum {
+    SEG_MSG_CONN = 1, /* payload struct seg_newconn: a socket for this loop to serve */
+    SEG_MSG_GONE = 2, /* to loop 0: arg connections of the sender were closed */
+    SEG_MSG_SWEEP = 3,  /* timer: drop connections stalled mid-frame */
+    SEG_MSG_REARM = 4,  /* timer: accept again after running out of descriptors */
+    SEG_MSG_STOP = 5,   /* the server stops: wait in the runtime's poll from now on */
+    SEG_MSG_LISTEN = 6, /* to loop 0, once every loop runs: start accepting */
+    SEG_MSG_ID = 7,     /* loop 0 set a non-zero id: send the challenges held until then */
+    SEG_MSG_SET_ID = 8,      /* to loop 0 (send or request): arg the new id (set_id) */
+    SEG_MSG_RDMA_OPEN = 9,   /* to loop 0 (request): payload the opened struct kvp_seg_rdma */
+    SEG_MSG_RDMA_FENCE = 10, /* to loop 0 (request): payload struct seg_fence_req; reply arg: QPs */
+    SEG_MSG_RDMA_HELLO = 11, /* to loop 0 (request): payload the offer, arg its length; the reply
+                              * carries the encoded answer (arg its length) and its status */
+};
+
+struct kvp_seg_server {
+    uint8_t *base;
+    uint64_t size;
+    /* The id requests must carry. Written by loop 0 alone (SEG_MSG_SET_ID, after the RDMA side
+     * fenced the old mount's writers), read by every loop before each request. Relaxed is
+     * enough: a single independent value, no other memory is published through it; the loops
+     * that held a challenge learn of a new id by SEG_MSG_ID, sent after the store. */
+    _Atomic uint32_t segment_id;
+    uint32_t port;
+    int lfd[KVP_SEG_MAX_LISTEN];
+    int n_lfd;
+    struct kvp_rt_actor *loops[KVP_SEG_LOOPS];
+    int n_loops;
+    struct seg_counters ctr[KVP_SEG_LOOPS]; /* loop i writes ctr[i]; see struct seg_counters */
+    /* The masters' token keys (docs/security.md "Data plane: tokens"): n_token_pks > 0 makes
+     * every connection present a token first. Written once by start before any loop runs,
+     * read-only afterwards (no synchronisation needed beyond the spawn). */
+    uint8_t (*token_pks)[KVP_DT_PK_BYTES];
+    size_t n_token_pks;
+    char region_sync; /* TSan annotation address only (REGION_ACQUIRE/RELEASE) */
+    /* protocol=rdma: the RDMA side (seg_rdma.h). Owned by loop 0: handed to it by message
+     * (SEG_MSG_RDMA_OPEN) and touched only on its thread from then on, closed by its fini. */
+    struct kvp_seg_rdma *rdma;
+    /* Whether an RDMA side was handed to loop 0: set once by kvp_seg_server_rdma when loop 0
+     * took it, read by the heartbeat (kvp_seg_server_has_rdma: its beats then say rdma_writers).
+     * A flag only, never a way to the object; release/acquire. Atomic and not a message: the
+     * heartbeat reads it at every beat, and it never changes back. */
+    _Atomic bool rdma_on;
+};
+
+/* FenceWriter's arguments (SEG_MSG_RDMA_FENCE). */
+struct seg_fence_req {
+    uint64_t client_id; /* 0: every writer */
+    uint64_t gen;       /* 0: any generation */
+};
+
+/**
+ * Loop 0's handler for SEG_MSG_SET_ID, SEG_MSG_RDMA_OPEN, SEG_MSG_RDMA_FENCE and
+ * SEG_MSG_RDMA_HELLO (seg_server_rdma.c); runs on loop 0's thread only. Requests are answered here.
+ * Returns KVP_OK (a failure to answer is logged; the requester then sees CLOSED or its timeout).
+ */
+int kvp_seg_rdma_loop_msg(struct kvp_seg_server *s, struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg);
+
+/**
+ * Answer one RdmaHello offer on loop 0 (loop 0's own connections call it directly; the others
+ * forward it by SEG_MSG_RDMA_HELLO). As kvp_seg_rdma_accept, with s->rdma (NULL: UNSUPPORTED).
+ */
+int kvp_seg_rdma_loop_hello(struct kvp_seg_server *s, const uint8_t *offer, size_t len,
+                            uint8_t **answer, size_t *answer_len);
+
+/** Loop 0's fini: fence every writer, deregister and close the RDMA side (NULL: nothing). */
+void kvp_seg_rdma_loop_fini(struct kvp_seg_server *s);
+
+#endif

@@ -1,0 +1,219 @@
+/*
+ * seg_server_rdma.c — the segment's RDMA side as loop 0's state, and the mount changes (set_id)
+ * of the data-plane server (seg_server.h, seg_server_internal.h, docs/rdma.md "Segment side").
+ *
+ * Owner: loop 0 ("seg-loop-0", seg_server.c). The RDMA side (seg_rdma.h: the QPs facing the
+ * writers, the region's MRs, the fencing of old writers) is handed to loop 0 when it is opened
+ * (SEG_MSG_RDMA_OPEN) and touched only on loop 0's thread from then on; loop 0's fini closes it.
+ * Everything else reaches it by message:
+ *  - an RdmaHello that arrives on another loop is forwarded to loop 0 (SEG_MSG_RDMA_HELLO) and the
+ *    connection reads nothing more until loop 0's answer comes back (seg_server.c, hello_done);
+ *  - a mount change (SEG_MSG_SET_ID) runs on loop 0 in this order: the RDMA side fences every
+ *    writer of the old mount, then the id the loops check requests against is stored, then the
+ *    loops are told (SEG_MSG_ID). Loop 0 is the only writer of that id;
+ *  - FenceWriter (SEG_MSG_RDMA_FENCE).
+ * Plain threads (the segment's start and stop, tests) keep the blocking calls: kvp_rt_call, which
+ * returns after loop 0 has done the change. Actors (the segment's heartbeat) must not block on
+ * another actor: they use the _request forms and go on when the reply arrives, or the _post form
+ * where nothing they do next depends on it (seg_server.h says which guarantee each gives).
+ * Because loop 0 runs one message at a time, a handshake forwarded from another loop is either
+ * answered before a fence (its QPs are then among those fenced) or after it (it then sees the
+ * new mount, or id 0, which admits no writer): no QP of an old mount outlives the fence.
+ */
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "actors/segment/seg_rdma.h"
+#include "actors/segment/seg_server.h"
+#include "actors/segment/seg_server_internal.h"
+#include "kvpool.h"
+#include "runtime/actor.h"
+#include "runtime/log.h"
+
+#define ACTOR "seg-server"
+
+/* ------------------------------------------------------------------ on loop 0 */
+
+int kvp_seg_rdma_loop_hello(struct kvp_seg_server *s, const uint8_t *offer, size_t len,
+                            uint8_t **answer, size_t *answer_len)
+{
+    return kvp_seg_rdma_accept(s->rdma, offer, len, answer, answer_len);
+}
+
+/* A mount change: the old mount's writers are fenced before the new id is served. */
+static void apply_id(struct kvp_seg_server *s, uint32_t id)
+{
+    kvp_seg_rdma_set_id(s->rdma, id); /* NULL (TCP only): nothing */
+    atomic_store_explicit(&s->segment_id, id, memory_order_relaxed);
+    /* After the store: a loop that held a challenge because it read 0 sees the id when this
+     * message comes (seg_server.c, challenge_send); loop 0 sends it to itself too. */
+    for (int i = 0; id != 0 && i < s->n_loops; i++)
+        (void)kvp_rt_send(s->loops[i], 0, SEG_MSG_ID, 0, NULL, NULL);
+}
+
+int kvp_seg_rdma_loop_msg(struct kvp_seg_server *s, struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
+{
+    int st = KVP_OK;
+    uint64_t arg = 0;
+    void *out = NULL;
+    switch (msg->type) {
+    case SEG_MSG_SET_ID:
+        apply_id(s, (uint32_t)msg->arg);
+        break;
+    case SEG_MSG_RDMA_OPEN: {
+        struct kvp_seg_rdma *r = kvp_rt_msg_take(msg);
+        if (!r || s->rdma) {
+            kvp_seg_rdma_close(&r);
+            st = KVP_ERR_INVALID;
+            break;
+        }
+        s->rdma = r;
+        /* loop 0 is the only writer of segment_id: this is the id served now */
+        kvp_seg_rdma_set_id(r, atomic_load_explicit(&s->segment_id, memory_order_relaxed));
+        break;
+    }
+    case SEG_MSG_RDMA_FENCE: {
+        const struct seg_fence_req *f = msg->payload;
+        if (!f)
+            st = KVP_ERR_INVALID;
+        else
+            arg = (uint64_t)kvp_seg_rdma_fence_writers(s->rdma, f->client_id, f->gen);
+        break;
+    }
+    case SEG_MSG_RDMA_HELLO: {
+        uint8_t *ans = NULL;
+        size_t alen = 0;
+        if (!msg->payload || msg->arg == 0)
+            st = KVP_ERR_INVALID;
+        else
+            st = kvp_seg_rdma_loop_hello(s, msg->payload, (size_t)msg->arg, &ans, &alen);
+        out = ans;
+        arg = alen;
+        break;
+    }
+    default:
+        st = KVP_ERR_INVALID;
+        break;
+    }
+    if (msg->kind == KVP_RT_REQUEST) {
+        int rc = kvp_rt_reply(ctx, msg->corr_id, st, arg, out ? &out : NULL, NULL);
+        if (rc != KVP_OK && rc != KVP_ERR_CLOSED) /* CLOSED: the requester is gone (stopping) */
+            kvp_log_warn(ACTOR, "loop 0: answering message %u: %s", msg->type, kvp_errname(rc));
+    }
+    free(out); /* NULL once the reply took it */
+    return KVP_OK;
+}
+
+void kvp_seg_rdma_loop_fini(struct kvp_seg_server *s)
+{
+    kvp_seg_rdma_close(&s->rdma); /* fences every writer, deregisters the region */
+}
+
+/* ------------------------------------------------------------------ callers */
+
+static void rdma_free(void *p)
+{
+    struct kvp_seg_rdma *r = p;
+    kvp_seg_rdma_close(&r);
+}
+
+bool kvp_seg_server_has_rdma(const struct kvp_seg_server *s)
+{
+    return s && atomic_load_explicit(&s->rdma_on, memory_order_acquire);
+}
+
+int kvp_seg_server_rdma(struct kvp_seg_server *s, const struct kvp_seg_rdma_cfg *cfg)
+{
+    if (!s || !cfg || s->n_loops == 0 || atomic_load_explicit(&s->rdma_on, memory_order_acquire))
+        return KVP_ERR_INVALID;
+    struct kvp_seg_rdma *r = NULL;
+    int rc = kvp_seg_rdma_open(&r, cfg, s->base, s->size);
+    if (rc != KVP_OK)
+        return rc;
+    /* Opened here (the device probe may take a while), then handed to loop 0, its owner. */
+    void *p = r;
+    struct kvp_rt_msg *reply = NULL;
+    rc = kvp_rt_call(s->loops[0], 0, SEG_MSG_RDMA_OPEN, 0, &p, rdma_free, 0, &reply);
+    if (rc != KVP_OK) {
+        rdma_free(p); /* not sent: still ours */
+        return rc;
+    }
+    rc = reply->status;
+    kvp_rt_msg_destroy(&reply);
+    if (rc == KVP_OK)
+        atomic_store_explicit(&s->rdma_on, true, memory_order_release);
+    return rc;
+}
+
+void kvp_seg_server_set_id(struct kvp_seg_server *s, uint32_t segment_id)
+{
+    if (!s)
+        return;
+    struct kvp_rt_msg *reply = NULL;
+    int rc = s->n_loops > 0 ? kvp_rt_call(s->loops[0], 0, SEG_MSG_SET_ID, segment_id, NULL, NULL, 0, &reply)
+                            : KVP_ERR_CLOSED;
+    if (rc == KVP_OK)
+        rc = reply->status;
+    kvp_rt_msg_destroy(&reply);
+    if (rc == KVP_OK)
+        return;
+    /* Loop 0 could not be reached (out of memory, or it failed). Refuse at once; with an RDMA side
+     * whose writers could not be fenced, refuse every id rather than serve a new one. */
+    bool rdma = kvp_seg_server_has_rdma(s);
+    uint32_t id = rdma ? 0 : segment_id;
+    kvp_log_error(ACTOR, "set_id %u: loop 0 unreachable (%s): %s", segment_id, kvp_errname(rc),
+                  rdma ? "refusing every request (the RDMA writers could not be fenced)" : "set directly");
+    atomic_store_explicit(&s->segment_id, id, memory_order_relaxed);
+}
+
+int kvp_seg_server_set_id_request(struct kvp_rt_ctx *ctx, struct kvp_seg_server *s, uint32_t segment_id,
+                                  uint64_t *corr_id)
+{
+    if (!ctx || !s || !corr_id || s->n_loops == 0)
+        return KVP_ERR_INVALID;
+    return kvp_rt_request(ctx, s->loops[0], 0, SEG_MSG_SET_ID, segment_id, NULL, NULL, 0, corr_id);
+}
+
+int kvp_seg_server_set_id_post(struct kvp_seg_server *s, uint32_t segment_id)
+{
+    if (!s || s->n_loops == 0)
+        return KVP_ERR_INVALID;
+    return kvp_rt_send(s->loops[0], 0, SEG_MSG_SET_ID, segment_id, NULL, NULL);
+}
+
+int kvp_seg_server_fence_writers(struct kvp_seg_server *s, uint64_t client_id, uint64_t gen)
+{
+    if (!s || s->n_loops == 0)
+        return KVP_ERR_INVALID;
+    struct seg_fence_req *f = malloc(sizeof *f);
+    if (!f)
+        return KVP_ERR_NOMEM;
+    *f = (struct seg_fence_req){.client_id = client_id, .gen = gen};
+    void *p = f;
+    struct kvp_rt_msg *reply = NULL;
+    int rc = kvp_rt_call(s->loops[0], 0, SEG_MSG_RDMA_FENCE, 0, &p, NULL, 0, &reply);
+    if (rc != KVP_OK) {
+        free(p);
+        return rc;
+    }
+    rc = reply->status == KVP_OK ? (int)reply->arg : reply->status;
+    kvp_rt_msg_destroy(&reply);
+    return rc;
+}
+
+int kvp_seg_server_fence_request(struct kvp_rt_ctx *ctx, struct kvp_seg_server *s, uint64_t client_id,
+                                 uint64_t gen, uint64_t *corr_id)
+{
+    if (!ctx || !s || !corr_id || s->n_loops == 0)
+        return KVP_ERR_INVALID;
+    struct seg_fence_req *f = malloc(sizeof *f);
+    if (!f)
+        return KVP_ERR_NOMEM;
+    *f = (struct seg_fence_req){.client_id = client_id, .gen = gen};
+    void *p = f;
+    int rc = kvp_rt_request(ctx, s->loops[0], 0, SEG_MSG_RDMA_FENCE, 0, &p, NULL, 0, corr_id);
+    free(p); /* NULL when sent */
+    return rc;
+}
