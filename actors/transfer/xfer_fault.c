@@ -6,7 +6,8 @@
  *   LATE   READ on tcp: posted, and the inner tcp transport delays reading its answer
  *          (xfer_tcp_delay: the connection stops reading when that answer is next); READ on local:
  *          as STALL; WRITE: held as STALL, and a copy of its frame is sent N ms later on a
- *          connection of its own (xfer_fault_late_write), even when it was fenced;
+ *          connection of its own, by the fault owner (xfer_fault_port_late_write), even when it
+ *          was fenced;
  *   DROP   held until fenced; FAIL: reported KVP_ERR_TRANSFER at once;
  *   WEDGE  held, and a fence does not end it (a wedged RDMA QP): only abort() does
  *          (KVP_ERR_FENCE_FAILED), or a release, after which it is an ordinary STALL.
