@@ -731,11 +731,13 @@ int kvp_rt_recv(struct kvp_rt_actor *sink, uint32_t timeout_ms, struct kvp_rt_ms
 {
     if (!sink || !msg || sink->mode != RT_SINK)
         return KVP_ERR_INVALID;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    uint64_t ns = (uint64_t)until.tv_nsec + (uint64_t)(timeout_ms % 1000) * 1000000u;
-    until.tv_sec += timeout_ms / 1000 + (time_t)(ns / 1000000000u);
-    until.tv_nsec = (long)(ns % 1000000000u);
+    struct timespec until = {0};
+    if (timeout_ms != 0 && timeout_ms != UINT32_MAX) { /* a poll (0) reads no clock */
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        uint64_t ns = (uint64_t)until.tv_nsec + (uint64_t)(timeout_ms % 1000) * 1000000u;
+        until.tv_sec += timeout_ms / 1000 + (time_t)(ns / 1000000000u);
+        until.tv_nsec = (long)(ns % 1000000000u);
+    }
     pthread_mutex_lock(&sink->mu);
     int rc = KVP_OK;
     while (!sink->head && !sink->closed) {

@@ -24,7 +24,8 @@
  * after the deadline is not done: TIMEOUT), DROP waits for the deadline, FAIL fails, WEDGE waits
  * for the fence bound and reports KVP_ERR_FENCE_FAILED.
  *
- * Environment (parsed once, at the first engine start): KVP_XFER_FAULT="rule;rule;..." with a rule
+ * Environment (parsed once, when the process starts its fault owner: at the first engine start or
+ * the first kvp_xfer_fault_* call, whichever comes first): KVP_XFER_FAULT="rule;rule;..." with a rule
  * "action[,key=value]..." and keys transport=tcp|local, op=read|write, segment=ID,
  * endpoint=HOST:PORT, ms=N, count=N (0 = every match). Example:
  *   KVP_XFER_FAULT="late,op=read,ms=500;fail,transport=tcp,op=write,segment=3,count=1"
@@ -32,7 +33,6 @@
 #ifndef KVP_XFER_FAULT_H
 #define KVP_XFER_FAULT_H
 
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -81,6 +81,7 @@ void kvp_xfer_fault_counts(struct kvp_xfer_fault_counts *out);
 /* ------------------------------------------------------------------ engine side (internal) */
 
 struct sockaddr_storage;
+struct kvp_rt_actor;
 
 struct xfer_fault_hit {
     uint8_t action;
@@ -88,39 +89,58 @@ struct xfer_fault_hit {
 };
 
 #ifdef KVP_FAULT_INJECTION
-extern atomic_uint xfer_fault_nrules;
-extern atomic_ulong xfer_fault_gen;
-bool xfer_fault_match_slow(uint8_t transport, uint8_t op, uint32_t segment_id, const char *endpoint,
-                           struct xfer_fault_hit *out);
-/* The hot-path check: one relaxed atomic load when no rule is set. */
-static inline bool xfer_fault_match(uint8_t transport, uint8_t op, uint32_t segment_id,
-                                    const char *endpoint, struct xfer_fault_hit *out)
-{
-    if (atomic_load_explicit(&xfer_fault_nrules, memory_order_relaxed) == 0)
-        return false;
-    return xfer_fault_match_slow(transport, op, segment_id, endpoint, out);
-}
-/* Whether any rule is set (one relaxed load). */
-static inline bool xfer_fault_any(void)
-{
-    return atomic_load_explicit(&xfer_fault_nrules, memory_order_relaxed) != 0;
-}
-static inline unsigned long xfer_fault_generation(void)
-{
-    return atomic_load_explicit(&xfer_fault_gen, memory_order_acquire);
-}
-void xfer_fault_outstanding_add(int delta);
-void xfer_fault_env_once(void);
-/* Send a copy of a WRITE frame after ms (or at release) on a connection of its own. */
-void xfer_fault_late_write(const struct sockaddr_storage *addr, unsigned addr_len, const uint8_t *hdr,
-                           const uint8_t *payload, uint64_t len, uint32_t ms);
-#else
-static inline bool xfer_fault_match(uint8_t transport, uint8_t op, uint32_t segment_id,
-                                    const char *endpoint, struct xfer_fault_hit *out)
-{
-    (void)transport, (void)op, (void)segment_id, (void)endpoint, (void)out;
-    return false;
-}
+/*
+ * The rules are owned by one runtime actor per process, "xfer-fault" (fault.c), started at the
+ * first fault call or the first fault transport's open. Each fault transport (xfer_fault.c) holds
+ * a port: a sink the owner pushes rule tables and releases into, and the transport's own copy of
+ * the rules, read only on its transfer actor's thread. A count-limited rule is decided by the
+ * owner (xfer_fault_port_ask); every other rule is matched on the copy. Hits, the end of a held
+ * piece and late WRITE frames are reported to the owner by message; the owner keeps the counts,
+ * the outstanding pieces (kvp_xfer_fault_quiesce) and sends the late frames.
+ */
+#define XFER_FAULT_MAX_RULES 16
+#define XFER_FAULT_EP_MAX 128
+
+struct xfer_fault_rule_slot {
+    struct kvp_xfer_fault_rule r; /* r.endpoint is NULL: the endpoint is below */
+    char endpoint[XFER_FAULT_EP_MAX];
+    uint32_t left;                /* count left (owner only; r.count > 0) */
+    bool spent;                   /* a count-limited rule that hit its count */
+};
+
+struct xfer_fault_port {
+    struct kvp_rt_actor *sink;    /* the owner pushes into it; drained on the transport's thread */
+    unsigned n;                   /* rules in the copy */
+    struct xfer_fault_rule_slot rules[XFER_FAULT_MAX_RULES];
+    unsigned long gen;            /* releases seen */
+};
+
+enum { XFER_FAULT_NONE = 0, XFER_FAULT_HIT = 1, XFER_FAULT_ASK = 2 };
+
+/* Register with the owner and take its rules (on the transfer actor's thread, at open). NULL when
+ * the owner could not be reached (logged; the transport then never faults). */
+struct xfer_fault_port *xfer_fault_port_open(void);
+/* Unregister (pieces it still counted as outstanding are forgotten by the owner) and free. */
+void xfer_fault_port_close(struct xfer_fault_port *p);
+/* Apply what the owner pushed: rule tables, releases (p->gen), and answers to asks, which go to
+ * on_answer(arg, ask_id, hit or NULL for no fault). Cheap when nothing came (one sink check). */
+void xfer_fault_port_sync(struct xfer_fault_port *p,
+                          void (*on_answer)(void *arg, uint64_t ask_id, const struct xfer_fault_hit *hit),
+                          void *arg);
+/* Match on the copy: XFER_FAULT_NONE, XFER_FAULT_HIT (*out set; report it with _hit), or
+ * XFER_FAULT_ASK (a count-limited rule comes first: ask the owner with _ask). */
+int xfer_fault_port_match(const struct xfer_fault_port *p, uint8_t transport, uint8_t op,
+                          uint32_t segment_id, const char *endpoint, struct xfer_fault_hit *out);
+/* Ask the owner to match (and consume a count): the answer comes through _sync. */
+int xfer_fault_port_ask(struct xfer_fault_port *p, uint64_t ask_id, uint8_t transport, uint8_t op,
+                        uint32_t segment_id, const char *endpoint);
+/* A local match hit a piece (counted; outstanding unless FAIL) / a piece that was outstanding is over. */
+void xfer_fault_port_hit(struct xfer_fault_port *p, uint8_t action);
+void xfer_fault_port_done(struct xfer_fault_port *p);
+/* Send a copy of a WRITE frame after ms (or at release) on a connection of its own (the owner's). */
+void xfer_fault_port_late_write(struct xfer_fault_port *p, const struct sockaddr_storage *addr,
+                                unsigned addr_len, const uint8_t *hdr, const uint8_t *payload,
+                                uint64_t len, uint32_t ms);
 #endif
 
 #endif

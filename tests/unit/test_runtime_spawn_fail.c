@@ -214,8 +214,12 @@ static void test_mover_spawn_failure_frees_state(void **unused)
     char region[4096];
     struct kvp_mover_cfg cfg = {.ms = ms, .id = &id, .base = region, .size = sizeof region, .actor = "t"};
     /* Count the eventfds of a whole mover (its transfer engine's actors, then its own), then
-     * fail exactly the last one: the mover's own spawn, after its engine was built. */
+     * fail exactly the last one: the mover's own spawn, after its engine was built. A first mover
+     * is started and stopped uncounted: what a process starts once, at its first engine (the
+     * fault-injection owner of test builds, actors/transfer/fault.c), is not the mover's. */
     struct kvp_rt_actor *mover = NULL;
+    assert_int_equal(kvp_mover_spawn(&mover, NULL, &cfg), KVP_OK);
+    kvp_rt_destroy(&mover);
     int before = atomic_load(&eventfd_calls);
     assert_int_equal(kvp_mover_spawn(&mover, NULL, &cfg), KVP_OK);
     int n = atomic_load(&eventfd_calls) - before;
