@@ -139,8 +139,8 @@ static void held_record(struct kvp_dtoken *d, uint32_t segment_id, uint32_t exp_
         }
     }
     if (!atomic_exchange(&d->full_logged, true))
-        kvp_log_warn(d->who, "data tokens of over %u segments at once: segment %u's is asked for before each "
-                     "transfer", DTOKEN_SLOTS, segment_id);
+        kvp_log_warn(d->who, "segment %u's data token could not be recorded (over %u segments at once): it is "
+                     "asked for again before its transfers (logged once)", segment_id, DTOKEN_SLOTS);
 }
 
 /* One DataToken call for ids: KVP_OK when the tokens were handed to xe's transfer actors and
