@@ -228,6 +228,19 @@ int kvp_dt_wallet_new(struct kvp_dt_wallet **out)
     return KVP_OK;
 }
 
+int kvp_dt_wallet_copy_key(const struct kvp_dt_wallet *w, struct kvp_dt_wallet **out)
+{
+    if (!w || !out)
+        return KVP_ERR_INVALID;
+    struct kvp_dt_wallet *c = calloc(1, sizeof *c);
+    if (!c)
+        return KVP_ERR_NOMEM;
+    memcpy(c->pk, w->pk, sizeof c->pk);
+    memcpy(c->sk, w->sk, sizeof c->sk);
+    *out = c;
+    return KVP_OK;
+}
+
 void kvp_dt_wallet_public_key(const struct kvp_dt_wallet *w, uint8_t pk[KVP_DT_PK_BYTES])
 {
     memcpy(pk, w->pk, KVP_DT_PK_BYTES);
@@ -241,16 +254,30 @@ static struct dt_held *wallet_find(const struct kvp_dt_wallet *w, uint32_t segme
     return NULL;
 }
 
-int kvp_dt_wallet_put(struct kvp_dt_wallet *w, const uint8_t *token, size_t len)
+int kvp_dt_token_peek(const uint8_t *token, size_t len, const uint8_t pk[KVP_DT_PK_BYTES], uint32_t *segment_id,
+                      uint64_t *expires_ms)
 {
-    if (len < KVP_DT_TOKEN_FIXED + KVP_DT_SIG_BYTES || len > KVP_DT_TOKEN_MAX || memcmp(token, "KVT1", 4) != 0 ||
+    if (!token || len < KVP_DT_TOKEN_FIXED + KVP_DT_SIG_BYTES || len > KVP_DT_TOKEN_MAX ||
+        memcmp(token, "KVT1", 4) != 0 ||
         (size_t)KVP_DT_TOKEN_FIXED + token[KVP_DT_TOKEN_FIXED - 1] + KVP_DT_SIG_BYTES != len)
         return KVP_ERR_INVALID;
     const uint8_t *p = token + 4 + KVP_DT_KEYID_BYTES;
-    if (memcmp(p + 12, w->pk, KVP_DT_PK_BYTES) != 0)
+    if (memcmp(p + 12, pk, KVP_DT_PK_BYTES) != 0)
         return KVP_ERR_INVALID; /* for another ephemeral key: useless here */
-    uint32_t seg = get32(p);
+    *segment_id = get32(p);
+    *expires_ms = get64(p + 4);
+    return KVP_OK;
+}
+
+int kvp_dt_wallet_put(struct kvp_dt_wallet *w, const uint8_t *token, size_t len)
+{
+    uint32_t seg;
+    uint64_t expires;
+    if (kvp_dt_token_peek(token, len, w->pk, &seg, &expires) != KVP_OK)
+        return KVP_ERR_INVALID;
     struct dt_held *h = wallet_find(w, seg);
+    if (h && h->expires_ms > expires)
+        return KVP_OK; /* an older token arriving after a newer one: keep the newer */
     if (!h) {
         if (w->n == w->cap) {
             size_t nc = w->cap ? 2 * w->cap : 8;
@@ -263,7 +290,7 @@ int kvp_dt_wallet_put(struct kvp_dt_wallet *w, const uint8_t *token, size_t len)
         h = &w->held[w->n++];
     }
     h->segment_id = seg;
-    h->expires_ms = get64(p + 4);
+    h->expires_ms = expires;
     h->len = len;
     memcpy(h->token, token, len);
     return KVP_OK;

@@ -108,10 +108,24 @@ struct kvp_dt_wallet;
 
 /** A wallet with a fresh ephemeral key pair. Errors: KVP_ERR_NOMEM, KVP_ERR_IO. */
 int kvp_dt_wallet_new(struct kvp_dt_wallet **out);
+/**
+ * An empty wallet with w's key pair (no tokens): each transfer actor signs from its own copy,
+ * filled by message (kvp_xfer_tokens_put). Reads only w's key (set at new, never changed), so
+ * any thread may copy while another owns w. Errors: KVP_ERR_NOMEM, KVP_ERR_INVALID (NULL).
+ */
+int kvp_dt_wallet_copy_key(const struct kvp_dt_wallet *w, struct kvp_dt_wallet **out);
 /** The wallet's ephemeral public key (to send with a token request). */
 void kvp_dt_wallet_public_key(const struct kvp_dt_wallet *w, uint8_t pk[KVP_DT_PK_BYTES]);
 /**
- * Keep a token a master issued for this wallet (replacing an older one for the same segment).
+ * A token's segment id and expiry (wall ms), when it is well formed and issued for the ephemeral
+ * public key pk; the master's signature is not checked (the segment does). KVP_ERR_INVALID
+ * otherwise. Pure.
+ */
+int kvp_dt_token_peek(const uint8_t *token, size_t len, const uint8_t pk[KVP_DT_PK_BYTES], uint32_t *segment_id,
+                      uint64_t *expires_ms);
+/**
+ * Keep a token a master issued for this wallet. It replaces the one held for the same segment
+ * unless that one expires later (two refreshes can arrive in either order).
  * The wallet reads the token's segment id and expiry but does not check the master's signature
  * (the segment does). KVP_ERR_INVALID: not a token, or issued for another ephemeral key.
  */

@@ -319,7 +319,7 @@ static void get_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         }
         uint32_t round_ms = round_budget(c, sl, n, left);
         bool capped = round_ms < left;
-        kvp_dtoken_ensure(c->dtok, c->ms, slices, ns, round_ms); /* tokens of new segments */
+        kvp_dtoken_ensure(c->dtok, c->ms, c->xfer, slices, ns, round_ms); /* tokens of new segments */
         /* returns when every slice is terminal: completed, failed or fenced (C2) */
         /* [GPU hook] slots with device pieces go through bounce buffers; the others run exactly
          * as kvp_xfer_run */

@@ -342,7 +342,7 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                     slices[q].status = KVP_ERR_TIMEOUT;
             } else {
                 struct put_sums ps = {.it = it, .m = m, .objs = objs, .sum = sum, .have = have_sum};
-                kvp_dtoken_ensure(c->dtok, c->ms, slices, ns, left); /* tokens of new segments */
+                kvp_dtoken_ensure(c->dtok, c->ms, c->xfer, slices, ns, left); /* tokens of new segments */
                 /* per-slice status is authoritative */
                 if (!any_dev) {
                     kvp_xfer_run_overlap(c->xfer, slices, ns, left, put_sums_compute, &ps);

@@ -211,7 +211,7 @@ static void client_free(struct kvp_client *c)
     kvp_devstage_destroy(&c->devstage); /* [GPU hook] no call is in flight: no lane is busy */
     kvp_xfer_engine_destroy(&c->xfer);
     free(c->rdma_opts); /* after the engine: its transfer actors read it */
-    kvp_dtoken_destroy(&c->dtok); /* after the engine: its transports call it */
+    kvp_dtoken_destroy(&c->dtok); /* after the engine (made with its key) */
     kvp_msession_destroy(&c->ms);
     kvp_client_actor_stop(c); /* no call is inside: nothing sends to it any more */
     free(c);
@@ -266,15 +266,9 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
     c->n_token_keys = kvp_auth_client_token_keys(auth, c->token_keys, 16);
     if (rc == KVP_OK && c->n_token_keys > 0)
         rc = kvp_dtoken_new(&c->dtok, c->name);
-#ifdef KVP_HAVE_VERBS
-    if (rc == KVP_OK && c->dtok && c->rdma_opts) {
-        /* the RDMA hello opens its own connection to the segment's data port: it must pass the
-         * same token check as the tcp transport's connections (rdma_hello_tcp.c) */
-        struct rdma_opts_box *b = c->rdma_opts;
-        b->h.token_respond = kvp_dtoken_respond;
-        b->h.token_ctx = c->dtok;
-    }
-#endif
+    /* The RDMA hello opens its own connection to the segment's data port and must pass the same
+     * token check: each rdma instance answers it from its transfer actor's wallet
+     * (xport_rdma.c, kvp_xfer_params.token_wallet below). */
     if (rc == KVP_OK)
         rc = kvp_msession_new_auth(&c->ms, (const char *const *)masters, n_masters, c->name, &auth);
     kvp_auth_client_destroy(&auth);
@@ -293,8 +287,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .transport = xport,
         .transport_opts = xport ? c->rdma_opts : NULL,
         .rdma_reprobe_ms = c->cfg.rdma_reprobe_ms ? c->cfg.rdma_reprobe_ms : UINT32_MAX,
-        .token_respond = c->dtok ? kvp_dtoken_respond : NULL,
-        .token_ctx = c->dtok,
+        .token_wallet = kvp_dtoken_key(c->dtok), /* NULL without tokens */
     };
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
     if (rc != KVP_OK)

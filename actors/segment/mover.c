@@ -111,7 +111,7 @@ static void run_tasks(struct kvp_mover *m, uint32_t id, Kvp__MoveTask **tasks, s
     }
     if (k == 0)
         return;
-    kvp_dtoken_ensure(m->dtok, m->ms, sl, k, MOVER_COPY_TIMEOUT_MS);
+    kvp_dtoken_ensure(m->dtok, m->ms, m->xe, sl, k, MOVER_COPY_TIMEOUT_MS);
     kvp_xfer_run(m->xe, sl, k, MOVER_COPY_TIMEOUT_MS);
     for (size_t j = 0; j < k; j++) {
         if (sl[j].status != KVP_OK)
@@ -217,7 +217,7 @@ static void mover_fini(struct kvp_rt_ctx *ctx)
                      (unsigned long long)m->copies_ok, (unsigned long long)m->bytes_moved,
                      (unsigned long long)m->copies_failed);
     kvp_xfer_engine_destroy(&m->xe);
-    kvp_dtoken_destroy(&m->dtok); /* after the engine: its transports call it */
+    kvp_dtoken_destroy(&m->dtok); /* after the engine (made with its key) */
     clear_done(m);
     free(m->done);
     free(m);
@@ -241,7 +241,7 @@ int kvp_mover_spawn(struct kvp_rt_actor **out, struct kvp_rt_actor *parent, cons
         return rc;
     }
     struct kvp_xfer_params xp = {.conns_per_peer = 2, .slice_bytes = 1u << 20, .connect_timeout_ms = 1000,
-                                 .token_respond = m->dtok ? kvp_dtoken_respond : NULL, .token_ctx = m->dtok};
+                                 .token_wallet = kvp_dtoken_key(m->dtok)};
     rc = kvp_xfer_engine_new(&m->xe, &xp);
     if (rc != KVP_OK) {
         kvp_dtoken_destroy(&m->dtok);

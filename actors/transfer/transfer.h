@@ -17,6 +17,8 @@
 #include <stdint.h>
 
 struct kvp_xport_ops;
+struct kvp_dt_wallet;
+struct kvp_xfer_engine;
 
 enum kvp_xfer_op { KVP_XFER_READ = 1, KVP_XFER_WRITE = 2 };
 
@@ -56,12 +58,44 @@ struct kvp_xfer_params {
      * this long after (ms), at its next batch: a segment that gains RDMA (its device appears, it
      * restarts with protocol=rdma) is used over RDMA again. 0: 30000; UINT32_MAX: never. */
     uint32_t rdma_reprobe_ms;
-    /* Data-plane tokens (docs/security.md "Data plane: tokens"): given to the tcp transport of
-     * every transfer actor (kvp_xport_params.token_respond), so called from several actors'
-     * threads at once: token_ctx must serialise itself. NULL: no token (auth none). */
+    /* Data-plane tokens (docs/security.md "Data plane: tokens"), one of two ways:
+     *  - token_wallet (the client and the mover): a wallet holding the process's ephemeral key
+     *    pair. Each network transfer actor signs the segments' challenges from its own copy of it
+     *    (kvp_dt_wallet_copy_key at engine start; no lock, no wait in its poll), filled by
+     *    kvp_xfer_tokens_put. Only its key is read, at kvp_xfer_engine_new: the caller keeps it
+     *    and frees it after the engine;
+     *  - token_respond / token_ctx (tests, a caller with a wallet of its own): given to the
+     *    transport of every network transfer actor (kvp_xport_params.token_respond), so called
+     *    from several actors' threads at once: token_ctx must serialise itself. Not used when
+     *    token_wallet is set.
+     * Both NULL: no token (auth none). */
+    const struct kvp_dt_wallet *token_wallet;
     int (*token_respond)(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap);
     void *token_ctx;
 };
+
+/** Most tokens one kvp_xfer_tokens_put takes (the masters' limit per DataToken request). */
+#define KVP_XFER_TOKENS_MAX 64
+
+/**
+ * Give n data-plane tokens (tokens[i], lens[i] bytes, as a DataToken answer carries them) to
+ * every network transfer actor of an engine made with params.token_wallet: one one-way message
+ * per actor, which puts them in that actor's wallet (a token for a segment replaces the one held
+ * unless that one expires later; one the wallet refuses is logged there).
+ *
+ * Ordering: messages to one actor are handled in the order they entered its mailbox
+ * (docs/runtime.md "Messages"), so a kvp_xfer_run that starts after this returned — on this
+ * thread, or on one that learnt of the push through a release/acquire pair or a message — is
+ * handled after the tokens are in its home actor's wallet, and its connections answer the
+ * segments' challenges with them. A transfer actor without a token for a segment answers that
+ * segment's challenge as a wallet without one does: the connection is refused.
+ *
+ * KVP_OK when every actor was sent the tokens. Errors: KVP_ERR_INVALID (no token_wallet, n 0 or
+ * over KVP_XFER_TOKENS_MAX, a NULL token or a length over KVP_DT_TOKEN_MAX), KVP_ERR_NOMEM,
+ * KVP_ERR_CLOSED (the engine is stopping); after an error some actors may lack the tokens. Any
+ * thread that is not one of the engine's actors.
+ */
+int kvp_xfer_tokens_put(struct kvp_xfer_engine *e, const uint8_t *const *tokens, const size_t *lens, size_t n);
 
 /* Engine counters (monotonic since the engine started). */
 struct kvp_xfer_stats {

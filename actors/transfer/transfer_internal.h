@@ -6,7 +6,9 @@
  *    owning one tcp transport instance (transport.h: its sockets, its epoll set, its scratch
  *    memory), and `xfer-local`, owning the local transport (the table of segments registered in
  *    this process). With fault injection compiled in, each instance is wrapped by the fault
- *    transport. Nothing outside an actor touches its transport;
+ *    transport. Nothing outside an actor touches its transport. With params.token_wallet each
+ *    network actor also owns a wallet (that key pair; tokens by message, kvp_xfer_tokens_put)
+ *    its transports sign the segments' challenges from;
  *  - batch actors (hosted actors, one per kvp_xfer_run call) live in the transfer actor the
  *    call was sent to (its home): they cut the call's slices into xslices, hand them to the home
  *    transport directly (same thread) and to the local actor by message, run the call's timeout

@@ -125,7 +125,8 @@ struct kvp_xport_params {
      * each new connection waits for the segment's challenge (len bytes) and sends what this
      * writes to out (at most cap bytes; returns the length, or a negative kvp_err: the
      * connection fails) before its first request. Called on the owning actor's thread; must not
-     * block (kvp_dt_wallet_respond fits). NULL: no token (auth none, or the local transport). */
+     * block (kvp_dt_wallet_respond fits; the engine passes its actor's own wallet). rdma: given
+     * to its TCP hello channel (xport_rdma.c). NULL: no token (auth none, or the local transport). */
     int (*token_respond)(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap);
     void *token_ctx;
 };

@@ -13,7 +13,9 @@
  * not fence (XA_ABORT). Only when every work is complete does the batch actor finish; its fini
  * answers the caller. So the caller returns only after every transfer actor let go of every
  * slice's memory (contract C2), and no lock or atomic is needed: each transport, each work and
- * each batch has exactly one owner at a time, and ownership moves by message.
+ * each batch has exactly one owner at a time, and ownership moves by message. That includes the
+ * data-plane tokens: each network actor signs from its own wallet (params.token_wallet's key),
+ * filled by XA_TOKENS messages (kvp_xfer_tokens_put), so no wallet is shared between threads.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,6 +29,7 @@
 
 #include "actors/transfer/transfer_internal.h"
 #include "actors/transfer/transport.h"
+#include "auth/auth_token.h"
 #include "kvpool.h"
 #include "runtime/actor.h"
 #include "runtime/clock.h"
@@ -54,6 +57,16 @@ enum xa_msg {
     XB_BOUND,      /* batch timer: the fence bound after the timeout */
     XA_MEM_REG,    /* request: payload struct xfer_local_reg (base, size): the transport's mem_register */
     XA_MEM_UNREG,  /* request: the same, mem_unregister */
+    XA_TOKENS,     /* one-way caller -> network actor: payload struct xfer_tokens (kvp_xfer_tokens_put) */
+};
+
+/* XA_TOKENS' payload: one allocation, freed by the runtime after the handler. */
+struct xfer_tokens {
+    size_t n;
+    struct {
+        uint16_t len;
+        uint8_t b[KVP_DT_TOKEN_MAX];
+    } tok[];
 };
 
 static void no_free(void *p) { (void)p; }
@@ -141,6 +154,8 @@ struct xa {
     size_t n_local, cap_local;
     struct kvp_rt_actor *local_actor; /* tcp actors: a reference to xfer-local */
     struct kvp_rt_actor *idle;   /* tcp actors: a reference to the engine's idle-token sink */
+    struct kvp_dt_wallet *wallet; /* network actors with params.token_wallet: this actor's copy
+                                     (its key; tokens by XA_TOKENS), signed from by its transports */
     struct kvp_xfer_stats st;
     struct kvp_xport_completion comp[XA_COMP_BATCH];
 };
@@ -730,6 +745,15 @@ static int xa_on_fd(struct kvp_rt_ctx *ctx, void *handle)
     return KVP_OK;
 }
 
+/* kvp_xport_params.token_respond of a network actor with its own wallet (xa->wallet): called
+ * by its transports on its thread only. */
+static int xa_token_respond(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap)
+{
+    if (len != KVP_DT_CHALLENGE_BYTES)
+        return KVP_ERR_INVALID;
+    return kvp_dt_wallet_respond(ctx, challenge, kvp_clock_wall_ms(), out, cap);
+}
+
 static int xa_init(struct kvp_rt_ctx *ctx)
 {
     struct xa *xa = kvp_rt_state(ctx);
@@ -740,6 +764,10 @@ static int xa_init(struct kvp_rt_ctx *ctx)
                                   .wrap_opts = xa->is_local ? NULL : xa->p.transport_opts,
                                   .token_respond = xa->is_local ? NULL : xa->p.token_respond,
                                   .token_ctx = xa->is_local ? NULL : xa->p.token_ctx};
+    if (xa->wallet) {
+        tp.token_respond = xa_token_respond;
+        tp.token_ctx = xa->wallet;
+    }
     const struct kvp_xport_ops *base = xa->is_local ? &kvp_xport_local
                                        : xa->p.transport ? xa->p.transport : &kvp_xport_tcp;
     if (xfer_fault_compiled()) {
@@ -778,6 +806,7 @@ static void xa_fini(struct kvp_rt_ctx *ctx)
         free(p);
     }
     free(xa->local_ids);
+    kvp_dt_wallet_destroy(&xa->wallet);
     kvp_rt_unref(&xa->local_actor);
     kvp_rt_unref(&xa->idle);
     free(xa);
@@ -958,6 +987,15 @@ static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
         kvp_rt_reply(ctx, m->corr_id, fn && r ? fn(xa->t, r->base, r->size) : KVP_OK, 0, NULL, NULL);
         break;
     }
+    case XA_TOKENS: { /* tokens pushed before the calls that need them (kvp_xfer_tokens_put) */
+        const struct xfer_tokens *tk = m->payload;
+        for (size_t i = 0; xa->wallet && tk && i < tk->n; i++) {
+            int rc = kvp_dt_wallet_put(xa->wallet, tk->tok[i].b, tk->tok[i].len);
+            if (rc != KVP_OK)
+                kvp_log_warn(xa->name, "data token %zu of %zu: not kept (%s)", i, tk->n, kvp_errname(rc));
+        }
+        break;
+    }
     case XA_POLL_TIMER:
         if (m->kind == KVP_RT_TIMER) {
             xa->timer_due_ns = 0;
@@ -993,6 +1031,15 @@ static int spawn_xa(struct kvp_rt_actor **out, const struct kvp_xfer_params *p, 
         xa->local_actor = kvp_rt_ref(local_actor);
     if (idle)
         xa->idle = kvp_rt_ref(idle);
+    if (!local && p->token_wallet) {
+        int rc = kvp_dt_wallet_copy_key(p->token_wallet, &xa->wallet);
+        if (rc != KVP_OK) {
+            kvp_rt_unref(&xa->local_actor);
+            kvp_rt_unref(&xa->idle);
+            free(xa);
+            return rc;
+        }
+    }
     struct kvp_rt_spec spec = {.name = xa->name, .init = xa_init, .handle = xa_handle, .fini = xa_fini,
                                .state = xa};
     return kvp_rt_spawn(out, &spec, NULL); /* owns xa from here: any failure ran xa_fini */
@@ -1114,6 +1161,31 @@ void kvp_xfer_engine_destroy(struct kvp_xfer_engine **ep)
     kvp_rt_destroy(&e->local);
     kvp_rt_destroy(&e->idle);
     free(e);
+}
+
+int kvp_xfer_tokens_put(struct kvp_xfer_engine *e, const uint8_t *const *tokens, const size_t *lens, size_t n)
+{
+    if (!e || !e->p.token_wallet || n == 0 || n > KVP_XFER_TOKENS_MAX || !tokens || !lens)
+        return KVP_ERR_INVALID;
+    for (size_t i = 0; i < n; i++)
+        if (!tokens[i] || lens[i] == 0 || lens[i] > KVP_DT_TOKEN_MAX)
+            return KVP_ERR_INVALID;
+    size_t bytes = sizeof(struct xfer_tokens) + n * sizeof(((struct xfer_tokens *)0)->tok[0]);
+    int rc = KVP_OK;
+    for (unsigned a = 0; a < e->n_tcp && rc == KVP_OK; a++) {
+        struct xfer_tokens *tk = malloc(bytes); /* each actor its own copy: it frees it */
+        if (!tk)
+            return KVP_ERR_NOMEM;
+        tk->n = n;
+        for (size_t i = 0; i < n; i++) {
+            tk->tok[i].len = (uint16_t)lens[i];
+            memcpy(tk->tok[i].b, tokens[i], lens[i]);
+        }
+        void *pl = tk;
+        rc = kvp_rt_send(e->tcp[a], 0, XA_TOKENS, 0, &pl, free);
+        free(pl); /* NULL once sent */
+    }
+    return rc;
 }
 
 static int local_req(struct kvp_xfer_engine *e, uint32_t type, uint32_t segment_id, void *base, uint64_t size)

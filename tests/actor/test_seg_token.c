@@ -574,6 +574,83 @@ static void test_engine(void **state)
     kvp_dt_wallet_destroy(&lw.w);
 }
 
+/* One READ of n pieces of LEN bytes from the token server through e; true when every piece
+ * completed with the region's bytes. */
+static bool engine_read_all(struct kvp_xfer_engine *e, const char *ep, uint8_t *buf, int n, size_t len)
+{
+    struct kvp_xfer_slice sl[8];
+    assert_true(n <= 8);
+    memset(buf, 0, (size_t)n * len);
+    for (int i = 0; i < n; i++)
+        sl[i] = (struct kvp_xfer_slice){.local = buf + (size_t)i * len, .length = len, .segment_id = SEG_ID,
+                                        .endpoint = ep, .remote_offset = (uint64_t)i * 5 * len,
+                                        .op = KVP_XFER_READ};
+    (void)kvp_xfer_run(e, sl, (size_t)n, 10000);
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        ok = sl[i].status == KVP_OK;
+        for (size_t j = 0; ok && j < len; j += 509)
+            ok = buf[(size_t)i * len + j] == BYTE((uint64_t)i * 5 * len + j);
+    }
+    return ok;
+}
+
+/*
+ * Tokens pushed to the transfer actors (kvp_xfer_params.token_wallet, kvp_xfer_tokens_put, what
+ * the client and the mover use): each actor signs from its own copy of the key, filled by
+ * message. Without a token, or with one for another key, the segment refuses the connection;
+ * after the push the same engine's next run is served. Then the ordering the client relies on
+ * (actors/client/dtoken.c): a run started right after the push returns, with no wait, finds the
+ * token in whichever of the 4 actors is its home, because the push entered every actor's mailbox
+ * before the run did. Each round is a fresh engine, so every connection meets a challenge.
+ */
+static void test_engine_pushed(void **state)
+{
+    (void)state;
+    struct kvp_dt_wallet *key = NULL;
+    assert_int_equal(kvp_dt_wallet_new(&key), KVP_OK);
+    uint8_t wpk[KVP_DT_PK_BYTES], tok[KVP_DT_TOKEN_MAX], other[KVP_DT_TOKEN_MAX];
+    kvp_dt_wallet_public_key(key, wpk);
+    int tl = token(SEG_ID, 60000, wpk, T.mpk, T.msk, tok);
+    int ol = token(SEG_ID, 60000, T.epk, T.mpk, T.msk, other); /* issued for another key */
+    assert_true(tl > 0 && ol > 0);
+    char ep[32];
+    snprintf(ep, sizeof ep, "127.0.0.1:%u", T.port);
+    enum { ROUNDS = 12, N = 4, LEN = 4096 };
+    uint8_t *buf = malloc(N * LEN);
+    assert_non_null(buf);
+    const uint8_t *tp = tok, *op = other;
+    size_t tlen = (size_t)tl, olen = (size_t)ol;
+    for (int round = 0; round < ROUNDS; round++) {
+        struct kvp_xfer_params xp = {.conns_per_peer = 1, .slice_bytes = 1u << 20, .connect_timeout_ms = 5000,
+                                     .io_threads = 4, .token_wallet = key};
+        struct kvp_xfer_engine *e = NULL;
+        assert_int_equal(kvp_xfer_engine_new(&e, &xp), KVP_OK);
+        if (round == 0) {
+            assert_false(engine_read_all(e, ep, buf, N, LEN)); /* no token yet: refused */
+            assert_int_equal(kvp_xfer_tokens_put(e, &op, &olen, 1), KVP_OK);
+            assert_false(engine_read_all(e, ep, buf, N, LEN)); /* not kept: another key's */
+        }
+        assert_int_equal(kvp_xfer_tokens_put(e, &tp, &tlen, 1), KVP_OK);
+        assert_true(engine_read_all(e, ep, buf, N, LEN)); /* at once: no wait for the push */
+        kvp_xfer_engine_destroy(&e);
+    }
+    /* bad arguments */
+    struct kvp_xfer_params np = {.io_threads = 1};
+    struct kvp_xfer_engine *e = NULL;
+    assert_int_equal(kvp_xfer_engine_new(&e, &np), KVP_OK);
+    assert_int_equal(kvp_xfer_tokens_put(e, &tp, &tlen, 1), KVP_ERR_INVALID); /* no token_wallet */
+    kvp_xfer_engine_destroy(&e);
+    np.token_wallet = key;
+    assert_int_equal(kvp_xfer_engine_new(&e, &np), KVP_OK);
+    assert_int_equal(kvp_xfer_tokens_put(e, &tp, &tlen, 0), KVP_ERR_INVALID);
+    size_t big = KVP_DT_TOKEN_MAX + 1;
+    assert_int_equal(kvp_xfer_tokens_put(e, &tp, &big, 1), KVP_ERR_INVALID);
+    kvp_xfer_engine_destroy(&e);
+    free(buf);
+    kvp_dt_wallet_destroy(&key);
+}
+
 /* The segment server's accept counter reaches n (20 s at most; nothing timed). */
 static void wait_accepted(struct kvp_seg_server *srv, uint64_t n)
 {
@@ -717,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_port), /* first to be refused: its log lines are not held back */
         cmocka_unit_test(test_transport),
         cmocka_unit_test(test_engine),
+        cmocka_unit_test(test_engine_pushed),
         cmocka_unit_test_setup_teardown(test_unmounted_raw, unmounted_setup, unmounted_teardown),
         cmocka_unit_test_setup_teardown(test_unmounted_engine, unmounted_setup, unmounted_teardown),
     };

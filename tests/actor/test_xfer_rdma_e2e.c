@@ -24,7 +24,8 @@
  *  - tokens: a segment that requires data-plane tokens (kvp_seg_server_start_auth): the hello's own
  *    TCP connection answers the challenge through kvp_rdma_hello_tcp_opts.token_respond and the
  *    data goes over RDMA; without the callback, or with no token for this segment, the hello is
- *    refused (counted as token_refused) and the slice fails.
+ *    refused (counted as token_refused) and the slice fails. The client's way: the engine's
+ *    token_wallet, the hello signing from its transfer actor's wallet after kvp_xfer_tokens_put.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -85,6 +86,8 @@ struct rig {
 
 /* The engine's rdma_reprobe_ms for the next rig_up (0: the default). */
 static uint32_t rig_reprobe_ms;
+/* The engine's token_wallet for the next rig_up (NULL: none). */
+static const struct kvp_dt_wallet *rig_token_wallet;
 
 /* rig_up_auth: token_pk non-NULL: the segment requires tokens signed by that key. */
 static void rig_up_auth(struct rig *g, unsigned seed, int flush, const uint8_t *token_pk);
@@ -123,7 +126,7 @@ static void rig_up_auth(struct rig *g, unsigned seed, int flush, const uint8_t *
         .drive_clock = true};
     struct kvp_xfer_params p = {.conns_per_peer = 2, .slice_bytes = 64 * 1024, .fence_bound_ms = 200,
                                 .transport = &kvp_xport_rdma, .transport_opts = &g->o,
-                                .rdma_reprobe_ms = rig_reprobe_ms};
+                                .rdma_reprobe_ms = rig_reprobe_ms, .token_wallet = rig_token_wallet};
     assert_int_equal(kvp_xfer_engine_new(&g->e, &p), KVP_OK);
 }
 
@@ -748,6 +751,41 @@ static void test_rdma_e2e_hello_answers_token_challenge(void **state)
     free(buf);
 }
 
+/* The client's way (kvp_xfer_params.token_wallet): the hello options carry no token callback;
+ * each rdma instance answers the hello's challenge from its own transfer actor's wallet, filled
+ * by kvp_xfer_tokens_put. Before the push the hello is refused; after it the data goes over RDMA. */
+static void test_rdma_e2e_hello_signs_from_pushed_tokens(void **state)
+{
+    (void)state;
+    uint8_t mpk[KVP_DT_PK_BYTES], msk[KVP_DT_SK_BYTES];
+    assert_int_equal(kvp_dt_keypair(mpk, msk), KVP_OK);
+    uint8_t *buf = aligned_alloc(4096, 4096);
+    struct kvp_dt_wallet *key = wallet_with_token(9, mpk, msk); /* its key; segment 9 only */
+    struct kvp_dt_claims c = {.segment_id = 5, .expires_ms = kvp_clock_wall_ms() + 600000};
+    kvp_dt_wallet_public_key(key, c.client_pk);
+    memset(c.client_id, 0xcd, sizeof c.client_id);
+    snprintf(c.tenant, sizeof c.tenant, "team-r");
+    uint8_t tok[KVP_DT_TOKEN_MAX];
+    int n = kvp_dt_issue(mpk, msk, &c, tok, sizeof tok);
+    assert_true(n > 0);
+    rig_token_wallet = key;
+    struct rig g;
+    rig_up_auth(&g, 6, FV_FLUSH_ALL, mpk);
+    rig_token_wallet = NULL;
+    assert_null(g.ho.token_respond);
+    assert_int_not_equal(read_one(&g, buf), KVP_OK); /* no token pushed: the hello is refused */
+    assert_true(all_zero(buf, 4096));
+    const uint8_t *tp = tok;
+    size_t tl = (size_t)n;
+    assert_int_equal(kvp_xfer_tokens_put(g.e, &tp, &tl, 1), KVP_OK);
+    assert_int_equal(read_one(&g, buf), KVP_OK);
+    assert_memory_equal(buf, g.region + 12288, 4096);
+    tcp_frames_none(&g);
+    rig_down(&g);
+    kvp_dt_wallet_destroy(&key);
+    free(buf);
+}
+
 /* Per-peer TCP fallback: one engine on the rdma transport, two segments: the rig's (RDMA) and a
  * TCP-only one (protocol tcp: its data port answers RDMA_HELLO with UNSUPPORTED). Both get their
  * data; the RDMA one with no TCP data frame, the TCP-only one over TCP frames; the engine counts
@@ -909,6 +947,7 @@ int main(void)
 #endif
         cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
         cmocka_unit_test(test_rdma_e2e_hello_answers_token_challenge),
+        cmocka_unit_test(test_rdma_e2e_hello_signs_from_pushed_tokens),
         cmocka_unit_test(test_rdma_e2e_tcp_only_segment_uses_tcp_for_that_peer),
         cmocka_unit_test(test_rdma_e2e_tcp_peer_back_on_rdma_after_reprobe),
     };

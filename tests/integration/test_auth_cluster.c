@@ -20,10 +20,13 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
 #include "actors/client/dtoken.h"
+#include "actors/segment/seg_server.h"
 #include "actors/session/msession.h"
 #include "actors/transfer/transfer.h"
 #include "auth/auth.h"
@@ -419,6 +422,32 @@ static void test_auth_role_denied(void **state)
     assert_true(log_has("refused request", 3000));
 }
 
+/* A thread that waits (busy, 20 s at most) until d records segment 5's token, then reads 512
+ * bytes from segment 5 at off through xe without asking for a token itself. */
+struct held_reader {
+    struct kvp_dtoken *d;
+    struct kvp_xfer_engine *xe;
+    const char *endpoint;
+    uint64_t off;
+    bool saw_held;
+    int status;
+    uint8_t buf[512];
+};
+
+static void *held_reader_run(void *arg)
+{
+    struct held_reader *r = arg;
+    uint64_t end = kvp_clock_now_ms() + 20000;
+    while (!(r->saw_held = kvp_dtoken_held(r->d, 5, kvp_clock_wall_ms(), 0)) && kvp_clock_now_ms() < end)
+        sched_yield();
+    if (!r->saw_held)
+        return NULL;
+    struct kvp_xfer_slice sl = {.local = r->buf, .length = sizeof r->buf, .segment_id = 5,
+                                .endpoint = r->endpoint, .remote_offset = r->off, .op = KVP_XFER_READ};
+    r->status = kvp_xfer_run(r->xe, &sl, 1, 10000);
+    return NULL;
+}
+
 /* Data-plane tokens (issue 25 item 2): the master signs tokens for an authenticated client's
  * ephemeral key, bound to each asked segment and to the key's tenant; they verify with the
  * token key published in the master's certificate; a bad request is INVALID. */
@@ -478,24 +507,56 @@ static void test_auth_data_token_issued(void **state)
     assert_int_equal(kvp_dt_wallet_respond(w, ch, kvp_clock_wall_ms(), r, sizeof r), KVP_ERR_NOT_FOUND);
     kvp_dt_wallet_destroy(&w);
 
-    /* The process-wide holder (actors/client/dtoken.c): ensure asks the master once for the
-     * segments of a batch's slices, then answers their challenges; a second ensure asks nothing. */
+    /* The process's tokens (actors/client/dtoken.c): ensure asks the master once for the
+     * segments of a batch's slices, hands the tokens to the engine's transfer actors and only then
+     * records them as held. Three other threads wait (busy, bounded) for the record of segment
+     * 5's token and read from segment 5 at once, without asking themselves: their transfers, sent
+     * to any of the 4 transfer actors, find the token there (the hand-over entered every actor's
+     * mailbox before the record was stored; docs/runtime.md "Messages"). */
     assert_int_equal(kvp_auth_client_load(&auth, NULL, ka, NULL, A.cl.file, "client_key", "test"), KVP_OK);
     assert_int_equal(kvp_msession_new_auth(&ms, m, 1, "test", &auth), KVP_OK);
     struct kvp_dtoken *d = NULL;
     assert_int_equal(kvp_dtoken_new(&d, "test"), KVP_OK);
-    struct kvp_xfer_slice sl[3] = {{.segment_id = 4}, {.segment_id = 5}, {.segment_id = 4}};
-    kvp_dt_challenge(5, ch);
-    assert_true(kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r) < 0); /* none yet */
-    kvp_dtoken_ensure(d, ms, sl, 3, 5000);
-    rl = kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r);
-    assert_true(rl > 0);
-    assert_int_equal(kvp_dt_verify(ch, r, (size_t)rl, 5, kvp_clock_wall_ms(), (const uint8_t(*)[32])mk, nmk, &c, NULL),
+    struct kvp_xfer_params xp = {.io_threads = 4, .connect_timeout_ms = 5000, .token_wallet = kvp_dtoken_key(d)};
+    struct kvp_xfer_engine *xe = NULL;
+    assert_int_equal(kvp_xfer_engine_new(&xe, &xp), KVP_OK);
+    static uint8_t region[1u << 16];
+    for (size_t i = 0; i < sizeof region; i++)
+        region[i] = (uint8_t)(i * 7u + 3u);
+    struct kvp_seg_server *srv = NULL;
+    assert_int_equal(kvp_seg_server_start_auth(&srv, "127.0.0.1", 0, region, sizeof region,
+                                               (const uint8_t(*)[KVP_DT_PK_BYTES])mk, nmk),
                      KVP_OK);
-    kvp_dt_challenge(4, ch);
-    assert_true(kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r) > 0);
-    kvp_dt_challenge(6, ch);
-    assert_true(kvp_dtoken_respond(d, ch, sizeof ch, r, sizeof r) < 0);
+    kvp_seg_server_set_id(srv, 5);
+    char ep[32];
+    snprintf(ep, sizeof ep, "127.0.0.1:%u", kvp_seg_server_port(srv));
+    struct held_reader rd[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        rd[i] = (struct held_reader){.d = d, .xe = xe, .endpoint = ep, .off = (uint64_t)i * 4096, .status = 1};
+        assert_int_equal(pthread_create(&th[i], NULL, held_reader_run, &rd[i]), 0);
+    }
+    struct kvp_xfer_slice sl[3] = {{.segment_id = 4}, {.segment_id = 5}, {.segment_id = 4}};
+    uint64_t now = kvp_clock_wall_ms();
+    bool before = kvp_dtoken_held(d, 5, now, 0); /* none yet */
+    kvp_dtoken_ensure(d, ms, xe, sl, 3, 5000);
+    for (int i = 0; i < 3; i++) /* before any assert: the threads use this frame */
+        pthread_join(th[i], NULL);
+    now = kvp_clock_wall_ms();
+    assert_false(before);
+    assert_false(kvp_dtoken_off(d));
+    assert_true(kvp_dtoken_held(d, 4, now, 60000));
+    assert_true(kvp_dtoken_held(d, 5, now, 60000));
+    assert_false(kvp_dtoken_held(d, 5, now, KVP_DT_TTL_MS)); /* ends within the token's lifetime */
+    assert_false(kvp_dtoken_held(d, 6, now, 0));
+    for (int i = 0; i < 3; i++) {
+        assert_true(rd[i].saw_held);
+        assert_int_equal(rd[i].status, KVP_OK);
+        for (size_t j = 0; j < sizeof rd[i].buf; j++)
+            assert_int_equal(rd[i].buf[j], (uint8_t)((rd[i].off + j) * 7u + 3u));
+    }
+    kvp_xfer_engine_destroy(&xe);
+    kvp_seg_server_stop(&srv);
     kvp_dtoken_destroy(&d);
     kvp_msession_destroy(&ms);
 }

@@ -40,6 +40,10 @@ struct rdma_peer {
 struct rdma_inst {
     struct kvp_rdma_xport *x;
     struct kvp_xport_rdma_opts opts;
+    /* With params.token_respond and the TCP handshake channel: the channel's options with this
+     * instance's token callback (its transfer actor's own wallet), so the hello answers the
+     * segment's challenge from the wallet of the actor it runs on. */
+    struct kvp_rdma_hello_tcp_opts hello_tcp;
     bool have_opts;
     char who[64];
     struct rdma_peer *peers;
@@ -69,6 +73,13 @@ static int r_open(struct kvp_xport **out, const struct kvp_xport_params *p)
         in->have_opts = true;
         cfg = in->opts.cfg;
         env = in->opts.env.now_ns ? &in->opts.env : NULL;
+    }
+    if (p->token_respond && in->opts.hello == kvp_rdma_hello_tcp) {
+        if (in->opts.hello_arg)
+            in->hello_tcp = *(const struct kvp_rdma_hello_tcp_opts *)in->opts.hello_arg;
+        in->hello_tcp.token_respond = p->token_respond;
+        in->hello_tcp.token_ctx = p->token_ctx;
+        in->opts.hello_arg = &in->hello_tcp;
     }
     cfg.who = in->who;
     if (!cfg.qps_per_peer && p->conns_per_peer)

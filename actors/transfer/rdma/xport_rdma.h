@@ -50,8 +50,9 @@ struct kvp_rdma_hello_tcp_opts {
     /* Data-plane tokens (docs/security.md "Data plane: tokens"), as kvp_xport_params.token_respond:
      * when set, the channel's own connection waits for the segment's challenge and sends the
      * response this writes before the hello (a segment that requires tokens refuses anything
-     * else). NULL: no token (auth none). Called on the caller's thread: token_ctx must serialise
-     * itself (kvp_dtoken_respond does). */
+     * else). NULL: no token (auth none). Called on the caller's thread. An rdma instance opened
+     * with kvp_xport_params.token_respond set uses a copy of these options with that callback
+     * instead (the transfer engine's: the wallet of the actor the instance belongs to). */
     int (*token_respond)(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap);
     void *token_ctx;
 };
