@@ -164,6 +164,8 @@ static inline void kvp_fsm_snap_touch(struct kvp_master_fsm *f, struct kvp_fsm_o
 /* The table was rebuilt (grown): the snapshot's walk starts again from slot 0 (objects already
  * written are skipped by their generation). */
 void kvp_fsm_snap_rewind(struct kvp_master_fsm *f);
+/* The running snapshot's next table slot to visit (UINT64_MAX with none running). Tests. */
+uint64_t kvp_fsm_snap_cursor(const struct kvp_master_fsm *f);
 void kvp_fsm_snap_free(struct kvp_master_fsm *f);
 /* Bytes of the snapshot stream before the objects: format, last segment id, every segment with
  * its quarantine (fsm_snap.c). *buf malloc'd. */

@@ -103,6 +103,11 @@ void kvp_fsm_snap_rewind(struct kvp_master_fsm *f)
         f->snap->cursor = 0;
 }
 
+uint64_t kvp_fsm_snap_cursor(const struct kvp_master_fsm *f)
+{
+    return f->snap ? f->snap->cursor : UINT64_MAX;
+}
+
 void kvp_fsm_snap_free(struct kvp_master_fsm *f)
 {
     struct kvp_fsm_snap *s = f->snap;
