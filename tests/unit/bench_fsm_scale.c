@@ -55,6 +55,7 @@ static Kvp__Response *apply(struct kvp_master_fsm *f, Kvp__Command *c)
 struct band {
     uint64_t put_max, end_max, step_max, step_lz4_max, step_max_at, put_max_at;
     uint64_t steps, steps_over_10ms, entries;
+    uint64_t put_sum, end_sum, step_sum; /* for the means: an outlier of a loaded host shows less */
 };
 
 int main(int argc, char **argv)
@@ -132,7 +133,7 @@ int main(int argc, char **argv)
     if (!items || !ip || !eitems || !ep || !keys || !lz)
         die("calloc", KVP_ERR_NOMEM);
     struct band b = {0}, all = {0};
-    uint64_t snaps = 0, t_total0 = cpu_ns(), k = 0;
+    uint64_t snaps = 0, t_total0 = cpu_ns(), k = 0, last_cap = f->tab_cap;
     printf("bench_fsm_scale: %llu objects, %u segments, entries of %u PutStart commands x %u items, "
            "%u replica(s), snapshot %s (steps of %zu B)\n",
            (unsigned long long)objects, segments, cmds, batch, replicas, snap ? "always running" : "off", chunk);
@@ -181,6 +182,10 @@ int main(int argc, char **argv)
                 kvp_master_fsm_response_free(apply(f, &c));
             }
             uint64_t dt = cpu_ns() - t0;
+            if (phase == 0)
+                b.put_sum += dt;
+            else
+                b.end_sum += dt;
             if (phase == 0 && dt > b.put_max) {
                 b.put_max = dt;
                 b.put_max_at = k;
@@ -191,7 +196,9 @@ int main(int argc, char **argv)
             if (!snap)
                 continue;
             /* One snapshot step after every entry, as the raft thread's loop does. */
-            uint64_t s0 = cpu_ns();
+            uint64_t s0 = cpu_ns(), cap0 = f->tab_cap;
+            bool growth = cap0 != last_cap; /* the table grew since the last step: the walk restarts */
+            last_cap = cap0;
             if (!kvp_master_fsm_snap_running(f)) {
                 if ((rc = kvp_master_fsm_snap_begin(f)) != KVP_OK)
                     die("snap_begin", rc);
@@ -209,6 +216,10 @@ int main(int argc, char **argv)
             free(out);
             uint64_t s2 = cpu_ns();
             b.steps++;
+            b.step_sum += s2 - s0;
+            if (growth && kvp_master_fsm_snap_running(f))
+                printf("growth to %llu slots at %llu objects: the next step %.2f ms of CPU (%.2f ms with LZ4)\n",
+                       (unsigned long long)cap0, (unsigned long long)k, (s1 - s0) / 1e6, (s2 - s0) / 1e6);
             if (s1 - s0 > b.step_max) {
                 b.step_max = s1 - s0;
                 b.step_max_at = k;
@@ -233,15 +244,21 @@ int main(int argc, char **argv)
             all.steps += b.steps;
             all.steps_over_10ms += b.steps_over_10ms;
             all.entries += b.entries;
+            all.put_sum += b.put_sum;
+            all.end_sum += b.end_sum;
+            all.step_sum += b.step_sum;
             memset(&b, 0, sizeof b);
         }
     }
     printf("total: %llu objects, CPU %.2f s, %llu entries, longest PutStart entry %.2f ms, longest PutEnd "
            "entry %.2f ms, longest snapshot step %.2f ms (with LZ4 %.2f ms), %llu snapshots begun, %llu steps, "
-           "%llu steps over 10 ms\n",
+           "%llu steps over 10 ms; means: PutStart entry %.2f ms, PutEnd entry %.2f ms, step with LZ4 %.2f ms\n",
            (unsigned long long)k, (cpu_ns() - t_total0) / 1e9, (unsigned long long)all.entries, all.put_max / 1e6,
            all.end_max / 1e6, all.step_max / 1e6, all.step_lz4_max / 1e6, (unsigned long long)snaps,
-           (unsigned long long)all.steps, (unsigned long long)all.steps_over_10ms);
+           (unsigned long long)all.steps, (unsigned long long)all.steps_over_10ms,
+           all.put_sum / 1e6 / (double)(all.entries ? (all.entries + 1) / 2 : 1),
+           all.end_sum / 1e6 / (double)(all.entries ? all.entries / 2 : 1),
+           all.step_sum / 1e6 / (double)(all.steps ? all.steps : 1));
     free(items);
     free(ip);
     free(eitems);
