@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 
 #include <lz4.h>
 
@@ -35,6 +36,16 @@ static uint64_t cpu_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The (single-threaded) process's involuntary context switches and minor page faults so far: a hold that was
+ * preempted or faulted in fresh pages is the host's as much as the code's. */
+static void thread_counts(uint64_t *ivcsw, uint64_t *minflt)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru); /* one thread */
+    *ivcsw = (uint64_t)ru.ru_nivcsw;
+    *minflt = (uint64_t)ru.ru_minflt;
 }
 
 static void die(const char *what, int rc)
@@ -56,6 +67,8 @@ struct band {
     uint64_t put_max, end_max, step_max, step_lz4_max, step_max_at, put_max_at;
     uint64_t steps, steps_over_10ms, entries;
     uint64_t put_sum, end_sum, step_sum; /* for the means: an outlier of a loaded host shows less */
+    uint64_t step_max_slots, step_max_bytes, step_max_ivcsw, step_max_flt, put_max_ivcsw, put_max_flt;
+    uint64_t slots_max;                  /* most table slots one step visited */
 };
 
 int main(int argc, char **argv)
@@ -160,7 +173,8 @@ int main(int argc, char **argv)
         /* One entry of PutStarts, one of PutEnds; each command's response freed inside the hold
          * (raftlog packs and frees it on the raft thread). */
         for (int phase = 0; phase < 2; phase++) {
-            uint64_t t0 = cpu_ns();
+            uint64_t t0 = cpu_ns(), cs0, fl0, cs1, fl1;
+            thread_counts(&cs0, &fl0);
             for (size_t off = 0; off < n; off += batch) {
                 size_t m = n - off < batch ? n - off : batch;
                 Kvp__Command c = KVP__COMMAND__INIT;
@@ -182,6 +196,7 @@ int main(int argc, char **argv)
                 kvp_master_fsm_response_free(apply(f, &c));
             }
             uint64_t dt = cpu_ns() - t0;
+            thread_counts(&cs1, &fl1);
             if (phase == 0)
                 b.put_sum += dt;
             else
@@ -189,6 +204,8 @@ int main(int argc, char **argv)
             if (phase == 0 && dt > b.put_max) {
                 b.put_max = dt;
                 b.put_max_at = k;
+                b.put_max_ivcsw = cs1 - cs0;
+                b.put_max_flt = fl1 - fl0;
             }
             if (phase == 1 && dt > b.end_max)
                 b.end_max = dt;
@@ -196,6 +213,7 @@ int main(int argc, char **argv)
             if (!snap)
                 continue;
             /* One snapshot step after every entry, as the raft thread's loop does. */
+            thread_counts(&cs0, &fl0);
             uint64_t s0 = cpu_ns(), cap0 = f->tab_cap;
             bool growth = cap0 != last_cap; /* the table grew since the last step: the walk restarts */
             last_cap = cap0;
@@ -207,15 +225,20 @@ int main(int argc, char **argv)
             uint8_t *out = NULL;
             size_t out_len = 0;
             bool last = false;
+            uint64_t cur0 = kvp_fsm_snap_cursor(f);
             if ((rc = kvp_master_fsm_snap_next(f, chunk, &out, &out_len, &last)) != KVP_OK)
                 die("snap_next", rc);
             uint64_t s1 = cpu_ns();
+            uint64_t slots = last ? 0 : kvp_fsm_snap_cursor(f) - cur0; /* the last step's is not known */
             if (out_len && LZ4_compress_default((const char *)out, (char *)lz, (int)out_len,
                                                 LZ4_compressBound((int)out_len)) <= 0)
                 die("lz4", KVP_ERR_INTERNAL);
             free(out);
             uint64_t s2 = cpu_ns();
+            thread_counts(&cs1, &fl1);
             b.steps++;
+            if (slots > b.slots_max)
+                b.slots_max = slots;
             b.step_sum += s2 - s0;
             if (growth && kvp_master_fsm_snap_running(f))
                 printf("growth to %llu slots at %llu objects: the next step %.2f ms of CPU (%.2f ms with LZ4)\n",
@@ -223,6 +246,10 @@ int main(int argc, char **argv)
             if (s1 - s0 > b.step_max) {
                 b.step_max = s1 - s0;
                 b.step_max_at = k;
+                b.step_max_slots = slots;
+                b.step_max_bytes = out_len;
+                b.step_max_ivcsw = cs1 - cs0;
+                b.step_max_flt = fl1 - fl0;
             }
             if (s2 - s0 > b.step_lz4_max)
                 b.step_lz4_max = s2 - s0;
@@ -235,6 +262,12 @@ int main(int argc, char **argv)
                    b.put_max / 1e6, b.end_max / 1e6, b.step_max / 1e6, b.step_lz4_max / 1e6,
                    (unsigned long long)b.steps, (unsigned long long)b.steps_over_10ms,
                    (unsigned long long)f->tab_cap);
+            printf("  longest PutStart entry: %llu preemptions, %llu page faults; longest step: %llu slots, %llu "
+                   "bytes, %llu preemptions, %llu page faults; most slots in a step %llu\n",
+                   (unsigned long long)b.put_max_ivcsw, (unsigned long long)b.put_max_flt,
+                   (unsigned long long)b.step_max_slots, (unsigned long long)b.step_max_bytes,
+                   (unsigned long long)b.step_max_ivcsw, (unsigned long long)b.step_max_flt,
+                   (unsigned long long)b.slots_max);
             fflush(stdout);
 #define KEEP_MAX(x) all.x = b.x > all.x ? b.x : all.x
             KEEP_MAX(put_max);
