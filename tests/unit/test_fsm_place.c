@@ -226,8 +226,8 @@ static void one_round(int round, uint64_t *checked, uint64_t *multi)
                 uint32_t ids[KVP_FSM_MAX_REPLICAS];
                 unsigned k = 0;
                 bool exists = kvp_fsm_obj_find(f, its[i].key, strlen(its[i].key)) != NULL;
-                int want_st = ref_place(f, its[i].size, its[i].replica_num, its[i].has_preferred ? its[i].preferred : NULL,
-                                        avoid, eff_avoid, ids, &k);
+                const char *pref = its[i].has_preferred ? its[i].preferred : NULL;
+                int want_st = ref_place(f, its[i].size, its[i].replica_num, pref, avoid, eff_avoid, ids, &k);
                 Kvp__Response *r = put_cmd(f, &its[i], 1, avoid, n_avoid, level, now);
                 const Kvp__PutStartResult *res = r->put_start->results[0];
                 if (!exists) {

@@ -224,7 +224,7 @@ static int on_segment_state(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
 
 /* ---------------------------------------------------------------- PutStart */
 
-/* Placement (docs/master.md "Placement"): among the ACTIVE segments with a free extent of the
+/* Placement (docs/internals.md, PutStart): among the ACTIVE segments with a free extent of the
  * rounded size, in the order preferred segment first, avoided segments (PutStartReq.avoid_segments)
  * last, then most free bytes, then lowest id, the replicas go to the first segment of each host
  * (pass 1) and, when hosts run out, to the first segments not taken yet (pass 2).
@@ -234,7 +234,7 @@ static int on_segment_state(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
  * per replica gives exactly what sorting all candidates and walking them gave, in O(segments x
  * replicas) instead of O(segments log segments) comparisons through qsort per item (the sort
  * was ~45% of a PutStart's apply at 100 segments: docs/bench.md "Master scale").
- * test_fsm_scale:test_placement_equals_sorted_order checks it against the sort. */
+ * test_fsm_place checks it against the sort on random states. */
 struct cand {
     seg_t *s;
     uint64_t free_bytes; /* s->alloc.free_bytes, copied: compared in every round */

@@ -232,7 +232,7 @@ int kvp_master_fsm_snap_next(struct kvp_master_fsm *f, size_t max_bytes, uint8_t
     }
     /* Slots visited per call are bounded too: after a table growth the walk starts over and
      * skips every object already written (it writes nothing for them), which at 3M objects
-     * made one call walk millions of slots (25 ms of CPU, docs/bench.md "Master scale"). */
+     * made one call walk 1.7M slots (23-44 ms of CPU, docs/bench.md "Session 30"). */
     uint64_t slots = max_bytes / 4 > KVP_FSM_SNAP_STEP_MIN_SLOTS ? max_bytes / 4 : KVP_FSM_SNAP_STEP_MIN_SLOTS;
     while (rc == KVP_OK && c.len < max_bytes && s->cursor < f->tab_cap && slots-- > 0) {
         struct kvp_fsm_obj *o = f->tab[s->cursor++];
