@@ -52,7 +52,8 @@ struct kvp_raftlog_fsm {
     /* Added, optional (all three or none): the incremental snapshot (docs/raftlog.md
      * "Snapshots"). snap_begin freezes the state as of the last applied command (cheap);
      * snap_next returns the next malloc'd chunk (*chunk, raftlog frees) of about max_bytes of the
-     * same bytes snapshot() would write, *last on the final one. apply may run between
+     * same bytes snapshot() would write, *last on the final one (a chunk before it may be
+     * empty: a step that only skipped work; it is not stored). apply may run between
      * snap_next calls and must not change what the running snapshot writes. snap_abort drops
      * a running one. With them raftlog builds snapshots a chunk per loop iteration and never
      * calls snapshot(). */

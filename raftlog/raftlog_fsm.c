@@ -547,7 +547,7 @@ int kvp_rl_glue_snap_work(struct kvp_rl_glue *g)
     int rc = g->user.snap_next(g->user.ctx, g->chunk_raw ? g->chunk_raw : KVP_RL_SNAP_CHUNK_RAW, &raw, &raw_len,
                                &last);
     kvp_rl_view_end(g->view);
-    if (rc == KVP_OK)
+    if (rc == KVP_OK && (raw_len > 0 || last)) /* a step may write nothing (raftlog.h) */
         rc = chunk_add(g, raw != NULL ? raw : (const uint8_t *)"", raw != NULL ? raw_len : 0);
     free(raw);
     if (rc != KVP_OK) {

@@ -7,3 +7,10 @@ kvp_add_test(test_fsm_memory SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_mem
 kvp_add_test(test_fsm_reserve SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_reserve.c LABEL unit TIMEOUT 60)
 # issue 22: bounded walks (repair scan slices, per-tenant use kept on apply) equal the full walk.
 kvp_add_test(test_fsm_scale SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_scale.c LABEL unit TIMEOUT 60)
+# issue 22: the FSM's raft-thread holds at scale (apply of a group entry, snapshot steps), in the
+# thread's own CPU; prints figures (docs/bench.md "Master scale"), not a test.
+add_executable(bench_fsm_scale ${CMAKE_SOURCE_DIR}/tests/unit/bench_fsm_scale.c)
+target_compile_options(bench_fsm_scale PRIVATE ${KVP_WARN})
+target_link_libraries(bench_fsm_scale PRIVATE kvpool_static ${KVP_DEP_LIBS})
+# issue 22: PutStart's placement without sorting equals the sort's on random states.
+kvp_add_test(test_fsm_place SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_place.c LABEL unit TIMEOUT 60)

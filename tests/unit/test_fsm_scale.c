@@ -12,6 +12,8 @@
  *   incremental snapshot runs and objects are removed: invariants hold mid-growth
  *   (kvp_master_fsm_check compares the two tables), every key is found, and the snapshot
  *   restores to the state at its begin.
+ * - A snapshot step is bounded after a growth restarts its walk (slots visited per step) and
+ *   after one command touched every object (the early-written objects go out a chunk at a time).
  * KVP_FSM_SCALE_SEED overrides the seed.
  */
 #include <setjmp.h>
@@ -534,6 +536,130 @@ static void test_table_grows_in_steps_under_snapshot(void **state)
     kvp_master_fsm_destroy(&f);
 }
 
+
+/* Digest of the state as it is now (through a full snapshot and a restore). */
+static uint64_t digest_now(const struct kvp_master_fsm *f)
+{
+    size_t n = 0;
+    uint8_t *b = tf_snapshot(f, &n);
+    struct kvp_master_fsm *g = tf_new(100, 600000);
+    assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_OK);
+    uint64_t d = kvp_master_fsm_digest(g);
+    free(b);
+    kvp_master_fsm_destroy(&g);
+    return d;
+}
+
+/* One step of the running snapshot, appended to *all; returns the chunk's length. */
+static size_t snap_step(struct kvp_master_fsm *f, size_t max, uint8_t **all, size_t *len, bool *last)
+{
+    uint8_t *c = NULL;
+    size_t l = 0;
+    assert_int_equal(kvp_master_fsm_snap_next(f, max, &c, &l, last), KVP_OK);
+    *all = realloc(*all, *len + l + 1);
+    memcpy(*all + *len, c, l);
+    *len += l;
+    free(c);
+    return l;
+}
+
+static void assert_restores_to(const uint8_t *all, size_t len, uint64_t digest)
+{
+    struct kvp_master_fsm *got = tf_new(100, 600000);
+    assert_int_equal(kvp_master_fsm_restore(got, all, len), KVP_OK);
+    assert_int_equal(kvp_master_fsm_check(got), 0);
+    assert_true(kvp_master_fsm_digest(got) == digest);
+    kvp_master_fsm_destroy(&got);
+}
+
+/* A table growth while a snapshot runs restarts its walk at slot 0, over objects already written
+ * (skipped, nothing emitted for them). A step visits at most max_bytes / 4 slots (at least
+ * 1,024), so the step after the swap stops after 1,024 slots with a short chunk instead of
+ * walking the written objects until its chunk is full (at 3M objects one such step took 25 ms of
+ * CPU). The chunks still make the snapshot of the state at begin. */
+static void test_snapshot_step_bounded_after_growth(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(100, 600000);
+    uint32_t id;
+    assert_int_equal(tf_mount(f, "a", "h1", 1ull << 30, 1, &id), KVP_OK);
+    enum { BASE = 40000, MORE = 2000, MAX = 4096 };
+    char k[64];
+    for (int i = 0; i < BASE; i++) {
+        snprintf(k, sizeof k, "b/%06d", i);
+        assert_int_equal(tf_put(f, k, 64, 1, 1 + (uint64_t)i, 10), KVP_OK);
+    }
+    assert_int_equal(f->tab_cap, 65536);
+    uint64_t d0 = digest_now(f);
+    assert_int_equal(kvp_master_fsm_snap_begin(f), KVP_OK);
+    uint8_t *all = NULL;
+    size_t len = 0;
+    bool last = false;
+    while (kvp_fsm_snap_cursor(f) < 60000) { /* most of the old table written */
+        uint64_t c0 = kvp_fsm_snap_cursor(f);
+        assert_true(snap_step(f, MAX, &all, &len, &last) <= MAX + KVP_FSM_SNAP_OBJECT_MAX + 12);
+        assert_false(last);
+        assert_true(kvp_fsm_snap_cursor(f) - c0 <= KVP_FSM_SNAP_STEP_MIN_SLOTS);
+    }
+    for (int i = BASE; i < BASE + MORE; i++) { /* the growth starts at 40,960 and ends 1,024 later */
+        snprintf(k, sizeof k, "b/%06d", i);
+        assert_int_equal(tf_put(f, k, 64, 1, 1 + (uint64_t)i, 20), KVP_OK);
+    }
+    assert_int_equal(f->tab_cap, 131072);
+    assert_null(f->ntab);
+    assert_int_equal(kvp_fsm_snap_cursor(f), 0); /* the walk starts over */
+    size_t l = snap_step(f, MAX, &all, &len, &last);
+    assert_false(last);
+    assert_int_equal(kvp_fsm_snap_cursor(f), KVP_FSM_SNAP_STEP_MIN_SLOTS); /* stopped by the slot bound */
+    assert_true(l < MAX);                                                  /* ... not by the chunk's size */
+    int steps = 0;
+    while (!last) {
+        uint64_t c0 = kvp_fsm_snap_cursor(f);
+        snap_step(f, MAX, &all, &len, &last);
+        if (!last)
+            assert_true(kvp_fsm_snap_cursor(f) - c0 <= KVP_FSM_SNAP_STEP_MIN_SLOTS);
+        steps++;
+    }
+    assert_true(steps >= (int)(131072 / KVP_FSM_SNAP_STEP_MIN_SLOTS) - 1);
+    assert_restores_to(all, len, d0);
+    free(all);
+    kvp_master_fsm_destroy(&f);
+}
+
+/* Objects a command changes while a snapshot owes them are written early (copy before write);
+ * RemoveAll touches every object at once. The next steps emit them a chunk at a time, not in one
+ * chunk of the whole state. */
+static void test_snapshot_touched_objects_emitted_in_chunks(void **state)
+{
+    (void)state;
+    struct kvp_master_fsm *f = tf_new(100, 600000);
+    uint32_t id;
+    assert_int_equal(tf_mount(f, "a", "h1", 1ull << 30, 1, &id), KVP_OK);
+    enum { N = 20000, MAX = 8192 };
+    char k[64];
+    for (int i = 0; i < N; i++) {
+        snprintf(k, sizeof k, "t/%06d", i);
+        assert_int_equal(tf_put(f, k, 64, 1, 1 + (uint64_t)i, 10), KVP_OK);
+    }
+    uint64_t d0 = digest_now(f);
+    assert_int_equal(kvp_master_fsm_snap_begin(f), KVP_OK);
+    uint8_t *all = NULL;
+    size_t len = 0;
+    bool last = false;
+    for (int i = 0; i < 3; i++)
+        snap_step(f, MAX, &all, &len, &last);
+    assert_int_equal(tf_remove_all(f, 20), N); /* every object owed so far is written early */
+    int steps = 0;
+    while (!last) {
+        assert_true(snap_step(f, MAX, &all, &len, &last) <= MAX + KVP_FSM_SNAP_OBJECT_MAX + 12);
+        steps++;
+    }
+    assert_true(steps > 50); /* ~20k objects of ~40 B in chunks of 8 KiB */
+    assert_restores_to(all, len, d0);
+    free(all);
+    kvp_master_fsm_destroy(&f);
+}
+
 int main(void)
 {
     seed();
@@ -543,6 +669,8 @@ int main(void)
         cmocka_unit_test(test_tenant_count_lost_stays_at_zero),
         cmocka_unit_test(test_tenant_use_kept_on_apply_equals_recount),
         cmocka_unit_test(test_table_grows_in_steps_under_snapshot),
+        cmocka_unit_test(test_snapshot_step_bounded_after_growth),
+        cmocka_unit_test(test_snapshot_touched_objects_emitted_in_chunks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -77,11 +77,14 @@ void kvp_master_fsm_restore_drop(struct kvp_fsm_restore *r);
 /**
  * Incremental snapshot (fsm_snap_inc.c, docs/raftlog.md "Snapshots"): begin freezes the state
  * as of now (O(segments): the segments and their quarantine are written at once); each next
- * call returns one malloc'd chunk (*chunk, free()) of about max_bytes of the same byte stream
- * kvp_master_fsm_snapshot writes, objects in table order rather than sorted; *last is set on
- * the final chunk, which ends the snapshot. Applies may run between calls: an object a command
- * changes or removes is written as it was at begin before the change. Concatenated, the chunks
- * are a snapshot kvp_master_fsm_restore reads. begin: KVP_ERR_BUSY while one runs, NOMEM.
+ * call returns one malloc'd chunk (*chunk, free()) of at most about max_bytes of the same byte
+ * stream kvp_master_fsm_snapshot writes, objects in table order rather than sorted; *last is set
+ * on the final chunk, which ends the snapshot. A call also visits at most max_bytes / 4 slots of
+ * the object table (at least 1,024), so a chunk before the last may be short or empty (*len 0)
+ * when the walk skips objects already written (after a table growth) or inserted since begin.
+ * Applies may run between calls: an object a command changes or removes is written as it was
+ * at begin before the change. Concatenated, the chunks are a snapshot kvp_master_fsm_restore
+ * reads. begin: KVP_ERR_BUSY while one runs, NOMEM.
  * next: KVP_ERR_INVALID with none running, NOMEM (the snapshot is then dropped). abort drops a
  * running one (no-op otherwise). restore drops a running one as well.
  */

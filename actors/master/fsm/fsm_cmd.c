@@ -224,23 +224,72 @@ static int on_segment_state(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
 
 /* ---------------------------------------------------------------- PutStart */
 
+/* Placement (docs/internals.md, PutStart): among the ACTIVE segments with a free extent of the
+ * rounded size, in the order preferred segment first, avoided segments (PutStartReq.avoid_segments)
+ * last, then most free bytes, then lowest id, the replicas go to the first segment of each host
+ * (pass 1) and, when hosts run out, to the first segments not taken yet (pass 2).
+ *
+ * The order is total (ids are unique), so pass 1 picks, round after round, the first candidate
+ * on a host not chosen yet, and pass 2 the first candidate not taken: a scan for the minimum
+ * per replica gives exactly what sorting all candidates and walking them gave, in O(segments x
+ * replicas) instead of O(segments log segments) comparisons through qsort per item (the sort
+ * was ~45% of a PutStart's apply at 100 segments: docs/bench.md "Master scale").
+ * test_fsm_place checks it against the sort on random states. */
 struct cand {
     seg_t *s;
-    bool preferred;
-    bool avoided;   /* in PutStartReq.avoid_segments: placed last */
+    uint64_t free_bytes; /* s->alloc.free_bytes, copied: compared in every round */
+    uint32_t id;
+    uint8_t rank;        /* 0 preferred, 1 preferred and avoided, 2 plain, 3 avoided */
     bool taken;
+    bool host_taken;     /* on the host of a replica chosen: skipped by pass 1 only */
 };
 
-static int cand_cmp(const void *a, const void *b)
+/* x before y in the placement order. */
+static inline bool cand_before(const struct cand *x, const struct cand *y)
 {
-    const struct cand *x = a, *y = b;
-    if (x->preferred != y->preferred)
-        return x->preferred ? -1 : 1;
-    if (x->avoided != y->avoided)
-        return x->avoided ? 1 : -1;
-    if (x->s->alloc.free_bytes != y->s->alloc.free_bytes)
-        return x->s->alloc.free_bytes > y->s->alloc.free_bytes ? -1 : 1;
-    return x->s->id < y->s->id ? -1 : (x->s->id > y->s->id);
+    if (x->rank != y->rank)
+        return x->rank < y->rank;
+    if (x->free_bytes != y->free_bytes)
+        return x->free_bytes > y->free_bytes;
+    return x->id < y->id;
+}
+
+/* The first candidate not taken (pass 1: nor on a chosen host), or NULL. */
+static struct cand *cand_first(struct cand *cands, size_t n, bool pass1)
+{
+    struct cand *best = NULL;
+    for (size_t i = 0; i < n; i++) {
+        struct cand *c = &cands[i];
+        if (c->taken || (pass1 && c->host_taken))
+            continue;
+        if (!best || cand_before(c, best))
+            best = c;
+    }
+    return best;
+}
+
+/* Choose up to want segments for one object; returns how many (chosen[] in placement order). */
+static unsigned cand_choose(struct cand *cands, size_t n, unsigned want, seg_t **chosen)
+{
+    unsigned k = 0;
+    for (bool pass1 = true;; pass1 = false) {
+        while (k < want) {
+            struct cand *c = cand_first(cands, n, pass1);
+            if (!c)
+                break;
+            chosen[k++] = c->s;
+            c->taken = true;
+            if (!pass1 || k == want)
+                continue;
+            const char *host = c->s->host;
+            for (size_t i = 0; i < n; i++)
+                if (!cands[i].taken && !cands[i].host_taken &&
+                    (cands[i].s->host == host || strcmp(cands[i].s->host, host) == 0))
+                    cands[i].host_taken = true;
+        }
+        if (k == want || !pass1)
+            return k;
+    }
 }
 
 static int fill_replicas(const fsm_t *f, const obj_t *o, Kvp__PutStartResult *res)
@@ -290,13 +339,13 @@ static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadli
         if (need && s->alloc.capacity >= need)
             any_big = true;
         if (need && kvp_alloc_largest_free(&s->alloc) >= need) {
-            cands[n].s = s;
-            cands[n].taken = false;
-            cands[n].preferred = it->preferred_segment && it->preferred_segment[0] &&
-                                 strcmp(s->name, it->preferred_segment) == 0;
-            cands[n].avoided = false;
-            for (size_t a = 0; a < n_avoid && !cands[n].avoided; a++)
-                cands[n].avoided = avoid[a] == s->id;
+            bool preferred = it->preferred_segment && it->preferred_segment[0] &&
+                             strcmp(s->name, it->preferred_segment) == 0;
+            bool avoided = false;
+            for (size_t a = 0; a < n_avoid && !avoided; a++)
+                avoided = avoid[a] == s->id;
+            cands[n] = (struct cand){.s = s, .free_bytes = s->alloc.free_bytes, .id = s->id,
+                                     .rank = (uint8_t)((preferred ? 0 : 2) + (avoided ? 1 : 0))};
             n++;
         }
     }
@@ -308,22 +357,8 @@ static int put_start_item(fsm_t *f, const Kvp__PutStartItem *it, uint64_t deadli
         res->status = KVP_ERR_NO_SPACE;
         return KVP_OK;
     }
-    qsort(cands, n, sizeof(*cands), cand_cmp);
-    /* Pass 1: one per host; pass 2: fill up with other segments (distinct by construction). */
     seg_t *chosen[KVP_FSM_MAX_REPLICAS];
-    unsigned k = 0;
-    for (size_t i = 0; i < n && k < want; i++) {
-        bool dup = false;
-        for (unsigned j = 0; j < k && !dup; j++)
-            dup = strcmp(chosen[j]->host, cands[i].s->host) == 0;
-        if (!dup) {
-            chosen[k++] = cands[i].s;
-            cands[i].taken = true;
-        }
-    }
-    for (size_t i = 0; i < n && k < want; i++)
-        if (!cands[i].taken)
-            chosen[k++] = cands[i].s;
+    unsigned k = cand_choose(cands, n, want, chosen);
     o = kvp_fsm_obj_alloc(it->key, klen, k);
     if (!o)
         return KVP_ERR_NOMEM;

@@ -149,6 +149,9 @@ int kvp_fsm_tenants_check(const struct kvp_master_fsm *f);
 /* Tables from this size grow in steps, this many slots copied per insert (fsm.c). */
 #define KVP_FSM_GROW_STEP_MIN_CAP 65536u
 #define KVP_FSM_GROW_STEP_SLOTS 64u
+/* A snapshot step (kvp_master_fsm_snap_next) visits at most max_bytes / 4 table slots, and at
+ * least this many (fsm_snap_inc.c). */
+#define KVP_FSM_SNAP_STEP_MIN_SLOTS 1024u
 
 /* fsm_snap_inc.c: write o into the running snapshot if it is still owed to it. Every change to
  * an object of the table (fields, replicas, unlink, move between slots) calls this first. */
@@ -161,6 +164,8 @@ static inline void kvp_fsm_snap_touch(struct kvp_master_fsm *f, struct kvp_fsm_o
 /* The table was rebuilt (grown): the snapshot's walk starts again from slot 0 (objects already
  * written are skipped by their generation). */
 void kvp_fsm_snap_rewind(struct kvp_master_fsm *f);
+/* The running snapshot's next table slot to visit (UINT64_MAX with none running). Tests. */
+uint64_t kvp_fsm_snap_cursor(const struct kvp_master_fsm *f);
 void kvp_fsm_snap_free(struct kvp_master_fsm *f);
 /* Bytes of the snapshot stream before the objects: format, last segment id, every segment with
  * its quarantine (fsm_snap.c). *buf malloc'd. */

@@ -8,7 +8,8 @@
  * is O(segments) rather than O(objects)) are written out at once. The object table is owed:
  * begin steps the FSM's snapshot generation, so every object's generation (KVP_FSM_OBJ_GEN)
  * differs from it. Each kvp_master_fsm_snap_next call walks the table from a cursor and writes
- * owed objects until its chunk holds max_bytes, marking each written one. An apply that is about
+ * owed objects until its chunk holds max_bytes or it has visited max_bytes / 4 slots, marking
+ * each written one (a chunk may so be short, or empty). An apply that is about
  * to change or remove an owed object first writes it (kvp_fsm_snap_touch: copy-before-write at
  * object granularity), so the object goes out as it was at begin. Objects inserted after begin
  * carry the new generation and are not written. Slot moves are covered too: backward-shift
@@ -39,8 +40,8 @@ struct kvp_fsm_snap {
     uint8_t *prefix;            /* segments; emitted first */
     size_t prefix_len;
     bool prefix_sent;
-    uint8_t *early;             /* objects written by touches, not yet emitted */
-    size_t early_len, early_cap;
+    uint8_t *early;             /* objects written by touches; [early_off, early_len) not emitted */
+    size_t early_off, early_len, early_cap;
     bool err;                   /* out of memory while touching: the snapshot fails */
     uint64_t cursor;            /* next table slot to visit */
     uint64_t objects_written;
@@ -100,6 +101,11 @@ void kvp_fsm_snap_rewind(struct kvp_master_fsm *f)
 {
     if (f->snap)
         f->snap->cursor = 0;
+}
+
+uint64_t kvp_fsm_snap_cursor(const struct kvp_master_fsm *f)
+{
+    return f->snap ? f->snap->cursor : UINT64_MAX;
 }
 
 void kvp_fsm_snap_free(struct kvp_master_fsm *f)
@@ -207,16 +213,28 @@ int kvp_master_fsm_snap_next(struct kvp_master_fsm *f, size_t max_bytes, uint8_t
         free(s->prefix);
         s->prefix = NULL;
     }
-    if (rc == KVP_OK && s->early_len) {
-        rc = chunk_put(&c, s->early, s->early_len);
-        s->early_len = 0;
-        if (s->early_cap > (1u << 20)) { /* a burst of touches: give the buffer back */
-            free(s->early);
-            s->early = NULL;
-            s->early_cap = 0;
+    if (rc == KVP_OK && s->early_off < s->early_len) {
+        /* At most a chunk of it: one apply (a segment lost, a removal of many keys) can touch
+         * many objects. The stream's bytes, not whole fields, are what chunks split. */
+        size_t n = s->early_len - s->early_off, room = max_bytes > c.len ? max_bytes - c.len : 0;
+        if (n > room)
+            n = room;
+        rc = chunk_put(&c, s->early + s->early_off, n);
+        s->early_off += n;
+        if (s->early_off == s->early_len) {
+            s->early_off = s->early_len = 0;
+            if (s->early_cap > (1u << 20)) { /* a burst of touches: give the buffer back */
+                free(s->early);
+                s->early = NULL;
+                s->early_cap = 0;
+            }
         }
     }
-    while (rc == KVP_OK && c.len < max_bytes && s->cursor < f->tab_cap) {
+    /* Slots visited per call are bounded too: after a table growth the walk starts over and
+     * skips every object already written (it writes nothing for them), which at 3M objects
+     * made one call walk 1.7M slots (23-44 ms of CPU, docs/bench.md "Session 30"). */
+    uint64_t slots = max_bytes / 4 > KVP_FSM_SNAP_STEP_MIN_SLOTS ? max_bytes / 4 : KVP_FSM_SNAP_STEP_MIN_SLOTS;
+    while (rc == KVP_OK && c.len < max_bytes && s->cursor < f->tab_cap && slots-- > 0) {
         struct kvp_fsm_obj *o = f->tab[s->cursor++];
         if (!o || KVP_FSM_OBJ_GEN(o) == f->snap_gen)
             continue;
@@ -234,7 +252,7 @@ int kvp_master_fsm_snap_next(struct kvp_master_fsm *f, size_t max_bytes, uint8_t
         return rc;
     }
     XXH3_64bits_update(s->xs, c.p, c.len);
-    if (s->cursor >= f->tab_cap) {
+    if (s->cursor >= f->tab_cap && s->early_off == s->early_len) {
         /* Everything owed is written (touches after this point see f->snap == NULL). */
         uint64_t sum = XXH3_64bits_digest(s->xs);
         uint8_t t[9];
