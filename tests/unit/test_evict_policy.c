@@ -292,12 +292,17 @@ static void test_evict_room_target_counts_late_quarantine(void **state)
     assert_int_equal(kvp_evict_room_target(10 * mb, cap, cap, h, 0.05), 10 * mb); /* at most used */
     assert_int_equal(kvp_evict_room_target(used, UINT64_MAX, cap, h, 0.05), used); /* no wrap */
     assert_int_equal(kvp_evict_room_target(used, 300 * mb, cap, 0, 0.05), 0); /* rule off */
-    /* the list ratio for it: the leader passes headroom + late (service_evict.c) */
+    /* the list ratio for it: the leader passes the quarantine due soon, 700 of 1000 MB
+     * (service_evict.c, soon_quar) */
     double plain = kvp_evict_list_ratio(cap, h, 1000 * mb, 0.95, 0.05);
-    double with_late = kvp_evict_list_ratio(cap, h + 300 * mb, 1000 * mb, 0.95, 0.05);
+    double with_late = kvp_evict_list_ratio(cap, h, 700 * mb, 0.95, 0.05);
     assert_true(with_late < plain);
-    /* listed from the usage at which the target turns positive: used + quar > cap − h − late */
-    assert_true(with_late * (double)cap <= (double)(cap - h - 300 * mb + 1000 * mb) + 1.0);
+    /* listed from the usage at which the target turns positive: usage = used + 1000 MB, and
+     * kvp_evict_room_target > 0 once used + 300 MB + h > cap */
+    uint64_t first = cap - h - 300 * mb + 1000 * mb + 1;
+    assert_true(with_late * (double)cap <= (double)first);
+    assert_true(kvp_evict_room_target(first - 1000 * mb, 300 * mb, cap, h, 0.05) > 0);
+    assert_true(kvp_evict_room_target(first - 1000 * mb - 2, 300 * mb, cap, h, 0.05) == 0);
 }
 
 /* The client's retry pause (put_retry.c): bounded jitter in [ceil(b/2), b], spread over that

@@ -158,6 +158,14 @@ void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStar
     }
 }
 
+/* Quarantined bytes back within the headroom's horizon (the last scan's figures): only those
+ * count as coming back by themselves; the late rest (a revoked put held to its deadline, a long
+ * lease horizon) may take up to a put TTL. */
+static uint64_t soon_quar(const struct svc_evict *e)
+{
+    return e->quar > e->late ? e->quar - e->late : 0;
+}
+
 /*
  * Headroom for the current write rate (kvp_evict_headroom), and the usage ratio from which the
  * FSM lists objects: the lowest at which on_scan could evict something (kvp_evict_list_ratio,
@@ -185,12 +193,11 @@ static double list_ratio(struct kvp_master_service *s)
                      (double)e->cap / 1e6, s->cfg.eviction_headroom_factor);
         e->logged_headroom = e->headroom;
     }
-    /* Late quarantine counts as used for the headroom rule (kvp_evict_room_target): the rule
-     * fires at used + late + headroom > capacity, i.e. as if the headroom were headroom + late. */
-    uint64_t room = svc_now_ms() < e->room_quiet_until || e->headroom == 0 ? 0 : e->headroom + e->late;
-    if (room > e->cap)
-        room = e->cap;
-    return kvp_evict_list_ratio(e->cap, room, e->quar, high, s->cfg.eviction_ratio);
+    /* Late quarantine counts as used (on_scan): both rules fire on the quarantine due within
+     * the horizon only. The headroom rule then fires at used + late + headroom > capacity, i.e.
+     * at usage (used + quarantined) > capacity − headroom + the quarantine due soon. */
+    uint64_t room = svc_now_ms() < e->room_quiet_until ? 0 : e->headroom;
+    return kvp_evict_list_ratio(e->cap, room, soon_quar(e), high, s->cfg.eviction_ratio);
 }
 
 /* Ask the FSM for usage (and the object list when needed). */
@@ -211,7 +218,7 @@ static void start_scan(struct kvp_master_service *s)
      * nothing anyway (the put waits for the release). This scan still reads usage, so the next
      * one, 50 ms later, sees the quarantine that is left. */
     uint64_t need = e->need ? (e->need_bytes ? e->need_bytes : 1) : 0;
-    q.need_bytes = need > e->quar ? need : 0;
+    q.need_bytes = need > soon_quar(e) ? need : 0;
     req.body_case = KVP__REQUEST__BODY_EVICT_SCAN;
     req.evict_scan = &q;
     e->scan_inflight = true;
@@ -361,17 +368,18 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
             target = e->need_bytes;
         if (target == 0 && e->need)
             target = 1; /* a put is waiting: free at least something */
-        /* Quarantined bytes come back by themselves: count them as already freed. When they
+        /* Quarantined bytes come back by themselves (those due within the horizon: late ones,
+         * held to a put's deadline, may take a put TTL): count them as already freed. When they
          * cover what is needed, evict nothing: an evicted object's space is quarantined too, so
          * it could not serve the waiting put any sooner (it used to evict one object per
          * NO_SPACE round, each a lost cache entry). The put retries; once the quarantine is
          * released and space is still short, the next scan sees quar == 0 and evicts. */
-        if (target <= e->quar) {
+        if (target <= soon_quar(e)) {
             e->need = false;
             e->need_bytes = 0;
             target = 0;
         } else {
-            target -= e->quar;
+            target -= soon_quar(e);
         }
     }
     /* The headroom rule counts free space and the quarantine that is back within the
