@@ -166,17 +166,18 @@ static uint64_t soon_quar(const struct svc_evict *e)
     return e->quar > e->late ? e->quar - e->late : 0;
 }
 
-/*
- * Headroom for the current write rate (kvp_evict_headroom), and the usage ratio from which the
- * FSM lists objects: the lowest at which on_scan could evict something (kvp_evict_list_ratio,
- * with the quarantine of the last scan). Logged when the headroom moves by 5% of the pool or more.
- */
+/* The headroom's horizon (kvp_evict_headroom_horizon_ms): at the defaults 6.2 s. */
 static uint64_t horizon_ms(const struct kvp_master_service *s)
 {
     return kvp_evict_headroom_horizon_ms(s->cfg.fence_grace_ms, s->cfg.default_kv_lease_ttl_ms,
                                          s->cfg.election_timeout_ms);
 }
 
+/*
+ * Headroom for the current write rate (kvp_evict_headroom), and the usage ratio from which the
+ * FSM lists objects: the lowest at which on_scan could evict something (kvp_evict_list_ratio,
+ * with the quarantine of the last scan). Logged when the headroom moves by 5% of the pool or more.
+ */
 static double list_ratio(struct kvp_master_service *s)
 {
     struct svc_evict *e = s->evict;
