@@ -112,8 +112,9 @@ uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t horizo
  * timeouts (docs/master.md, "Leases and failover"), and the successor is elected at most about
  * two election timeouts after the death (raft's randomized timeout, [1, 2] × election timeout).
  * From the death to that return, writers live on the space that was free or in quarantine at the
- * death (the writes queued during the election come right after it). Keeping the headroom for
- * this horizon all the time is what keeps a failover from stalling writers.
+ * death (the writes queued during the election come right after it), so the headroom is kept
+ * for this horizon all the time (within its cap of half the pool; the main job's figures,
+ * docs/master.md "Figures", show it is not yet enough there).
  */
 uint64_t kvp_evict_headroom_horizon_ms(uint64_t fence_grace_ms, uint64_t lease_ttl_ms,
                                        uint64_t election_timeout_ms);
