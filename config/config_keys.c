@@ -77,8 +77,9 @@ static const struct kvp_cfg_key master_keys[] = {
     NUM(M, KVP_CFG_T_DOUBLE, "eviction_high_watermark_ratio", eviction_high_watermark_ratio, 0.0, 1.0,
         "0.95", "pool usage ratio that starts eviction"),
     NUM(M, KVP_CFG_T_DOUBLE, "eviction_headroom_factor", eviction_headroom_factor, 0.0, 10.0, "1.25",
-        "eviction starts early enough that the free space absorbs write rate x fence_grace_ms x this "
-        "factor (0: only the high watermark)"),
+        "eviction starts early enough that the free space and the quarantine due in time absorb write "
+        "rate x max(fence_grace_ms, default_kv_lease_ttl + 4 x election_timeout_ms) x this factor "
+        "(0: only the high watermark)"),
     STR(M, "eviction_policy", eviction_policy, "lru|prefix", 0, "lru",
         "eviction order: lru, or prefix (later blocks of a prefix before its head; docs/eviction.md)"),
     BOOL(M, "allow_evict_soft_pinned_objects", allow_evict_soft_pinned_objects, "true",

@@ -40,6 +40,31 @@ static void sleep_ms(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
+unsigned kvp_put_retry_pause_ms(unsigned backoff_ms, uint64_t *rng)
+{
+    /* xorshift64* (Vigna, "An experimental exploration of Marsaglia's xorshift generators"):
+     * enough to spread clients, no quality needed */
+    uint64_t x = *rng ? *rng : 0x9E3779B97F4A7C15ull;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *rng = x;
+    uint64_t r = x * 0x2545F4914F6CDD1Dull;
+    unsigned lo = (backoff_ms + 1) / 2, span = backoff_ms - lo;
+    return lo + (unsigned)((r >> 32) % ((uint64_t)span + 1));
+}
+
+static uint64_t pause_seed(const Kvp__PutStartItem *first)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t seed = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;
+    seed ^= (uint64_t)(uintptr_t)&ts; /* another thread, another stack */
+    if (first)
+        seed ^= first->op_id;
+    return seed ? seed : 1;
+}
+
 unsigned kvp_client_put_start_retry(struct kvp_client *c, Kvp__PutStartItem **items, size_t m,
                                     const Kvp__PutStartResult **res, int *rpc_status, uint64_t deadline,
                                     Kvp__Response ***extra, size_t *n_extra)
@@ -47,6 +72,7 @@ unsigned kvp_client_put_start_retry(struct kvp_client *c, Kvp__PutStartItem **it
     size_t *idx = calloc(m ? m : 1, sizeof *idx);
     Kvp__PutStartItem **sub = calloc(m ? m : 1, sizeof *sub);
     unsigned rounds = 0, backoff = 5;
+    uint64_t rng = pause_seed(m ? items[0] : NULL);
     if (!idx || !sub)
         goto out;
     for (;;) {
@@ -57,9 +83,12 @@ unsigned kvp_client_put_start_retry(struct kvp_client *c, Kvp__PutStartItem **it
         if (nr == 0 || kvp_client_closing(c))
             break;
         uint32_t left = kvp_client_remaining(deadline);
-        if (left <= backoff + 50) /* keep time for the transfer and PutEnd of a late success */
+        /* Jittered: clients that got NO_SPACE together (a full pool, a new leader's first
+         * puts) would otherwise ask again in lockstep, every one at the same 5, 10, 20 … ms. */
+        unsigned pause = kvp_put_retry_pause_ms(backoff, &rng);
+        if (left <= pause + 50) /* keep time for the transfer and PutEnd of a late success */
             break;
-        sleep_ms(backoff);
+        sleep_ms(pause);
         backoff = backoff * 2 > 200 ? 200 : backoff * 2;
         for (size_t k = 0; k < nr; k++) {
             Kvp__PutStartItem *it = items[idx[k]];

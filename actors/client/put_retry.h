@@ -24,6 +24,16 @@ unsigned kvp_client_put_start_retry(struct kvp_client *c, Kvp__PutStartItem **it
                                     const Kvp__PutStartResult **res, int *rpc_status, uint64_t deadline,
                                     Kvp__Response ***extra, size_t *n_extra);
 
+/**
+ * The pause before a retry round, in ms, for the round's back-off `backoff_ms` (5, 10, 20 …
+ * 200): uniform in [ceil(backoff_ms / 2), backoff_ms], drawn from *rng (a per-call xorshift64*
+ * state; 0 is replaced by a fixed nonzero seed). Bounded jitter, so that clients answered
+ * NO_SPACE together do not all ask again at the same moment; never longer than the plain
+ * back-off (a waiting put is not made slower), at least half of it (the master is not asked
+ * more often than about twice the plain rate). docs/eviction.md, "Puts under pressure".
+ */
+unsigned kvp_put_retry_pause_ms(unsigned backoff_ms, uint64_t *rng);
+
 /** The parent key hint of object i of the current kvp_batch_put_hinted call on this thread, or "". */
 const char *kvp_client_put_parent(size_t i);
 

@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "actors/client/put_retry.h"
 #include "actors/master/fsm/evict_policy.h"
 #include "actors/master/service/service_evict.h"
 #include "actors/master/service/service_state.h"
@@ -244,6 +245,94 @@ static void test_evict_headroom_and_target(void **state)
     assert_int_equal(kvp_evict_headroom_target(UINT64_MAX - 5, cap, 10, 0.05), UINT64_MAX - 5);
 }
 
+/* The headroom's horizon covers a leader failover (issue 21 item 2). At a steady write rate r
+ * the quarantine holds r × fence_grace_ms (what was evicted in the last grace), so the free
+ * space is headroom − r × fence_grace. After a leader's death, what its successor evicts comes
+ * back at most lease TTL + 4 election timeouts later, the dead leader's quarantine within
+ * fence_grace: the free space alone must carry the writes of the difference, with the
+ * factor's margin. With the horizon at fence_grace_ms alone (before), the free space was
+ * r × 1.25 s at the defaults, short of the r × 1.5 s needed: the main job's post-kill stalls
+ * of 1.2–1.35 s. */
+static void test_evict_headroom_covers_failover(void **state)
+{
+    (void)state;
+    const uint64_t fence = 5000, ttl = 5000, et = 300;
+    const double f = 1.25, r = 200e6; /* the main job: ~200 MB/s with 2 replicas */
+    uint64_t H = kvp_evict_headroom_horizon_ms(fence, ttl, et);
+    assert_int_equal(H, ttl + 4 * et);
+    assert_int_equal(kvp_evict_headroom_horizon_ms(10000, ttl, et), 10000); /* fence longer */
+    assert_int_equal(kvp_evict_headroom_horizon_ms(fence, ttl, 0), 5000);
+    assert_int_equal(kvp_evict_headroom_horizon_ms(0, 0, 0), 0);
+    assert_int_equal(kvp_evict_headroom_horizon_ms(fence, UINT64_MAX, UINT64_MAX), UINT64_MAX); /* no wrap */
+    uint64_t cap = 8ull << 30; /* large enough that the half-pool cap does not bind */
+    uint64_t h = kvp_evict_headroom(cap, r, H, f);
+    double quar = r * (double)fence / 1000.0;
+    double free_at_kill = (double)h - quar;
+    double needed = r * (double)(ttl + 4 * et - fence) / 1000.0 * f;
+    assert_true(free_at_kill >= needed);
+    /* the same with the old horizon falls short: the test's own reference */
+    assert_true((double)kvp_evict_headroom(cap, r, fence, f) - quar < needed);
+}
+
+/* The headroom rule counts as room only the quarantine back within the horizon: late
+ * quarantine (a revoked put held to its deadline, a lease horizon beyond the failover's) counts
+ * as used, so eviction starts earlier when space is locked up. With nothing late, the rule is
+ * the old one. */
+static void test_evict_room_target_counts_late_quarantine(void **state)
+{
+    (void)state;
+    const uint64_t mb = 1000000;
+    uint64_t cap = 3000 * mb, h = 1500 * mb, step = (uint64_t)(0.05 * (double)cap);
+    uint64_t used = cap - h - 100 * mb; /* 100 MB inside the headroom rule */
+    assert_int_equal(kvp_evict_headroom_target(used, cap, h, 0.05), 0);
+    assert_int_equal(kvp_evict_room_target(used, 0, cap, h, 0.05), 0);
+    /* 300 MB of the quarantine is held past the horizon: 200 MB short, plus one step */
+    assert_int_equal(kvp_evict_room_target(used, 300 * mb, cap, h, 0.05), 200 * mb + step);
+    assert_int_equal(kvp_evict_room_target(used, 100 * mb, cap, h, 0.05), 0); /* exactly fits */
+    assert_int_equal(kvp_evict_room_target(10 * mb, cap, cap, h, 0.05), 10 * mb); /* at most used */
+    assert_int_equal(kvp_evict_room_target(used, UINT64_MAX, cap, h, 0.05), used); /* no wrap */
+    assert_int_equal(kvp_evict_room_target(used, 300 * mb, cap, 0, 0.05), 0); /* rule off */
+    /* the list ratio for it: the leader passes the quarantine due soon, 700 of 1000 MB
+     * (service_evict.c, soon_quar) */
+    double plain = kvp_evict_list_ratio(cap, h, 1000 * mb, 0.95, 0.05);
+    double with_late = kvp_evict_list_ratio(cap, h, 700 * mb, 0.95, 0.05);
+    assert_true(with_late < plain);
+    /* listed from the usage at which the target turns positive: usage = used + 1000 MB, and
+     * kvp_evict_room_target > 0 once used + 300 MB + h > cap */
+    uint64_t first = cap - h - 300 * mb + 1000 * mb + 1;
+    assert_true(with_late * (double)cap <= (double)first);
+    assert_true(kvp_evict_room_target(first - 1000 * mb, 300 * mb, cap, h, 0.05) > 0);
+    assert_true(kvp_evict_room_target(first - 1000 * mb - 2, 300 * mb, cap, h, 0.05) == 0);
+}
+
+/* The client's retry pause (put_retry.c): bounded jitter in [ceil(b/2), b], spread over that
+ * range, different for two clients, so NO_SPACE retries are not made in lockstep. A pause equal
+ * to the back-off (before) fails the spread checks. */
+static void test_put_retry_pause_jittered_and_bounded(void **state)
+{
+    (void)state;
+    uint64_t a = 1, b = 2, z = 0;
+    for (unsigned bo = 5; bo <= 200; bo = bo * 2 > 200 && bo < 200 ? 200 : bo * 2) {
+        unsigned lo = (bo + 1) / 2, mn = UINT32_MAX, mx = 0, differ = 0;
+        for (int i = 0; i < 2000; i++) {
+            unsigned p = kvp_put_retry_pause_ms(bo, &a), q = kvp_put_retry_pause_ms(bo, &b);
+            assert_true(p >= lo && p <= bo);
+            assert_true(q >= lo && q <= bo);
+            mn = p < mn ? p : mn;
+            mx = p > mx ? p : mx;
+            differ += p != q;
+        }
+        assert_int_equal(mn, lo); /* the whole range is reached */
+        assert_int_equal(mx, bo);
+        assert_true(differ > 1000); /* two clients mostly pause differently */
+    }
+    unsigned p0 = kvp_put_retry_pause_ms(200, &z); /* a zero state still draws */
+    assert_true(p0 >= 100 && p0 <= 200);
+    assert_true(z != 0);
+    assert_int_equal(kvp_put_retry_pause_ms(0, &a), 0);
+    assert_int_equal(kvp_put_retry_pause_ms(1, &a), 1);
+}
+
 /* A put waiting for space asks again every 5-200 ms (put_retry.c): its bytes count once per
  * window, not once per ask (before, 3 s of retries counted a 1 MiB put ~20 times and the rate
  * showed 20 MiB written). */
@@ -369,6 +458,9 @@ int main(void)
         cmocka_unit_test(test_evict_write_rate_retries_count_once),
         cmocka_unit_test(test_evict_round_headroom_spares_pinned),
         cmocka_unit_test(test_evict_list_ratio_counts_quarantine),
+        cmocka_unit_test(test_evict_headroom_covers_failover),
+        cmocka_unit_test(test_evict_room_target_counts_late_quarantine),
+        cmocka_unit_test(test_put_retry_pause_jittered_and_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -571,9 +571,15 @@ static void test_fsm_quarantine_no_reuse_before_grace(void **state)
     assert_int_equal(tf_put_start(f, "c", 64, 1, 3, 1001), KVP_ERR_NO_SPACE);
     assert_int_equal(tf_release(f, 1000 + grace - 1), 0);
     assert_int_equal(tf_put_start(f, "c", 64, 1, 3, 1001), KVP_ERR_NO_SPACE);
-    /* A clock step back does not release early, nor make a later free release sooner. */
+    /* Each entry is released on its own freed-at time: b, freed at 900 (the leader's clock
+     * stepped back), is due at 900 + grace, and is not held for a. (It used to be clamped to
+     * a's 1000: a hedge that covered a step back only behind an entry of the same segment; a
+     * clock step shortens a hold like skew between masters does, docs/master.md.) */
     assert_int_equal(tf_remove(f, "b", false, 900), KVP_OK);
-    assert_int_equal(tf_release(f, 1000 + grace), 2); /* b's freed_at was clamped to 1000 */
+    assert_int_equal(tf_release(f, 900 + grace - 1), 0);
+    assert_int_equal(tf_release(f, 900 + grace), 1);   /* b alone */
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    assert_int_equal(tf_release(f, 1000 + grace), 1);  /* then a */
     int st;
     struct tf_put p = {.key = "c", .size = 64, .replica_num = 1, .op_id = 3};
     Kvp__Response *r = tf_put_start_r(f, &p, 1600, 0, &st);
@@ -615,6 +621,95 @@ static void test_fsm_remove_evict_later_time_holds_quarantine(void **state)
     assert_int_equal(tf_revoke_expired(f, 5999), 0); /* the pending put is still pending */
     assert_int_equal(tf_release(f, horizon), 2);
     assert_int_equal(kvp_master_fsm_check(f), 0);
+    kvp_master_fsm_destroy(&f);
+}
+
+/* One entry held far ahead (a pending put revoked long before its deadline) does not hold the
+ * frees after it on the same segment: each entry is released on its own time, in any order,
+ * and the late-quarantine figure counts only what is not due by the time asked (the headroom
+ * rule, docs/eviction.md). Until this change the FIFO clamped b and c to the revoked put's
+ * deadline, so both waited for 11000 + grace. */
+static void test_fsm_quarantine_far_entry_holds_no_later_free(void **state)
+{
+    (void)state;
+    const uint64_t grace = 500;
+    struct kvp_master_fsm *f = tf_new(grace, 5000);
+    assert_int_equal(tf_mount(f, "s1", "h", 256, 1, NULL), KVP_OK); /* four 64-byte blocks */
+    struct tf_put p = {.key = "a", .size = 64, .replica_num = 1, .op_id = 1};
+    int st;
+    kvp_master_fsm_response_free(tf_put_start_r(f, &p, 1000, 10000, &st)); /* deadline 11000 */
+    assert_int_equal(st, KVP_OK);
+    assert_int_equal(tf_put(f, "b", 64, 1, 2, 1000), KVP_OK);
+    assert_int_equal(tf_put(f, "c", 64, 1, 3, 1000), KVP_OK);
+    assert_int_equal(tf_put(f, "z", 64, 1, 7, 1000), KVP_OK); /* the pool is full */
+    assert_int_equal(tf_revoke(f, "a", 1, 1100), KVP_OK);       /* freed at 11000 */
+    assert_int_equal(tf_remove(f, "b", false, 1200), KVP_OK);   /* freed at 1200 */
+    assert_int_equal(tf_remove(f, "c", true, 1300), KVP_OK);    /* evicted, freed at 1300 */
+    /* late at a time: what is not reusable by then */
+    assert_int_equal(kvp_master_fsm_quarantine_late(f, 1200 + grace - 1), 3 * 64);
+    assert_int_equal(kvp_master_fsm_quarantine_late(f, 1300 + grace), 64);
+    assert_int_equal(kvp_master_fsm_quarantine_late(f, 11000 + grace), 0);
+    assert_int_equal(tf_release(f, 1200 + grace), 1); /* b, behind a */
+    assert_int_equal(tf_release(f, 1300 + grace), 1); /* c */
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    assert_int_equal(tf_put_start(f, "d", 128, 1, 4, 1900), KVP_OK); /* b's and c's blocks */
+    assert_int_equal(tf_put_start(f, "e", 64, 1, 5, 1900), KVP_ERR_NO_SPACE); /* a's waits */
+    assert_int_equal(kvp_master_fsm_quarantine_late(f, 1900), 64);
+    assert_int_equal(tf_release(f, 11000 + grace - 1), 0);
+    assert_int_equal(tf_release(f, 11000 + grace), 1);
+    assert_int_equal(kvp_master_fsm_quarantine_late(f, 0), 0); /* nothing left */
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    /* A snapshot keeps each entry's own time: out of order before, a restored member releases
+     * the same entries at the same times. */
+    struct tf_put q = {.key = "g", .size = 64, .replica_num = 1, .op_id = 6};
+    kvp_master_fsm_response_free(tf_put_start_r(f, &q, 11600, 10000, &st)); /* deadline 21600 */
+    assert_int_equal(st, KVP_OK);
+    assert_int_equal(tf_revoke(f, "g", 6, 11700), KVP_OK);   /* freed at 21600 */
+    assert_int_equal(tf_revoke(f, "d", 4, 11800), KVP_OK);   /* deadline 6900 passed: at 11800 */
+    size_t len = 0;
+    uint8_t *snap = tf_snapshot(f, &len);
+    struct kvp_master_fsm *g = tf_new(grace, 5000);
+    assert_int_equal(kvp_master_fsm_restore(g, snap, len), KVP_OK);
+    free(snap);
+    assert_int_equal(kvp_master_fsm_check(g), 0);
+    for (struct kvp_master_fsm **m = (struct kvp_master_fsm *[]){f, g, NULL}; *m; m++) {
+        assert_int_equal(kvp_master_fsm_quarantine_late(*m, 11800 + grace), 64);
+        assert_int_equal(tf_release(*m, 11800 + grace), 1); /* d, not g */
+        assert_int_equal(tf_release(*m, 21600 + grace - 1), 0);
+        assert_int_equal(tf_release(*m, 21600 + grace), 1);
+        assert_int_equal(kvp_master_fsm_check(*m), 0);
+    }
+    kvp_master_fsm_destroy(&g);
+    kvp_master_fsm_destroy(&f);
+}
+
+/* The eviction scan reports the late part of the quarantine when asked (due_by_wall_ms), and
+ * nothing when not asked (an older leader's scan, or a request without it). */
+static void test_fsm_evict_scan_reports_late_quarantine(void **state)
+{
+    (void)state;
+    const uint64_t grace = 500;
+    struct kvp_master_fsm *f = tf_new(grace, 5000);
+    assert_int_equal(tf_mount(f, "s1", "h", 256, 1, NULL), KVP_OK);
+    assert_int_equal(tf_put(f, "b", 64, 1, 2, 1000), KVP_OK);
+    assert_int_equal(tf_put(f, "c", 64, 1, 3, 1000), KVP_OK);
+    assert_int_equal(tf_remove(f, "b", true, 1000), KVP_OK);  /* due at 1500 */
+    assert_int_equal(tf_remove(f, "c", true, 8000), KVP_OK);  /* a horizon: due at 8500 */
+    Kvp__Request q = KVP__REQUEST__INIT;
+    Kvp__EvictScanReq sq = KVP__EVICT_SCAN_REQ__INIT;
+    sq.high_watermark = 2.0; /* no list */
+    q.body_case = KVP__REQUEST__BODY_EVICT_SCAN;
+    q.evict_scan = &sq;
+    Kvp__Response *r = tf_query(f, &q);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->evict_scan->quarantined_bytes, 128);
+    assert_int_equal(r->evict_scan->quarantined_late_bytes, 0); /* not asked */
+    kvp_master_fsm_response_free(r);
+    sq.due_by_wall_ms = 1000 + 6200;
+    r = tf_query(f, &q);
+    assert_int_equal(r->evict_scan->quarantined_late_bytes, 64);
+    assert_false(r->evict_scan->listed);
+    kvp_master_fsm_response_free(r);
     kvp_master_fsm_destroy(&f);
 }
 
@@ -857,6 +952,8 @@ int main(void)
         cmocka_unit_test(test_fsm_unmount_drops_replicas),
         cmocka_unit_test(test_fsm_quarantine_no_reuse_before_grace),
         cmocka_unit_test(test_fsm_remove_evict_later_time_holds_quarantine),
+        cmocka_unit_test(test_fsm_quarantine_far_entry_holds_no_later_free),
+        cmocka_unit_test(test_fsm_evict_scan_reports_late_quarantine),
         cmocka_unit_test(test_fsm_revoked_pending_quarantined_until_deadline),
         cmocka_unit_test(test_fsm_revoke_expired_after_deadline),
         cmocka_unit_test(test_fsm_queries_exists_size_status),

@@ -150,13 +150,28 @@ double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms, uint64_t w
     return r->bps;
 }
 
-uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t fence_grace_ms, double factor)
+uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t horizon_ms, double factor)
 {
     if (capacity == 0 || !(factor > 0) || !(write_bps > 0))
         return 0;
-    double h = write_bps * (double)fence_grace_ms / 1000.0 * factor;
+    double h = write_bps * (double)horizon_ms / 1000.0 * factor;
     double half = (double)(capacity / 2);
     return h >= half ? capacity / 2 : (uint64_t)h;
+}
+
+uint64_t kvp_evict_headroom_horizon_ms(uint64_t fence_grace_ms, uint64_t lease_ttl_ms,
+                                       uint64_t election_timeout_ms)
+{
+    uint64_t four = election_timeout_ms > UINT64_MAX / 4 ? UINT64_MAX : 4 * election_timeout_ms;
+    uint64_t fo = lease_ttl_ms > UINT64_MAX - four ? UINT64_MAX : lease_ttl_ms + four;
+    return fo > fence_grace_ms ? fo : fence_grace_ms;
+}
+
+uint64_t kvp_evict_room_target(uint64_t used, uint64_t late, uint64_t capacity, uint64_t headroom, double ratio)
+{
+    uint64_t u = late > UINT64_MAX - used ? UINT64_MAX : used + late;
+    uint64_t t = kvp_evict_headroom_target(u, capacity, headroom, ratio);
+    return t < used ? t : used;
 }
 
 uint64_t kvp_evict_headroom_target(uint64_t used, uint64_t capacity, uint64_t headroom, double ratio)
@@ -344,6 +359,8 @@ int kvp_evict_scan(const struct kvp_master_fsm *f, const Kvp__EvictScanReq *q, K
     body->used_bytes = st.used_bytes;
     body->quarantined_bytes = st.quarantined_bytes;
     body->pinned_bytes = st.pinned_bytes;
+    if (q->due_by_wall_ms)
+        body->quarantined_late_bytes = kvp_master_fsm_quarantine_late(f, q->due_by_wall_ms);
     double usage = st.capacity_bytes ? (double)(st.used_bytes + st.quarantined_bytes) / (double)st.capacity_bytes
                                      : 0.0;
     if (q->need_bytes == 0 && usage < q->high_watermark)

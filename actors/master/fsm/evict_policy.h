@@ -94,15 +94,30 @@ void kvp_write_rate_add(struct kvp_write_rate *r, uint64_t bytes);
 double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms, uint64_t window_ms);
 
 /**
- * Headroom, the space eviction keeps free or in quarantine, in bytes: write_bps × fence_grace_ms
- * / 1000 × factor, at most capacity / 2. Evicted space sits in quarantine for fence_grace_ms
- * before it can be reused, so when the pool first fills, the free space must absorb what clients
- * write during one fence_grace_ms, or writers wait for the quarantine (the main job's 7–9 s put
- * stall before this rule). Space in quarantine counts: all of it is back within fence_grace_ms.
- * 0 when factor <= 0 (the rule off). A pool that needs more than half of itself as headroom is
- * too small for its write rate; it then waits for space. docs/eviction.md, "Headroom".
+ * Headroom, the space eviction keeps free or in quarantine that comes back in time, in bytes:
+ * write_bps × horizon_ms / 1000 × factor, at most capacity / 2. horizon_ms is the longest that
+ * space evicted from now on can stay unusable (kvp_evict_headroom_horizon_ms): the free space
+ * and the quarantine due within it must absorb what clients write meanwhile, or writers wait for
+ * the quarantine (the main job's 7–9 s put stall before this rule; 1.2–1.35 s after a leader
+ * kill while the horizon was fence_grace_ms alone). 0 when factor <= 0 (the rule off). A pool
+ * that needs more than half of itself as headroom is too small for its write rate; it then waits
+ * for space. docs/eviction.md, "Headroom".
  */
-uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t fence_grace_ms, double factor);
+uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t horizon_ms, double factor);
+
+/**
+ * The headroom's horizon (ms): max(fence_grace_ms, lease_ttl_ms + 4 × election_timeout_ms).
+ * Space evicted by a leader comes back fence_grace_ms later; after a leader's death, what its
+ * successor evicts in its election grace comes back only at the grace's end plus two election
+ * timeouts (docs/master.md, "Leases and failover"), and the successor is elected at most about
+ * two election timeouts after the death (raft's randomized timeout, [1, 2] × election timeout).
+ * From the death to that return, writers live on the space that was free or in quarantine at the
+ * death (the writes queued during the election come right after it), so the headroom is kept
+ * for this horizon all the time (within its cap of half the pool; the main job's figures,
+ * docs/master.md "Figures", show it is not yet enough there).
+ */
+uint64_t kvp_evict_headroom_horizon_ms(uint64_t fence_grace_ms, uint64_t lease_ttl_ms,
+                                       uint64_t election_timeout_ms);
 
 /**
  * Bytes to evict so that used + headroom <= capacity again, with one step of ratio × capacity
@@ -110,6 +125,14 @@ uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t fence_
  * used + headroom + ratio × capacity − capacity, at most used. `used` excludes quarantine.
  */
 uint64_t kvp_evict_headroom_target(uint64_t used, uint64_t capacity, uint64_t headroom, double ratio);
+
+/**
+ * The headroom rule's target when `late` bytes of the quarantine are not reusable within the
+ * horizon (kvp_master_fsm_quarantine_late at now + horizon): such space cannot absorb the writes
+ * the headroom is for, so it counts as used: kvp_evict_headroom_target(used + late, …), at most
+ * `used` (what can be evicted). With late = 0 the same as kvp_evict_headroom_target.
+ */
+uint64_t kvp_evict_room_target(uint64_t used, uint64_t late, uint64_t capacity, uint64_t headroom, double ratio);
 
 /**
  * The usage ratio ((used + quarantined) / capacity, the FSM's test) from which the leader asks

@@ -303,11 +303,33 @@ int kvp_fsm_quarantine_push(struct kvp_fsm_seg *s, uint64_t off, uint64_t len, u
         s->q = q;
         s->q_cap = cap;
     }
-    if (s->q_len > s->q_head && s->q[s->q_len - 1].freed_at_ms > now_ms)
-        now_ms = s->q[s->q_len - 1].freed_at_ms;
+    /* No clamp to the tail's time: each entry is released on its own freed_at_ms
+     * (on_quarantine_release checks every entry), so one held far ahead (a revoked put's
+     * deadline, a lease horizon) no longer holds the frees after it on this segment. */
     s->q[s->q_len++] = (struct kvp_fsm_quar){.offset = off, .len = len, .freed_at_ms = now_ms};
     s->quarantined_bytes += len;
+    if (now_ms > s->q_max_freed_at_ms)
+        s->q_max_freed_at_ms = now_ms;
     return KVP_OK;
+}
+
+uint64_t kvp_master_fsm_quarantine_late(const struct kvp_master_fsm *f, uint64_t after_wall_ms)
+{
+    uint64_t grace = f->params.fence_grace_ms, late = 0;
+    for (uint32_t i = 0; i < f->n_segs_ids; i++) {
+        const struct kvp_fsm_seg *s = f->segs[i];
+        if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST || s->q_head == s->q_len)
+            continue;
+        /* the common case, O(1): every entry is due by then */
+        if (after_wall_ms >= grace && s->q_max_freed_at_ms <= after_wall_ms - grace)
+            continue;
+        for (uint64_t k = s->q_head; k < s->q_len; k++) {
+            uint64_t at = s->q[k].freed_at_ms;
+            if (at > UINT64_MAX - grace || at + grace > after_wall_ms)
+                late += s->q[k].len;
+        }
+    }
+    return late;
 }
 
 void kvp_fsm_obj_destroy(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t now_ms)
@@ -608,7 +630,7 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
         }
         uint64_t qb = 0;
         for (uint64_t k = s->q_head; k < s->q_len; k++) {
-            if (k > s->q_head && s->q[k].freed_at_ms < s->q[k - 1].freed_at_ms) {
+            if (s->q[k].freed_at_ms > s->q_max_freed_at_ms) { /* the late-bytes shortcut's bound */
                 rc = -3;
                 goto out;
             }

@@ -148,6 +148,15 @@ struct kvp_master_fsm_stats {
 void kvp_master_fsm_stats(const struct kvp_master_fsm *fsm, struct kvp_master_fsm_stats *out);
 
 /**
+ * Quarantined bytes not reusable by `after_wall_ms` (wall-clock ms): those whose release time,
+ * freed-at + fence_grace_ms, is after it (held to a lease horizon or a revoked put's deadline).
+ * The headroom rule counts only the rest as room (docs/eviction.md, "Headroom"). O(segments)
+ * while every entry is due by then, else O(quarantine entries) of the segments holding a later
+ * one.
+ */
+uint64_t kvp_master_fsm_quarantine_late(const struct kvp_master_fsm *fsm, uint64_t after_wall_ms);
+
+/**
  * Added: visit every COMPLETE object (key NUL-terminated, size in bytes, soft pin), in table
  * order (not sorted). For the service's eviction choice: it pairs these with its leader-only
  * last-access times. The callback must not modify the FSM. O(objects).

@@ -83,11 +83,14 @@ struct kvp_fsm_seg {
     uint64_t used_bytes;  /* rounded bytes of replicas (pending and complete) */
     uint64_t n_replicas;  /* replicas stored on it */
     struct kvp_alloc alloc;
-    /* Quarantine FIFO: q[q_head..q_len) in non-decreasing freed_at_ms order (freed_at_ms is
-     * clamped up to the tail's, so a clock step back never releases early). */
+    /* Quarantine: q[q_head..q_len) in the order freed. Each entry is released on its own
+     * freed_at_ms (QuarantineRelease checks every entry), so the order of times is free: an
+     * entry held far ahead does not hold the ones after it. q_max_freed_at_ms bounds every
+     * entry's time (only raised while entries remain; recomputed at each release). */
     struct kvp_fsm_quar *q;
     uint64_t q_head, q_len, q_cap;
     uint64_t quarantined_bytes;
+    uint64_t q_max_freed_at_ms;
     struct kvp_fsm_resv *resv; /* reservations, in the order they were made */
     uint32_t n_resv, resv_cap;
 };

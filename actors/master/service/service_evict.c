@@ -9,9 +9,11 @@
  *    asks evict_policy.c for victims worth max(eviction_ratio × capacity, usage above
  *    (high − ratio) × capacity, the bytes asked by PutStarts since the last scan when one of them
  *    found no space), less what is already quarantined (it comes back by itself).
- *    Besides the watermark, the headroom rule (kvp_evict_headroom): used bytes are kept at or
- *    below capacity − write rate × fence_grace_ms × eviction_headroom_factor, so that when the
- *    pool fills, writers do not wait for freed space to leave quarantine.
+ *    Besides the watermark, the headroom rule (kvp_evict_headroom): used bytes, plus the
+ *    quarantine not back within the horizon, are kept at or below capacity − write rate ×
+ *    horizon × eviction_headroom_factor, where the horizon (kvp_evict_headroom_horizon_ms) is
+ *    the longer of fence_grace_ms and what a leader failover locks evicted space for, so that
+ *    when the pool fills, also across a leader kill, writers do not wait for quarantine.
  * 3. The victims go to the FSM as one EvictCmd (a Raft command); their extents are quarantined
  *    there and released by QuarantineRelease after fence_grace_ms, like any freed space. Until
  *    the command's result arrives, GetReplicaList answers NOT_FOUND for them (no new lease on an
@@ -26,6 +28,7 @@
 #include "actors/master/fsm/evict_policy.h"
 #include "actors/master/service/service_evict.h"
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 struct svc_evict {
@@ -43,6 +46,7 @@ struct svc_evict {
     uint64_t room_quiet_until; /* the headroom rule found nothing to take: no list for it before */
     /* From the last scan. */
     uint64_t cap, used, quar, pinned;
+    uint64_t late;             /* of quar, not reusable within the headroom's horizon */
     uint64_t scan_ms;          /* monotonic time of the last listed scan, 0 = none */
     bool blocked;              /* last listed scan: nothing could be evicted */
     /* Monotonic time the first lease that blocked it ends (UINT64_MAX: only pins blocked it).
@@ -154,6 +158,21 @@ void svc_evict_on_put_start_req(struct kvp_master_service *s, const Kvp__PutStar
     }
 }
 
+/* Quarantined bytes back within the headroom's horizon (the last scan's figures): only those
+ * count as coming back by themselves; the late rest (a revoked put held to its deadline, a long
+ * lease horizon) may take up to a put TTL. */
+static uint64_t soon_quar(const struct svc_evict *e)
+{
+    return e->quar > e->late ? e->quar - e->late : 0;
+}
+
+/* The headroom's horizon (kvp_evict_headroom_horizon_ms): at the defaults 6.2 s. */
+static uint64_t horizon_ms(const struct kvp_master_service *s)
+{
+    return kvp_evict_headroom_horizon_ms(s->cfg.fence_grace_ms, s->cfg.default_kv_lease_ttl_ms,
+                                         s->cfg.election_timeout_ms);
+}
+
 /*
  * Headroom for the current write rate (kvp_evict_headroom), and the usage ratio from which the
  * FSM lists objects: the lowest at which on_scan could evict something (kvp_evict_list_ratio,
@@ -163,19 +182,23 @@ static double list_ratio(struct kvp_master_service *s)
 {
     struct svc_evict *e = s->evict;
     double high = s->cfg.eviction_high_watermark_ratio;
-    e->headroom = kvp_evict_headroom(e->cap, e->rate.bps, s->cfg.fence_grace_ms, s->cfg.eviction_headroom_factor);
+    uint64_t h_ms = horizon_ms(s);
+    e->headroom = kvp_evict_headroom(e->cap, e->rate.bps, h_ms, s->cfg.eviction_headroom_factor);
     uint64_t moved = e->headroom > e->logged_headroom ? e->headroom - e->logged_headroom
                                                       : e->logged_headroom - e->headroom;
     if (e->cap && (double)moved >= 0.05 * (double)e->cap) {
         kvp_log_info(s->actor,
-                     "eviction: writes at %.1f MB/s with fence_grace_ms=%llu: keeping %.1f MB of %.1f MB "
-                     "free or in quarantine (eviction_headroom_factor %.2f)",
-                     e->rate.bps / 1e6, (unsigned long long)s->cfg.fence_grace_ms, (double)e->headroom / 1e6,
+                     "eviction: writes at %.1f MB/s over a %llu ms horizon: keeping %.1f MB of %.1f MB "
+                     "free or in quarantine due by then (eviction_headroom_factor %.2f)",
+                     e->rate.bps / 1e6, (unsigned long long)h_ms, (double)e->headroom / 1e6,
                      (double)e->cap / 1e6, s->cfg.eviction_headroom_factor);
         e->logged_headroom = e->headroom;
     }
+    /* Late quarantine counts as used (on_scan): both rules fire on the quarantine due within
+     * the horizon only. The headroom rule then fires at used + late + headroom > capacity, i.e.
+     * at usage (used + quarantined) > capacity − headroom + the quarantine due soon. */
     uint64_t room = svc_now_ms() < e->room_quiet_until ? 0 : e->headroom;
-    return kvp_evict_list_ratio(e->cap, room, e->quar, high, s->cfg.eviction_ratio);
+    return kvp_evict_list_ratio(e->cap, room, soon_quar(e), high, s->cfg.eviction_ratio);
 }
 
 /* Ask the FSM for usage (and the object list when needed). */
@@ -189,12 +212,14 @@ static void start_scan(struct kvp_master_service *s)
     Kvp__Request req = KVP__REQUEST__INIT;
     Kvp__EvictScanReq q = KVP__EVICT_SCAN_REQ__INIT;
     q.high_watermark = list_ratio(s);
+    /* quarantine not back within the horizon does not count as headroom (on_scan) */
+    q.due_by_wall_ms = kvp_clock_wall_ms() + horizon_ms(s);
     /* A waiting put makes the FSM list every object (O(objects) on the raft thread) only when
      * the quarantine of the last scan does not cover its need: if it does, on_scan would evict
      * nothing anyway (the put waits for the release). This scan still reads usage, so the next
      * one, 50 ms later, sees the quarantine that is left. */
     uint64_t need = e->need ? (e->need_bytes ? e->need_bytes : 1) : 0;
-    q.need_bytes = need > e->quar ? need : 0;
+    q.need_bytes = need > soon_quar(e) ? need : 0;
     req.body_case = KVP__REQUEST__BODY_EVICT_SCAN;
     req.evict_scan = &q;
     e->scan_inflight = true;
@@ -327,6 +352,7 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
     e->used = r->used_bytes;
     e->quar = r->quarantined_bytes;
     e->pinned = r->pinned_bytes;
+    e->late = r->quarantined_late_bytes;
     if (!r->listed)
         return;
     e->lists++;
@@ -343,24 +369,27 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
             target = e->need_bytes;
         if (target == 0 && e->need)
             target = 1; /* a put is waiting: free at least something */
-        /* Quarantined bytes come back by themselves: count them as already freed. When they
+        /* Quarantined bytes come back by themselves (those due within the horizon: late ones,
+         * held to a put's deadline, may take a put TTL): count them as already freed. When they
          * cover what is needed, evict nothing: an evicted object's space is quarantined too, so
          * it could not serve the waiting put any sooner (it used to evict one object per
          * NO_SPACE round, each a lost cache entry). The put retries; once the quarantine is
          * released and space is still short, the next scan sees quar == 0 and evicts. */
-        if (target <= e->quar) {
+        if (target <= soon_quar(e)) {
             e->need = false;
             e->need_bytes = 0;
             target = 0;
         } else {
-            target -= e->quar;
+            target -= soon_quar(e);
         }
     }
-    /* The headroom rule counts used bytes only: quarantined space is back within
-     * fence_grace_ms, in time for the writes the headroom is for. It evicts ahead of need, so
-     * it takes no soft-pinned object and a round that finds nothing for it is not "blocked"
+    /* The headroom rule counts free space and the quarantine that is back within the
+     * headroom's horizon (kvp_evict_headroom_horizon_ms) as room: that space absorbs the writes
+     * the headroom is for. Quarantine held past it (a revoked put's deadline, a lease horizon
+     * longer than the failover's) counts as used. It evicts ahead of need, so it takes no
+     * soft-pinned object and a round that finds nothing for it is not "blocked"
      * (kvp_evict_choose_round). */
-    uint64_t t_room = kvp_evict_headroom_target(e->used, e->cap, e->headroom, ratio);
+    uint64_t t_room = kvp_evict_room_target(e->used, e->late, e->cap, e->headroom, ratio);
     if (target == 0 && t_room == 0) {
         e->blocked = false; /* nothing was needed: no verdict (else an older one looks fresh) */
         return;
@@ -518,6 +547,8 @@ void svc_evict_status(struct kvp_master_service *s, void *json_doc)
     json_object_set_new(ev, "in_flight", json_integer((json_int_t)e->evicting.n));
     json_object_set_new(ev, "write_rate_bytes_per_s", json_real(e->rate.bps));
     json_object_set_new(ev, "headroom_bytes", json_integer((json_int_t)e->headroom));
+    json_object_set_new(ev, "headroom_horizon_ms", json_integer((json_int_t)horizon_ms(s)));
+    json_object_set_new(ev, "quarantined_late_bytes", json_integer((json_int_t)e->late));
     json_object_set_new(doc, "eviction", ev);
 }
 
