@@ -295,6 +295,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .rdma_reprobe_ms = c->cfg.rdma_reprobe_ms ? c->cfg.rdma_reprobe_ms : UINT32_MAX,
         .token_respond = c->dtok ? kvp_dtoken_respond : NULL,
         .token_ctx = c->dtok,
+        .batch_host = c->actor, /* the client actor hosts the batch actors (DESIGN.md "Actors") */
     };
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
     if (rc != KVP_OK)

@@ -10,6 +10,10 @@
  *  - the read witnesses: segments read from successfully, named to the master in the next
  *    GetReplicaList (issue 18 rule 5);
  *  - the GPU staging lanes (devstage.c: a staged batch takes a lane and gives it back by request);
+ *  - the batch actors, one per transfer call of a put/get (the engine's batch host,
+ *    kvp_xfer_params.batch_host; actors/transfer/xfer_host.c): the caller's thread sends the call
+ *    here and blocks on the reply; the batch actor sends one work to each transfer actor it
+ *    needs, and replies from its fini once every one reported every slice terminal;
  *  - the wait of kvp_client_close for the calls still inside.
  *
  * Hops (docs/data-plane.md "Client actor"): calls that need none of this state send nothing
@@ -73,6 +77,7 @@ struct ca {
     bool idle;               /* CA_IDLE arrived */
     bool close_waiting;      /* close_token holds an unanswered CA_CLOSE_WAIT */
     uint64_t close_token;
+    struct kvp_xfer_host *xh; /* the batch actors hosted here (xfer_host.c; made on first use) */
 };
 
 static void publish_avoid_hint(struct ca *s)
@@ -199,6 +204,8 @@ static int ca_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
         return KVP_OK;
     if (m->type >= KVP_DEVSTAGE_MSG_FIRST && m->type <= KVP_DEVSTAGE_MSG_LAST) /* the staging lanes */
         return kvp_devstage_handle(s->c->devstage, ctx, m);
+    if (m->type >= KVP_XFER_HOST_MSG_FIRST && m->type <= KVP_XFER_HOST_MSG_LAST) /* batch actors */
+        return kvp_xfer_host_handle(ctx, &s->xh, m);
     switch (m->type) {
     case CA_IDLE:
         s->idle = true;
@@ -261,6 +268,7 @@ static void ca_fini(struct kvp_rt_ctx *ctx)
     struct ca *s = kvp_rt_state(ctx);
     if (!s)
         return;
+    kvp_xfer_host_free(&s->xh);
     free(s->bufs);
     free(s);
 }

@@ -40,7 +40,82 @@ struct kvp_xfer_engine {
     struct kvp_rt_actor *local;          /* xfer-local */
     struct kvp_rt_actor *idle;           /* a sink holding one token (arg = index) per tcp actor
                                             no call uses now: kvp_xfer_run takes one if any */
+    struct kvp_rt_actor *host;           /* params.batch_host (a reference), or NULL */
 };
+
+#define XS_PENDING 1 /* a work's xslice status while it is not terminal (kvp_err are <= 0) */
+#define ID_SHIFT 24  /* xslice id = work seq << ID_SHIFT | index in the work */
+
+enum xa_msg {
+    XA_CALL = 1,   /* request caller -> home: payload struct xfer_call * (the caller's; no free) */
+    XA_WORK,       /* request batch -> transfer actor: payload struct xfer_work * (the batch's) */
+    XA_FENCE,      /* one-way batch -> transfer actor: payload work, arg = status */
+    XA_ABORT,      /* one-way batch -> transfer actor: payload work */
+    XA_STOP,       /* request owner -> actor: fence everything CLOSED, refuse new work */
+    XA_STATS,      /* request: answer's payload is a struct kvp_xfer_stats */
+    XA_LOCAL_ADD,  /* request: payload struct xfer_local_reg */
+    XA_LOCAL_DEL,  /* request: arg = segment id */
+    XA_POLL_TIMER, /* timer: the transport asked to be polled (its next_ns) */
+    XA_REARM,      /* one-way to itself: pump (and arm the poll timer) as the transfer actor */
+    XB_TIMEOUT,    /* batch timer: the call's timeout */
+    XB_BOUND,      /* batch timer: the fence bound after the timeout */
+    XA_MEM_REG,    /* request: payload struct xfer_local_reg (base, size): the transport's mem_register */
+    XA_MEM_UNREG,  /* request: the same, mem_unregister */
+    /* To the batch host (kvp_xfer_params.batch_host; transfer.h, xfer_host.c): */
+    XH_CALL = KVP_XFER_HOST_MSG_FIRST, /* request caller -> host: payload struct xfer_call * */
+    XH_STOP,       /* request engine -> host: fence its batches CLOSED, refuse new calls */
+    XH_STATS,      /* request: answer's payload is a struct kvp_xfer_stats (batches, slices, timeouts) */
+    XH_LOCAL_ADD,  /* request: payload struct xfer_local_reg (routing: a segment in this process) */
+    XH_LOCAL_DEL,  /* request: arg = segment id */
+};
+
+
+static inline void xfer_no_free(void *p) { (void)p; }
+
+/* What the caller sends (lives on the caller's stack until the answer). */
+struct xfer_call {
+    struct kvp_xfer_slice *slices;
+    size_t n;
+    uint32_t timeout_ms;
+    uint64_t start_ns;
+    uint64_t wdeadline_ms; /* WRITE deadline (wall ms) the segment enforces; 0 none */
+    int64_t home_token;    /* the engine's idle token this call took (index), -1 none: the home
+                              puts it back before it answers (the caller may not touch the engine
+                              after the answer: a destroy may be freeing it) */
+    struct kvp_xfer_engine *e; /* hosted calls (XH_CALL): the engine, for the host's batch actor */
+    unsigned tid;          /* the calling thread's id: the tcp actor it uses when none is idle */
+};
+
+struct xfer_local_reg {
+    uint32_t segment_id;
+    void *base;
+    uint64_t size;
+};
+
+struct xb;
+
+/* The xslices of one batch on one transfer actor. Owned by its batch; lent to a transfer actor
+ * (by XA_WORK) until that actor answers. */
+struct xfer_work {
+    struct xb *batch;          /* read on the home thread only (NULL: a host's work) */
+    uint64_t token;            /* XA_WORK's reply token (remote works) */
+    uint64_t seq;              /* in the transfer actor that runs it */
+    bool direct;               /* runs on the home itself (no messages) */
+    bool done;                 /* every xslice terminal (set by the transfer actor) */
+    bool abort_now;            /* fence = abort at once (engine stopping) */
+    size_t n, left;
+    struct kvp_xport_slice *xs;
+    const char **ep;           /* per xslice: the caller slice's endpoint (read-only) */
+    uint32_t *slice_of;        /* per xslice: its slice in the call */
+    int *st;                   /* per xslice: XS_PENDING or the terminal status */
+    int fence_status;          /* 0, or the status a fence asked for */
+    struct xfer_work *next;    /* the running actor's list */
+};
+
+/* A zeroed work for n xslices and its per-xslice arrays, in one allocation; NULL when out of
+ * memory. xfer_work_free frees it. */
+struct xfer_work *xfer_work_new(size_t n);
+void xfer_work_free(struct xfer_work *w);
 
 /* xfer_local.c: the local transport's table (called by the local actor, on its thread). */
 int xfer_local_add(struct kvp_xport *t, uint32_t segment_id, void *base, uint64_t size);
