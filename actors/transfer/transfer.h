@@ -38,11 +38,12 @@ struct kvp_xfer_params {
                                   at once (wedged) before it is torn down: default 2000
                                   (docs/fencing.md) */
     uint32_t io_threads;       /* tcp transfer actors (default 1, at most 8), each a thread that
-                                  owns its own connections (conns_per_peer per endpoint each) and
-                                  hosts the batch actors of the calls sent to it: a call goes to
-                                  one that no call uses now if there is one, else to the calling
-                                  thread's own (thread id modulo io_threads), so the socket copies
-                                  of concurrent calls run on several cores */
+                                  owns its own connections (conns_per_peer per endpoint each); a
+                                  call's remote slices go to one that no call uses now if there is
+                                  one, else to the calling thread's own (thread id modulo
+                                  io_threads), so the socket copies of concurrent calls run on
+                                  several cores. Without batch_host it also hosts the batch actors
+                                  of the calls sent to it */
     /* Tests (contract C2): when not NULL, runs on the batch actor's host thread (a tcp transfer
      * actor, or batch_host) in each batch actor's fini, after every slice of the call is terminal and before the call is answered. */
     void (*on_batch_fini)(const struct kvp_xfer_slice *slices, size_t n, void *arg);
@@ -68,7 +69,8 @@ struct kvp_xfer_params {
      * actor it needs one XA_WORK request (the tcp actor it picks, and xfer-local for segments
      * registered here) and answers the caller once every one of them reported every slice
      * terminal. The engine holds a reference; the actor must stop only after the engine was
-     * destroyed. on_batch_fini then runs on this actor's thread. */
+     * destroyed. on_batch_fini then runs on this actor's thread. kvp_xfer_run must then never be
+     * called from that actor's own thread (it would wait for itself). */
     struct kvp_rt_actor *batch_host;
 };
 

@@ -7,8 +7,11 @@
  *    memory), and `xfer-local`, owning the local transport (the table of segments registered in
  *    this process). With fault injection compiled in, each instance is wrapped by the fault
  *    transport. Nothing outside an actor touches its transport;
- *  - batch actors (hosted actors, one per kvp_xfer_run call) live in the transfer actor the
- *    call was sent to (its home): they cut the call's slices into xslices, hand them to the home
+ *  - batch actors (hosted actors, one per kvp_xfer_run call) live in the engine's batch host
+ *    when it has one (params.batch_host: the client actor; xfer_host.c: they reach every
+ *    transfer actor by XA_WORK requests, fence by XA_FENCE/XA_ABORT, and answer the caller from
+ *    their fini once every work was answered); else in the transfer actor the call was sent to
+ *    (its home): they cut the call's slices into xslices, hand them to the home
  *    transport directly (same thread) and to the local actor by message, run the call's timeout
  *    and the fence bound as runtime timers, and answer the caller — whose thread waits on a
  *    runtime sink — from their fini, once every transfer actor reported every xslice terminal.
