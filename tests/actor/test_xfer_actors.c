@@ -84,6 +84,7 @@ struct mute {
     char ep[64];
     pthread_t th;
     atomic_bool stop;
+    atomic_size_t got; /* bytes received (a request reached the peer) */
 };
 
 static void *mute_main(void *arg)
@@ -106,7 +107,9 @@ static void *mute_main(void *arg)
         for (int i = 0; i < n; i++)
             if (pf[i + 1].revents & POLLIN) {
                 char junk[4096];
-                (void)!recv(fds[i], junk, sizeof junk, MSG_DONTWAIT);
+                ssize_t r = recv(fds[i], junk, sizeof junk, MSG_DONTWAIT);
+                if (r > 0)
+                    atomic_fetch_add(&m->got, (size_t)r);
             }
     }
     for (int i = 0; i < n; i++)
@@ -276,7 +279,11 @@ static void test_xfer_stop_waits_for_fence(void **state)
                                   .endpoint = m.ep, .op = KVP_XFER_WRITE};
     pthread_t th;
     pthread_create(&th, NULL, run_main, &r);
-    usleep(100000); /* the call is in flight: its WRITE sits unanswered at the mute peer */
+    /* the call is in flight once its WRITE reached the mute peer (10 s at most), and sits
+     * unanswered there */
+    for (int i = 0; i < 10000 && atomic_load(&m.got) == 0; i++)
+        usleep(1000);
+    assert_true(atomic_load(&m.got) > 0);
     assert_false(atomic_load(&r.returned));
     assert_int_equal(seen(&r.s), -1);
     kvp_xfer_engine_stop(e);
