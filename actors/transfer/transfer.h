@@ -177,6 +177,16 @@ struct kvp_xfer_host;
  */
 int kvp_xfer_host_handle(struct kvp_rt_ctx *ctx, struct kvp_xfer_host **h, struct kvp_rt_msg *m);
 
+/**
+ * Make a host's batch state now (else kvp_xfer_host_handle makes it on first use), with a hook
+ * that runs on the host's thread in every batch actor's fini, after every slice is terminal and
+ * before the caller is answered: the host's own bookkeeping of a finished call (the client notes
+ * its read witnesses there), folded into the batch rather than sent as one more message. on_done
+ * may be NULL. Errors: KVP_ERR_NOMEM, KVP_ERR_INVALID (out NULL).
+ */
+int kvp_xfer_host_new(struct kvp_xfer_host **out,
+                      void (*on_done)(void *arg, const struct kvp_xfer_slice *slices, size_t n), void *arg);
+
 /** Free a host's batch state (its fini: no batch is left then). Accepts NULL; sets *h NULL. */
 void kvp_xfer_host_free(struct kvp_xfer_host **h);
 

@@ -48,6 +48,8 @@ struct kvp_xfer_host {
     bool stop_owed;             /* stop_token holds an unanswered XH_STOP */
     uint64_t stop_token;
     struct kvp_xfer_stats st;   /* batches, slices, timeouts */
+    void (*on_done)(void *arg, const struct kvp_xfer_slice *slices, size_t n); /* the host's hook */
+    void *on_done_arg;
 };
 
 /* A batch actor's state (hosted in the host). */
@@ -264,6 +266,8 @@ static void hb_fini(struct kvp_rt_ctx *ctx)
         h->batches = b->next;
     if (b->next)
         b->next->prev = b->prev;
+    if (h->on_done)
+        h->on_done(h->on_done_arg, b->call->slices, b->call->n);
     if (h->e->p.on_batch_fini)
         h->e->p.on_batch_fini(b->call->slices, b->call->n, h->e->p.on_batch_fini_arg);
     uint64_t token = b->token;
@@ -414,6 +418,20 @@ int kvp_xfer_host_handle(struct kvp_rt_ctx *ctx, struct kvp_xfer_host **hp, stru
         kvp_rt_reply(ctx, m->corr_id, KVP_ERR_INVALID, 0, NULL, NULL);
         break;
     }
+    return KVP_OK;
+}
+
+int kvp_xfer_host_new(struct kvp_xfer_host **out,
+                      void (*on_done)(void *arg, const struct kvp_xfer_slice *slices, size_t n), void *arg)
+{
+    if (!out)
+        return KVP_ERR_INVALID;
+    struct kvp_xfer_host *h = calloc(1, sizeof *h);
+    if (!h)
+        return KVP_ERR_NOMEM;
+    h->on_done = on_done;
+    h->on_done_arg = arg;
+    *out = h;
     return KVP_OK;
 }
 
