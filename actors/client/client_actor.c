@@ -18,9 +18,11 @@
  *
  * Hops (docs/data-plane.md "Client actor"): every transfer round of a put or get is one request
  * here (its batch actor; issue 19 item 2: two hand-offs more per round than when the tcp actor
- * hosted it). Otherwise, calls that need none of this state send nothing here. A get asks once per GetReplicaList (CA_GET_BEGIN: the witnesses it carries and a copy of
- * the avoid list, one request for the whole batch, not per key) and tells once per transfer round
- * (CA_READ_OK, one-way: the caller does not wait). A put asks only while the avoid list holds an
+ * hosted it), and that batch actor also notes the round's read witnesses (no message of their
+ * own; CA_READ_OK remains for a staged round whose transport a test replaced). Otherwise, calls
+ * that need none of this state send nothing here. A get asks once per GetReplicaList
+ * (CA_GET_BEGIN: the witnesses it carries and a copy of the avoid list, one request for the whole
+ * batch, not per key). A put asks only while the avoid list holds an
  * entry (kvp_client_avoid_list). Calls skip the request when the hints below say there is nothing
  * to fetch.
  *
