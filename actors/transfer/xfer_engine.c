@@ -3,6 +3,11 @@
  * (transport.h), and the batch actors they host. See transfer.h for the contract,
  * transfer_internal.h for who owns what, docs/data-plane.md for the design.
  *
+ * With a batch host (kvp_xfer_params.batch_host: the client actor) a call is a request to that
+ * actor instead, whose batch actor (xfer_host.c) reaches every transfer actor by XA_WORK; the
+ * transfer actors' side of it (works lent by message, XA_FENCE, XA_ABORT, XA_STOP) is the one
+ * below for xfer-local's works. Without one:
+ *
  * A call (kvp_xfer_run) is a request from the caller's thread (a runtime sink) to its home
  * transfer actor. The home spawns a hosted batch actor for it, whose init cuts the slices into
  * xslices: remote ones go to the home's own transport (a direct call: same thread, same actor),
