@@ -288,6 +288,7 @@ int kvp_client_open(const kvp_config *cfg, kvp_client **out)
         .transport_opts = xport ? c->rdma_opts : NULL,
         .rdma_reprobe_ms = c->cfg.rdma_reprobe_ms ? c->cfg.rdma_reprobe_ms : UINT32_MAX,
         .token_wallet = kvp_dtoken_key(c->dtok), /* NULL without tokens */
+        .batch_host = c->actor, /* the client actor hosts the batch actors (DESIGN.md "Actors") */
     };
     rc = kvp_xfer_engine_new(&c->xfer, &xp);
     if (rc != KVP_OK)

@@ -119,8 +119,9 @@ size_t kvp_client_avoid_list(struct kvp_client *c, uint32_t *out, size_t cap);
 void kvp_client_get_begin(struct kvp_client *c, struct kvp_client_view *v);
 /** true while segment_id's replicas are tried last, as copied in v. */
 bool kvp_client_view_avoided(const struct kvp_client_view *v, uint32_t segment_id, uint64_t now_ms);
-/** After a transfer round of a get: the segments of slices[] that completed become witnesses
- * (one one-way message; the caller does not wait). */
+/** The segments of slices[] that completed become witnesses (one one-way message; the caller
+ * does not wait). A get's transfer rounds need not call it: their batch actors, hosted by the
+ * client actor, note the completed READs there in their fini (client_actor.c). */
 void kvp_client_read_ok(struct kvp_client *c, const struct kvp_xfer_slice *slices, size_t ns);
 /** Registered-buffer table: add (KVP_ERR_INVALID with a WARN on an overlap unless
  * allow_overlap), and remove the latest registration at addr (*len its length; NOT_FOUND). */

@@ -10,12 +10,19 @@
  *  - the read witnesses: segments read from successfully, named to the master in the next
  *    GetReplicaList (issue 18 rule 5);
  *  - the GPU staging lanes (devstage.c: a staged batch takes a lane and gives it back by request);
+ *  - the batch actors, one per transfer call of a put/get (the engine's batch host,
+ *    kvp_xfer_params.batch_host; actors/transfer/xfer_host.c): the caller's thread sends the call
+ *    here and blocks on the reply; the batch actor sends one work to each transfer actor it
+ *    needs, and replies from its fini once every one reported every slice terminal;
  *  - the wait of kvp_client_close for the calls still inside.
  *
- * Hops (docs/data-plane.md "Client actor"): calls that need none of this state send nothing
- * here. A get asks once per GetReplicaList (CA_GET_BEGIN: the witnesses it carries and a copy of
- * the avoid list, one request for the whole batch, not per key) and tells once per transfer round
- * (CA_READ_OK, one-way: the caller does not wait). A put asks only while the avoid list holds an
+ * Hops (docs/data-plane.md "Client actor"): every transfer round of a put or get is one request
+ * here (its batch actor; issue 19 item 2: two hand-offs more per round than when the tcp actor
+ * hosted it), and that batch actor also notes the round's read witnesses (no message of their
+ * own; CA_READ_OK remains for a staged round whose transport a test replaced). Otherwise, calls
+ * that need none of this state send nothing here. A get asks once per GetReplicaList
+ * (CA_GET_BEGIN: the witnesses it carries and a copy of the avoid list, one request for the whole
+ * batch, not per key). A put asks only while the avoid list holds an
  * entry (kvp_client_avoid_list). Calls skip the request when the hints below say there is nothing
  * to fetch.
  *
@@ -73,6 +80,7 @@ struct ca {
     bool idle;               /* CA_IDLE arrived */
     bool close_waiting;      /* close_token holds an unanswered CA_CLOSE_WAIT */
     uint64_t close_token;
+    struct kvp_xfer_host *xh; /* the batch actors hosted here (xfer_host.c; made on first use) */
 };
 
 static void publish_avoid_hint(struct ca *s)
@@ -113,24 +121,50 @@ static void avoid_copy(struct ca *s, struct kvp_client_view *v)
 }
 
 /* Successful reads: one entry per segment, the oldest replaced when the table is full. */
-static void read_ok_note(struct ca *s, const struct ids *ids)
+static void read_ok_note(struct ca *s, const uint32_t *id, size_t n)
 {
     uint64_t now = kvp_clock_now_ms();
-    for (size_t q = 0; q < ids->n; q++) {
+    for (size_t q = 0; q < n; q++) {
         size_t slot = 0;
         for (size_t k = 0; k < KVP_CLIENT_AVOID_MAX; k++) {
-            if (s->read_ok[k].segment_id == ids->id[q]) {
+            if (s->read_ok[k].segment_id == id[q]) {
                 slot = k;
                 break;
             }
             if (s->read_ok[k].at_ms < s->read_ok[slot].at_ms)
                 slot = k;
         }
-        s->read_ok[slot].segment_id = ids->id[q];
+        s->read_ok[slot].segment_id = id[q];
         s->read_ok[slot].at_ms = now;
     }
-    if (ids->n)
+    if (n)
         atomic_store_explicit(&s->c->read_ok_hint, true, memory_order_relaxed);
+}
+
+/* The segments of the slices (reads_only: READ slices) that completed (at most KVP_CLIENT_AVOID_MAX, each once). */
+static size_t read_ok_ids(const struct kvp_xfer_slice *slices, size_t ns, bool reads_only, uint32_t *seen)
+{
+    size_t n = 0;
+    for (size_t q = 0; q < ns && n < KVP_CLIENT_AVOID_MAX; q++) {
+        if (slices[q].status != KVP_OK || slices[q].segment_id == 0 || (reads_only && slices[q].op != KVP_XFER_READ))
+            continue;
+        size_t k = 0;
+        while (k < n && seen[k] != slices[q].segment_id)
+            k++;
+        if (k == n)
+            seen[n++] = slices[q].segment_id;
+    }
+    return n;
+}
+
+/* A batch actor hosted here finished (xfer_host.c, this thread): its completed reads are read
+ * witnesses. Noted here, in the batch, rather than by a CA_READ_OK message from the caller. */
+static void ca_batch_done(void *arg, const struct kvp_xfer_slice *slices, size_t n)
+{
+    uint32_t seen[KVP_CLIENT_AVOID_MAX];
+    size_t k = read_ok_ids(slices, n, true, seen);
+    if (k)
+        read_ok_note(arg, seen, k);
 }
 
 /* The witnesses for the next GetReplicaList: segments read within KVP_CLIENT_READ_WITNESS_MS;
@@ -199,6 +233,8 @@ static int ca_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
         return KVP_OK;
     if (m->type >= KVP_DEVSTAGE_MSG_FIRST && m->type <= KVP_DEVSTAGE_MSG_LAST) /* the staging lanes */
         return kvp_devstage_handle(s->c->devstage, ctx, m);
+    if (m->type >= KVP_XFER_HOST_MSG_FIRST && m->type <= KVP_XFER_HOST_MSG_LAST) /* batch actors */
+        return kvp_xfer_host_handle(ctx, &s->xh, m);
     switch (m->type) {
     case CA_IDLE:
         s->idle = true;
@@ -211,7 +247,7 @@ static int ca_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
         return KVP_OK;
     case CA_READ_OK:
         if (m->payload)
-            read_ok_note(s, m->payload);
+            read_ok_note(s, ((const struct ids *)m->payload)->id, ((const struct ids *)m->payload)->n);
         return KVP_OK;
     case CA_AVOID_NOTE:
         avoid_note(s, (uint32_t)m->arg);
@@ -261,6 +297,7 @@ static void ca_fini(struct kvp_rt_ctx *ctx)
     struct ca *s = kvp_rt_state(ctx);
     if (!s)
         return;
+    kvp_xfer_host_free(&s->xh);
     free(s->bufs);
     free(s);
 }
@@ -271,6 +308,11 @@ int kvp_client_actor_start(struct kvp_client *c)
     if (!s)
         return KVP_ERR_NOMEM;
     s->c = c;
+    int rc = kvp_xfer_host_new(&s->xh, ca_batch_done, s);
+    if (rc != KVP_OK) {
+        free(s);
+        return rc;
+    }
     struct kvp_rt_spec spec = {.name = c->name, .handle = ca_handle, .fini = ca_fini, .state = s};
     return kvp_rt_spawn(&c->actor, &spec, NULL); /* fini frees s on every failure */
 }
@@ -412,16 +454,7 @@ bool kvp_client_view_avoided(const struct kvp_client_view *v, uint32_t segment_i
 void kvp_client_read_ok(struct kvp_client *c, const struct kvp_xfer_slice *slices, size_t ns)
 {
     uint32_t seen[KVP_CLIENT_AVOID_MAX];
-    size_t n = 0;
-    for (size_t q = 0; q < ns && n < KVP_CLIENT_AVOID_MAX; q++) {
-        if (slices[q].status != KVP_OK || slices[q].segment_id == 0)
-            continue;
-        size_t k = 0;
-        while (k < n && seen[k] != slices[q].segment_id)
-            k++;
-        if (k == n)
-            seen[n++] = slices[q].segment_id;
-    }
+    size_t n = read_ok_ids(slices, ns, false, seen);
     if (n == 0)
         return;
     struct ids *ids = malloc(sizeof *ids + n * sizeof ids->id[0]);

@@ -40,13 +40,14 @@ struct kvp_xfer_params {
                                   at once (wedged) before it is torn down: default 2000
                                   (docs/fencing.md) */
     uint32_t io_threads;       /* tcp transfer actors (default 1, at most 8), each a thread that
-                                  owns its own connections (conns_per_peer per endpoint each) and
-                                  hosts the batch actors of the calls sent to it: a call goes to
-                                  one that no call uses now if there is one, else to the calling
-                                  thread's own (thread id modulo io_threads), so the socket copies
-                                  of concurrent calls run on several cores */
-    /* Tests (contract C2): when not NULL, runs on the transfer actor's thread in each batch
-     * actor's fini, after every slice of the call is terminal and before the call is answered. */
+                                  owns its own connections (conns_per_peer per endpoint each); a
+                                  call's remote slices go to one that no call uses now if there is
+                                  one, else to the calling thread's own (thread id modulo
+                                  io_threads), so the socket copies of concurrent calls run on
+                                  several cores. Without batch_host it also hosts the batch actors
+                                  of the calls sent to it */
+    /* Tests (contract C2): when not NULL, runs on the batch actor's host thread (a tcp transfer
+     * actor, or batch_host) in each batch actor's fini, after every slice of the call is terminal and before the call is answered. */
     void (*on_batch_fini)(const struct kvp_xfer_slice *slices, size_t n, void *arg);
     void *on_batch_fini_arg;
     /* The transport of the network transfer actors (transport.h): NULL = tcp. transport_opts goes
@@ -72,6 +73,16 @@ struct kvp_xfer_params {
     const struct kvp_dt_wallet *token_wallet;
     int (*token_respond)(void *ctx, const uint8_t *challenge, size_t len, uint8_t *out, size_t cap);
     void *token_ctx;
+    /* The actor that hosts the batch actors (DESIGN.md "Actors": the client actor), or NULL: the
+     * tcp transfer actors host them (a segment's mover, the engine's own tests). When set, every
+     * kvp_xfer_run is one request to this actor, whose handler must pass each message of type
+     * KVP_XFER_HOST_MSG_FIRST..LAST to kvp_xfer_host_handle; its batch actor sends each transfer
+     * actor it needs one XA_WORK request (the tcp actor it picks, and xfer-local for segments
+     * registered here) and answers the caller once every one of them reported every slice
+     * terminal. The engine holds a reference; the actor must stop only after the engine was
+     * destroyed. on_batch_fini then runs on this actor's thread. kvp_xfer_run must then never be
+     * called from that actor's own thread (it would wait for itself). */
+    struct kvp_rt_actor *batch_host;
 };
 
 /** Most tokens one kvp_xfer_tokens_put takes (the masters' limit per DataToken request). */
@@ -180,6 +191,38 @@ int kvp_xfer_run(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_
  */
 int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slices, size_t n,
                          uint32_t timeout_ms, void (*overlap)(void *arg), void *arg);
+
+/* ------------------------------------------------------------------ hosted batch actors */
+
+struct kvp_rt_ctx;
+struct kvp_rt_msg;
+struct kvp_xfer_host;
+
+/* The messages a batch host (kvp_xfer_params.batch_host) passes to kvp_xfer_host_handle. */
+#define KVP_XFER_HOST_MSG_FIRST 0x5800u
+#define KVP_XFER_HOST_MSG_LAST 0x580fu
+
+/**
+ * Handle a message of type KVP_XFER_HOST_MSG_FIRST..LAST sent to the batch host (its own thread,
+ * from its handler): the calls (each spawns a hosted batch actor in the host), the engine's stop
+ * (fences every batch hosted here with KVP_ERR_CLOSED, answered once none is left), the locally
+ * registered segments (routing), stats. *h is the host's batch state, made on first use (NULL
+ * before); free it with kvp_xfer_host_free in the host's fini. Returns KVP_OK.
+ */
+int kvp_xfer_host_handle(struct kvp_rt_ctx *ctx, struct kvp_xfer_host **h, struct kvp_rt_msg *m);
+
+/**
+ * Make a host's batch state now (else kvp_xfer_host_handle makes it on first use), with a hook
+ * that runs on the host's thread in every batch actor's fini, after every slice is terminal and
+ * before the caller is answered: the host's own bookkeeping of a finished call (the client notes
+ * its read witnesses there), folded into the batch rather than sent as one more message. on_done
+ * may be NULL. Errors: KVP_ERR_NOMEM, KVP_ERR_INVALID (out NULL).
+ */
+int kvp_xfer_host_new(struct kvp_xfer_host **out,
+                      void (*on_done)(void *arg, const struct kvp_xfer_slice *slices, size_t n), void *arg);
+
+/** Free a host's batch state (its fini: no batch is left then). Accepts NULL; sets *h NULL. */
+void kvp_xfer_host_free(struct kvp_xfer_host **h);
 
 /**
  * Probe a segment's data plane (PING/PONG) within timeout_ms (0 = 1000). KVP_OK when it answers

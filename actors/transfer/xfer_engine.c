@@ -3,6 +3,11 @@
  * (transport.h), and the batch actors they host. See transfer.h for the contract,
  * transfer_internal.h for who owns what, docs/data-plane.md for the design.
  *
+ * With a batch host (kvp_xfer_params.batch_host: the client actor) a call is a request to that
+ * actor instead, whose batch actor (xfer_host.c) reaches every transfer actor by XA_WORK; the
+ * transfer actors' side of it (works lent by message, XA_FENCE, XA_ABORT, XA_STOP) is the one
+ * below for xfer-local's works. Without one:
+ *
  * A call (kvp_xfer_run) is a request from the caller's thread (a runtime sink) to its home
  * transfer actor. The home spawns a hosted batch actor for it, whose init cuts the slices into
  * xslices: remote ones go to the home's own transport (a direct call: same thread, same actor),
@@ -39,75 +44,7 @@
 #define ACTOR "xfer"
 #define XA_MAX_FDS 8
 #define XA_COMP_BATCH 256
-#define XS_PENDING 1 /* a work's xslice status while it is not terminal (kvp_err are <= 0) */
-#define ID_SHIFT 24  /* xslice id = work seq << ID_SHIFT | index in the work */
-
-enum xa_msg {
-    XA_CALL = 1,   /* request caller -> home: payload struct xfer_call * (the caller's; no free) */
-    XA_WORK,       /* request batch -> transfer actor: payload struct xfer_work * (the batch's) */
-    XA_FENCE,      /* one-way batch -> transfer actor: payload work, arg = status */
-    XA_ABORT,      /* one-way batch -> transfer actor: payload work */
-    XA_STOP,       /* request owner -> actor: fence everything CLOSED, refuse new work */
-    XA_STATS,      /* request: answer's payload is a struct kvp_xfer_stats */
-    XA_LOCAL_ADD,  /* request: payload struct xfer_local_reg */
-    XA_LOCAL_DEL,  /* request: arg = segment id */
-    XA_POLL_TIMER, /* timer: the transport asked to be polled (its next_ns) */
-    XA_REARM,      /* one-way to itself: pump (and arm the poll timer) as the transfer actor */
-    XB_TIMEOUT,    /* batch timer: the call's timeout */
-    XB_BOUND,      /* batch timer: the fence bound after the timeout */
-    XA_MEM_REG,    /* request: payload struct xfer_local_reg (base, size): the transport's mem_register */
-    XA_MEM_UNREG,  /* request: the same, mem_unregister */
-    XA_TOKENS,     /* one-way caller -> network actor: payload struct xfer_tokens (kvp_xfer_tokens_put) */
-};
-
-/* XA_TOKENS' payload: one allocation, freed by the runtime after the handler. */
-struct xfer_tokens {
-    size_t n;
-    struct {
-        uint16_t len;
-        uint8_t b[KVP_DT_TOKEN_MAX];
-    } tok[];
-};
-
 static void no_free(void *p) { (void)p; }
-
-/* What the caller sends (lives on the caller's stack until the answer). */
-struct xfer_call {
-    struct kvp_xfer_slice *slices;
-    size_t n;
-    uint32_t timeout_ms;
-    uint64_t start_ns;
-    uint64_t wdeadline_ms; /* WRITE deadline (wall ms) the segment enforces; 0 none */
-    int64_t home_token;    /* the engine's idle token this call took (index), -1 none: the home
-                              puts it back before it answers (the caller may not touch the engine
-                              after the answer: a destroy may be freeing it) */
-};
-
-struct xfer_local_reg {
-    uint32_t segment_id;
-    void *base;
-    uint64_t size;
-};
-
-struct xb;
-
-/* The xslices of one batch on one transfer actor. Owned by its batch; lent to a transfer actor
- * (by XA_WORK) until that actor answers. */
-struct xfer_work {
-    struct xb *batch;          /* read on the home thread only */
-    uint64_t token;            /* XA_WORK's reply token (remote works) */
-    uint64_t seq;              /* in the transfer actor that runs it */
-    bool direct;               /* runs on the home itself (no messages) */
-    bool done;                 /* every xslice terminal (set by the transfer actor) */
-    bool abort_now;            /* fence = abort at once (engine stopping) */
-    size_t n, left;
-    struct kvp_xport_slice *xs;
-    const char **ep;           /* per xslice: the caller slice's endpoint (read-only) */
-    uint32_t *slice_of;        /* per xslice: its slice in the call */
-    int *st;                   /* per xslice: XS_PENDING or the terminal status */
-    int fence_status;          /* 0, or the status a fence asked for */
-    struct xfer_work *next;    /* the running actor's list */
-};
 
 struct xa_peer {
     char *endpoint;
@@ -183,13 +120,13 @@ static void token_back(struct xa *xa, struct xfer_call *c)
     c->home_token = -1;
 }
 
-static void work_free(struct xfer_work *w) { free(w); /* one block: work_new */ }
+void xfer_work_free(struct xfer_work *w) { free(w); /* one block: xfer_work_new */ }
 
 #define WORK_ALIGN(x) (((x) + 15u) & ~(size_t)15u)
 
 /* A work for n xslices and its four per-xslice arrays, in one zeroed allocation (a call's works
  * are made and freed once per call: one calloc, not five). NULL when out of memory. */
-static struct xfer_work *work_new(size_t n)
+struct xfer_work *xfer_work_new(size_t n)
 {
     if (n == 0)
         n = 1;
@@ -568,9 +505,9 @@ static int batch_build(struct xb *b)
         else
             n_net += (size_t)((s->length + xa->p.slice_bytes - 1) / xa->p.slice_bytes);
     }
-    if (n_net && !(b->w_net = work_new(n_net)))
+    if (n_net && !(b->w_net = xfer_work_new(n_net)))
         return KVP_ERR_NOMEM;
-    if (n_loc && !(b->w_local = work_new(n_loc)))
+    if (n_loc && !(b->w_local = xfer_work_new(n_loc)))
         return KVP_ERR_NOMEM;
     for (size_t i = 0; i < c->n; i++) {
         struct kvp_xfer_slice *s = &c->slices[i];
@@ -606,8 +543,8 @@ static int batch_init(struct kvp_rt_ctx *ctx)
     if (batch_build(b) != KVP_OK) {
         for (size_t i = 0; i < c->n; i++)
             c->slices[i].status = KVP_ERR_NOMEM;
-        work_free(b->w_net);
-        work_free(b->w_local);
+        xfer_work_free(b->w_net);
+        xfer_work_free(b->w_local);
         b->w_net = b->w_local = NULL;
     }
     b->works_left = (b->w_net != NULL) + (b->w_local != NULL);
@@ -716,8 +653,8 @@ static void batch_fini(struct kvp_rt_ctx *ctx)
     uint64_t token = b->token;
     token_back(xa, b->call);
     if (b->complete) {
-        work_free(b->w_net);
-        work_free(b->w_local);
+        xfer_work_free(b->w_net);
+        xfer_work_free(b->w_local);
     } /* else a transfer actor may still hold a work: leaked rather than freed under it */
     free(b);
     /* The answer is the last thing: the caller's thread returns only now. */
@@ -882,11 +819,13 @@ static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
         if (m->type == XA_FENCE) {
             work_fence(xa, w, (int)(int64_t)m->arg);
         } else {
-            if (m->arg) { /* stopping: fence with the status, then abort at once */
+            if (m->arg) { /* stopping: fenced with the status and aborted at once (work_fence
+                           * with abort_now), as the home's own works are: no bound was missed */
                 w->abort_now = true;
                 work_fence(xa, w, (int)(int64_t)m->arg);
+            } else {
+                work_abort(xa, w);
             }
-            work_abort(xa, w);
         }
         xa_pump(xa, ctx);
         break;
@@ -1075,6 +1014,8 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
      * away from the application. Before the engine was actors clients never had them; keep it so
      * (docs/runtime.md, "Signals"; as kvp_seg_server_start does). */
     zsys_handler_set(NULL);
+    if (e->p.batch_host)
+        e->host = kvp_rt_ref(e->p.batch_host);
     int rc = kvp_rt_sink_new(&e->idle, "xfer-idle");
     if (rc == KVP_OK)
         rc = spawn_xa(&e->local, &e->p, true, 0, NULL, NULL);
@@ -1114,10 +1055,10 @@ void kvp_xfer_stats(struct kvp_xfer_engine *e, struct kvp_xfer_stats *out)
     *out = (struct kvp_xfer_stats){0};
     if (!e)
         return;
-    for (unsigned i = 0; i <= e->n_tcp; i++) {
-        struct kvp_rt_actor *a = i < e->n_tcp ? e->tcp[i] : e->local;
+    for (unsigned i = 0; i <= e->n_tcp + 1; i++) { /* the tcp actors, xfer-local, the batch host */
+        struct kvp_rt_actor *a = i < e->n_tcp ? e->tcp[i] : i == e->n_tcp ? e->local : e->host;
         void *pl = NULL;
-        if (!a || call_status(a, XA_STATS, 0, NULL, &pl) != KVP_OK || !pl) {
+        if (!a || call_status(a, i <= e->n_tcp ? XA_STATS : XH_STATS, 0, NULL, &pl) != KVP_OK || !pl) {
             free(pl);
             continue;
         }
@@ -1141,7 +1082,11 @@ void kvp_xfer_engine_stop(struct kvp_xfer_engine *e)
 {
     if (!e)
         return;
-    /* The tcp actors first: their batches wait for the local actor's answers. */
+    /* The batch host first (its batches wait for the transfer actors' answers: it fences them and
+     * answers once they all reported), then the tcp actors: their batches wait for the local
+     * actor's answers. */
+    if (e->host)
+        call_status(e->host, XH_STOP, 0, NULL, NULL);
     for (unsigned i = 0; i < e->n_tcp; i++)
         if (e->tcp[i])
             call_status(e->tcp[i], XA_STOP, 0, NULL, NULL);
@@ -1160,6 +1105,7 @@ void kvp_xfer_engine_destroy(struct kvp_xfer_engine **ep)
         kvp_rt_destroy(&e->tcp[i]);
     kvp_rt_destroy(&e->local);
     kvp_rt_destroy(&e->idle);
+    kvp_rt_unref(&e->host);
     free(e);
 }
 
@@ -1192,12 +1138,18 @@ static int local_req(struct kvp_xfer_engine *e, uint32_t type, uint32_t segment_
 {
     struct xfer_local_reg r = {segment_id, base, size};
     int rc = KVP_OK;
-    /* Adds: the local actor first, then the tcp actors route to it. Deletes: the other way. */
-    for (unsigned k = 0; k <= e->n_tcp; k++) {
-        unsigned i = type == XA_LOCAL_ADD ? (k == 0 ? e->n_tcp : k - 1) : k;
-        struct kvp_rt_actor *a = i < e->n_tcp ? e->tcp[i] : e->local;
+    /* Adds: the local actor first, then the tcp actors and the batch host route to it. Deletes:
+     * the other way. */
+    bool add = type == XA_LOCAL_ADD;
+    for (unsigned k = 0; k <= e->n_tcp + 1; k++) {
+        unsigned i = add ? (k == 0 ? e->n_tcp : k == e->n_tcp + 1 ? e->n_tcp + 1 : k - 1)
+                         : (k == 0 ? e->n_tcp + 1 : k - 1);
+        struct kvp_rt_actor *a = i < e->n_tcp ? e->tcp[i] : i == e->n_tcp ? e->local : e->host;
+        if (!a)
+            continue;
+        uint32_t t = i <= e->n_tcp ? type : add ? XH_LOCAL_ADD : XH_LOCAL_DEL;
         void *pl = &r;
-        int r1 = call_status(a, type, segment_id, type == XA_LOCAL_ADD ? &pl : NULL, NULL);
+        int r1 = call_status(a, t, segment_id, add ? &pl : NULL, NULL);
         if (r1 != KVP_OK && rc == KVP_OK)
             rc = r1;
     }
@@ -1283,7 +1235,7 @@ int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slice
     for (size_t i = 0; i < n; i++)
         slices[i].status = KVP_OK;
     struct xfer_call c = {.slices = slices, .n = n, .timeout_ms = timeout_ms, .start_ns = kvp_clock_now_ns(),
-                          .home_token = -1};
+                          .home_token = -1, .e = e};
     /* The write deadline the segment server enforces (C3): no later than this call's end. */
     if (timeout_ms)
         c.wdeadline_ms = kvp_clock_wall_ms() + timeout_ms;
@@ -1296,19 +1248,22 @@ int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slice
     if (!tid)
         tid = (unsigned)syscall(SYS_gettid);
     unsigned idx = tid % e->n_tcp;
-    if (e->idle && kvp_rt_recv(e->idle, 0, &tok) == KVP_OK) {
+    c.tid = tid;
+    /* With a batch host (the client actor) the call goes there: its batch actor picks the tcp
+     * actor itself (it knows which have work), so no idle token is taken. */
+    if (!e->host && e->idle && kvp_rt_recv(e->idle, 0, &tok) == KVP_OK) {
         if (tok->arg < e->n_tcp) {
             idx = (unsigned)tok->arg;
             c.home_token = (int64_t)idx;
         }
         kvp_rt_msg_destroy(&tok);
     }
-    struct kvp_rt_actor *home = e->tcp[idx];
+    struct kvp_rt_actor *home = e->host ? e->host : e->tcp[idx];
     struct kvp_rt_actor *sink = NULL;
     int rc = kvp_rt_sink_new(&sink, "xfer-call");
     void *pl = &c;
     if (rc == KVP_OK)
-        rc = kvp_rt_request_from(sink, home, 0, XA_CALL, 0, &pl, no_free, 1);
+        rc = kvp_rt_request_from(sink, home, 0, e->host ? XH_CALL : XA_CALL, 0, &pl, no_free, 1);
     if (rc != KVP_OK) { /* not sent: the token is still this call's to put back */
         kvp_rt_destroy(&sink);
         if (c.home_token >= 0)

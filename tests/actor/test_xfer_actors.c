@@ -4,9 +4,15 @@
  * the batches in flight were fenced and finished, and one batch spanning two transfer actors (the
  * local one and a tcp one), one of which times out, returns only after both reported.
  *
- * The batch actors' fini hook (kvp_xfer_params.on_batch_fini) records, on the transfer actor's
- * thread, which call finished and the status of each of its slices at that moment; it sleeps a
- * little first, so an engine that answered before its fini would be seen returning early.
+ * The batch actors' fini hook (kvp_xfer_params.on_batch_fini) records, on the batch actor's
+ * host thread, which call finished, on which thread, and the status of each of its slices at that
+ * moment; it sleeps a little first, so an engine that answered before its fini would be seen
+ * returning early.
+ *
+ * Each test runs twice: with the batch actors hosted by the tcp transfer actors (an engine
+ * without a batch host: a segment's mover), and hosted by a batch host actor as the client
+ * actor hosts them (kvp_xfer_params.batch_host, xfer_host.c): there the fini must run on the
+ * host's thread, and the batch reaches the transfer actors by message only.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -26,6 +32,7 @@
 
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
+#include "runtime/actor.h"
 
 /* ---- what the fini hook saw */
 
@@ -33,6 +40,7 @@
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static const struct kvp_xfer_slice *g_seen[MAX_SEEN];
 static int g_seen_status[MAX_SEEN][2];
+static pthread_t g_seen_thread[MAX_SEEN];
 static int g_n_seen;
 
 static void on_fini(const struct kvp_xfer_slice *s, size_t n, void *arg)
@@ -42,6 +50,7 @@ static void on_fini(const struct kvp_xfer_slice *s, size_t n, void *arg)
     pthread_mutex_lock(&g_mu);
     if (g_n_seen < MAX_SEEN) {
         g_seen[g_n_seen] = s;
+        g_seen_thread[g_n_seen] = pthread_self();
         for (size_t i = 0; i < n && i < 2; i++)
             g_seen_status[g_n_seen][i] = s[i].status;
         g_n_seen++;
@@ -75,6 +84,7 @@ struct mute {
     char ep[64];
     pthread_t th;
     atomic_bool stop;
+    atomic_size_t got; /* bytes received (a request reached the peer) */
 };
 
 static void *mute_main(void *arg)
@@ -97,7 +107,9 @@ static void *mute_main(void *arg)
         for (int i = 0; i < n; i++)
             if (pf[i + 1].revents & POLLIN) {
                 char junk[4096];
-                (void)!recv(fds[i], junk, sizeof junk, MSG_DONTWAIT);
+                ssize_t r = recv(fds[i], junk, sizeof junk, MSG_DONTWAIT);
+                if (r > 0)
+                    atomic_fetch_add(&m->got, (size_t)r);
             }
     }
     for (int i = 0; i < n; i++)
@@ -125,22 +137,84 @@ static void mute_stop(struct mute *m)
     close(m->lfd);
 }
 
-static struct kvp_xfer_engine *engine(unsigned io_threads)
+/* ---- a batch host, as the client actor is one: its handler passes the engine's messages on */
+
+struct host {
+    struct kvp_xfer_host *xh;
+    pthread_t thread; /* the host's thread (set by its init) */
+};
+
+static int host_init(struct kvp_rt_ctx *ctx)
+{
+    struct host *h = kvp_rt_state(ctx);
+    h->thread = pthread_self();
+    return KVP_OK;
+}
+
+static int host_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
+{
+    struct host *h = kvp_rt_state(ctx);
+    if (m->type >= KVP_XFER_HOST_MSG_FIRST && m->type <= KVP_XFER_HOST_MSG_LAST)
+        return kvp_xfer_host_handle(ctx, &h->xh, m);
+    return KVP_OK;
+}
+
+static void host_fini(struct kvp_rt_ctx *ctx)
+{
+    struct host *h = kvp_rt_state(ctx);
+    kvp_xfer_host_free(&h->xh);
+}
+
+/* The test's mode (cmocka state): hosted by a batch host actor or by the tcp actors. */
+struct mode {
+    bool hosted;
+    struct host h;
+    struct kvp_rt_actor *actor;
+};
+
+static struct mode g_tcp_hosted = {.hosted = false};
+static struct mode g_host_hosted = {.hosted = true};
+
+static struct kvp_xfer_engine *engine(struct mode *md, unsigned io_threads)
 {
     struct kvp_xfer_params p = {.conns_per_peer = 1, .io_threads = io_threads, .fence_bound_ms = 500,
                                 .on_batch_fini = on_fini};
+    if (md->hosted) {
+        memset(&md->h, 0, sizeof md->h);
+        struct kvp_rt_spec spec = {.name = "test-host", .init = host_init, .handle = host_handle,
+                                   .fini = host_fini, .state = &md->h};
+        assert_int_equal(kvp_rt_spawn(&md->actor, &spec, NULL), KVP_OK);
+        p.batch_host = md->actor;
+    }
     struct kvp_xfer_engine *e = NULL;
     assert_int_equal(kvp_xfer_engine_new(&e, &p), KVP_OK);
     return e;
+}
+
+/* Destroy the engine, then the host (the order transfer.h asks: the client does the same). */
+static void engine_destroy(struct mode *md, struct kvp_xfer_engine **e)
+{
+    kvp_xfer_engine_destroy(e);
+    if (md->hosted)
+        kvp_rt_destroy(&md->actor);
+}
+
+/* Record k was made on the batch actor's host: the host actor's thread when there is one. */
+static void assert_host_thread(struct mode *md, int k)
+{
+    if (md->hosted)
+        assert_true(pthread_equal(g_seen_thread[k], md->h.thread));
+    else
+        assert_false(pthread_equal(g_seen_thread[k], pthread_self()));
 }
 
 /* C2: a call returns only after its batch actor's fini ran — completed, failed and timed-out
  * calls alike. */
 static void test_xfer_call_returns_after_batch_fini(void **state)
 {
-    (void)state;
+    struct mode *md = *state;
     seen_reset();
-    struct kvp_xfer_engine *e = engine(2);
+    struct kvp_xfer_engine *e = engine(md, 2);
     static uint8_t region[1 << 16];
     memset(region, 0x5a, sizeof region);
     assert_int_equal(kvp_xfer_register_local(e, 9, region, sizeof region), KVP_OK);
@@ -167,10 +241,11 @@ static void test_xfer_call_returns_after_batch_fini(void **state)
         int k = seen(s); /* recorded by the fini hook before the call returned */
         assert_true(k >= 0);
         assert_int_equal(g_seen_status[k][0], want);
+        assert_host_thread(md, k);
         seen_reset();
     }
     mute_stop(&m);
-    kvp_xfer_engine_destroy(&e);
+    engine_destroy(md, &e);
 }
 
 struct run_arg {
@@ -194,9 +269,9 @@ static void *run_main(void *arg)
  * KVP_ERR_CLOSED. */
 static void test_xfer_stop_waits_for_fence(void **state)
 {
-    (void)state;
+    struct mode *md = *state;
     seen_reset();
-    struct kvp_xfer_engine *e = engine(1);
+    struct kvp_xfer_engine *e = engine(md, 1);
     struct mute m;
     mute_start(&m);
     struct run_arg r = {.e = e};
@@ -204,19 +279,24 @@ static void test_xfer_stop_waits_for_fence(void **state)
                                   .endpoint = m.ep, .op = KVP_XFER_WRITE};
     pthread_t th;
     pthread_create(&th, NULL, run_main, &r);
-    usleep(100000); /* the call is in flight: its WRITE sits unanswered at the mute peer */
+    /* the call is in flight once its WRITE reached the mute peer (10 s at most), and sits
+     * unanswered there */
+    for (int i = 0; i < 10000 && atomic_load(&m.got) == 0; i++)
+        usleep(1000);
+    assert_true(atomic_load(&m.got) > 0);
     assert_false(atomic_load(&r.returned));
     assert_int_equal(seen(&r.s), -1);
     kvp_xfer_engine_stop(e);
     int k = seen(&r.s); /* the batch actor's fini ran before the stop returned */
     assert_true(k >= 0);
     assert_int_equal(g_seen_status[k][0], KVP_ERR_CLOSED);
+    assert_host_thread(md, k);
     pthread_join(th, NULL);
     assert_int_equal(r.rc, KVP_ERR_CLOSED);
     assert_int_equal(r.s.status, KVP_ERR_CLOSED);
     /* a stopped engine refuses new calls */
     assert_int_equal(kvp_xfer_run(e, &r.s, 1, 100), KVP_ERR_CLOSED);
-    kvp_xfer_engine_destroy(&e);
+    engine_destroy(md, &e);
     mute_stop(&m);
 }
 
@@ -225,9 +305,9 @@ static void test_xfer_stop_waits_for_fence(void **state)
  * reported: at its batch actor's fini both slices already had their terminal status. */
 static void test_xfer_batch_spanning_two_actors_one_times_out(void **state)
 {
-    (void)state;
+    struct mode *md = *state;
     seen_reset();
-    struct kvp_xfer_engine *e = engine(2);
+    struct kvp_xfer_engine *e = engine(md, 2);
     static uint8_t region[1 << 16];
     for (size_t i = 0; i < sizeof region; i++)
         region[i] = (uint8_t)i;
@@ -248,21 +328,26 @@ static void test_xfer_batch_spanning_two_actors_one_times_out(void **state)
     assert_true(k >= 0);
     assert_int_equal(g_seen_status[k][0], KVP_OK);
     assert_int_equal(g_seen_status[k][1], KVP_ERR_TIMEOUT);
+    assert_host_thread(md, k);
     struct kvp_xfer_stats st;
     kvp_xfer_stats(e, &st);
     assert_int_equal(st.timeouts, 1);
     assert_true(st.fenced >= 1);
+    assert_int_equal(st.batches, 1);
     assert_int_equal(kvp_xfer_unregister_local(e, 9), KVP_OK);
     mute_stop(&m);
-    kvp_xfer_engine_destroy(&e);
+    engine_destroy(md, &e);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_xfer_call_returns_after_batch_fini),
-        cmocka_unit_test(test_xfer_stop_waits_for_fence),
-        cmocka_unit_test(test_xfer_batch_spanning_two_actors_one_times_out),
+        cmocka_unit_test_prestate(test_xfer_call_returns_after_batch_fini, &g_tcp_hosted),
+        cmocka_unit_test_prestate(test_xfer_stop_waits_for_fence, &g_tcp_hosted),
+        cmocka_unit_test_prestate(test_xfer_batch_spanning_two_actors_one_times_out, &g_tcp_hosted),
+        cmocka_unit_test_prestate(test_xfer_call_returns_after_batch_fini, &g_host_hosted),
+        cmocka_unit_test_prestate(test_xfer_stop_waits_for_fence, &g_host_hosted),
+        cmocka_unit_test_prestate(test_xfer_batch_spanning_two_actors_one_times_out, &g_host_hosted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -107,6 +107,51 @@ static void test_client_read_witnesses_taken_once_while_fresh(void **state)
     kvp_fake_clock_uninstall();
 }
 
+/* A get's transfer round names its witnesses through its batch actor, hosted by the client actor
+ * (issue 19 item 2): the completed READs of a kvp_xfer_run are noted in the batch's fini, before
+ * the call returns, with no kvp_client_read_ok message. Slices on a segment registered in this
+ * process (xfer-local) complete; one without an endpoint fails and names nothing; a WRITE is no
+ * read. */
+static void test_client_batch_actor_notes_read_witnesses(void **state)
+{
+    (void)state;
+    struct kvp_fake_clock fc;
+    kvp_fake_clock_install(&fc, 3000000000ull);
+    static struct kvp_client c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.name, sizeof c.name, "client-test");
+    assert_int_equal(kvp_client_actor_start(&c), KVP_OK);
+    struct kvp_xfer_params p = {.io_threads = 1, .batch_host = c.actor};
+    struct kvp_xfer_engine *e = NULL;
+    assert_int_equal(kvp_xfer_engine_new(&e, &p), KVP_OK);
+    static uint8_t region7[4096], region9[4096];
+    assert_int_equal(kvp_xfer_register_local(e, 7, region7, sizeof region7), KVP_OK);
+    assert_int_equal(kvp_xfer_register_local(e, 9, region9, sizeof region9), KVP_OK);
+    uint8_t b[4][16];
+    struct kvp_xfer_slice sl[4] = {
+        {.local = b[0], .length = 16, .segment_id = 7, .op = KVP_XFER_READ},
+        {.local = b[1], .length = 16, .segment_id = 8, .op = KVP_XFER_READ}, /* no endpoint: fails */
+        {.local = b[2], .length = 16, .segment_id = 9, .op = KVP_XFER_WRITE},
+        {.local = b[3], .length = 16, .segment_id = 7, .remote_offset = 64, .op = KVP_XFER_READ},
+    };
+    assert_int_equal(kvp_xfer_run(e, sl, 4, 0), KVP_ERR_INVALID);
+    assert_int_equal(sl[0].status, KVP_OK);
+    assert_int_equal(sl[1].status, KVP_ERR_INVALID);
+    assert_int_equal(sl[2].status, KVP_OK);
+    assert_int_equal(sl[3].status, KVP_OK);
+    struct kvp_client_view v;
+    kvp_client_get_begin(&c, &v); /* no wait: the fini noted them before the call returned */
+    assert_int_equal(v.n_read_ok, 1);
+    assert_int_equal(v.read_ok[0], 7);
+    struct kvp_xfer_stats st;
+    kvp_xfer_stats(e, &st); /* the client actor counted the batch */
+    assert_int_equal(st.batches, 1);
+    assert_int_equal(st.slices, 4);
+    kvp_xfer_engine_destroy(&e); /* the engine first, then its batch host */
+    kvp_client_actor_stop(&c);
+    kvp_fake_clock_uninstall();
+}
+
 struct close_waiter {
     struct kvp_client *c;
     uint64_t inside;
@@ -179,6 +224,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_client_avoid_reported_segment_tried_last_then_forgiven),
         cmocka_unit_test(test_client_read_witnesses_taken_once_while_fresh),
+        cmocka_unit_test(test_client_batch_actor_notes_read_witnesses),
         cmocka_unit_test(test_client_close_wait_answered_after_last_call_left_either_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
