@@ -48,7 +48,7 @@ if [ "${KVP_TEST_QUICK:-0}" != 1 ]; then
   # there; test_client_cluster's forked second client also trips TSan's thread registry).
   # Their daemons run TSan builds too; what those report goes to the daemons' logs, not the test.
   # test_auth_cluster: caller threads read the data-token record while another asks and hands the
-  # tokens to the transfer actors (actors/client/dtoken.c).
+  # tokens to the transfer actors (actors/session/dtoken.c).
   # die_after_fork=0: czmq's background thread lives in client processes that fork.
   TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp die_after_fork=0${TSAN_OPTIONS:+ $TSAN_OPTIONS}" \
     run_ctest build-tsan -R '^test_runtime_|^test_seg_|^test_xfer_|^test_fence_(faults|peer|hotpath|client|faults_rdma)$|^test_msession$|^test_client_(fakemaster|api_ext|cluster_loss|quorum_lost|avoid|devmem_regs)$|^test_master_(failover|soft|quorum)$|^test_segment_lost_cmd$|^test_auth_cluster$' -E 'hugetlb|netns'

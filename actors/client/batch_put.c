@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "actors/client/client.h"
-#include "actors/client/dtoken.h"
+#include "actors/session/dtoken.h"
 #include "actors/client/client_metrics.h"
 #include "actors/client/devmem.h"
 #include "actors/client/devstage.h"

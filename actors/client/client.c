@@ -7,7 +7,7 @@
 #ifdef KVP_HAVE_VERBS
 #include "actors/transfer/rdma/xport_rdma.h"
 #endif
-#include "actors/client/dtoken.h"
+#include "actors/session/dtoken.h"
 #include "actors/client/client_metrics.h"
 
 #include <errno.h>

@@ -12,7 +12,7 @@
 
 #include <xxhash.h>
 
-#include "actors/client/dtoken.h"
+#include "actors/session/dtoken.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
 #include "runtime/actor.h"

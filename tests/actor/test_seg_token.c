@@ -600,7 +600,7 @@ static bool engine_read_all(struct kvp_xfer_engine *e, const char *ep, uint8_t *
  * the client and the mover use): each actor signs from its own copy of the key, filled by
  * message. Without a token, or with one for another key, the segment refuses the connection;
  * after the push the same engine's next run is served. Then the ordering the client relies on
- * (actors/client/dtoken.c): a run started right after the push returns, with no wait, finds the
+ * (actors/session/dtoken.c): a run started right after the push returns, with no wait, finds the
  * token in whichever of the 4 actors is its home, because the push entered every actor's mailbox
  * before the run did. Each round is a fresh engine, so every connection meets a challenge.
  */

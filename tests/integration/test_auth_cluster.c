@@ -25,7 +25,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
-#include "actors/client/dtoken.h"
+#include "actors/session/dtoken.h"
 #include "actors/segment/seg_server.h"
 #include "actors/session/msession.h"
 #include "actors/transfer/transfer.h"
@@ -507,7 +507,7 @@ static void test_auth_data_token_issued(void **state)
     assert_int_equal(kvp_dt_wallet_respond(w, ch, kvp_clock_wall_ms(), r, sizeof r), KVP_ERR_NOT_FOUND);
     kvp_dt_wallet_destroy(&w);
 
-    /* The process's tokens (actors/client/dtoken.c): ensure asks the master once for the
+    /* The process's tokens (actors/session/dtoken.c): ensure asks the master once for the
      * segments of a batch's slices, hands the tokens to the engine's transfer actors and only then
      * records them as held. Three other threads wait (busy, bounded) for the record of segment
      * 5's token and read from segment 5 at once, without asking themselves: their transfers, sent

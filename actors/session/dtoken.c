@@ -15,7 +15,7 @@
  *    sends that transfer after the tokens in the actor's mailbox, which is FIFO
  *    (docs/runtime.md "Messages"). Two callers may ask for the same segment at once, as before.
  */
-#include "actors/client/dtoken.h"
+#include "actors/session/dtoken.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
