@@ -148,12 +148,46 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
     return n < 0 ? 0 : n;
 }
 
+/* FenceWriter.writers: the QPs of every writer w with (w & mask) == (id & mask), for each
+ * selector (a mask 0 selects every writer). Returns the QPs fenced. */
+static int fence_selected(struct kvp_seg_rdma *r, Kvp__WriterSelector *const *sel, size_t n, uint64_t gen)
+{
+    if (gen == 0)
+        gen = UINT64_MAX;
+    int total = 0;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        struct kvp_rdma_writer *w = r->x->writers;
+        for (; w; w = w->next) {
+            if (w->gen > gen)
+                continue;
+            size_t i = 0;
+            while (i < n && (w->client_id & sel[i]->mask) != (sel[i]->client_id & sel[i]->mask))
+                i++;
+            if (i < n)
+                break;
+        }
+        if (!w)
+            break;
+        int k = kvp_rdma_seg_fence_writer(r->x, w->client_id, gen); /* unlinks w: this ends */
+        if (k < 0)
+            break;
+        total += k;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (total > 0)
+        kvp_log_info(r->who, "rdma: FenceWriter: %d QP(s) of %zu selected writer famil%s destroyed", total,
+                     n, n == 1 ? "y" : "ies");
+    return total;
+}
+
 void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,
                           Kvp__HeartbeatReq *hb, Kvp__Fenced *f)
 {
     if (!r || !ack || !hb || !f)
         return;
     hb->rdma_writers = 1;
+    hb->fence_selectors = 1; /* runs FenceWriter.writers (per-writer fence) */
     kvp__fenced__init(f);
     f->seq = ack->seq;
     f->status = ack->status;
@@ -166,7 +200,19 @@ bool kvp_seg_rdma_on_fence_writer(struct kvp_seg_rdma *r, const Kvp__FenceWriter
 {
     if (!r || !fw || !ack || fw->seq == 0 || fw->seq == ack->seq)
         return false;
-    int n = kvp_seg_rdma_fence_writers(r, fw->client_id, fw->generation);
+    int n;
+    bool sel_ok = fw->client_id == 0 && fw->n_writers > 0 && fw->n_writers <= KVP_SEG_FENCE_SELECTORS_MAX;
+    for (size_t i = 0; sel_ok && i < fw->n_writers; i++)
+        sel_ok = fw->writers[i] != NULL;
+    if (sel_ok) {
+        n = fence_selected(r, fw->writers, fw->n_writers, fw->generation);
+    } else {
+        if (fw->client_id == 0 && fw->n_writers > 0)
+            kvp_log_warn(r->who, "rdma: FenceWriter %llu names %zu writers (at most %d, none NULL): "
+                         "every writer is fenced", (unsigned long long)fw->seq, fw->n_writers,
+                         KVP_SEG_FENCE_SELECTORS_MAX);
+        n = kvp_seg_rdma_fence_writers(r, fw->client_id, fw->generation);
+    }
     ack->seq = fw->seq;
     ack->status = KVP_OK;
     ack->qps = (uint32_t)n;

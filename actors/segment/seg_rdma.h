@@ -64,12 +64,17 @@ struct kvp_seg_fence_ack {
     int32_t status;   /* its result (0) */
     uint32_t qps;     /* QPs it destroyed */
 };
-/** With r (an RDMA side): set hb->rdma_writers and hb->fenced (f is its storage) from *ack.
+/** With r (an RDMA side): set hb->rdma_writers, hb->fence_selectors and hb->fenced (f is its
+ *  storage) from *ack.
  *  r NULL: nothing is set (a TCP-only segment says nothing, as older ones). */
 void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,
                           Kvp__HeartbeatReq *hb, Kvp__Fenced *f);
+/* The most FenceWriter.writers run one by one (more: every writer is fenced, with a WARN). The
+ * master sends at most KVP_FENCE_SELECTORS_MAX (8, fence_track.h). */
+#define KVP_SEG_FENCE_SELECTORS_MAX 16
 /** A HeartbeatResp's FenceWriter (fw may be NULL): a seq other than ack->seq is run
- *  (kvp_seg_rdma_fence_writers) and recorded in *ack. Returns true when it ran (the caller
+ *  (kvp_seg_rdma_fence_writers; with client_id 0 and writers, only the writers they select:
+ *  (w & mask) == (client_id & mask)) and recorded in *ack. Returns true when it ran (the caller
  *  answers at once rather than a period later). r NULL: false. */
 bool kvp_seg_rdma_on_fence_writer(struct kvp_seg_rdma *r, const Kvp__FenceWriter *fw,
                                   struct kvp_seg_fence_ack *ack);
