@@ -148,6 +148,19 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
     return n < 0 ? 0 : n;
 }
 
+uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id)
+{
+    if (!r)
+        return 0;
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (const struct kvp_rdma_writer *w = r->x->writers; w; w = w->next)
+        if (w->client_id == client_id)
+            n += w->n_qps;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 /* FenceWriter.writers: the QPs of every writer w with (w & mask) == (id & mask), for each
  * selector (a mask 0 selects every writer). Returns the QPs fenced. */
 static int fence_selected(struct kvp_seg_rdma *r, Kvp__WriterSelector *const *sel, size_t n, uint64_t gen)
@@ -273,6 +286,12 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
     (void)r;
     (void)client_id;
     (void)gen;
+    return 0;
+}
+uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id)
+{
+    (void)r;
+    (void)client_id;
     return 0;
 }
 void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,

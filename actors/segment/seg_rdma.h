@@ -58,6 +58,10 @@ int kvp_seg_rdma_accept(struct kvp_seg_rdma *r, const uint8_t *offer, size_t len
  */
 int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t gen);
 
+/** The QPs the segment holds facing writer client_id (0: none, e.g. fenced or never connected);
+ *  status and tests. r NULL: 0. */
+uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id);
+
 /* The heartbeat's half of FenceWriter/Fenced (used by seg_heartbeat.c; tests drive it). */
 struct kvp_seg_fence_ack {
     uint64_t seq;     /* the last FenceWriter.seq run (0: none) */
