@@ -148,15 +148,32 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
     return n < 0 ? 0 : n;
 }
 
-uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id)
+uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t mask,
+                                 uint64_t *gen_sum)
 {
+    if (gen_sum)
+        *gen_sum = 0;
     if (!r)
         return 0;
     uint32_t n = 0;
     pthread_mutex_lock(&r->mu);
-    for (const struct kvp_rdma_writer *w = r->x->writers; w; w = w->next)
-        if (w->client_id == client_id)
-            n += w->n_qps;
+    for (const struct kvp_rdma_writer *w = r->x->writers; w; w = w->next) {
+        if ((w->client_id & mask) != (client_id & mask))
+            continue;
+        n += w->n_qps;
+        if (gen_sum)
+            *gen_sum += w->gen;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+uint64_t kvp_seg_rdma_writers_fenced(struct kvp_seg_rdma *r)
+{
+    if (!r)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    uint64_t n = r->x->st.writers_fenced;
     pthread_mutex_unlock(&r->mu);
     return n;
 }
@@ -288,10 +305,19 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
     (void)gen;
     return 0;
 }
-uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id)
+uint64_t kvp_seg_rdma_writers_fenced(struct kvp_seg_rdma *r)
+{
+    (void)r;
+    return 0;
+}
+uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t mask,
+                                 uint64_t *gen_sum)
 {
     (void)r;
     (void)client_id;
+    (void)mask;
+    if (gen_sum)
+        *gen_sum = 0;
     return 0;
 }
 void kvp_seg_rdma_hb_fill(const struct kvp_seg_rdma *r, const struct kvp_seg_fence_ack *ack,

@@ -58,9 +58,15 @@ int kvp_seg_rdma_accept(struct kvp_seg_rdma *r, const uint8_t *offer, size_t len
  */
 int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t gen);
 
-/** The QPs the segment holds facing writer client_id (0: none, e.g. fenced or never connected);
+/** The QPs the segment holds facing the writers w with (w & mask) == (client_id & mask) (mask
+ *  UINT64_MAX: that one writer; 0: none, e.g. fenced or never connected), and in *gen_sum (may be
+ *  NULL) the sum of their conn_generations (a reconnect changes it); status and tests. r NULL: 0. */
+uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t mask,
+                                 uint64_t *gen_sum);
+
+/** QPs facing writers destroyed since open (every fence, and a reconnect's older generation);
  *  status and tests. r NULL: 0. */
-uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id);
+uint64_t kvp_seg_rdma_writers_fenced(struct kvp_seg_rdma *r);
 
 /* The heartbeat's half of FenceWriter/Fenced (used by seg_heartbeat.c; tests drive it). */
 struct kvp_seg_fence_ack {

@@ -495,7 +495,7 @@ static uint64_t selector_round(uint64_t seed, bool old_segment)
     struct e2e x;
     e2e_up(&x, seed, old_segment);
     struct writer *a1 = &x.w[0], *a2 = &x.w[1], *b = &x.w[2];
-    uint32_t b_qps = kvp_seg_rdma_writer_qps(x.sr, b->id);
+    uint32_t b_qps = kvp_seg_rdma_writer_qps(x.sr, b->id, UINT64_MAX, NULL);
     assert_true(b_qps > 0);
     uint64_t b_gen = kvp_rdma_ep_generation(b->ep);
     /* B stores an object first (it stays) */
@@ -538,10 +538,10 @@ static uint64_t selector_round(uint64_t seed, bool old_segment)
         assert_int_equal(off2, off); /* A's space, reused */
         t_reuse = fv_now(x.f);
         /* the segment fenced A's family; B's QPs are up unless the segment fenced every writer */
-        assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, a1->id), 0);
-        assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, a2->id), 0);
-        if (kvp_seg_rdma_writer_qps(x.sr, b->id) != b_qps) {
-            assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, b->id), 0);
+        assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, a1->id, UINT64_MAX, NULL), 0);
+        assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, a2->id, UINT64_MAX, NULL), 0);
+        if (kvp_seg_rdma_writer_qps(x.sr, b->id, UINT64_MAX, NULL) != b_qps) {
+            assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, b->id, UINT64_MAX, NULL), 0);
             kvp_rdma_ep_free(&b->ep);
             connect_writer(&x, b);
             reconnects++;
@@ -619,12 +619,12 @@ static void test_segment_runs_selectors(void **state)
     fw.seq = 1000;
     fw.n_writers = 1;
     fw.writers = wp;
-    uint32_t qa = kvp_seg_rdma_writer_qps(x.sr, x.w[0].id);
+    uint32_t qa = kvp_seg_rdma_writer_qps(x.sr, x.w[0].id, UINT64_MAX, NULL);
     assert_true(kvp_seg_rdma_on_fence_writer(x.sr, &fw, &x.ack));
     assert_int_equal(x.ack.seq, 1000);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[2].id), 0);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[0].id), qa);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[1].id), qa);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[2].id, UINT64_MAX, NULL), 0);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[0].id, UINT64_MAX, NULL), qa);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[1].id, UINT64_MAX, NULL), qa);
     /* the same seq again: not run twice */
     assert_false(kvp_seg_rdma_on_fence_writer(x.sr, &fw, &x.ack));
     /* more selectors than the bound: every writer (a NULL entry would be refused the same way) */
@@ -634,8 +634,8 @@ static void test_segment_runs_selectors(void **state)
     fw.n_writers = KVP_SEG_FENCE_SELECTORS_MAX + 1;
     assert_true(kvp_seg_rdma_on_fence_writer(x.sr, &fw, &x.ack));
     assert_int_equal(x.ack.qps, 2 * qa);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[0].id), 0);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[1].id), 0);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[0].id, UINT64_MAX, NULL), 0);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[1].id, UINT64_MAX, NULL), 0);
     e2e_down(&x);
 }
 
