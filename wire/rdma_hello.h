@@ -22,6 +22,10 @@
 #define KVP_RDMA_HELLO_MAX_QPS 16u        /* rdma_qps_per_peer's upper bound */
 #define KVP_RDMA_HELLO_MAX_CHUNKS 65536u  /* 256 TiB at 4 GiB chunks; 256 MiB at 4 KiB */
 #define KVP_RDMA_HELLO_NIC_BYTES 64u      /* IBV_SYSFS_NAME_MAX */
+/* RdmaHello.client_id of a client's transfer actors: the client's id in the high 32 bits, a
+ * random non-zero low half per actor. This mask selects them all (PutRevokeReq.writer_mask,
+ * WriterSelector; docs/rdma.md "Per-writer fence"). */
+#define KVP_RDMA_WRITER_FAMILY_MASK 0xffffffff00000000ull
 
 struct kvp_rdma_hello_qp {
     uint32_t qpn;   /* 1 .. 2^24-1 */

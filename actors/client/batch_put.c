@@ -22,6 +22,7 @@
 #include "actors/client/put_retry.h"
 #include "runtime/clock.h"
 #include "runtime/log.h"
+#include "wire/rdma_hello.h"
 
 /* Per-item state of one put call. */
 /* Most replicas a PutEnd echoes per item (KVP_FSM_MAX_REPLICAS). */
@@ -93,6 +94,12 @@ static void send_revoke(struct kvp_client *c, struct put_item *it, size_t m, con
         kvp__put_revoke_req__init(&pr);
         pr.n_items = k;
         pr.items = rp;
+        if (c->rdma_opts) {
+            /* its RDMA writers (client.c): segments fence only them (docs/rdma.md "Per-writer
+             * fence"); a TCP client names none, and an RDMA segment then fences every writer */
+            pr.writer_id = c->client_id & KVP_RDMA_WRITER_FAMILY_MASK;
+            pr.writer_mask = KVP_RDMA_WRITER_FAMILY_MASK;
+        }
         req.body_case = KVP__REQUEST__BODY_PUT_REVOKE;
         req.put_revoke = &pr;
         Kvp__Response *resp = NULL;

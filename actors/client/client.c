@@ -6,6 +6,7 @@
 #include "actors/client/client.h"
 #ifdef KVP_HAVE_VERBS
 #include "actors/transfer/rdma/xport_rdma.h"
+#include "wire/rdma_hello.h"
 #endif
 #include "actors/session/dtoken.h"
 #include "actors/client/client_metrics.h"
@@ -145,6 +146,9 @@ static const struct kvp_xport_ops *client_rdma_probe(struct kvp_client *c)
                                      .fence_bound_ms = c->cfg.rdma_fence_bound_ms,
                                      .nodev_log_level = KVP_LOG_WARN};
     b->h.timeout_ms = c->cfg.rpc_timeout_ms ? c->cfg.rpc_timeout_ms : 2000;
+    /* every transfer actor's writer id shares the client id's high half: a PutRevoke names them
+     * all, and segments fence only them (docs/rdma.md "Per-writer fence") */
+    b->o.writer_prefix = c->client_id & KVP_RDMA_WRITER_FAMILY_MASK;
     b->o.hello = kvp_rdma_hello_tcp;
     b->o.hello_arg = &b->h;
     struct kvp_xport_params p = {.name = c->name, .wrap_opts = &b->o};

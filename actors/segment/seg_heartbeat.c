@@ -25,7 +25,8 @@
  * before going on:
  *  - remount: id 0 (every writer of the old mount fenced) before the MountSegment goes out: the
  *    new mount lets the master place objects in this region again;
- *  - FenceWriter: the QPs fenced before the Fenced that lets the leader free the space.
+ *  - FenceWriter: the QPs fenced before the Fenced that lets the leader free the space (its
+ *    selectors, FenceWriter.writers of the per-writer fence, are copied into the message).
  * The other three are one-way (kvp_seg_server_set_id_post): the stall fence (id 0; the beat that
  * follows only asks the master to confirm), the confirmation and the mount's answer (the new id:
  * a remount's id 0 came first, so no writer of an old mount is left to fence). Loop 0 runs them
@@ -175,7 +176,9 @@ static int on_beat_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, int rc, Kvp
         kvp_seg_server_has_rdma(s->srv) && kvp_seg_fence_writer_due(resp->heartbeat->fence_writer, &h->fence)) {
         /* Fence on loop 0; the Fenced goes out when it replies (on_rdma_reply), not a period later */
         const Kvp__FenceWriter *fw = resp->heartbeat->fence_writer;
-        int e = kvp_seg_server_fence_request(ctx, s->srv, fw->client_id, fw->generation, &h->corr);
+        struct kvp_seg_writer_sel sel[KVP_SEG_FENCE_SELECTORS_MAX]; /* FenceWriter.writers, by value */
+        size_t n_sel = kvp_seg_fence_selectors(fw, sel, s->actor);
+        int e = kvp_seg_server_fence_request(ctx, s->srv, fw->client_id, fw->generation, sel, n_sel, &h->corr);
         if (e == KVP_ERR_NOMEM)
             return e;
         if (e != KVP_OK) { /* the server is stopping: not run, not acknowledged */

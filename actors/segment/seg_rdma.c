@@ -29,6 +29,24 @@ void kvp_seg_fence_ack_set(struct kvp_seg_fence_ack *ack, uint64_t seq, int qps)
     ack->qps = qps > 0 ? (uint32_t)qps : 0;
 }
 
+size_t kvp_seg_fence_selectors(const Kvp__FenceWriter *fw, struct kvp_seg_writer_sel *out, const char *who)
+{
+    if (!fw || !out || fw->client_id != 0 || fw->n_writers == 0)
+        return 0;
+    bool ok = fw->n_writers <= KVP_SEG_FENCE_SELECTORS_MAX && fw->writers;
+    for (size_t i = 0; ok && i < fw->n_writers; i++)
+        ok = fw->writers[i] != NULL;
+    if (!ok) {
+        kvp_log_warn(who ? who : "segment", "rdma: FenceWriter %llu names %zu writers (at most %d, none NULL): "
+                     "every writer is fenced", (unsigned long long)fw->seq, fw->n_writers,
+                     KVP_SEG_FENCE_SELECTORS_MAX);
+        return 0;
+    }
+    for (size_t i = 0; i < fw->n_writers; i++)
+        out[i] = (struct kvp_seg_writer_sel){.client_id = fw->writers[i]->client_id, .mask = fw->writers[i]->mask};
+    return fw->n_writers;
+}
+
 #ifdef KVP_HAVE_VERBS
 #include "actors/transfer/rdma/rdma_xport_internal.h"
 
@@ -148,12 +166,78 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
     return n < 0 ? 0 : n;
 }
 
+uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t mask,
+                                 uint64_t *gen_sum)
+{
+    if (gen_sum)
+        *gen_sum = 0;
+    if (!r)
+        return 0;
+    uint32_t n = 0;
+    for (const struct kvp_rdma_writer *w = r->x->writers; w; w = w->next) {
+        if ((w->client_id & mask) != (client_id & mask))
+            continue;
+        n += w->n_qps;
+        if (gen_sum)
+            *gen_sum += w->gen;
+    }
+    return n;
+}
+
+uint64_t kvp_seg_rdma_writers_fenced(struct kvp_seg_rdma *r)
+{
+    return r ? r->x->st.writers_fenced : 0;
+}
+
+/* FenceWriter.writers: the QPs of every writer w with (w & mask) == (id & mask), for each
+ * selector (a mask 0 selects every writer), of a generation <= gen (0: any). Returns the QPs
+ * fenced. */
+static int fence_selected(struct kvp_seg_rdma *r, const struct kvp_seg_writer_sel *sel, size_t n, uint64_t gen)
+{
+    if (gen == 0)
+        gen = UINT64_MAX;
+    int total = 0;
+    for (;;) {
+        struct kvp_rdma_writer *w = r->x->writers;
+        for (; w; w = w->next) {
+            if (w->gen > gen)
+                continue;
+            size_t i = 0;
+            while (i < n && (w->client_id & sel[i].mask) != (sel[i].client_id & sel[i].mask))
+                i++;
+            if (i < n)
+                break;
+        }
+        if (!w)
+            break;
+        int k = kvp_rdma_seg_fence_writer(r->x, w->client_id, gen); /* unlinks w: this ends */
+        if (k < 0)
+            break;
+        total += k;
+    }
+    if (total > 0)
+        kvp_log_info(r->who, "rdma: FenceWriter: %d QP(s) of %zu selected writer famil%s destroyed", total,
+                     n, n == 1 ? "y" : "ies");
+    return total;
+}
+
+int kvp_seg_rdma_fence_run(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t gen,
+                           const struct kvp_seg_writer_sel *sel, size_t n_sel)
+{
+    if (!r)
+        return 0;
+    if (client_id == 0 && sel && n_sel > 0 && n_sel <= KVP_SEG_FENCE_SELECTORS_MAX)
+        return fence_selected(r, sel, n_sel, gen);
+    return kvp_seg_rdma_fence_writers(r, client_id, gen);
+}
+
 void kvp_seg_rdma_hb_fill(bool rdma, const struct kvp_seg_fence_ack *ack, Kvp__HeartbeatReq *hb,
                           Kvp__Fenced *f)
 {
     if (!rdma || !ack || !hb || !f)
         return;
     hb->rdma_writers = 1;
+    hb->fence_selectors = 1; /* runs FenceWriter.writers (per-writer fence) */
     kvp__fenced__init(f);
     f->seq = ack->seq;
     f->status = ack->status;
@@ -166,7 +250,9 @@ bool kvp_seg_rdma_on_fence_writer(struct kvp_seg_rdma *r, const Kvp__FenceWriter
 {
     if (!r || !kvp_seg_fence_writer_due(fw, ack))
         return false;
-    kvp_seg_fence_ack_set(ack, fw->seq, kvp_seg_rdma_fence_writers(r, fw->client_id, fw->generation));
+    struct kvp_seg_writer_sel sel[KVP_SEG_FENCE_SELECTORS_MAX];
+    size_t n_sel = kvp_seg_fence_selectors(fw, sel, r->who);
+    kvp_seg_fence_ack_set(ack, fw->seq, kvp_seg_rdma_fence_run(r, fw->client_id, fw->generation, sel, n_sel));
     return true;
 }
 
@@ -221,6 +307,31 @@ int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint6
     (void)r;
     (void)client_id;
     (void)gen;
+    return 0;
+}
+uint64_t kvp_seg_rdma_writers_fenced(struct kvp_seg_rdma *r)
+{
+    (void)r;
+    return 0;
+}
+uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t mask,
+                                 uint64_t *gen_sum)
+{
+    (void)r;
+    (void)client_id;
+    (void)mask;
+    if (gen_sum)
+        *gen_sum = 0;
+    return 0;
+}
+int kvp_seg_rdma_fence_run(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t gen,
+                           const struct kvp_seg_writer_sel *sel, size_t n_sel)
+{
+    (void)r;
+    (void)client_id;
+    (void)gen;
+    (void)sel;
+    (void)n_sel;
     return 0;
 }
 void kvp_seg_rdma_hb_fill(bool rdma, const struct kvp_seg_fence_ack *ack, Kvp__HeartbeatReq *hb,

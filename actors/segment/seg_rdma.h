@@ -59,14 +59,27 @@ int kvp_seg_rdma_accept(struct kvp_seg_rdma *r, const uint8_t *offer, size_t len
  */
 int kvp_seg_rdma_fence_writers(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t gen);
 
+/** The QPs the segment holds facing the writers w with (w & mask) == (client_id & mask) (mask
+ *  UINT64_MAX: that one writer; 0: none, e.g. fenced or never connected), and in *gen_sum (may be
+ *  NULL) the sum of their conn_generations (a reconnect changes it); status and tests. r NULL: 0.
+ *  The owner's thread only (a server's: kvp_seg_server_rdma_writer_qps). */
+uint32_t kvp_seg_rdma_writer_qps(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t mask,
+                                 uint64_t *gen_sum);
+
+/** QPs facing writers destroyed since open (every fence, and a reconnect's older generation);
+ *  status and tests. r NULL: 0. The owner's thread only (a server's:
+ *  kvp_seg_server_rdma_writers_fenced). */
+uint64_t kvp_seg_rdma_writers_fenced(struct kvp_seg_rdma *r);
+
 /* The heartbeat's half of FenceWriter/Fenced (used by seg_heartbeat.c; tests drive it). */
 struct kvp_seg_fence_ack {
     uint64_t seq;     /* the last FenceWriter.seq run (0: none) */
     int32_t status;   /* its result (0) */
     uint32_t qps;     /* QPs it destroyed */
 };
-/** With an RDMA side (rdma): set hb->rdma_writers and hb->fenced (f is its storage) from *ack.
- *  rdma false: nothing is set (a TCP-only segment says nothing, as older ones). Any thread. */
+/** With an RDMA side (rdma): set hb->rdma_writers, hb->fence_selectors (this segment runs
+ *  FenceWriter.writers) and hb->fenced (f is its storage) from *ack. rdma false: nothing is set
+ *  (a TCP-only segment says nothing, as older ones). Any thread. */
 void kvp_seg_rdma_hb_fill(bool rdma, const struct kvp_seg_fence_ack *ack, Kvp__HeartbeatReq *hb,
                           Kvp__Fenced *f);
 /** Whether a HeartbeatResp's FenceWriter (fw may be NULL) is one to run: a seq other than 0 and
@@ -74,10 +87,31 @@ void kvp_seg_rdma_hb_fill(bool rdma, const struct kvp_seg_fence_ack *ack, Kvp__H
 bool kvp_seg_fence_writer_due(const Kvp__FenceWriter *fw, const struct kvp_seg_fence_ack *ack);
 /** Record a FenceWriter run: seq, status OK, qps QPs destroyed (negative: 0). */
 void kvp_seg_fence_ack_set(struct kvp_seg_fence_ack *ack, uint64_t seq, int qps);
+/* The most FenceWriter.writers run one by one (more: every writer is fenced, with a WARN). The
+ * master sends at most KVP_FENCE_SELECTORS_MAX (8, fence_track.h). */
+#define KVP_SEG_FENCE_SELECTORS_MAX 16
+/* One FenceWriter.writers entry, copied out of the message (it travels to loop 0 by value):
+ * writer w is selected when (w & mask) == (client_id & mask); mask 0 selects every writer. */
+struct kvp_seg_writer_sel {
+    uint64_t client_id;
+    uint64_t mask;
+};
+/** Copy a FenceWriter's selectors into out[KVP_SEG_FENCE_SELECTORS_MAX]; returns how many (0:
+ *  fence by fw->client_id: it names one writer, or none were sent, or they are unusable, more
+ *  than KVP_SEG_FENCE_SELECTORS_MAX or a NULL entry, which is logged as a WARN by `who` and means
+ *  every writer). Any thread. */
+size_t kvp_seg_fence_selectors(const Kvp__FenceWriter *fw, struct kvp_seg_writer_sel *out, const char *who);
+/** The owner's FenceWriter: with client_id 0 and 1..KVP_SEG_FENCE_SELECTORS_MAX selectors, fence
+ *  the QPs (generation <= gen, 0: any) of the writers they select; otherwise as
+ *  kvp_seg_rdma_fence_writers(r, client_id, gen). Returns the QPs fenced (>= 0); r NULL: 0. */
+int kvp_seg_rdma_fence_run(struct kvp_seg_rdma *r, uint64_t client_id, uint64_t gen,
+                           const struct kvp_seg_writer_sel *sel, size_t n_sel);
 /** The owner's FenceWriter step in one call: when kvp_seg_fence_writer_due, run it
- *  (kvp_seg_rdma_fence_writers) and record it in *ack. Returns true when it ran (the caller
- *  answers at once rather than a period later). r NULL: false. The segment's heartbeat does the
- *  same through loop 0 (kvp_seg_server_fence_request) and answers when the reply comes. */
+ *  (kvp_seg_fence_selectors, kvp_seg_rdma_fence_run: with client_id 0 and writers, only the
+ *  writers they select) and record it in *ack. Returns true when it ran (the caller answers at
+ *  once rather than a period later). r NULL: false. The segment's heartbeat does the same through
+ *  loop 0 (kvp_seg_server_fence_request, the selectors copied into the message) and answers when
+ *  the reply comes. */
 bool kvp_seg_rdma_on_fence_writer(struct kvp_seg_rdma *r, const Kvp__FenceWriter *fw,
                                   struct kvp_seg_fence_ack *ack);
 

@@ -1106,6 +1106,8 @@ static int loop_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg)
     case SEG_MSG_RDMA_OPEN:
     case SEG_MSG_RDMA_FENCE:
     case SEG_MSG_RDMA_HELLO:
+    case SEG_MSG_RDMA_QPS:
+    case SEG_MSG_RDMA_FENCED:
         if (l->idx == 0) /* the RDMA side's owner (seg_server_rdma.c) */
             return kvp_seg_rdma_loop_msg(l->srv, ctx, msg);
         kvp_log_warn(ACTOR, "loop %d: RDMA message %u is loop 0's", l->idx, msg->type);

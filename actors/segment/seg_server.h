@@ -77,10 +77,32 @@ int kvp_seg_server_set_id_post(struct kvp_seg_server *s, uint32_t segment_id);
  * loop 0 could not be reached.
  */
 int kvp_seg_server_fence_writers(struct kvp_seg_server *s, uint64_t client_id, uint64_t gen);
-/** FenceWriter from inside an actor's callback: the reply (as kvp_seg_server_set_id_request; its
- *  arg: QPs fenced) comes once those QPs are fenced. Errors as kvp_seg_server_set_id_request. */
+struct kvp_seg_writer_sel;
+/**
+ * The per-writer fence (FenceWriter.writers, seg_rdma.h kvp_seg_rdma_fence_run): with client_id 0
+ * and n_sel (1..KVP_SEG_FENCE_SELECTORS_MAX) selectors, fence the QPs (generation <= gen, 0: any)
+ * of the writers they select; n_sel 0: as kvp_seg_server_fence_writers. The selectors are copied.
+ * Blocking (plain threads): returns the QPs fenced (>= 0), or a negative kvp_err
+ * (KVP_ERR_INVALID: more than KVP_SEG_FENCE_SELECTORS_MAX; loop 0 unreachable).
+ */
+int kvp_seg_server_fence_selected(struct kvp_seg_server *s, uint64_t client_id, uint64_t gen,
+                                  const struct kvp_seg_writer_sel *sel, size_t n_sel);
+/** FenceWriter from inside an actor's callback, selectors included (as
+ *  kvp_seg_server_fence_selected; copied into the message): the reply (as
+ *  kvp_seg_server_set_id_request; its arg: QPs fenced) comes once those QPs are fenced. Errors as
+ *  kvp_seg_server_set_id_request, and KVP_ERR_INVALID for more than KVP_SEG_FENCE_SELECTORS_MAX. */
 int kvp_seg_server_fence_request(struct kvp_rt_ctx *ctx, struct kvp_seg_server *s, uint64_t client_id,
-                                 uint64_t gen, uint64_t *corr_id);
+                                 uint64_t gen, const struct kvp_seg_writer_sel *sel, size_t n_sel,
+                                 uint64_t *corr_id);
+/** Status and tests, from loop 0 (seg_rdma.h kvp_seg_rdma_writer_qps): *qps (may be NULL) the QPs
+ *  facing the writers w with (w & mask) == (client_id & mask), *gen_sum (may be NULL) the sum of
+ *  their generations; 0 without an RDMA side. Blocking (plain threads). Returns KVP_OK, or
+ *  KVP_ERR_INVALID / KVP_ERR_NOMEM / KVP_ERR_CLOSED (loop 0 unreachable; outputs 0). */
+int kvp_seg_server_rdma_writer_qps(struct kvp_seg_server *s, uint64_t client_id, uint64_t mask,
+                                   uint32_t *qps, uint64_t *gen_sum);
+/** Status and tests, from loop 0: *fenced the RDMA side's writers_fenced (seg_rdma.h; 0 without
+ *  one). Blocking (plain threads). Errors as kvp_seg_server_rdma_writer_qps. */
+int kvp_seg_server_rdma_writers_fenced(struct kvp_seg_server *s, uint64_t *fenced);
 /* Request kinds and results counted by the server (names for metrics labels). */
 #define KVP_SEG_OPS 3     /* read, write, ping */
 #define KVP_SEG_RESULTS 5 /* ok, not_found, invalid, deadline_passed, other */

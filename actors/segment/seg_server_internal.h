@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "actors/segment/seg_rdma.h"
 #include "actors/segment/seg_server.h"
 #include "actors/segment/segment_internal.h"
 #include "auth/auth_token.h"
@@ -54,6 +55,9 @@ enum {
     SEG_MSG_RDMA_FENCE = 10, /* to loop 0 (request): payload struct seg_fence_req; reply arg: QPs */
     SEG_MSG_RDMA_HELLO = 11, /* to loop 0 (request): payload the offer, arg its length; the reply
                               * carries the encoded answer (arg its length) and its status */
+    SEG_MSG_RDMA_QPS = 12,   /* to loop 0 (request): payload struct seg_qps_req, filled in and sent
+                              * back as the reply's payload (status and tests) */
+    SEG_MSG_RDMA_FENCED = 13, /* to loop 0 (request): reply arg: the RDMA side's writers_fenced */
 };
 
 struct kvp_seg_server {
@@ -88,13 +92,22 @@ struct kvp_seg_server {
 
 /* FenceWriter's arguments (SEG_MSG_RDMA_FENCE). */
 struct seg_fence_req {
-    uint64_t client_id; /* 0: every writer */
+    uint64_t client_id; /* 0: every writer (or those sel selects) */
     uint64_t gen;       /* 0: any generation */
+    uint32_t n_sel;     /* FenceWriter.writers, copied (kvp_seg_rdma_fence_run) */
+    struct kvp_seg_writer_sel sel[KVP_SEG_FENCE_SELECTORS_MAX];
+};
+
+/* A writer_qps query (SEG_MSG_RDMA_QPS): loop 0 fills n and gen_sum. */
+struct seg_qps_req {
+    uint64_t client_id, mask; /* in */
+    uint32_t n;               /* out: QPs */
+    uint64_t gen_sum;         /* out */
 };
 
 /**
- * Loop 0's handler for SEG_MSG_SET_ID, SEG_MSG_RDMA_OPEN, SEG_MSG_RDMA_FENCE and
- * SEG_MSG_RDMA_HELLO (seg_server_rdma.c); runs on loop 0's thread only. Requests are answered here.
+ * Loop 0's handler for SEG_MSG_SET_ID, SEG_MSG_RDMA_OPEN, SEG_MSG_RDMA_FENCE, SEG_MSG_RDMA_HELLO,
+ * SEG_MSG_RDMA_QPS and SEG_MSG_RDMA_FENCED (seg_server_rdma.c); runs on loop 0's thread only. Requests are answered here.
  * Returns KVP_OK (a failure to answer is logged; the requester then sees CLOSED or its timeout).
  */
 int kvp_seg_rdma_loop_msg(struct kvp_seg_server *s, struct kvp_rt_ctx *ctx, struct kvp_rt_msg *msg);

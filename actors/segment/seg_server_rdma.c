@@ -11,7 +11,9 @@
  *  - a mount change (SEG_MSG_SET_ID) runs on loop 0 in this order: the RDMA side fences every
  *    writer of the old mount, then the id the loops check requests against is stored, then the
  *    loops are told (SEG_MSG_ID). Loop 0 is the only writer of that id;
- *  - FenceWriter (SEG_MSG_RDMA_FENCE).
+ *  - FenceWriter (SEG_MSG_RDMA_FENCE), its selectors (FenceWriter.writers, the per-writer fence)
+ *    copied into the message by value;
+ *  - the status and test queries (SEG_MSG_RDMA_QPS, SEG_MSG_RDMA_FENCED).
  * Plain threads (the segment's start and stop, tests) keep the blocking calls: kvp_rt_call, which
  * returns after loop 0 has done the change. Actors (the segment's heartbeat) must not block on
  * another actor: they use the _request forms and go on when the reply arrives, or the _post form
@@ -24,6 +26,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "actors/segment/seg_rdma.h"
 #include "actors/segment/seg_server.h"
@@ -79,9 +82,23 @@ int kvp_seg_rdma_loop_msg(struct kvp_seg_server *s, struct kvp_rt_ctx *ctx, stru
         if (!f)
             st = KVP_ERR_INVALID;
         else
-            arg = (uint64_t)kvp_seg_rdma_fence_writers(s->rdma, f->client_id, f->gen);
+            arg = (uint64_t)kvp_seg_rdma_fence_run(s->rdma, f->client_id, f->gen, f->sel,
+                                                   f->n_sel > KVP_SEG_FENCE_SELECTORS_MAX ? 0 : f->n_sel);
         break;
     }
+    case SEG_MSG_RDMA_QPS: {
+        struct seg_qps_req *q = kvp_rt_msg_take(msg);
+        if (!q) {
+            st = KVP_ERR_INVALID;
+            break;
+        }
+        q->n = kvp_seg_rdma_writer_qps(s->rdma, q->client_id, q->mask, &q->gen_sum);
+        out = q;
+        break;
+    }
+    case SEG_MSG_RDMA_FENCED:
+        arg = kvp_seg_rdma_writers_fenced(s->rdma);
+        break;
     case SEG_MSG_RDMA_HELLO: {
         uint8_t *ans = NULL;
         size_t alen = 0;
@@ -183,14 +200,29 @@ int kvp_seg_server_set_id_post(struct kvp_seg_server *s, uint32_t segment_id)
     return kvp_rt_send(s->loops[0], 0, SEG_MSG_SET_ID, segment_id, NULL, NULL);
 }
 
-int kvp_seg_server_fence_writers(struct kvp_seg_server *s, uint64_t client_id, uint64_t gen)
+/* A FenceWriter's arguments for loop 0 (malloc'd: the message owns it once sent). */
+static struct seg_fence_req *fence_req_new(uint64_t client_id, uint64_t gen, const struct kvp_seg_writer_sel *sel,
+                                           size_t n_sel)
 {
-    if (!s || s->n_loops == 0)
-        return KVP_ERR_INVALID;
     struct seg_fence_req *f = malloc(sizeof *f);
     if (!f)
-        return KVP_ERR_NOMEM;
+        return NULL;
     *f = (struct seg_fence_req){.client_id = client_id, .gen = gen};
+    if (sel && n_sel > 0 && n_sel <= KVP_SEG_FENCE_SELECTORS_MAX) {
+        memcpy(f->sel, sel, n_sel * sizeof *sel);
+        f->n_sel = (uint32_t)n_sel;
+    }
+    return f;
+}
+
+int kvp_seg_server_fence_selected(struct kvp_seg_server *s, uint64_t client_id, uint64_t gen,
+                                  const struct kvp_seg_writer_sel *sel, size_t n_sel)
+{
+    if (!s || s->n_loops == 0 || n_sel > KVP_SEG_FENCE_SELECTORS_MAX || (n_sel && !sel))
+        return KVP_ERR_INVALID;
+    struct seg_fence_req *f = fence_req_new(client_id, gen, sel, n_sel);
+    if (!f)
+        return KVP_ERR_NOMEM;
     void *p = f;
     struct kvp_rt_msg *reply = NULL;
     int rc = kvp_rt_call(s->loops[0], 0, SEG_MSG_RDMA_FENCE, 0, &p, NULL, 0, &reply);
@@ -203,17 +235,73 @@ int kvp_seg_server_fence_writers(struct kvp_seg_server *s, uint64_t client_id, u
     return rc;
 }
 
-int kvp_seg_server_fence_request(struct kvp_rt_ctx *ctx, struct kvp_seg_server *s, uint64_t client_id,
-                                 uint64_t gen, uint64_t *corr_id)
+int kvp_seg_server_fence_writers(struct kvp_seg_server *s, uint64_t client_id, uint64_t gen)
 {
-    if (!ctx || !s || !corr_id || s->n_loops == 0)
+    return kvp_seg_server_fence_selected(s, client_id, gen, NULL, 0);
+}
+
+int kvp_seg_server_fence_request(struct kvp_rt_ctx *ctx, struct kvp_seg_server *s, uint64_t client_id,
+                                 uint64_t gen, const struct kvp_seg_writer_sel *sel, size_t n_sel,
+                                 uint64_t *corr_id)
+{
+    if (!ctx || !s || !corr_id || s->n_loops == 0 || n_sel > KVP_SEG_FENCE_SELECTORS_MAX || (n_sel && !sel))
         return KVP_ERR_INVALID;
-    struct seg_fence_req *f = malloc(sizeof *f);
+    struct seg_fence_req *f = fence_req_new(client_id, gen, sel, n_sel);
     if (!f)
         return KVP_ERR_NOMEM;
-    *f = (struct seg_fence_req){.client_id = client_id, .gen = gen};
     void *p = f;
     int rc = kvp_rt_request(ctx, s->loops[0], 0, SEG_MSG_RDMA_FENCE, 0, &p, NULL, 0, corr_id);
     free(p); /* NULL when sent */
+    return rc;
+}
+
+int kvp_seg_server_rdma_writer_qps(struct kvp_seg_server *s, uint64_t client_id, uint64_t mask,
+                                   uint32_t *qps, uint64_t *gen_sum)
+{
+    if (qps)
+        *qps = 0;
+    if (gen_sum)
+        *gen_sum = 0;
+    if (!s || s->n_loops == 0)
+        return KVP_ERR_INVALID;
+    struct seg_qps_req *q = malloc(sizeof *q);
+    if (!q)
+        return KVP_ERR_NOMEM;
+    *q = (struct seg_qps_req){.client_id = client_id, .mask = mask};
+    void *p = q;
+    struct kvp_rt_msg *reply = NULL;
+    int rc = kvp_rt_call(s->loops[0], 0, SEG_MSG_RDMA_QPS, 0, &p, NULL, 0, &reply);
+    if (rc != KVP_OK) {
+        free(p);
+        return rc;
+    }
+    rc = reply->status;
+    const struct seg_qps_req *a = reply->payload;
+    if (rc == KVP_OK && !a)
+        rc = KVP_ERR_INVALID;
+    if (rc == KVP_OK) {
+        if (qps)
+            *qps = a->n;
+        if (gen_sum)
+            *gen_sum = a->gen_sum;
+    }
+    kvp_rt_msg_destroy(&reply);
+    return rc;
+}
+
+int kvp_seg_server_rdma_writers_fenced(struct kvp_seg_server *s, uint64_t *fenced)
+{
+    if (fenced)
+        *fenced = 0;
+    if (!s || s->n_loops == 0)
+        return KVP_ERR_INVALID;
+    struct kvp_rt_msg *reply = NULL;
+    int rc = kvp_rt_call(s->loops[0], 0, SEG_MSG_RDMA_FENCED, 0, NULL, NULL, 0, &reply);
+    if (rc != KVP_OK)
+        return rc;
+    rc = reply->status;
+    if (rc == KVP_OK && fenced)
+        *fenced = reply->arg;
+    kvp_rt_msg_destroy(&reply);
     return rc;
 }

@@ -37,6 +37,10 @@ struct fake_master {
     _Atomic uint64_t fenced_seq;
     _Atomic uint32_t fenced_qps;
     _Atomic int rdma_beats; /* heartbeats that said rdma_writers */
+    _Atomic int sel_beats;  /* heartbeats that said fence_selectors (and rdma_writers) */
+    /* fw_sel_mask != 0: the FenceWriter names one writer family (writers = {fw_sel_id,
+     * fw_sel_mask}, client_id 0: the per-writer fence) instead of every writer */
+    _Atomic uint64_t fw_sel_id, fw_sel_mask;
     void (*on_fenced)(void *arg);
     void *on_fenced_arg;
 };
@@ -52,6 +56,7 @@ static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request 
     Kvp__DrainSegmentResp dr;
     Kvp__ClusterStatusResp cr;
     Kvp__FenceWriter fw;
+    Kvp__WriterSelector ws, *wsp[1] = {&ws};
     char json[256];
     switch (req->body_case) {
     case KVP__REQUEST__BODY_MOUNT:
@@ -75,6 +80,8 @@ static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request 
         resp.heartbeat = &hr;
         if (req->heartbeat->rdma_writers)
             atomic_fetch_add(&fm->rdma_beats, 1);
+        if (req->heartbeat->rdma_writers && req->heartbeat->fence_selectors)
+            atomic_fetch_add(&fm->sel_beats, 1);
         if (req->heartbeat->fenced && req->heartbeat->fenced->seq &&
             req->heartbeat->fenced->seq != atomic_load(&fm->fenced_seq)) {
             if (fm->on_fenced)
@@ -85,6 +92,13 @@ static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request 
         if (atomic_load(&fm->fw_seq) && atomic_load(&fm->fw_seq) != atomic_load(&fm->fenced_seq)) {
             kvp__fence_writer__init(&fw);
             fw.seq = atomic_load(&fm->fw_seq); /* client_id 0, generation 0: every writer */
+            if (atomic_load(&fm->fw_sel_mask)) { /* ... or the writers this family selects */
+                kvp__writer_selector__init(&ws);
+                ws.client_id = atomic_load(&fm->fw_sel_id);
+                ws.mask = atomic_load(&fm->fw_sel_mask);
+                fw.n_writers = 1;
+                fw.writers = wsp;
+            }
             hr.fence_writer = &fw;
         }
         break;

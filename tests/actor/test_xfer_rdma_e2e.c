@@ -44,6 +44,7 @@
 #include "actors/segment/seg_rdma.h"
 #include "actors/segment/seg_server.h"
 #include "actors/segment/segment.h"
+#include "actors/segment/segment_state.h" /* the segment's server (seg->srv): its loop 0's queries */
 #include "actors/session/msession.h"
 #include "config/config.h"
 #include "actors/transfer/rdma/rdma_xport_internal.h"
@@ -594,6 +595,108 @@ static void test_rdma_e2e_heartbeat_fence_writer_acks_after_fence(void **state)
     free(good);
     free(w.buf);
 }
+
+/* The per-writer fence through the segment's heartbeat actor: its heartbeats say fence_selectors;
+ * a FenceWriter naming writer family A (writers = {A, KVP_RDMA_WRITER_FAMILY_MASK}) reaches loop 0
+ * with the selectors copied into the heartbeat's message: A's QPs are destroyed, the Fenced counts
+ * exactly them, and writer B's QPs (same generations) stay and keep writing with no QP destroyed. */
+static void test_rdma_e2e_heartbeat_fence_writer_selectors(void **state)
+{
+    (void)state;
+    enum { LEN = 8192 };
+    const uint64_t fam = KVP_RDMA_WRITER_FAMILY_MASK, a_id = 0x0000000a00000001ull, b_id = 0x0000000b00000001ull;
+    struct fv_fabric *f;
+    struct fv_node *nc, *ns;
+    struct fv_config fc = {.seed = 78, .jitter_ns = 2 * MS};
+    struct fv_node_config cc = {.name = "client", .n_devices = 1, .flush = FV_FLUSH_ALL};
+    struct fv_node_config sc = {.name = "segment", .n_devices = 1};
+    assert_int_equal(fv_fabric_new(&f, &fc), KVP_OK);
+    assert_int_equal(fv_node_add(f, &cc, &nc), KVP_OK);
+    assert_int_equal(fv_node_add(f, &sc, &ns), KVP_OK);
+    struct kvp_rdma_env env = fv_locked_env(f);
+    kvp_verbs_ops_set_test(fv_locked_ops(ns));
+
+    struct fake_master fm;
+    assert_int_equal(fm_start(&fm), 0);
+    struct kvp_msession *ms = NULL;
+    const char *m[1] = {fm.addr};
+    assert_int_equal(kvp_msession_new(&ms, m, 1, "test-fwsel"), KVP_OK);
+    struct kvp_cfg_segment cfg;
+    kvp_cfg_defaults(KVP_CFG_SEGMENT, &cfg);
+    snprintf(cfg.local_hostname, sizeof cfg.local_hostname, "127.0.0.1");
+    snprintf(cfg.protocol, sizeof cfg.protocol, "rdma");
+    cfg.global_segment_size = SEG_BYTES;
+    cfg.heartbeat_ms = 30;
+    struct kvp_segment *seg = NULL;
+    assert_int_equal(kvp_segment_start(&seg, &cfg, ms, NULL), KVP_OK);
+    uint32_t id = kvp_segment_id(seg);
+    assert_true(id != 0);
+    for (int i = 0; i < 5000 && atomic_load(&fm.sel_beats) == 0; i++)
+        nap_ms(1);
+    assert_true(atomic_load(&fm.sel_beats) > 0); /* it says it runs FenceWriter.writers */
+
+    /* two writers of two client families, each with its QPs up */
+    struct kvp_rdma_hello_tcp_opts ho = {.timeout_ms = 2000};
+    struct kvp_xport_rdma_opts oa = {
+        .cfg = {.ops = fv_locked_ops(nc), .gid_index = -1, .psn_seed = 5, .sysfs_root = "/nonexistent"},
+        .env = env, .client_id = a_id, .hello = kvp_rdma_hello_tcp, .hello_arg = &ho, .drive_clock = true};
+    struct kvp_xport_rdma_opts ob = oa;
+    ob.client_id = b_id;
+    ob.cfg.psn_seed = 6;
+    struct kvp_xfer_params pa = {.conns_per_peer = 1, .slice_bytes = 64 * 1024, .fence_bound_ms = 200,
+                                 .transport = &kvp_xport_rdma, .transport_opts = &oa};
+    struct kvp_xfer_params pb = pa;
+    pb.transport_opts = &ob;
+    struct kvp_xfer_engine *ea = NULL, *eb = NULL;
+    assert_int_equal(kvp_xfer_engine_new(&ea, &pa), KVP_OK);
+    assert_int_equal(kvp_xfer_engine_new(&eb, &pb), KVP_OK);
+    char ep[128];
+    snprintf(ep, sizeof ep, "%s", kvp_segment_endpoint(seg));
+    uint8_t *buf = malloc(LEN);
+    memset(buf, 0x5a, LEN);
+    struct kvp_xfer_slice sa = {.local = buf, .length = LEN, .segment_id = id, .endpoint = ep,
+                                .remote_offset = 0, .op = KVP_XFER_WRITE};
+    struct kvp_xfer_slice sb = sa;
+    sb.remote_offset = 65536;
+    assert_int_equal(kvp_xfer_run(ea, &sa, 1, 5000), KVP_OK);
+    assert_int_equal(kvp_xfer_run(eb, &sb, 1, 5000), KVP_OK);
+    struct kvp_seg_server *srv = seg->srv;
+    uint32_t qa = 0, qb = 0, q = 0;
+    uint64_t gb = 0, g = 0, fenced0 = 0, fenced1 = 0;
+    assert_int_equal(kvp_seg_server_rdma_writer_qps(srv, a_id, fam, &qa, NULL), KVP_OK);
+    assert_int_equal(kvp_seg_server_rdma_writer_qps(srv, b_id, fam, &qb, &gb), KVP_OK);
+    assert_true(qa > 0);
+    assert_true(qb > 0);
+
+    /* the master asks for A's family only */
+    atomic_store(&fm.fw_sel_id, a_id & fam);
+    atomic_store(&fm.fw_sel_mask, fam);
+    atomic_store(&fm.fw_seq, 9);
+    for (int i = 0; i < 10000 && atomic_load(&fm.fenced_seq) != 9; i++)
+        nap_ms(1);
+    assert_int_equal(atomic_load(&fm.fenced_seq), 9);
+    assert_int_equal(atomic_load(&fm.fenced_qps), qa); /* exactly A's QPs, none of B's */
+    assert_int_equal(kvp_seg_server_rdma_writer_qps(srv, a_id, fam, &q, NULL), KVP_OK);
+    assert_int_equal(q, 0);
+    assert_int_equal(kvp_seg_server_rdma_writer_qps(srv, b_id, fam, &q, &g), KVP_OK);
+    assert_int_equal(q, qb);
+    assert_int_equal(g, gb);
+    /* B keeps writing on its QPs: nothing more destroyed */
+    assert_int_equal(kvp_seg_server_rdma_writers_fenced(srv, &fenced0), KVP_OK);
+    assert_int_equal(kvp_xfer_run(eb, &sb, 1, 5000), KVP_OK);
+    assert_int_equal(kvp_seg_server_rdma_writers_fenced(srv, &fenced1), KVP_OK);
+    assert_int_equal(fenced1, fenced0);
+    fprintf(stderr, "FenceWriter.writers via the heartbeat: %u QP(s) of A fenced, B's %u kept\n", qa, qb);
+    kvp_xfer_engine_destroy(&ea);
+    kvp_xfer_engine_destroy(&eb);
+    kvp_segment_stop(&seg);
+    kvp_msession_destroy(&ms);
+    fm_stop(&fm);
+    kvp_verbs_ops_set_test(NULL);
+    fv_locked_reset();
+    fv_fabric_destroy(&f);
+    free(buf);
+}
 #endif
 
 /* The opcode on the wire: a server without the RDMA side answers UNSUPPORTED and keeps serving;
@@ -944,6 +1047,7 @@ int main(void)
         cmocka_unit_test(test_rdma_e2e_remount_while_hello_forwarded_fences_old_writer),
 #ifdef KVP_FAULT_INJECTION
         cmocka_unit_test(test_rdma_e2e_heartbeat_fence_writer_acks_after_fence),
+        cmocka_unit_test(test_rdma_e2e_heartbeat_fence_writer_selectors),
 #endif
         cmocka_unit_test(test_rdma_e2e_hello_frames_bad_input),
         cmocka_unit_test(test_rdma_e2e_hello_answers_token_challenge),

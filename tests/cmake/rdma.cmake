@@ -11,6 +11,10 @@ if(KVP_HAVE_VERBS)
   # FenceWriter/Fenced: the leader's hold (fence_track), the segment's half, and both with the
   # FSM's quarantine on the double (a late WRITE past fence_grace_ms never lands in reused space)
   kvp_add_test(test_rdma_fence_writer SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_fence_writer.c LABEL unit TIMEOUT 60)
+  # the per-writer fence: fence_track's merging, FenceWriter.writers toward segments with
+  # fence_selectors (fence-all toward older ones), and on the double a failed writer fenced while
+  # another writer's QPs stay up and its late WRITE never lands in reused space
+  kvp_add_test(test_rdma_fence_selector SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_rdma_fence_selector.c LABEL unit TIMEOUT 60)
   kvp_add_test(test_client_devrdma SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_client_devrdma.c LABEL unit TIMEOUT 60)
   add_dependencies(test_client_devrdma kvp_fakecuda)
   # C2 at the engine on the rdma transport over the double (test_xfer_fence's rounds)

@@ -136,6 +136,28 @@ static void requests(void)
     r7.body_case = KVP__REQUEST__BODY_HEARTBEAT;
     r7.heartbeat = &hb;
     EMIT(t, 7, kvp_wire_encode_request, &r7);
+
+    /* a PutRevoke naming the client's RDMA writers (per-writer fence, docs/rdma.md) */
+    Kvp__PutRevokeItem pri = KVP__PUT_REVOKE_ITEM__INIT;
+    pri.key = "layer0/blk7";
+    pri.op_id = 0x1234567800000009ull;
+    Kvp__PutRevokeItem *prip[] = {&pri};
+    Kvp__PutRevokeReq prr = KVP__PUT_REVOKE_REQ__INIT;
+    prr.n_items = 1;
+    prr.items = prip;
+    prr.writer_id = 0x1234567800000000ull;
+    prr.writer_mask = KVP_RDMA_WRITER_FAMILY_MASK;
+    Kvp__Request r8 = KVP__REQUEST__INIT;
+    r8.req_id = 8;
+    r8.timeout_ms = 1000;
+    r8.body_case = KVP__REQUEST__BODY_PUT_REVOKE;
+    r8.put_revoke = &prr;
+    EMIT(t, 8, kvp_wire_encode_request, &r8);
+
+    /* a segment that runs FenceWriter.writers says so */
+    hb.fence_selectors = 1;
+    r7.req_id = 9;
+    EMIT(t, 9, kvp_wire_encode_request, &r7);
 }
 
 static void responses(void)
@@ -239,6 +261,19 @@ static void responses(void)
     r7.body_case = KVP__RESPONSE__BODY_HEARTBEAT;
     r7.heartbeat = &hb;
     EMIT(t, 7, kvp_wire_encode_response, &r7);
+
+    /* ... and to fence only two clients' writers (per-writer fence, FenceWriter.writers) */
+    Kvp__WriterSelector ws[2] = {KVP__WRITER_SELECTOR__INIT, KVP__WRITER_SELECTOR__INIT};
+    ws[0].client_id = 0x1234567800000000ull;
+    ws[0].mask = KVP_RDMA_WRITER_FAMILY_MASK;
+    ws[1].client_id = 0x9abcdef000000000ull;
+    ws[1].mask = KVP_RDMA_WRITER_FAMILY_MASK;
+    Kvp__WriterSelector *wsp[] = {&ws[0], &ws[1]};
+    fw.seq = 43;
+    fw.n_writers = 2;
+    fw.writers = wsp;
+    r7.req_id = 8;
+    EMIT(t, 8, kvp_wire_encode_response, &r7);
 }
 
 static void batches(void)

@@ -20,7 +20,10 @@
  * engine completions, so here the stall is the double's: the segments' NIC held by a PFC pause
  * (packets held, then delivered in order), and the proof is the DMA audit log (no placement in
  * the caller's registered buffers after the call returned). The teardown fails if any READ or
- * WRITE frame reached a segment's TCP path, or the client moved a segment to TCP.
+ * WRITE frame reached a segment's TCP path, or the client moved a segment to TCP. The rdma
+ * variant also checks the per-writer fence through two public clients: the FenceWriter that
+ * names client A's writers destroys A's QPs on every segment and none of client B's, B keeps
+ * putting without a QP of its own destroyed, and a failed put's PutRevoke names A's writers.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -53,6 +56,7 @@
 #include "tests/lib/fakeverbs.h"
 #include "tests/lib/fakeverbs_locked.h"
 #include "tests/lib/fakeverbs_shared.h"
+#include "wire/rdma_hello.h"
 #endif
 
 #define NSEG 3
@@ -729,6 +733,121 @@ static void test_fence_rdma_put_held_writes_never_change_reused_space(void **sta
     reuse_end(&rc);
 }
 
+/* Per-writer fence through the public clients (docs/rdma.md "Per-writer fence"): client B has
+ * live QPs on the segments; client A's put times out with its WRITEs held, and A's PutRevoke
+ * names A's writers (the client id's high half). Every segment runs the FenceWriter the leader
+ * sends for it (writers = that selector): A's QPs are destroyed everywhere, B's stay (same QPs,
+ * same generations), B keeps putting without a reconnect, and A's held packets land nowhere. */
+static void test_fence_rdma_failed_put_fences_only_its_client(void **state)
+{
+    (void)state;
+    kvp_client *b = open_client(10000);
+    static uint8_t pb[64 * 1024], pa[64 * 1024];
+    memset(pb, 0xb1, sizeof pb);
+    memset(pa, 0xa1, sizeof pa);
+    /* B writes to every segment (its writers connect there); so did A in setup */
+    char key[32];
+    for (int i = 0; i < NSEG; i++) {
+        char pref[16];
+        snprintf(pref, sizeof pref, "seg-%d", i);
+        snprintf(key, sizeof key, "sel-b-%d", i);
+        kvp_put_opts ob = {.replica_num = 1, .preferred_segment = pref};
+        assert_int_equal(kvp_put(b, key, pb, sizeof pb, &ob), KVP_OK);
+    }
+    const uint64_t fam = KVP_RDMA_WRITER_FAMILY_MASK;
+    uint64_t a_pref = g_client->client_id & fam, b_pref = b->client_id & fam;
+    assert_true(a_pref != b_pref);
+    uint32_t bq[NSEG], aq = 0;
+    uint64_t bg[NSEG];
+    for (int i = 0; i < NSEG; i++) {
+        assert_int_equal(kvp_seg_server_rdma_writer_qps(S[i].srv, b_pref, fam, &bq[i], &bg[i]), KVP_OK);
+        assert_true(bq[i] > 0);
+    }
+    /* A's put times out with its WRITEs held at the segments' NIC */
+    uint64_t end = hold_segments(3000);
+    kvp_put_opts oa = {.replica_num = 1, .preferred_segment = "seg-0", .timeout_ms = 200};
+    assert_int_equal(kvp_put(g_client, "sel-a", pa, sizeof pa, &oa), KVP_ERR_TIMEOUT);
+    for (int i = 0; i < NSEG; i++) { /* A's QPs now (that put may have connected anew) */
+        uint32_t q = 0;
+        assert_int_equal(kvp_seg_server_rdma_writer_qps(S[i].srv, a_pref, fam, &q, NULL), KVP_OK);
+        aq += q;
+    }
+    assert_true(aq > 0);
+    /* the FenceWriter the leader sends each segment after A's PutRevoke (which names A's
+     * writers: checked below; this one ran out of time before it could be sent), run on each
+     * segment's loop 0 as its heartbeat does: the selectors copied out of the FenceWriter */
+    Kvp__WriterSelector ws = KVP__WRITER_SELECTOR__INIT, *wp[1] = {&ws};
+    ws.client_id = a_pref;
+    ws.mask = fam;
+    Kvp__FenceWriter fw = KVP__FENCE_WRITER__INIT;
+    fw.seq = 900;
+    fw.n_writers = 1;
+    fw.writers = wp;
+    struct kvp_seg_writer_sel sel[KVP_SEG_FENCE_SELECTORS_MAX];
+    size_t n_sel = kvp_seg_fence_selectors(&fw, sel, "test");
+    assert_int_equal(n_sel, 1);
+    uint32_t fenced = 0;
+    for (int i = 0; i < NSEG; i++) {
+        int k = kvp_seg_server_fence_selected(S[i].srv, fw.client_id, fw.generation, sel, n_sel);
+        assert_true(k >= 0);
+        fenced += (uint32_t)k;
+    }
+    uint64_t t_fence = fv_time();
+    assert_int_equal(fenced, aq);
+    for (int i = 0; i < NSEG; i++) {
+        uint32_t q = 1;
+        uint64_t g = 0;
+        assert_int_equal(kvp_seg_server_rdma_writer_qps(S[i].srv, a_pref, fam, &q, NULL), KVP_OK);
+        assert_int_equal(q, 0);
+        assert_int_equal(kvp_seg_server_rdma_writer_qps(S[i].srv, b_pref, fam, &q, &g), KVP_OK);
+        assert_int_equal(q, bq[i]);
+        assert_int_equal(g, bg[i]);
+    }
+    /* A's held packets reach segment 0 behind the fence: none lands after it */
+    wait_held_delivered(end);
+    assert_int_equal(audit_after(S[0].base, S[0].size, t_fence), 0);
+    /* B keeps putting: no QP of B's is destroyed on any segment (a reconnect of one of B's
+     * transfer actors would destroy its older generation; another actor of B may connect anew) */
+    for (int i = 0; i < NSEG; i++) {
+        uint64_t fenced0 = 0, fenced1 = 0;
+        assert_int_equal(kvp_seg_server_rdma_writers_fenced(S[i].srv, &fenced0), KVP_OK);
+        char pref[16];
+        snprintf(pref, sizeof pref, "seg-%d", i);
+        for (int k = 0; k < 4; k++) {
+            snprintf(key, sizeof key, "sel-b2-%d-%d", i, k);
+            kvp_put_opts ob = {.replica_num = 1, .preferred_segment = pref};
+            assert_int_equal(kvp_put(b, key, pb, sizeof pb, &ob), KVP_OK);
+        }
+        assert_int_equal(kvp_seg_server_rdma_writers_fenced(S[i].srv, &fenced1), KVP_OK);
+        assert_int_equal(fenced1, fenced0);
+        uint32_t q = 0;
+        assert_int_equal(kvp_seg_server_rdma_writer_qps(S[i].srv, b_pref, fam, &q, NULL), KVP_OK);
+        assert_true(q >= bq[i]);
+    }
+    /* and A reconnects: a transfer actor of A whose endpoint is still up on its side finds its
+     * QPs gone on the segment (its first WRITE fails with TRANSFER, as every fenced writer's
+     * does) and connects anew; A has at most 8 transfer actors (io_threads) */
+    oa.timeout_ms = 10000;
+    int rc2 = KVP_ERR_TRANSFER;
+    for (int k = 0; k < 16 && rc2 == KVP_ERR_TRANSFER; k++)
+        rc2 = kvp_put(g_client, "sel-a2", pa, sizeof pa, &oa);
+    assert_int_equal(rc2, KVP_OK);
+    uint32_t q0 = 0;
+    assert_int_equal(kvp_seg_server_rdma_writer_qps(S[0].srv, a_pref, fam, &q0, NULL), KVP_OK);
+    assert_true(q0 > 0);
+    /* a put of A that fails before its deadline sends a PutRevoke naming A's writers */
+    atomic_store(&M.revoke_writer_id, 0);
+    fv_lock();
+    fv_node_fail_next(V.nc, FV_OP_POST, EIO);
+    fv_unlock();
+    assert_true(kvp_put(g_client, "sel-a3", pa, sizeof pa, &oa) != KVP_OK);
+    assert_int_equal(atomic_load(&M.revoke_writer_id), a_pref);
+    assert_int_equal(atomic_load(&M.revoke_writer_mask), fam);
+    printf("per-writer fence (rdma): %u QPs of client A fenced on %d segments, client B's QPs untouched\n",
+           fenced, NSEG);
+    kvp_client_close(&b);
+}
+
 /* (d) on rdma: close while READs are held at the segments' NIC. */
 static void test_fence_rdma_close_with_calls_in_flight_no_write_after(void **state)
 {
@@ -770,6 +889,7 @@ int main(void)
 #ifdef KVP_FENCE_RDMA
         cmocka_unit_test(test_fence_rdma_get_held_reads_no_late_byte_lands),
         cmocka_unit_test(test_fence_rdma_put_held_writes_never_change_reused_space),
+        cmocka_unit_test(test_fence_rdma_failed_put_fences_only_its_client),
         cmocka_unit_test(test_fence_rdma_close_with_calls_in_flight_no_write_after),
 #else
         cmocka_unit_test(test_fence_get_stalled_reads_500_reps_no_late_byte_lands),

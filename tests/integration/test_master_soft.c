@@ -9,7 +9,9 @@
  *  - a segment reported unreachable is probed (the failed probe is logged) but kept while it
  *    heartbeats;
  *  - membership: a fourth master started with --join is added, leads, serves, and is removed
- *    (through the kvpoolctl commands).
+ *    (through the kvpoolctl commands);
+ *  - the per-writer RDMA fence: a PutRevoke naming a writer family asks a segment that says
+ *    fence_selectors to fence that family only, and an older segment to fence every writer.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -513,11 +515,177 @@ static void test_master_reported_segment_with_slow_heartbeat_kept(void **state)
     assert_true(tm_log_has(c, leader, needle));
 }
 
+/* ------------------------------------------------------------------ per-writer RDMA fence */
+
+struct fw_seen {
+    uint64_t seq;       /* 0: no FenceWriter in the answer */
+    uint64_t client_id;
+    size_t n_writers;
+    uint64_t w_id, w_mask; /* writers[0] */
+};
+
+/* One heartbeat of an RDMA segment (rdma_writers; fence_selectors as `selectors`) answering
+ * FenceWriter `fenced`; what the leader's answer asked. */
+static int rdma_beat(struct tm_cluster *c, uint32_t seg, bool selectors, uint64_t fenced, struct fw_seen *out)
+{
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
+    Kvp__Fenced fd = KVP__FENCED__INIT;
+    hb.segment_id = seg;
+    hb.rdma_writers = 1;
+    hb.fence_selectors = selectors;
+    fd.seq = fenced;
+    hb.fenced = &fd;
+    req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
+    req.heartbeat = &hb;
+    Kvp__Response *resp = NULL;
+    memset(out, 0, sizeof *out);
+    int rc = kvp_msession_call(c->ms, &req, 3000, &resp);
+    if (rc == KVP_OK)
+        rc = resp->status;
+    if (rc == KVP_OK && resp->heartbeat && resp->heartbeat->fence_writer) {
+        const Kvp__FenceWriter *fw = resp->heartbeat->fence_writer;
+        out->seq = fw->seq;
+        out->client_id = fw->client_id;
+        out->n_writers = fw->n_writers;
+        if (fw->n_writers && fw->writers[0]) {
+            out->w_id = fw->writers[0]->client_id;
+            out->w_mask = fw->writers[0]->mask;
+        }
+    }
+    kvp_msession_response_free(resp);
+    return rc;
+}
+
+static uint32_t mount_fake(struct tm_cluster *c, const char *name)
+{
+    Kvp__Request req = KVP__REQUEST__INIT;
+    Kvp__MountSegmentReq m = KVP__MOUNT_SEGMENT_REQ__INIT;
+    m.name = (char *)name;
+    m.host = "127.0.0.1";
+    m.endpoint = "127.0.0.1:10";
+    m.size = 1ull << 30;
+    req.body_case = KVP__REQUEST__BODY_MOUNT;
+    req.mount = &m;
+    Kvp__Response *resp = NULL;
+    assert_int_equal(kvp_msession_call(c->ms, &req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    uint32_t id = resp->mount->segment_id;
+    kvp_msession_response_free(resp);
+    return id;
+}
+
+/* PutStart of key on fake-seg, then PutRevoke naming (writer_id, writer_mask). */
+static void put_and_revoke(struct tm_cluster *c, const char *key, uint64_t op, uint64_t writer_id, uint64_t writer_mask)
+{
+    Kvp__Request ps_req = KVP__REQUEST__INIT;
+    Kvp__PutStartReq ps = KVP__PUT_START_REQ__INIT;
+    Kvp__PutStartItem it = KVP__PUT_START_ITEM__INIT, *items[1] = {&it};
+    it.key = (char *)key;
+    it.size = 4096;
+    it.replica_num = 1;
+    it.op_id = op;
+    it.preferred_segment = "fake-seg";
+    ps.items = items;
+    ps.n_items = 1;
+    ps.ttl_ms = 30000;
+    ps_req.body_case = KVP__REQUEST__BODY_PUT_START;
+    ps_req.put_start = &ps;
+    Kvp__Response *resp = NULL;
+    assert_int_equal(kvp_msession_call(c->ms, &ps_req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    kvp_msession_response_free(resp);
+    Kvp__Request rv_req = KVP__REQUEST__INIT;
+    Kvp__PutRevokeReq rv = KVP__PUT_REVOKE_REQ__INIT;
+    Kvp__PutRevokeItem ri = KVP__PUT_REVOKE_ITEM__INIT, *ris[1] = {&ri};
+    ri.key = (char *)key;
+    ri.op_id = op;
+    rv.items = ris;
+    rv.n_items = 1;
+    rv.writer_id = writer_id;
+    rv.writer_mask = writer_mask;
+    rv_req.body_case = KVP__REQUEST__BODY_PUT_REVOKE;
+    rv_req.put_revoke = &rv;
+    resp = NULL;
+    assert_int_equal(kvp_msession_call(c->ms, &rv_req, 5000, &resp), KVP_OK);
+    assert_int_equal(resp->status, KVP_OK);
+    kvp_msession_response_free(resp);
+}
+
+/* The per-writer fence through the real leader (docs/rdma.md "Per-writer fence"): a PutRevoke
+ * that names writer family A asks an RDMA segment whose heartbeat says fence_selectors to fence
+ * A only (FenceWriter.writers, client_id 0), and a segment without the flag (an older build) to
+ * fence every writer; a PutRevoke naming no writer (an older client) asks both for every writer.
+ * A leader change in between asks every segment for a fence of every writer: the round is run
+ * again (at most 3 rounds). */
+static void test_master_rdma_fence_names_the_failed_writer(void **state)
+{
+    struct tm_cluster *c = *state;
+    assert_int_equal(tm_cluster_up(c), 0);
+    const uint64_t fam = 0xffffffff00000000ull, pa = 0x5eed000100000000ull;
+    bool checked = false;
+    for (int round = 0; round < 3 && !checked; round++) {
+        char nn[32], no[32], key[32];
+        snprintf(nn, sizeof nn, "rdma-new-%d", round);
+        snprintf(no, sizeof no, "rdma-old-%d", round);
+        uint32_t sn = mount_fake(c, nn), so = mount_fake(c, no);
+        int leader = tm_leader(c, 5000);
+        struct fw_seen f;
+        /* first heard: a fence of every writer each, answered */
+        for (int i = 0; i < 2; i++) {
+            uint32_t seg = i ? so : sn;
+            assert_int_equal(rdma_beat(c, seg, seg == sn, 0, &f), KVP_OK);
+            assert_true(f.seq != 0);
+            assert_int_equal(f.n_writers, 0);
+            uint64_t s0 = f.seq;
+            assert_int_equal(rdma_beat(c, seg, seg == sn, s0, &f), KVP_OK);
+            assert_int_equal(f.seq, 0);
+        }
+        assert_int_equal(tm_heartbeat(c, 3000), KVP_OK);
+        snprintf(key, sizeof key, "fw-a-%d", round);
+        put_and_revoke(c, key, 9100 + (uint64_t)round, pa, fam);
+        struct fw_seen fn, fo;
+        assert_int_equal(rdma_beat(c, sn, true, 0, &fn), KVP_OK);
+        assert_int_equal(rdma_beat(c, so, false, 0, &fo), KVP_OK);
+        if (tm_leader(c, 5000) != leader) {
+            print_message("leader changed during round %d: again\n", round);
+            continue;
+        }
+        assert_true(fn.seq != 0 && fo.seq != 0);
+        assert_int_equal(fn.client_id, 0);
+        assert_int_equal(fn.n_writers, 1);
+        assert_int_equal(fn.w_id, pa);
+        assert_int_equal(fn.w_mask, fam);
+        assert_int_equal(fo.client_id, 0);
+        assert_int_equal(fo.n_writers, 0);
+        /* answered: nothing more asked */
+        assert_int_equal(rdma_beat(c, sn, true, fn.seq, &f), KVP_OK);
+        assert_int_equal(f.seq, 0);
+        assert_int_equal(rdma_beat(c, so, false, fo.seq, &f), KVP_OK);
+        assert_int_equal(f.seq, 0);
+        /* an older client's PutRevoke (no writer): every writer on both */
+        snprintf(key, sizeof key, "fw-o-%d", round);
+        put_and_revoke(c, key, 9200 + (uint64_t)round, 0, 0);
+        assert_int_equal(rdma_beat(c, sn, true, fn.seq, &fn), KVP_OK);
+        assert_int_equal(rdma_beat(c, so, false, fo.seq, &fo), KVP_OK);
+        if (tm_leader(c, 5000) != leader) {
+            print_message("leader changed during round %d: again\n", round);
+            continue;
+        }
+        assert_true(fn.seq != 0 && fo.seq != 0);
+        assert_int_equal(fn.n_writers, 0);
+        assert_int_equal(fo.n_writers, 0);
+        checked = true;
+    }
+    assert_true(checked);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_master_soft_state_leases_revoke_liveness, setup, teardown),
         cmocka_unit_test_setup_teardown(test_master_put_start_too_many_items_invalid, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_master_rdma_fence_names_the_failed_writer, setup, teardown),
         cmocka_unit_test(test_master_bad_members_exit_2),
         cmocka_unit_test_setup_teardown(test_master_reported_segment_with_slow_heartbeat_kept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_master_joined_member_added_leads_then_removed, setup, teardown),

@@ -33,6 +33,10 @@ static Kvp__Response *fake_handle(struct kvp_fake_master *m, const Kvp__Request 
         while (n > seen && !atomic_compare_exchange_weak(&m->max_get_replicas_keys, &seen, n))
             ;
     }
+    if (req->body_case == KVP__REQUEST__BODY_PUT_REVOKE && req->put_revoke) {
+        atomic_store(&m->revoke_writer_id, req->put_revoke->writer_id);
+        atomic_store(&m->revoke_writer_mask, req->put_revoke->writer_mask);
+    }
     switch (req->body_case) {
 #define CMD(REQ, FIELD)                                                                            \
     case KVP__REQUEST__BODY_##REQ:                                                                 \

@@ -27,6 +27,7 @@ struct kvp_fake_master {
     atomic_int unreachable_reports; /* REPORT_UNREACHABLE requests received */
     atomic_size_t max_put_start_items; /* most items seen in one PUT_START request */
     atomic_size_t max_get_replicas_keys; /* most keys seen in one GET_REPLICAS request */
+    _Atomic uint64_t revoke_writer_id, revoke_writer_mask; /* of the last PUT_REVOKE request */
     pthread_t thread;
 };
 

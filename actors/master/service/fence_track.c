@@ -43,22 +43,76 @@ static struct kvp_fence_seg *slot(struct kvp_fence_track *t, uint32_t seg, bool 
     return &t->seg[seg];
 }
 
+/* hold_from and asked from what is pending */
+static void settle(struct kvp_fence_seg *e)
+{
+    e->asked = e->n_sel > 0;
+    if (!e->asked)
+        return;
+    e->hold_from = e->sel[0].hold_from;
+    for (uint32_t i = 1; i < e->n_sel; i++)
+        if (e->sel[i].hold_from < e->hold_from)
+            e->hold_from = e->sel[i].hold_from;
+}
+
+/* One entry for every writer, at seq, holding from the earliest of hold_from and what was pending. */
+static void collapse_all(struct kvp_fence_seg *e, uint64_t seq, uint64_t hold_from)
+{
+    for (uint32_t i = 0; i < e->n_sel; i++)
+        if (e->sel[i].hold_from < hold_from)
+            hold_from = e->sel[i].hold_from;
+    e->sel[0] = (struct kvp_fence_sel){.client_id = 0, .mask = 0, .seq = seq, .hold_from = hold_from};
+    e->n_sel = 1;
+}
+
+/* A new fence of the writers (client_id, mask) selects (mask 0: every writer), merged. */
+static void ask_sel(struct kvp_fence_track *t, struct kvp_fence_seg *e, uint64_t hold_from,
+                    uint64_t client_id, uint64_t mask)
+{
+    uint64_t seq = ++t->last_seq;
+    t->asks++;
+    e->want_seq = seq;
+    if (!e->selectors || mask == 0 || (client_id & mask) == 0 ||
+        (e->n_sel == 1 && e->sel[0].mask == 0)) {
+        collapse_all(e, seq, hold_from);
+        settle(e);
+        return;
+    }
+    client_id &= mask;
+    uint32_t i = 0;
+    while (i < e->n_sel && (e->sel[i].client_id != client_id || e->sel[i].mask != mask))
+        i++;
+    if (i < e->n_sel) {
+        e->sel[i].seq = seq; /* the fence it had may have run before this failure */
+        if (hold_from < e->sel[i].hold_from)
+            e->sel[i].hold_from = hold_from;
+    } else if (e->n_sel < KVP_FENCE_SELECTORS_MAX) {
+        e->sel[e->n_sel++] = (struct kvp_fence_sel){.client_id = client_id, .mask = mask, .seq = seq,
+                                                    .hold_from = hold_from};
+    } else {
+        collapse_all(e, seq, hold_from);
+    }
+    settle(e);
+}
+
 static void ask(struct kvp_fence_track *t, struct kvp_fence_seg *e, uint64_t hold_from)
 {
-    if (!e->asked || hold_from < e->hold_from)
-        e->hold_from = hold_from;
-    e->asked = true;
-    e->want_seq = ++t->last_seq;
-    t->asks++;
+    ask_sel(t, e, hold_from, 0, 0);
 }
 
 uint32_t kvp_fence_track_note_failure(struct kvp_fence_track *t, uint64_t wall_ms)
+{
+    return kvp_fence_track_note_writer_failure(t, wall_ms, 0, 0);
+}
+
+uint32_t kvp_fence_track_note_writer_failure(struct kvp_fence_track *t, uint64_t wall_ms,
+                                             uint64_t client_id, uint64_t mask)
 {
     uint32_t n = 0;
     for (uint32_t i = 1; i < t->cap; i++) {
         if (!t->seg[i].rdma)
             continue;
-        ask(t, &t->seg[i], wall_ms);
+        ask_sel(t, &t->seg[i], wall_ms, client_id, mask);
         n++;
     }
     return n;
@@ -66,6 +120,13 @@ uint32_t kvp_fence_track_note_failure(struct kvp_fence_track *t, uint64_t wall_m
 
 uint64_t kvp_fence_track_heartbeat(struct kvp_fence_track *t, uint32_t seg, bool rdma_writers,
                                    uint64_t fenced_seq, int fenced_status, bool *nomem)
+{
+    return kvp_fence_track_heartbeat_sel(t, seg, rdma_writers, false, fenced_seq, fenced_status, nomem);
+}
+
+uint64_t kvp_fence_track_heartbeat_sel(struct kvp_fence_track *t, uint32_t seg, bool rdma_writers,
+                                       bool selectors, uint64_t fenced_seq, int fenced_status,
+                                       bool *nomem)
 {
     if (nomem)
         *nomem = false;
@@ -82,21 +143,59 @@ uint64_t kvp_fence_track_heartbeat(struct kvp_fence_track *t, uint32_t seg, bool
     }
     if (!e->rdma) {
         /* first heard by this leader: fences an older leader waited for are unknown here, so
-         * one fence now, and every quarantine entry waits for it */
+         * one fence of every writer now, and every quarantine entry waits for it */
         e->rdma = true;
+        e->selectors = selectors;
         ask(t, e, 0);
         return e->want_seq;
     }
-    if (e->asked && fenced_seq == e->want_seq) {
-        if (fenced_status == 0) {
-            e->asked = false;
-            e->acked++;
-            t->acks++;
-        } else {
-            ask(t, e, e->hold_from); /* it failed there: a new seq asks again */
+    if (e->selectors && !selectors) {
+        /* it no longer runs selectors: what is pending becomes one fence of every writer */
+        e->selectors = false;
+        if (e->asked && !(e->n_sel == 1 && e->sel[0].mask == 0)) {
+            ask(t, e, UINT64_MAX);
+            return e->want_seq;
         }
     }
+    e->selectors = selectors;
+    if (!e->asked || fenced_seq == 0 || fenced_seq > e->want_seq)
+        return e->asked ? e->want_seq : 0;
+    if (fenced_status != 0) {
+        if (fenced_seq == e->want_seq) {
+            /* it failed there: everything pending is asked again under a new seq */
+            uint64_t seq = ++t->last_seq;
+            t->asks++;
+            e->want_seq = seq;
+            for (uint32_t i = 0; i < e->n_sel; i++)
+                e->sel[i].seq = seq;
+        }
+        return e->want_seq;
+    }
+    /* the FenceWriter of fenced_seq named every selector whose seq is <= it */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < e->n_sel; i++)
+        if (e->sel[i].seq > fenced_seq)
+            e->sel[k++] = e->sel[i];
+    if (k != e->n_sel) {
+        e->n_sel = k;
+        e->acked++;
+        t->acks++;
+        settle(e);
+    }
     return e->asked ? e->want_seq : 0;
+}
+
+bool kvp_fence_track_ask(const struct kvp_fence_track *t, uint32_t seg, uint64_t *seq,
+                         const struct kvp_fence_sel **sel, uint32_t *n)
+{
+    const struct kvp_fence_seg *e = seg && seg < t->cap ? &t->seg[seg] : NULL;
+    if (!e || !e->asked)
+        return false;
+    *seq = e->want_seq;
+    bool all = !e->selectors || (e->n_sel == 1 && e->sel[0].mask == 0);
+    *sel = all ? NULL : e->sel;
+    *n = all ? 0 : e->n_sel;
+    return true;
 }
 
 uint64_t kvp_fence_track_release_time(struct kvp_fence_track *t, uint64_t now_ms, uint64_t grace_ms,

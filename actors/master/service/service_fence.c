@@ -15,7 +15,8 @@ void svc_fence_on_heartbeat(struct kvp_master_service *s, uint32_t seg, const Kv
     const Kvp__Fenced *f = hb->fenced;
     bool nomem = false;
     uint64_t acks = s->fence.acks;
-    kvp_fence_track_heartbeat(&s->fence, seg, hb->rdma_writers, f ? f->seq : 0, f ? f->status : 0, &nomem);
+    kvp_fence_track_heartbeat_sel(&s->fence, seg, hb->rdma_writers, hb->fence_selectors, f ? f->seq : 0,
+                                  f ? f->status : 0, &nomem);
     if (nomem)
         kvp_log_error(s->actor, "segment %u: no memory to record its RDMA fences: it is not asked to "
                       "fence writers (C3 over RDMA rests on fence_grace_ms for it)", seg);
@@ -31,21 +32,51 @@ void svc_fence_on_heartbeat(struct kvp_master_service *s, uint32_t seg, const Kv
 
 void svc_fence_fill(struct kvp_master_service *s, uint32_t seg, Kvp__HeartbeatResp *hb, Kvp__FenceWriter *fw)
 {
-    const struct kvp_fence_seg *e = seg < s->fence.cap ? &s->fence.seg[seg] : NULL;
-    if (!e || !e->asked)
+    uint64_t seq = 0;
+    const struct kvp_fence_sel *sel = NULL;
+    uint32_t n = 0;
+    if (!kvp_fence_track_ask(&s->fence, seg, &seq, &sel, &n))
         return;
     kvp__fence_writer__init(fw);
-    fw->seq = e->want_seq;
-    fw->client_id = 0;  /* every writer: the master does not know the writers' ids */
+    fw->seq = seq;
+    fw->client_id = 0;  /* every writer, unless writers names some (a segment that ignores them
+                         * fences every writer: safe) */
     fw->generation = 0; /* every generation */
+    for (uint32_t i = 0; i < n && i < KVP_FENCE_SELECTORS_MAX; i++) {
+        kvp__writer_selector__init(&s->fence_sel[i]);
+        s->fence_sel[i].client_id = sel[i].client_id;
+        s->fence_sel[i].mask = sel[i].mask;
+        s->fence_selp[i] = &s->fence_sel[i];
+    }
+    fw->n_writers = n;
+    fw->writers = n ? s->fence_selp : NULL;
     hb->fence_writer = fw;
 }
 
 void svc_fence_note_failure(struct kvp_master_service *s, uint64_t wall_ms, const char *why)
 {
-    uint32_t n = kvp_fence_track_note_failure(&s->fence, wall_ms);
-    if (n)
+    svc_fence_note_writer_failure(s, wall_ms, 0, 0, why);
+}
+
+void svc_fence_note_writer_failure(struct kvp_master_service *s, uint64_t wall_ms, uint64_t writer_id,
+                                   uint64_t writer_mask, const char *why)
+{
+    uint32_t n = kvp_fence_track_note_writer_failure(&s->fence, wall_ms, writer_id, writer_mask);
+    if (n && writer_id && writer_mask)
+        kvp_log_debug(s->actor, "%s: %u RDMA segment(s) asked to fence writer %016llx/%016llx", why, n,
+                      (unsigned long long)writer_id, (unsigned long long)writer_mask);
+    else if (n)
         kvp_log_debug(s->actor, "%s: %u RDMA segment(s) asked to fence their writers", why, n);
+}
+
+void svc_fence_reset(struct kvp_master_service *s, uint64_t wall_ms)
+{
+    kvp_fence_track_reset(&s->fence);
+    /* A segment repeats the last seq it ran (Fenced.seq), possibly one an older leader asked: this
+     * leader's seqs start above any a leader whose clock was not ahead could have used (65536 per
+     * ms), so such an echo does not answer one of ours (fence_track.c ignores seqs above its own). */
+    if (wall_ms < (1ull << 47) && s->fence.last_seq < (wall_ms << 16))
+        s->fence.last_seq = wall_ms << 16;
 }
 
 static bool seg_alive(void *ctx, uint32_t seg)

@@ -244,7 +244,12 @@ static void on_put_end(struct kvp_master_service *s, zframe_t *id, Kvp__Request 
 
 static void on_put_revoke(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
-    svc_fence_note_failure(s, kvp_clock_wall_ms(), "PutRevoke"); /* before its space is freed */
+    /* before its space is freed; only the writers the client named (0: every writer) */
+    svc_fence_note_writer_failure(s, kvp_clock_wall_ms(), req->put_revoke->writer_id,
+                                  req->put_revoke->writer_mask, "PutRevoke");
+    /* soft state for this leader's fences: not put in the Raft log (the command stays as before) */
+    req->put_revoke->writer_id = 0;
+    req->put_revoke->writer_mask = 0;
     if (svc_put_try_revoke(s, id, req))
         return; /* a put in flight here: dropped, no Raft entry */
     mutate(s, id, req, KVP__COMMAND__BODY_PUT_REVOKE, req->put_revoke);

@@ -250,6 +250,9 @@ struct kvp_master_service {
     /* RDMA segments' FenceWriter/Fenced (service_fence.c, fence_track.h). */
     struct kvp_fence_track fence;
     uint64_t fence_logged_ms;              /* wall ms of the last "release held" WARN */
+    /* FenceWriter.writers of the answer being built (svc_fence_fill; packed before it returns) */
+    Kvp__WriterSelector fence_sel[KVP_FENCE_SELECTORS_MAX];
+    Kvp__WriterSelector *fence_selp[KVP_FENCE_SELECTORS_MAX];
 
     /* MountSegment calls taken by this master, by caller (ROUTER identity) and call (req_id >> 8:
      * the session's attempts of one call differ in the low 8 bits). The session resends a call
@@ -336,6 +339,12 @@ void svc_fence_on_heartbeat(struct kvp_master_service *s, uint32_t seg, const Kv
 void svc_fence_fill(struct kvp_master_service *s, uint32_t seg, Kvp__HeartbeatResp *hb, Kvp__FenceWriter *fw);
 /** A put failed at wall_ms (0: hold everything): ask every RDMA segment to fence its writers. */
 void svc_fence_note_failure(struct kvp_master_service *s, uint64_t wall_ms, const char *why);
+/** A put written by the RDMA writers (writer_id, writer_mask) select failed at wall_ms: ask every
+ *  RDMA segment to fence those writers only (writer_id or mask 0: every writer; fence_track.h). */
+void svc_fence_note_writer_failure(struct kvp_master_service *s, uint64_t wall_ms, uint64_t writer_id,
+                                   uint64_t writer_mask, const char *why);
+/** A new leadership: forget every segment's fences; seqs start above any an older leader used. */
+void svc_fence_reset(struct kvp_master_service *s, uint64_t wall_ms);
 /** The time to stamp on a QuarantineRelease: now, or earlier while a fence is outstanding. */
 uint64_t svc_fence_release_time(struct kvp_master_service *s, uint64_t now_wall_ms);
 void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp);

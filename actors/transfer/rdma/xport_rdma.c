@@ -29,6 +29,7 @@
 #include "actors/transfer/transport.h"
 #include "kvpool.h"
 #include "runtime/log.h"
+#include "wire/rdma_hello.h"
 
 struct rdma_peer {
     struct rdma_peer *next;
@@ -87,8 +88,15 @@ static int r_open(struct kvp_xport **out, const struct kvp_xport_params *p)
     if (!cfg.slice_bytes && p->slice_bytes)
         cfg.slice_bytes = p->slice_bytes > (1ull << 30) ? (1ull << 30) : p->slice_bytes;
     in->client_id = in->opts.client_id;
-    while (!in->client_id && getrandom(&in->client_id, sizeof in->client_id, 0) != sizeof in->client_id)
-        ;
+    uint64_t prefix = in->opts.writer_prefix & KVP_RDMA_WRITER_FAMILY_MASK;
+    while (!in->client_id) {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, 0) != sizeof r)
+            continue;
+        in->client_id = prefix ? prefix | (r & ~KVP_RDMA_WRITER_FAMILY_MASK) : r;
+        if (prefix && in->client_id == prefix)
+            in->client_id = 0; /* the low half must not be 0: draw again */
+    }
     int rc = kvp_rdma_open(&cfg, env, &in->x);
     if (rc != KVP_OK) {
         free(in);

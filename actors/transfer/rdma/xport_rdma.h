@@ -22,6 +22,10 @@ extern const struct kvp_xport_ops kvp_xport_rdma;
 struct kvp_xport_rdma_opts {
     struct kvp_rdma_cfg cfg;   /* ops (the verbs double in tests), devices, gid_index, ... */
     struct kvp_rdma_env env;   /* now_ns NULL: the monotonic clock and the channel fds */
+    /* With client_id 0: the writer id is writer_prefix's high 32 bits and a random non-zero low
+     * half, so one PutRevoke can name every transfer actor of a client (per-writer fence,
+     * KVP_RDMA_WRITER_FAMILY_MASK). 0: a random id. */
+    uint64_t writer_prefix;
     uint64_t client_id;        /* the writer id segments fence; 0: a random one. One id per transport
                                 * instance: a segment takes a newer generation from the same id as a
                                 * reconnect and fences the older QPs (so two transfer actors of one
