@@ -303,9 +303,13 @@ int kvp_fsm_quarantine_push(struct kvp_fsm_seg *s, uint64_t off, uint64_t len, u
         s->q = q;
         s->q_cap = cap;
     }
-    /* No clamp to the tail's time: each entry is released on its own freed_at_ms
-     * (on_quarantine_release checks every entry), so one held far ahead (a revoked put's
-     * deadline, a lease horizon) no longer holds the frees after it on this segment. */
+    /* Entries stay in time order: a new entry takes at least the tail's time, and a release
+     * frees from the head only. An entry held far ahead (a revoked put's deadline) thus holds
+     * the frees after it on this segment. Releasing each entry on its own time would free
+     * sooner, but it changes what a member applies: it needs a feature level, so that a
+     * member of an older version never applies the same log differently (version.h). */
+    if (s->q_len > s->q_head && s->q[s->q_len - 1].freed_at_ms > now_ms)
+        now_ms = s->q[s->q_len - 1].freed_at_ms;
     s->q[s->q_len++] = (struct kvp_fsm_quar){.offset = off, .len = len, .freed_at_ms = now_ms};
     s->quarantined_bytes += len;
     if (now_ms > s->q_max_freed_at_ms)
@@ -630,7 +634,8 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
         }
         uint64_t qb = 0;
         for (uint64_t k = s->q_head; k < s->q_len; k++) {
-            if (s->q[k].freed_at_ms > s->q_max_freed_at_ms) { /* the late-bytes shortcut's bound */
+            if ((k > s->q_head && s->q[k].freed_at_ms < s->q[k - 1].freed_at_ms) ||
+                s->q[k].freed_at_ms > s->q_max_freed_at_ms) { /* time order; the late-bytes bound */
                 rc = -3;
                 goto out;
             }

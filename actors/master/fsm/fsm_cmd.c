@@ -631,36 +631,24 @@ static int on_quarantine_release(fsm_t *f, const Kvp__Command *c, Kvp__Response 
             seg_t *s = f->segs[i];
             if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
                 continue;
-            /* Every due entry goes, wherever it sits: entries are not in time order (one held
-             * to a lease horizon or a revoked put's deadline is followed by ordinary frees),
-             * and each carries its own freed-at. The rest keep their order. */
-            if (s->q_head == s->q_len)
-                continue;
-            uint64_t w = s->q_head, max_left = 0;
-            int rc = KVP_OK;
-            for (uint64_t k = s->q_head; k < s->q_len; k++) {
-                struct kvp_fsm_quar e = s->q[k];
-                if (rc != KVP_ERR_NOMEM && e.freed_at_ms <= limit) {
-                    rc = kvp_alloc_free(&s->alloc, e.offset, e.len);
-                    if (rc != KVP_ERR_NOMEM) { /* NOMEM: the entry stays; the next release retries */
-                        if (rc != KVP_OK)
-                            kvp_log_error(KVP_FSM_ACTOR, "segment %u: release %llu+%llu: %d", s->id,
-                                          (unsigned long long)e.offset, (unsigned long long)e.len, rc);
-                        s->quarantined_bytes -= e.len;
-                        n++;
-                        continue;
-                    }
-                }
-                if (e.freed_at_ms > max_left)
-                    max_left = e.freed_at_ms;
-                s->q[w++] = e;
+            /* From the head only: entries are in time order (kvp_fsm_quarantine_push). */
+            while (s->q_head < s->q_len && s->q[s->q_head].freed_at_ms <= limit) {
+                struct kvp_fsm_quar *e = &s->q[s->q_head];
+                int rc = kvp_alloc_free(&s->alloc, e->offset, e->len);
+                if (rc == KVP_ERR_NOMEM)
+                    return KVP_ERR_NOMEM; /* entry stays; the next release retries */
+                if (rc != KVP_OK)
+                    kvp_log_error(KVP_FSM_ACTOR, "segment %u: release %llu+%llu: %d", s->id,
+                                  (unsigned long long)e->offset, (unsigned long long)e->len,
+                                  rc);
+                s->quarantined_bytes -= e->len;
+                s->q_head++;
+                n++;
             }
-            s->q_len = w;
-            s->q_max_freed_at_ms = max_left;
-            if (s->q_head == s->q_len)
+            if (s->q_head == s->q_len) {
                 s->q_head = s->q_len = 0;
-            if (rc == KVP_ERR_NOMEM)
-                return KVP_ERR_NOMEM;
+                s->q_max_freed_at_ms = 0;
+            }
         }
     }
     return count_body(r, n);

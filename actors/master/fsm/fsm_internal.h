@@ -83,10 +83,9 @@ struct kvp_fsm_seg {
     uint64_t used_bytes;  /* rounded bytes of replicas (pending and complete) */
     uint64_t n_replicas;  /* replicas stored on it */
     struct kvp_alloc alloc;
-    /* Quarantine: q[q_head..q_len) in the order freed. Each entry is released on its own
-     * freed_at_ms (QuarantineRelease checks every entry), so the order of times is free: an
-     * entry held far ahead does not hold the ones after it. q_max_freed_at_ms bounds every
-     * entry's time (only raised while entries remain; recomputed at each release). */
+    /* Quarantine: q[q_head..q_len) in the order freed, times non-decreasing (an entry takes at
+     * least the time of the one before it; QuarantineRelease frees from the head).
+     * q_max_freed_at_ms bounds every entry's time (raised at each push, 0 when empty). */
     struct kvp_fsm_quar *q;
     uint64_t q_head, q_len, q_cap;
     uint64_t quarantined_bytes;
