@@ -69,14 +69,15 @@ void svc_fence_note_writer_failure(struct kvp_master_service *s, uint64_t wall_m
         kvp_log_debug(s->actor, "%s: %u RDMA segment(s) asked to fence their writers", why, n);
 }
 
-void svc_fence_reset(struct kvp_master_service *s, uint64_t wall_ms)
+void svc_fence_reset(struct kvp_master_service *s, uint64_t term)
 {
     kvp_fence_track_reset(&s->fence);
     /* A segment repeats the last seq it ran (Fenced.seq), possibly one an older leader asked: this
-     * leader's seqs start above any a leader whose clock was not ahead could have used (65536 per
-     * ms), so such an echo does not answer one of ours (fence_track.c ignores seqs above its own). */
-    if (wall_ms < (1ull << 47) && s->fence.last_seq < (wall_ms << 16))
-        s->fence.last_seq = wall_ms << 16;
+     * leader's seqs start at term << 32, above any seq of a leader of an earlier term (terms only
+     * grow; 2^32 fences per term), so such an echo never answers one of ours (fence_track.c
+     * ignores seqs above its own). Not the wall clock: a new leader's clock may be behind. */
+    if (term < (1ull << 31) && s->fence.last_seq < (term << 32))
+        s->fence.last_seq = term << 32;
 }
 
 static bool seg_alive(void *ctx, uint32_t seg)

@@ -213,7 +213,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     s->release_inflight = false;
     svc_evict_reset(s);
     svc_put_reset(s);
-    svc_fence_reset(s, kvp_clock_wall_ms());
+    svc_fence_reset(s, s->term);
     if (!s->is_leader)
         answer_hb_waiters(s, KVP_ERR_NOT_LEADER);
 }

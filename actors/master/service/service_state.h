@@ -344,7 +344,7 @@ void svc_fence_note_failure(struct kvp_master_service *s, uint64_t wall_ms, cons
 void svc_fence_note_writer_failure(struct kvp_master_service *s, uint64_t wall_ms, uint64_t writer_id,
                                    uint64_t writer_mask, const char *why);
 /** A new leadership: forget every segment's fences; seqs start above any an older leader used. */
-void svc_fence_reset(struct kvp_master_service *s, uint64_t wall_ms);
+void svc_fence_reset(struct kvp_master_service *s, uint64_t term);
 /** The time to stamp on a QuarantineRelease: now, or earlier while a fence is outstanding. */
 uint64_t svc_fence_release_time(struct kvp_master_service *s, uint64_t now_wall_ms);
 void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp);
