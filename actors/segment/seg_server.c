@@ -333,8 +333,9 @@ static int out_add(struct seg_conn *c, uint8_t op, int status, const struct kvp_
     o->iov[o->iovcnt++] = (struct iovec){o->hdr[o->n], KVP_FRAME_HEADER_BYTES};
     o->bytes += KVP_FRAME_HEADER_BYTES;
     if (payload && length) {
-        if (!o->region)
-            REGION_ACQUIRE(c->loop->srv);
+        /* Each queued payload acquires (TSan builds): one acquired for an earlier answer still in
+         * the queue predates the WRITE that this READ follows, and TSan then saw no order. */
+        REGION_ACQUIRE(c->loop->srv);
         o->region = true;
         o->iov[o->iovcnt++] = (struct iovec){(void *)payload, length};
         o->bytes += length;
