@@ -116,7 +116,8 @@ def perf(p):
 
 KV = [("4 MiB put b1", "put4m", "bytes_per_second"), ("4 MiB get b1", "get4m", "bytes_per_second"),
       ("4 MiB put 8x4", "put4m_batch", "bytes_per_second"), ("4 MiB get 8x4", "get4m_batch", "bytes_per_second"),
-      ("4 KiB batch_get(32)x4", "get4k", "ops_per_second"), ("4 KiB batch_put(32)x4", "put4k", "ops_per_second")]
+      ("4 KiB batch_get(32)x4", "get4k", "ops_per_second"), ("4 KiB batch_put(32)x4", "put4k", "ops_per_second"),
+      ("16 MiB put b1", "put16m", "bytes_per_second"), ("64 MiB put b1", "put64m", "bytes_per_second")]
 META = [("meta pairs/s %d callers" % c, c) for c in (1, 16, 64)]
 
 def figures(run):
