@@ -1,9 +1,11 @@
-/* entry.c — the Raft entry framing codec (see entry.h). Pure, no allocation. */
+/* entry.c — the Raft entry framing codec (see entry.h) and the EV_APPLIED_BATCH record reader
+ * (raftlog.h). Pure, no allocation. */
 #include "raftlog/entry.h"
 
 #include <string.h>
 
 #include "kvpool.h"
+#include "raftlog/raftlog.h"
 
 static void put_u32(uint8_t *p, uint32_t v)
 {
@@ -114,5 +116,33 @@ int kvp_rl_entry_next(struct kvp_rl_entry_iter *it, struct kvp_rl_cmd *cmd)
     cmd->len = l;
     it->p += 4 + (size_t)l;
     it->left--;
+    return 1;
+}
+
+/* ---- EV_APPLIED_BATCH records (raftlog.h, kvp_raftlog_applied_next) ---- */
+
+int kvp_raftlog_applied_next(const uint8_t *data, size_t len, size_t *pos, uint64_t *corr, int32_t *status,
+                             const uint8_t **res, size_t *res_len)
+{
+    if (*pos >= len)
+        return 0;
+    if (data == NULL || len - *pos < 16)
+        return KVP_ERR_MALFORMED;
+    const uint8_t *p = data + *pos;
+    uint64_t c = 0;
+    uint32_t st = 0, n = 0;
+    for (int i = 0; i < 8; i++)
+        c |= (uint64_t)p[i] << (8 * i);
+    for (int i = 0; i < 4; i++) {
+        st |= (uint32_t)p[8 + i] << (8 * i);
+        n |= (uint32_t)p[12 + i] << (8 * i);
+    }
+    if (len - *pos - 16 < n)
+        return KVP_ERR_MALFORMED;
+    *corr = c;
+    *status = (int32_t)st;
+    *res = n ? p + 16 : NULL;
+    *res_len = n;
+    *pos += 16 + (size_t)n;
     return 1;
 }

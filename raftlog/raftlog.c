@@ -101,8 +101,8 @@ static void put_le64(uint8_t *p, uint64_t v)
 
 static void read_lease_refresh(struct kvp_raftlog *rl);
 
-void kvp_rl_ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t status,
-                    const void *data, size_t len)
+static void ev_send_frames(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t status, const void *data,
+                           size_t len)
 {
     /* Nothing leaves this thread (an applied result, a leader change, a finished transfer)
      * while the local-read permission still claims a leadership this thread knows is gone. */
@@ -119,8 +119,66 @@ void kvp_rl_ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t
                       zmq_strerror(zmq_errno()));
 }
 
+/* params.batch_applied: send the EV_APPLIED records gathered so far as one EV_APPLIED_BATCH.
+ * Runs at the end of every loop iteration (on_check), before any other event (so events keep
+ * their order) and when the loop ends. One message per iteration instead of one per command:
+ * the service reads one message (a few allocations) for a whole group entry's results. */
+static void batch_flush(struct kvp_raftlog *rl)
+{
+    if (rl->batch_n == 0)
+        return;
+    uint64_t n = rl->batch_n;
+    rl->batch_n = 0;
+    ev_send_frames(rl, KVP_RAFTLOG_EV_APPLIED_BATCH, n, 0, rl->batch_buf, rl->batch_len);
+    rl->batch_len = 0;
+    if (rl->batch_cap > (1u << 20)) { /* a burst of large results: do not keep its buffer */
+        free(rl->batch_buf);
+        rl->batch_buf = NULL;
+        rl->batch_cap = 0;
+    }
+}
+
+/* Append one record ([u64 corr][i32 status][u32 len][bytes]); false when out of memory. */
+static bool batch_add(struct kvp_raftlog *rl, uint64_t corr, int32_t status, const uint8_t *res, size_t len)
+{
+    size_t need = rl->batch_len + 16 + len;
+    if (len > UINT32_MAX || need < len)
+        return false;
+    if (need > rl->batch_cap) {
+        size_t cap = rl->batch_cap ? rl->batch_cap : 4096;
+        while (cap < need)
+            cap *= 2;
+        uint8_t *nb = realloc(rl->batch_buf, cap);
+        if (nb == NULL)
+            return false;
+        rl->batch_buf = nb;
+        rl->batch_cap = cap;
+    }
+    uint8_t *p = rl->batch_buf + rl->batch_len;
+    put_le64(p, corr);
+    for (int i = 0; i < 4; i++) {
+        p[8 + i] = (uint8_t)((uint32_t)status >> (8 * i));
+        p[12 + i] = (uint8_t)((uint32_t)len >> (8 * i));
+    }
+    if (len)
+        memcpy(p + 16, res, len);
+    rl->batch_len = need;
+    rl->batch_n++;
+    return true;
+}
+
+void kvp_rl_ev_send(struct kvp_raftlog *rl, uint8_t kind, uint64_t corr, int32_t status,
+                    const void *data, size_t len)
+{
+    batch_flush(rl); /* results applied before this event leave before it */
+    ev_send_frames(rl, kind, corr, status, data, len);
+}
+
 static void deliver_applied(void *ctx, uint64_t corr, int status, const uint8_t *res, size_t len)
 {
+    struct kvp_raftlog *rl = ctx;
+    if (rl->p.batch_applied && !rl->raft_closed_called && batch_add(rl, corr, status, res, len))
+        return;
     kvp_rl_ev_send(ctx, KVP_RAFTLOG_EV_APPLIED, corr, status, res, len);
 }
 
@@ -463,6 +521,8 @@ static void on_raft_closed(struct raft *r)
         uv_close((uv_handle_t *)&rl->timer, on_handle_closed);
     if (rl->check_inited)
         uv_close((uv_handle_t *)&rl->check, on_handle_closed);
+    if (rl->prep_inited)
+        uv_close((uv_handle_t *)&rl->prep, on_handle_closed);
     if (rl->snap_idle_inited)
         uv_close((uv_handle_t *)&rl->snap_idle, on_handle_closed);
     if (rl->async_inited)
@@ -487,6 +547,9 @@ static void finish_close(struct kvp_raftlog *rl)
         uv_timer_stop(&rl->timer);
     if (rl->check_inited)
         uv_check_stop(&rl->check);
+    if (rl->prep_inited)
+        uv_prepare_stop(&rl->prep);
+    batch_flush(rl); /* nothing is batched from here on (deliver_applied) */
     if (rl->snap_idle_inited)
         uv_idle_stop(&rl->snap_idle);
     rl->snap_idle_on = false;
@@ -687,6 +750,14 @@ static void on_check(uv_check_t *h)
         uv_idle_start(&rl->snap_idle, on_snap_idle); /* a build, an install or deferred applies began */
         rl->snap_idle_on = true;
     }
+    batch_flush(rl); /* this iteration's applied results, in one message */
+}
+
+/* Before the loop waits: results applied by this iteration's timer, pending or idle callbacks
+ * (params.batch_applied) leave now, not after the wait. */
+static void on_prepare(uv_prepare_t *h)
+{
+    batch_flush(h->data);
 }
 
 /* ---- thread ---- */
@@ -841,6 +912,10 @@ static void *thread_main(void *arg)
     rl->check.data = rl;
     rl->check_inited = true;
     uv_check_start(&rl->check, on_check);
+    uv_prepare_init(&rl->loop, &rl->prep);
+    rl->prep.data = rl;
+    rl->prep_inited = true;
+    uv_prepare_start(&rl->prep, on_prepare);
     uv_idle_init(&rl->loop, &rl->snap_idle);
     rl->snap_idle.data = rl;
     rl->snap_idle_inited = true;
@@ -851,6 +926,7 @@ static void *thread_main(void *arg)
     /* stop may have been requested before the async handle existed */
     uv_async_send(&rl->async);
     uv_run(&rl->loop, UV_RUN_DEFAULT);
+    batch_flush(rl); /* results applied by the loop's last callbacks */
     uv_loop_close(&rl->loop);
     return NULL;
 
@@ -930,6 +1006,7 @@ static void rl_free(struct kvp_raftlog *rl)
         pthread_rwlock_destroy(&rl->view->lock);
     free(rl->view);
     zsock_destroy(&rl->ev_writer);
+    free(rl->batch_buf);
     zsock_destroy(&rl->ev_reader);
     pthread_mutex_destroy(&rl->mu);
     pthread_cond_destroy(&rl->cv);

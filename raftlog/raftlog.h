@@ -24,6 +24,10 @@
  *   frame 3: result bytes (may be empty)
  * For KVP_RAFTLOG_EV_LEADER: corr = new leader's id (0 = unknown), status = 1 if this node
  * leads now else 0, frame 3 = u64 term (8 bytes little-endian).
+ * With params.batch_applied, the EV_APPLIED results of one raft-thread loop iteration come as
+ * one KVP_RAFTLOG_EV_APPLIED_BATCH message instead (corr = the number of results, status 0,
+ * frame 3 = that many records, read with kvp_raftlog_applied_next()). Every other event is sent
+ * after the batch holding the results that preceded it, so the order of events is unchanged.
  */
 #ifndef KVP_RAFTLOG_H
 #define KVP_RAFTLOG_H
@@ -97,6 +101,8 @@ struct kvp_raftlog_params {
     uint32_t max_inflight_entries; /* group entries proposed but not yet applied; 0 = 4 */
     uint64_t snapshot_log_bytes;   /* also snapshot once the log since the last one holds this
                                       many payload bytes (0 = entries only); see raftlog_internal.h */
+    bool batch_applied;            /* EV_APPLIED results of one loop iteration in one
+                                      EV_APPLIED_BATCH message (false: one message each) */
 };
 
 enum kvp_raftlog_event {
@@ -110,7 +116,19 @@ enum kvp_raftlog_event {
                                       handing leadership over. The owner should stop the process
                                       (without kvp_raftlog_stop) and let a supervisor restart it
                                       once the disk is fixed. Sent once. */
+    KVP_RAFTLOG_EV_APPLIED_BATCH = 6, /* several EV_APPLIED results (params.batch_applied) */
 };
+
+/**
+ * Read the next record of a KVP_RAFTLOG_EV_APPLIED_BATCH payload (`data`, `len`: frame 3).
+ * Record layout, little-endian: [u64 corr][i32 status][u32 res_len][res_len bytes].
+ * `*pos` is the read offset (start at 0); on success it moves past the record and *res points
+ * into `data` (borrowed; NULL when res_len is 0). Returns 1 for a record, 0 at the end, or
+ * KVP_ERR_MALFORMED (negative) when the bytes left are too short for a header or for the
+ * length it gives; *pos is then left unchanged. Pure: safe from any thread.
+ */
+int kvp_raftlog_applied_next(const uint8_t *data, size_t len, size_t *pos, uint64_t *corr, int32_t *status,
+                             const uint8_t **res, size_t *res_len);
 
 struct kvp_raftlog;
 

@@ -70,7 +70,8 @@ struct kvp_raftlog {
     uv_async_t async;
     uv_timer_t timer;
     uv_check_t check; /* after every loop iteration's I/O: read_lease_refresh */
-    bool async_inited, timer_inited, check_inited;
+    uv_prepare_t prep; /* before the loop waits: batch_flush (params.batch_applied) */
+    bool async_inited, timer_inited, check_inited, prep_inited;
     /* Incremental snapshot: while a build runs, an idle handle makes every loop iteration poll
      * for I/O without blocking and then build one chunk (kvp_rl_glue_snap_work). */
     uv_idle_t snap_idle;
@@ -133,6 +134,11 @@ struct kvp_raftlog {
 
     zsock_t *ev_reader; /* caller side */
     zsock_t *ev_writer; /* raft thread side */
+    /* params.batch_applied: EV_APPLIED records waiting for the end of this loop iteration
+     * (raftlog.c, batch_flush); raft thread only. */
+    uint8_t *batch_buf;
+    size_t batch_len, batch_cap;
+    uint64_t batch_n;
 };
 
 /* A log write handed to raft_uv (raftlog_io.c); held ones are freed by raftlog.c at close. */

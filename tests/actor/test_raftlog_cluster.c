@@ -124,6 +124,7 @@ static void node_start(struct cluster *c, int i)
 static struct cluster *g_cluster; /* for the teardown after a failed assertion */
 static bool cluster_try_start(struct cluster *c);
 static struct kvp_raftlog *g_joiner;
+static bool g_batch_applied; /* params.batch_applied of the next cluster_new */
 
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw);
 
@@ -169,6 +170,7 @@ static bool cluster_try_start(struct cluster *c)
         p->snapshot_trailing = 16;
         p->group_commit_max = 64;
         p->segment_size_bytes = 64 * 1024;
+        p->batch_applied = g_batch_applied;
         p->fsm = (struct kvp_raftlog_fsm){.ctx = &c->fsm[i], .apply = c_apply, .query = c_query,
                                           .snapshot = c_snapshot, .restore = c_restore};
     }
@@ -645,6 +647,71 @@ static void test_raftlog_cluster_transfer_ends_local_reads(void **state)
     cluster_free(c);
 }
 
+/* params.batch_applied: every submit's result arrives exactly once, inside an EV_APPLIED_BATCH
+ * (never as a lone EV_APPLIED), each batch holds as many records as its corr says, and the
+ * results come in apply order (the FSM's running count rises by one from record to record). */
+static void test_raftlog_cluster_batch_applied_each_result_once(void **state)
+{
+    (void)state;
+    kvp_log_set_level(KVP_LOG_WARN);
+    g_batch_applied = true;
+    struct cluster *c = cluster_new();
+    g_batch_applied = false;
+    int l = wait_leader(c, 0, 10000);
+    assert_true(l >= 0);
+    enum { TOTAL = 400, WINDOW = 64 };
+    static uint8_t seen[TOTAL + 1];
+    memset(seen, 0, sizeof(seen));
+    unsigned sent = 0, done = 0;
+    uint64_t last_val = 0;
+    zsock_t *s = kvp_raftlog_events(c->rl[l]);
+    zsock_set_rcvtimeo(s, 200);
+    uint64_t end = kvp_clock_now_ms() + 30000;
+    while (done < TOTAL) {
+        assert_true(kvp_clock_now_ms() < end);
+        while (sent < TOTAL && sent - done < WINDOW) {
+            uint64_t v = ++sent;
+            assert_int_equal(kvp_raftlog_submit(c->rl[l], v, (const uint8_t *)&v, 8), KVP_OK);
+        }
+        zmsg_t *m = zmsg_recv(s);
+        if (m == NULL)
+            continue;
+        assert_int_equal(zmsg_size(m), 4);
+        zframe_t *f0 = zmsg_first(m), *f1 = zmsg_next(m), *f2 = zmsg_next(m), *f3 = zmsg_next(m);
+        int kind = zframe_data(f0)[0];
+        assert_int_not_equal(kind, KVP_RAFTLOG_EV_APPLIED);
+        if (kind == KVP_RAFTLOG_EV_APPLIED_BATCH) {
+            uint64_t n = le64(zframe_data(f1), 8), got = 0;
+            assert_int_equal(le64(zframe_data(f2), 4), 0);
+            size_t pos = 0, rl = 0;
+            uint64_t corr = 0;
+            int32_t st = 0;
+            const uint8_t *res = NULL;
+            int r;
+            while ((r = kvp_raftlog_applied_next(zframe_data(f3), zframe_size(f3), &pos, &corr, &st, &res, &rl)) ==
+                   1) {
+                assert_true(corr >= 1 && corr <= TOTAL);
+                assert_int_equal(seen[corr], 0);
+                seen[corr] = 1;
+                assert_int_equal(st, KVP_OK);
+                assert_int_equal(rl, 8);
+                uint64_t val = le64(res, 8);
+                assert_int_equal(val, last_val + 1);
+                last_val = val;
+                got++;
+                done++;
+            }
+            assert_int_equal(r, 0);
+            assert_true(n >= 1);
+            assert_int_equal(got, n);
+        }
+        zmsg_destroy(&m);
+    }
+    for (unsigned i = 1; i <= TOTAL; i++)
+        assert_int_equal(seen[i], 1);
+    cluster_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -654,6 +721,7 @@ int main(void)
         cmocka_unit_test_teardown(test_raftlog_cluster_add_remove_voter_applied, teardown),
         cmocka_unit_test_teardown(test_raftlog_cluster_leadership_loss_one_event_each, teardown),
         cmocka_unit_test_teardown(test_raftlog_cluster_transfer_ends_local_reads, teardown),
+        cmocka_unit_test_teardown(test_raftlog_cluster_batch_applied_each_result_once, teardown),
     };
     if (getenv("KVP_TEST_FILTER") != NULL)
         cmocka_set_test_filter(getenv("KVP_TEST_FILTER"));

@@ -11,6 +11,7 @@
 
 #include "kvpool.h"
 #include "raftlog/entry.h"
+#include "raftlog/raftlog.h"
 #include "raftlog/raftlog_internal.h"
 
 static uint8_t *encode3(size_t *len)
@@ -213,6 +214,57 @@ static void test_raftlog_err_from_raft_mapped(void **state)
     assert_string_equal(kvp_rl_strerror(RAFT_IOERR), raft_strerror(RAFT_IOERR));
 }
 
+/* EV_APPLIED_BATCH records: two records read back in order; a header cut short and a length
+ * past the end are malformed at every cut, with the read offset left where it was. */
+static void test_raftlog_applied_batch_records(void **state)
+{
+    (void)state;
+    uint8_t buf[16 + 3 + 16];
+    memset(buf, 0, sizeof(buf));
+    /* record 1: corr 0x0102030405060708, status -3 (KVP_ERR_*), 3 bytes "abc" */
+    const uint8_t r1[16] = {8, 7, 6, 5, 4, 3, 2, 1, 0xfd, 0xff, 0xff, 0xff, 3, 0, 0, 0};
+    memcpy(buf, r1, 16);
+    memcpy(buf + 16, "abc", 3);
+    /* record 2: corr 9, status 0, no bytes */
+    buf[19] = 9;
+    size_t pos = 0, rl = 99;
+    uint64_t corr = 0;
+    int32_t st = 1;
+    const uint8_t *res = NULL;
+    assert_int_equal(kvp_raftlog_applied_next(buf, sizeof(buf), &pos, &corr, &st, &res, &rl), 1);
+    assert_int_equal(corr, 0x0102030405060708ull);
+    assert_int_equal(st, -3);
+    assert_int_equal(rl, 3);
+    assert_memory_equal(res, "abc", 3);
+    assert_int_equal(pos, 19);
+    assert_int_equal(kvp_raftlog_applied_next(buf, sizeof(buf), &pos, &corr, &st, &res, &rl), 1);
+    assert_int_equal(corr, 9);
+    assert_int_equal(st, 0);
+    assert_int_equal(rl, 0);
+    assert_null(res);
+    assert_int_equal(pos, sizeof(buf));
+    assert_int_equal(kvp_raftlog_applied_next(buf, sizeof(buf), &pos, &corr, &st, &res, &rl), 0);
+    /* every cut inside a record */
+    for (size_t cut = 1; cut < sizeof(buf); cut++) {
+        if (cut == 19)
+            continue; /* the end of record 1: a whole record, then the end */
+        size_t p2 = 0;
+        int r;
+        size_t last = 0;
+        while ((r = kvp_raftlog_applied_next(buf, cut, &p2, &corr, &st, &res, &rl)) == 1)
+            last = p2;
+        assert_int_equal(r, KVP_ERR_MALFORMED);
+        assert_int_equal(p2, last);
+    }
+    /* a length that lies: 2^32-1 bytes claimed */
+    uint8_t lie[20] = {0};
+    memset(lie + 12, 0xff, 4);
+    pos = 0;
+    assert_int_equal(kvp_raftlog_applied_next(lie, sizeof(lie), &pos, &corr, &st, &res, &rl), KVP_ERR_MALFORMED);
+    assert_int_equal(pos, 0);
+    assert_int_equal(kvp_raftlog_applied_next(NULL, 0, &pos, &corr, &st, &res, &rl), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -225,6 +277,7 @@ int main(void)
         cmocka_unit_test(test_raftlog_snap_roundtrip_equal),
         cmocka_unit_test(test_raftlog_snap_lying_size_malformed),
         cmocka_unit_test(test_raftlog_err_from_raft_mapped),
+        cmocka_unit_test(test_raftlog_applied_batch_records),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

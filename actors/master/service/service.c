@@ -374,6 +374,27 @@ static int frame_u64(zframe_t *f, uint64_t *out)
     return 0;
 }
 
+/* One submit's result (EV_APPLIED, or one record of an EV_APPLIED_BATCH) or a query's. */
+static void on_raftlog_result(struct kvp_master_service *s, uint8_t kind, uint64_t corr, int32_t status,
+                              const uint8_t *data, size_t len)
+{
+    uint64_t v = 0;
+    if (!svc_map_del(&s->pending, corr, &v)) {
+        kvp_log_debug(s->actor, "raftlog result for unknown corr %llu", (unsigned long long)corr);
+        return;
+    }
+    struct svc_pending *p = (struct svc_pending *)(uintptr_t)v;
+    uint64_t t_ev = p->submit_us ? kvp_clock_now_us() : 0;
+    svc_on_result(s, p, kind, status, data, len);
+    if (t_ev) {
+        s->rl_requests++;
+        s->rl_in_us += p->submit_us - p->recv_us;
+        s->rl_raft_us += t_ev - p->submit_us;
+        s->rl_out_us += kvp_clock_now_us() - t_ev;
+    }
+    svc_pending_free(p);
+}
+
 static int on_raftlog_event(struct kvp_master_service *s, zsock_t *sock)
 {
     for (int i = 0; i < 256; i++) {
@@ -406,22 +427,23 @@ static int on_raftlog_event(struct kvp_master_service *s, zsock_t *sock)
                               (int)len, data ? (const char *)data : "raft log write failed");
             if (!s->log_failed_ms)
                 s->log_failed_ms = kvp_clock_now_ms();
-        } else {
-            uint64_t v = 0;
-            if (!svc_map_del(&s->pending, corr, &v)) {
-                kvp_log_debug(s->actor, "raftlog result for unknown corr %llu", (unsigned long long)corr);
-            } else {
-                struct svc_pending *p = (struct svc_pending *)(uintptr_t)v;
-                uint64_t t_ev = p->submit_us ? kvp_clock_now_us() : 0;
-                svc_on_result(s, p, kind, status, data, len);
-                if (t_ev) {
-                    s->rl_requests++;
-                    s->rl_in_us += p->submit_us - p->recv_us;
-                    s->rl_raft_us += t_ev - p->submit_us;
-                    s->rl_out_us += kvp_clock_now_us() - t_ev;
-                }
-                svc_pending_free(p);
+        } else if (kind == KVP_RAFTLOG_EV_APPLIED_BATCH) {
+            /* corr = how many records; each is one EV_APPLIED (raftlog.h). */
+            size_t pos = 0, res_len = 0;
+            uint64_t rcorr = 0, got = 0;
+            int32_t rst = 0;
+            const uint8_t *res = NULL;
+            int r;
+            while ((r = kvp_raftlog_applied_next(data, len, &pos, &rcorr, &rst, &res, &res_len)) == 1) {
+                on_raftlog_result(s, KVP_RAFTLOG_EV_APPLIED, rcorr, rst, res, res_len);
+                got++;
             }
+            if (r != 0 || got != corr)
+                kvp_log_error(s->actor, "raftlog applied batch: %llu of %llu records read from %zu bytes%s",
+                              (unsigned long long)got, (unsigned long long)corr, len,
+                              r != 0 ? ", the rest malformed" : "");
+        } else {
+            on_raftlog_result(s, kind, corr, status, data, len);
         }
         zmsg_destroy(&msg);
     }
@@ -599,6 +621,7 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     rp->snapshot_trailing = cfg->snapshot_trailing;
     rp->snapshot_log_bytes = cfg->snapshot_log_bytes;
     rp->group_commit_max = cfg->group_commit_max;
+    rp->batch_applied = true; /* one events message per raft-thread iteration (on_raftlog_event) */
     rp->max_inflight_entries = cfg->raft_max_inflight_entries;
     rp->fsm.ctx = s->fsm;
     rp->fsm.apply = kvp_master_fsm_apply_bytes;
