@@ -231,10 +231,10 @@ static int batch_init(struct kvp_rt_ctx *ctx)
     }
     b->to[XB_LOCAL] = h->local;
     for (int k = 0; k < 2; k++) { /* the lent works first: the host's own may finish at once */
-        if (!b->w[k] || !b->to[k])
+        if (!b->w[k] || (k == XB_NET && direct))
             continue;
         void *pl = b->w[k];
-        if (kvp_rt_request(ctx, b->to[k], 0, XA_WORK, 0, &pl, xfer_no_free, 0, &b->corr[k]) == KVP_OK) {
+        if (b->to[k] && kvp_rt_request(ctx, b->to[k], 0, XA_WORK, 0, &pl, xfer_no_free, 0, &b->corr[k]) == KVP_OK) {
             b->out[k] = true;
             if (k == XB_NET)
                 h->lent[b->tcp_idx]++;
