@@ -475,18 +475,17 @@ void kvp_client_get_objs(struct kvp_client *c, size_t n, const struct kvp_client
 
 /* ------------------------------------------------------------------ public entry points */
 
-int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
-                      const size_t iovcnt[], uint32_t timeout_ms, int64_t results[])
+/* The batch get after its arguments were checked (n > 0): the objects (iovs or bufs), the call
+ * counted in the metrics. */
+static int batch_get_run(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                         const size_t iovcnt[], void *const bufs[], const size_t caps[], uint32_t timeout_ms,
+                         int64_t results[])
 {
-    if (!c || (n > 0 && (!keys || !iovs || !iovcnt || !results)))
-        return kvp_client_invalid(__func__, "client NULL, or a NULL keys/iovs/iovcnt/results array with n > 0");
-    if (n == 0)
-        return KVP_OK;
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
     uint64_t t0 = kvp_client_metrics_t0(c);
-    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
+    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, bufs, caps);
     if (!objs) {
         kvp_client_metrics_get(c, KVP_ERR_NOMEM, n, NULL, t0);
         kvp_client_leave(c);
@@ -499,28 +498,20 @@ int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const k
     return KVP_OK;
 }
 
+int kvp_batch_get_iov(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                      const size_t iovcnt[], uint32_t timeout_ms, int64_t results[])
+{
+    if (!c || (n > 0 && (!keys || !iovs || !iovcnt || !results)))
+        return kvp_client_invalid(__func__, "client NULL, or a NULL keys/iovs/iovcnt/results array with n > 0");
+    return n == 0 ? KVP_OK : batch_get_run(c, n, keys, iovs, iovcnt, NULL, NULL, timeout_ms, results);
+}
+
 int kvp_batch_get(kvp_client *c, size_t n, const char *const keys[], void *const bufs[],
                   const size_t caps[], uint32_t timeout_ms, int64_t results[])
 {
     if (!c || (n > 0 && (!keys || !bufs || !caps || !results)))
         return kvp_client_invalid(__func__, "client NULL, or a NULL keys/bufs/caps/results array with n > 0");
-    if (n == 0)
-        return KVP_OK;
-    int rc = kvp_client_enter(c);
-    if (rc != KVP_OK)
-        return rc;
-    uint64_t t0 = kvp_client_metrics_t0(c);
-    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, bufs, caps);
-    if (!objs) {
-        kvp_client_metrics_get(c, KVP_ERR_NOMEM, n, NULL, t0);
-        kvp_client_leave(c);
-        return KVP_ERR_NOMEM;
-    }
-    kvp_client_get_objs(c, n, objs, timeout_ms, results);
-    free(objs);
-    kvp_client_metrics_get(c, KVP_OK, n, results, t0);
-    kvp_client_leave(c);
-    return KVP_OK;
+    return n == 0 ? KVP_OK : batch_get_run(c, n, keys, NULL, NULL, bufs, caps, timeout_ms, results);
 }
 
 int64_t kvp_get(kvp_client *c, const char *key, void *buf, size_t cap, uint32_t timeout_ms)

@@ -539,20 +539,17 @@ static int check_opts(const char *fn, const kvp_put_opts *opts)
 
 /* ------------------------------------------------------------------ public entry points */
 
-int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
-                      const size_t iovcnt[], const kvp_put_opts *opts, int results[])
+/* The batch put after its arguments were checked (n > 0): the objects (iovs or bufs), the call
+ * counted in the metrics. */
+static int batch_put_run(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                         const size_t iovcnt[], const void *const bufs[], const size_t lens[],
+                         const kvp_put_opts *opts, int results[])
 {
-    if (!c || (n > 0 && (!keys || !iovs || !iovcnt || !results)))
-        return kvp_client_invalid(__func__, "client NULL, or a NULL keys/iovs/iovcnt/results array with n > 0");
-    if (check_opts(__func__, opts) != KVP_OK)
-        return KVP_ERR_INVALID;
-    if (n == 0)
-        return KVP_OK;
     int rc = kvp_client_enter(c);
     if (rc != KVP_OK)
         return rc;
     uint64_t t0 = kvp_client_metrics_t0(c);
-    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, NULL, NULL);
+    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, iovs, iovcnt, (void *const *)bufs, lens);
     if (!objs) {
         kvp_client_metrics_put(c, KVP_ERR_NOMEM, n, NULL, NULL, t0);
         kvp_client_leave(c);
@@ -565,6 +562,16 @@ int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const k
     return KVP_OK;
 }
 
+int kvp_batch_put_iov(kvp_client *c, size_t n, const char *const keys[], const kvp_iov *const iovs[],
+                      const size_t iovcnt[], const kvp_put_opts *opts, int results[])
+{
+    if (!c || (n > 0 && (!keys || !iovs || !iovcnt || !results)))
+        return kvp_client_invalid(__func__, "client NULL, or a NULL keys/iovs/iovcnt/results array with n > 0");
+    if (check_opts(__func__, opts) != KVP_OK)
+        return KVP_ERR_INVALID;
+    return n == 0 ? KVP_OK : batch_put_run(c, n, keys, iovs, iovcnt, NULL, NULL, opts, results);
+}
+
 int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void *const bufs[],
                   const size_t lens[], const kvp_put_opts *opts, int results[])
 {
@@ -572,23 +579,7 @@ int kvp_batch_put(kvp_client *c, size_t n, const char *const keys[], const void 
         return kvp_client_invalid(__func__, "client NULL, or a NULL keys/bufs/lens/results array with n > 0");
     if (check_opts(__func__, opts) != KVP_OK)
         return KVP_ERR_INVALID;
-    if (n == 0)
-        return KVP_OK;
-    int rc = kvp_client_enter(c);
-    if (rc != KVP_OK)
-        return rc;
-    uint64_t t0 = kvp_client_metrics_t0(c);
-    struct kvp_client_obj *objs = kvp_client_objs_new(n, keys, NULL, NULL, (void *const *)bufs, lens);
-    if (!objs) {
-        kvp_client_metrics_put(c, KVP_ERR_NOMEM, n, NULL, NULL, t0);
-        kvp_client_leave(c);
-        return KVP_ERR_NOMEM;
-    }
-    kvp_client_put_objs(c, n, objs, opts, results);
-    kvp_client_metrics_put(c, KVP_OK, n, objs, results, t0);
-    free(objs);
-    kvp_client_leave(c);
-    return KVP_OK;
+    return n == 0 ? KVP_OK : batch_put_run(c, n, keys, NULL, NULL, bufs, lens, opts, results);
 }
 
 int kvp_put(kvp_client *c, const char *key, const void *buf, size_t len, const kvp_put_opts *opts)

@@ -588,13 +588,10 @@ void kvp_segment_stats(struct kvp_segment *s, struct kvp_segment_stats *out)
 }
 const char *kvp_segment_endpoint(const struct kvp_segment *s) { return s ? s->endpoint : ""; }
 
-/* Replicas the master counts on our segment: >= 0, -1 when the segment is not listed, or an
- * error code (< -1 is impossible: errors are returned through *err). *others (may be NULL) gets
- * the number of ACTIVE segments other than ours: with none, a drain cannot move anything. */
-static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err, int *others)
+/* The leader's ClusterStatus document (2 s): NULL with *err set (the call's error, or
+ * KVP_ERR_MALFORMED for an answer without a parsable document). Free with json_decref. */
+static json_t *cluster_status(struct kvp_segment *s, int *err)
 {
-    if (others)
-        *others = 0;
     Kvp__Request req;
     Kvp__ClusterStatusReq cs;
     kvp__request__init(&req);
@@ -603,19 +600,27 @@ static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err, 
     req.cluster_status = &cs;
     Kvp__Response *resp = NULL;
     *err = call(s, &req, 2000, &resp);
-    if (*err != KVP_OK || resp->body_case != KVP__RESPONSE__BODY_CLUSTER_STATUS || !resp->cluster_status) {
-        if (*err == KVP_OK)
-            *err = KVP_ERR_MALFORMED;
-        kvp_msession_response_free(resp);
-        return 0;
+    json_t *root = NULL;
+    if (*err == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_CLUSTER_STATUS && resp->cluster_status) {
+        json_error_t je;
+        root = json_loads(resp->cluster_status->json, 0, &je);
     }
-    json_error_t je;
-    json_t *root = json_loads(resp->cluster_status->json, 0, &je);
     kvp_msession_response_free(resp);
-    if (!root) {
+    if (!root && *err == KVP_OK)
         *err = KVP_ERR_MALFORMED;
+    return root;
+}
+
+/* Replicas the master counts on our segment: >= 0, -1 when the segment is not listed, or an
+ * error code (< -1 is impossible: errors are returned through *err). *others (may be NULL) gets
+ * the number of ACTIVE segments other than ours: with none, a drain cannot move anything. */
+static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err, int *others)
+{
+    if (others)
+        *others = 0;
+    json_t *root = cluster_status(s, err);
+    if (!root)
         return 0;
-    }
     int64_t n = -1;
     size_t i;
     json_t *seg;
@@ -638,20 +643,8 @@ static int64_t objects_on_segment(struct kvp_segment *s, uint32_t id, int *err, 
 /* The leader's drain/repair counters (status "repair"), for the drain timeout report. */
 static void drain_report(struct kvp_segment *s, uint32_t id, int64_t left)
 {
-    Kvp__Request req;
-    Kvp__ClusterStatusReq cs;
-    kvp__request__init(&req);
-    kvp__cluster_status_req__init(&cs);
-    req.body_case = KVP__REQUEST__BODY_CLUSTER_STATUS;
-    req.cluster_status = &cs;
-    Kvp__Response *resp = NULL;
-    json_t *root = NULL;
-    if (call(s, &req, 2000, &resp) == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_CLUSTER_STATUS &&
-        resp->cluster_status) {
-        json_error_t je;
-        root = json_loads(resp->cluster_status->json, 0, &je);
-    }
-    kvp_msession_response_free(resp);
+    int err = KVP_OK;
+    json_t *root = cluster_status(s, &err); /* NULL: the counters read 0 */
     json_t *rep = json_object_get(root, "repair");
     long long only = (long long)json_integer_value(json_object_get(rep, "only_on_draining"));
     long long nospace = (long long)json_integer_value(json_object_get(rep, "no_space"));

@@ -9,14 +9,14 @@
  *    transport. Nothing outside an actor touches its transport. With params.token_wallet each
  *    network actor also owns a wallet (that key pair; tokens by message, kvp_xfer_tokens_put)
  *    its transports sign the segments' challenges from;
- *  - batch actors (hosted actors, one per kvp_xfer_run call) live in the engine's batch host
- *    when it has one (params.batch_host: the client actor; xfer_host.c: they reach every
- *    transfer actor by XA_WORK requests, fence by XA_FENCE/XA_ABORT, and answer the caller from
- *    their fini once every work was answered); else in the transfer actor the call was sent to
- *    (its home): they cut the call's slices into xslices, hand them to the home
- *    transport directly (same thread) and to the local actor by message, run the call's timeout
- *    and the fence bound as runtime timers, and answer the caller — whose thread waits on a
- *    runtime sink — from their fini, once every transfer actor reported every xslice terminal.
+ *  - batch actors (hosted actors, one per kvp_xfer_run call; one implementation, xfer_batch.c)
+ *    live in the engine's batch host when it has one (params.batch_host: the client actor;
+ *    xfer_host.c), else in the tcp transfer actor the call was sent to (its home). They cut the
+ *    call's slices into xslices, lend them to the transfer actors by XA_WORK requests (in a tcp
+ *    actor, the remote ones go to its own transport directly: same thread), run the call's
+ *    timeout and the fence bound as runtime timers (XA_FENCE, XA_ABORT), and answer the caller —
+ *    whose thread waits on a runtime sink — from their fini, once every transfer actor reported
+ *    every xslice terminal. Each host embeds a struct xfer_bhost (below).
  */
 #ifndef KVP_XFER_TRANSFER_INTERNAL_H
 #define KVP_XFER_TRANSFER_INTERNAL_H
@@ -109,14 +109,16 @@ struct xfer_local_reg {
 };
 
 struct xb;
+struct kvp_rt_ctx;
+struct kvp_rt_msg;
 
 /* The xslices of one batch on one transfer actor. Owned by its batch; lent to a transfer actor
  * (by XA_WORK) until that actor answers. */
 struct xfer_work {
-    struct xb *batch;          /* read on the home thread only (NULL: a host's work) */
+    struct xb *batch;          /* a direct work's: read on its host's thread only (NULL: lent) */
     uint64_t token;            /* XA_WORK's reply token (remote works) */
     uint64_t seq;              /* in the transfer actor that runs it */
-    bool direct;               /* runs on the home itself (no messages) */
+    bool direct;               /* runs on its batch's host itself (no messages) */
     bool done;                 /* every xslice terminal (set by the transfer actor) */
     bool abort_now;            /* fence = abort at once (engine stopping) */
     size_t n, left;
@@ -132,6 +134,67 @@ struct xfer_work {
  * memory. xfer_work_free frees it. */
 struct xfer_work *xfer_work_new(size_t n);
 void xfer_work_free(struct xfer_work *w);
+
+/* ------------------------------------------------------------------ xfer_batch.c
+ * The batch actors' host: a tcp transfer actor (xfer_engine.c) or the engine's batch host
+ * (xfer_host.c), each embedding one struct xfer_bhost; everything below runs on its thread. */
+
+/* What the two hosts do differently. */
+struct xfer_bhost_ops {
+    /* A tcp transfer actor runs a batch's remote work on its own transport (no message): start
+     * it, fence it (with `now`, the engine stopping: abort it too), abort it (the fence bound
+     * passed); each polls the transport afterwards, so the work may report back
+     * (xfer_batch_direct_done) before it returns. NULL (the client actor): the remote work is
+     * lent to a tcp actor (XA_WORK), as the local one is to xfer-local. */
+    void (*direct_start)(void *owner, struct kvp_rt_ctx *ctx, struct xfer_work *w);
+    void (*direct_fence)(void *owner, struct kvp_rt_ctx *ctx, struct xfer_work *w, int status, bool now);
+    void (*direct_abort)(void *owner, struct kvp_rt_ctx *ctx, struct xfer_work *w);
+    /* Just before a call is answered: in its batch actor's fini (ran, after on_batch_fini), or
+     * when it is refused before a batch actor ran. May be NULL. */
+    void (*answering)(void *owner, struct xfer_call *c, bool ran);
+    /* Whether the host holds work besides its batches (the engine's stop waits for it). May be NULL. */
+    bool (*busy)(void *owner);
+};
+
+/* A batch host's state (its thread only). */
+struct xfer_bhost {
+    const struct xfer_bhost_ops *ops;
+    void *owner;                       /* the ops' first argument */
+    const char *name;                  /* for log lines */
+    const struct kvp_xfer_params *p;   /* slice_bytes, fence_bound_ms, on_batch_fini (defaults applied) */
+    struct kvp_rt_actor *local;        /* xfer-local */
+    struct kvp_rt_actor *const *tcp;   /* without direct ops: the tcp actors a remote work is lent to */
+    unsigned n_tcp;
+    unsigned lent[XFER_MAX_IO_THREADS]; /* remote works of this host each tcp actor holds now */
+    uint32_t *local_ids;               /* segments registered with xfer-local (routing) */
+    size_t n_local, cap_local;
+    struct xb *batches;                /* live batch actors */
+    struct xb *running;                /* the batch whose start or handler runs now */
+    bool stopping;                     /* the engine's stop came: new calls are refused CLOSED */
+    bool stop_owed;                    /* stop_token holds an unanswered stop */
+    uint64_t stop_token;
+    struct kvp_xfer_stats *st;         /* the owner's: batches, slices, timeouts counted here */
+};
+
+/* A call (the XA_CALL or XH_CALL request m, payload struct xfer_call *): spawn its batch actor, or
+ * refuse it (stopping: KVP_ERR_CLOSED; KVP_ERR_NOMEM). */
+void xfer_bhost_call(struct xfer_bhost *h, struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m);
+/* Refuse call m before any batch actor: every slice gets `status`, then the host's answering hook
+ * (h may be NULL: none), then the caller its answer. */
+void xfer_bhost_refuse(struct xfer_bhost *h, struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m, int status);
+/* The engine's stop (request corr): refuse new calls, fence every batch with KVP_ERR_CLOSED and
+ * abort at once; the stop is answered (xfer_bhost_stop_check) once no batch is left and the host
+ * is not busy. A second stop answers the first. */
+void xfer_bhost_stop(struct xfer_bhost *h, struct kvp_rt_ctx *ctx, uint64_t corr);
+void xfer_bhost_stop_check(struct xfer_bhost *h, struct kvp_rt_ctx *ctx);
+/* The host's own remote work of batch b (w->batch, w->direct) has every xslice terminal. */
+void xfer_batch_direct_done(struct kvp_rt_ctx *ctx, struct xb *b);
+/* Routing: the segments registered with xfer-local. local_set: KVP_OK (also for an add of one
+ * there already), KVP_ERR_NOT_FOUND (a delete of one not there), KVP_ERR_NOMEM. */
+bool xfer_bhost_is_local(const struct xfer_bhost *h, uint32_t segment_id);
+int xfer_bhost_local_set(struct xfer_bhost *h, uint32_t segment_id, bool add);
+/* Free what the host state holds (not the state: its owner's). */
+void xfer_bhost_free(struct xfer_bhost *h);
 
 /* xfer_local.c: the local transport's table (called by the local actor, on its thread). */
 int xfer_local_add(struct kvp_xport *t, uint32_t segment_id, void *base, uint64_t size);

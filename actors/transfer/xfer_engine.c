@@ -3,24 +3,22 @@
  * (transport.h), and the batch actors they host. See transfer.h for the contract,
  * transfer_internal.h for who owns what, docs/data-plane.md for the design.
  *
- * With a batch host (kvp_xfer_params.batch_host: the client actor) a call is a request to that
- * actor instead, whose batch actor (xfer_host.c) reaches every transfer actor by XA_WORK; the
- * transfer actors' side of it (works lent by message, XA_FENCE, XA_ABORT, XA_STOP) is the one
- * below for xfer-local's works. Without one:
- *
- * A call (kvp_xfer_run) is a request from the caller's thread (a runtime sink) to its home
- * transfer actor. The home spawns a hosted batch actor for it, whose init cuts the slices into
- * xslices: remote ones go to the home's own transport (a direct call: same thread, same actor),
- * local ones to the local transfer actor as one XA_WORK request. Each transfer actor reports every
- * xslice terminal (completed, failed, or fenced) back to the batch: directly, or by answering
- * the XA_WORK request. The call's timeout is a runtime timer of the batch actor: it fences the
- * works (XA_FENCE to the other actors), and the fence bound's timer aborts what a transport could
- * not fence (XA_ABORT). Only when every work is complete does the batch actor finish; its fini
- * answers the caller. So the caller returns only after every transfer actor let go of every
- * slice's memory (contract C2), and no lock or atomic is needed: each transport, each work and
- * each batch has exactly one owner at a time, and ownership moves by message. That includes the
- * data-plane tokens: each network actor signs from its own wallet (params.token_wallet's key),
- * filled by XA_TOKENS messages (kvp_xfer_tokens_put), so no wallet is shared between threads.
+ * A call (kvp_xfer_run) is a request from the caller's thread (a runtime sink) to the engine's
+ * batch host when it has one (kvp_xfer_params.batch_host: the client actor; xfer_host.c), else to
+ * its home transfer actor (a tcp actor), which is then the batch host itself. Either spawns a
+ * hosted batch actor for it (xfer_batch.c: the one implementation, with every fence rule), which
+ * cuts the slices into xslices and gives each transfer actor its work: as an XA_WORK request, or,
+ * for the remote xslices of a batch hosted by a tcp actor, on that actor's own transport (the
+ * ops below: a direct call, same thread). Each transfer actor reports every xslice terminal
+ * (completed, failed, or fenced) back to the batch: directly, or by answering the XA_WORK request.
+ * The call's timeout is a runtime timer of the batch actor: it fences the works (XA_FENCE), and
+ * the fence bound's timer aborts what a transport could not fence (XA_ABORT). Only when every
+ * work is complete does the batch actor finish; its fini answers the caller. So the caller
+ * returns only after every transfer actor let go of every slice's memory (contract C2), and no
+ * lock or atomic is needed: each transport, each work and each batch has exactly one owner at a
+ * time, and ownership moves by message. That includes the data-plane tokens: each network actor
+ * signs from its own wallet (params.token_wallet's key), filled by XA_TOKENS messages
+ * (kvp_xfer_tokens_put), so no wallet is shared between threads.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -44,7 +42,6 @@
 #define ACTOR "xfer"
 #define XA_MAX_FDS 8
 #define XA_COMP_BATCH 256
-static void no_free(void *p) { (void)p; }
 
 struct xa_peer {
     char *endpoint;
@@ -82,34 +79,14 @@ struct xa {
     uint64_t timer_id;
     uint64_t timer_due_ns;     /* 0: no poll timer */
     bool rearm_sent;           /* an XA_REARM is on its way */
-    struct xb *batches;        /* batch actors hosted here */
-    struct xb *running;        /* the batch whose init/handler runs now */
-    bool stopping;
-    uint64_t stop_token;
-    bool stop_owed;
-    uint32_t *local_ids;       /* tcp actors: segments the local actor has (routing) */
-    size_t n_local, cap_local;
+    struct xfer_bhost bh;      /* the batch actors hosted here (tcp actors; xfer_batch.c), the
+                                  engine's stop, the routing to xfer-local */
     struct kvp_rt_actor *local_actor; /* tcp actors: a reference to xfer-local */
     struct kvp_rt_actor *idle;   /* tcp actors: a reference to the engine's idle-token sink */
     struct kvp_dt_wallet *wallet; /* network actors with params.token_wallet: this actor's copy
                                      (its key; tokens by XA_TOKENS), signed from by its transports */
     struct kvp_xfer_stats st;
     struct kvp_xport_completion comp[XA_COMP_BATCH];
-};
-
-/* A batch actor's state (hosted in its home transfer actor). */
-struct xb {
-    struct xa *home;
-    struct xfer_call *call;
-    uint64_t token;            /* the caller's request */
-    uint64_t hid;
-    struct xfer_work *w_net;   /* on the home (direct) */
-    struct xfer_work *w_local; /* on xfer-local (XA_WORK) */
-    uint64_t local_corr;
-    size_t works_left;
-    bool started, fenced, complete;
-    bool stop_fenced;          /* XA_STOP fenced it */
-    struct xb *prev, *next;    /* home->batches */
 };
 
 /* Put the call's idle token back (see struct xfer_call); before the call is answered. */
@@ -148,9 +125,9 @@ struct xfer_work *xfer_work_new(size_t n)
     return w;
 }
 
-/* ------------------------------------------------------------------ transfer actor: works */
+/* ------------------------------------------------------------------ transfer actor: works
+ * (lent by XA_WORK, or a batch's remote work run by its host: w->direct) */
 
-static void batch_on_work(struct kvp_rt_ctx *ctx, struct xb *b, struct xfer_work *w);
 static void xa_stop_check(struct xa *xa, struct kvp_rt_ctx *ctx);
 
 /* Every xslice of w is terminal: give it back to its batch. */
@@ -163,8 +140,8 @@ static void work_done(struct xa *xa, struct kvp_rt_ctx *ctx, struct xfer_work *w
         }
     w->next = NULL;
     if (w->direct) {
-        w->done = true; /* (a lent work's `done` is its batch's to set, on the answer) */
-        batch_on_work(ctx, w->batch, w);
+        w->done = true; /* (a lent work's `done` is unused: its batch tracks it) */
+        xfer_batch_direct_done(ctx, w->batch);
     } else if (kvp_rt_reply(ctx, w->token, KVP_OK, 0, NULL, NULL) != KVP_OK) {
         kvp_log_error(xa->name, "a batch's work could not be answered (its batch is gone)");
     }
@@ -379,12 +356,12 @@ static void work_start(struct xa *xa, struct kvp_rt_ctx *ctx, struct xfer_work *
         w->st[i] = XS_PENDING;
         w->xs[i].id = w->seq << ID_SHIFT | i;
     }
-    if (xa->stopping) {
+    if (xa->bh.stopping) {
         for (size_t i = 0; i < w->n; i++)
             xs_terminal(xa, w, i, KVP_ERR_CLOSED);
     }
     size_t i = 0;
-    while (i < w->n && !xa->stopping) {
+    while (i < w->n && !xa->bh.stopping) {
         size_t j = i + 1;
         const char *ep = w->ep[i];
         while (j < w->n && (ep == w->ep[j] || (ep && w->ep[j] && !strcmp(ep, w->ep[j]))))
@@ -460,219 +437,47 @@ static void work_abort(struct xa *xa, struct xfer_work *w)
     free(ids);
 }
 
-/* ------------------------------------------------------------------ batch actors */
+/* ------------------------------------------------------------------ the batch host's ops */
 
-static void batch_finish_maybe(struct kvp_rt_ctx *ctx, struct xb *b)
+/* A tcp actor runs its batches' remote works on its own transport (struct xfer_bhost_ops). */
+static void xa_direct_start(void *owner, struct kvp_rt_ctx *ctx, struct xfer_work *w)
 {
-    if (!b->complete || b->home->running == b || !b->started)
-        return; /* the running one returns KVP_RT_DONE itself */
-    kvp_rt_hosted_finish(ctx, b->hid);
+    work_start(owner, ctx, w);
+    xa_pump(owner, ctx);
 }
 
-/* A work of b is complete: its statuses go into the call's slices. */
-static void batch_on_work(struct kvp_rt_ctx *ctx, struct xb *b, struct xfer_work *w)
+static void xa_direct_fence(void *owner, struct kvp_rt_ctx *ctx, struct xfer_work *w, int status, bool now)
 {
-    struct kvp_xfer_slice *s = b->call->slices;
-    for (size_t i = 0; i < w->n; i++)
-        if (w->st[i] != KVP_OK && s[w->slice_of[i]].status == KVP_OK)
-            s[w->slice_of[i]].status = w->st[i];
-    if (--b->works_left == 0) {
-        b->complete = true;
-        batch_finish_maybe(ctx, b);
-    }
+    w->abort_now = now;
+    work_fence(owner, w, status);
+    xa_pump(owner, ctx);
 }
 
-static bool is_local_seg(const struct xa *xa, uint32_t id)
+static void xa_direct_abort(void *owner, struct kvp_rt_ctx *ctx, struct xfer_work *w)
 {
-    for (size_t i = 0; i < xa->n_local; i++)
-        if (xa->local_ids[i] == id)
-            return true;
-    return false;
+    work_abort(owner, w);
+    xa_pump(owner, ctx);
 }
 
-/* Build b's works. Returns KVP_ERR_NOMEM or KVP_OK. */
-static int batch_build(struct xb *b)
+static void xa_answering(void *owner, struct xfer_call *c, bool ran)
 {
-    struct xa *xa = b->home;
-    struct xfer_call *c = b->call;
-    size_t n_net = 0, n_loc = 0;
-    for (size_t i = 0; i < c->n; i++) {
-        struct kvp_xfer_slice *s = &c->slices[i];
-        if (xa->n_local && is_local_seg(xa, s->segment_id))
-            n_loc++;
-        else if (!s->endpoint)
-            s->status = KVP_ERR_INVALID;
-        else
-            n_net += (size_t)((s->length + xa->p.slice_bytes - 1) / xa->p.slice_bytes);
-    }
-    if (n_net && !(b->w_net = xfer_work_new(n_net)))
-        return KVP_ERR_NOMEM;
-    if (n_loc && !(b->w_local = xfer_work_new(n_loc)))
-        return KVP_ERR_NOMEM;
-    for (size_t i = 0; i < c->n; i++) {
-        struct kvp_xfer_slice *s = &c->slices[i];
-        bool local = xa->n_local && is_local_seg(xa, s->segment_id);
-        if (!local && !s->endpoint)
-            continue;
-        struct xfer_work *w = local ? b->w_local : b->w_net;
-        uint64_t piece = local ? s->length : xa->p.slice_bytes;
-        for (uint64_t off = 0; off < s->length; off += piece) {
-            uint64_t len = s->length - off < piece ? s->length - off : piece;
-            w->xs[w->n] = (struct kvp_xport_slice){
-                .op = s->op,
-                .local = (uint8_t *)s->local + off,
-                .length = len,
-                .segment_id = s->segment_id,
-                .remote_offset = s->remote_offset + off,
-                .write_deadline_ms = s->op == KVP_XFER_WRITE ? c->wdeadline_ms : 0};
-            w->ep[w->n] = s->endpoint;
-            w->slice_of[w->n] = (uint32_t)i;
-            w->n++;
-        }
-    }
-    return KVP_OK;
+    (void)ran;
+    token_back(owner, c);
 }
 
-static int batch_init(struct kvp_rt_ctx *ctx)
-{
-    struct xb *b = kvp_rt_state(ctx);
-    struct xa *xa = b->home;
-    b->hid = kvp_rt_self_hid(ctx);
-    xa->running = b;
-    struct xfer_call *c = b->call;
-    if (batch_build(b) != KVP_OK) {
-        for (size_t i = 0; i < c->n; i++)
-            c->slices[i].status = KVP_ERR_NOMEM;
-        xfer_work_free(b->w_net);
-        xfer_work_free(b->w_local);
-        b->w_net = b->w_local = NULL;
-    }
-    b->works_left = (b->w_net != NULL) + (b->w_local != NULL);
-    b->complete = b->works_left == 0;
-    if (c->timeout_ms && b->works_left) {
-        uint64_t spent_ms = (kvp_clock_now_ns() - c->start_ns) / 1000000ull;
-        uint32_t left = spent_ms >= c->timeout_ms ? 0 : c->timeout_ms - (uint32_t)spent_ms;
-        kvp_rt_timer_start(ctx, left, 0, XB_TIMEOUT, NULL);
-    }
-    if (b->w_local) {
-        b->w_local->batch = b;
-        void *pl = b->w_local;
-        if (kvp_rt_request(ctx, xa->local_actor, 0, XA_WORK, 0, &pl, no_free, 0, &b->local_corr) != KVP_OK) {
-            for (size_t i = 0; i < b->w_local->n; i++)
-                b->w_local->st[i] = KVP_ERR_CLOSED;
-            b->w_local->done = true;
-            batch_on_work(ctx, b, b->w_local);
-        }
-    }
-    if (b->w_net) {
-        b->w_net->batch = b;
-        b->w_net->direct = true;
-        work_start(xa, ctx, b->w_net);
-        xa_pump(xa, ctx);
-    }
-    b->started = true;
-    xa->running = NULL;
-    return b->works_left == 0 ? KVP_RT_DONE : KVP_OK;
-}
+static bool xa_busy(void *owner) { return ((struct xa *)owner)->works != NULL; }
 
-static void batch_fence(struct kvp_rt_ctx *ctx, struct xb *b, int status, bool now)
-{
-    struct xa *xa = b->home;
-    b->fenced = true;
-    size_t left = 0;
-    for (int k = 0; k < 2; k++) {
-        struct xfer_work *w = k ? b->w_local : b->w_net;
-        if (!w || w->done)
-            continue;
-        for (size_t i = 0; i < w->n; i++)
-            left += w->direct ? w->st[i] == XS_PENDING : 1;
-        if (w->direct) {
-            w->abort_now = now;
-            work_fence(xa, w, status);
-        } else {
-            void *pl = w;
-            kvp_rt_send(xa->local_actor, 0, now ? XA_ABORT : XA_FENCE, (uint64_t)(int64_t)status, &pl, no_free);
-        }
-    }
-    kvp_log_info(xa->name, "batch of %zu slices: %s; fencing %zu pieces", b->call->n, kvp_errname(status), left);
-    xa_pump(xa, ctx);
-    if (!now && !b->complete)
-        kvp_rt_timer_start(ctx, xa->p.fence_bound_ms, 0, XB_BOUND, NULL);
-}
-
-static int batch_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
-{
-    struct xb *b = kvp_rt_state(ctx);
-    struct xa *xa = b->home;
-    xa->running = b;
-    if (m->kind == KVP_RT_TIMER && m->type == XB_TIMEOUT && !b->complete && !b->fenced) {
-        xa->st.timeouts++;
-        batch_fence(ctx, b, KVP_ERR_TIMEOUT, false);
-    } else if (m->kind == KVP_RT_TIMER && m->type == XB_BOUND && !b->complete) {
-        if (b->w_net && !b->w_net->done) {
-            work_abort(xa, b->w_net);
-            xa_pump(xa, ctx);
-        }
-        if (b->w_local && !b->w_local->done) {
-            void *pl = b->w_local;
-            kvp_rt_send(xa->local_actor, 0, XA_ABORT, 0, &pl, no_free);
-        }
-    } else if (m->kind == KVP_RT_REPLY && b->w_local && m->corr_id == b->local_corr && !b->w_local->done) {
-        struct xfer_work *w = b->w_local;
-        if (m->status != KVP_OK) /* xfer-local closed without answering: only if stopped out of order */
-            for (size_t i = 0; i < w->n; i++)
-                if (w->st[i] == XS_PENDING)
-                    w->st[i] = m->status;
-        w->done = true;
-        batch_on_work(ctx, b, w);
-    }
-    xa->running = NULL;
-    return b->complete ? KVP_RT_DONE : KVP_OK;
-}
-
-static void batch_fini(struct kvp_rt_ctx *ctx)
-{
-    struct xb *b = kvp_rt_state(ctx);
-    struct xa *xa = b->home;
-    if (!b->complete) {
-        /* The host stops with the batch unfinished: only after XA_STOP fenced everything, so
-         * this is an ordering bug; the caller still gets an answer (KVP_ERR_CLOSED). */
-        kvp_log_error(xa->name, "batch actor finished before its works were (engine stopped out of order)");
-        for (size_t i = 0; i < b->call->n; i++)
-            if (b->call->slices[i].status == KVP_OK)
-                b->call->slices[i].status = KVP_ERR_CLOSED;
-    }
-    if (b->prev)
-        b->prev->next = b->next;
-    else if (xa->batches == b)
-        xa->batches = b->next;
-    if (b->next)
-        b->next->prev = b->prev;
-    if (xa->p.on_batch_fini)
-        xa->p.on_batch_fini(b->call->slices, b->call->n, xa->p.on_batch_fini_arg);
-    uint64_t token = b->token;
-    token_back(xa, b->call);
-    if (b->complete) {
-        xfer_work_free(b->w_net);
-        xfer_work_free(b->w_local);
-    } /* else a transfer actor may still hold a work: leaked rather than freed under it */
-    free(b);
-    /* The answer is the last thing: the caller's thread returns only now. */
-    kvp_rt_reply(ctx, token, KVP_OK, 0, NULL, NULL);
-    xa_stop_check(xa, ctx);
-}
-
-static const struct kvp_rt_hosted_spec batch_spec = {
-    .name = "batch", .handle = batch_handle, .fini = batch_fini};
+static const struct xfer_bhost_ops xa_bhost_ops = {.direct_start = xa_direct_start,
+                                                   .direct_fence = xa_direct_fence,
+                                                   .direct_abort = xa_direct_abort,
+                                                   .answering = xa_answering,
+                                                   .busy = xa_busy};
 
 /* ------------------------------------------------------------------ transfer actor */
 
 static void xa_stop_check(struct xa *xa, struct kvp_rt_ctx *ctx)
 {
-    if (xa->stop_owed && !xa->batches && !xa->works) {
-        xa->stop_owed = false;
-        kvp_rt_reply(ctx, xa->stop_token, KVP_OK, 0, NULL, NULL);
-    }
+    xfer_bhost_stop_check(&xa->bh, ctx);
 }
 
 static int xa_on_fd(struct kvp_rt_ctx *ctx, void *handle)
@@ -742,54 +547,11 @@ static void xa_fini(struct kvp_rt_ctx *ctx)
         free(p->endpoint);
         free(p);
     }
-    free(xa->local_ids);
+    xfer_bhost_free(&xa->bh);
     kvp_dt_wallet_destroy(&xa->wallet);
     kvp_rt_unref(&xa->local_actor);
     kvp_rt_unref(&xa->idle);
     free(xa);
-}
-
-static void xa_on_call(struct xa *xa, struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
-{
-    struct xfer_call *c = m->payload;
-    if (xa->stopping) {
-        for (size_t i = 0; i < c->n; i++)
-            c->slices[i].status = KVP_ERR_CLOSED;
-        token_back(xa, c);
-        kvp_rt_reply(ctx, m->corr_id, KVP_ERR_CLOSED, 0, NULL, NULL);
-        return;
-    }
-    if (c->n > 0) {
-        xa->st.batches++;
-        xa->st.slices += c->n;
-    }
-    struct xb *b = calloc(1, sizeof *b);
-    if (!b) {
-        for (size_t i = 0; i < c->n; i++)
-            c->slices[i].status = KVP_ERR_NOMEM;
-        token_back(xa, c);
-        kvp_rt_reply(ctx, m->corr_id, KVP_ERR_NOMEM, 0, NULL, NULL);
-        return;
-    }
-    b->home = xa;
-    b->call = c;
-    b->token = m->corr_id;
-    b->next = xa->batches;
-    if (xa->batches)
-        xa->batches->prev = b;
-    xa->batches = b;
-    uint64_t hid;
-    int rc = kvp_rt_hosted_spawn_run(ctx, &batch_spec, b, batch_init, &hid);
-    if (rc != KVP_OK) { /* only a spawn failure: batch_init returns KVP_OK or KVP_RT_DONE */
-        xa->batches = b->next;
-        if (b->next)
-            b->next->prev = NULL;
-        free(b);
-        for (size_t i = 0; i < c->n; i++)
-            c->slices[i].status = rc;
-        token_back(xa, c);
-        kvp_rt_reply(ctx, m->corr_id, rc, 0, NULL, NULL);
-    }
 }
 
 static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
@@ -798,7 +560,7 @@ static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
     switch (m->type) {
     case XA_CALL:
         if (m->kind == KVP_RT_REQUEST)
-            xa_on_call(xa, ctx, m);
+            xfer_bhost_call(&xa->bh, ctx, m);
         break;
     case XA_WORK:
         if (m->kind == KVP_RT_REQUEST) {
@@ -833,20 +595,7 @@ static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
     case XA_STOP:
         if (m->kind != KVP_RT_REQUEST)
             break;
-        if (xa->stop_owed)
-            kvp_rt_reply(ctx, xa->stop_token, KVP_OK, 0, NULL, NULL);
-        xa->stopping = true;
-        xa->stop_token = m->corr_id;
-        xa->stop_owed = true;
-        for (;;) { /* fencing may finish (and free) any batch: walk again after each */
-            struct xb *b = xa->batches;
-            while (b && (b->complete || b->stop_fenced))
-                b = b->next;
-            if (!b)
-                break;
-            b->stop_fenced = true;
-            batch_fence(ctx, b, KVP_ERR_CLOSED, true);
-        }
+        xfer_bhost_stop(&xa->bh, ctx, m->corr_id);
         for (struct xfer_work *w = xa->works, *nw; w; w = nw) { /* works lent by other actors */
             nw = w->next;
             w->abort_now = true;
@@ -889,30 +638,9 @@ static int xa_handle(struct kvp_rt_ctx *ctx, struct kvp_rt_msg *m)
         if (xa->is_local) {
             const struct xfer_local_reg *r = m->payload;
             rc = m->type == XA_LOCAL_ADD ? xfer_local_add(xa->raw, id, r->base, r->size) : xfer_local_del(xa->raw, id);
-        } else if (m->type == XA_LOCAL_ADD) {
-            if (!is_local_seg(xa, id)) {
-                if (xa->n_local == xa->cap_local) {
-                    size_t nc = xa->cap_local ? xa->cap_local * 2 : 4;
-                    uint32_t *ni = realloc(xa->local_ids, nc * sizeof *ni);
-                    if (!ni) {
-                        rc = KVP_ERR_NOMEM;
-                        goto answer;
-                    }
-                    xa->local_ids = ni;
-                    xa->cap_local = nc;
-                }
-                xa->local_ids[xa->n_local++] = id;
-            }
         } else {
-            rc = KVP_ERR_NOT_FOUND;
-            for (size_t i = 0; i < xa->n_local; i++)
-                if (xa->local_ids[i] == id) {
-                    xa->local_ids[i] = xa->local_ids[--xa->n_local];
-                    rc = KVP_OK;
-                    break;
-                }
+            rc = xfer_bhost_local_set(&xa->bh, id, m->type == XA_LOCAL_ADD);
         }
-    answer:
         kvp_rt_reply(ctx, m->corr_id, rc, 0, NULL, NULL);
         break;
     }
@@ -968,6 +696,8 @@ static int spawn_xa(struct kvp_rt_actor **out, const struct kvp_xfer_params *p, 
         snprintf(xa->name, sizeof xa->name, "xfer-tcp-%u", idx);
     if (local_actor)
         xa->local_actor = kvp_rt_ref(local_actor);
+    xa->bh = (struct xfer_bhost){.ops = &xa_bhost_ops, .owner = xa, .name = xa->name, .p = &xa->p,
+                                 .local = xa->local_actor, .st = &xa->st};
     if (idle)
         xa->idle = kvp_rt_ref(idle);
     if (!local && p->token_wallet) {
@@ -1038,7 +768,7 @@ int kvp_xfer_engine_new(struct kvp_xfer_engine **out, const struct kvp_xfer_para
 static int call_status(struct kvp_rt_actor *a, uint32_t type, uint64_t arg, void **payload, void **reply_payload)
 {
     struct kvp_rt_msg *r = NULL;
-    int rc = kvp_rt_call(a, 0, type, arg, payload, payload ? no_free : NULL, 0, &r);
+    int rc = kvp_rt_call(a, 0, type, arg, payload, payload ? xfer_no_free : NULL, 0, &r);
     if (rc != KVP_OK)
         return rc;
     rc = r->status;
@@ -1263,7 +993,7 @@ int kvp_xfer_run_overlap(struct kvp_xfer_engine *e, struct kvp_xfer_slice *slice
     int rc = kvp_rt_sink_new(&sink, "xfer-call");
     void *pl = &c;
     if (rc == KVP_OK)
-        rc = kvp_rt_request_from(sink, home, 0, e->host ? XH_CALL : XA_CALL, 0, &pl, no_free, 1);
+        rc = kvp_rt_request_from(sink, home, 0, e->host ? XH_CALL : XA_CALL, 0, &pl, xfer_no_free, 1);
     if (rc != KVP_OK) { /* not sent: the token is still this call's to put back */
         kvp_rt_destroy(&sink);
         if (c.home_token >= 0)

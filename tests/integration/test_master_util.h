@@ -278,11 +278,13 @@ static void tm_key(char *buf, size_t cap, const char *prefix, unsigned i)
     snprintf(buf, cap, "%s-%06u", prefix, i);
 }
 
-/* One metadata put: PutStart (1 replica, 4096 bytes) then PutEnd. Returns KVP_OK only when
- * both were acknowledged OK; the session retries across failovers (same op_id). */
-static int tm_put(struct tm_cluster *c, const char *key, uint32_t timeout_ms)
+/* PutStart of one key (1 replica, 4096 bytes, op_id op, client host 127.0.0.1); preferred (NULL:
+ * none) and ttl_ms (0: the master's put TTL) as PutStartReq has them. The call's error, else the
+ * answer's status, else the item's. With out: the answer (free it with kvp_msession_response_free;
+ * NULL when the call failed), else it is freed here. */
+static inline int tm_put_start(struct tm_cluster *c, const char *key, uint64_t op, const char *preferred,
+                               uint64_t ttl_ms, uint32_t timeout_ms, Kvp__Response **out)
 {
-    uint64_t op = c->next_op++;
     Kvp__Request req = KVP__REQUEST__INIT;
     Kvp__PutStartReq ps = KVP__PUT_START_REQ__INIT;
     Kvp__PutStartItem it = KVP__PUT_START_ITEM__INIT, *items[1] = {&it};
@@ -291,8 +293,11 @@ static int tm_put(struct tm_cluster *c, const char *key, uint32_t timeout_ms)
     it.replica_num = 1;
     it.op_id = op;
     it.client_host = "127.0.0.1";
+    if (preferred)
+        it.preferred_segment = (char *)preferred;
     ps.items = items;
     ps.n_items = 1;
+    ps.ttl_ms = ttl_ms;
     req.body_case = KVP__REQUEST__BODY_PUT_START;
     req.put_start = &ps;
     Kvp__Response *resp = NULL;
@@ -301,9 +306,22 @@ static int tm_put(struct tm_cluster *c, const char *key, uint32_t timeout_ms)
         rc = resp->status ? resp->status
              : (resp->put_start && resp->put_start->n_results == 1) ? resp->put_start->results[0]->status
                                                                      : KVP_ERR_MALFORMED;
-    kvp_msession_response_free(resp);
+    if (out)
+        *out = resp;
+    else
+        kvp_msession_response_free(resp);
+    return rc;
+}
+
+/* One metadata put: PutStart (1 replica, 4096 bytes) then PutEnd. Returns KVP_OK only when
+ * both were acknowledged OK; the session retries across failovers (same op_id). */
+static int tm_put(struct tm_cluster *c, const char *key, uint32_t timeout_ms)
+{
+    uint64_t op = c->next_op++;
+    int rc = tm_put_start(c, key, op, NULL, 0, timeout_ms, NULL);
     if (rc != KVP_OK)
         return rc;
+    Kvp__Response *resp = NULL;
     Kvp__Request req2 = KVP__REQUEST__INIT;
     Kvp__PutEndReq pe = KVP__PUT_END_REQ__INIT;
     Kvp__PutEndItem e = KVP__PUT_END_ITEM__INIT, *eitems[1] = {&e};
@@ -314,7 +332,6 @@ static int tm_put(struct tm_cluster *c, const char *key, uint32_t timeout_ms)
     pe.n_items = 1;
     req2.body_case = KVP__REQUEST__BODY_PUT_END;
     req2.put_end = &pe;
-    resp = NULL;
     rc = kvp_msession_call(c->ms, &req2, timeout_ms, &resp);
     if (rc == KVP_OK)
         rc = resp->status ? resp->status

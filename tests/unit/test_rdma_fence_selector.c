@@ -33,35 +33,16 @@
 
 #include "actors/master/service/fence_track.h"
 #include "actors/master/service/service_state.h"
-#include "actors/segment/seg_rdma.h"
-#include "actors/transfer/rdma/rdma_xport_internal.h"
 #include "kvpool.h"
-#include "tests/lib/fakeverbs.h"
+#include "tests/lib/fence_rig.h"
 #include "tests/unit/test_fsm_helpers.h"
 #include "wire/envelope.h"
 #include "wire/rdma_hello.h"
 
-#define MS 1000000ull
-#define US 1000ull
-#define WALL0 1700000000000ull /* wall ms at virtual time 0 */
+#define MS FENCE_RIG_MS
 #define FAM KVP_RDMA_WRITER_FAMILY_MASK
 #define PA 0xa11ce00000000000ull /* client A's prefix */
 #define PB 0xb0b0b00000000000ull /* client B's prefix */
-
-static uint64_t mix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t seeds(uint64_t n)
-{
-    const char *e = getenv("KVP_RDMA_SEED_SCALE");
-    long k = e ? atol(e) : 1;
-    return n * (uint64_t)(k > 0 ? k : 1);
-}
 
 /* What FenceWriter toward seg would say: its seq (0: none), and the selectors (n 0: every writer). */
 static uint64_t asked(const struct kvp_fence_track *t, uint32_t seg, const struct kvp_fence_sel **sel,
@@ -332,99 +313,50 @@ struct writer {
 };
 
 struct e2e {
-    struct fv_fabric *f;
-    struct fv_node *na, *nb, *ns;
-    struct kvp_rdma_env env;
-    struct kvp_seg_rdma *sr;
-    struct kvp_master_fsm *fsm;
-    struct kvp_fence_track track;
-    struct kvp_seg_fence_ack ack;
+    struct fence_rig r;
+    struct fv_node *na, *nb;
     struct writer w[NW];
-    uint8_t *seg;
-    uint32_t seg_id;
     bool old_segment;   /* the segment's heartbeat does not say fence_selectors */
     uint64_t fences;    /* FenceWriters the segment ran */
     uint64_t all_asks;  /* of them, with no writers (every writer) */
 };
-
-static uint64_t e_now(void *a) { return fv_now(((struct e2e *)a)->f); }
-static void e_wait(void *a, uint64_t ns) { fv_advance(((struct e2e *)a)->f, ns ? ns : US); }
-static uint64_t wall(struct e2e *x) { return WALL0 + fv_now(x->f) / MS; }
 
 /* One heartbeat round trip through the codec, as seg_heartbeat.c and service_soft.c run it (the
  * leader's answer built as svc_fence_fill does); a FenceWriter that ran is answered at once. */
 static void beat(struct e2e *x)
 {
     for (int round = 0; round < 2; round++) {
-        Kvp__Request rq = KVP__REQUEST__INIT;
-        Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
-        Kvp__Fenced fd;
-        hb.segment_id = x->seg_id;
-        kvp_seg_rdma_hb_fill(x->sr != NULL, &x->ack, &hb, &fd);
-        assert_true(hb.fence_selectors);
-        if (x->old_segment)
-            hb.fence_selectors = 0; /* as a segment built before the flag */
-        rq.body_case = KVP__REQUEST__BODY_HEARTBEAT;
-        rq.heartbeat = &hb;
-        uint8_t *b = NULL;
-        size_t l = 0;
-        assert_int_equal(kvp_wire_encode_request(&rq, &b, &l), KVP_OK);
-        Kvp__Request *d = NULL;
-        assert_int_equal(kvp_wire_decode_request(b, l, &d), KVP_OK);
-        free(b);
+        Kvp__Request *d = fence_rig_heartbeat(&x->r, x->old_segment);
         const Kvp__Fenced *f = d->heartbeat->fenced;
-        kvp_fence_track_heartbeat_sel(&x->track, d->heartbeat->segment_id, d->heartbeat->rdma_writers,
+        kvp_fence_track_heartbeat_sel(&x->r.track, d->heartbeat->segment_id, d->heartbeat->rdma_writers,
                                       d->heartbeat->fence_selectors, f ? f->seq : 0, f ? f->status : 0, NULL);
         kvp__request__free_unpacked(d, NULL);
         uint64_t seq = 0;
         const struct kvp_fence_sel *sel = NULL;
         uint32_t n = 0;
-        if (!kvp_fence_track_ask(&x->track, x->seg_id, &seq, &sel, &n))
+        if (!kvp_fence_track_ask(&x->r.track, x->r.seg_id, &seq, &sel, &n))
             return;
-        Kvp__FenceWriter fw = KVP__FENCE_WRITER__INIT;
-        Kvp__WriterSelector ws[KVP_FENCE_SELECTORS_MAX], *wp[KVP_FENCE_SELECTORS_MAX];
-        fw.seq = seq;
-        for (uint32_t i = 0; i < n; i++) {
-            kvp__writer_selector__init(&ws[i]);
-            ws[i].client_id = sel[i].client_id;
-            ws[i].mask = sel[i].mask;
-            wp[i] = &ws[i];
-        }
-        fw.n_writers = n;
-        fw.writers = n ? wp : NULL;
         if (x->old_segment)
             assert_int_equal(n, 0); /* the leader falls back to every writer */
-        if (!kvp_seg_rdma_on_fence_writer(x->sr, &fw, &x->ack))
+        if (!fence_rig_fence_writer(&x->r, seq, sel, n))
             return;
         x->fences++;
         x->all_asks += n == 0;
     }
 }
 
-static void connect_writer(struct e2e *x, struct writer *w)
-{
-    uint8_t *offer = NULL, *ans = NULL;
-    size_t ol = 0, al = 0;
-    assert_int_equal(kvp_rdma_ep_offer(w->x, x->seg_id, w->id, NULL, &w->ep, &offer, &ol), KVP_OK);
-    assert_int_equal(kvp_seg_rdma_accept(x->sr, offer, ol, &ans, &al), KVP_OK);
-    assert_int_equal(kvp_rdma_ep_complete(w->ep, ans, al), KVP_OK);
-    free(offer);
-    free(ans);
-}
+static void connect_writer(struct e2e *x, struct writer *w) { fence_rig_connect(&x->r, w->x, w->id, &w->ep); }
 
 static void e2e_up(struct e2e *x, uint64_t seed, bool old_segment)
 {
     memset(x, 0, sizeof *x);
     x->old_segment = old_segment;
-    struct fv_config fc = {.seed = seed, .jitter_ns = 1 + seed % (30 * US)};
-    assert_int_equal(fv_fabric_new(&x->f, &fc), KVP_OK);
-    struct fv_node_config ca = {.name = "client-a", .n_devices = 1, .flush = (int)(seed % 3)};
-    struct fv_node_config cb = {.name = "client-b", .n_devices = 1};
-    struct fv_node_config sc = {.name = "segment", .n_devices = 1};
-    assert_int_equal(fv_node_add(x->f, &ca, &x->na), KVP_OK);
-    assert_int_equal(fv_node_add(x->f, &cb, &x->nb), KVP_OK);
-    assert_int_equal(fv_node_add(x->f, &sc, &x->ns), KVP_OK);
-    x->env = (struct kvp_rdma_env){.now_ns = e_now, .wait = e_wait, .arg = x};
+    const struct fv_node_config cc[2] = {{.name = "client-a", .n_devices = 1, .flush = (int)(seed % 3)},
+                                         {.name = "client-b", .n_devices = 1}};
+    struct fv_node *nodes[2];
+    fence_rig_fabric(&x->r, seed, cc, 2, nodes);
+    x->na = nodes[0];
+    x->nb = nodes[1];
     const uint64_t ids[NW] = {PA | 0x11, PA | 0x22, PB | 0x33};
     for (int i = 0; i < NW; i++) {
         struct writer *w = &x->w[i];
@@ -433,19 +365,11 @@ static void e2e_up(struct e2e *x, uint64_t seed, bool old_segment)
         struct kvp_rdma_cfg cfg = {.ops = fv_node_ops(w->n), .who = i < 2 ? "client-a" : "client-b",
                                    .gid_index = -1, .qps_per_peer = 2, .psn_seed = (seed + (uint64_t)i) | 1,
                                    .sysfs_root = "/nonexistent"};
-        assert_int_equal(kvp_rdma_open(&cfg, &x->env, &w->x), KVP_OK);
+        assert_int_equal(kvp_rdma_open(&cfg, &x->r.env, &w->x), KVP_OK);
         w->buf = aligned_alloc(4096, OBJ);
         assert_non_null(w->buf);
     }
-    x->seg = aligned_alloc(4096, SEG_LEN);
-    assert_non_null(x->seg);
-    memset(x->seg, 0x5a, SEG_LEN);
-    struct kvp_seg_rdma_cfg scfg = {.who = "segment", .ops = fv_node_ops(x->ns), .env = &x->env,
-                                    .gid_index = -1, .psn_seed = seed * 3 + 1, .sysfs_root = "/nonexistent"};
-    assert_int_equal(kvp_seg_rdma_open(&x->sr, &scfg, x->seg, SEG_LEN), KVP_OK);
-    x->fsm = tf_new(GRACE_MS, 30000);
-    assert_int_equal(tf_mount(x->fsm, "seg-a", "host-a", SEG_LEN, wall(x), &x->seg_id), KVP_OK);
-    kvp_seg_rdma_set_id(x->sr, x->seg_id);
+    fence_rig_segment(&x->r, seed, SEG_LEN, GRACE_MS);
     beat(x); /* first heard by the leader: one fence of every writer, answered */
     assert_int_equal(x->fences, 1);
     for (int i = 0; i < NW; i++)
@@ -459,20 +383,7 @@ static void e2e_down(struct e2e *x)
         kvp_rdma_close(&x->w[i].x);
         free(x->w[i].buf);
     }
-    kvp_seg_rdma_close(&x->sr);
-    fv_fabric_destroy(&x->f);
-    kvp_master_fsm_destroy(&x->fsm);
-    kvp_fence_track_fini(&x->track);
-    free(x->seg);
-}
-
-static uint64_t put_start(struct e2e *x, const char *key, uint64_t op, uint64_t ttl_ms, int *st)
-{
-    struct tf_put p = {.key = key, .size = OBJ, .replica_num = 1, .op_id = op};
-    Kvp__Response *rp = tf_put_start_r(x->fsm, &p, wall(x), ttl_ms, st);
-    uint64_t off = *st == KVP_OK ? rp->put_start->results[0]->replicas[0]->offset : UINT64_MAX;
-    kvp_master_fsm_response_free(rp);
-    return off;
+    fence_rig_down(&x->r);
 }
 
 static int write_obj(struct e2e *x, struct writer *w, uint64_t off, uint8_t byte, uint32_t timeout_ms)
@@ -498,34 +409,34 @@ static uint64_t selector_round(uint64_t seed, bool old_segment)
     struct e2e x;
     e2e_up(&x, seed, old_segment);
     struct writer *a1 = &x.w[0], *a2 = &x.w[1], *b = &x.w[2];
-    uint32_t b_qps = kvp_seg_rdma_writer_qps(x.sr, b->id, UINT64_MAX, NULL);
+    uint32_t b_qps = kvp_seg_rdma_writer_qps(x.r.sr, b->id, UINT64_MAX, NULL);
     assert_true(b_qps > 0);
     uint64_t b_gen = kvp_rdma_ep_generation(b->ep);
     /* B stores an object first (it stays) */
     int st = 0;
-    uint64_t off_b0 = put_start(&x, "b0", 1, 30000, &st);
+    uint64_t off_b0 = fence_rig_put_start(&x.r, "b0", OBJ, 1, 30000, &st);
     assert_int_equal(st, KVP_OK);
     assert_int_equal(write_obj(&x, b, off_b0, 0xb0, 100), KVP_OK);
-    assert_int_equal(tf_put_end(x.fsm, "b0", 1, 0, wall(&x)), KVP_OK);
+    assert_int_equal(tf_put_end(x.r.fsm, "b0", 1, 0, fence_rig_wall(&x.r)), KVP_OK);
     /* the heartbeat phase: 0..HB_MS before A's put */
-    uint64_t hb_phase = mix(&rng) % HB_MS;
-    fv_advance(x.f, hb_phase * MS);
-    uint64_t off = put_start(&x, "a", 2, 5, &st); /* ttl 5 ms: the call's timeout is 1..4 ms */
+    uint64_t hb_phase = fence_rig_mix(&rng) % HB_MS;
+    fv_advance(x.r.f, hb_phase * MS);
+    uint64_t off = fence_rig_put_start(&x.r, "a", OBJ, 2, 5, &st); /* ttl 5 ms: the call's timeout is 1..4 ms */
     assert_int_equal(st, KVP_OK);
     assert_true(off != off_b0);
     /* A's second actor is idle on its connection to the segment */
     for (uint32_t i = 0; i < a1->ep->n_qps; i++)
-        fv_qp_set_delay(a1->ep->q[i].qp, (GRACE_MS + 10) * MS + mix(&rng) % (50 * MS));
+        fv_qp_set_delay(a1->ep->q[i].qp, (GRACE_MS + 10) * MS + fence_rig_mix(&rng) % (50 * MS));
     uint32_t a1_qpn[KVP_RDMA_HELLO_MAX_QPS], n_a1 = a1->ep->n_qps;
     for (uint32_t i = 0; i < n_a1; i++)
         a1_qpn[i] = a1->ep->q[i].qp->qp_num;
-    assert_int_equal(write_obj(&x, a1, off, 0xd1, 1 + (uint32_t)(mix(&rng) % 4)), KVP_ERR_TIMEOUT);
+    assert_int_equal(write_obj(&x, a1, off, 0xd1, 1 + (uint32_t)(fence_rig_mix(&rng) % 4)), KVP_ERR_TIMEOUT);
     /* A's PutRevoke (batch_put.c): the leader notes A's family, then commits the revoke */
-    kvp_fence_track_note_writer_failure(&x.track, wall(&x), a1->id & FAM, FAM);
-    assert_int_equal(tf_revoke(x.fsm, "a", 2, wall(&x)), KVP_OK);
+    kvp_fence_track_note_writer_failure(&x.r.track, fence_rig_wall(&x.r), a1->id & FAM, FAM);
+    assert_int_equal(tf_revoke(x.r.fsm, "a", 2, fence_rig_wall(&x.r)), KVP_OK);
     uint64_t next_hb = hb_phase + HB_MS, t_ms = hb_phase, t_reuse = 0, reconnects = 0;
     for (int i = 0; i < 4000 && !t_reuse; i++) {
-        fv_advance(x.f, 1 * MS);
+        fv_advance(x.r.f, 1 * MS);
         t_ms++;
         if (t_ms >= next_hb) {
             beat(&x);
@@ -533,34 +444,34 @@ static uint64_t selector_round(uint64_t seed, bool old_segment)
         }
         if (t_ms % TICK_MS)
             continue;
-        uint64_t now = wall(&x);
-        tf_release(x.fsm, kvp_fence_track_release_time(&x.track, now, GRACE_MS, NULL, NULL, NULL));
-        uint64_t off2 = put_start(&x, "b1", 3, 30000, &st);
+        uint64_t now = fence_rig_wall(&x.r);
+        tf_release(x.r.fsm, kvp_fence_track_release_time(&x.r.track, now, GRACE_MS, NULL, NULL, NULL));
+        uint64_t off2 = fence_rig_put_start(&x.r, "b1", OBJ, 3, 30000, &st);
         if (st != KVP_OK)
             continue;
         assert_int_equal(off2, off); /* A's space, reused */
-        t_reuse = fv_now(x.f);
+        t_reuse = fv_now(x.r.f);
         /* the segment fenced A's family; B's QPs are up unless the segment fenced every writer */
-        assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, a1->id, UINT64_MAX, NULL), 0);
-        assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, a2->id, UINT64_MAX, NULL), 0);
-        if (kvp_seg_rdma_writer_qps(x.sr, b->id, UINT64_MAX, NULL) != b_qps) {
-            assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, b->id, UINT64_MAX, NULL), 0);
+        assert_int_equal(kvp_seg_rdma_writer_qps(x.r.sr, a1->id, UINT64_MAX, NULL), 0);
+        assert_int_equal(kvp_seg_rdma_writer_qps(x.r.sr, a2->id, UINT64_MAX, NULL), 0);
+        if (kvp_seg_rdma_writer_qps(x.r.sr, b->id, UINT64_MAX, NULL) != b_qps) {
+            assert_int_equal(kvp_seg_rdma_writer_qps(x.r.sr, b->id, UINT64_MAX, NULL), 0);
             kvp_rdma_ep_free(&b->ep);
             connect_writer(&x, b);
             reconnects++;
         }
         assert_int_equal(write_obj(&x, b, off2, 0x0b, 100), KVP_OK);
-        assert_int_equal(tf_put_end(x.fsm, "b1", 3, 0, wall(&x)), KVP_OK);
+        assert_int_equal(tf_put_end(x.r.fsm, "b1", 3, 0, fence_rig_wall(&x.r)), KVP_OK);
     }
     assert_true(t_reuse != 0);
-    fv_run_idle(x.f, 3000 * MS); /* every late packet arrives or is dropped */
+    fv_run_idle(x.r.f, 3000 * MS); /* every late packet arrives or is dropped */
     /* no byte of A's placed in the reused space after its reuse; B's bytes stay, and B's first
      * object is untouched */
     const struct fv_dma *first = NULL;
-    for (size_t i = 0; i < fv_audit_count(x.f); i++) {
-        const struct fv_dma *d = fv_audit_get(x.f, i);
-        if (d->t_ns <= t_reuse || d->addr + d->len <= (uintptr_t)(x.seg + off) ||
-            d->addr >= (uintptr_t)(x.seg + off + OBJ))
+    for (size_t i = 0; i < fv_audit_count(x.r.f); i++) {
+        const struct fv_dma *d = fv_audit_get(x.r.f, i);
+        if (d->t_ns <= t_reuse || d->addr + d->len <= (uintptr_t)(x.r.seg + off) ||
+            d->addr >= (uintptr_t)(x.r.seg + off + OBJ))
             continue;
         for (uint32_t k = 0; k < n_a1; k++)
             if (d->qp_num == a1_qpn[k] && !first)
@@ -573,9 +484,9 @@ static uint64_t selector_round(uint64_t seed, bool old_segment)
                  (unsigned long long)seed, old_segment ? "older" : "selective", first->len,
                  (unsigned long long)(first->t_ns - t_reuse));
     for (size_t i = 0; i < OBJ; i++) {
-        if (x.seg[off + i] != 0x0b)
+        if (x.r.seg[off + i] != 0x0b)
             fail_msg("seed %llu: byte %zu of the reused space is not B's", (unsigned long long)seed, i);
-        if (x.seg[off_b0 + i] != 0xb0)
+        if (x.r.seg[off_b0 + i] != 0xb0)
             fail_msg("seed %llu: byte %zu of B's first object changed", (unsigned long long)seed, i);
     }
     assert_true(x.fences >= 2); /* the first-heard one and A's */
@@ -594,7 +505,7 @@ static uint64_t selector_round(uint64_t seed, bool old_segment)
 static void test_failed_writer_fenced_other_writer_stays(void **state)
 {
     (void)state;
-    for (uint64_t seed = 1; seed <= seeds(24); seed++)
+    for (uint64_t seed = 1; seed <= fence_rig_seeds(24); seed++)
         assert_int_equal(selector_round(seed, false), 0);
 }
 
@@ -603,7 +514,7 @@ static void test_failed_writer_fenced_other_writer_stays(void **state)
 static void test_older_segment_gets_fence_all(void **state)
 {
     (void)state;
-    for (uint64_t seed = 1; seed <= seeds(12); seed++)
+    for (uint64_t seed = 1; seed <= fence_rig_seeds(12); seed++)
         assert_int_equal(selector_round(seed, true), 1);
 }
 
@@ -622,23 +533,23 @@ static void test_segment_runs_selectors(void **state)
     fw.seq = 1000;
     fw.n_writers = 1;
     fw.writers = wp;
-    uint32_t qa = kvp_seg_rdma_writer_qps(x.sr, x.w[0].id, UINT64_MAX, NULL);
-    assert_true(kvp_seg_rdma_on_fence_writer(x.sr, &fw, &x.ack));
-    assert_int_equal(x.ack.seq, 1000);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[2].id, UINT64_MAX, NULL), 0);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[0].id, UINT64_MAX, NULL), qa);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[1].id, UINT64_MAX, NULL), qa);
+    uint32_t qa = kvp_seg_rdma_writer_qps(x.r.sr, x.w[0].id, UINT64_MAX, NULL);
+    assert_true(kvp_seg_rdma_on_fence_writer(x.r.sr, &fw, &x.r.ack));
+    assert_int_equal(x.r.ack.seq, 1000);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.r.sr, x.w[2].id, UINT64_MAX, NULL), 0);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.r.sr, x.w[0].id, UINT64_MAX, NULL), qa);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.r.sr, x.w[1].id, UINT64_MAX, NULL), qa);
     /* the same seq again: not run twice */
-    assert_false(kvp_seg_rdma_on_fence_writer(x.sr, &fw, &x.ack));
+    assert_false(kvp_seg_rdma_on_fence_writer(x.r.sr, &fw, &x.r.ack));
     /* more selectors than the bound: every writer (a NULL entry would be refused the same way) */
     for (int i = 0; i <= KVP_SEG_FENCE_SELECTORS_MAX; i++)
         wp[i] = &ws;
     fw.seq = 1001;
     fw.n_writers = KVP_SEG_FENCE_SELECTORS_MAX + 1;
-    assert_true(kvp_seg_rdma_on_fence_writer(x.sr, &fw, &x.ack));
-    assert_int_equal(x.ack.qps, 2 * qa);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[0].id, UINT64_MAX, NULL), 0);
-    assert_int_equal(kvp_seg_rdma_writer_qps(x.sr, x.w[1].id, UINT64_MAX, NULL), 0);
+    assert_true(kvp_seg_rdma_on_fence_writer(x.r.sr, &fw, &x.r.ack));
+    assert_int_equal(x.r.ack.qps, 2 * qa);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.r.sr, x.w[0].id, UINT64_MAX, NULL), 0);
+    assert_int_equal(kvp_seg_rdma_writer_qps(x.r.sr, x.w[1].id, UINT64_MAX, NULL), 0);
     e2e_down(&x);
 }
 

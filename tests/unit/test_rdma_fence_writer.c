@@ -28,32 +28,13 @@
 
 #include "actors/master/service/fence_track.h"
 #include "actors/master/service/service_state.h"
-#include "actors/segment/seg_rdma.h"
-#include "actors/transfer/rdma/rdma_xport_internal.h"
 #include "kvpool.h"
-#include "tests/lib/fakeverbs.h"
+#include "tests/lib/fence_rig.h"
 #include "tests/unit/test_fsm_helpers.h"
 #include "wire/envelope.h"
 
-#define MS 1000000ull
-#define US 1000ull
+#define MS FENCE_RIG_MS
 #define CLIENT_ID 42u
-#define WALL0 1700000000000ull /* wall ms at virtual time 0 */
-
-static uint64_t mix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t seeds(uint64_t n)
-{
-    const char *e = getenv("KVP_RDMA_SEED_SCALE");
-    long k = e ? atol(e) : 1;
-    return n * (uint64_t)(k > 0 ? k : 1);
-}
 
 /* ------------------------------------------------------------------ the leader's record */
 
@@ -244,51 +225,27 @@ static void test_wire_heartbeat_fence_fields(void **state)
 #define TICK_MS 5u    /* the leader's QuarantineRelease timer */
 
 struct e2e {
-    struct fv_fabric *f;
-    struct fv_node *nc, *ns;
-    struct kvp_rdma_env env;
+    struct fence_rig r;
+    struct fv_node *nc;
     struct kvp_rdma_xport *cx;
-    struct kvp_seg_rdma *sr;
     struct kvp_rdma_ep *ep;
-    struct kvp_master_fsm *fsm;
-    struct kvp_fence_track track;
-    struct kvp_seg_fence_ack ack;
-    uint8_t *seg, *buf;
-    uint32_t seg_id;
+    uint8_t *buf;
     bool hold;          /* false: the control run (QuarantineRelease stamped with the clock) */
     uint64_t held;      /* releases stamped earlier than the clock */
     uint64_t fences;    /* FenceWriters the segment ran */
 };
-
-static uint64_t e_now(void *a) { return fv_now(((struct e2e *)a)->f); }
-static void e_wait(void *a, uint64_t ns) { fv_advance(((struct e2e *)a)->f, ns ? ns : US); }
-static uint64_t wall(struct e2e *x) { return WALL0 + fv_now(x->f) / MS; }
 
 /* One heartbeat round trip through the codec, as seg_heartbeat.c and service_soft.c run it;
  * a FenceWriter that ran is answered at once by a second heartbeat (as the actor does). */
 static void beat(struct e2e *x)
 {
     for (int round = 0; round < 2; round++) {
-        Kvp__Request rq = KVP__REQUEST__INIT;
-        Kvp__HeartbeatReq hb = KVP__HEARTBEAT_REQ__INIT;
-        Kvp__Fenced fd;
-        hb.segment_id = x->seg_id;
-        kvp_seg_rdma_hb_fill(x->sr != NULL, &x->ack, &hb, &fd);
-        rq.body_case = KVP__REQUEST__BODY_HEARTBEAT;
-        rq.heartbeat = &hb;
-        uint8_t *b = NULL;
-        size_t l = 0;
-        assert_int_equal(kvp_wire_encode_request(&rq, &b, &l), KVP_OK);
-        Kvp__Request *d = NULL;
-        assert_int_equal(kvp_wire_decode_request(b, l, &d), KVP_OK);
-        free(b);
+        Kvp__Request *d = fence_rig_heartbeat(&x->r, false);
         const Kvp__Fenced *f = d->heartbeat->fenced;
-        uint64_t seq = kvp_fence_track_heartbeat(&x->track, d->heartbeat->segment_id, d->heartbeat->rdma_writers,
+        uint64_t seq = kvp_fence_track_heartbeat(&x->r.track, d->heartbeat->segment_id, d->heartbeat->rdma_writers,
                                                  f ? f->seq : 0, f ? f->status : 0, NULL);
         kvp__request__free_unpacked(d, NULL);
-        Kvp__FenceWriter fw = KVP__FENCE_WRITER__INIT;
-        fw.seq = seq;
-        if (!kvp_seg_rdma_on_fence_writer(x->sr, seq ? &fw : NULL, &x->ack))
+        if (!fence_rig_fence_writer(&x->r, seq, NULL, 0))
             return;
         x->fences++;
     }
@@ -298,58 +255,25 @@ static void e2e_up(struct e2e *x, uint64_t seed, bool hold)
 {
     memset(x, 0, sizeof *x);
     x->hold = hold;
-    struct fv_config fc = {.seed = seed, .jitter_ns = 1 + seed % (30 * US)};
-    assert_int_equal(fv_fabric_new(&x->f, &fc), KVP_OK);
     struct fv_node_config cc = {.name = "client", .n_devices = 1, .flush = (int)(seed % 3)};
-    struct fv_node_config sc = {.name = "segment", .n_devices = 1};
-    assert_int_equal(fv_node_add(x->f, &cc, &x->nc), KVP_OK);
-    assert_int_equal(fv_node_add(x->f, &sc, &x->ns), KVP_OK);
-    x->env = (struct kvp_rdma_env){.now_ns = e_now, .wait = e_wait, .arg = x};
+    fence_rig_fabric(&x->r, seed, &cc, 1, &x->nc);
     struct kvp_rdma_cfg ccfg = {.ops = fv_node_ops(x->nc), .who = "client", .gid_index = -1, .qps_per_peer = 2,
                                 .psn_seed = seed | 1, .sysfs_root = "/nonexistent"};
-    assert_int_equal(kvp_rdma_open(&ccfg, &x->env, &x->cx), KVP_OK);
-    x->seg = aligned_alloc(4096, SEG_LEN);
+    assert_int_equal(kvp_rdma_open(&ccfg, &x->r.env, &x->cx), KVP_OK);
     x->buf = aligned_alloc(4096, SEG_LEN);
-    assert_non_null(x->seg);
     assert_non_null(x->buf);
-    memset(x->seg, 0x5a, SEG_LEN);
-    struct kvp_seg_rdma_cfg scfg = {.who = "segment", .ops = fv_node_ops(x->ns), .env = &x->env,
-                                    .gid_index = -1, .psn_seed = seed * 3 + 1, .sysfs_root = "/nonexistent"};
-    assert_int_equal(kvp_seg_rdma_open(&x->sr, &scfg, x->seg, SEG_LEN), KVP_OK);
-    x->fsm = tf_new(GRACE_MS, 30000);
-    assert_int_equal(tf_mount(x->fsm, "seg-a", "host-a", SEG_LEN, wall(x), &x->seg_id), KVP_OK);
-    kvp_seg_rdma_set_id(x->sr, x->seg_id);
+    fence_rig_segment(&x->r, seed, SEG_LEN, GRACE_MS);
     beat(x); /* first heard by the leader: one fence, answered */
     assert_int_equal(x->fences, 1);
-    /* the client's endpoint: RdmaHello through the segment side */
-    uint8_t *offer = NULL, *ans = NULL;
-    size_t ol = 0, al = 0;
-    assert_int_equal(kvp_rdma_ep_offer(x->cx, x->seg_id, CLIENT_ID, NULL, &x->ep, &offer, &ol), KVP_OK);
-    assert_int_equal(kvp_seg_rdma_accept(x->sr, offer, ol, &ans, &al), KVP_OK);
-    assert_int_equal(kvp_rdma_ep_complete(x->ep, ans, al), KVP_OK);
-    free(offer);
-    free(ans);
+    fence_rig_connect(&x->r, x->cx, CLIENT_ID, &x->ep); /* the client's endpoint: RdmaHello */
 }
 
 static void e2e_down(struct e2e *x)
 {
     kvp_rdma_ep_free(&x->ep);
     kvp_rdma_close(&x->cx);
-    kvp_seg_rdma_close(&x->sr);
-    fv_fabric_destroy(&x->f);
-    kvp_master_fsm_destroy(&x->fsm);
-    kvp_fence_track_fini(&x->track);
-    free(x->seg);
+    fence_rig_down(&x->r);
     free(x->buf);
-}
-
-static uint64_t put_start(struct e2e *x, const char *key, uint64_t ttl_ms, int *st)
-{
-    struct tf_put p = {.key = key, .size = SEG_LEN, .replica_num = 1, .op_id = 1};
-    Kvp__Response *r = tf_put_start_r(x->fsm, &p, wall(x), ttl_ms, st);
-    uint64_t off = *st == KVP_OK ? r->put_start->results[0]->replicas[0]->offset : UINT64_MAX;
-    kvp_master_fsm_response_free(r);
-    return off;
 }
 
 /* One put that fails with late WRITEs, then reuse of its space. Returns the bytes the audit log
@@ -360,24 +284,25 @@ static size_t late_write_round(uint64_t seed, bool hold, bool expire)
     struct e2e x;
     e2e_up(&x, seed, hold);
     /* the heartbeat phase: 0..HB_MS before the put */
-    uint64_t hb_phase = mix(&rng) % HB_MS;
-    fv_advance(x.f, hb_phase * MS);
+    uint64_t hb_phase = fence_rig_mix(&rng) % HB_MS;
+    fv_advance(x.r.f, hb_phase * MS);
     int st = 0;
-    uint64_t off = put_start(&x, "a", 5, &st); /* ttl 5 ms: the call's own timeout is 1..4 ms */
+    /* ttl 5 ms: the call's own timeout is 1..4 ms */
+    uint64_t off = fence_rig_put_start(&x.r, "a", SEG_LEN, 1, 5, &st);
     assert_int_equal(st, KVP_OK);
     for (uint32_t i = 0; i < x.ep->n_qps; i++)
-        fv_qp_set_delay(x.ep->q[i].qp, (GRACE_MS + 10) * MS + mix(&rng) % (50 * MS));
+        fv_qp_set_delay(x.ep->q[i].qp, (GRACE_MS + 10) * MS + fence_rig_mix(&rng) % (50 * MS));
     memset(x.buf, 0xd1, SEG_LEN);
     struct kvp_rdma_slice s = {.local = x.buf, .len = SEG_LEN, .remote_offset = off, .op = KVP_RDMA_WRITE};
-    assert_int_equal(kvp_rdma_run(x.cx, x.ep, &s, 1, 1 + (uint32_t)(mix(&rng) % 4)), KVP_ERR_TIMEOUT);
+    assert_int_equal(kvp_rdma_run(x.cx, x.ep, &s, 1, 1 + (uint32_t)(fence_rig_mix(&rng) % 4)), KVP_ERR_TIMEOUT);
     if (!expire) { /* PutRevoke: the leader notes the failure, then commits the revoke */
-        kvp_fence_track_note_failure(&x.track, wall(&x));
-        assert_int_equal(tf_revoke(x.fsm, "a", 1, wall(&x)), KVP_OK);
+        kvp_fence_track_note_failure(&x.r.track, fence_rig_wall(&x.r));
+        assert_int_equal(tf_revoke(x.r.fsm, "a", 1, fence_rig_wall(&x.r)), KVP_OK);
     }
     /* run the leader's timers and the segment's heartbeats until a new put gets the space */
     uint64_t next_hb = hb_phase + HB_MS, t_ms = hb_phase, t_reuse = 0;
     for (int i = 0; i < 4000 && !t_reuse; i++) {
-        fv_advance(x.f, 1 * MS);
+        fv_advance(x.r.f, 1 * MS);
         t_ms++;
         if (t_ms >= next_hb) {
             beat(&x);
@@ -385,26 +310,26 @@ static size_t late_write_round(uint64_t seed, bool hold, bool expire)
         }
         if (t_ms % TICK_MS)
             continue;
-        if (expire && tf_revoke_expired(x.fsm, wall(&x)) > 0)
-            kvp_fence_track_note_failure(&x.track, 0); /* as service_rpc.c: hold everything */
-        uint64_t now = wall(&x), stamp = now;
+        if (expire && tf_revoke_expired(x.r.fsm, fence_rig_wall(&x.r)) > 0)
+            kvp_fence_track_note_failure(&x.r.track, 0); /* as service_rpc.c: hold everything */
+        uint64_t now = fence_rig_wall(&x.r), stamp = now;
         if (x.hold)
-            stamp = kvp_fence_track_release_time(&x.track, now, GRACE_MS, NULL, NULL, NULL);
+            stamp = kvp_fence_track_release_time(&x.r.track, now, GRACE_MS, NULL, NULL, NULL);
         x.held += stamp < now;
-        tf_release(x.fsm, stamp);
-        uint64_t off2 = put_start(&x, "b", 30000, &st);
+        tf_release(x.r.fsm, stamp);
+        uint64_t off2 = fence_rig_put_start(&x.r, "b", SEG_LEN, 1, 30000, &st);
         if (st == KVP_OK) {
             assert_int_equal(off2, off); /* the segment holds one object: the same space */
-            t_reuse = fv_now(x.f);
-            memset(x.seg + off2, 0x0b, SEG_LEN); /* the new object's bytes */
+            t_reuse = fv_now(x.r.f);
+            memset(x.r.seg + off2, 0x0b, SEG_LEN); /* the new object's bytes */
         }
     }
     assert_true(t_reuse != 0);
-    fv_run_idle(x.f, 3000 * MS); /* every late packet arrives or is dropped */
-    size_t placed = fv_audit_placed_after(x.f, x.seg + off, SEG_LEN, t_reuse, NULL);
+    fv_run_idle(x.r.f, 3000 * MS); /* every late packet arrives or is dropped */
+    size_t placed = fv_audit_placed_after(x.r.f, x.r.seg + off, SEG_LEN, t_reuse, NULL);
     if (hold) {
         for (size_t i = 0; i < SEG_LEN; i++)
-            if (x.seg[off + i] != 0x0b)
+            if (x.r.seg[off + i] != 0x0b)
                 fail_msg("seed %llu (%s): byte %zu of reused space overwritten by a late WRITE",
                          (unsigned long long)seed, expire ? "expiry" : "revoke", i);
         if (placed)
@@ -419,7 +344,7 @@ static size_t late_write_round(uint64_t seed, bool hold, bool expire)
 static void test_late_write_never_lands_in_reused_space(void **state)
 {
     (void)state;
-    for (uint64_t seed = 1; seed <= seeds(40); seed++)
+    for (uint64_t seed = 1; seed <= fence_rig_seeds(40); seed++)
         assert_int_equal(late_write_round(seed, true, seed % 2 == 0), 0);
 }
 
@@ -429,7 +354,7 @@ static void test_control_grace_alone_lets_late_writes_land(void **state)
 {
     (void)state;
     uint64_t landed = 0;
-    for (uint64_t seed = 1; seed <= seeds(12); seed++)
+    for (uint64_t seed = 1; seed <= fence_rig_seeds(12); seed++)
         landed += late_write_round(seed, false, seed % 2 == 0) > 0;
     assert_true(landed > 0);
 }

@@ -165,6 +165,30 @@ static void on_wc(void *arg, struct kvp_rdma_qp *q, uint64_t cookie, bool late,
 
 /* ------------------------------------------------------------------ submit */
 
+/* Unlink xslice xi's pieces from ep's pending FIFO (those not posted yet) and free them; with
+ * `done`, each ends with `status` first (piece_done). */
+static void pend_drop(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint32_t xi, bool done, int status)
+{
+    uint32_t prev = KVP_RDMA_NONE;
+    for (uint32_t i = ep->pend_head; i != KVP_RDMA_NONE;) {
+        uint32_t nx = x->pc[i].next;
+        if (x->pc[i].xs == xi) {
+            if (prev == KVP_RDMA_NONE)
+                ep->pend_head = nx;
+            else
+                x->pc[prev].next = nx;
+            if (ep->pend_tail == i)
+                ep->pend_tail = prev;
+            if (done)
+                piece_done(x, i, status);
+            piece_free(x, i);
+        } else {
+            prev = i;
+        }
+        i = nx;
+    }
+}
+
 static int piece_add(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint32_t xi,
                      const struct kvp_rdma_piece *tmpl)
 {
@@ -243,23 +267,7 @@ int kvp_rdma_submit(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint64_t i
         }
     }
     if (rc != KVP_OK) {
-        /* undo: unlink this xslice's pieces from the FIFO tail */
-        uint32_t prev = KVP_RDMA_NONE;
-        for (uint32_t i = ep->pend_head; i != KVP_RDMA_NONE;) {
-            uint32_t nx = x->pc[i].next;
-            if (x->pc[i].xs == xi) {
-                if (prev == KVP_RDMA_NONE)
-                    ep->pend_head = nx;
-                else
-                    x->pc[prev].next = nx;
-                if (ep->pend_tail == i)
-                    ep->pend_tail = prev;
-                piece_free(x, i);
-            } else {
-                prev = i;
-            }
-            i = nx;
-        }
+        pend_drop(x, ep, xi, false, 0); /* undo: this xslice's pieces leave the FIFO */
         x->xs[xi] = (struct kvp_rdma_xs){.next_free = x->xs_free};
         x->xs_free = xi;
         return rc == KVP_ERR_BUSY ? KVP_ERR_INVALID : rc;
@@ -461,25 +469,8 @@ void kvp_rdma_fence(struct kvp_rdma_xport *x, const uint64_t *ids, size_t n, int
         s->fence_status = status;
         struct kvp_rdma_ep *ep = s->ep;
         uint32_t xi = (uint32_t)(s - x->xs);
-        /* its pieces that never left end now */
-        uint32_t prev = KVP_RDMA_NONE;
+        pend_drop(x, ep, xi, true, status); /* its pieces that never left end now */
         bool posted = false;
-        for (uint32_t i = ep->pend_head; i != KVP_RDMA_NONE;) {
-            uint32_t nx = x->pc[i].next;
-            if (x->pc[i].xs == xi) {
-                if (prev == KVP_RDMA_NONE)
-                    ep->pend_head = nx;
-                else
-                    x->pc[prev].next = nx;
-                if (ep->pend_tail == i)
-                    ep->pend_tail = prev;
-                piece_done(x, i, status);
-                piece_free(x, i);
-            } else {
-                prev = i;
-            }
-            i = nx;
-        }
         for (uint32_t i = 0; i < x->pc_cap && !posted; i++)
             posted = x->pc[i].state == PC_POSTED && x->pc[i].xs == xi;
         if (posted)

@@ -27,6 +27,19 @@ uint64_t kvp_rdma_now(struct kvp_rdma_xport *x)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Take the CQ events waiting on NIC c's channel and ack them (man 3 ibv_get_cq_event: every
+ * event taken is acked before its CQ is destroyed). */
+static void nic_events_ack(struct kvp_rdma_xport *x, struct kvp_rdma_nicst *c)
+{
+    struct ibv_cq *cq;
+    void *cctx;
+    unsigned got = 0;
+    while (c->ch && x->ops->get_cq_event(c->ch, &cq, &cctx) == 0)
+        got++;
+    if (got)
+        x->ops->ack_cq_events(c->cq.cq, got);
+}
+
 /* Production wait: arm every NIC's CQ, poll again is the caller's loop; block on the channel
  * fds for at most max_ns (1 ms cap: the caller re-checks its deadline), then consume and ack
  * the events (man 3 ibv_get_cq_event: events may be spurious; the caller polls the CQ next). */
@@ -49,16 +62,8 @@ static void channel_wait(struct kvp_rdma_xport *x, uint64_t max_ns)
         ms = 1;
     if (n == 0 || poll(pf, n, ms) <= 0)
         return;
-    for (size_t i = 0; i < x->n_nics; i++) {
-        struct kvp_rdma_nicst *c = &x->nic[i];
-        struct ibv_cq *cq;
-        void *cctx;
-        unsigned got = 0;
-        while (c->ch && x->ops->get_cq_event(c->ch, &cq, &cctx) == 0)
-            got++;
-        if (got)
-            x->ops->ack_cq_events(c->cq.cq, got);
-    }
+    for (size_t i = 0; i < x->n_nics; i++)
+        nic_events_ack(x, &x->nic[i]);
 }
 
 void kvp_rdma_wait(struct kvp_rdma_xport *x, uint64_t max_ns)
@@ -715,13 +720,7 @@ void kvp_rdma_arm(struct kvp_rdma_xport *x)
         return; /* the double's clock drives the tests: no channel events there */
     for (size_t i = 0; i < x->n_nics; i++) {
         struct kvp_rdma_nicst *c = &x->nic[i];
-        struct ibv_cq *cq;
-        void *cctx;
-        unsigned got = 0;
-        while (c->ch && x->ops->get_cq_event(c->ch, &cq, &cctx) == 0)
-            got++;
-        if (got)
-            x->ops->ack_cq_events(c->cq.cq, got);
+        nic_events_ack(x, c);
         if (c->cq.cq && !c->cq.failed)
             x->ops->req_notify_cq(c->cq.cq, 0);
     }
