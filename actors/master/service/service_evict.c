@@ -183,7 +183,10 @@ static double list_ratio(struct kvp_master_service *s)
     struct svc_evict *e = s->evict;
     double high = s->cfg.eviction_high_watermark_ratio;
     uint64_t h_ms = horizon_ms(s);
-    e->headroom = kvp_evict_headroom(e->cap, e->rate.bps, h_ms, s->cfg.eviction_headroom_factor);
+    /* plus this leader's reservations not yet handed out: a kill strands them, and the next
+     * leader reserves as much again from the free space (kvp_evict_failover_headroom) */
+    e->headroom = kvp_evict_failover_headroom(e->cap, e->rate.bps, h_ms, s->cfg.eviction_headroom_factor,
+                                              svc_put_reserved_ahead(s));
     uint64_t moved = e->headroom > e->logged_headroom ? e->headroom - e->logged_headroom
                                                       : e->logged_headroom - e->headroom;
     if (e->cap && (double)moved >= 0.05 * (double)e->cap) {
