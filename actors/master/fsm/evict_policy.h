@@ -119,8 +119,8 @@ uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t horizo
  * reservations' horizon + fence_grace_ms (up to 22 s: the new leader cannot know which ranges the
  * dead one handed out), and the new leader sets aside as much again for its own puts, out of the
  * free space: so the free space must hold that much on top of the writes of the horizon (main
- * job: ~90 MB per segment stranded, the new leader's free space used up ~1.5x faster than the
- * writes in its first seconds; issue 21 item 2). 0 reserved ahead: kvp_evict_headroom; 0 when
+ * job: 54–89 MB per segment unused in the dead term's reservations while writers waited, and the
+ * new leader's free space used up faster than the writes in its first seconds; issue 21 item 2). 0 reserved ahead: kvp_evict_headroom; 0 when
  * kvp_evict_headroom is 0 (the rule off, or no writes).
  */
 uint64_t kvp_evict_failover_headroom(uint64_t capacity, double write_bps, uint64_t horizon_ms, double factor,

@@ -41,7 +41,7 @@ struct svc_evict {
     struct kvp_write_rate rate; /* bytes asked by PutStarts per second (evict_policy.h) */
     struct svc_map rate_keys;  /* key hash → ms its bytes were last counted in `rate` */
     uint64_t rate_keys_pruned_ms;
-    uint64_t headroom;         /* kvp_evict_headroom at the last scan */
+    uint64_t headroom;         /* kvp_evict_failover_headroom at the last scan */
     uint64_t logged_headroom;  /* headroom last logged */
     /* svc_put_reserved_ahead's peak over the last one to two fence_grace_ms: it swings between a
      * reservation's renewals (0 to ~2 × 64 MiB per segment), and a kill strands what it is then */
