@@ -257,27 +257,6 @@ static void test_evict_write_rate_follows_rising_rate(void **state)
     assert_true(b > 199.9e6 && b < 200.1e6);
 }
 
-/* Across a failover the headroom also holds the leader's reservations not yet handed out (issue
- * 21 item 2): a kill strands them until their horizon + fence_grace_ms and the new leader
- * reserves as much again from free space. Capped at half the pool; nothing without writes. */
-static void test_evict_failover_headroom_counts_reserved_ahead(void **state)
-{
-    (void)state;
-    const uint64_t MB = 1000000, CAP = 3200 * MB;
-    uint64_t writes = kvp_evict_headroom(CAP, 100e6, 6200, 1.25); /* 775 MB */
-    assert_int_equal(kvp_evict_failover_headroom(CAP, 100e6, 6200, 1.25, 0), writes);
-    assert_int_equal(kvp_evict_failover_headroom(CAP, 100e6, 6200, 1.25, 300 * MB), writes + 300 * MB);
-    assert_int_equal(kvp_evict_failover_headroom(CAP, 100e6, 6200, 1.25, 1000 * MB), CAP / 2);
-    assert_int_equal(kvp_evict_failover_headroom(CAP, 100e6, 6200, 1.25, UINT64_MAX), CAP / 2);
-    assert_int_equal(kvp_evict_failover_headroom(CAP, 0, 6200, 1.25, 300 * MB), 0); /* no writes */
-    assert_int_equal(kvp_evict_failover_headroom(CAP, 100e6, 6200, 0, 300 * MB), 0); /* rule off */
-    /* the room target grows by as much: eviction starts 300 MB earlier */
-    uint64_t used = CAP - writes - 100 * MB;
-    assert_int_equal(kvp_evict_room_target(used, 0, CAP, writes, 0.05), 0);
-    assert_true(kvp_evict_room_target(used, 0, CAP, kvp_evict_failover_headroom(CAP, 100e6, 6200, 1.25, 300 * MB),
-                                      0.05) >= 200 * MB);
-}
-
 /* Headroom: rate × grace × factor, capped at half the pool; the rule off with factor 0. */
 static void test_evict_headroom_and_target(void **state)
 {
@@ -512,7 +491,6 @@ int main(void)
         cmocka_unit_test(test_evict_policy_random_consistent),
         cmocka_unit_test(test_evict_write_rate_windows),
         cmocka_unit_test(test_evict_write_rate_follows_rising_rate),
-        cmocka_unit_test(test_evict_failover_headroom_counts_reserved_ahead),
         cmocka_unit_test(test_evict_headroom_and_target),
         cmocka_unit_test(test_evict_write_rate_retries_count_once),
         cmocka_unit_test(test_evict_round_headroom_spares_pinned),

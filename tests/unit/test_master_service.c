@@ -176,46 +176,6 @@ static void test_evict_put_start_req_wants_scan(void **state)
     free(s);
 }
 
-/* The leader's reservations not yet handed out (svc_put_reserved_ahead): the current one's rest
- * and the next one, of this term only, and nothing on a follower. They join the eviction's
- * headroom (kvp_evict_failover_headroom, issue 21 item 2). */
-static void resv_answer(struct kvp_master_service *s, uint32_t seg, uint64_t term, uint64_t off, uint64_t len)
-{
-    struct svc_pending p;
-    memset(&p, 0, sizeof p);
-    p.segment_id = seg;
-    p.resv_term = term;
-    p.resv_len = len;
-    p.resv_horizon_ms = UINT64_MAX / 2;
-    Kvp__ReserveResp rr = KVP__RESERVE_RESP__INIT;
-    rr.status = KVP_OK;
-    rr.offset = off;
-    Kvp__Response resp = KVP__RESPONSE__INIT;
-    resp.body_case = KVP__RESPONSE__BODY_RESERVE;
-    resp.reserve = &rr;
-    svc_put_on_reserve(s, &p, KVP_OK, &resp);
-}
-
-static void test_put_reserved_ahead_counts_this_term(void **state)
-{
-    (void)state;
-    struct kvp_master_service *s = calloc(1, sizeof *s);
-    assert_non_null(s);
-    assert_int_equal(svc_put_new(s), KVP_OK);
-    s->is_leader = true;
-    s->term = 5;
-    assert_int_equal(svc_put_reserved_ahead(s), 0);
-    resv_answer(s, 1, 5, 0, 1u << 20);         /* segment 1: current */
-    resv_answer(s, 2, 5, 4096, 2u << 20);      /* segment 2: current */
-    resv_answer(s, 2, 5, 8u << 20, 4u << 20);  /* segment 2: next */
-    resv_answer(s, 3, 4, 0, 8u << 20);         /* an older term's answer: not this leader's */
-    assert_int_equal(svc_put_reserved_ahead(s), (1u << 20) + (2u << 20) + (4u << 20));
-    s->is_leader = false;
-    assert_int_equal(svc_put_reserved_ahead(s), 0);
-    svc_put_destroy(s);
-    free(s);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -225,7 +185,6 @@ int main(void)
         cmocka_unit_test(test_members_parse_valid_list_parsed),
         cmocka_unit_test(test_members_parse_bad_entries_invalid),
         cmocka_unit_test(test_evict_put_start_req_wants_scan),
-        cmocka_unit_test(test_put_reserved_ahead_counts_this_term),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

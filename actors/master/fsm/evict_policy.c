@@ -172,16 +172,6 @@ uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t horizo
     return h >= half ? capacity / 2 : (uint64_t)h;
 }
 
-uint64_t kvp_evict_failover_headroom(uint64_t capacity, double write_bps, uint64_t horizon_ms, double factor,
-                                     uint64_t reserved_ahead)
-{
-    uint64_t h = kvp_evict_headroom(capacity, write_bps, horizon_ms, factor);
-    if (h == 0)
-        return 0; /* the rule off, or no writes: a new leader reserves nothing without puts */
-    uint64_t half = capacity / 2;
-    return reserved_ahead >= half || h >= half - reserved_ahead ? half : h + reserved_ahead;
-}
-
 uint64_t kvp_evict_headroom_horizon_ms(uint64_t fence_grace_ms, uint64_t lease_ttl_ms,
                                        uint64_t election_timeout_ms)
 {

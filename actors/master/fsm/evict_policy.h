@@ -113,20 +113,6 @@ double kvp_write_rate_tick(struct kvp_write_rate *r, uint64_t now_ms, uint64_t w
 uint64_t kvp_evict_headroom(uint64_t capacity, double write_bps, uint64_t horizon_ms, double factor);
 
 /**
- * The headroom across a leader failover (bytes): kvp_evict_headroom plus `reserved_ahead`, the
- * bytes of the leader's own reservations (docs/master.md "One-commit put") not yet handed out,
- * together at most capacity / 2. After a leader kill those bytes stay unusable until their
- * reservations' horizon + fence_grace_ms (up to 22 s: the new leader cannot know which ranges the
- * dead one handed out), and the new leader sets aside as much again for its own puts, out of the
- * free space: so the free space must hold that much on top of the writes of the horizon (main
- * job: 54–89 MB per segment unused in the dead term's reservations while writers waited, and the
- * new leader's free space used up faster than the writes in its first seconds; issue 21 item 2). 0 reserved ahead: kvp_evict_headroom; 0 when
- * kvp_evict_headroom is 0 (the rule off, or no writes).
- */
-uint64_t kvp_evict_failover_headroom(uint64_t capacity, double write_bps, uint64_t horizon_ms, double factor,
-                                     uint64_t reserved_ahead);
-
-/**
  * The headroom's horizon (ms): max(fence_grace_ms, lease_ttl_ms + 4 × election_timeout_ms).
  * Space evicted by a leader comes back fence_grace_ms later; after a leader's death, what its
  * successor evicts in its election grace comes back only at the grace's end plus two election

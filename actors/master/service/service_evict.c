@@ -41,11 +41,8 @@ struct svc_evict {
     struct kvp_write_rate rate; /* bytes asked by PutStarts per second (evict_policy.h) */
     struct svc_map rate_keys;  /* key hash → ms its bytes were last counted in `rate` */
     uint64_t rate_keys_pruned_ms;
-    uint64_t headroom;         /* kvp_evict_failover_headroom at the last scan */
+    uint64_t headroom;         /* kvp_evict_headroom at the last scan */
     uint64_t logged_headroom;  /* headroom last logged */
-    /* svc_put_reserved_ahead's peak over the last one to two fence_grace_ms: it swings between a
-     * reservation's renewals (0 to ~2 × 64 MiB per segment), and a kill strands what it is then */
-    uint64_t ahead_peak, ahead_prev, ahead_since_ms;
     uint64_t room_quiet_until; /* the headroom rule found nothing to take: no list for it before */
     /* From the last scan. */
     uint64_t cap, used, quar, pinned;
@@ -186,18 +183,7 @@ static double list_ratio(struct kvp_master_service *s)
     struct svc_evict *e = s->evict;
     double high = s->cfg.eviction_high_watermark_ratio;
     uint64_t h_ms = horizon_ms(s);
-    /* plus this leader's reservations not yet handed out: a kill strands them, and the next
-     * leader reserves as much again from the free space (kvp_evict_failover_headroom) */
-    uint64_t ahead = svc_put_reserved_ahead(s), now = svc_now_ms();
-    if (now - e->ahead_since_ms >= s->cfg.fence_grace_ms) {
-        e->ahead_prev = e->ahead_peak;
-        e->ahead_peak = 0;
-        e->ahead_since_ms = now;
-    }
-    if (ahead > e->ahead_peak)
-        e->ahead_peak = ahead;
-    ahead = e->ahead_peak > e->ahead_prev ? e->ahead_peak : e->ahead_prev;
-    e->headroom = kvp_evict_failover_headroom(e->cap, e->rate.bps, h_ms, s->cfg.eviction_headroom_factor, ahead);
+    e->headroom = kvp_evict_headroom(e->cap, e->rate.bps, h_ms, s->cfg.eviction_headroom_factor);
     uint64_t moved = e->headroom > e->logged_headroom ? e->headroom - e->logged_headroom
                                                       : e->logged_headroom - e->headroom;
     if (e->cap && (double)moved >= 0.05 * (double)e->cap) {

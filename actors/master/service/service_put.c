@@ -136,21 +136,6 @@ bool svc_put_has_live(const struct kvp_master_service *s)
 
 /* ------------------------------------------------------------------ reservations */
 
-uint64_t svc_put_reserved_ahead(const struct kvp_master_service *s)
-{
-    if (!s->put || !s->is_leader)
-        return 0;
-    uint64_t ahead = 0;
-    for (uint32_t id = 0; id < KVP_SVC_MAX_SEGS; id++) {
-        const struct svc_resv *r = &s->put->resv[id];
-        if (r->len && r->term == s->term && r->bump - r->off < r->len)
-            ahead += r->len - (r->bump - r->off);
-        if (r->next_len && r->next_term == s->term)
-            ahead += r->next_len;
-    }
-    return ahead;
-}
-
 static void submit_reserve(struct kvp_master_service *s, uint32_t seg, uint64_t len)
 {
     struct svc_pending *p = svc_pending_new(s, NULL, NULL);

@@ -390,10 +390,6 @@ void svc_put_reset(struct kvp_master_service *s);
 void svc_put_tick(struct kvp_master_service *s);
 bool svc_put_revoke_due(struct kvp_master_service *s);
 bool svc_put_has_live(const struct kvp_master_service *s);
-/* Bytes of this leader's reservations (current and next, this term) not yet handed out: what a
- * leader kill strands until their horizon + fence_grace_ms, and a new leader reserves again from
- * free space (kvp_evict_failover_headroom). 0 when not leader. */
-uint64_t svc_put_reserved_ahead(const struct kvp_master_service *s);
 bool svc_put_pending_key(const struct kvp_master_service *s, const char *key);
 void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp);
 bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
