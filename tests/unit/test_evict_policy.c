@@ -221,6 +221,42 @@ static void test_evict_write_rate_windows(void **state)
     assert_int_equal(r.t0_ms, 100);
 }
 
+/* A rising write rate (issue 21 item 2): the main job's writes grow from ~100 to ~250 MB/s in the
+ * seconds before its leader kill; the 5 s mean lagged them by half the window and sized the
+ * headroom ~1.5x short, so the new leader's writers used up the free space before its first
+ * eviction came back from quarantine. The estimate is at least the newest two buckets' rate; a
+ * single burst second still counts for its bytes only (half of it, over two buckets). */
+static void test_evict_write_rate_follows_rising_rate(void **state)
+{
+    (void)state;
+    const uint64_t W = 5000, MB = 1000000;
+    struct kvp_write_rate r = {0};
+    kvp_write_rate_tick(&r, 1000, W);
+    double b = 0;
+    for (uint64_t s = 1; s <= 5; s++) { /* 50, 100, 150, 200, 250 MB/s */
+        kvp_write_rate_add(&r, 50 * s * MB);
+        b = kvp_write_rate_tick(&r, 1000 + 1000 * s, W);
+    }
+    /* the window's mean is 150 MB/s; the newest two seconds wrote 450 MB */
+    assert_true(b > 224.9e6 && b < 225.1e6);
+    uint64_t room = kvp_evict_headroom(100000 * MB, b, 6200, 1.25);
+    assert_true(room >= (uint64_t)(1.25 * 6.2 * 225e6) - MB); /* not 1.25 × 6.2 × 150 MB */
+    /* a falling rate keeps the mean: the writes of the window are still to be absorbed */
+    for (uint64_t s = 6; s <= 7; s++) {
+        kvp_write_rate_add(&r, 10 * MB);
+        b = kvp_write_rate_tick(&r, 1000 + 1000 * s, W);
+    }
+    assert_true(b > 123.9e6 && b < 124.1e6); /* (150 + 200 + 250 + 10 + 10) MB over 5 s */
+    /* one burst second after idle ones: half of it over the two newest seconds, not all of it */
+    struct kvp_write_rate q = {0};
+    kvp_write_rate_tick(&q, 1000, W);
+    for (uint64_t s = 1; s <= 4; s++)
+        kvp_write_rate_tick(&q, 1000 + 1000 * s, W);
+    kvp_write_rate_add(&q, 400 * MB);
+    b = kvp_write_rate_tick(&q, 6000, W);
+    assert_true(b > 199.9e6 && b < 200.1e6);
+}
+
 /* Headroom: rate × grace × factor, capped at half the pool; the rule off with factor 0. */
 static void test_evict_headroom_and_target(void **state)
 {
@@ -454,6 +490,7 @@ int main(void)
         cmocka_unit_test(test_evict_policy_edges_and_parse),
         cmocka_unit_test(test_evict_policy_random_consistent),
         cmocka_unit_test(test_evict_write_rate_windows),
+        cmocka_unit_test(test_evict_write_rate_follows_rising_rate),
         cmocka_unit_test(test_evict_headroom_and_target),
         cmocka_unit_test(test_evict_write_rate_retries_count_once),
         cmocka_unit_test(test_evict_round_headroom_spares_pinned),

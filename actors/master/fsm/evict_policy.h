@@ -68,7 +68,8 @@ size_t kvp_evict_choose(const struct kvp_evict_cand *c, size_t n, uint64_t targe
  * counted in buckets of at least one second; the rate is the mean over the newest buckets that
  * span `window_ms` (the caller passes fence_grace_ms: the writes the headroom must absorb are
  * those of one quarantine period, so a one-second burst counts for its bytes, not as if it went
- * on for the whole period). Windows longer than 64 buckets use the newest 64.
+ * on for the whole period), or the rate of the newest two buckets when that is higher (a rising
+ * rate, which the mean lags by half the window). Windows longer than 64 buckets use the newest 64.
  */
 struct kvp_write_rate {
     uint64_t t0_ms;                              /* start of the current bucket (0 = not started) */
@@ -82,12 +83,18 @@ struct kvp_write_rate {
 /** Count `bytes` asked now. */
 void kvp_write_rate_add(struct kvp_write_rate *r, uint64_t bytes);
 
+/** The estimate is at least the rate of this many newest buckets (a rising rate, the window's
+ *  mean lagging it; kvp_write_rate_tick). */
+#define KVP_WRITE_RATE_RECENT 2u
+
 /** Before the first bucket closes, the estimate is the partial bucket's once it spans this (ms). */
 #define KVP_WRITE_RATE_FIRST_MS 250u
 
 /**
  * Close the current bucket when it is at least 1,000 ms old at now_ms (monotonic ms) and
- * recompute r->bps over the newest buckets spanning window_ms (at least one); returns r->bps.
+ * recompute r->bps over the newest buckets spanning window_ms (at least one), raised to the rate
+ * of the newest KVP_WRITE_RATE_RECENT buckets when that is higher and they lie within the window
+ * (a rising rate: the mean lags it by half the window); returns r->bps.
  * Until the first bucket closes, r->bps is the current bucket's rate once it is
  * KVP_WRITE_RATE_FIRST_MS old (0 before).
  */
