@@ -63,9 +63,10 @@ struct svc_evict {
     uint64_t rounds, objects, bytes, pinned_bytes_evicted, blocked_rounds;
     uint64_t lists; /* scans answered with the object list (O(objects) each) */
     /* The list is read in slices of `slice` table slots, one raft-thread query each, sent back
-     * to back (issue 22: the whole list in one answer held the raft thread ~1.5 s at 10M
-     * objects). A pass gathers the slices' candidates (each key once) and on_scan runs on the
-     * whole list when the slice that ends the table arrives. */
+     * to back (issue 22: the whole list in one answer held the raft thread 0.3-0.7 s at 1M
+     * objects and 4.5-7 s at 10M, docs/bench.md "Session 31"). A pass gathers the slices'
+     * candidates (each key once) and on_scan runs on the whole list when the slice that ends the
+     * table arrives. */
     uint64_t slice;
     uint64_t ticket;          /* of the query in flight; an answer with another is dropped */
     bool pass_on;             /* a pass is under way: the next query continues it */
