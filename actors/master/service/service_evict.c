@@ -33,7 +33,9 @@
 
 struct svc_evict {
     int policy;
-    bool scan_inflight, evict_inflight;
+    bool scan_inflight;
+    unsigned evict_inflight;   /* EvictCmds of the last round not answered yet */
+    size_t cmd_keys;           /* most keys per EvictCmd (EVICT_CMD_KEYS; tests: env) */
     bool dirty;                /* PutStart results since the last scan */
     bool need;                 /* a PutStart found no space */
     uint64_t need_bytes;       /* largest object × replicas that found no space */
@@ -75,8 +77,14 @@ struct svc_evict {
     size_t acc_n, acc_cap;
     struct svc_map acc_seen;  /* their key hashes (a key moved by a removal may come twice) */
     uint64_t passes, pass_restarts, slices;
+    uint64_t cmds; /* EvictCmds submitted (a round is one or more) */
 };
 
+/* One round's victims go to the FSM as EvictCmds of at most this many keys each, so that one
+ * apply is bounded (issue 22: a round is eviction_ratio of the pool, 500k keys at 10M objects of
+ * the bench's size, one apply of ~0.5 s). Same command, same effect key by key: members apply
+ * them as they did one big one. */
+#define EVICT_CMD_KEYS 8192u
 #define EVICT_SLICE_SLOTS 65536u /* ~40k objects listed at the table's load: ~10 ms of raft-thread CPU */
 
 static void pass_clear(struct svc_evict *e)
@@ -104,7 +112,11 @@ int svc_evict_new(struct kvp_master_service *s)
     int p = kvp_evict_policy_parse(s->cfg.eviction_policy);
     e->policy = p < 0 ? KVP_EVICT_LRU : p;
     e->slice = EVICT_SLICE_SLOTS;
+    e->cmd_keys = EVICT_CMD_KEYS;
 #ifdef KVP_FAULT_INJECTION
+    const char *tk = getenv("KVPOOL_TEST_EVICT_CMD_KEYS");
+    if (tk && strtoull(tk, NULL, 10) > 0)
+        e->cmd_keys = (size_t)strtoull(tk, NULL, 10);
     /* tests: small slices, so a pass over a small table has many of them */
     const char *ts = getenv("KVPOOL_TEST_EVICT_SCAN_SLOTS");
     if (ts && strtoull(ts, NULL, 10) > 0) {
@@ -142,10 +154,12 @@ void svc_evict_reset(struct kvp_master_service *s)
     pass_clear(e);
     int policy = e->policy;
     uint64_t slice = e->slice, ticket = e->ticket;
+    size_t cmd_keys = e->cmd_keys;
     struct svc_map parents = e->parents, evicting = e->evicting, rate_keys = e->rate_keys, seen = e->acc_seen;
     memset(e, 0, sizeof *e);
     e->policy = policy;
     e->slice = slice;
+    e->cmd_keys = cmd_keys;
     e->ticket = ticket + 1; /* an answer still in flight belongs to the old leadership */
     e->parents = parents;
     e->evicting = evicting;
@@ -399,8 +413,29 @@ static void submit_evict(struct kvp_master_service *s, char **keys, uint64_t *ha
     Kvp__Command cmd = KVP__COMMAND__INIT;
     cmd.body_case = KVP__COMMAND__BODY_EVICT;
     cmd.evict = &body;
-    e->evict_inflight = true;
-    svc_submit(s, p, &cmd); /* on error the result path runs and clears the flag */
+    e->evict_inflight++;
+    e->cmds++;
+    svc_submit(s, p, &cmd); /* on error the result path runs and counts it answered */
+}
+
+/* A round's victims in EvictCmds of at most e->cmd_keys keys. keys stay the caller's; hashes
+ * (n, malloc'd) is taken. */
+static void submit_evict_round(struct kvp_master_service *s, char **keys, uint64_t *hashes, size_t n)
+{
+    size_t per = s->evict->cmd_keys ? s->evict->cmd_keys : n;
+    for (size_t at = 0; at < n; at += per) {
+        size_t m = n - at < per ? n - at : per;
+        uint64_t *h = m == n ? hashes : malloc(m * sizeof *h);
+        if (!h) {
+            kvp_log_warn(s->actor, "eviction: no memory for a command of %zu keys; the rest of the round dropped", m);
+            break;
+        }
+        if (h != hashes)
+            memcpy(h, hashes + at, m * sizeof *h);
+        submit_evict(s, keys + at, h, m);
+    }
+    if (per < n || n == 0)
+        free(hashes);
 }
 
 static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
@@ -538,7 +573,7 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
                          (unsigned long long)sum.pinned_chosen_bytes, (unsigned long long)sum.leased_bytes);
             e->pinned_bytes_evicted += sum.pinned_chosen_bytes;
             e->bytes += sum.chosen_bytes; /* counted at choice time: the FSM's result has no sizes */
-            submit_evict(s, keys, hashes, k);
+            submit_evict_round(s, keys, hashes, k);
             hashes = NULL;
         }
         free(keys);
@@ -639,7 +674,8 @@ void svc_evict_on_internal(struct kvp_master_service *s, struct svc_pending *p, 
     }
     if (p->internal != SVC_INT_EVICT)
         return;
-    e->evict_inflight = false;
+    if (e->evict_inflight > 0)
+        e->evict_inflight--;
     for (size_t i = 0; i < p->n_keys; i++)
         svc_evict_unhide(s, p->key_hashes[i]);
     if (st != KVP_OK || !resp->remove) {
@@ -677,6 +713,7 @@ void svc_evict_status(struct kvp_master_service *s, void *json_doc)
     json_object_set_new(ev, "lists", json_integer((json_int_t)e->lists));
     json_object_set_new(ev, "list_slices", json_integer((json_int_t)e->slices));
     json_object_set_new(ev, "list_pass_restarts", json_integer((json_int_t)e->pass_restarts));
+    json_object_set_new(ev, "commands", json_integer((json_int_t)e->cmds));
     json_object_set_new(ev, "blocked", json_boolean(e->blocked));
     json_object_set_new(ev, "prefix_hints", json_integer((json_int_t)e->parents.n));
     json_object_set_new(ev, "in_flight", json_integer((json_int_t)e->evicting.n));

@@ -65,6 +65,7 @@ struct scan {
  * raft thread apply between two (issue 22: one hold of the whole walk blocked its applies for
  * 0.2 s at 1M objects, ~2 s at 10M; docs/bench.md "Session 31"). */
 #define QUOTA_SLICE_SLOTS 65536u
+#define QUOTA_CMD_KEYS 8192u /* keys per EvictCmd, as service_evict.c's */
 
 static struct quota_tenant *find(struct svc_quota *q, const char *name, bool add)
 {
@@ -285,7 +286,9 @@ bool svc_quota_admit(struct kvp_master_service *s, zframe_t *identity, const Kvp
             freed += sc.c[k++].size;
     }
     if (freed >= overflow && k) {
-        submit_evict(s, sc.c, k);
+        /* in EvictCmds of at most QUOTA_CMD_KEYS keys: one apply each is bounded (issue 22) */
+        for (size_t at = 0; at < k; at += QUOTA_CMD_KEYS)
+            submit_evict(s, sc.c + at, k - at < QUOTA_CMD_KEYS ? k - at : QUOTA_CMD_KEYS);
         t->evictions += k;
         t->used_bytes -= freed < t->used_bytes ? freed : t->used_bytes;
         t->admitted += need;
