@@ -14,6 +14,7 @@
  *   - tenant candidates: kvp_master_fsm_foreach_object with tenant 0's filter and a copy of its
  *     keys (service_quota.c's scan under the FSM read lock), whole and in slices (the longest);
  *   - repair scan: whole table, and one slice of 131,072 slots (the model);
+ *   - a round's EvictCmd of 5% of the objects, in one command and in commands of 8,192 keys;
  *   - SegmentLost of one segment, Unmount of another, RemoveAll (applies, in that order).
  *   bench_fsm_walks [--objects N] [--segments S] [--tenants T] [--slots SLICE]
  */
@@ -353,6 +354,44 @@ int main(int argc, char **argv)
     t0 = cpu_ns();
     free(query(f, &req, &len));
     printf("%-34s %10.2f ms\n", "repair scan, one 131,072-slot slice", (cpu_ns() - t0) / 1e6);
+
+    /* A round's EvictCmd: 5% of the objects (eviction_ratio's default) in one command, and the
+     * next 5% in commands of 8,192 keys (service_evict.c since issue 22): the longest apply. */
+    {
+        uint64_t want = f->n_objects / 20;
+        char **ek = calloc(want ? want : 1, sizeof *ek);
+        if (!ek)
+            die("calloc", KVP_ERR_NOMEM);
+        for (int part = 0; part < 2; part++) {
+            for (uint64_t i = 0; i < want; i++) {
+                uint64_t id = (uint64_t)part * want + i;
+                if (asprintf(&ek[i], "tenant%u%ck/%012llu", (unsigned)(id % tenants), KVP_AUTH_TENANT_SEP,
+                             (unsigned long long)id) < 0)
+                    die("asprintf", KVP_ERR_NOMEM);
+            }
+            uint64_t per = part == 0 ? (want ? want : 1) : 8192, longest = 0, n_cmds = 0;
+            for (uint64_t at = 0; at < want; at += per) {
+                Kvp__Command c = KVP__COMMAND__INIT;
+                Kvp__EvictCmd ev = KVP__EVICT_CMD__INIT;
+                ev.keys = ek + at;
+                ev.n_keys = want - at < per ? want - at : per;
+                c.now_wall_ms = now;
+                c.body_case = KVP__COMMAND__BODY_EVICT;
+                c.evict = &ev;
+                t0 = cpu_ns();
+                kvp_master_fsm_response_free(apply(f, &c));
+                uint64_t dt = cpu_ns() - t0;
+                longest = dt > longest ? dt : longest;
+                n_cmds++;
+            }
+            printf("%-34s %10.2f ms  (%llu keys in %llu command(s))\n",
+                   part == 0 ? "Evict, one command (apply)" : "Evict, commands of 8,192 keys: longest",
+                   longest / 1e6, (unsigned long long)want, (unsigned long long)n_cmds);
+            for (uint64_t i = 0; i < want; i++)
+                free(ek[i]);
+        }
+        free(ek);
+    }
 
     /* Applies that walk: a segment lost, a segment unmounted, RemoveAll. */
     now++;
