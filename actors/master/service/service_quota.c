@@ -165,8 +165,10 @@ static void scan_one(void *ctx, const char *key, uint64_t size, bool soft_pin)
  * two slices the table may change: a key seen twice (moved across the cursor, or a growth that
  * doubled the table: the new table's upper half holds objects already seen) counts once; an
  * object added or moved behind the cursor is not a candidate this time. The walk stops where
- * the state machine can no longer be read (leadership lost): the candidates so far stand, and
- * an eviction of them is refused as NOT_LEADER. false when it cannot be read at the start. */
+ * the state machine can no longer be read (leadership lost, or not confirmed by the raft thread
+ * within the local-read window, kvp_raftlog_read_begin): the candidates found so far are used
+ * (the least recently used among them go; a commit of theirs fails NOT_LEADER if leadership is
+ * gone). false when it cannot be read at the start. */
 static bool scan(struct kvp_master_service *s, const char *collect, struct scan *sc)
 {
     memset(sc, 0, sizeof *sc);
