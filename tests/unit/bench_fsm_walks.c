@@ -158,7 +158,7 @@ static void seg_cmd(struct kvp_master_fsm *f, int lost, uint32_t id, uint64_t no
 
 int main(int argc, char **argv)
 {
-    uint64_t objects = 1000000, slots = 65536;
+    uint64_t objects = 1000000, slots = 32768;
     unsigned segments = 100, tenants = 4;
     for (int i = 1; i + 1 < argc; i += 2) {
         uint64_t v = strtoull(argv[i + 1], NULL, 0);

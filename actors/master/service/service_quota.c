@@ -64,7 +64,7 @@ struct scan {
 /* The candidates walk reads this many table slots per hold of the FSM read lock, and lets the
  * raft thread apply between two (issue 22: one hold of the whole walk blocked its applies for
  * 0.2 s at 1M objects, ~2 s at 10M; docs/bench.md "Session 31"). */
-#define QUOTA_SLICE_SLOTS 65536u
+#define QUOTA_SLICE_SLOTS 32768u
 #define QUOTA_CMD_KEYS 8192u /* keys per EvictCmd, as service_evict.c's */
 
 static struct quota_tenant *find(struct svc_quota *q, const char *name, bool add)
