@@ -12,5 +12,10 @@ kvp_add_test(test_fsm_scale SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_scal
 add_executable(bench_fsm_scale ${CMAKE_SOURCE_DIR}/tests/unit/bench_fsm_scale.c)
 target_compile_options(bench_fsm_scale PRIVATE ${KVP_WARN})
 target_link_libraries(bench_fsm_scale PRIVATE kvpool_static ${KVP_DEP_LIBS})
+# issue 22: the event-triggered walks over every object (eviction list, tenant candidates,
+# SegmentLost, Unmount, RemoveAll), one hold each in the thread's CPU; prints figures, not a test.
+add_executable(bench_fsm_walks ${CMAKE_SOURCE_DIR}/tests/unit/bench_fsm_walks.c)
+target_compile_options(bench_fsm_walks PRIVATE ${KVP_WARN})
+target_link_libraries(bench_fsm_walks PRIVATE kvpool_static ${KVP_DEP_LIBS})
 # issue 22: PutStart's placement without sorting equals the sort's on random states.
 kvp_add_test(test_fsm_place SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_place.c LABEL unit TIMEOUT 60)

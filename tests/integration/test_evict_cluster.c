@@ -249,6 +249,19 @@ static void test_evict_fill_three_times_capacity_all_puts_succeed(void **state)
             jget(ev, "rounds"), jget(ev, "objects_evicted"), jget(st, "pinned_bytes"));
     assert_int_equal(cap, (long long)POOL_BYTES);
     assert_true(jget(ev, "objects_evicted") > 0);
+    /* test_evict_cluster_slices (issue 22): each listing was a pass of several slices */
+    const char *slots = getenv("KVPOOL_TEST_EVICT_SCAN_SLOTS");
+    fprintf(stderr, "fill: %lld lists in %lld slices; %lld rounds in %lld commands\n", jget(ev, "lists"),
+            jget(ev, "list_slices"), jget(ev, "rounds"), jget(ev, "commands"));
+    if (slots && atoi(slots) > 0) {
+        assert_true(jget(ev, "lists") > 0);
+        assert_true(jget(ev, "list_slices") > jget(ev, "lists"));
+    }
+    /* ... and with KVPOOL_TEST_EVICT_CMD_KEYS, a round of more keys went as several commands */
+    const char *ck = getenv("KVPOOL_TEST_EVICT_CMD_KEYS");
+    assert_true(jget(ev, "commands") >= jget(ev, "rounds"));
+    if (ck && atoi(ck) > 0 && jget(ev, "objects_evicted") > atoi(ck) * jget(ev, "rounds"))
+        assert_true(jget(ev, "commands") > jget(ev, "rounds"));
     assert_int_equal(jget(st, "pinned_bytes"), (long long)N_CLIENTS * PINNED * OBJ);
     /* high watermark plus one eviction step, plus the puts in flight (one per writer) */
     assert_true(max_used <= (long long)((HIGH + RATIO) * (double)POOL_BYTES) + N_CLIENTS * (long long)OBJ);

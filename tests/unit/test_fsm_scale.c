@@ -6,6 +6,8 @@
  *   walk of the whole table: every under-replicated object is found within a pass. Seeded,
  *   random state (short copies, draining and lost segments, pending puts and repair replicas)
  *   and random slice sizes.
+ * - The eviction list (EvictScanReq) in slices lists the same objects as one whole-table answer,
+ *   each slice within its slots.
  * - Per-tenant use kept on apply (kvp_master_fsm_tenants) equals a recount over every object
  *   after random puts, ends, removes, evictions, segment losses, expiry and a restore.
  * - The object table grows in steps (a successor built a few slots per insert) while an
@@ -223,6 +225,113 @@ static void test_repair_scan_slices_equal_one_walk(void **state)
     Kvp__Response *r = scan(f, a->table_slots + 5, a->table_slots);
     assert_int_equal(r->repair_scan->n_needs, a->n_needs);
     assert_int_equal(r->repair_scan->next_cursor, 0);
+    kvp_master_fsm_response_free(r);
+    free(want);
+    free(got);
+    kvp_master_fsm_response_free(all);
+    kvp_master_fsm_destroy(&f);
+}
+
+/* The eviction list (EvictScanReq) in slices of the table (cursor + slots, as the leader's
+ * eviction pass asks at 10M objects) lists, over one pass, exactly the objects one whole-table
+ * answer lists (key, size, pin), each slice visiting at most `slots` table slots. */
+static Kvp__Response *evict_scan(const struct kvp_master_fsm *f, double high, uint64_t cursor, uint64_t slots)
+{
+    Kvp__Request q = KVP__REQUEST__INIT;
+    Kvp__EvictScanReq eq = KVP__EVICT_SCAN_REQ__INIT;
+    eq.high_watermark = high;
+    eq.cursor = cursor;
+    eq.slots = slots;
+    q.body_case = KVP__REQUEST__BODY_EVICT_SCAN;
+    q.evict_scan = &eq;
+    Kvp__Response *r = tf_query(f, &q);
+    assert_int_equal(r->body_case, KVP__RESPONSE__BODY_EVICT_SCAN);
+    return r;
+}
+
+static size_t cand_lines(const Kvp__EvictScanResp *b, char (*out)[160], size_t at)
+{
+    for (size_t i = 0; i < b->n_objects; i++)
+        snprintf(out[at++], 160, "%s|%llu|%d", b->objects[i]->key, (unsigned long long)b->objects[i]->size,
+                 b->objects[i]->soft_pin);
+    return at;
+}
+
+static void test_evict_list_slices_equal_one_walk(void **state)
+{
+    (void)state;
+    uint64_t now;
+    struct kvp_master_fsm *f = random_state(&now);
+    /* some soft-pinned objects, so the pin flag is compared too */
+    for (int i = 0; i < 200; i++) {
+        char k[64];
+        snprintf(k, sizeof k, "pinned/%d", i);
+        struct tf_put p = {.key = k, .size = 64 + rn(500), .replica_num = 1, .op_id = 100000 + (uint64_t)i,
+                           .soft_pin = true};
+        int st;
+        kvp_master_fsm_response_free(tf_put_start_r(f, &p, ++now, 0, &st));
+        if (st == KVP_OK)
+            assert_int_equal(tf_put_end(f, k, p.op_id, 7, now), KVP_OK);
+    }
+    Kvp__Response *all = evict_scan(f, 0, 0, 0);
+    const Kvp__EvictScanResp *a = all->evict_scan;
+    assert_true(a->listed);
+    assert_int_equal(a->next_cursor, 0);
+    assert_int_equal(a->table_slots, f->tab_cap);
+    assert_true(a->n_objects > NKEYS / 2 && a->n_objects < NKEYS);
+    assert_int_equal(a->n_objects, f->n_objects - f->n_pending);
+    char(*want)[160] = calloc(NKEYS, 160), (*got)[160] = calloc(NKEYS, 160);
+    assert_non_null(want);
+    assert_non_null(got);
+    size_t nw = cand_lines(a, want, 0), pins = 0;
+    for (size_t i = 0; i < a->n_objects; i++)
+        pins += a->objects[i]->soft_pin;
+    assert_true(pins > 0 && pins < nw);
+    qsort(want, nw, 160, cmp_line);
+    for (int round = 0; round < 10; round++) {
+        uint64_t slots = round == 0 ? 1 : round == 1 ? a->table_slots - 1 : 1 + rn(a->table_slots / 3);
+        size_t ng = 0, slices = 0;
+        uint64_t cursor = 0;
+        do {
+            Kvp__Response *r = evict_scan(f, 0, cursor, slots);
+            const Kvp__EvictScanResp *b = r->evict_scan;
+            assert_true(b->listed);
+            assert_int_equal(b->table_slots, a->table_slots);
+            assert_int_equal(b->used_bytes, a->used_bytes);
+            /* the bound: a slice visits [cursor, cursor + slots) and no more */
+            assert_true(b->next_cursor == 0 || b->next_cursor == cursor + slots);
+            assert_true(b->n_objects <= slots);
+            uint64_t end = b->next_cursor ? b->next_cursor : b->table_slots;
+            for (size_t i = 0; i < b->n_objects; i++) {
+                const struct kvp_fsm_obj *o =
+                    kvp_fsm_obj_find(f, b->objects[i]->key, strlen(b->objects[i]->key));
+                assert_non_null(o);
+                uint64_t slot = 0;
+                while (f->tab[slot] != o)
+                    slot++;
+                assert_true(slot >= cursor && slot < end);
+            }
+            assert_true(ng + b->n_objects <= NKEYS);
+            ng = cand_lines(b, got, ng);
+            cursor = b->next_cursor;
+            slices++;
+            kvp_master_fsm_response_free(r);
+        } while (cursor != 0);
+        assert_int_equal(slices, (a->table_slots + slots - 1) / slots);
+        assert_int_equal(ng, nw);
+        qsort(got, ng, 160, cmp_line);
+        for (size_t i = 0; i < nw; i++)
+            assert_string_equal(got[i], want[i]);
+    }
+    /* below the watermark and nothing needed: usage only, whatever the slice */
+    Kvp__Response *r = evict_scan(f, 2.0, 0, 64);
+    assert_false(r->evict_scan->listed);
+    assert_int_equal(r->evict_scan->n_objects, 0);
+    kvp_master_fsm_response_free(r);
+    /* a cursor past the table (it shrank under a restore) starts at 0 */
+    r = evict_scan(f, 0, a->table_slots + 5, a->table_slots);
+    assert_int_equal(r->evict_scan->n_objects, a->n_objects);
+    assert_int_equal(r->evict_scan->next_cursor, 0);
     kvp_master_fsm_response_free(r);
     free(want);
     free(got);
@@ -666,6 +775,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_repair_scan_slices_equal_one_walk),
         cmocka_unit_test(test_repair_scan_table_moves),
+        cmocka_unit_test(test_evict_list_slices_equal_one_walk),
         cmocka_unit_test(test_tenant_count_lost_stays_at_zero),
         cmocka_unit_test(test_tenant_use_kept_on_apply_equals_recount),
         cmocka_unit_test(test_table_grows_in_steps_under_snapshot),

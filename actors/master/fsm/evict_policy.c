@@ -379,7 +379,9 @@ int kvp_evict_scan(const struct kvp_master_fsm *f, const Kvp__EvictScanReq *q, K
     if (q->need_bytes == 0 && usage < q->high_watermark)
         return KVP_OK;
     struct scan_ctx sc = {.body = body};
-    kvp_master_fsm_foreach_object(f, scan_one, &sc);
+    /* slots 0: the whole table (the older request); else one slice of a pass (issue 22) */
+    body->next_cursor = kvp_master_fsm_foreach_object_slice(f, q->cursor, q->slots, scan_one, &sc,
+                                                            &body->table_slots, &body->table_moves);
     body->listed = true;
     return sc.nomem ? KVP_ERR_NOMEM : KVP_OK;
 }

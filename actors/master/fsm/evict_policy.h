@@ -173,7 +173,9 @@ size_t kvp_evict_choose_round(const struct kvp_evict_cand *c, size_t n, uint64_t
 /**
  * The FSM side of the leader's EvictScanReq (called by fsm_query.c on the raft thread): pool
  * usage and, when (used + quarantined) / capacity >= high_watermark or need_bytes > 0, every
- * complete object. Fills r's body. Returns KVP_OK or KVP_ERR_NOMEM.
+ * complete object — or, with q->slots > 0, those of the table slots [q->cursor, q->cursor +
+ * q->slots) only, with next_cursor (0: the slice ended the table), table_slots and table_moves
+ * (kvp_master_fsm_foreach_object_slice). Fills r's body. Returns KVP_OK or KVP_ERR_NOMEM.
  */
 struct kvp_master_fsm;
 int kvp_evict_scan(const struct kvp_master_fsm *f, const Kvp__EvictScanReq *q, Kvp__Response *r);

@@ -602,6 +602,28 @@ void kvp_master_fsm_foreach_object(const struct kvp_master_fsm *fsm,
     }
 }
 
+uint64_t kvp_master_fsm_foreach_object_slice(const struct kvp_master_fsm *fsm, uint64_t from, uint64_t slots,
+                                             void (*cb)(void *ctx, const char *key, uint64_t size,
+                                                        bool soft_pin),
+                                             void *ctx, uint64_t *table_slots, uint64_t *table_moves)
+{
+    if (table_slots)
+        *table_slots = fsm->tab_cap;
+    if (table_moves)
+        *table_moves = fsm->tab_moves;
+    if (from >= fsm->tab_cap)
+        from = 0;
+    uint64_t to = slots && slots < fsm->tab_cap - from ? from + slots : fsm->tab_cap;
+    for (uint64_t i = from; i < to; i++) {
+        if (i + 16 < to && fsm->tab[i + 16])
+            __builtin_prefetch(fsm->tab[i + 16]); /* each object is a cache miss: keep some in flight */
+        const struct kvp_fsm_obj *o = fsm->tab[i];
+        if (o && o->state == KVP_FSM_OBJ_COMPLETE)
+            cb(ctx, kvp_fsm_obj_key(o), o->size, o->soft_pin != 0);
+    }
+    return to < fsm->tab_cap ? to : 0;
+}
+
 /* ------------------------------------------------------------------ invariants (tests) */
 
 int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)

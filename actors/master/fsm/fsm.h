@@ -167,6 +167,20 @@ void kvp_master_fsm_foreach_object(const struct kvp_master_fsm *fsm,
                                    void *ctx);
 
 /**
+ * Added (issue 22): kvp_master_fsm_foreach_object over the table slots [from, from + slots) only
+ * (slots 0, or a slice past the end: up to the end; from past the end: from 0), so that one call
+ * visits a bounded number of slots at any table size (a pass of slices, as the repair scan's).
+ * Returns the slot the next slice starts at, 0 when this one reached the end of the table.
+ * *table_slots and *table_moves (each may be NULL): the table's size now (a change within a pass
+ * means a growth swapped tables: start the pass again) and its count of objects moved between
+ * slots by removals (a change within a pass means an object may have been missed or seen twice).
+ */
+uint64_t kvp_master_fsm_foreach_object_slice(const struct kvp_master_fsm *fsm, uint64_t from, uint64_t slots,
+                                             void (*cb)(void *ctx, const char *key, uint64_t size,
+                                                        bool soft_pin),
+                                             void *ctx, uint64_t *table_slots, uint64_t *table_moves);
+
+/**
  * Added (issue 22): visit every tenant's complete objects: bytes (each object's size rounded up
  * to 64) and count, kept as entries are applied, so O(tenants), not O(objects). The tenant is
  * the key's part before KVP_AUTH_TENANT_SEP ("" without one), at most 63 bytes. A tenant seen

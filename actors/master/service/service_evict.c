@@ -33,7 +33,9 @@
 
 struct svc_evict {
     int policy;
-    bool scan_inflight, evict_inflight;
+    bool scan_inflight;
+    unsigned evict_inflight;   /* EvictCmds of the last round not answered yet */
+    size_t cmd_keys;           /* most keys per EvictCmd (EVICT_CMD_KEYS; tests: env) */
     bool dirty;                /* PutStart results since the last scan */
     bool need;                 /* a PutStart found no space */
     uint64_t need_bytes;       /* largest object × replicas that found no space */
@@ -62,7 +64,41 @@ struct svc_evict {
     /* Counters (since this node became leader). */
     uint64_t rounds, objects, bytes, pinned_bytes_evicted, blocked_rounds;
     uint64_t lists; /* scans answered with the object list (O(objects) each) */
+    /* The list is read in slices of `slice` table slots, one raft-thread query each, sent back
+     * to back (issue 22: the whole list in one answer held the raft thread 0.3-0.7 s at 1M
+     * objects and 4.5-7 s at 10M, docs/bench.md "Session 31"). A pass gathers the slices'
+     * candidates (each key once) and on_scan runs on the whole list when the slice that ends the
+     * table arrives. */
+    uint64_t slice;
+    uint64_t ticket;          /* of the query in flight; an answer with another is dropped */
+    bool pass_on;             /* a pass is under way: the next query continues it */
+    uint64_t pass_cursor, pass_table_slots, pass_slices;
+    Kvp__EvictCandidate **acc; /* the pass's candidates so far (owned) */
+    size_t acc_n, acc_cap;
+    struct svc_map acc_seen;  /* their key hashes (a key moved by a removal may come twice) */
+    uint64_t passes, pass_restarts, slices;
+    uint64_t cmds; /* EvictCmds submitted (a round is one or more) */
 };
+
+/* One round's victims go to the FSM as EvictCmds of at most this many keys each, so that one
+ * apply is bounded (issue 22: a round is eviction_ratio of the pool, 500k keys at 10M objects of
+ * the bench's size, one apply of ~0.5 s). Same command, same effect key by key: members apply
+ * them as they did one big one. */
+#define EVICT_CMD_KEYS 8192u
+#define EVICT_SLICE_SLOTS 32768u /* ~20k objects listed at the table's load: ~5-8 ms of raft-thread CPU */
+
+static void pass_clear(struct svc_evict *e)
+{
+    for (size_t i = 0; i < e->acc_n; i++)
+        kvp__evict_candidate__free_unpacked(e->acc[i], NULL);
+    free(e->acc);
+    e->acc = NULL;
+    e->acc_n = e->acc_cap = 0;
+    svc_map_fini(&e->acc_seen); /* not clear: a 10M-object pass's table would stay allocated */
+    svc_map_init(&e->acc_seen);
+    e->pass_on = false;
+    e->pass_cursor = e->pass_table_slots = e->pass_slices = 0;
+}
 
 int svc_evict_new(struct kvp_master_service *s)
 {
@@ -72,8 +108,23 @@ int svc_evict_new(struct kvp_master_service *s)
     svc_map_init(&e->parents);
     svc_map_init(&e->evicting);
     svc_map_init(&e->rate_keys);
+    svc_map_init(&e->acc_seen);
     int p = kvp_evict_policy_parse(s->cfg.eviction_policy);
     e->policy = p < 0 ? KVP_EVICT_LRU : p;
+    e->slice = EVICT_SLICE_SLOTS;
+    e->cmd_keys = EVICT_CMD_KEYS;
+#ifdef KVP_FAULT_INJECTION
+    const char *tk = getenv("KVPOOL_TEST_EVICT_CMD_KEYS");
+    if (tk && strtoull(tk, NULL, 10) > 0)
+        e->cmd_keys = (size_t)strtoull(tk, NULL, 10);
+    /* tests: small slices, so a pass over a small table has many of them */
+    const char *ts = getenv("KVPOOL_TEST_EVICT_SCAN_SLOTS");
+    if (ts && strtoull(ts, NULL, 10) > 0) {
+        e->slice = strtoull(ts, NULL, 10);
+        kvp_log_info(s->actor, "eviction list: slices of %llu table slots (KVPOOL_TEST_EVICT_SCAN_SLOTS)",
+                     (unsigned long long)e->slice);
+    }
+#endif
     s->evict = e;
     return KVP_OK;
 }
@@ -86,6 +137,8 @@ void svc_evict_destroy(struct kvp_master_service *s)
     svc_map_fini(&e->parents);
     svc_map_fini(&e->evicting);
     svc_map_fini(&e->rate_keys);
+    pass_clear(e);
+    svc_map_fini(&e->acc_seen);
     free(e);
     s->evict = NULL;
 }
@@ -98,13 +151,20 @@ void svc_evict_reset(struct kvp_master_service *s)
     svc_map_clear(&e->parents);
     svc_map_clear(&e->evicting);
     svc_map_clear(&e->rate_keys);
+    pass_clear(e);
     int policy = e->policy;
-    struct svc_map parents = e->parents, evicting = e->evicting, rate_keys = e->rate_keys;
+    uint64_t slice = e->slice, ticket = e->ticket;
+    size_t cmd_keys = e->cmd_keys;
+    struct svc_map parents = e->parents, evicting = e->evicting, rate_keys = e->rate_keys, seen = e->acc_seen;
     memset(e, 0, sizeof *e);
     e->policy = policy;
+    e->slice = slice;
+    e->cmd_keys = cmd_keys;
+    e->ticket = ticket + 1; /* an answer still in flight belongs to the old leadership */
     e->parents = parents;
     e->evicting = evicting;
     e->rate_keys = rate_keys;
+    e->acc_seen = seen;
     e->dirty = true; /* look once the grace window is over */
 }
 
@@ -209,11 +269,23 @@ static void start_scan(struct kvp_master_service *s)
     if (!p)
         return;
     p->internal = SVC_INT_EVICT_SCAN;
+    p->evict_scan_ticket = ++e->ticket;
     Kvp__Request req = KVP__REQUEST__INIT;
     Kvp__EvictScanReq q = KVP__EVICT_SCAN_REQ__INIT;
-    q.high_watermark = list_ratio(s);
     /* quarantine not back within the horizon does not count as headroom (on_scan) */
     q.due_by_wall_ms = kvp_clock_wall_ms() + horizon_ms(s);
+    q.slots = e->slice;
+    if (e->pass_on) {
+        /* The next slice of a pass: listed whatever the usage now (the pass decided to list). */
+        q.cursor = e->pass_cursor;
+        q.high_watermark = 0;
+        req.body_case = KVP__REQUEST__BODY_EVICT_SCAN;
+        req.evict_scan = &q;
+        e->scan_inflight = true;
+        svc_query(s, p, &req); /* on error the result path runs and clears the flag */
+        return;
+    }
+    q.high_watermark = list_ratio(s);
     /* A waiting put makes the FSM list every object (O(objects) on the raft thread) only when
      * the quarantine of the last scan does not cover its need: if it does, on_scan would evict
      * nothing anyway (the put waits for the release). This scan still reads usage, so the next
@@ -341,8 +413,29 @@ static void submit_evict(struct kvp_master_service *s, char **keys, uint64_t *ha
     Kvp__Command cmd = KVP__COMMAND__INIT;
     cmd.body_case = KVP__COMMAND__BODY_EVICT;
     cmd.evict = &body;
-    e->evict_inflight = true;
-    svc_submit(s, p, &cmd); /* on error the result path runs and clears the flag */
+    e->evict_inflight++;
+    e->cmds++;
+    svc_submit(s, p, &cmd); /* on error the result path runs and counts it answered */
+}
+
+/* A round's victims in EvictCmds of at most e->cmd_keys keys. keys stay the caller's; hashes
+ * (n, malloc'd) is taken. */
+static void submit_evict_round(struct kvp_master_service *s, char **keys, uint64_t *hashes, size_t n)
+{
+    size_t per = s->evict->cmd_keys ? s->evict->cmd_keys : n;
+    for (size_t at = 0; at < n; at += per) {
+        size_t m = n - at < per ? n - at : per;
+        uint64_t *h = m == n ? hashes : malloc(m * sizeof *h);
+        if (!h) {
+            kvp_log_warn(s->actor, "eviction: no memory for a command of %zu keys; the rest of the round dropped", m);
+            break;
+        }
+        if (h != hashes)
+            memcpy(h, hashes + at, m * sizeof *h);
+        submit_evict(s, keys + at, h, m);
+    }
+    if (per < n || n == 0)
+        free(hashes);
 }
 
 static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
@@ -480,7 +573,7 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
                          (unsigned long long)sum.pinned_chosen_bytes, (unsigned long long)sum.leased_bytes);
             e->pinned_bytes_evicted += sum.pinned_chosen_bytes;
             e->bytes += sum.chosen_bytes; /* counted at choice time: the FSM's result has no sizes */
-            submit_evict(s, keys, hashes, k);
+            submit_evict_round(s, keys, hashes, k);
             hashes = NULL;
         }
         free(keys);
@@ -490,6 +583,74 @@ static void on_scan(struct kvp_master_service *s, const Kvp__EvictScanResp *r)
     free(chosen);
 }
 
+/*
+ * One answer of a pass (start_scan). Unlisted: usage only, as before. Listed: its candidates join
+ * the pass (ownership moves from the answer); the slice that ends the table hands the whole list
+ * to on_scan. A change of the table's size within a pass (a growth swapped tables: the cursor now
+ * names other objects) starts the pass again. Objects added behind the cursor during a pass are
+ * not candidates of that round, and one that a removal's backward shift moved from just after the
+ * cursor to just before it is missed (table_moves): eviction is best effort, the next pass sees
+ * them. A key seen twice (moved the other way) is taken once.
+ */
+static void on_scan_slice(struct kvp_master_service *s, Kvp__EvictScanResp *r)
+{
+    struct svc_evict *e = s->evict;
+    if (!r->listed) {
+        pass_clear(e);
+        on_scan(s, r);
+        return;
+    }
+    e->slices++;
+    if (e->pass_on && r->table_slots != e->pass_table_slots) {
+        e->pass_restarts++;
+        pass_clear(e);
+        e->dirty = true; /* start over at the next tick */
+        return;
+    }
+    if (!e->pass_on) {
+        e->pass_on = true;
+        e->pass_table_slots = r->table_slots;
+    }
+    e->pass_slices++;
+    if (e->acc_n + r->n_objects > e->acc_cap) {
+        size_t nc = e->acc_cap ? e->acc_cap : 1024;
+        while (nc < e->acc_n + r->n_objects)
+            nc *= 2;
+        Kvp__EvictCandidate **v = realloc(e->acc, nc * sizeof *v);
+        if (!v) {
+            kvp_log_warn(s->actor, "eviction list: no memory for %zu candidates; pass dropped",
+                         e->acc_n + r->n_objects);
+            pass_clear(e);
+            e->dirty = true;
+            return;
+        }
+        e->acc = v;
+        e->acc_cap = nc;
+    }
+    for (size_t i = 0; i < r->n_objects; i++) {
+        Kvp__EvictCandidate *o = r->objects[i];
+        uint64_t h = svc_key_hash(o->key);
+        if (svc_map_get(&e->acc_seen, h, NULL) || svc_map_put(&e->acc_seen, h, 1) != KVP_OK) {
+            kvp__evict_candidate__free_unpacked(o, NULL);
+            continue;
+        }
+        e->acc[e->acc_n++] = o;
+    }
+    r->n_objects = 0; /* taken (the answer frees only its array now) */
+    if (r->next_cursor != 0) {
+        e->pass_cursor = r->next_cursor;
+        start_scan(s); /* the next slice at once: other raft-thread work runs between the two */
+        return;
+    }
+    /* The pass is whole: the usage figures of its last slice, the candidates of all. */
+    e->passes++;
+    Kvp__EvictScanResp whole = *r;
+    whole.objects = e->acc;
+    whole.n_objects = e->acc_n;
+    on_scan(s, &whole);
+    pass_clear(e);
+}
+
 void svc_evict_on_internal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)
 {
     struct svc_evict *e = s->evict;
@@ -497,16 +658,24 @@ void svc_evict_on_internal(struct kvp_master_service *s, struct svc_pending *p, 
         return;
     int st = status != KVP_OK ? status : (resp ? resp->status : KVP_ERR_INTERNAL);
     if (p->internal == SVC_INT_EVICT_SCAN) {
+        if (p->evict_scan_ticket != e->ticket) {
+            kvp_log_debug(s->actor, "eviction scan: an answer from before a reset, dropped");
+            return;
+        }
         e->scan_inflight = false;
         if (st == KVP_OK && resp->evict_scan && s->is_leader)
-            on_scan(s, resp->evict_scan);
-        else if (st != KVP_ERR_NOT_LEADER)
-            kvp_log_debug(s->actor, "eviction scan: %s", kvp_strerror(st));
+            on_scan_slice(s, resp->evict_scan);
+        else {
+            pass_clear(e); /* the next scan starts a new pass */
+            if (st != KVP_ERR_NOT_LEADER)
+                kvp_log_debug(s->actor, "eviction scan: %s", kvp_strerror(st));
+        }
         return;
     }
     if (p->internal != SVC_INT_EVICT)
         return;
-    e->evict_inflight = false;
+    if (e->evict_inflight > 0)
+        e->evict_inflight--;
     for (size_t i = 0; i < p->n_keys; i++)
         svc_evict_unhide(s, p->key_hashes[i]);
     if (st != KVP_OK || !resp->remove) {
@@ -542,6 +711,9 @@ void svc_evict_status(struct kvp_master_service *s, void *json_doc)
     json_object_set_new(ev, "pinned_bytes_evicted", json_integer((json_int_t)e->pinned_bytes_evicted));
     json_object_set_new(ev, "blocked_rounds", json_integer((json_int_t)e->blocked_rounds));
     json_object_set_new(ev, "lists", json_integer((json_int_t)e->lists));
+    json_object_set_new(ev, "list_slices", json_integer((json_int_t)e->slices));
+    json_object_set_new(ev, "list_pass_restarts", json_integer((json_int_t)e->pass_restarts));
+    json_object_set_new(ev, "commands", json_integer((json_int_t)e->cmds));
     json_object_set_new(ev, "blocked", json_boolean(e->blocked));
     json_object_set_new(ev, "prefix_hints", json_integer((json_int_t)e->parents.n));
     json_object_set_new(ev, "in_flight", json_integer((json_int_t)e->evicting.n));

@@ -4,7 +4,8 @@
  * (kvp_master_fsm_tenants: O(tenants), read on this thread under kvp_raftlog_read_begin, as the
  * data path's local reads are), at most every QUOTA_SCAN_MS, plus the bytes of PutStarts
  * admitted since (so puts in flight count before they complete; the next read replaces the
- * estimate). Only a tenant over its quota walks the objects, for its eviction candidates. Without a quota a tenant is only counted: eviction is then the pool's one LRU
+ * estimate). Only a tenant over its quota walks the objects, for its eviction candidates (in
+ * slices of the table, the read lock let go between two: scan()). Without a quota a tenant is only counted: eviction is then the pool's one LRU
  * across tenants (service_evict.c).
  */
 #include "actors/master/service/service_quota.h"
@@ -57,7 +58,14 @@ struct scan {
     struct cand *c;
     size_t n, cap;
     bool oom;
+    struct svc_map seen;    /* key hashes collected (a key a removal moved across the cursor may come twice) */
 };
+
+/* The candidates walk reads this many table slots per hold of the FSM read lock, and lets the
+ * raft thread apply between two (issue 22: one hold of the whole walk blocked its applies for
+ * 0.2 s at 1M objects, ~2 s at 10M; docs/bench.md "Session 31"). */
+#define QUOTA_SLICE_SLOTS 32768u
+#define QUOTA_CMD_KEYS 8192u /* keys per EvictCmd, as service_evict.c's */
 
 static struct quota_tenant *find(struct svc_quota *q, const char *name, bool add)
 {
@@ -123,8 +131,12 @@ static void scan_one(void *ctx, const char *key, uint64_t size, bool soft_pin)
     if (soft_pin && !sc->s->cfg.allow_evict_soft_pinned_objects)
         return;
     uint64_t h = svc_key_hash(key);
-    if (svc_key_leased(sc->s, h) || svc_evict_hides(sc->s, h))
+    if (svc_key_leased(sc->s, h) || svc_evict_hides(sc->s, h) || svc_map_get(&sc->seen, h, NULL))
         return;
+    if (svc_map_put(&sc->seen, h, 1) != KVP_OK) {
+        sc->oom = true;
+        return;
+    }
     if (sc->n == sc->cap) {
         size_t nc = sc->cap ? sc->cap * 2 : 64;
         struct cand *c = realloc(sc->c, nc * sizeof *c);
@@ -148,11 +160,19 @@ static void scan_one(void *ctx, const char *key, uint64_t size, bool soft_pin)
 }
 
 /* Every tenant's use (O(tenants)); with `collect`, also that tenant's eviction candidates (a walk
- * of every object: only for a tenant over its quota). false when the state machine cannot be
- * read here now. */
+ * of every object: only for a tenant over its quota), in slices of QUOTA_SLICE_SLOTS table slots
+ * with the read lock let go between two: the raft thread waits for one slice at most. Between
+ * two slices the table may change: a key seen twice (moved across the cursor, or a growth that
+ * doubled the table: the new table's upper half holds objects already seen) counts once; an
+ * object added or moved behind the cursor is not a candidate this time. The walk stops where
+ * the state machine can no longer be read (leadership lost, or not confirmed by the raft thread
+ * within the local-read window, kvp_raftlog_read_begin): the candidates found so far are used
+ * (the least recently used among them go; a commit of theirs fails NOT_LEADER if leadership is
+ * gone). false when it cannot be read at the start. */
 static bool scan(struct kvp_master_service *s, const char *collect, struct scan *sc)
 {
     memset(sc, 0, sizeof *sc);
+    svc_map_init(&sc->seen);
     sc->q = s->quota;
     sc->s = s;
     sc->collect = collect;
@@ -168,8 +188,23 @@ static bool scan(struct kvp_master_service *s, const char *collect, struct scan 
     if (lost && !s->quota->lost_logged) /* it stays lost until a restore: say so once, not 4/s */
         kvp_log_warn(s->actor, "tenant use: a count was lost for want of memory; figures are low until a restore");
     s->quota->lost_logged = lost;
-    if (collect)
-        kvp_master_fsm_foreach_object(s->fsm, scan_one, sc);
+    if (collect) {
+        uint64_t cursor = 0, slice = QUOTA_SLICE_SLOTS;
+#ifdef KVP_FAULT_INJECTION
+        /* tests: small slices, so a small table's walk lets the lock go many times */
+        const char *ts = getenv("KVPOOL_TEST_QUOTA_SCAN_SLOTS");
+        if (ts && strtoull(ts, NULL, 10) > 0)
+            slice = strtoull(ts, NULL, 10);
+#endif
+        while ((cursor = kvp_master_fsm_foreach_object_slice(s->fsm, cursor, slice, scan_one, sc,
+                                                              NULL, NULL)) != 0) {
+            kvp_raftlog_read_end(s->rl);
+            if (kvp_raftlog_read_begin(s->rl) != KVP_OK) {
+                s->quota->status_ms = now;
+                return true; /* not readable any more: nothing to end */
+            }
+        }
+    }
     kvp_raftlog_read_end(s->rl);
     s->quota->status_ms = now;
     return true;
@@ -180,6 +215,7 @@ static void scan_free(struct scan *sc)
     for (size_t i = 0; i < sc->n; i++)
         free(sc->c[i].key);
     free(sc->c);
+    svc_map_fini(&sc->seen);
 }
 
 static int by_last(const void *a, const void *b)
@@ -252,7 +288,9 @@ bool svc_quota_admit(struct kvp_master_service *s, zframe_t *identity, const Kvp
             freed += sc.c[k++].size;
     }
     if (freed >= overflow && k) {
-        submit_evict(s, sc.c, k);
+        /* in EvictCmds of at most QUOTA_CMD_KEYS keys: one apply each is bounded (issue 22) */
+        for (size_t at = 0; at < k; at += QUOTA_CMD_KEYS)
+            submit_evict(s, sc.c + at, k - at < QUOTA_CMD_KEYS ? k - at : QUOTA_CMD_KEYS);
         t->evictions += k;
         t->used_bytes -= freed < t->used_bytes ? freed : t->used_bytes;
         t->admitted += need;

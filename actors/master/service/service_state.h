@@ -100,6 +100,8 @@ struct svc_pending {
     /* RepairScan (service_repair.c): the query's ticket (repair_pass.h); an answer whose ticket is
      * no longer awaited (sent before a leadership loss) is dropped. */
     uint64_t repair_scan_ticket;
+    /* EvictScan (service_evict.c): the same, for a pass of eviction list slices. */
+    uint64_t evict_scan_ticket;
 };
 
 /** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
