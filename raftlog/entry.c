@@ -116,3 +116,18 @@ int kvp_rl_entry_next(struct kvp_rl_entry_iter *it, struct kvp_rl_cmd *cmd)
     it->left--;
     return 1;
 }
+
+int kvp_rl_group_fits(const struct kvp_rl_group *g, size_t len, uint32_t cost, uint32_t max_cmds, size_t max_bytes,
+                      uint64_t max_cost)
+{
+    if (g->n == 0)
+        return 1;
+    return g->n < max_cmds && g->bytes + len <= max_bytes && g->cost + cost <= max_cost;
+}
+
+void kvp_rl_group_add(struct kvp_rl_group *g, size_t len, uint32_t cost)
+{
+    g->n++;
+    g->bytes += len + 4;
+    g->cost += cost;
+}
