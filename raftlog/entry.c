@@ -146,3 +146,18 @@ int kvp_raftlog_applied_next(const uint8_t *data, size_t len, size_t *pos, uint6
     *pos += 16 + (size_t)n;
     return 1;
 }
+
+int kvp_rl_group_fits(const struct kvp_rl_group *g, size_t len, uint32_t cost, uint32_t max_cmds, size_t max_bytes,
+                      uint64_t max_cost)
+{
+    if (g->n == 0)
+        return 1;
+    return g->n < max_cmds && g->bytes + len <= max_bytes && g->cost + cost <= max_cost;
+}
+
+void kvp_rl_group_add(struct kvp_rl_group *g, size_t len, uint32_t cost)
+{
+    g->n++;
+    g->bytes += len + 4;
+    g->cost += cost;
+}

@@ -62,4 +62,20 @@ int kvp_rl_entry_decode(const uint8_t *buf, size_t len, struct kvp_rl_entry_iter
 /** Next command of a validated entry: 1 and *cmd set, or 0 at the end. */
 int kvp_rl_entry_next(struct kvp_rl_entry_iter *it, struct kvp_rl_cmd *cmd);
 
+/**
+ * Group commit's packing rule (raftlog.c pump): queued commands are taken in order into one
+ * entry while kvp_rl_group_fits says so, each then counted with kvp_rl_group_add. The first
+ * command always fits (an entry holds at least one, however large or costly); a later one fits
+ * while the entry has fewer than max_cmds commands, its bytes (each command's len + 4) plus
+ * this one's len stay within max_bytes, and its costs plus this one's stay within max_cost.
+ */
+struct kvp_rl_group {
+    uint32_t n;    /* commands taken */
+    size_t bytes;  /* their bytes, + 4 each */
+    uint64_t cost; /* their costs */
+};
+int kvp_rl_group_fits(const struct kvp_rl_group *g, size_t len, uint32_t cost, uint32_t max_cmds, size_t max_bytes,
+                      uint64_t max_cost);
+void kvp_rl_group_add(struct kvp_rl_group *g, size_t len, uint32_t cost);
+
 #endif

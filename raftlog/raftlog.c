@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <uv.h>
 
@@ -38,7 +39,10 @@
  * idle handle then does RL_CATCHUP_STEP_US of install or deferred applies per iteration. */
 #define RL_APPLY_BUDGET_US 10000u
 #define RL_CATCHUP_STEP_US 5000u
-#define RL_DEFER_MAX_US 200000u /* a follower's backlog of deferred applies, in apply time */
+/* A follower's backlog of deferred applies, in (wall) apply time: at it, the older half is
+ * applied at once; a member that becomes leader applies all of it in one piece. 200 ms before
+ * session 31. */
+#define RL_DEFER_MAX_US 50000u
 #define RL_MIN_UPTIME_MS 1000
 #define RL_DEFAULT_GROUP_MAX 256
 #define RL_DEFAULT_INFLIGHT 4
@@ -46,6 +50,10 @@
  * raft thread, so its size bounds that stall: 1 MiB of metadata puts (~20k objects) applies in
  * tens of ms on this VM; at 4 MiB the longest apply was ~200 ms (issue 22). */
 #define RL_ENTRY_SOFT_BYTES (1u << 20)
+/* ... and past this much apply cost (kvp_raftlog_submit_cost; the master counts a batch
+ * command's items): 1 MiB of PutStarts is ~26k items and ~118 ms of CPU at 10M objects on this
+ * VM, 4,096 items ~10-20 ms (docs/bench.md "Master scale", session 31). */
+#define RL_DEFAULT_ENTRY_COST 4096u
 /* A local read (kvp_raftlog_read_begin) trusts leadership the raft thread confirmed at most this
  * long ago. The raft thread re-confirms after every loop iteration (uv_check) and before every
  * event it sends; with nothing else to do it still wakes every tick (RL_TICK_MS), so two ticks
@@ -358,17 +366,16 @@ static void pump(struct kvp_raftlog *rl)
     struct kvp_rl_cmd cmds[1024];
     uint32_t gmax = rl->group_max < 1024 ? rl->group_max : 1024;
     while (rl->pend_head != NULL && rl->glue.n_inflight < rl->max_inflight) {
-        uint32_t n = 0;
-        size_t bytes = 0;
+        struct kvp_rl_group grp = {0};
         struct rl_op *op = rl->pend_head;
-        while (op != NULL && n < gmax && (n == 0 || bytes + op->len <= RL_ENTRY_SOFT_BYTES)) {
-            corrs[n] = op->corr;
-            cmds[n].data = op->data;
-            cmds[n].len = op->len;
-            bytes += op->len + 4;
-            n++;
+        while (op != NULL && kvp_rl_group_fits(&grp, op->len, op->cost, gmax, RL_ENTRY_SOFT_BYTES, rl->entry_max_cost)) {
+            corrs[grp.n] = op->corr;
+            cmds[grp.n].data = op->data;
+            cmds[grp.n].len = op->len;
+            kvp_rl_group_add(&grp, op->len, op->cost);
             op = op->next;
         }
+        uint32_t n = grp.n;
         int rc = kvp_rl_glue_propose(&rl->glue, corrs, cmds, n);
         uint64_t now = rc == KVP_OK ? kvp_clock_now_us() : 0;
         /* Either way these ops are done with: on success results come through the glue. */
@@ -663,7 +670,28 @@ static void on_tick(uv_timer_t *t)
         uint64_t busy = cpu < late ? cpu : late;
         if (busy > rl->max_busy_stall_us)
             rl->max_busy_stall_us = busy;
+        if (busy >= 50000u) {
+            struct rusage ru;
+            getrusage(RUSAGE_THREAD, &ru);
+            kvp_log_info(rl->actor, "raft thread stall: tick %llu ms late, %llu ms of its CPU over the interval; in it: "
+                         "%llu entries (%llu commands) handed over, %llu install steps, %llu snapshots restored, "
+                         "%ld minor page faults", (unsigned long long)late / 1000, (unsigned long long)cpu / 1000,
+                         (unsigned long long)(rl->glue.entries_applied - rl->last_tick_entries),
+                         (unsigned long long)(rl->glue.cmds_applied - rl->last_tick_cmds),
+                         (unsigned long long)(rl->glue.rs_steps - rl->last_tick_rs_steps),
+                         (unsigned long long)(rl->glue.snapshots_restored - rl->last_tick_restored),
+                         ru.ru_minflt - rl->last_tick_minflt);
+        }
     }
+    {
+        struct rusage ru;
+        getrusage(RUSAGE_THREAD, &ru);
+        rl->last_tick_minflt = ru.ru_minflt;
+    }
+    rl->last_tick_entries = rl->glue.entries_applied;
+    rl->last_tick_cmds = rl->glue.cmds_applied;
+    rl->last_tick_rs_steps = rl->glue.rs_steps;
+    rl->last_tick_restored = rl->glue.snapshots_restored;
     rl->last_tick_us = now_us;
     rl->last_tick_cpu_us = cpu_us;
     if (rl->raft_closing) {
@@ -680,7 +708,14 @@ static void on_tick(uv_timer_t *t)
          * or being put): hand the freed heap back to the kernel, or the master's RSS keeps the
          * log's high-water mark. */
         rl->trimmed_at_snapshot = rl->glue.snapshots_taken;
+        struct timespec a, b;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
         malloc_trim(0);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+        int64_t trim_us = ((int64_t)(b.tv_sec - a.tv_sec) * 1000000000 + (b.tv_nsec - a.tv_nsec)) / 1000;
+        if (trim_us >= 20000)
+            kvp_log_info(rl->actor, "slow hold: malloc_trim after a snapshot: %llu ms CPU",
+                         (long long)trim_us / 1000);
     }
 }
 
@@ -1047,6 +1082,7 @@ int kvp_raftlog_start(struct kvp_raftlog **out, const struct kvp_raftlog_params 
     rl->last_is_leader = -1;
     rl->max_inflight = p->max_inflight_entries > 0 ? p->max_inflight_entries : RL_DEFAULT_INFLIGHT;
     rl->group_max = p->group_commit_max > 0 ? p->group_commit_max : RL_DEFAULT_GROUP_MAX;
+    rl->entry_max_cost = p->entry_max_cost > 0 ? p->entry_max_cost : RL_DEFAULT_ENTRY_COST;
     kvp_rl_glue_init(&rl->glue, &p->fsm, deliver_applied, rl, rl->actor);
     rl->glue.on_done = on_slot_free;
     pthread_rwlockattr_t la;
@@ -1132,7 +1168,7 @@ zsock_t *kvp_raftlog_events(struct kvp_raftlog *rl)
 }
 
 static int enqueue(struct kvp_raftlog *rl, enum op_kind kind, uint64_t corr, uint64_t id,
-                   const char *addr, const uint8_t *data, size_t len)
+                   const char *addr, const uint8_t *data, size_t len, uint32_t cost)
 {
     if (rl == NULL || (data == NULL && len > 0))
         return KVP_ERR_INVALID;
@@ -1148,6 +1184,7 @@ static int enqueue(struct kvp_raftlog *rl, enum op_kind kind, uint64_t corr, uin
     if (addr != NULL)
         snprintf(op->addr, sizeof(op->addr), "%s", addr);
     op->len = len;
+    op->cost = cost > 0 ? cost : 1;
     op->next = NULL;
     op->queued_us = kind == OP_SUBMIT ? kvp_clock_now_us() : 0;
     if (len > 0)
@@ -1174,31 +1211,36 @@ static int enqueue(struct kvp_raftlog *rl, enum op_kind kind, uint64_t corr, uin
 
 int kvp_raftlog_submit(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *cmd, size_t len)
 {
-    return enqueue(rl, OP_SUBMIT, corr, 0, NULL, cmd, len);
+    return enqueue(rl, OP_SUBMIT, corr, 0, NULL, cmd, len, 1);
+}
+
+int kvp_raftlog_submit_cost(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *cmd, size_t len, uint32_t cost)
+{
+    return enqueue(rl, OP_SUBMIT, corr, 0, NULL, cmd, len, cost);
 }
 
 int kvp_raftlog_query(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *q, size_t len)
 {
-    return enqueue(rl, OP_QUERY, corr, 0, NULL, q, len);
+    return enqueue(rl, OP_QUERY, corr, 0, NULL, q, len, 1);
 }
 
 int kvp_raftlog_add_voter(struct kvp_raftlog *rl, uint64_t corr, uint64_t id, const char *raft_address)
 {
     if (id == 0 || raft_address == NULL || raft_address[0] == 0 || strlen(raft_address) >= 256)
         return KVP_ERR_INVALID;
-    return enqueue(rl, OP_ADD_VOTER, corr, id, raft_address, NULL, 0);
+    return enqueue(rl, OP_ADD_VOTER, corr, id, raft_address, NULL, 0, 1);
 }
 
 int kvp_raftlog_remove(struct kvp_raftlog *rl, uint64_t corr, uint64_t id)
 {
     if (id == 0)
         return KVP_ERR_INVALID;
-    return enqueue(rl, OP_REMOVE, corr, id, NULL, NULL, 0);
+    return enqueue(rl, OP_REMOVE, corr, id, NULL, NULL, 0, 1);
 }
 
 int kvp_raftlog_transfer(struct kvp_raftlog *rl, uint64_t corr, uint64_t target_id)
 {
-    return enqueue(rl, OP_TRANSFER, corr, target_id, NULL, NULL, 0);
+    return enqueue(rl, OP_TRANSFER, corr, target_id, NULL, NULL, 0, 1);
 }
 
 void kvp_raftlog_get_info(struct kvp_raftlog *rl, struct kvp_raftlog_info *out)

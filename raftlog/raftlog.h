@@ -76,6 +76,11 @@ struct kvp_raftlog_fsm {
     int (*restore_step)(void *ctx, void *h, size_t max_bytes, bool *done);
     int (*restore_end)(void *ctx, void *h);
     void (*restore_drop)(void *ctx, void *h);
+    /* Added, optional: for the log line of a slow hold. raftlog calls it with begin=true before
+     * an entry's apply or a snapshot/catch-up step, and, when that hold used over 20 ms of the
+     * raft thread's CPU (RL_HOLD_NOTE_CPU_US), with begin=false to get one line (into buf, cap
+     * bytes, NUL-terminated) of what the FSM did since the begin. Must not change the state. */
+    void (*hold_note)(void *ctx, bool begin, char *buf, size_t cap);
 };
 
 struct kvp_raftlog_member {
@@ -103,6 +108,8 @@ struct kvp_raftlog_params {
                                       many payload bytes (0 = entries only); see raftlog_internal.h */
     bool batch_applied;            /* EV_APPLIED results of one loop iteration in one
                                       EV_APPLIED_BATCH message (false: one message each) */
+    uint32_t entry_max_cost;       /* an entry's commands cost at most this in all
+                                      (kvp_raftlog_submit_cost); 0 = RL_DEFAULT_ENTRY_COST (4096) */
 };
 
 enum kvp_raftlog_event {
@@ -156,6 +163,16 @@ zsock_t *kvp_raftlog_events(struct kvp_raftlog *rl);
  * KVP_ERR_CLOSED (stop has begun); on error no event follows.
  */
 int kvp_raftlog_submit(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *cmd, size_t len);
+/**
+ * kvp_raftlog_submit with the command's apply cost in the caller's units (the master: the
+ * items of a batch command, 1 for others; kvp_raftlog_submit counts 1). An entry stops growing
+ * before its commands' costs would pass entry_max_cost (a command costlier than that alone
+ * still goes, in an entry of its own), as it stops past 1 MiB of bytes: every member applies an
+ * entry in one piece on its raft thread, and bytes alone let 1 MiB of PutStarts (~26k items,
+ * ~118 ms of CPU) into one entry (issue 22). Grouping never changes what is applied, only how
+ * commands are split into entries.
+ */
+int kvp_raftlog_submit_cost(struct kvp_raftlog *rl, uint64_t corr, const uint8_t *cmd, size_t len, uint32_t cost);
 
 /**
  * Run fsm.query on the raft thread if this node is leader and has heard from a quorum within

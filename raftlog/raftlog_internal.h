@@ -142,6 +142,7 @@ struct kvp_rl_glue {
     uint64_t build_t0_us, build_busy_us, build_cpu_us;
     uint64_t max_snap_step_us, max_restore_us, max_apply_us; /* wall time */
     uint64_t max_snap_step_cpu_us, max_apply_cpu_us;         /* the raft thread's CPU time */
+    uint64_t holds_logged; /* holds over RL_HOLD_NOTE_CPU_US logged with what they did */
     uint64_t last_snap_wall_us, last_snap_busy_us, last_snap_bytes;
     /* Catching up in steps (docs/raftlog.md "Installing a snapshot in steps"): a snapshot
      * install staged over many kvp_rl_glue_catch_up_step calls, and committed entries a
@@ -172,6 +173,7 @@ struct kvp_rl_glue {
     struct kvp_rl_deferred *q_head, *q_tail;
     uint64_t q_len;
     uint64_t entries_deferred, restores_in_steps;
+    uint64_t max_backlog_applied; /* most deferred entries applied at once at the backlog bound */
     uint64_t max_catchup_step_us, max_catchup_step_cpu_us;
     /* A staged install failed after raft was told it succeeded (the FSM bytes did not decode):
      * the state is behind raft's, nothing more is applied, and raftlog stops the member. */

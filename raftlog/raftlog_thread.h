@@ -26,6 +26,7 @@ struct rl_op {
     uint64_t id;          /* admin target */
     char addr[256];       /* add_voter */
     size_t len;           /* data bytes */
+    uint32_t cost;        /* apply cost (kvp_raftlog_submit_cost), at least 1 */
     uint64_t queued_us;   /* monotonic time of enqueue (submit latency counters) */
     struct rl_op *next;
     uint8_t data[];
@@ -79,6 +80,10 @@ struct kvp_raftlog {
     bool slot_freed;          /* an in-flight entry settled: pump (or close) in on_check */
     uint64_t last_tick_us;    /* when on_tick last ran (stall measurement) */
     uint64_t last_tick_cpu_us; /* the raft thread's CPU time then */
+    /* The glue's counts and the thread's minor faults at the last tick: a busy stall over 50 ms
+     * is logged with what ran in it (issue 22). */
+    uint64_t last_tick_entries, last_tick_cmds, last_tick_rs_steps, last_tick_restored;
+    long last_tick_minflt;
     uint64_t max_stall_us;    /* largest tick lateness: the raft thread's longest stall */
     uint64_t max_busy_stall_us; /* the part of a lateness the thread spent on its own CPU work */
     struct raft_uv_transport transport;
@@ -124,6 +129,7 @@ struct kvp_raftlog {
     unsigned max_inflight;
     uint64_t trimmed_at_snapshot; /* glue.snapshots_taken at the last malloc_trim */
     uint32_t group_max;
+    uint32_t entry_max_cost; /* params.entry_max_cost or RL_DEFAULT_ENTRY_COST */
     uint64_t cmd_queue_us_total; /* submit → raft_apply, summed over proposed commands */
 
     /* Local reads: the view (below) is entered for writing around every fsm apply and restore

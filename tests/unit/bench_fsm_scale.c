@@ -15,7 +15,9 @@
  * apply, the longest snapshot step (snap_next alone, and with LZ4), steps over 10 ms, and the
  * table's capacity. Last line: totals.
  *   bench_fsm_scale [--objects N] [--segments S] [--batch B] [--cmds C] [--band N] [--chunk BYTES]
- *                   [--no-snap] [--replicas R]
+ *                   [--no-snap] [--replicas R] [--note-ms MS]
+ * A hold over --note-ms (default 20) of CPU is printed with the FSM's note of what it did
+ * (kvp_master_fsm_hold_note: items, table growth slots/swaps/frees, snapshot slots/objects).
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -40,12 +42,14 @@ static uint64_t cpu_ns(void)
 
 /* The (single-threaded) process's involuntary context switches and minor page faults so far: a hold that was
  * preempted or faulted in fresh pages is the host's as much as the code's. */
+static uint64_t sys_us_now; /* the process's kernel CPU time at the last thread_counts */
 static void thread_counts(uint64_t *ivcsw, uint64_t *minflt)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru); /* one thread */
     *ivcsw = (uint64_t)ru.ru_nivcsw;
     *minflt = (uint64_t)ru.ru_minflt;
+    sys_us_now = (uint64_t)ru.ru_stime.tv_sec * 1000000u + (uint64_t)ru.ru_stime.tv_usec;
 }
 
 static void die(const char *what, int rc)
@@ -77,6 +81,7 @@ int main(int argc, char **argv)
     unsigned segments = 100, batch = 800, cmds = 3, replicas = 1;
     size_t chunk = 256u << 10;
     bool snap = true;
+    uint64_t note_ns = 20000000; /* holds over this are printed with what they did (--note-ms) */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-snap")) {
@@ -102,6 +107,8 @@ int main(int argc, char **argv)
             chunk = (size_t)n;
         else if (!strcmp(a, "--replicas"))
             replicas = (unsigned)n;
+        else if (!strcmp(a, "--note-ms"))
+            note_ns = n * 1000000ull;
         else {
             fprintf(stderr, "bench_fsm_scale: unknown option %s\n", a);
             return 2;
@@ -175,6 +182,8 @@ int main(int argc, char **argv)
         for (int phase = 0; phase < 2; phase++) {
             uint64_t t0 = cpu_ns(), cs0, fl0, cs1, fl1;
             thread_counts(&cs0, &fl0);
+            uint64_t sys0 = sys_us_now;
+            kvp_master_fsm_hold_note(f, true, NULL, 0);
             for (size_t off = 0; off < n; off += batch) {
                 size_t m = n - off < batch ? n - off : batch;
                 Kvp__Command c = KVP__COMMAND__INIT;
@@ -197,6 +206,14 @@ int main(int argc, char **argv)
             }
             uint64_t dt = cpu_ns() - t0;
             thread_counts(&cs1, &fl1);
+            if (dt >= note_ns) {
+                char note[512];
+                kvp_master_fsm_hold_note(f, false, note, sizeof note);
+                printf("slow %s entry at %llu objects: %.2f ms CPU (%.2f ms kernel), %llu preemptions, %llu page "
+                       "faults; %s\n", phase ? "PutEnd" : "PutStart", (unsigned long long)k, dt / 1e6,
+                       (sys_us_now - sys0) / 1e3,
+                       (unsigned long long)(cs1 - cs0), (unsigned long long)(fl1 - fl0), note);
+            }
             if (phase == 0)
                 b.put_sum += dt;
             else
@@ -214,6 +231,8 @@ int main(int argc, char **argv)
                 continue;
             /* One snapshot step after every entry, as the raft thread's loop does. */
             thread_counts(&cs0, &fl0);
+            uint64_t ssys0 = sys_us_now;
+            kvp_master_fsm_hold_note(f, true, NULL, 0);
             uint64_t s0 = cpu_ns(), cap0 = f->tab_cap;
             bool growth = cap0 != last_cap; /* the table grew since the last step: the walk restarts */
             last_cap = cap0;
@@ -236,6 +255,14 @@ int main(int argc, char **argv)
             free(out);
             uint64_t s2 = cpu_ns();
             thread_counts(&cs1, &fl1);
+            if (s2 - s0 >= note_ns) {
+                char note[512];
+                kvp_master_fsm_hold_note(f, false, note, sizeof note);
+                printf("slow step at %llu objects: %.2f ms CPU (%.2f with LZ4; %.2f ms kernel), %zu bytes, %llu "
+                       "preemptions, %llu page faults; %s\n", (unsigned long long)k, (s1 - s0) / 1e6,
+                       (s2 - s0) / 1e6, (sys_us_now - ssys0) / 1e3, out_len,
+                       (unsigned long long)(cs1 - cs0), (unsigned long long)(fl1 - fl0), note);
+            }
             b.steps++;
             if (slots > b.slots_max)
                 b.slots_max = slots;

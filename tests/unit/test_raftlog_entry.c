@@ -265,6 +265,73 @@ static void test_raftlog_applied_batch_records(void **state)
     assert_int_equal(kvp_raftlog_applied_next(NULL, 0, &pos, &corr, &st, &res, &rl), 0);
 }
 
+/* Group commit's packing rule (issue 22, session 31): an entry is bounded by commands, bytes
+ * and apply cost (the master's batch items). 26 PutStart commands of 1,024 items (~40 KiB each)
+ * used to fit one 1 MiB entry; at a cost bound of 4,096 they go 4 to an entry. The first
+ * command always goes, however large or costly. */
+static uint32_t take(const size_t *lens, const uint32_t *costs, uint32_t n, uint32_t max_cmds, size_t max_bytes,
+                     uint64_t max_cost, struct kvp_rl_group *out)
+{
+    struct kvp_rl_group g = {0};
+    for (uint32_t i = 0; i < n && kvp_rl_group_fits(&g, lens[i], costs[i], max_cmds, max_bytes, max_cost); i++)
+        kvp_rl_group_add(&g, lens[i], costs[i]);
+    *out = g;
+    return g.n;
+}
+
+static void test_raftlog_group_bounded_by_cost_bytes_and_count(void **state)
+{
+    (void)state;
+    size_t lens[64];
+    uint32_t costs[64];
+    struct kvp_rl_group g;
+    for (int i = 0; i < 64; i++) {
+        lens[i] = 40 * 1024;
+        costs[i] = 1024;
+    }
+    /* bytes alone (the rule before): 1 MiB holds 25 of them */
+    assert_int_equal(take(lens, costs, 64, 1024, 1u << 20, UINT64_MAX, &g), 25);
+    assert_true(g.bytes <= (1u << 20) + 4);
+    /* cost: 4,096 items = 4 commands, 16 KiB of items less per entry */
+    assert_int_equal(take(lens, costs, 64, 1024, 1u << 20, 4096, &g), 4);
+    assert_int_equal(g.cost, 4096);
+    assert_int_equal(take(lens, costs, 64, 1024, 1u << 20, 4095, &g), 3);
+    assert_true(g.cost <= 4095);
+    /* count */
+    assert_int_equal(take(lens, costs, 64, 2, 1u << 20, 4096, &g), 2);
+    /* a first command costlier (or larger) than the bound still goes, alone */
+    costs[0] = 100000;
+    assert_int_equal(take(lens, costs, 64, 1024, 1u << 20, 4096, &g), 1);
+    costs[0] = 1024;
+    lens[0] = 4u << 20;
+    assert_int_equal(take(lens, costs, 64, 1024, 1u << 20, 4096, &g), 1);
+    /* single-item commands: 256 to an entry as before (the default group_commit_max) */
+    for (int i = 0; i < 64; i++) {
+        lens[i] = 60;
+        costs[i] = 1;
+    }
+    assert_int_equal(take(lens, costs, 64, 256, 1u << 20, 4096, &g), 64);
+    assert_int_equal(g.cost, 64);
+    /* every prefix the rule takes stays within all three bounds */
+    for (uint64_t seed = 1; seed < 200; seed++) {
+        uint64_t x = seed * 0x9E3779B97F4A7C15ull;
+        for (int i = 0; i < 64; i++) {
+            x ^= x >> 29;
+            x *= 0xBF58476D1CE4E5B9ull;
+            lens[i] = 1 + (size_t)(x % 100000);
+            costs[i] = 1 + (uint32_t)((x >> 20) % 3000);
+        }
+        uint32_t n = take(lens, costs, 64, 32, 1u << 20, 4096, &g);
+        assert_true(n >= 1 && n <= 32);
+        if (n > 1) {
+            assert_true(g.cost <= 4096);
+            assert_true(g.bytes - 4 <= (1u << 20));
+        }
+        if (n < 32 && n > 0) /* it stopped for a reason: the next one did not fit */
+            assert_true(g.cost + costs[n] > 4096 || g.bytes + lens[n] > (1u << 20));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -278,6 +345,7 @@ int main(void)
         cmocka_unit_test(test_raftlog_snap_lying_size_malformed),
         cmocka_unit_test(test_raftlog_err_from_raft_mapped),
         cmocka_unit_test(test_raftlog_applied_batch_records),
+        cmocka_unit_test(test_raftlog_group_bounded_by_cost_bytes_and_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

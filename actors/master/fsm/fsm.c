@@ -68,13 +68,15 @@ struct kvp_fsm_obj *kvp_fsm_obj_find_mut(struct kvp_master_fsm *f, const char *k
     return o;
 }
 
-static void tab_place(struct kvp_fsm_obj **tab, uint64_t cap, struct kvp_fsm_obj *o)
+/* Returns the slot o was placed in. */
+static uint64_t tab_place(struct kvp_fsm_obj **tab, uint64_t cap, struct kvp_fsm_obj *o)
 {
     uint64_t mask = cap - 1;
     uint64_t i = o->hash & mask;
     while (tab[i])
         i = (i + 1) & mask;
     tab[i] = o;
+    return i;
 }
 
 /* Remove o from a table that holds it (backward-shift deletion keeps probe chains intact
@@ -130,6 +132,9 @@ static int tab_grow(struct kvp_master_fsm *f)
         if (f->tab[i])
             tab_place(t, cap, f->tab[i]);
     }
+    f->work.grow_whole++;
+    f->work.tab_bytes_alloc += cap * sizeof(*t);
+    f->work.tab_bytes_freed += f->tab_cap * sizeof(*t);
     free(f->tab);
     f->tab = t;
     f->tab_cap = cap;
@@ -140,13 +145,16 @@ static int tab_grow(struct kvp_master_fsm *f)
 /* Growth in steps (issue 22: the whole rehash at 6.3M objects held the raft thread 261-342 ms of
  * CPU in one apply). From a load of 5/8 a table of KVP_FSM_GROW_STEP_MIN_CAP slots or more gets
  * its successor (twice the size) built aside: every insert first copies KVP_FSM_GROW_STEP_SLOTS
- * slots of the live table into it, and objects inserted meanwhile go into both. The live table
+ * slots of the live table into it; an object inserted meanwhile goes into both when its slot in
+ * the live table is behind the copy's cursor (ahead of it the copy takes it in turn). The live table
  * stays the one every lookup and walk uses until the copy has passed its last slot; then the new
  * one replaces it (and a running snapshot's walk starts over, as after a whole growth). An
  * object is in the new table iff KVP_FSM_OBJ_MOVED(o) == grow_gen. The copy ends after
  * cap / 64 inserts, long before the load of 3/4 at which a growth is forced whole. */
 static void tab_grow_swap(struct kvp_master_fsm *f)
 {
+    f->work.grow_swaps++;
+    f->work.tab_bytes_freed += f->tab_cap * sizeof(*f->tab);
     free(f->tab);
     f->tab = f->ntab;
     f->tab_cap = f->ncap;
@@ -170,6 +178,7 @@ static void tab_grow_step(struct kvp_master_fsm *f, uint64_t slots)
             KVP_FSM_OBJ_MOVED(o) = f->grow_gen;
         }
     }
+    f->work.grow_slots += end - f->ncursor;
     f->ncursor = end;
     if (f->ncursor == f->tab_cap)
         tab_grow_swap(f);
@@ -182,6 +191,8 @@ int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
     if (!f->ntab && f->tab_cap >= KVP_FSM_GROW_STEP_MIN_CAP && (f->n_objects + 1) * 8 > f->tab_cap * 5) {
         f->ntab = calloc(f->tab_cap * 2, sizeof(*f->ntab));
         if (f->ntab) { /* else: grown whole at 3/4 below */
+            f->work.grow_begun++;
+            f->work.tab_bytes_alloc += f->tab_cap * 2 * sizeof(*f->ntab);
             f->ncap = f->tab_cap * 2;
             f->ncursor = 0;
             f->grow_gen = f->grow_gen == UINT8_MAX ? 1 : (uint8_t)(f->grow_gen + 1); /* 0: never moved */
@@ -197,9 +208,14 @@ int kvp_fsm_obj_insert(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
         }
     }
     KVP_FSM_OBJ_GEN(o) = f->snap_gen; /* not part of a snapshot already running */
-    tab_place(f->tab, f->tab_cap, o);
+    uint64_t slot = tab_place(f->tab, f->tab_cap, o);
     KVP_FSM_OBJ_MOVED(o) = 0;
-    if (f->ntab) {
+    if (f->ntab && slot < f->ncursor) {
+        /* Behind the copy's cursor: into the new table now. Ahead of it the copy takes it when
+         * it gets there, so an insert writes only the part of the new table already copied to
+         * (whose pages the copy has faulted in, in order): before session 31 every insert also
+         * wrote a random slot of the new table, ~4,500-5,500 page faults in each of the first
+         * entries of a growth (20-27 ms of CPU at 5.2M objects, docs/bench.md "Session 31"). */
         tab_place(f->ntab, f->ncap, o);
         KVP_FSM_OBJ_MOVED(o) = f->grow_gen;
     }
@@ -537,6 +553,31 @@ void kvp_master_fsm_response_free(Kvp__Response *resp)
 
 /* ------------------------------------------------------------------ entry points */
 
+void kvp_master_fsm_hold_note(void *fsm, bool begin, char *buf, size_t cap)
+{
+    struct kvp_master_fsm *f = fsm;
+    if (!f)
+        return;
+    if (begin) {
+        f->work_mark = f->work;
+        return;
+    }
+    if (!buf || !cap)
+        return;
+    const struct kvp_fsm_work *w = &f->work, *m = &f->work_mark;
+#define D(x) (unsigned long long)(w->x - m->x)
+    snprintf(buf, cap,
+             "%llu commands (PutStart items %llu, PutEnd items %llu, other %llu, last other case %d); table %llu "
+             "slots, %llu objects, growth: begun %llu, slots copied %llu, swaps %llu, whole %llu, %llu B "
+             "allocated, %llu B freed; snapshot: begun %llu, slots visited %llu, objects written %llu, early "
+             "bytes %llu",
+             D(cmds), D(put_start_items), D(put_end_items), D(other_cmds), w->last_other,
+             (unsigned long long)f->tab_cap, (unsigned long long)f->n_objects, D(grow_begun), D(grow_slots),
+             D(grow_swaps), D(grow_whole), D(tab_bytes_alloc), D(tab_bytes_freed), D(snap_begun), D(snap_slots),
+             D(snap_objects), D(snap_early_bytes));
+#undef D
+}
+
 int kvp_master_fsm_apply(struct kvp_master_fsm *fsm, const Kvp__Command *cmd, Kvp__Response **out)
 {
     if (!fsm || !cmd || !out)
@@ -545,6 +586,16 @@ int kvp_master_fsm_apply(struct kvp_master_fsm *fsm, const Kvp__Command *cmd, Kv
     Kvp__Response *r = kvp_fsm_resp_new();
     if (!r)
         return KVP_ERR_NOMEM;
+    struct kvp_fsm_work *w = &fsm->work;
+    w->cmds++;
+    if (cmd->body_case == KVP__COMMAND__BODY_PUT_START && cmd->put_start)
+        w->put_start_items += cmd->put_start->n_items;
+    else if (cmd->body_case == KVP__COMMAND__BODY_PUT_END && cmd->put_end)
+        w->put_end_items += cmd->put_end->n_items;
+    else {
+        w->other_cmds++;
+        w->last_other = (int)cmd->body_case;
+    }
     int rc = kvp_fsm_apply_cmd(fsm, cmd, r);
     if (rc != KVP_OK) {
         kvp_master_fsm_response_free(r);

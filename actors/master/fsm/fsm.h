@@ -121,6 +121,11 @@ int kvp_master_fsm_restore_begin_bytes(void *fsm, const uint8_t *buf, size_t len
 int kvp_master_fsm_restore_step_bytes(void *fsm, void *h, size_t max_bytes, bool *done);
 int kvp_master_fsm_restore_end_bytes(void *fsm, void *h);
 void kvp_master_fsm_restore_drop_bytes(void *fsm, void *h);
+/* raftlog's hold_note (raftlog.h): begin marks the FSM's work counts; otherwise writes what was
+ * done since the mark (commands, PutStart/PutEnd items, table growth slots copied / swaps /
+ * whole growths / table bytes allocated and freed, snapshot slots visited and objects written)
+ * into buf as one line. Never changes the replicated state. */
+void kvp_master_fsm_hold_note(void *fsm, bool begin, char *buf, size_t cap);
 
 /**
  * A counter bumped by every applied command that can create repair or drain work (a segment

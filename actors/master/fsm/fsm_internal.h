@@ -94,6 +94,14 @@ struct kvp_fsm_seg {
     uint32_t n_resv, resv_cap;
 };
 
+/* Counts of the work done on the raft thread (kvp_master_fsm_hold_note). */
+struct kvp_fsm_work {
+    uint64_t cmds, put_start_items, put_end_items, other_cmds;
+    int last_other; /* body case of the last other command */
+    uint64_t grow_begun, grow_slots, grow_swaps, grow_whole, tab_bytes_freed, tab_bytes_alloc;
+    uint64_t snap_slots, snap_objects, snap_early_bytes, snap_begun;
+};
+
 struct kvp_master_fsm {
     struct kvp_master_fsm_params params;
     /* Segments by id: segs[id - 1]; NULL once forgotten (unmount). Ids are never reused. */
@@ -136,6 +144,10 @@ struct kvp_master_fsm {
     uint32_t *tenant_idx;
     uint32_t tenant_idx_cap;
     bool tenants_lost; /* a count was dropped for want of memory */
+    /* What the raft thread's holds did, counted as it happens (kvp_master_fsm_hold_note): the
+     * log line of a slow apply or snapshot step says which work it was. Derived, not in
+     * snapshots, never read by apply. work_mark: the counts at the hold's begin. */
+    struct kvp_fsm_work work, work_mark;
 };
 
 /* fsm_tenant.c: o (COMPLETE) joins (sign +1) or leaves (-1) its tenant's counts. */

@@ -152,6 +152,7 @@ int kvp_master_fsm_snap_begin(struct kvp_master_fsm *f)
     }
     XXH3_64bits_reset(s->xs);
     s->objects_at_begin = f->n_objects;
+    f->work.snap_begun++;
     f->snap = s;
     f->snap_gen++; /* every object in the table is now owed (its generation is older) */
     return KVP_OK;
@@ -221,6 +222,7 @@ int kvp_master_fsm_snap_next(struct kvp_master_fsm *f, size_t max_bytes, uint8_t
             n = room;
         rc = chunk_put(&c, s->early + s->early_off, n);
         s->early_off += n;
+        f->work.snap_early_bytes += n;
         if (s->early_off == s->early_len) {
             s->early_off = s->early_len = 0;
             if (s->early_cap > (1u << 20)) { /* a burst of touches: give the buffer back */
@@ -235,6 +237,7 @@ int kvp_master_fsm_snap_next(struct kvp_master_fsm *f, size_t max_bytes, uint8_t
      * made one call walk 1.7M slots (23-44 ms of CPU, docs/bench.md "Session 30"). */
     uint64_t slots = max_bytes / 4 > KVP_FSM_SNAP_STEP_MIN_SLOTS ? max_bytes / 4 : KVP_FSM_SNAP_STEP_MIN_SLOTS;
     while (rc == KVP_OK && c.len < max_bytes && s->cursor < f->tab_cap && slots-- > 0) {
+        f->work.snap_slots++;
         struct kvp_fsm_obj *o = f->tab[s->cursor++];
         if (!o || KVP_FSM_OBJ_GEN(o) == f->snap_gen)
             continue;
@@ -244,6 +247,7 @@ int kvp_master_fsm_snap_next(struct kvp_master_fsm *f, size_t max_bytes, uint8_t
         uint8_t b[FIELD_MAX];
         rc = chunk_put(&c, b, object_field(o, b));
         s->objects_written++;
+        f->work.snap_objects++;
     }
     if (rc != KVP_OK) {
         free(c.p);

@@ -233,6 +233,28 @@ void svc_submit_internal(struct kvp_master_service *s, int kind, Kvp__Command__B
     svc_submit(s, p, &cmd); /* on error its result runs with the error */
 }
 
+/* A command's apply cost for raftlog's entry bound (kvp_raftlog_submit_cost): the items of a
+ * batch command, 1 for the rest. The per-item apply work of these is of one order (a lookup, an
+ * insert or a placement); a whole-table command (RemoveAll, a lost segment) is 1 and goes alone
+ * or with few others by bytes. */
+static uint32_t svc_command_cost(const Kvp__Command *c)
+{
+    size_t n = 1;
+    switch (c->body_case) {
+    case KVP__COMMAND__BODY_PUT_START: n = c->put_start ? c->put_start->n_items : 1; break;
+    case KVP__COMMAND__BODY_PUT_END: n = c->put_end ? c->put_end->n_items : 1; break;
+    case KVP__COMMAND__BODY_PUT_REVOKE: n = c->put_revoke ? c->put_revoke->n_items : 1; break;
+    case KVP__COMMAND__BODY_REMOVE: n = c->remove ? c->remove->n_keys : 1; break;
+    case KVP__COMMAND__BODY_EVICT: n = c->evict ? c->evict->n_keys : 1; break;
+    case KVP__COMMAND__BODY_PUT_COMMIT: n = c->put_commit ? c->put_commit->n_items : 1; break;
+    case KVP__COMMAND__BODY_REPAIR_START: n = c->repair_start ? c->repair_start->n_items : 1; break;
+    case KVP__COMMAND__BODY_REPAIR_END: n = c->repair_end ? c->repair_end->n_items : 1; break;
+    case KVP__COMMAND__BODY_REPLICA_DROP: n = c->replica_drop ? c->replica_drop->n_items : 1; break;
+    default: break;
+    }
+    return n == 0 ? 1 : n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
 int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command *cmd)
 {
     cmd->now_wall_ms = kvp_clock_wall_ms();
@@ -260,7 +282,7 @@ int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command
     int rc = KVP_ERR_NOMEM;
     if (buf && (rc = pending_track(s, p)) == KVP_OK) {
         protobuf_c_message_pack(&cmd->base, buf);
-        rc = kvp_raftlog_submit(s->rl, p->corr, buf, len);
+        rc = kvp_raftlog_submit_cost(s->rl, p->corr, buf, len, svc_command_cost(cmd));
         if (rc == KVP_OK && p->recv_us)
             p->submit_us = kvp_clock_now_us();
     }
@@ -636,6 +658,7 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
     rp->fsm.restore_step = kvp_master_fsm_restore_step_bytes;
     rp->fsm.restore_end = kvp_master_fsm_restore_end_bytes;
     rp->fsm.restore_drop = kvp_master_fsm_restore_drop_bytes;
+    rp->fsm.hold_note = kvp_master_fsm_hold_note; /* what a slow hold of the raft thread did */
     rc = kvp_raftlog_start(&s->rl, rp);
     free(rp);
     if (rc != KVP_OK) {
