@@ -347,9 +347,9 @@ static void test_master_mount_late_answer_heartbeat_known(void **state)
 /* kvpool-segment's first mount, tried again after its try window while the first try's commit
  * is late (mount_retrying, segment.c): each try is a new call, on a new socket here, carrying the
  * same MountSegmentReq.mount_nonce. The master answers the new try with the first try's
- * registration: the segment is registered once (id 1 in this fresh cluster; the next mount of
- * another name gets 2), so no registration is marked LOST. Before the nonce, the new try
- * registered the segment again (id 2) and marked id 1 LOST ("remounted, the old one is lost"), the
+ * registration: the segment is registered once (id B+1 after a first mount of another name got
+ * B; the next mount of another name gets B+2), so no registration is marked LOST. Before the
+ * nonce, the new try registered the segment again (B+2) and marked B+1 LOST ("remounted, the old one is lost"), the
  * spurious "segment lost" at start-up under load. Raft writes complete 60 ms late (raftlog's fault
  * file, test builds); the first try asks for 20 ms. */
 static void test_master_mount_new_try_same_nonce_registers_once(void **state)
@@ -368,6 +368,18 @@ static void test_master_mount_new_try_same_nonce_registers_once(void **state)
     assert_true(leader >= 1);
     zsock_t *d1 = tm_dealer(c->addr[leader]);
     assert_non_null(d1);
+    Kvp__MountSegmentReq m0;
+    Kvp__Request req0;
+    mount_req(&req0, &m0, "nonce-before", 95); /* the id before: ids are given in order */
+    req0.req_id = 1900ull << 8;
+    req0.timeout_ms = 5000;
+    Kvp__Response *resp = NULL;
+    uint32_t base = 0;
+    if (tm_raw_call(d1, &req0, 5000, &resp) == KVP_OK && resp && resp->mount)
+        base = resp->mount->segment_id;
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    assert_true(base != 0);
     ff = fopen(fault, "w");
     assert_non_null(ff);
     fputs("slow 60\n", ff);
@@ -379,7 +391,7 @@ static void test_master_mount_new_try_same_nonce_registers_once(void **state)
     m.mount_nonce = 0x5eed5eed12345678ull;
     req.req_id = 910ull << 8;
     req.timeout_ms = 20;
-    Kvp__Response *resp = NULL;
+    resp = NULL;
     int first = tm_raw_call(d1, &req, 100, &resp); /* the try's window ends before its answer */
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
@@ -414,15 +426,16 @@ static void test_master_mount_new_try_same_nonce_registers_once(void **state)
         next = resp->mount->segment_id;
     if (resp)
         protobuf_c_message_free_unpacked(&resp->base, NULL);
-    print_message("first try (20 ms deadline): %s; next try, new call, same nonce: segment %u; another "
-                  "segment's mount after: segment %u\n", first == 1 ? "no reply" : kvp_errname(first), seg, next);
+    print_message("a mount before: segment %u; first try (20 ms deadline): %s; next try, new call, same "
+                  "nonce: segment %u; another segment's mount after: segment %u\n", base,
+                  first == 1 ? "no reply" : kvp_errname(first), seg, next);
     zsock_destroy(&d1);
     zsock_destroy(&d2);
     unlink(fault);
     if (first != 1 || moved)
         skip(); /* answered in time (a build without KVP_FAULT_INJECTION), or a new leader */
-    assert_int_equal(seg, 1);  /* the first try's registration */
-    assert_int_equal(next, 2); /* and no second one */
+    assert_int_equal(seg, base + 1);  /* the first try's registration */
+    assert_int_equal(next, base + 2); /* and no second one */
 }
 
 int main(void)
