@@ -401,10 +401,11 @@ static void test_master_mount_new_try_same_nonce_registers_once(void **state)
     uint32_t seg = 0;
     bool moved = false;
     req.timeout_ms = 5000;
-    for (uint64_t call = 911; call < 1011 && !seg && !moved; call++) {
+    for (uint64_t call = 911; call < 921 && !seg && !moved; call++) {
         req.req_id = call << 8;
         resp = NULL;
-        int arc = tm_raw_call(d2, &req, 50, &resp);
+        /* 1 s: a try dropped while the first is in flight gets no answer; one that commits does */
+        int arc = tm_raw_call(d2, &req, 1000, &resp);
         moved = arc == KVP_ERR_NOT_LEADER;
         if (arc == KVP_OK && resp && resp->body_case == KVP__RESPONSE__BODY_MOUNT && resp->mount)
             seg = resp->mount->segment_id;
