@@ -17,11 +17,12 @@
 
 struct kvp_rt_actor;
 struct kvp_rt_ctx;
+struct kvp_rt_msg;
+struct kvp_seg_rdma;
+
 /* The fences loop 0 remembers to refuse late handshakes (struct kvp_seg_server.fence_log): a
  * hello more fences old than this is refused whoever it is from. */
 #define SEG_FENCE_LOG 8
-struct kvp_rt_msg;
-struct kvp_seg_rdma;
 
 /*
  * Request counters of one loop, for the metrics endpoint (kvp_seg_server_stats). Written only by
