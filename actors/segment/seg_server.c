@@ -160,6 +160,7 @@ struct seg_conn {
     uint8_t *hello;       /* ST_HELLO: the offer; then the answer until the next hello or close */
     bool hello_wait;      /* the offer went to loop 0 (hello_done): read nothing until it answers */
     uint64_t hello_corr;  /* that request's correlation id */
+    uint64_t hello_epoch; /* the server's fence epoch when the hello's header was read */
 };
 
 struct seg_loop {
@@ -453,14 +454,27 @@ static int hello_done(struct seg_conn *c)
     if (l->idx == 0) {
         uint8_t *ans = NULL;
         size_t alen = 0;
-        int st = kvp_seg_rdma_loop_hello(l->srv, c->hello, c->cur.length, &ans, &alen);
+        int st = kvp_seg_rdma_loop_hello(l->srv, c->hello, c->cur.length, c->hello_epoch, &ans, &alen);
         return hello_answer(c, st, ans, alen);
     }
-    void *p = c->hello;
+    kvp_seg_hello_hook hold = atomic_load_explicit(&l->srv->hello_hold, memory_order_acquire);
+    if (hold) /* tests only: hold the hello here (kvp_seg_server_test_hold_hellos) */
+        hold(atomic_load_explicit(&l->srv->hello_hold_arg, memory_order_acquire));
+    /* The offer with the epoch it was read at: loop 0 refuses it if a fence since covered its
+     * writer (seg_server_rdma.c). One copy of at most 64 KiB per handshake. */
+    struct seg_hello_req *h = malloc(sizeof *h + c->cur.length);
+    if (!h)
+        return hello_answer(c, KVP_ERR_NOMEM, NULL, 0);
+    h->epoch = c->hello_epoch;
+    h->len = c->cur.length;
+    memcpy(h->offer, c->hello, c->cur.length);
+    void *p = h;
     int rc = kvp_rt_request(l->ctx, l->srv->loops[0], 0, SEG_MSG_RDMA_HELLO, c->cur.length, &p, NULL, 0,
                             &c->hello_corr);
-    if (rc != KVP_OK) /* loop 0 closed (stopping) or out of memory: the offer is still c->hello */
+    free(p); /* NULL when sent */
+    if (rc != KVP_OK) /* loop 0 closed (stopping) or out of memory */
         return hello_answer(c, rc, NULL, 0);
+    free(c->hello);
     c->hello = NULL;
     c->hello_wait = true;
     ctr_add(&l->ctr->rdma_hellos_fwd, 1);
@@ -716,6 +730,8 @@ static int conn_serve(struct seg_conn *c)
             c->cur = f;
             c->got = 0;
             c->st = ST_HELLO;
+            /* read now: a fence loop 0 runs from here on is later than this hello */
+            c->hello_epoch = atomic_load_explicit(&s->rdma_fence_epoch, memory_order_acquire);
             continue;
         }
         int st = check_request(s, &f);

@@ -103,6 +103,11 @@ int kvp_seg_server_rdma_writer_qps(struct kvp_seg_server *s, uint64_t client_id,
 /** Status and tests, from loop 0: *fenced the RDMA side's writers_fenced (seg_rdma.h; 0 without
  *  one). Blocking (plain threads). Errors as kvp_seg_server_rdma_writer_qps. */
 int kvp_seg_server_rdma_writers_fenced(struct kvp_seg_server *s, uint64_t *fenced);
+/** Tests: a function a loop other than loop 0 calls after it read an RdmaHello (and the fence
+ *  epoch it carries), before it forwards the offer to loop 0; it may block that loop, so a test
+ *  can hold the handshake until after a fence. Set once, before the hello (NULL: none). */
+typedef void (*kvp_seg_hello_hook)(void *arg);
+void kvp_seg_server_test_hold_hellos(struct kvp_seg_server *s, kvp_seg_hello_hook fn, void *arg);
 /* Request kinds and results counted by the server (names for metrics labels). */
 #define KVP_SEG_OPS 3     /* read, write, ping */
 #define KVP_SEG_RESULTS 5 /* ok, not_found, invalid, deadline_passed, other */

@@ -20,6 +20,10 @@ struct kvp_rt_ctx;
 struct kvp_rt_msg;
 struct kvp_seg_rdma;
 
+/* The fences loop 0 remembers to refuse late handshakes (struct kvp_seg_server.fence_log): a
+ * hello more fences old than this is refused whoever it is from. */
+#define SEG_FENCE_LOG 8
+
 /*
  * Request counters of one loop, for the metrics endpoint (kvp_seg_server_stats). Written only by
  * the loop's own thread, as load + store (one writer: no read-modify-write, so no locked
@@ -53,8 +57,9 @@ enum {
     SEG_MSG_SET_ID = 8,      /* to loop 0 (send or request): arg the new id (set_id) */
     SEG_MSG_RDMA_OPEN = 9,   /* to loop 0 (request): payload the opened struct kvp_seg_rdma */
     SEG_MSG_RDMA_FENCE = 10, /* to loop 0 (request): payload struct seg_fence_req; reply arg: QPs */
-    SEG_MSG_RDMA_HELLO = 11, /* to loop 0 (request): payload the offer, arg its length; the reply
-                              * carries the encoded answer (arg its length) and its status */
+    SEG_MSG_RDMA_HELLO = 11, /* to loop 0 (request): payload struct seg_hello_req (the offer and the
+                              * fence epoch seen when it was read); the reply carries the encoded
+                              * answer (arg its length) and its status */
     SEG_MSG_RDMA_QPS = 12,   /* to loop 0 (request): payload struct seg_qps_req, filled in and sent
                               * back as the reply's payload (status and tests) */
     SEG_MSG_RDMA_FENCED = 13, /* to loop 0 (request): reply arg: the RDMA side's writers_fenced */
@@ -88,6 +93,35 @@ struct kvp_seg_server {
      * A flag only, never a way to the object; release/acquire. Atomic and not a message: the
      * heartbeat reads it at every beat, and it never changes back. */
     _Atomic bool rdma_on;
+    /* The fence epoch (docs/rdma.md "A handshake read before a fence"): how many fences of RDMA
+     * writers loop 0 has run (FenceWriter, and a mount change, which fences every writer).
+     * Written by loop 0 alone, after each fence and before its reply; read by every loop when an
+     * RdmaHello's header is read, and carried with the offer to loop 0, which refuses a hello
+     * whose writer a later fence covered (fence_log). Atomic and not a message: the loop needs
+     * the value at the instant it reads the hello; asking loop 0 would give the value at the
+     * time loop 0 answers, which is the race this closes. Release/acquire. */
+    _Atomic uint64_t rdma_fence_epoch;
+    /* Loop 0's own: the last SEG_FENCE_LOG fences (entry e % SEG_FENCE_LOG is epoch e), and the
+     * epoch it last stored. Touched only on loop 0's thread. */
+    struct seg_fence_rec {
+        uint64_t gen; /* the fence covered conn_generation <= gen */
+        uint32_t n_sel;
+        struct kvp_seg_writer_sel sel[KVP_SEG_FENCE_SELECTORS_MAX]; /* mask 0: every writer */
+    } fence_log[SEG_FENCE_LOG];
+    uint64_t fence_epoch;
+    /* Tests only (kvp_seg_server_test_hold_hellos): called on a loop other than 0 after it read an
+     * RdmaHello and its epoch, before it forwards the offer; may block that loop. Set once by a
+     * test before any hello; an atomic because the loops read it with no message from the test's
+     * thread (the verbs_ibv.c test hook does the same). */
+    _Atomic(kvp_seg_hello_hook) hello_hold;
+    void *_Atomic hello_hold_arg;
+};
+
+/* A forwarded RdmaHello (SEG_MSG_RDMA_HELLO): the offer and the fence epoch when it was read. */
+struct seg_hello_req {
+    uint64_t epoch;
+    uint32_t len;
+    uint8_t offer[];
 };
 
 /* FenceWriter's arguments (SEG_MSG_RDMA_FENCE). */
@@ -114,9 +148,12 @@ int kvp_seg_rdma_loop_msg(struct kvp_seg_server *s, struct kvp_rt_ctx *ctx, stru
 
 /**
  * Answer one RdmaHello offer on loop 0 (loop 0's own connections call it directly; the others
- * forward it by SEG_MSG_RDMA_HELLO). As kvp_seg_rdma_accept, with s->rdma (NULL: UNSUPPORTED).
+ * forward it by SEG_MSG_RDMA_HELLO). As kvp_seg_rdma_accept, with s->rdma (NULL: UNSUPPORTED),
+ * except that an offer read at fence epoch `epoch` whose writer (client_id, conn_generation) a
+ * fence run since then covered is refused with KVP_ERR_BUSY and no answer: its QPs would outlive
+ * that fence. The writer connects again (a new hello, read after the fence).
  */
-int kvp_seg_rdma_loop_hello(struct kvp_seg_server *s, const uint8_t *offer, size_t len,
+int kvp_seg_rdma_loop_hello(struct kvp_seg_server *s, const uint8_t *offer, size_t len, uint64_t epoch,
                             uint8_t **answer, size_t *answer_len);
 
 /** Loop 0's fini: fence every writer, deregister and close the RDMA side (NULL: nothing). */

@@ -34,21 +34,93 @@
 #include "kvpool.h"
 #include "runtime/actor.h"
 #include "runtime/log.h"
+#include "wire/rdma_hello.h"
 
 #define ACTOR "seg-server"
 
 /* ------------------------------------------------------------------ on loop 0 */
 
-int kvp_seg_rdma_loop_hello(struct kvp_seg_server *s, const uint8_t *offer, size_t len,
+/* A fence loop 0 ran: remember whom it covered (fence_log), then publish the new epoch. Called
+ * after the fence and before its reply, so a hello whose header a loop read before the reply
+ * carries an older epoch. n_sel 0: every writer. */
+static void fence_note(struct kvp_seg_server *s, uint64_t gen, const struct kvp_seg_writer_sel *sel, size_t n_sel)
+{
+    if (!s->rdma)
+        return; /* TCP only: no handshake to refuse */
+    uint64_t e = ++s->fence_epoch;
+    struct seg_fence_rec *r = &s->fence_log[e % SEG_FENCE_LOG];
+    r->gen = gen ? gen : UINT64_MAX;
+    r->n_sel = 0;
+    if (n_sel == 0 || n_sel > KVP_SEG_FENCE_SELECTORS_MAX || !sel)
+        r->sel[r->n_sel++] = (struct kvp_seg_writer_sel){.client_id = 0, .mask = 0};
+    else
+        for (size_t i = 0; i < n_sel; i++)
+            r->sel[r->n_sel++] = sel[i];
+    atomic_store_explicit(&s->rdma_fence_epoch, e, memory_order_release);
+}
+
+/* The fence (epoch > `epoch`) that covers writer `client` at generation `gen`, or 0. More fences
+ * since than the log holds: the oldest forgotten one is named (whoever the writer is). */
+static uint64_t fenced_since(const struct kvp_seg_server *s, uint64_t epoch, uint64_t client, uint64_t gen)
+{
+    uint64_t now = s->fence_epoch;
+    if (epoch >= now)
+        return 0;
+    if (now - epoch > SEG_FENCE_LOG)
+        return epoch + 1;
+    for (uint64_t e = epoch + 1; e <= now; e++) {
+        const struct seg_fence_rec *r = &s->fence_log[e % SEG_FENCE_LOG];
+        if (gen > r->gen)
+            continue;
+        for (uint32_t i = 0; i < r->n_sel; i++)
+            if ((client & r->sel[i].mask) == (r->sel[i].client_id & r->sel[i].mask))
+                return e;
+    }
+    return 0;
+}
+
+int kvp_seg_rdma_loop_hello(struct kvp_seg_server *s, const uint8_t *offer, size_t len, uint64_t epoch,
                             uint8_t **answer, size_t *answer_len)
 {
+    if (answer && answer_len && s->rdma && epoch < s->fence_epoch) {
+        /* Read before a fence that loop 0 ran (and answered) since: QPs made now would outlive it,
+         * and the master may reuse the space that fence protected. */
+        struct kvp_rdma_hello h;
+        char why[64] = "";
+        if (kvp_rdma_hello_decode(offer, len, &h, why, sizeof why) == KVP_OK) {
+            uint64_t e = fenced_since(s, epoch, h.client_id, h.conn_generation);
+            uint64_t client = h.client_id, gen = h.conn_generation;
+            kvp_rdma_hello_free(&h);
+            if (e) {
+                *answer = NULL;
+                *answer_len = 0;
+                kvp_log_info(ACTOR, "loop 0: RDMA handshake of writer %llx (generation %llu) read before "
+                             "fence %llu, which covers it: refused (BUSY); the writer connects again",
+                             (unsigned long long)client, (unsigned long long)gen, (unsigned long long)e);
+                return KVP_ERR_BUSY;
+            }
+        } else {
+            kvp_rdma_hello_free(&h); /* bad offer: the accept below refuses it with its reason */
+        }
+    }
     return kvp_seg_rdma_accept(s->rdma, offer, len, answer, answer_len);
+}
+
+void kvp_seg_server_test_hold_hellos(struct kvp_seg_server *s, kvp_seg_hello_hook fn, void *arg)
+{
+    if (!s)
+        return;
+    atomic_store_explicit(&s->hello_hold_arg, arg, memory_order_release);
+    atomic_store_explicit(&s->hello_hold, fn, memory_order_release);
 }
 
 /* A mount change: the old mount's writers are fenced before the new id is served. */
 static void apply_id(struct kvp_seg_server *s, uint32_t id)
 {
+    bool change = id != atomic_load_explicit(&s->segment_id, memory_order_relaxed);
     kvp_seg_rdma_set_id(s->rdma, id); /* NULL (TCP only): nothing */
+    if (change)
+        fence_note(s, 0, NULL, 0); /* every writer of the old mount */
     atomic_store_explicit(&s->segment_id, id, memory_order_relaxed);
     /* After the store: a loop that held a challenge because it read 0 sees the id when this
      * message comes (seg_server.c, challenge_send); loop 0 sends it to itself too. */
@@ -81,9 +153,16 @@ int kvp_seg_rdma_loop_msg(struct kvp_seg_server *s, struct kvp_rt_ctx *ctx, stru
         const struct seg_fence_req *f = msg->payload;
         if (!f)
             st = KVP_ERR_INVALID;
-        else
-            arg = (uint64_t)kvp_seg_rdma_fence_run(s->rdma, f->client_id, f->gen, f->sel,
-                                                   f->n_sel > KVP_SEG_FENCE_SELECTORS_MAX ? 0 : f->n_sel);
+        else {
+            size_t n_sel = f->n_sel > KVP_SEG_FENCE_SELECTORS_MAX ? 0 : f->n_sel;
+            arg = (uint64_t)kvp_seg_rdma_fence_run(s->rdma, f->client_id, f->gen, f->sel, n_sel);
+            if (f->client_id) {
+                struct kvp_seg_writer_sel one = {.client_id = f->client_id, .mask = UINT64_MAX};
+                fence_note(s, f->gen, &one, 1);
+            } else {
+                fence_note(s, f->gen, f->sel, n_sel); /* n_sel 0: every writer */
+            }
+        }
         break;
     }
     case SEG_MSG_RDMA_QPS: {
@@ -102,10 +181,11 @@ int kvp_seg_rdma_loop_msg(struct kvp_seg_server *s, struct kvp_rt_ctx *ctx, stru
     case SEG_MSG_RDMA_HELLO: {
         uint8_t *ans = NULL;
         size_t alen = 0;
-        if (!msg->payload || msg->arg == 0)
+        const struct seg_hello_req *h = msg->payload;
+        if (!h || h->len == 0 || h->len != msg->arg)
             st = KVP_ERR_INVALID;
         else
-            st = kvp_seg_rdma_loop_hello(s, msg->payload, (size_t)msg->arg, &ans, &alen);
+            st = kvp_seg_rdma_loop_hello(s, h->offer, h->len, h->epoch, &ans, &alen);
         out = ans;
         arg = alen;
         break;

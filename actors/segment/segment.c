@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -111,11 +112,12 @@ int kvp_seg_mount_apply(struct kvp_segment *s, int rc, Kvp__Response *resp, bool
 
 /* MountSegment, blocking (the start); on success the new id is stored and the server accepts
  * it. A failure is logged as ERROR unless `quiet` (the caller logs its own line). */
-static int do_mount_ex(struct kvp_segment *s, uint32_t timeout_ms, bool quiet)
+static int do_mount_ex(struct kvp_segment *s, uint32_t timeout_ms, bool quiet, uint64_t nonce)
 {
     Kvp__Request req;
     Kvp__MountSegmentReq m;
     kvp_seg_mount_req(s, &req, &m);
+    m.mount_nonce = nonce; /* 0: none */
     Kvp__Response *resp = NULL;
     int rc = kvp_msession_call(s->ms, &req, timeout_ms, &resp);
     return kvp_seg_mount_apply(s, rc, resp, quiet, false);
@@ -123,7 +125,7 @@ static int do_mount_ex(struct kvp_segment *s, uint32_t timeout_ms, bool quiet)
 
 static int do_mount(struct kvp_segment *s, uint32_t timeout_ms)
 {
-    return do_mount_ex(s, timeout_ms, false);
+    return do_mount_ex(s, timeout_ms, false, 0);
 }
 
 /*
@@ -136,8 +138,14 @@ static int mount_retrying(struct kvp_segment *s)
 {
     uint32_t backoff = MOUNT_RETRY_FIRST_MS;
     uint64_t t0 = kvp_clock_now_ms();
+    /* Every try carries the same nonce: a try whose answer came after its window registered the
+     * segment, and the master answers the next try with that registration rather than a second
+     * one (which would mark the first LOST). */
+    uint64_t nonce = 0;
+    while (nonce == 0 && getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+        ;
     for (unsigned attempt = 1;; attempt++) {
-        int rc = do_mount_ex(s, MOUNT_RETRY_TRY_MS, true);
+        int rc = do_mount_ex(s, MOUNT_RETRY_TRY_MS, true, nonce);
         if (rc != KVP_ERR_UNAVAILABLE && rc != KVP_ERR_TIMEOUT && rc != KVP_ERR_NOT_LEADER) {
             if (rc == KVP_OK && attempt > 1)
                 kvp_log_info(s->actor, "mount: a master answered at try %u, after %llu ms", attempt,
@@ -538,7 +546,7 @@ int kvp_segment_start(struct kvp_segment **out, const struct kvp_cfg_segment *cf
         nanosleep(&ts, NULL);
         /* quiet but for the last try: the WARN above says it retries; one ERROR per second for
          * up to 30 s said nothing more (a supervisor's restart loop filled logs with them) */
-        rc = do_mount_ex(s, MOUNT_TIMEOUT_MS, i + 1 < MOUNT_EXISTS_RETRIES);
+        rc = do_mount_ex(s, MOUNT_TIMEOUT_MS, i + 1 < MOUNT_EXISTS_RETRIES, 0);
     }
     if (rc != KVP_OK)
         goto fail;

@@ -43,6 +43,13 @@ struct fake_master {
     _Atomic uint64_t fw_sel_id, fw_sel_mask;
     void (*on_fenced)(void *arg);
     void *on_fenced_arg;
+    /* drop_mount_calls > 0: that many MountSegment calls (every copy the session resends of one
+     * call, req_id >> 8) go unanswered, as a master whose answer comes after the try's window;
+     * their mount_nonce and that of the mount answered next are kept */
+    _Atomic int drop_mount_calls;
+    uint64_t drop_call; /* the fake master's thread only */
+    _Atomic uint64_t dropped_nonce, answered_nonce;
+    _Atomic int dropped_calls;
 };
 
 static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request *req)
@@ -60,6 +67,16 @@ static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request 
     char json[256];
     switch (req->body_case) {
     case KVP__REQUEST__BODY_MOUNT:
+        if ((fm->drop_call && req->req_id >> 8 == fm->drop_call) || atomic_load(&fm->drop_mount_calls) > 0) {
+            if (req->req_id >> 8 != fm->drop_call) {
+                fm->drop_call = req->req_id >> 8;
+                atomic_fetch_sub(&fm->drop_mount_calls, 1);
+                atomic_store(&fm->dropped_nonce, req->mount->mount_nonce);
+                atomic_fetch_add(&fm->dropped_calls, 1);
+            }
+            return; /* no answer */
+        }
+        atomic_store(&fm->answered_nonce, req->mount->mount_nonce);
         kvp__mount_segment_resp__init(&mr);
         mr.segment_id = atomic_fetch_add(&fm->next_id, 1);
         snprintf(fm->mount_name, sizeof fm->mount_name, "%s", req->mount->name);

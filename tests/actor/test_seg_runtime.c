@@ -154,6 +154,30 @@ static void test_seg_mount_heartbeat_unmount_ok(void **state)
     assert_int_equal(kvp_xfer_probe(ep, 1, 1000), KVP_ERR_TRANSFER); /* nobody listens */
 }
 
+/* kvpool-segment's first mount (hooks.mount_retry) tried again after a try got no answer within
+ * its window: both tries carry the same non-zero mount_nonce, so a master that registered the
+ * first answers the second with that registration (test_master_quorum's nonce case). Before,
+ * the tries had none and the master registered the segment twice, marking the first LOST. About
+ * 3 s: the try's 2 s window, then the 1 s backoff. */
+static void test_seg_first_mount_tries_share_nonce(void **state)
+{
+    struct fx *f = *state;
+    atomic_store(&f->fm.drop_mount_calls, 1);
+    struct kvp_segment *s = NULL;
+    struct kvp_segment_hooks h = {.ctx = &f->hooks, .on_mount = on_mount, .mount_retry = true};
+    assert_int_equal(kvp_segment_start(&s, &f->cfg, f->ms, &h), KVP_OK);
+    wait_for(&f->fm.mounts, 1);
+    uint64_t dropped = atomic_load(&f->fm.dropped_nonce), answered = atomic_load(&f->fm.answered_nonce);
+    print_message("first try unanswered: nonce %llx; next try answered: nonce %llx\n", (unsigned long long)dropped,
+                  (unsigned long long)answered);
+    assert_int_equal(atomic_load(&f->fm.dropped_calls), 1);
+    assert_true(atomic_load(&f->fm.mounts) >= 1); /* more when the session resent a slow copy */
+    assert_true(dropped != 0);
+    assert_int_equal(answered, dropped);
+    assert_true(kvp_segment_id(s) != 0);
+    kvp_segment_stop(&s);
+}
+
 static void test_seg_heartbeat_not_found_remounts(void **state)
 {
     struct fx *f = *state;
@@ -226,6 +250,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_seg_mount_heartbeat_unmount_ok, setup, teardown),
         cmocka_unit_test_setup_teardown(test_seg_heartbeat_not_found_remounts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_seg_first_mount_tries_share_nonce, setup, teardown),
         cmocka_unit_test_setup_teardown(test_seg_drain_waits_for_zero_objects_ok, setup, teardown),
         cmocka_unit_test_setup_teardown(test_seg_drain_stuck_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_seg_bad_config_invalid, setup, teardown),

@@ -460,6 +460,110 @@ static void test_rdma_e2e_remount_while_hello_forwarded_fences_old_writer(void *
     assert_true(seen_held > 0);
 }
 
+/* The test's hold on a forwarded hello (kvp_seg_server_test_hold_hellos): loop 1 waits here. */
+struct hello_hold {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int entered, go;
+};
+
+static void hello_hold_fn(void *arg)
+{
+    struct hello_hold *h = arg;
+    pthread_mutex_lock(&h->mu);
+    h->entered++;
+    pthread_cond_broadcast(&h->cv);
+    while (!h->go)
+        pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* A hello read by loop 1 before a FenceWriter of every writer and run by loop 0 after the fence
+ * and its answer (held on loop 1 by the test hook until then): loop 0 refuses it (the epoch it
+ * carries is older than the fence that covers its writer), so no QP is made for the writer, its
+ * WRITE of poison fails and no byte lands after the fence; its next call connects again and
+ * writes. Before the fence epoch, the held hello got QPs after the fence and the WRITE landed. */
+static void test_rdma_e2e_hello_read_before_fence_refused(void **state)
+{
+    (void)state;
+    enum { LEN = 16384 };
+    struct rig g;
+    rig_up(&g, 61, FV_FLUSH_ALL);
+    memset(g.region, 0, SEG_BYTES);
+    int idle = seg_raw_connect(kvp_seg_server_port(g.srv)); /* takes loop 0: the hello goes to loop 1 */
+    assert_true(idle >= 0);
+    struct kvp_seg_server_stats st;
+    for (int i = 0; i < 5000; i++) {
+        kvp_seg_server_stats(g.srv, &st);
+        if (st.conns_accepted >= 1)
+            break;
+        nap_ms(1);
+    }
+    assert_int_equal(st.conns_accepted, 1);
+    struct hello_hold h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    kvp_seg_server_test_hold_hellos(g.srv, hello_hold_fn, &h);
+    struct fwd_writer w = {.g = &g, .buf = malloc(LEN)};
+    memset(w.buf, POISON, LEN);
+    w.s = (struct kvp_xfer_slice){.local = w.buf, .length = LEN, .segment_id = 5, .endpoint = g.ep,
+                                  .remote_offset = 16384, .op = KVP_XFER_WRITE};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fwd_writer_run, &w), 0);
+    pthread_mutex_lock(&h.mu);
+    for (int i = 0; i < 100 && !h.entered; i++) { /* bounded: 100 x 100 ms */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 100 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h.cv, &h.mu, &until);
+    }
+    int entered = h.entered;
+    pthread_mutex_unlock(&h.mu);
+    assert_int_equal(entered, 1); /* the hello was read by loop 1 and is held before loop 0 */
+    /* FenceWriter of every writer (a put's expiry): loop 0 runs it and answers; the heartbeat
+     * would now send Fenced and the master reuse the space */
+    assert_true(kvp_seg_server_fence_writers(g.srv, 0, 0) >= 0);
+    fv_lock();
+    uint64_t t_fence = fv_now(g.f);
+    fv_unlock();
+    pthread_mutex_lock(&h.mu);
+    h.go = 1;
+    pthread_cond_broadcast(&h.cv);
+    pthread_mutex_unlock(&h.mu);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    kvp_seg_server_test_hold_hellos(g.srv, NULL, NULL);
+    uint32_t qps = 99;
+    assert_int_equal(kvp_seg_server_rdma_writer_qps(g.srv, 9, UINT64_MAX, &qps, NULL), KVP_OK);
+    fprintf(stderr, "held hello after the fence: write %s, writer QPs on the segment %u\n",
+            kvp_errname(w.s.status), qps);
+    assert_int_equal(qps, 0);                      /* no QP for the fenced writer's old hello */
+    assert_int_not_equal(w.s.status, KVP_OK);
+    fv_lock();
+    fv_run_idle(g.f, 5000 * MS); /* every packet still in flight arrives now */
+    size_t late = fv_audit_placed_after(g.f, g.region, SEG_BYTES, t_fence, NULL);
+    fv_unlock();
+    assert_int_equal(late, 0);
+    for (size_t i = 0; i < SEG_BYTES; i++)
+        if (g.region[i] == POISON)
+            fail_msg("region byte %zu holds the fenced writer's poison", i);
+    /* the writer connects again (a hello read after the fence) and writes */
+    uint8_t ok[4096];
+    memset(ok, 0x42, sizeof ok);
+    struct kvp_xfer_slice s2 = {.local = ok, .length = sizeof ok, .segment_id = 5, .endpoint = g.ep,
+                                .remote_offset = 32768, .op = KVP_XFER_WRITE};
+    int rc = KVP_ERR_TRANSFER;
+    for (int i = 0; i < 3 && rc != KVP_OK; i++)
+        rc = kvp_xfer_run(g.e, &s2, 1, 5000);
+    assert_int_equal(rc, KVP_OK);
+    assert_memory_equal(g.region + 32768, ok, sizeof ok);
+    tcp_frames_none(&g);
+    close(idle);
+    free(w.buf);
+    rig_down(&g);
+}
+
 #ifdef KVP_FAULT_INJECTION
 struct fw_ack {
     struct fv_fabric *f;
@@ -1045,6 +1149,7 @@ int main(void)
         cmocka_unit_test(test_rdma_e2e_timed_out_writes_never_read_late),
         cmocka_unit_test(test_rdma_e2e_remount_fences_old_qps),
         cmocka_unit_test(test_rdma_e2e_remount_while_hello_forwarded_fences_old_writer),
+        cmocka_unit_test(test_rdma_e2e_hello_read_before_fence_refused),
 #ifdef KVP_FAULT_INJECTION
         cmocka_unit_test(test_rdma_e2e_heartbeat_fence_writer_acks_after_fence),
         cmocka_unit_test(test_rdma_e2e_heartbeat_fence_writer_selectors),

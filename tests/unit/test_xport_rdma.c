@@ -21,6 +21,7 @@
 #include "actors/transfer/rdma/xport_rdma.h"
 #include "actors/transfer/transfer.h"
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 #include "tests/lib/fakeverbs.h"
 
@@ -292,6 +293,88 @@ static void test_xport_rdma_unsupported_means_tcp(void **state)
     down(&w);
 }
 
+/* C3 on the writer's side (docs/fencing.md): the segment cannot check a deadline on a one-sided
+ * RDMA WRITE, so the writer posts none past its write_deadline_ms. (a) A WRITE posted after its
+ * deadline is refused (KVP_ERR_TIMEOUT) and nothing is posted; (b) WRITEs queued before their
+ * deadline, still waiting to be posted when it passes (here: before the first poll, with the
+ * deadline then moved into the past, as if they had waited for room), are never posted either.
+ * In both, no byte of the segment changes and the QPs posted no WR. Fails without the check in
+ * kvp_rdma_submit_until / post_some: the WRITEs land. */
+static void test_xport_rdma_no_write_posted_past_deadline(void **state)
+{
+    (void)state;
+    struct world w;
+    up(&w, 5, FV_FLUSH_ALL, false, true);
+    assert_int_equal(kvp_xport_rdma.connect(w.t, "seg-a:7001", NULL, 0, &w.peer), KVP_OK);
+    uint8_t *before = malloc(w.len);
+    memcpy(before, w.seg, w.len);
+    struct kvp_rdma_xport *cx = kvp_xport_rdma_core(w.t);
+    struct kvp_rdma_stats st0, st1;
+    uint64_t rng = 5;
+    for (int mode = 0; mode < 2; mode++) {
+        struct kvp_xport_slice s[8];
+        int status[8];
+        uint64_t tr[8];
+        make(&w, s, 8, KVP_XFER_WRITE, &rng);
+        uint64_t now = kvp_clock_wall_ms();
+        for (size_t i = 0; i < 8; i++) {
+            memset(s[i].local, 0x5A, s[i].length);
+            s[i].write_deadline_ms = mode == 0 ? now - 1 : now + 3600 * 1000;
+        }
+        kvp_rdma_stats(cx, &st0);
+        assert_int_equal(kvp_xport_rdma.post(w.t, w.peer, s, 8), KVP_OK);
+        if (mode == 1) { /* queued, not yet posted (posting happens at poll): the deadline passes */
+            unsigned live = 0;
+            for (uint32_t i = 0; i < cx->xs_cap; i++)
+                if (cx->xs[i].live) {
+                    assert_true(cx->xs[i].wdeadline_ms != 0);
+                    cx->xs[i].wdeadline_ms = now - 1;
+                    live++;
+                }
+            assert_int_equal(live, 8);
+        }
+        /* drive() posts again; here the slices were posted above: poll them out */
+        int seen = 0;
+        for (int spin = 0; spin < 100000 && seen < 8; spin++) {
+            struct kvp_xport_completion c[16];
+            uint64_t next = 0;
+            int got = kvp_xport_rdma.poll(w.t, fv_now(w.f), c, 16, &next);
+            for (int i = 0; i < got; i++) {
+                assert_true(c[i].id < 8);
+                status[c[i].id] = c[i].status;
+                tr[c[i].id] = 1;
+                seen++;
+            }
+            if (seen < 8)
+                fv_advance(w.f, 100 * US);
+        }
+        assert_int_equal(seen, 8);
+        kvp_rdma_stats(cx, &st1);
+        print_message("%s: %llu WR(s) posted, %llu refused as late\n", mode ? "queued, deadline passed" : "posted late",
+                      (unsigned long long)(st1.posted - st0.posted),
+                      (unsigned long long)(st1.late_refused - st0.late_refused));
+        for (size_t i = 0; i < 8; i++)
+            assert_int_equal(status[i], KVP_ERR_TIMEOUT);
+        assert_int_equal(st1.posted, st0.posted);
+        assert_true(st1.late_refused > st0.late_refused);
+        fv_run_idle(w.f, 1000 * MS);
+        assert_memory_equal(w.seg, before, w.len);
+        (void)tr;
+    }
+    /* the endpoint is not harmed: a WRITE with its deadline ahead lands */
+    struct kvp_xport_slice ok = {.id = 0, .op = KVP_XFER_WRITE, .local = w.buf, .length = 4096,
+                                 .segment_id = SEG_ID, .remote_offset = 0,
+                                 .write_deadline_ms = kvp_clock_wall_ms() + 3600 * 1000};
+    memset(w.buf, 0x33, 4096);
+    int st;
+    uint64_t t;
+    drive(&w, &ok, 1, 0, 0, &st, &t);
+    assert_int_equal(st, KVP_OK);
+    assert_memory_equal(w.seg, w.buf, 4096);
+    free(before);
+    down(&w);
+}
+
 int main(void)
 {
     kvp_log_set_level(KVP_LOG_ERROR);
@@ -299,6 +382,7 @@ int main(void)
         cmocka_unit_test(test_xport_rdma_moves_bytes_one_completion_each),
         cmocka_unit_test(test_xport_rdma_fence_and_abort_no_dma_after_completion),
         cmocka_unit_test(test_xport_rdma_unsupported_means_tcp),
+        cmocka_unit_test(test_xport_rdma_no_write_posted_past_deadline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

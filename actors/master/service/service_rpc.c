@@ -102,12 +102,17 @@ static void query(struct kvp_master_service *s, zframe_t *identity, const Kvp__R
  * session's longest call. */
 #define SVC_MOUNT_SEEN_MS 60000u
 
-static struct svc_mount_seen *mount_seen_find(struct kvp_master_service *s, zframe_t *id, uint64_t call)
+/* The remembered call: the same call (socket and call id: a resent copy), or, with a non-zero
+ * nonce, any call with that nonce (a new try of the same mount, maybe on a new socket). */
+static struct svc_mount_seen *mount_seen_find(struct kvp_master_service *s, zframe_t *id, uint64_t call,
+                                              uint64_t nonce)
 {
     uint64_t now = svc_now_ms();
     for (size_t i = 0; id && i < sizeof s->mount_seen / sizeof s->mount_seen[0]; i++) {
         struct svc_mount_seen *m = &s->mount_seen[i];
-        if (m->identity && m->call == call && now - m->at_ms < SVC_MOUNT_SEEN_MS && zframe_eq(m->identity, id))
+        if (!m->identity || now - m->at_ms >= SVC_MOUNT_SEEN_MS)
+            continue;
+        if ((m->call == call && zframe_eq(m->identity, id)) || (nonce && m->nonce == nonce))
             return m;
     }
     return NULL;
@@ -116,15 +121,27 @@ static struct svc_mount_seen *mount_seen_find(struct kvp_master_service *s, zfra
 static void on_mount(struct kvp_master_service *s, zframe_t *id, Kvp__Request *req)
 {
     uint64_t call = req->req_id >> 8;
-    struct svc_mount_seen *m = mount_seen_find(s, id, call);
+    uint64_t nonce = req->mount->mount_nonce;
+    struct svc_mount_seen *m = mount_seen_find(s, id, call, nonce);
     if (m && m->segment_id == 0) {
-        kvp_log_debug(s->actor, "mount %s: a resent copy of call %llu still in flight: dropped",
-                      req->mount->name ? req->mount->name : "", (unsigned long long)call);
+        kvp_log_debug(s->actor, "mount %s: a resent copy or new try (call %llu, nonce %llx) of a mount still "
+                      "in flight: dropped", req->mount->name ? req->mount->name : "", (unsigned long long)call,
+                      (unsigned long long)nonce);
         return;
     }
+    uint64_t state = 0;
+    if (m && m->call != call && (svc_map_get(&s->lost_sent, m->segment_id, NULL) ||
+                                 (svc_map_get(&s->segments, m->segment_id, &state) &&
+                                  state == KVP__SEGMENT_STATE__SEGMENT_LOST + 1))) {
+        /* a new try of a mount whose segment was declared lost since (no heartbeat came): a new
+         * registration, as without the nonce */
+        zframe_destroy(&m->identity);
+        m = NULL;
+    }
     if (m) {
-        kvp_log_info(s->actor, "mount %s: a resent copy of call %llu answered before: segment %u again",
-                     req->mount->name ? req->mount->name : "", (unsigned long long)call, m->segment_id);
+        kvp_log_info(s->actor, "mount %s: %s of call %llu answered before: segment %u again",
+                     req->mount->name ? req->mount->name : "", m->call == call ? "a resent copy" : "a new try",
+                     (unsigned long long)m->call, m->segment_id);
         Kvp__Response resp = KVP__RESPONSE__INIT;
         Kvp__MountSegmentResp body = KVP__MOUNT_SEGMENT_RESP__INIT;
         body.segment_id = m->segment_id;
@@ -139,6 +156,7 @@ static void on_mount(struct kvp_master_service *s, zframe_t *id, Kvp__Request *r
         zframe_destroy(&slot->identity);
         slot->identity = zframe_dup(id); /* NULL on no memory: then not remembered */
         slot->call = call;
+        slot->nonce = nonce;
         slot->segment_id = 0;
         slot->at_ms = svc_now_ms();
     }
@@ -152,7 +170,7 @@ static void on_mount(struct kvp_master_service *s, zframe_t *id, Kvp__Request *r
  * is then a new try). */
 static void mount_seen_result(struct kvp_master_service *s, const struct svc_pending *p, int status, uint32_t seg)
 {
-    struct svc_mount_seen *m = mount_seen_find(s, p->identity, p->req_id >> 8);
+    struct svc_mount_seen *m = mount_seen_find(s, p->identity, p->req_id >> 8, 0);
     if (!m)
         return;
     if (status == KVP_OK && seg) {

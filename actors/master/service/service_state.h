@@ -267,6 +267,8 @@ struct kvp_master_service {
     struct svc_mount_seen {
         zframe_t *identity; /* NULL = free slot */
         uint64_t call;      /* req_id >> 8 */
+        uint64_t nonce;     /* MountSegmentReq.mount_nonce (0: none): a later call with the same
+                             * nonce is a new try of the same mount, from any socket */
         uint32_t segment_id; /* 0 while in flight */
         uint64_t at_ms;
     } mount_seen[16];

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kvpool.h"
+#include "runtime/clock.h"
 #include "runtime/log.h"
 
 #define MS_NS 1000000ull
@@ -213,18 +214,35 @@ static int piece_add(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint32_t 
 int kvp_rdma_submit(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint64_t id, uint8_t op,
                     void *local, uint64_t len, uint64_t remote_offset)
 {
+    return kvp_rdma_submit_until(x, ep, id, op, local, len, remote_offset, 0);
+}
+
+/* A WRITE with a deadline that wall-clock time reached (C3: the writer posts nothing past it). */
+static bool write_late(uint8_t op, uint64_t deadline_ms)
+{
+    return op == KVP_RDMA_WRITE && deadline_ms && kvp_clock_wall_ms() >= deadline_ms;
+}
+
+int kvp_rdma_submit_until(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint64_t id, uint8_t op,
+                          void *local, uint64_t len, uint64_t remote_offset, uint64_t write_deadline_ms)
+{
     /* an xslice longer than slice_bytes (the engine's slices are its own size: the client's
      * slice_bytes is 1 MiB, rdma_slice_bytes 256 KiB) is cut into pieces of at most slice_bytes */
     if (!x || !ep || ep->x != x || !local || !len || len > UINT32_MAX ||
         (op != KVP_RDMA_READ && op != KVP_RDMA_WRITE) || remote_offset + len < len ||
         ep->state != EP_LIVE || remote_offset + len > ep->remote.len)
         return KVP_ERR_INVALID;
+    if (write_late(op, write_deadline_ms)) {
+        x->st.late_refused++;
+        return KVP_ERR_TIMEOUT;
+    }
     x->reaper.on_wc = on_wc;
     x->reaper.arg = x;
     uint32_t xi = xs_alloc(x);
     if (xi == KVP_RDMA_NONE)
         return KVP_ERR_NOMEM;
-    x->xs[xi] = (struct kvp_rdma_xs){.id = id, .ep = ep, .live = true, .next_free = KVP_RDMA_NONE};
+    x->xs[xi] = (struct kvp_rdma_xs){.id = id, .ep = ep, .live = true, .next_free = KVP_RDMA_NONE,
+                                     .wdeadline_ms = op == KVP_RDMA_WRITE ? write_deadline_ms : 0};
     uint64_t la = (uint64_t)(uintptr_t)local;
     uint64_t ra = ep->remote.base + remote_offset;
     struct kvp_rdma_mrent *e = kvp_rdma_mr_find(x, la, len);
@@ -295,6 +313,16 @@ static void post_some(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep)
         }
         if (!q || q->cq->outstanding >= q->cq->size)
             return; /* no credit: completions will make room */
+        if (write_late(p->op, x->xs[p->xs].wdeadline_ms)) {
+            /* waited for room past its WRITE deadline: never posted (C3) */
+            ep->pend_head = p->next;
+            if (ep->pend_head == KVP_RDMA_NONE)
+                ep->pend_tail = KVP_RDMA_NONE;
+            x->st.late_refused++;
+            piece_done(x, pi, KVP_ERR_TIMEOUT);
+            piece_free(x, pi);
+            continue;
+        }
         uint64_t laddr = p->laddr;
         uint32_t lkey = p->lkey;
         if (p->ent) {

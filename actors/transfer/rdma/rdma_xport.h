@@ -192,6 +192,15 @@ struct kvp_rdma_slice {
  */
 int kvp_rdma_submit(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint64_t id, uint8_t op,
                     void *local, uint64_t len, uint64_t remote_offset);
+/**
+ * As kvp_rdma_submit, with the WRITE's deadline: write_deadline_ms (wall-clock ms, CLOCK_REALTIME;
+ * 0: none; READs ignore it) reached, the xslice is refused (KVP_ERR_TIMEOUT, nothing queued), and
+ * a piece still waiting for room when it is reached is never posted (reported KVP_ERR_TIMEOUT).
+ * An RDMA WRITE is one-sided: the segment cannot check a deadline (docs/fencing.md C3), so the
+ * writer does not post past it; one posted before it is the segment-side fence's (FenceWriter).
+ */
+int kvp_rdma_submit_until(struct kvp_rdma_xport *x, struct kvp_rdma_ep *ep, uint64_t id, uint8_t op,
+                          void *local, uint64_t len, uint64_t remote_offset, uint64_t write_deadline_ms);
 
 struct kvp_rdma_report {
     uint64_t id;
@@ -274,6 +283,7 @@ struct kvp_rdma_stats {
     uint64_t writers_fenced;     /* QPs destroyed by kvp_rdma_seg_fence_writer */
     uint32_t cq_high_water, cq_size;
     uint64_t gpu_flushes;
+    uint64_t late_refused;       /* WRITE xslices/pieces not posted: their deadline had passed */
 };
 void kvp_rdma_stats(const struct kvp_rdma_xport *x, struct kvp_rdma_stats *out);
 

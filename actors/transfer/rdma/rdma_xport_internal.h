@@ -88,6 +88,7 @@ struct kvp_rdma_xs {
     bool live, ready;
     bool gpu_read;                    /* a READ landed in GPU memory that needs a flush */
     int ordinal;
+    uint64_t wdeadline_ms;            /* WRITE: no piece posted from this wall-clock ms on; 0: none */
 };
 
 struct kvp_rdma_ep {

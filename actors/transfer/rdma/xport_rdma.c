@@ -15,8 +15,13 @@
  *  - post / poll / fence / abort / mem_register: kvp_rdma_submit / progress / fence / abort /
  *    register. xslice ids are the engine's, echoed in the completions.
  *  - write deadlines: RDMA WRITEs carry no deadline the segment could check (one-sided: the
- *    segment's CPU never sees them). C3 rests on the segment-side fence instead
+ *    segment's CPU never sees them). The writer posts no WRITE past its write_deadline_ms
+ *    (kvp_rdma_submit_until: refused at post, and a piece still waiting for room then is never
+ *    posted: KVP_ERR_TIMEOUT); one posted before it is the segment-side fence's
  *    (kvp_rdma_seg_fence_writer, note §2.4 L2) and the master's quarantine.
+ *  - a hello the segment read before a fence of this writer and ran after it is refused
+ *    (KVP_ERR_BUSY, seg_server_rdma.c): a handshake failure like any other, so the slices fail
+ *    (KVP_ERR_TRANSFER) and the next post connects again, as after a fence.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +137,9 @@ static int handshake(struct rdma_inst *in, struct rdma_peer *p)
     if (rc != KVP_OK)
         return rc;
     rc = in->opts.hello(in->opts.hello_arg, p->endpoint, offer, ol, &ans, &al);
+    if (rc == KVP_ERR_BUSY)
+        kvp_log_info(in->who, "rdma: %s: the segment read this handshake before a fence of this writer "
+                     "and refused it; connecting again at the next post", p->endpoint);
     if (rc == KVP_OK)
         rc = kvp_rdma_ep_complete(ep, ans, al);
     free(offer);
@@ -216,8 +224,8 @@ static int r_post(struct kvp_xport *t, struct kvp_xport_peer *peer, const struct
         if (s[i].segment_id != kvp_rdma_ep_segment(p->ep))
             rc = KVP_ERR_NOT_FOUND; /* as the TCP server answers a restarted segment's id */
         else
-            rc = kvp_rdma_submit(in->x, p->ep, s[i].id, s[i].op, s[i].local, s[i].length,
-                                 s[i].remote_offset);
+            rc = kvp_rdma_submit_until(in->x, p->ep, s[i].id, s[i].op, s[i].local, s[i].length,
+                                       s[i].remote_offset, s[i].write_deadline_ms);
         if (rc == KVP_ERR_NOMEM)
             return rc;
         if (rc != KVP_OK && early(in, s[i].id, rc) != KVP_OK)
