@@ -252,7 +252,7 @@ uint64_t kvp_fsm_resv_retire(struct kvp_master_fsm *f, uint64_t now_ms)
                 uint64_t next = u < v->n_used ? v->used[u].offset : end;
                 if (next > pos) {
                     s->used_bytes -= next - pos;
-                    if (kvp_fsm_quarantine_push(s, pos, next - pos, v->horizon_ms) != KVP_OK)
+                    if (kvp_fsm_quarantine_push(f, s, pos, next - pos, v->horizon_ms) != KVP_OK)
                         kvp_log_error(KVP_FSM_ACTOR, "segment %u: retire %llu+%llu: no memory, extent leaked "
                                       "until restore", s->id, (unsigned long long)pos,
                                       (unsigned long long)(next - pos));
