@@ -367,13 +367,17 @@ uint64_t kvp_master_fsm_quarantine_late(const struct kvp_master_fsm *f, uint64_t
         if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST || s->q_head == s->q_len)
             continue;
         /* Times are non-decreasing at every level (kvp_fsm_quarantine_push), so the late
-         * entries are a suffix: walked from the tail, stopping at the first due one. */
-        for (uint64_t k = s->q_len; k > s->q_head; k--) {
-            uint64_t at = s->q[k - 1].freed_at_ms;
+         * entries are a suffix: its start found by binary search, then summed. */
+        uint64_t lo = s->q_head, hi = s->q_len;
+        while (lo < hi) {
+            uint64_t mid = lo + (hi - lo) / 2, at = s->q[mid].freed_at_ms;
             if (at <= UINT64_MAX - grace && at + grace <= after_wall_ms)
-                break;
-            late += s->q[k - 1].len;
+                lo = mid + 1;
+            else
+                hi = mid;
         }
+        for (uint64_t k = lo; k < s->q_len; k++)
+            late += s->q[k].len;
     }
     return late;
 }
