@@ -327,6 +327,8 @@ int kvp_fsm_quarantine_push(const struct kvp_master_fsm *f, struct kvp_fsm_seg *
     if (!live || s->q[s->q_len - 1].freed_at_ms <= now_ms) {
         if (quar_room(s, true))
             return KVP_ERR_NOMEM;
+        if (s->q_len > s->q_head)
+            e.run = s->q[s->q_len - 1].run + s->q[s->q_len - 1].len;
         s->q[s->q_len++] = e;
     } else {
         /* Level 5: older than the tail. It goes after every entry of a time <= its own (the
@@ -344,12 +346,20 @@ int kvp_fsm_quarantine_push(const struct kvp_master_fsm *f, struct kvp_fsm_seg *
         bool left = before < after;
         if (quar_room(s, !left))
             return KVP_ERR_NOMEM;
+        /* The running count of the side that moves shifts by len (those entries are touched
+         * anyway): the entries before the new one go down, or the ones after it go up. */
+        uint64_t pos = s->q_head + before; /* the first later entry (after quar_room) */
         if (left) {
+            e.run = s->q[pos].run - len;
+            for (uint64_t k = s->q_head; k < pos; k++)
+                s->q[k].run -= len;
             memmove(s->q + s->q_head - 1, s->q + s->q_head, before * sizeof(*s->q));
             s->q_head--;
             s->q[s->q_head + before] = e;
         } else {
-            uint64_t pos = s->q_head + before;
+            e.run = s->q[pos].run;
+            for (uint64_t k = pos; k < s->q_len; k++)
+                s->q[k].run += len;
             memmove(s->q + pos + 1, s->q + pos, after * sizeof(*s->q));
             s->q_len++;
             s->q[pos] = e;
@@ -367,7 +377,8 @@ uint64_t kvp_master_fsm_quarantine_late(const struct kvp_master_fsm *f, uint64_t
         if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST || s->q_head == s->q_len)
             continue;
         /* Times are non-decreasing at every level (kvp_fsm_quarantine_push), so the late
-         * entries are a suffix: its start found by binary search, then summed. */
+         * entries are a suffix: its start found by binary search, its bytes from the running
+         * count. O(log entries) per segment, however many are late. */
         uint64_t lo = s->q_head, hi = s->q_len;
         while (lo < hi) {
             uint64_t mid = lo + (hi - lo) / 2, at = s->q[mid].freed_at_ms;
@@ -376,8 +387,8 @@ uint64_t kvp_master_fsm_quarantine_late(const struct kvp_master_fsm *f, uint64_t
             else
                 hi = mid;
         }
-        for (uint64_t k = lo; k < s->q_len; k++)
-            late += s->q[k].len;
+        if (lo < s->q_len)
+            late += s->q[s->q_len - 1].run + s->q[s->q_len - 1].len - s->q[lo].run;
     }
     return late;
 }
@@ -684,7 +695,8 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
             goto out;
         }
         for (uint64_t k = s->q_head; k < s->q_len; k++) {
-            if (k > s->q_head && s->q[k].freed_at_ms < s->q[k - 1].freed_at_ms) { /* time order */
+            if (k > s->q_head && (s->q[k].freed_at_ms < s->q[k - 1].freed_at_ms || /* time order */
+                                  s->q[k].run != s->q[k - 1].run + s->q[k - 1].len)) {
                 rc = -3;
                 goto out;
             }

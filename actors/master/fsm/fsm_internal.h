@@ -51,9 +51,12 @@ static inline char *kvp_fsm_obj_key(const struct kvp_fsm_obj *o)
     return (char *)(o->rep + o->n_replicas);
 }
 
-/* A quarantined extent: freed at freed_at_ms, reusable once freed_at_ms + fence_grace_ms <= now. */
+/* A quarantined extent: freed at freed_at_ms, reusable once freed_at_ms + fence_grace_ms <= now.
+ * run: a running byte count along the segment's array, run(next) = run(this) + len (mod 2^64),
+ * so the bytes of entries [i, tail] are run(tail) + len(tail) - run(i): the late figure without
+ * visiting the late entries. Derived (not in snapshots). */
 struct kvp_fsm_quar {
-    uint64_t offset, len, freed_at_ms;
+    uint64_t offset, len, freed_at_ms, run;
 };
 
 /* A byte range [offset, offset + len) of a segment. */
