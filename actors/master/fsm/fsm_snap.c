@@ -645,6 +645,8 @@ static int restore_field(struct kvp_fsm_restore *r)
         } else if (field == F_FEATURE_LEVEL) {
             if (v > UINT32_MAX)
                 return KVP_ERR_MALFORMED;
+            if (v > KVP_FEATURE_LEVEL) /* a newer cluster: this binary would apply its log its own way */
+                return KVP_ERR_VERSION;
             t->feature_level = (uint32_t)v;
         }
         return KVP_OK;
