@@ -4,6 +4,8 @@ kvp_add_test(test_fsm SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm.c LABEL un
 kvp_add_test(test_fsm_snap SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_snap.c LABEL unit TIMEOUT 120)
 kvp_add_test(test_fsm_random SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_random.c LABEL unit TIMEOUT 120)
 kvp_add_test(test_fsm_memory SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_memory.c LABEL unit TIMEOUT 120)
+# The quarantine's release rule by committed feature level (FIFO below 5, per entry from 5).
+kvp_add_test(test_fsm_quarantine SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_quarantine.c LABEL unit TIMEOUT 60)
 kvp_add_test(test_fsm_reserve SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_reserve.c LABEL unit TIMEOUT 60)
 # issue 22: bounded walks (repair scan slices, per-tenant use kept on apply) equal the full walk.
 kvp_add_test(test_fsm_scale SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_scale.c LABEL unit TIMEOUT 60)

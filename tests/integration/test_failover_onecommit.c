@@ -17,7 +17,7 @@
  *
  * The committed feature level (RaiseLevelCmd, actors/master/fsm/version.h): the new leader keeps
  * the one-commit put while the killed master is still down (it logs "one-commit put on" for its
- * own term before the dead master is restarted, and its status shows level 4 committed).
+ * own term before the dead master is restarted, and its status shows this binary's level committed).
  *
  * Before the kill: a Remove of a key whose put is only in the leader's memory (placed from a
  * reservation, its WRITEs late, no commit yet) answers BUSY, as for a pending put of the
@@ -166,7 +166,7 @@ static void test_onecommit_pending_intents_across_failover(void **state)
     assert_int_equal(tf_wait_child(wb), 0);
     /* pend-a was committed by the new leader from the placement the old one gave it. */
     assert_true(log_count(&cl, "placed by an older leader") >= 1);
-    /* The killed master is still down: the new leader keeps the committed level (4) and makes
+    /* The killed master is still down: the new leader keeps the committed level (KVP_FEATURE_LEVEL) and makes
      * its own term's reservations (the one-commit put goes on across the failover). */
     for (int i = 0; i < 100 && log_count(&cl, "one-commit put on") <= on_before; i++)
         tf_sleep_ms(100);

@@ -348,10 +348,24 @@ static void test_fsm_restore_inconsistent_malformed(void **state)
     assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_ERR_MALFORMED);
     free(b);
     r2.offset = 128;
-    s.format = 3; /* 2 is known since feature level 3 (reservations); 3 is a future one */
+    s.format = 4; /* 2 is known since feature level 3 (reservations), 3 since 5; 4 is a future one */
     b = pack_snapshot(&s, &n);
     assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_ERR_VERSION);
     free(b);
+    s.format = 3; /* written exactly when level 5 is committed: here none is */
+    b = pack_snapshot(&s, &n);
+    assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_ERR_MALFORMED);
+    free(b);
+    s.feature_level = 5; /* level 5 committed: format 3 restores */
+    b = pack_snapshot(&s, &n);
+    assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_OK);
+    assert_int_equal(kvp_master_fsm_feature_level(g), 5);
+    free(b);
+    s.feature_level = 99; /* a level above this binary's: its rules are not this binary's */
+    b = pack_snapshot(&s, &n);
+    assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_ERR_VERSION);
+    free(b);
+    s.feature_level = 0;
     s.format = 1;
     s.last_segment_id = 0; /* segment id beyond the ids handed out */
     b = pack_snapshot(&s, &n);

@@ -17,6 +17,7 @@
 #include <xxhash.h>
 
 #include "actors/master/fsm/fsm_internal.h"
+#include "actors/master/fsm/version.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 
@@ -304,32 +305,83 @@ void kvp_fsm_seg_free(struct kvp_fsm_seg *s)
     free(s);
 }
 
-int kvp_fsm_quarantine_push(struct kvp_fsm_seg *s, uint64_t off, uint64_t len, uint64_t now_ms)
+/* Room for one more entry after the tail (tail) or before the head (!tail). When that side is
+ * full the live entries move, into an array of at least twice their count plus 32 slots, so that
+ * the side asked for gets three quarters of the free slots and the other side the rest: each
+ * move of n entries buys at least n / 4 + 8 pushes on either side (amortised O(1)). */
+static int quar_room(struct kvp_fsm_seg *s, bool tail)
 {
-    if (s->q_head > 0 && s->q_head * 2 >= s->q_len) { /* compact the consumed prefix */
-        memmove(s->q, s->q + s->q_head, (s->q_len - s->q_head) * sizeof(*s->q));
-        s->q_len -= s->q_head;
-        s->q_head = 0;
-    }
-    if (s->q_len == s->q_cap) {
-        uint64_t cap = s->q_cap ? s->q_cap * 2 : 16;
+    if (tail ? s->q_len < s->q_cap : s->q_head > 0)
+        return KVP_OK;
+    uint64_t live = s->q_len - s->q_head, cap = s->q_cap;
+    if (cap < 2 * live + 32) {
+        cap = 2 * live + 32;
         struct kvp_fsm_quar *q = realloc(s->q, cap * sizeof(*q));
         if (!q)
             return KVP_ERR_NOMEM;
         s->q = q;
         s->q_cap = cap;
     }
-    /* Entries stay in time order: a new entry takes at least the tail's time, and a release
-     * frees from the head only. An entry held far ahead (a revoked put's deadline) thus holds
-     * the frees after it on this segment. Releasing each entry on its own time would free
-     * sooner, but it changes what a member applies: it needs a feature level, so that a
-     * member of an older version never applies the same log differently (version.h). */
-    if (s->q_len > s->q_head && s->q[s->q_len - 1].freed_at_ms > now_ms)
+    uint64_t spare = cap - live, head = tail ? spare / 4 : spare - spare / 4;
+    memmove(s->q + head, s->q + s->q_head, live * sizeof(*s->q));
+    s->q_head = head;
+    s->q_len = head + live;
+    return KVP_OK;
+}
+
+int kvp_fsm_quarantine_push(const struct kvp_master_fsm *f, struct kvp_fsm_seg *s, uint64_t off, uint64_t len,
+                            uint64_t now_ms)
+{
+    bool own_time = f->feature_level >= KVP_FEATURE_QUARANTINE_OWN_TIME;
+    uint64_t live = s->q_len - s->q_head;
+    /* Levels 1-4 (a cluster that may hold a member of an older release): the FIFO's clamp, as
+     * every member of those releases applies it. An entry held far ahead (a revoked put's
+     * deadline) thus holds the frees after it on this segment. */
+    if (!own_time && live && s->q[s->q_len - 1].freed_at_ms > now_ms)
         now_ms = s->q[s->q_len - 1].freed_at_ms;
-    s->q[s->q_len++] = (struct kvp_fsm_quar){.offset = off, .len = len, .freed_at_ms = now_ms};
+    struct kvp_fsm_quar e = {.offset = off, .len = len, .freed_at_ms = now_ms};
+    if (!live || s->q[s->q_len - 1].freed_at_ms <= now_ms) {
+        if (quar_room(s, true))
+            return KVP_ERR_NOMEM;
+        if (s->q_len > s->q_head)
+            e.run = s->q[s->q_len - 1].run + s->q[s->q_len - 1].len;
+        s->q[s->q_len++] = e;
+    } else {
+        /* Level 5: older than the tail. It goes after every entry of a time <= its own (the
+         * first of a later time is found by binary search), the shorter side moving by one. The
+         * order of entries of one time does not matter: a release frees all of them or none. */
+        uint64_t lo = s->q_head, hi = s->q_len - 1; /* q[hi] is later */
+        while (lo < hi) {
+            uint64_t mid = lo + (hi - lo) / 2;
+            if (s->q[mid].freed_at_ms <= now_ms)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        uint64_t before = lo - s->q_head, after = s->q_len - lo;
+        bool left = before < after;
+        if (quar_room(s, !left))
+            return KVP_ERR_NOMEM;
+        /* The running count of the side that moves shifts by len (those entries are touched
+         * anyway): the entries before the new one go down, or the ones after it go up. */
+        uint64_t pos = s->q_head + before; /* the first later entry (after quar_room) */
+        if (left) {
+            e.run = s->q[pos].run - len;
+            for (uint64_t k = s->q_head; k < pos; k++)
+                s->q[k].run -= len;
+            memmove(s->q + s->q_head - 1, s->q + s->q_head, before * sizeof(*s->q));
+            s->q_head--;
+            s->q[s->q_head + before] = e;
+        } else {
+            e.run = s->q[pos].run;
+            for (uint64_t k = pos; k < s->q_len; k++)
+                s->q[k].run += len;
+            memmove(s->q + pos + 1, s->q + pos, after * sizeof(*s->q));
+            s->q_len++;
+            s->q[pos] = e;
+        }
+    }
     s->quarantined_bytes += len;
-    if (now_ms > s->q_max_freed_at_ms)
-        s->q_max_freed_at_ms = now_ms;
     return KVP_OK;
 }
 
@@ -340,14 +392,19 @@ uint64_t kvp_master_fsm_quarantine_late(const struct kvp_master_fsm *f, uint64_t
         const struct kvp_fsm_seg *s = f->segs[i];
         if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST || s->q_head == s->q_len)
             continue;
-        /* the common case, O(1): every entry is due by then */
-        if (after_wall_ms >= grace && s->q_max_freed_at_ms <= after_wall_ms - grace)
-            continue;
-        for (uint64_t k = s->q_head; k < s->q_len; k++) {
-            uint64_t at = s->q[k].freed_at_ms;
-            if (at > UINT64_MAX - grace || at + grace > after_wall_ms)
-                late += s->q[k].len;
+        /* Times are non-decreasing at every level (kvp_fsm_quarantine_push), so the late
+         * entries are a suffix: its start found by binary search, its bytes from the running
+         * count. O(log entries) per segment, however many are late. */
+        uint64_t lo = s->q_head, hi = s->q_len;
+        while (lo < hi) {
+            uint64_t mid = lo + (hi - lo) / 2, at = s->q[mid].freed_at_ms;
+            if (at <= UINT64_MAX - grace && at + grace <= after_wall_ms)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
+        if (lo < s->q_len)
+            late += s->q[s->q_len - 1].run + s->q[s->q_len - 1].len - s->q[lo].run;
     }
     return late;
 }
@@ -368,7 +425,7 @@ void kvp_fsm_obj_destroy(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64
             continue;
         s->used_bytes -= len;
         s->n_replicas--;
-        if (kvp_fsm_quarantine_push(s, o->rep[i].offset, len, freed_at) != KVP_OK)
+        if (kvp_fsm_quarantine_push(f, s, o->rep[i].offset, len, freed_at) != KVP_OK)
             kvp_log_error(KVP_FSM_ACTOR, "segment %u: quarantine %llu bytes at %llu: no memory, "
                           "extent leaked until restore", s->id, (unsigned long long)len,
                           (unsigned long long)o->rep[i].offset);
@@ -706,9 +763,13 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
             goto out;
         }
         uint64_t qb = 0;
+        if (s->q_head > s->q_len || s->q_len > s->q_cap) {
+            rc = -3;
+            goto out;
+        }
         for (uint64_t k = s->q_head; k < s->q_len; k++) {
-            if ((k > s->q_head && s->q[k].freed_at_ms < s->q[k - 1].freed_at_ms) ||
-                s->q[k].freed_at_ms > s->q_max_freed_at_ms) { /* time order; the late-bytes bound */
+            if (k > s->q_head && (s->q[k].freed_at_ms < s->q[k - 1].freed_at_ms || /* time order */
+                                  s->q[k].run != s->q[k - 1].run + s->q[k - 1].len)) {
                 rc = -3;
                 goto out;
             }

@@ -155,9 +155,9 @@ void kvp_master_fsm_stats(const struct kvp_master_fsm *fsm, struct kvp_master_fs
 /**
  * Quarantined bytes not reusable by `after_wall_ms` (wall-clock ms): those whose release time,
  * freed-at + fence_grace_ms, is after it (held to a lease horizon or a revoked put's deadline).
- * The headroom rule counts only the rest as room (docs/eviction.md, "Headroom"). O(segments)
- * while every entry is due by then, else O(quarantine entries) of the segments holding a later
- * one.
+ * The headroom rule counts only the rest as room (docs/eviction.md, "Headroom"). Each segment's
+ * entries are in time order at every feature level, so the late ones are a suffix, found by
+ * binary search and summed from a running count: O(log entries) per segment.
  */
 uint64_t kvp_master_fsm_quarantine_late(const struct kvp_master_fsm *fsm, uint64_t after_wall_ms);
 

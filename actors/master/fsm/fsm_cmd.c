@@ -29,7 +29,6 @@ static void seg_mark_lost(fsm_t *f, seg_t *s, uint64_t now_ms)
     free(s->q);
     s->q = NULL;
     s->q_head = s->q_len = s->q_cap = 0;
-    s->q_max_freed_at_ms = 0;
     s->quarantined_bytes = 0;
     s->used_bytes = 0;
     s->state = KVP__SEGMENT_STATE__SEGMENT_LOST;
@@ -631,7 +630,11 @@ static int on_quarantine_release(fsm_t *f, const Kvp__Command *c, Kvp__Response 
             seg_t *s = f->segs[i];
             if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
                 continue;
-            /* From the head only: entries are in time order (kvp_fsm_quarantine_push). */
+            /* From the head: entries are in time order at every level (kvp_fsm_quarantine_push),
+             * so every due entry is in the prefix. Below level 5 an entry's time was clamped to
+             * the one before it (the FIFO); from level 5 it is its own, and this frees each
+             * entry at its own time wherever it was pushed: on every member the same extents in
+             * the same apply (the set of due entries; first fit depends on the free set only). */
             while (s->q_head < s->q_len && s->q[s->q_head].freed_at_ms <= limit) {
                 struct kvp_fsm_quar *e = &s->q[s->q_head];
                 int rc = kvp_alloc_free(&s->alloc, e->offset, e->len);
@@ -645,10 +648,8 @@ static int on_quarantine_release(fsm_t *f, const Kvp__Command *c, Kvp__Response 
                 s->q_head++;
                 n++;
             }
-            if (s->q_head == s->q_len) {
+            if (s->q_head == s->q_len)
                 s->q_head = s->q_len = 0;
-                s->q_max_freed_at_ms = 0;
-            }
         }
     }
     return count_body(r, n);

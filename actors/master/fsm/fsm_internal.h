@@ -51,9 +51,12 @@ static inline char *kvp_fsm_obj_key(const struct kvp_fsm_obj *o)
     return (char *)(o->rep + o->n_replicas);
 }
 
-/* A quarantined extent: freed at freed_at_ms, reusable once freed_at_ms + fence_grace_ms <= now. */
+/* A quarantined extent: freed at freed_at_ms, reusable once freed_at_ms + fence_grace_ms <= now.
+ * run: a running byte count along the segment's array, run(next) = run(this) + len (mod 2^64),
+ * so the bytes of entries [i, tail] are run(tail) + len(tail) - run(i): the late figure without
+ * visiting the late entries. Derived (not in snapshots). */
 struct kvp_fsm_quar {
-    uint64_t offset, len, freed_at_ms;
+    uint64_t offset, len, freed_at_ms, run;
 };
 
 /* A byte range [offset, offset + len) of a segment. */
@@ -83,13 +86,15 @@ struct kvp_fsm_seg {
     uint64_t used_bytes;  /* rounded bytes of replicas (pending and complete) */
     uint64_t n_replicas;  /* replicas stored on it */
     struct kvp_alloc alloc;
-    /* Quarantine: q[q_head..q_len) in the order freed, times non-decreasing (an entry takes at
-     * least the time of the one before it; QuarantineRelease frees from the head).
-     * q_max_freed_at_ms bounds every entry's time (raised at each push, 0 when empty). */
+    /* Quarantine: q[q_head..q_len), times non-decreasing, so QuarantineRelease frees a prefix
+     * (from the head) and the late part is a suffix (kvp_master_fsm_quarantine_late walks it
+     * from the tail). How an entry keeps that order depends on the committed feature level
+     * (kvp_fsm_quarantine_push): below 5 it takes at least the time of the tail (the FIFO's
+     * clamp); from 5 it keeps its own time and is inserted after every entry of a time <= its
+     * own. q[0..q_head) and q[q_len..q_cap) are free slots. */
     struct kvp_fsm_quar *q;
     uint64_t q_head, q_len, q_cap;
     uint64_t quarantined_bytes;
-    uint64_t q_max_freed_at_ms;
     struct kvp_fsm_resv *resv; /* reservations, in the order they were made */
     uint32_t n_resv, resv_cap;
 };
@@ -205,7 +210,15 @@ void kvp_fsm_pending_del(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
 struct kvp_fsm_seg *kvp_fsm_seg_get(const struct kvp_master_fsm *f, uint32_t id);
 struct kvp_fsm_seg *kvp_fsm_seg_by_name(const struct kvp_master_fsm *f, const char *name);
 void kvp_fsm_seg_free(struct kvp_fsm_seg *s);
-int kvp_fsm_quarantine_push(struct kvp_fsm_seg *s, uint64_t off, uint64_t len, uint64_t now_ms);
+/* Quarantine [off, off + len) of s (a segment of f) as freed at now_ms: reusable at now_ms +
+ * fence_grace_ms, by the rule of f's committed feature level. Below
+ * KVP_FEATURE_QUARANTINE_OWN_TIME (version.h) the entry takes at least the tail's time (the
+ * FIFO of levels 1-4: an entry held far ahead holds every later free of its segment); from it,
+ * its own time. Amortised O(1) for an entry not older than the tail; an older one moves the
+ * shorter side of the array past it (min(entries before, entries after)). KVP_OK or
+ * KVP_ERR_NOMEM (nothing changed). */
+int kvp_fsm_quarantine_push(const struct kvp_master_fsm *f, struct kvp_fsm_seg *s, uint64_t off, uint64_t len,
+                            uint64_t now_ms);
 /* Remove an object entirely: unlink, quarantine every replica extent on a live segment (freed
  * at now_ms), drop it from the pending list, free its memory. */
 void kvp_fsm_obj_destroy(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t now_ms);

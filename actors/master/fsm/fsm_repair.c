@@ -106,7 +106,7 @@ static void obj_free_replica(fsm_t *f, obj_t *o, unsigned i, uint64_t now_ms)
     if (s && s->state != KVP__SEGMENT_STATE__SEGMENT_LOST) {
         s->used_bytes -= len;
         s->n_replicas--;
-        if (kvp_fsm_quarantine_push(s, o->rep[i].offset, len, now_ms) != KVP_OK)
+        if (kvp_fsm_quarantine_push(f, s, o->rep[i].offset, len, now_ms) != KVP_OK)
             kvp_log_error(KVP_FSM_ACTOR, "segment %u: quarantine %llu bytes: no memory, extent "
                           "leaked until restore", s->id, (unsigned long long)len);
     }

@@ -252,7 +252,7 @@ uint64_t kvp_fsm_resv_retire(struct kvp_master_fsm *f, uint64_t now_ms)
                 uint64_t next = u < v->n_used ? v->used[u].offset : end;
                 if (next > pos) {
                     s->used_bytes -= next - pos;
-                    if (kvp_fsm_quarantine_push(s, pos, next - pos, v->horizon_ms) != KVP_OK)
+                    if (kvp_fsm_quarantine_push(f, s, pos, next - pos, v->horizon_ms) != KVP_OK)
                         kvp_log_error(KVP_FSM_ACTOR, "segment %u: retire %llu+%llu: no memory, extent leaked "
                                       "until restore", s->id, (unsigned long long)pos,
                                       (unsigned long long)(next - pos));
@@ -268,10 +268,12 @@ uint64_t kvp_fsm_resv_retire(struct kvp_master_fsm *f, uint64_t now_ms)
     return n;
 }
 
-/* RaiseLevelCmd (feature level 4, version.h): the committed level only goes up. A level above
- * this binary's is kept as committed too (a leader logs it only once every member reported it,
- * this one included, so it cannot happen short of a bug; the leader's effective level is capped
- * at its own anyway). Answered with an empty body. */
+/* RaiseLevelCmd (feature level 4, version.h): the committed level only goes up. A raise to a
+ * level above this binary's does not get here: the command is stamped with the level it
+ * commits (kvp_feature_command_needs), which kvp_fsm_apply_cmd refuses above KVP_FEATURE_LEVEL.
+ * Committing level 5 switches the quarantine to per-entry release for every later push
+ * (kvp_fsm_quarantine_push): nothing else to do here, entries are time-ordered at every level.
+ * Answered with an empty body. */
 int kvp_fsm_raise_level(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r)
 {
     uint32_t level = c->raise_level->level;

@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "actors/master/fsm/fsm_internal.h"
+#include "actors/master/fsm/version.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 #include "wire/snapshot.pb-c.h"
@@ -25,6 +26,11 @@ typedef struct kvp_master_fsm fsm_t;
 /* Written instead of 1 while any reservation exists (feature level 3): a master of level 2 or
  * less refuses it (KVP_ERR_VERSION) rather than restore without the reserved space. */
 #define SNAP_FORMAT_RESV 2u
+/* Written instead of 1 or 2 once feature level 5 is committed (each quarantine entry released at
+ * its own time, version.h): the same fields, but a member of level 4 or less would restore the
+ * image and then apply the log by the FIFO's clamp, and free later than the others. It refuses
+ * format 3 (KVP_ERR_VERSION) instead. */
+#define SNAP_FORMAT_L5 3u
 _Static_assert(sizeof(struct kvp_fsm_range) == 2 * sizeof(uint64_t), "SnapReservation.used is read as ranges");
 #define SNAP_MAX_SEGMENT_IDS (1u << 24)
 
@@ -238,16 +244,18 @@ static void put_object(struct obuf *o, const struct kvp_fsm_obj *ob)
     obuf_append(&o->base, h + len, b);
 }
 
-/* What both snapshot writers put before the objects: the format (2 only while a reservation
- * exists, so a master of feature level 2 or less refuses the image rather than restore it
- * without the reserved space), the last segment id, the segments. */
+/* What both snapshot writers put before the objects: the format (3 once feature level 5 is
+ * committed, else 2 while a reservation exists, so a master of a lower level refuses the image
+ * rather than restore it and apply the log its own way), the last segment id, the segments. */
 static void put_prefix(struct obuf *o, const fsm_t *f)
 {
     bool any_resv = false;
     for (uint32_t i = 0; i < f->n_segs_ids && !any_resv; i++)
         any_resv = f->segs[i] && f->segs[i]->n_resv;
     put_varint(o, F_FORMAT << 3);
-    put_varint(o, any_resv ? SNAP_FORMAT_RESV : SNAP_FORMAT);
+    put_varint(o, f->feature_level >= KVP_FEATURE_QUARANTINE_OWN_TIME ? SNAP_FORMAT_L5
+                  : any_resv                                           ? SNAP_FORMAT_RESV
+                                                                       : SNAP_FORMAT);
     if (f->n_segs_ids) {
         put_varint(o, F_LAST_SEG << 3);
         put_varint(o, f->n_segs_ids);
@@ -517,7 +525,7 @@ static int restore_segment(struct rctx *c, const Kvp__SnapSegment *m)
         int rc = used_push(c, s->id, q->offset, q->length);
         if (rc)
             return rc;
-        if ((rc = kvp_fsm_quarantine_push(s, q->offset, q->length, q->freed_at_wall_ms)))
+        if ((rc = kvp_fsm_quarantine_push(t, s, q->offset, q->length, q->freed_at_wall_ms)))
             return rc;
     }
     return KVP_OK;
@@ -591,6 +599,7 @@ struct kvp_fsm_restore {
     struct rctx c;
     struct ibuf in;
     bool have_format, seen_seg, seen_obj;
+    uint32_t format;
     uint64_t n_hint, cap_hint; /* fields 7 and 8: the object table's size */
     XXH3_state_t *xs;          /* checksum of the bytes parsed so far */
     const uint8_t *hashed;     /* bytes before this are in xs */
@@ -615,9 +624,10 @@ static int restore_field(struct kvp_fsm_restore *r)
         if (get_varint(in, &v))
             return KVP_ERR_MALFORMED;
         if (field == F_FORMAT) {
-            if (v != SNAP_FORMAT && v != SNAP_FORMAT_RESV)
+            if (v != SNAP_FORMAT && v != SNAP_FORMAT_RESV && v != SNAP_FORMAT_L5)
                 return KVP_ERR_VERSION;
             r->have_format = true;
+            r->format = (uint32_t)v;
         } else if (field == F_LAST_SEG) {
             if (r->seen_seg || r->seen_obj || t->segs || v > SNAP_MAX_SEGMENT_IDS)
                 return KVP_ERR_MALFORMED;
@@ -635,6 +645,8 @@ static int restore_field(struct kvp_fsm_restore *r)
         } else if (field == F_FEATURE_LEVEL) {
             if (v > UINT32_MAX)
                 return KVP_ERR_MALFORMED;
+            if (v > KVP_FEATURE_LEVEL) /* a newer cluster: this binary would apply its log its own way */
+                return KVP_ERR_VERSION;
             t->feature_level = (uint32_t)v;
         }
         return KVP_OK;
@@ -778,6 +790,9 @@ int kvp_master_fsm_restore_step(struct kvp_fsm_restore *r, size_t max_bytes, boo
         if (r->in.p < r->in.end)
             return KVP_OK;
         if (XXH3_64bits_digest(r->xs) != r->sum_want || !r->have_format)
+            return KVP_ERR_MALFORMED;
+        /* format 3 is written exactly when level 5 is committed (put_prefix) */
+        if ((r->format == SNAP_FORMAT_L5) != (r->t.feature_level >= KVP_FEATURE_QUARANTINE_OWN_TIME))
             return KVP_ERR_MALFORMED;
         r->phase = RS_ALLOC;
         return KVP_OK;

@@ -54,7 +54,8 @@ uint32_t kvp_feature_command_needs(const Kvp__Command *c)
     if (c && (c->body_case == KVP__COMMAND__BODY_RESERVE || c->body_case == KVP__COMMAND__BODY_PUT_COMMIT))
         return KVP_FEATURE_RESERVE;
     if (c && c->body_case == KVP__COMMAND__BODY_RAISE_LEVEL)
-        return KVP_FEATURE_COMMITTED;
+        return c->raise_level && c->raise_level->level > KVP_FEATURE_COMMITTED ? c->raise_level->level
+                                                                                : KVP_FEATURE_COMMITTED;
     if (c && c->body_case == KVP__COMMAND__BODY_PUT_START && c->put_start && c->put_start->n_avoid_segments)
         return KVP_FEATURE_AVOID_SEGMENTS;
     return 1u;

@@ -9,6 +9,10 @@
  *      and snapshots of format 2 (they carry reservations).
  *   4  RaiseLevelCmd: the cluster's level is committed in the Raft log (docs/master.md
  *      "Committed feature level"), so a leader elected while a member is down keeps it.
+ *   5  Once level 5 is committed, each quarantined extent is released at its own time (freed-at
+ *      + fence_grace_ms), not at the latest time of the entries pushed before it on its segment
+ *      (docs/master.md "Quarantine release per entry (level 5)"); snapshots of format 3. The
+ *      switch is the apply of RaiseLevelCmd{5}: one point of the log for every member.
  * A command that a member of an older level would apply differently (or not at all) may only be
  * logged once every member of the cluster reports the level that introduced it: otherwise the
  * replicated state machines diverge. The leader asks every other member for its level (each
@@ -25,10 +29,11 @@
 
 #include "wire/kvpool.pb-c.h"
 
-#define KVP_FEATURE_LEVEL 4u           /* this binary */
+#define KVP_FEATURE_LEVEL 5u           /* this binary */
 #define KVP_FEATURE_AVOID_SEGMENTS 2u  /* PutStartReq.avoid_segments placed by the FSM */
 #define KVP_FEATURE_RESERVE 3u         /* ReserveCmd, PutCommitCmd */
 #define KVP_FEATURE_COMMITTED 4u       /* RaiseLevelCmd */
+#define KVP_FEATURE_QUARANTINE_OWN_TIME 5u /* committed: quarantine released per entry */
 
 /* A member's reported level counts while its last answer is younger than this. */
 #define KVP_FEATURE_FRESH_MS 5000u
@@ -87,6 +92,9 @@ size_t kvp_feature_gate_put_start(Kvp__PutStartReq *ps, uint32_t level);
  * A member whose KVP_FEATURE_LEVEL is lower refuses it (KVP_ERR_VERSION) rather than apply it
  * its own way. A member of this level honours a level-2 field only in a command stamped 2: a
  * v0.1.0 leader copies a client's avoid list into its log as an unknown field, unstamped.
+ * RaiseLevelCmd{level} needs max(KVP_FEATURE_COMMITTED, level): committing a level changes what
+ * a member applies from then on (level 5: the quarantine), so a member below it refuses the
+ * command rather than record a level whose rules it does not follow.
  */
 uint32_t kvp_feature_command_needs(const Kvp__Command *c);
 
