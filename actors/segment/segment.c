@@ -142,8 +142,18 @@ static int mount_retrying(struct kvp_segment *s)
      * segment, and the master answers the next try with that registration rather than a second
      * one (which would mark the first LOST). */
     uint64_t nonce = 0;
-    while (nonce == 0 && getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
-        ;
+    for (int i = 0; i < 4 && nonce == 0; i++)
+        if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+            nonce = 0;
+    if (nonce == 0) {
+        /* getrandom refused (ENOSYS, a seccomp profile): a nonce from the clock, the pid and the
+         * stack is unique enough for one host's mounts within the master's 60 s memory */
+        nonce = kvp_clock_now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&nonce;
+        if (nonce == 0)
+            nonce = 1;
+        kvp_log_warn(s->actor, "mount: getrandom failed (%s); the mount nonce comes from the clock and pid",
+                     strerror(errno));
+    }
     for (unsigned attempt = 1;; attempt++) {
         int rc = do_mount_ex(s, MOUNT_RETRY_TRY_MS, true, nonce);
         if (rc != KVP_ERR_UNAVAILABLE && rc != KVP_ERR_TIMEOUT && rc != KVP_ERR_NOT_LEADER) {

@@ -131,10 +131,11 @@ static void on_mount(struct kvp_master_service *s, zframe_t *id, Kvp__Request *r
     }
     uint64_t state = 0;
     if (m && m->call != call && (svc_map_get(&s->lost_sent, m->segment_id, NULL) ||
-                                 (svc_map_get(&s->segments, m->segment_id, &state) &&
-                                  state == KVP__SEGMENT_STATE__SEGMENT_LOST + 1))) {
-        /* a new try of a mount whose segment was declared lost since (no heartbeat came): a new
-         * registration, as without the nonce */
+                                 !svc_map_get(&s->segments, m->segment_id, &state) ||
+                                 state == KVP__SEGMENT_STATE__SEGMENT_LOST + 1)) {
+        /* a new try of a mount whose segment was declared lost since (no heartbeat came), or is
+         * no longer in the table (unmounted or forgotten): a new registration, as without the
+         * nonce; answering the old id would leave the segment heartbeating an unknown id */
         zframe_destroy(&m->identity);
         m = NULL;
     }
