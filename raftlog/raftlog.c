@@ -41,10 +41,14 @@
  * idle handle then does RL_CATCHUP_STEP_US of install or deferred applies per iteration. */
 #define RL_APPLY_BUDGET_US 10000u
 #define RL_CATCHUP_STEP_US 5000u
-/* A follower's backlog of deferred applies, in (wall) apply time: at it, the older half is
- * applied at once; a member that becomes leader applies all of it in one piece. 200 ms before
- * session 31. */
+/* A follower's backlog of deferred applies, in (wall) apply time: over it the idle steps do
+ * half of it per iteration instead of RL_CATCHUP_STEP_US (kvp_rl_glue_catch_up_budget_us); a
+ * member that becomes leader applies all of it in one piece. Since session 31 an arrival over
+ * it no longer applies queued entries inside raft's callback (a burst of entries handed over at
+ * once was then applied in that one iteration). Only the memory bound, RL_DEFER_MAX_BYTES of
+ * queued payload, does: the oldest entries are applied until the arriving one fits. */
 #define RL_DEFER_MAX_US 50000u
+#define RL_DEFER_MAX_BYTES ((uint64_t)64 << 20)
 #define RL_MIN_UPTIME_MS 1000
 #define RL_DEFAULT_GROUP_MAX 256
 #define RL_DEFAULT_INFLIGHT 4
@@ -746,7 +750,7 @@ static void on_snap_idle(uv_idle_t *h)
     if (!rl->raft_closing) {
         /* Install steps and deferred applies first: a build cannot begin while the FSM lags. */
         if (kvp_rl_glue_catch_up_pending(&rl->glue)) {
-            if (kvp_rl_glue_catch_up_step(&rl->glue, RL_CATCHUP_STEP_US) != KVP_OK)
+            if (kvp_rl_glue_catch_up_step(&rl->glue, kvp_rl_glue_catch_up_budget_us(&rl->glue, RL_CATCHUP_STEP_US)) != KVP_OK)
                 report_install_failure(rl);
         } else {
             kvp_rl_glue_snap_work(&rl->glue);
@@ -764,7 +768,7 @@ static void on_check(uv_check_t *h)
     kvp_rl_glue_next_iteration(&rl->glue);
     if (!rl->raft_closing && kvp_rl_glue_behind(&rl->glue) && raft_state(&rl->raft) == RAFT_LEADER) {
         /* A leader serves from an FSM at its applied index: the rest of an install and the
-         * deferred entries now, in one piece (bounded by RL_DEFER_MAX_US unless an install ran). */
+         * deferred entries now, in one piece (up to RL_DEFER_MAX_BYTES of queued entries). */
         uint64_t t0 = kvp_clock_now_us(), n = rl->glue.q_len;
         int staged = rl->glue.rs;
         if (kvp_rl_glue_catch_up(&rl->glue) != KVP_OK)
@@ -963,6 +967,7 @@ static void *thread_main(void *arg)
     rl->glue.steps = true;
     rl->glue.apply_budget_us = RL_APPLY_BUDGET_US;
     rl->glue.defer_max_us = RL_DEFER_MAX_US;
+    rl->glue.defer_max_bytes = RL_DEFER_MAX_BYTES;
     uv_async_init(&rl->loop, &rl->async, on_async);
     rl->async.data = rl;
     rl->async_inited = true;

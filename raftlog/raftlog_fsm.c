@@ -293,18 +293,21 @@ static int fsm_apply(struct raft_fsm *fsm, const struct raft_buffer *buf, void *
             } else if (now - g->apply_iter_t0_us >= g->apply_budget_us) {
                 defer = true;
             }
-        } else if (defer && g->rs == 0 && g->defer_max_us > 0 && g->q_len * g->apply_mean_us >= g->defer_max_us) {
-            /* The backlog bound: the older half of the queue (at least one entry) is applied
-             * now, in order, and this entry is queued behind the rest. Before session 31 the
-             * whole backlog and this entry were applied here in one piece: 33-68 ms of CPU at
-             * 1-2M objects under load (docs/bench.md "Session 31"). Halving keeps this hold to
-             * about half the bound, and each arrival applies at least one entry, so the queue
-             * does not grow past the bound. */
-            uint64_t n = g->q_len / 2 > 0 ? g->q_len / 2 : 1, done = 0;
-            for (; done < n; done++) {
+        } else if (defer && g->rs != 1 && g->rs != 2 && g->defer_max_bytes > 0 &&
+                   g->q_bytes + buf->len > g->defer_max_bytes) {
+            /* The memory bound: the oldest queued entries are applied now, in order, until this
+             * one fits (usually one per arrival). Only here does a follower apply its backlog
+             * inside raft's callback; below the bound a burst (a restarted member is handed
+             * every entry since its snapshot in one callback: 320 entries, 1,031 ms of CPU in
+             * session 31, when each arrival at the time bound applied part of the queue) just
+             * queues, and the idle steps apply it a budget per loop iteration
+             * (kvp_rl_glue_catch_up_budget_us). */
+            uint64_t done = 0;
+            while (g->q_head != NULL && g->q_bytes + buf->len > g->defer_max_bytes) {
                 bool idle = false;
                 if (catch_up_unit(g, &idle) != KVP_OK || idle)
                     break;
+                done++;
             }
             if (done > g->max_backlog_applied)
                 g->max_backlog_applied = done;
@@ -347,6 +350,8 @@ static void apply_entry(struct kvp_rl_glue *g, struct kvp_rl_entry_iter *it, str
     }
     if (mine != NULL)
         mine->delivered = true;
+    if (++g->iter_applied > g->max_iter_applied)
+        g->max_iter_applied = g->iter_applied;
     uint64_t apply_us = kvp_clock_now_us() - t0, apply_cpu = thread_cpu_us() - c0;
     g->apply_mean_us = g->apply_mean_us ? (g->apply_mean_us * 7 + apply_us) / 8 : apply_us;
     if (apply_us > g->max_apply_us)
@@ -965,6 +970,7 @@ static int defer_push(struct kvp_rl_glue *g, const void *entry, size_t len)
         g->q_head = d;
     g->q_tail = d;
     g->q_len++;
+    g->q_bytes += len;
     g->entries_deferred++;
     return KVP_OK;
 }
@@ -978,6 +984,7 @@ static void defer_clear(struct kvp_rl_glue *g)
     }
     g->q_tail = NULL;
     g->q_len = 0;
+    g->q_bytes = 0;
 }
 
 /* Drop a staged install (a newer snapshot replaces it, or the glue closes). */
@@ -1023,6 +1030,19 @@ bool kvp_rl_glue_catch_up_pending(const struct kvp_rl_glue *g)
 void kvp_rl_glue_next_iteration(struct kvp_rl_glue *g)
 {
     g->iter_seq++;
+    g->iter_applied = 0;
+}
+
+uint64_t kvp_rl_glue_catch_up_budget_us(const struct kvp_rl_glue *g, uint64_t step_us)
+{
+    /* Over the backlog bound (a burst handed over in one callback, or a follower slower than
+     * the commit rate): half the bound per iteration, so the backlog drains in a few iterations
+     * of bounded length rather than 5 ms at a time. */
+    bool staged = g->rs == 1 || g->rs == 2;
+    if (!staged && g->defer_max_us > 0 && g->q_len * g->apply_mean_us >= g->defer_max_us &&
+        g->defer_max_us / 2 > step_us)
+        return g->defer_max_us / 2;
+    return step_us;
 }
 
 /* One unit of catch-up work. Returns KVP_OK with *idle set when nothing was left. */
@@ -1085,6 +1105,7 @@ static int catch_up_unit(struct kvp_rl_glue *g, bool *idle)
         if (g->q_head == NULL)
             g->q_tail = NULL;
         g->q_len--;
+        g->q_bytes -= d->len;
         struct kvp_rl_entry_iter it;
         if (kvp_rl_entry_decode(d->data, d->len, &it) == KVP_OK) /* checked before it was queued */
             apply_entry(g, &it, NULL);

@@ -152,11 +152,16 @@ struct kvp_rl_glue {
      * entry of this node's own catch up at once (kvp_rl_glue_catch_up). */
     bool steps;                     /* on once raft has started (a start-up restore: one piece) */
     uint64_t apply_budget_us;       /* applies per loop iteration on a follower; 0 = no bound */
-    /* Backlog bound: past the budget an entry is deferred only while the queue holds less than
-     * this much work (queued entries x the mean apply time of an entry); beyond it the follower
-     * catches up and applies inline, so a member that becomes leader never inherits more than
-     * about this much to apply in one piece. 0 = no bound. Not applied behind a staged install. */
+    /* Backlog bound, in work (queued entries x the mean apply time of an entry): over it the
+     * idle steps get half of it per loop iteration instead of the usual step
+     * (kvp_rl_glue_catch_up_budget_us). Since session 31 (second half) it no longer makes an
+     * arriving entry apply queued ones inside raft's callback: a burst handed over at once
+     * queues whole and is applied over several iterations. 0 = no bound. */
     uint64_t defer_max_us;
+    /* Memory bound of the queue (payload bytes): an entry that would take it past this applies
+     * the oldest queued entries first, inside raft's callback (the raft thread is held, memory
+     * stays bounded). Not applied behind a staged install. 0 = no bound. */
+    uint64_t defer_max_bytes;
     uint64_t apply_mean_us;         /* moving mean of one entry's apply, wall time */
     uint64_t iter_seq;              /* bumped once per loop iteration (kvp_rl_glue_next_iteration) */
     uint64_t apply_iter, apply_iter_t0_us;
@@ -172,8 +177,11 @@ struct kvp_rl_glue {
     uint64_t rs_t0_us, rs_busy_us, rs_steps;
     struct kvp_rl_deferred *q_head, *q_tail;
     uint64_t q_len;
+    uint64_t q_bytes;               /* payload bytes of the queued entries */
+    uint64_t iter_applied;          /* entries applied in this loop iteration (any path) */
+    uint64_t max_iter_applied;      /* most entries applied in one loop iteration */
     uint64_t entries_deferred, restores_in_steps;
-    uint64_t max_backlog_applied; /* most deferred entries applied at once at the backlog bound */
+    uint64_t max_backlog_applied; /* most deferred entries applied at once at the memory bound */
     uint64_t max_catchup_step_us, max_catchup_step_cpu_us;
     /* A staged install failed after raft was told it succeeded (the FSM bytes did not decode):
      * the state is behind raft's, nothing more is applied, and raftlog stops the member. */
@@ -228,6 +236,10 @@ void kvp_rl_glue_snap_drop(struct kvp_rl_glue *g);
 
 /** True while the FSM is behind raft: a staged install or deferred entries remain. */
 bool kvp_rl_glue_behind(const struct kvp_rl_glue *g);
+/** The budget for this iteration's kvp_rl_glue_catch_up_step: step_us, or half of defer_max_us
+ *  while the queue of deferred entries holds more than defer_max_us of work (not behind a staged
+ *  install). */
+uint64_t kvp_rl_glue_catch_up_budget_us(const struct kvp_rl_glue *g, uint64_t step_us);
 /** True while kvp_rl_glue_catch_up_step has anything to do (behind, or an old state to free). */
 bool kvp_rl_glue_catch_up_pending(const struct kvp_rl_glue *g);
 /** A new loop iteration: the per-iteration apply budget starts again. */
