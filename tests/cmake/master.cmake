@@ -33,3 +33,9 @@ add_dependencies(test_failover_write kvpool-master kvpool-segment kvpoolctl)
 kvp_add_test(test_failover_onecommit SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_failover_onecommit.c LABEL integration TIMEOUT 120)
 set_tests_properties(test_failover_onecommit PROPERTIES RUN_SERIAL TRUE)
 add_dependencies(test_failover_onecommit kvpool-master kvpool-segment kvpoolctl)
+# Level 6: the put's intent committed while its bytes move (docs/master.md "Intent overlapped
+# with the transfer (level 6)"): read-your-writes after the acknowledgement, a failed transfer's
+# intent revoked, an intent sealed by a new leader after a kill; real processes, about 15 s.
+kvp_add_test(test_put_intent SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_put_intent.c LABEL integration TIMEOUT 120)
+set_tests_properties(test_put_intent PROPERTIES RUN_SERIAL TRUE)
+add_dependencies(test_put_intent kvpool-master kvpool-segment kvpoolctl)
