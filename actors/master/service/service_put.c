@@ -108,6 +108,8 @@ struct svc_put {
     uint64_t intent_term;                  /* the term of the last "first PutIntent" line */
     uint64_t seal_term;                    /* the term of the last "first PutEnd sealed" line */
     uint64_t n_intent_items, n_sealed_early; /* PutIntent items logged, PutEnd items sealed (status) */
+    bool renew_now;                        /* a PutStart found a reservation short: tick at once */
+    uint64_t n_fast_starts, n_slow_starts; /* PutStarts answered here / left to the FSM (status) */
 };
 
 static uint64_t wall_ms(void)
@@ -309,9 +311,12 @@ void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int
         return;
     struct svc_resv *r = &s->put->resv[p->segment_id];
     r->inflight = false;
-    r->retry_ms = svc_now_ms() + 1000; /* a refusal (full segment) is asked again a second later */
     if (status != KVP_OK || !resp || resp->body_case != KVP__RESPONSE__BODY_RESERVE || !resp->reserve ||
         resp->reserve->status != KVP_OK) {
+        /* A refusal (full segment) is asked again a second later. Only a refusal: this was set
+         * after every answer, so a segment got at most one reservation a second, and puts past
+         * it took the PutStart/PutEnd path (stop 32: 70% of batch-1 4 MiB puts did). */
+        r->retry_ms = svc_now_ms() + 1000;
         int st = status != KVP_OK ? status : resp && resp->reserve ? resp->reserve->status : KVP_ERR_INTERNAL;
         if (st != KVP_ERR_NOT_LEADER)
             kvp_log_debug(s->actor, "segment %u: reserve: %s", p->segment_id, kvp_strerror(st));
@@ -387,7 +392,9 @@ static bool place(struct kvp_master_service *s, const Kvp__PutStartItem *it, uin
             fits = true;
         }
         if (!fits) {
-            r->want = true; /* the next tick renews it */
+            if (!r->want && !r->inflight)
+                s->put->renew_now = true;
+            r->want = true; /* renewed at once after this PutStart (renew_now), or at the tick */
             continue;
         }
         cand[nc++] = (uint32_t)id;
@@ -443,6 +450,9 @@ static bool place(struct kvp_master_service *s, const Kvp__PutStartItem *it, uin
             e->seg[e->n] = cand[i];
             e->off[e->n] = r->bump;
             r->bump += need;
+            if (!r->inflight && !r->next_len && (r->bump - r->off) * 2 > r->len &&
+                (r->bump - need - r->off) * 2 <= r->len)
+                s->put->renew_now = true; /* it crossed half: ask for the next one now */
             e->n++;
         }
     return e->n == want;
@@ -460,7 +470,19 @@ static void start_resp_free(Kvp__PutStartResp *b)
     free(b->results);
 }
 
+static bool try_start(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+
 bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+{
+    bool ok = try_start(s, identity, req);
+    if (s->put && ok)
+        s->put->n_fast_starts++;
+    else if (s->put)
+        s->put->n_slow_starts++;
+    return ok;
+}
+
+static bool try_start(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
 {
     const Kvp__PutStartReq *ps = req->put_start;
     if (!fast_on(s) || ps->n_avoid_segments || ps->n_items > 1024)
@@ -584,6 +606,15 @@ bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const K
         for (size_t i = 0; ents && again && i < ps->n_items; i++)
             if (!again[i])
                 put_free(ents[i]);
+    }
+    if (s->put->renew_now) {
+        /* Renewal at the event, not at the next 200 ms tick: at a few hundred MB/s per segment a
+         * reservation is handed out between two ticks, and the puts after it took the
+         * PutStart/PutEnd path (two commits) until the tick (stop 32: 40% of batch-1 4 MiB puts
+         * did). The tick's rules decide what is asked for (one ahead, none while one is in the
+         * log, a refused one not before a second). */
+        s->put->renew_now = false;
+        svc_put_tick(s);
     }
     free(ents);
     free(again);
@@ -1189,4 +1220,6 @@ void svc_put_status(struct kvp_master_service *s, json_t *soft)
     json_object_set_new(soft, "put_intents", json_integer((json_int_t)s->put->n_intent_items));
     json_object_set_new(soft, "puts_sealed_early", json_integer((json_int_t)s->put->n_sealed_early));
     json_object_set_new(soft, "puts_sealing", json_integer((json_int_t)s->put->sealing.n));
+    json_object_set_new(soft, "put_starts_from_reservations", json_integer((json_int_t)s->put->n_fast_starts));
+    json_object_set_new(soft, "put_starts_refused_here", json_integer((json_int_t)s->put->n_slow_starts));
 }
