@@ -109,6 +109,7 @@ struct svc_put {
     uint64_t seal_term;                    /* the term of the last "first PutEnd sealed" line */
     uint64_t n_intent_items, n_sealed_early; /* PutIntent items logged, PutEnd items sealed (status) */
     bool renew_now;                        /* a PutStart found a reservation short: tick at once */
+    uint64_t n_unsubmitted;                /* sealing entries whose PutSealCmd is not in the log */
     uint64_t n_fast_starts, n_slow_starts; /* PutStarts answered here / left to the FSM (status) */
 };
 
@@ -168,6 +169,7 @@ void svc_put_reset(struct kvp_master_service *s)
         free(e);
     }
     svc_map_clear(&s->put->sealing);
+    s->put->n_unsubmitted = 0;
     for (size_t i = 0; i < s->put->n_held; i++) {
         svc_reply_status(s, s->put->held[i].identity, s->put->held[i].req_id, KVP_ERR_NOT_LEADER, "not the leader");
         zframe_destroy(&s->put->held[i].identity);
@@ -181,6 +183,11 @@ void svc_put_destroy(struct kvp_master_service *s)
 {
     if (!s->put)
         return;
+    for (size_t i = 0; i < s->put->n_held; i++) { /* shutting down: no reply */
+        zframe_destroy(&s->put->held[i].identity);
+        free(s->put->held[i].buf);
+    }
+    s->put->n_held = 0;
     svc_put_reset(s);
     svc_map_fini(&s->put->puts);
     svc_map_fini(&s->put->sealing);
@@ -284,13 +291,8 @@ void svc_put_tick(struct kvp_master_service *s)
     }
     if (n) /* quarantined at the reservation's horizon, after now */
         svc_fence_note_failure(s, now, "expired one-commit puts");
-    /* Seals whose submit failed, and reads held past their time. */
-    pos = 0;
-    while (svc_map_next(&s->put->sealing, &pos, &k, &v)) {
-        struct svc_seal *e = (struct svc_seal *)(uintptr_t)v;
-        if (!e->submitted)
-            submit_seal(s, &e, 1);
-    }
+    /* Seals not in the log yet (one whose submit failed), and reads held past their time. */
+    svc_put_flush_seals(s);
     uint64_t mono = svc_now_ms();
     for (size_t i = 0; i < s->put->n_held;) {
         struct svc_held *h = &s->put->held[i];
@@ -879,7 +881,10 @@ static int submit_seal(struct kvp_master_service *s, struct svc_seal **v, size_t
     cmd.put_seal = &body;
     int rc = svc_submit(s, p, &cmd); /* frees p on error */
     for (size_t i = 0; rc == KVP_OK && i < n; i++)
-        v[i]->submitted = true;
+        if (!v[i]->submitted) {
+            v[i]->submitted = true;
+            s->put->n_unsubmitted--;
+        }
     free(items), free(itp);
     return rc;
 }
@@ -989,6 +994,26 @@ void svc_put_on_intent(struct kvp_master_service *s, zframe_t *identity, Kvp__Re
     free(items), free(itp), free(pl), free(plp);
 }
 
+void svc_put_flush_seals(struct kvp_master_service *s)
+{
+    if (!s->put || s->put->n_unsubmitted == 0 || !s->is_leader)
+        return;
+    size_t n = 0, cap = (size_t)s->put->n_unsubmitted;
+    struct svc_seal **v = malloc(cap * sizeof(*v));
+    if (!v)
+        return; /* again at the next tick */
+    size_t pos = 0;
+    uint64_t k, val;
+    while (n < cap && svc_map_next(&s->put->sealing, &pos, &k, &val)) {
+        struct svc_seal *e = (struct svc_seal *)(uintptr_t)val;
+        if (!e->submitted)
+            v[n++] = e;
+    }
+    if (n)
+        submit_seal(s, v, n);
+    free(v);
+}
+
 /* PutEnd of puts whose intents committed: acknowledged at once, sealed in the background.
  * Every item must be a pending intent in the FSM with the item's op_id and checksum, not past
  * its deadline by this leader's clock (an intent past it may be under this leader's revoke),
@@ -1050,20 +1075,27 @@ static bool try_seal(struct kvp_master_service *s, zframe_t *identity, Kvp__Requ
             fresh[i] = true;
         }
     }
-    /* Logged before the caller hears OK: any later command (a Remove, an Evict) applies after
-     * the seal. */
-    if (ok)
-        ok = submit_seal(s, v, pe->n_items) == KVP_OK;
+    /* Remembered first: the seal goes to the log with the next command this leader submits (any
+     * command: svc_submit flushes the queue before it, so a later Remove, Evict or RemoveAll
+     * applies after the seal), or at the next 10 ms tick, whichever comes first. At batch 1 the
+     * next put's PutIntent carries it, in the same entry: one entry per put, not two. */
+    size_t added = 0;
     for (size_t i = 0; ok && i < pe->n_items; i++) {
-        if (!fresh[i] || svc_map_put(&s->put->sealing, svc_key_hash(v[i]->key), (uint64_t)(uintptr_t)v[i]) == KVP_OK)
+        if (!fresh[i])
             continue;
-        /* Not remembered: submitted all the same. A read of it before the seal applies does not
-         * see it (it is sealed a moment later); say so. */
-        kvp_log_warn(s->actor, "%s: sealed without memory to remember it", v[i]->key);
-        free(v[i]->key);
-        free(v[i]);
-        v[i] = NULL;
-        fresh[i] = false;
+        if (svc_map_put(&s->put->sealing, svc_key_hash(v[i]->key), (uint64_t)(uintptr_t)v[i]) != KVP_OK) {
+            ok = false;
+            break;
+        }
+        s->put->n_unsubmitted++;
+        added = i + 1;
+    }
+    if (!ok) { /* out of memory: nothing acknowledged; the PutCommit path */
+        for (size_t i = 0; i < added; i++)
+            if (fresh[i]) {
+                svc_map_del(&s->put->sealing, svc_key_hash(v[i]->key), NULL);
+                s->put->n_unsubmitted--;
+            }
     }
     if (!ok) {
         for (size_t i = 0; v && fresh && i < pe->n_items; i++)
@@ -1138,7 +1170,10 @@ void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int st
             continue;
         struct svc_seal *e = (struct svc_seal *)(uintptr_t)v;
         if (!body && status != KVP_ERR_NOT_LEADER) {
-            e->submitted = false; /* the log refused it (not a lost leadership): again at the tick */
+            if (e->submitted) {
+                e->submitted = false; /* the log refused it (not a lost leadership): again */
+                s->put->n_unsubmitted++;
+            }
             continue;
         }
         if (body && resp->put_end->status[i] != KVP_OK)
@@ -1192,6 +1227,7 @@ bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const K
     }
     if (!hit)
         return false;
+    svc_put_flush_seals(s); /* now, not at the next tick: the read waits for it */
     if (s->put->n_held == KVP_SVC_HELD_MAX) {
         svc_reply_status(s, identity, req->req_id, KVP_ERR_BUSY, "too many reads waiting for seals");
         return true;
