@@ -24,6 +24,7 @@
 #include "config/config.h"
 #include "raftlog/raftlog.h"
 #include "runtime/actor.h"
+#include "wire/arena.h"
 #include "wire/kvpool.pb-c.h"
 
 /* ------------------------------------------------------------------ u64 → u64 map
@@ -238,6 +239,9 @@ struct kvp_master_service {
      * µs: frame received → submitted, submitted → result event taken off the events socket,
      * result event → handled (reply sent). ClusterStatus "request_latency". */
     uint64_t cur_recv_us;                  /* receive time of the request being dispatched */
+    /* The request being dispatched is decoded into this arena and released by one reset after
+     * its handler returns (wire/arena.h): handlers copy whatever they keep. */
+    struct kvp_wire_arena req_arena;
     uint64_t rl_requests;
     uint64_t rl_in_us;
     uint64_t rl_raft_us;
