@@ -188,6 +188,7 @@ void svc_pending_free(struct svc_pending *p)
     zframe_destroy(&p->identity);
     free(p->key_hashes);
     free(p->remove_status);
+    svc_verify_job_drop(p->verify_job);
     free(p);
 }
 
@@ -741,6 +742,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->probing);
     svc_repair_free(s);
     svc_evict_destroy(s);
+    svc_verify_destroy(s);
     svc_put_destroy(s);
     kvp_fence_track_fini(&s->fence);
     for (size_t i = 0; i < sizeof s->mount_seen / sizeof s->mount_seen[0]; i++)

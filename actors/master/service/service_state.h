@@ -18,6 +18,7 @@
 #include "actors/master/fsm/fsm.h"
 #include "actors/master/service/fence_track.h"
 #include "actors/master/service/liveness.h"
+#include "actors/master/service/service_verify.h"
 #include "actors/master/service/service.h"
 #include "actors/master/fsm/version.h"
 #include "auth/auth.h"
@@ -67,6 +68,7 @@ enum svc_internal_kind {
     SVC_INT_EVICT,             /* service_evict.c: EvictCmd */
     SVC_INT_RESERVE,           /* service_put.c: ReserveCmd */
     SVC_INT_RAISE_LEVEL,       /* service_version.c: RaiseLevelCmd (result not needed) */
+    SVC_INT_VERIFY_LOOKUP,     /* service_verify.c: the objects of a Verify call */
 };
 
 /** One request waiting for a raftlog result (APPLIED, QUERY or ADMIN event), keyed by corr. */
@@ -102,6 +104,8 @@ struct svc_pending {
     uint64_t repair_scan_ticket;
     /* EvictScan (service_evict.c): the same, for a pass of eviction list slices. */
     uint64_t evict_scan_ticket;
+    /* Verify (service_verify.c): the call waiting for this lookup (owned; dropped with p). */
+    void *verify_job;
 };
 
 /** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
@@ -248,6 +252,9 @@ struct kvp_master_service {
 
     /* One-commit put (service_put.c): this leader's reservations and puts in flight. */
     struct svc_put *put;
+
+    /* Range verification asks of this leadership (service_verify.c), made at first use. */
+    struct svc_verify *verify;
 
     /* RDMA segments' FenceWriter/Fenced (service_fence.c, fence_track.h). */
     struct kvp_fence_track fence;
