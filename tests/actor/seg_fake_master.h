@@ -50,6 +50,11 @@ struct fake_master {
     uint64_t drop_call; /* the fake master's thread only */
     _Atomic uint64_t dropped_nonce, answered_nonce;
     _Atomic int dropped_calls;
+    /* on_heartbeat (when set) runs on the fake master's thread for every heartbeat answered OK,
+     * once the answer's other fields are set: it may read hb (verified) and fill hr (verify,
+     * with storage of its own that stays valid after it returns: the answer is encoded then). */
+    void (*on_heartbeat)(void *arg, const Kvp__HeartbeatReq *hb, Kvp__HeartbeatResp *hr);
+    void *on_heartbeat_arg;
 };
 
 static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request *req)
@@ -118,6 +123,8 @@ static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request 
             }
             hr.fence_writer = &fw;
         }
+        if (fm->on_heartbeat)
+            fm->on_heartbeat(fm->on_heartbeat_arg, req->heartbeat, &hr);
         break;
     case KVP__REQUEST__BODY_UNMOUNT:
         atomic_store(&fm->unmounted_id, req->unmount->segment_id);

@@ -33,3 +33,7 @@ add_dependencies(test_failover_write kvpool-master kvpool-segment kvpoolctl)
 kvp_add_test(test_failover_onecommit SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_failover_onecommit.c LABEL integration TIMEOUT 120)
 set_tests_properties(test_failover_onecommit PROPERTIES RUN_SERIAL TRUE)
 add_dependencies(test_failover_onecommit kvpool-master kvpool-segment kvpoolctl)
+# Range verification (issue 21): kvpoolctl verify on a real cluster: every replica MATCH, a
+# replica corrupted on purpose MISMATCH, a missing key NOT_FOUND.
+kvp_add_test(test_verify_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_verify_cluster.c LABEL integration TIMEOUT 120)
+add_dependencies(test_verify_cluster kvpool-master kvpool-segment kvpoolctl)
