@@ -277,6 +277,7 @@ int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command
         cmd->now_wall_ms = svc_fence_release_time(s, cmd->now_wall_ms);
     /* Rolling upgrades (version.h): log nothing that a member of the cluster's level would
      * apply its own way, and stamp what the command needs so that an older member refuses it. */
+    svc_resolve_test_hook(s, cmd);
     kvp_feature_prepare_command(cmd, svc_feature_level(s));
     size_t len = protobuf_c_message_get_packed_size(&cmd->base);
     uint8_t *buf = malloc(len ? len : 1);
@@ -742,6 +743,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->probing);
     svc_repair_free(s);
     svc_evict_destroy(s);
+    svc_resolve_destroy(s);
     svc_verify_destroy(s);
     svc_put_destroy(s);
     kvp_fence_track_fini(&s->fence);

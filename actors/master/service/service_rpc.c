@@ -792,6 +792,10 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
     case SVC_INT_VERIFY_LOOKUP:
         svc_verify_on_lookup(s, p, status, resp);
         break;
+    case SVC_INT_RESOLVE_SEAL:
+    case SVC_INT_RESOLVE_REVOKE:
+        svc_resolve_on_result(s, p, status, resp);
+        break;
     default:
         break;
     }

@@ -214,6 +214,7 @@ void svc_soft_reset(struct kvp_master_service *s)
     svc_evict_reset(s);
     svc_put_reset(s);
     svc_fence_reset(s, s->term);
+    svc_resolve_reset(s);
     svc_verify_reset(s);
     if (!s->is_leader)
         answer_hb_waiters(s, KVP_ERR_NOT_LEADER);
@@ -399,6 +400,7 @@ static void on_leader_ready(struct kvp_master_service *s)
     svc_put_tick(s);
     svc_release_now(s);
     svc_evict_kick(s);
+    svc_resolve_tick(s); /* intents an older leader left (service_resolve.c) */
 }
 
 void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp)
@@ -592,6 +594,7 @@ static int on_slow_timer(struct kvp_master_service *s)
     svc_map_filter(&s->lost_sent, keep_recent, b);
     svc_map_filter(&s->probing, keep_recent, b);
     svc_verify_tick(s);
+    svc_resolve_tick(s);
     return 0;
 }
 

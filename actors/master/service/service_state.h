@@ -18,6 +18,7 @@
 #include "actors/master/fsm/fsm.h"
 #include "actors/master/service/fence_track.h"
 #include "actors/master/service/liveness.h"
+#include "actors/master/service/service_resolve.h"
 #include "actors/master/service/service_verify.h"
 #include "actors/master/service/service.h"
 #include "actors/master/fsm/version.h"
@@ -69,6 +70,8 @@ enum svc_internal_kind {
     SVC_INT_RESERVE,           /* service_put.c: ReserveCmd */
     SVC_INT_RAISE_LEVEL,       /* service_version.c: RaiseLevelCmd (result not needed) */
     SVC_INT_VERIFY_LOOKUP,     /* service_verify.c: the objects of a Verify call */
+    SVC_INT_RESOLVE_SEAL,      /* service_resolve.c: PutSealCmd of a verified intent */
+    SVC_INT_RESOLVE_REVOKE,    /* service_resolve.c: PutRevoke of an intent that did not verify */
 };
 
 /** One request waiting for a raftlog result (APPLIED, QUERY or ADMIN event), keyed by corr. */
@@ -106,6 +109,8 @@ struct svc_pending {
     uint64_t evict_scan_ticket;
     /* Verify (service_verify.c): the call waiting for this lookup (owned; dropped with p). */
     void *verify_job;
+    /* PutSealCmd / PutRevoke of the intent resolver (service_resolve.c): its entry's ticket. */
+    uint64_t resolve_id;
 };
 
 /** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
@@ -255,6 +260,8 @@ struct kvp_master_service {
 
     /* Range verification asks of this leadership (service_verify.c), made at first use. */
     struct svc_verify *verify;
+    /* Pending intents being resolved by this leader (service_resolve.c), made at first use. */
+    struct svc_resolve *resolve;
 
     /* RDMA segments' FenceWriter/Fenced (service_fence.c, fence_track.h). */
     struct kvp_fence_track fence;
