@@ -37,3 +37,8 @@ add_dependencies(test_failover_onecommit kvpool-master kvpool-segment kvpoolctl)
 # replica corrupted on purpose MISMATCH, a missing key NOT_FOUND.
 kvp_add_test(test_verify_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_verify_cluster.c LABEL integration TIMEOUT 120)
 add_dependencies(test_verify_cluster kvpool-master kvpool-segment kvpoolctl)
+# The intent resolver (issue 21, level 6): a new leader seals the intents whose bytes verify on
+# the segments and revokes the others after their deadline; real processes, a leader SIGKILL.
+kvp_add_test(test_intent_resolve SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_intent_resolve.c LABEL integration TIMEOUT 180)
+set_tests_properties(test_intent_resolve PROPERTIES RUN_SERIAL TRUE)
+add_dependencies(test_intent_resolve kvpool-master kvpool-segment kvpoolctl)
