@@ -282,6 +282,8 @@ static void test_new_leader_seals_complete_revokes_incomplete_intents(void **sta
         w += snprintf(cmd + w, sizeof cmd - (size_t)w, " %s", done[i]);
     snprintf(cmd + w, sizeof cmd - (size_t)w, " >/dev/null");
     int rc = system(cmd);
+    for (int attempt = 0; attempt < 3 && WIFEXITED(rc) && WEXITSTATUS(rc) == 3; attempt++)
+        rc = system(cmd); /* 3: a replica UNKNOWN (an answer lost with a heartbeat under load) */
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
     for (size_t i = 0; i < n_done; i++)
         assert_int_equal(tf_read_exact(c, done[i], buf, OBJ), 1);

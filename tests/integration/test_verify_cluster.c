@@ -101,6 +101,23 @@ static int ctl_verify(const char *const *keys, size_t n, bool json, json_t **out
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* ctl_verify --json, asked again (at most 4 times) while a replica is UNKNOWN: an answer lost
+ * with a heartbeat under load is a legitimate UNKNOWN, not what these checks are about. */
+static int ctl_verify_settled(const char *const *keys, size_t n, json_t **out, char *text, size_t cap)
+{
+    int rc = -1;
+    for (int attempt = 0; attempt < 4; attempt++) {
+        *out = NULL;
+        rc = ctl_verify(keys, n, true, out, text, cap);
+        if (!*out || !strstr(text, "\"unknown\""))
+            return rc;
+        fprintf(stderr, "verify: a replica unknown (attempt %d), asking again\n", attempt + 1);
+        if (attempt < 3)
+            json_decref(*out);
+    }
+    return rc;
+}
+
 /* The replica of objects[i] on segment `seg` (NULL when none). */
 static json_t *replica_on(json_t *doc, size_t i, uint32_t seg)
 {
@@ -155,7 +172,7 @@ static void test_verify_match_mismatch_missing(void **state)
     static char text[65536];
     json_t *doc = NULL;
     const char *all[] = {"verify-1", "verify-2", "verify-none"};
-    assert_int_equal(ctl_verify(all, 3, true, &doc, text, sizeof text), 3); /* a key missing */
+    assert_int_equal(ctl_verify_settled(all, 3, &doc, text, sizeof text), 3); /* a key missing */
     assert_non_null(doc);
     assert_string_equal(jstr(doc, "result"), "incomplete");
     json_t *objs = json_object_get(doc, "objects");
@@ -184,7 +201,7 @@ static void test_verify_match_mismatch_missing(void **state)
     /* one byte of the embedded replica flipped: MISMATCH there, the other replica still MATCH */
     base[off1 + 777] ^= 0x5a;
     const char *one[] = {"verify-1"};
-    assert_int_equal(ctl_verify(one, 1, true, &doc, text, sizeof text), 1);
+    assert_int_equal(ctl_verify_settled(one, 1, &doc, text, sizeof text), 1);
     assert_non_null(doc);
     assert_string_equal(jstr(doc, "result"), "mismatch");
     json_t *bad = replica_on(doc, 0, emb);
@@ -209,7 +226,7 @@ static void test_verify_match_mismatch_missing(void **state)
 
     /* restored: every replica matches again */
     base[off1 + 777] ^= 0x5a;
-    assert_int_equal(ctl_verify(one, 1, true, &doc, text, sizeof text), 0);
+    assert_int_equal(ctl_verify_settled(one, 1, &doc, text, sizeof text), 0);
     assert_string_equal(jstr(doc, "result"), "ok");
     json_decref(doc);
 
