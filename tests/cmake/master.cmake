@@ -42,3 +42,9 @@ add_dependencies(test_verify_cluster kvpool-master kvpool-segment kvpoolctl)
 kvp_add_test(test_intent_resolve SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_intent_resolve.c LABEL integration TIMEOUT 180)
 set_tests_properties(test_intent_resolve PROPERTIES RUN_SERIAL TRUE)
 add_dependencies(test_intent_resolve kvpool-master kvpool-segment kvpoolctl)
+# Level 6: the put's intent committed while its bytes move (docs/master.md "Intent overlapped
+# with the transfer (level 6)"): read-your-writes after the acknowledgement, a failed transfer's
+# intent revoked, an intent sealed by a new leader after a kill; real processes, about 15 s.
+kvp_add_test(test_put_intent SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_put_intent.c LABEL integration TIMEOUT 120)
+set_tests_properties(test_put_intent PROPERTIES RUN_SERIAL TRUE)
+add_dependencies(test_put_intent kvpool-master kvpool-segment kvpoolctl)

@@ -498,6 +498,27 @@ static void test_intent_feature_level(void **state)
     kvp_feature_prepare_command(&c, KVP_FEATURE_LEVEL);
     assert_int_equal(c.feature_level, KVP_FEATURE_INTENT);
 
+    /* a member of level 5 keeps the cluster at 5: no raise to 6, no intent logged (intent_on in
+     * service_put.c needs level 6 effective and committed) */
+    uint64_t now = 100000;
+    struct kvp_feature_peer p[2] = {{6, now - 10}, {5, now - 10}};
+    uint32_t computed = kvp_feature_cluster_level(KVP_FEATURE_LEVEL, p, 2, now);
+    assert_int_equal(computed, 5);
+    assert_false(kvp_feature_should_raise(computed, 5));
+    assert_int_equal(kvp_feature_effective_level(KVP_FEATURE_LEVEL, p, 2, now, 5), 5);
+    p[1].level = 6; /* the last member upgraded */
+    computed = kvp_feature_cluster_level(KVP_FEATURE_LEVEL, p, 2, now);
+    assert_int_equal(computed, 6);
+    assert_true(kvp_feature_should_raise(computed, 5));
+    /* the raise to 6 is stamped 6: a member of level 5 refuses it rather than record it */
+    Kvp__RaiseLevelCmd rl = KVP__RAISE_LEVEL_CMD__INIT;
+    Kvp__Command rc6 = KVP__COMMAND__INIT;
+    rl.level = 6;
+    rc6.body_case = KVP__COMMAND__BODY_RAISE_LEVEL;
+    rc6.raise_level = &rl;
+    kvp_feature_prepare_command(&rc6, 6);
+    assert_int_equal(rc6.feature_level, KVP_FEATURE_INTENT);
+
     uint32_t s1, s2;
     uint64_t o1, o2, H = T0 + 3000, D = T0 + 2000;
     struct kvp_master_fsm *f = setup(&s1, &s2, &o1, &o2, H);

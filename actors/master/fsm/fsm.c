@@ -751,8 +751,8 @@ int kvp_master_fsm_apply(struct kvp_master_fsm *fsm, const Kvp__Command *cmd, Kv
     return KVP_OK;
 }
 
-int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *req,
-                         Kvp__Response **out)
+int kvp_master_fsm_query_vis(const struct kvp_master_fsm *fsm, const Kvp__Request *req,
+                             const struct kvp_fsm_qvis *vis, Kvp__Response **out)
 {
     if (!fsm || !req || !out)
         return KVP_ERR_INVALID;
@@ -761,13 +761,18 @@ int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *r
     if (!r)
         return KVP_ERR_NOMEM;
     r->req_id = req->req_id;
-    int rc = kvp_fsm_query_req(fsm, req, r);
+    int rc = kvp_fsm_query_req(fsm, req, r, vis);
     if (rc != KVP_OK) {
         kvp_master_fsm_response_free(r);
         return rc;
     }
     *out = r;
     return KVP_OK;
+}
+
+int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *req, Kvp__Response **out)
+{
+    return kvp_master_fsm_query_vis(fsm, req, NULL, out);
 }
 
 void kvp_master_fsm_stats(const struct kvp_master_fsm *fsm, struct kvp_master_fsm_stats *out)

@@ -44,6 +44,20 @@ int kvp_master_fsm_apply(struct kvp_master_fsm *fsm, const Kvp__Command *cmd, Kv
 int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *req, Kvp__Response **out);
 
 /**
+ * kvp_master_fsm_query, for the leader's own reads of level 6 (docs/master.md "Intent overlapped
+ * with the transfer (level 6)"): a pending intent counts as a complete object when
+ * vis->sealed(vis->arg, key, op_id, checksum) says so (the leader acknowledged its PutEnd and its
+ * PutSealCmd is not applied yet: read-your-writes). vis NULL: kvp_master_fsm_query. sealed runs
+ * on the caller's thread, under the caller's read.
+ */
+struct kvp_fsm_qvis {
+    bool (*sealed)(void *arg, const char *key, uint64_t op_id, uint64_t checksum);
+    void *arg;
+};
+int kvp_master_fsm_query_vis(const struct kvp_master_fsm *fsm, const Kvp__Request *req,
+                             const struct kvp_fsm_qvis *vis, Kvp__Response **out);
+
+/**
  * Free a Response from apply/query (NULL is fine). Responses are built from malloc'd parts
  * only, so this is protobuf_c_message_free_unpacked(): callers may also free them that way.
  */

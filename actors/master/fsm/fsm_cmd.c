@@ -535,6 +535,8 @@ static int on_put_revoke(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
             body->status[i] = KVP_ERR_NOT_FOUND;
             continue;
         }
+        if (o->state == KVP_FSM_OBJ_INTENT)
+            kvp_log_info(KVP_FSM_ACTOR, "intent of %s (op %llx) revoked", it->key, (unsigned long long)o->op_id);
         kvp_fsm_obj_destroy(f, o, c->now_wall_ms);
         body->status[i] = KVP_OK;
     }

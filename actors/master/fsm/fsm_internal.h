@@ -276,7 +276,8 @@ void kvp_fsm_resv_drop_all(struct kvp_fsm_seg *s);
 uint64_t kvp_fsm_resv_unused(const struct kvp_fsm_resv *v);
 
 /* fsm_query.c */
-int kvp_fsm_query_req(const struct kvp_master_fsm *f, const Kvp__Request *req, Kvp__Response *r);
+int kvp_fsm_query_req(const struct kvp_master_fsm *f, const Kvp__Request *req, Kvp__Response *r,
+                      const struct kvp_fsm_qvis *vis);
 
 /* Response helpers (fsm.c). */
 Kvp__Response *kvp_fsm_resp_new(void);

@@ -248,6 +248,7 @@ static uint32_t svc_command_cost(const Kvp__Command *c)
     case KVP__COMMAND__BODY_REMOVE: n = c->remove ? c->remove->n_keys : 1; break;
     case KVP__COMMAND__BODY_EVICT: n = c->evict ? c->evict->n_keys : 1; break;
     case KVP__COMMAND__BODY_PUT_COMMIT: n = c->put_commit ? c->put_commit->n_items : 1; break;
+    case KVP__COMMAND__BODY_PUT_SEAL: n = c->put_seal ? c->put_seal->n_items : 1; break;
     case KVP__COMMAND__BODY_REPAIR_START: n = c->repair_start ? c->repair_start->n_items : 1; break;
     case KVP__COMMAND__BODY_REPAIR_END: n = c->repair_end ? c->repair_end->n_items : 1; break;
     case KVP__COMMAND__BODY_REPLICA_DROP: n = c->replica_drop ? c->replica_drop->n_items : 1; break;

@@ -68,6 +68,8 @@ enum svc_internal_kind {
     SVC_INT_EVICT_SCAN,        /* service_evict.c: usage / candidates query */
     SVC_INT_EVICT,             /* service_evict.c: EvictCmd */
     SVC_INT_RESERVE,           /* service_put.c: ReserveCmd */
+    SVC_INT_SEAL,              /* service_put.c: PutSealCmd (level 6) */
+    SVC_INT_INTENT_REVOKE,     /* service_put.c: PutRevoke of an intent this leader never acked */
     SVC_INT_RAISE_LEVEL,       /* service_version.c: RaiseLevelCmd (result not needed) */
     SVC_INT_VERIFY_LOOKUP,     /* service_verify.c: the objects of a Verify call */
     SVC_INT_RESOLVE_SEAL,      /* service_resolve.c: PutSealCmd of a verified intent */
@@ -413,6 +415,19 @@ void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int
 bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
 bool svc_put_try_end(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req);
 bool svc_put_try_revoke(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+/* Level 6 (docs/master.md "Intent overlapped with the transfer (level 6)"), service_put.c:
+ * PutIntent's handler; a PutSealCmd's result; the leader's reads of keys it sealed in memory
+ * (the visibility callback for kvp_master_fsm_query_vis, NULL when none is sealing); a read that
+ * must wait for a seal (a read through the raft thread cannot see this leader's memory): held
+ * and dispatched again once the seal applied (true), or false when none of its keys is sealing. */
+void svc_put_on_intent(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req);
+void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp);
+const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s);
+bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+/* Level 6 counters into the status document's soft_state (put_intents, puts_sealed_early,
+ * puts_sealing). */
+struct json_t;
+void svc_put_status(struct kvp_master_service *s, struct json_t *soft);
 
 /* service_status.c: the ClusterStatus document and Members. */
 char *svc_status_json(struct kvp_master_service *s, const char *fsm_json);
