@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "actors/master/fsm/fsm.h"
 #include "actors/master/service/service_state.h"
 #include "actors/master/service/service_verify.h"
@@ -71,7 +73,7 @@ struct svc_resolve {
     uint64_t next_id;
     bool full_logged;
     bool test_intent_only;        /* KVP_TEST_PUT_INTENT_ONLY (see svc_resolve_test_hook) */
-    uint64_t sealed, revoked;     /* this leadership */
+    uint64_t sealed, revoked;     /* since this master started (status) */
 };
 
 static void entry_free(struct rentry *e)
@@ -363,12 +365,14 @@ void svc_resolve_reset(struct kvp_master_service *s)
         kvp_log_info(s->actor, "intents: leadership changed: %zu left to the next leader", r->n);
     while (r->n)
         drop(r, r->n - 1);
-    r->sealed = r->revoked = 0;
 }
 
 void svc_resolve_destroy(struct kvp_master_service *s)
 {
     svc_resolve_reset(s); /* entries with asks open are freed by svc_verify_destroy's callbacks */
+    if (s->resolve && (s->resolve->sealed || s->resolve->revoked))
+        kvp_log_info(s->actor, "intents resolved as leader: %llu sealed, %llu revoked",
+                     (unsigned long long)s->resolve->sealed, (unsigned long long)s->resolve->revoked);
     free(s->resolve);
     s->resolve = NULL;
 }
@@ -376,6 +380,15 @@ void svc_resolve_destroy(struct kvp_master_service *s)
 size_t svc_resolve_held(const struct kvp_master_service *s)
 {
     return s->resolve ? s->resolve->n : 0;
+}
+
+void svc_resolve_status(struct kvp_master_service *s, json_t *soft)
+{
+    const struct svc_resolve *r = s->resolve;
+    json_object_set_new(soft, "verify_asks", json_integer((json_int_t)svc_verify_held(s)));
+    json_object_set_new(soft, "intents_resolving", json_integer(r ? (json_int_t)r->n : 0));
+    json_object_set_new(soft, "intents_sealed", json_integer(r ? (json_int_t)r->sealed : 0));
+    json_object_set_new(soft, "intents_revoked", json_integer(r ? (json_int_t)r->revoked : 0));
 }
 
 void svc_resolve_test_hook(struct kvp_master_service *s, Kvp__Command *cmd)

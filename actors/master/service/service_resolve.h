@@ -26,6 +26,10 @@ void svc_resolve_reset(struct kvp_master_service *s);
 void svc_resolve_destroy(struct kvp_master_service *s);
 /** Intents held for resolution now. */
 size_t svc_resolve_held(const struct kvp_master_service *s);
+/** Status (soft_state): verify_asks (held by the range verifier), intents_resolving (held
+ * here), intents_sealed / intents_revoked (by this master as leader, since it started). */
+struct json_t;
+void svc_resolve_status(struct kvp_master_service *s, struct json_t *soft);
 /** Tests only: with KVP_TEST_PUT_INTENT_ONLY=1 in a master's environment, every PutCommitCmd it
  * logs carries intent = true and is never sealed by it (a leader that acknowledged puts and died
  * before sealing them). Called by svc_submit before the command is stamped. */
