@@ -48,3 +48,5 @@ add_dependencies(test_intent_resolve kvpool-master kvpool-segment kvpoolctl)
 kvp_add_test(test_put_intent SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_put_intent.c LABEL integration TIMEOUT 120)
 set_tests_properties(test_put_intent PROPERTIES RUN_SERIAL TRUE)
 add_dependencies(test_put_intent kvpool-master kvpool-segment kvpoolctl)
+# The leader's range verifier alone (service_verify.h): ids, results, timeouts, reset, bounds.
+kvp_add_test(test_master_verify SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_verify.c LABEL unit TIMEOUT 30)
