@@ -259,6 +259,10 @@ static uint32_t svc_command_cost(const Kvp__Command *c)
 
 int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command *cmd)
 {
+    /* Level 6: puts acknowledged before their seal (service_put.c) are sealed in the log before
+     * anything this leader logs after their acknowledgement (a Remove of the key finds it sealed). */
+    if (cmd->body_case != KVP__COMMAND__BODY_PUT_SEAL)
+        svc_put_flush_seals(s);
     cmd->now_wall_ms = kvp_clock_wall_ms();
     cmd->term = s->term;
     /* A lease horizon (docs/master.md, "Leases and failover"): the FSM quarantines the space a
@@ -478,6 +482,7 @@ static int on_raftlog_event(struct kvp_master_service *s, zsock_t *sock)
 static int on_tick(struct kvp_master_service *s)
 {
     svc_refresh_leadership(s);
+    svc_put_flush_seals(s); /* acknowledged puts' seals that no command carried since */
     if (s->log_failed_ms && (!s->is_leader || kvp_clock_now_ms() - s->log_failed_ms >= 2000)) {
         s->fatal = true;
         return -1;

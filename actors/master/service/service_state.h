@@ -422,6 +422,9 @@ bool svc_put_try_revoke(struct kvp_master_service *s, zframe_t *identity, const 
  * and dispatched again once the seal applied (true), or false when none of its keys is sealing. */
 void svc_put_on_intent(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req);
 void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp);
+/* Submit the seals acknowledged and not yet in the log, as one PutSealCmd (svc_submit does it
+ * before any other command, the 10 ms tick otherwise). */
+void svc_put_flush_seals(struct kvp_master_service *s);
 const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s);
 bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
 /* Level 6 counters into the status document's soft_state (put_intents, puts_sealed_early,
