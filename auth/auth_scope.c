@@ -28,6 +28,7 @@ static bool role_allows(enum kvp_auth_role role, const char *tenant, Kvp__Reques
     case KVP__REQUEST__BODY_DRAIN:
     case KVP__REQUEST__BODY_PUT_START:
     case KVP__REQUEST__BODY_PUT_END:
+    case KVP__REQUEST__BODY_PUT_INTENT:
     case KVP__REQUEST__BODY_PUT_REVOKE:
     case KVP__REQUEST__BODY_GET_REPLICAS:
     case KVP__REQUEST__BODY_EXISTS:
@@ -109,6 +110,10 @@ int kvp_auth_scope_request_with(Kvp__Request *req, ProtobufCAllocator *al, const
     case KVP__REQUEST__BODY_PUT_END:
         for (size_t i = 0; req->put_end && i < req->put_end->n_items; i++)
             SCOPE(req->put_end->items[i]->key);
+        break;
+    case KVP__REQUEST__BODY_PUT_INTENT: /* scoped as its PutEnd, which must find the same key */
+        for (size_t i = 0; req->put_intent && i < req->put_intent->n_items; i++)
+            SCOPE(req->put_intent->items[i]->key);
         break;
     case KVP__REQUEST__BODY_PUT_REVOKE:
         for (size_t i = 0; req->put_revoke && i < req->put_revoke->n_items; i++)

@@ -122,7 +122,91 @@ struct put_sums {
     const struct kvp_client_obj *objs;
     uint64_t *sum;
     bool *have;
+    /* Level 6: send PutIntent for the items with intent[j] once their checksums are known. */
+    struct kvp_client *c;
+    const bool *intent;
+    uint64_t deadline;
+    uint32_t replica_num;
+    bool soft_pin;
 };
+
+/* Level 6 (docs/master.md "Intent overlapped with the transfer (level 6)"): a put placed from a
+ * reservation may have its intent committed while its bytes move, so that its PutEnd is
+ * answered without a commit: the put then costs max(checksum + commit, transfer) instead of
+ * transfer + commit. Only for calls of at least this many bytes: a smaller transfer is shorter
+ * than a commit (a 1 MiB write on loopback ~0.4 ms, a commit ~1 ms), so the intent would be the
+ * longer leg and its extra RPC would only add master work for no gain. */
+#define KVP_PUT_INTENT_MIN_BYTES (1ull << 20)
+
+/* The PutEnd item of it (key, op, checksum, and the placement echoed from its PutStart result
+ * when placed from a reservation). place: KVP_PUT_PLACE_MAX slots for it. */
+static void end_item_fill(Kvp__PutEndItem *ei, const struct put_item *it, const struct kvp_client_obj *o,
+                          uint64_t checksum, uint32_t replica_num, bool soft_pin, Kvp__ReplicaPlace *place,
+                          Kvp__ReplicaPlace **placep)
+{
+    kvp__put_end_item__init(ei);
+    ei->key = (char *)o->key;
+    ei->op_id = it->op_id;
+    ei->checksum = checksum;
+    const Kvp__PutStartResult *sr = it->start;
+    if (!sr || !sr->term || sr->n_replicas > KVP_PUT_PLACE_MAX || !place || !placep)
+        return;
+    /* Placed by the leader in its reservations: echo the placement, so that a new leader can
+     * commit this put after a failover (docs/master.md "One-commit put"). */
+    ei->term = sr->term;
+    ei->deadline_ms = sr->deadline_ms;
+    ei->size = it->size;
+    ei->replica_num = replica_num;
+    ei->soft_pin = soft_pin;
+    ei->replicas = placep;
+    for (size_t k = 0; k < sr->n_replicas; k++) {
+        kvp__replica_place__init(&place[k]);
+        place[k].segment_id = sr->replicas[k]->segment_id;
+        place[k].offset = sr->replicas[k]->offset;
+        ei->replicas[ei->n_replicas++] = &place[k];
+    }
+}
+
+/* PutIntent for the items marked in ps->intent whose checksums are known; its answer is only
+ * logged: whatever it was, the PutEnd that follows ends each put (sealing a committed intent,
+ * committing the others as before), and a failed put is revoked as before. */
+static void put_send_intent(struct put_sums *ps)
+{
+    size_t m = ps->m, n = 0;
+    Kvp__PutEndItem *ii = calloc(m, sizeof *ii);
+    Kvp__PutEndItem **ip = calloc(m, sizeof *ip);
+    Kvp__ReplicaPlace *place = calloc(m * KVP_PUT_PLACE_MAX, sizeof *place);
+    Kvp__ReplicaPlace **placep = calloc(m * KVP_PUT_PLACE_MAX, sizeof *placep);
+    if (ii && ip && place && placep) {
+        for (size_t j = 0; j < m; j++) {
+            if (!ps->intent[j] || !ps->have[j] || ps->it[j].status != KVP_OK)
+                continue;
+            end_item_fill(&ii[n], &ps->it[j], &ps->objs[ps->it[j].obj], ps->sum[j], ps->replica_num, ps->soft_pin,
+                          &place[n * KVP_PUT_PLACE_MAX], &placep[n * KVP_PUT_PLACE_MAX]);
+            ip[n] = &ii[n];
+            n++;
+        }
+    }
+    if (n > 0) {
+        Kvp__Request req;
+        Kvp__PutIntentReq pi;
+        kvp__request__init(&req);
+        kvp__put_intent_req__init(&pi);
+        pi.n_items = n;
+        pi.items = ip;
+        req.body_case = KVP__REQUEST__BODY_PUT_INTENT;
+        req.put_intent = &pi;
+        Kvp__Response *resp = NULL;
+        int rc = kvp_client_rpc(ps->c, &req, ps->deadline, KVP__RESPONSE__BODY_PUT_END, &resp);
+        if (rc != KVP_OK)
+            kvp_log_debug(ps->c->name, "PutIntent of %zu item(s): %s (PutEnd commits them)", n, kvp_errname(rc));
+        kvp_msession_response_free(resp);
+    }
+    free(ii);
+    free(ip);
+    free(place);
+    free(placep);
+}
 
 static void put_sums_compute(void *arg)
 {
@@ -134,6 +218,8 @@ static void put_sums_compute(void *arg)
         ps->sum[j] = kvp_client_checksum(o->iov, o->iovcnt, ps->it[j].size);
         ps->have[j] = true;
     }
+    if (ps->intent) /* still in the calling thread while the bytes move */
+        put_send_intent(ps);
 }
 
 /* Most segments one put call reports unreachable. */
@@ -163,6 +249,7 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
     size_t *epos = calloc(n, sizeof *epos);
     uint64_t *sum = calloc(n, sizeof *sum);
     bool *have_sum = calloc(n, sizeof *have_sum);
+    bool *want_intent = calloc(n, sizeof *want_intent); /* NULL: no intents (today's flow) */
     struct kvp_xfer_slice *slices = NULL;
     size_t *slice_item = NULL;
     uint8_t *slice_feed = NULL; /* [GPU hook] 1: replica 0's slices, which feed the staged checksum */
@@ -348,7 +435,20 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                 for (size_t q = 0; q < ns; q++)
                     slices[q].status = KVP_ERR_TIMEOUT;
             } else {
-                struct put_sums ps = {.it = it, .m = m, .objs = objs, .sum = sum, .have = have_sum};
+                struct put_sums ps = {.it = it, .m = m, .objs = objs, .sum = sum, .have = have_sum,
+                                      .c = c, .deadline = deadline, .replica_num = replica_num,
+                                      .soft_pin = opts && opts->soft_pin};
+                /* Level 6: which items' intents go while the bytes move (none with device pieces:
+                 * theirs are summed on bounce buffers after the transfer) */
+                uint64_t intent_bytes = 0;
+                for (size_t j = 0; j < m && !any_dev && want_intent; j++)
+                    if (it[j].status == KVP_OK && it[j].start && it[j].start->term && it[j].start->intent_ok &&
+                        it[j].start->n_replicas <= KVP_PUT_PLACE_MAX) {
+                        want_intent[j] = true;
+                        intent_bytes += it[j].size;
+                    }
+                if (intent_bytes >= KVP_PUT_INTENT_MIN_BYTES)
+                    ps.intent = want_intent;
                 kvp_dtoken_ensure(c->dtok, c->ms, c->xfer, slices, ns, left); /* tokens of new segments */
                 /* per-slice status is authoritative */
                 if (!any_dev) {
@@ -419,30 +519,14 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
         if (it[j].status != KVP_OK)
             continue;
         const struct kvp_client_obj *o = &objs[it[j].obj];
-        kvp__put_end_item__init(&ei[ne]);
-        ei[ne].key = (char *)o->key;
-        ei[ne].op_id = it[j].op_id;
-        ei[ne].checksum = have_sum[j] ? sum[j] : kvp_client_checksum(o->iov, o->iovcnt, it[j].size);
         const Kvp__PutStartResult *sr = it[j].start;
-        if (sr && sr->term && sr->n_replicas <= KVP_PUT_PLACE_MAX &&
-            (place || (place = calloc(m * KVP_PUT_PLACE_MAX, sizeof *place))) &&
-            (placep || (placep = calloc(m * KVP_PUT_PLACE_MAX, sizeof *placep)))) {
-            /* Placed by the leader in its reservations: echo the placement, so that a new leader
-             * can commit this put after a failover (docs/master.md "One-commit put"). */
-            ei[ne].term = sr->term;
-            ei[ne].deadline_ms = sr->deadline_ms;
-            ei[ne].size = it[j].size;
-            ei[ne].replica_num = replica_num;
-            ei[ne].soft_pin = opts && opts->soft_pin;
-            ei[ne].replicas = &placep[ne * KVP_PUT_PLACE_MAX];
-            for (size_t k = 0; k < sr->n_replicas; k++) {
-                Kvp__ReplicaPlace *rp = &place[ne * KVP_PUT_PLACE_MAX + k];
-                kvp__replica_place__init(rp);
-                rp->segment_id = sr->replicas[k]->segment_id;
-                rp->offset = sr->replicas[k]->offset;
-                ei[ne].replicas[ei[ne].n_replicas++] = rp;
-            }
+        if (sr && sr->term && !place) {
+            place = calloc(m * KVP_PUT_PLACE_MAX, sizeof *place);
+            placep = calloc(m * KVP_PUT_PLACE_MAX, sizeof *placep);
         }
+        end_item_fill(&ei[ne], &it[j], o, have_sum[j] ? sum[j] : kvp_client_checksum(o->iov, o->iovcnt, it[j].size),
+                      replica_num, opts && opts->soft_pin, place ? &place[ne * KVP_PUT_PLACE_MAX] : NULL,
+                      placep ? &placep[ne * KVP_PUT_PLACE_MAX] : NULL);
         ep[ne] = &ei[ne];
         epos[ne++] = j;
     }
@@ -505,6 +589,7 @@ out:
     free(epos);
     free(sum);
     free(have_sum);
+    free(want_intent);
 }
 
 void kvp_client_put_objs(struct kvp_client *c, size_t n, const struct kvp_client_obj *objs,

@@ -7,6 +7,8 @@ kvp_add_test(test_fsm_memory SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_mem
 # The quarantine's release rule by committed feature level (FIFO below 5, per entry from 5).
 kvp_add_test(test_fsm_quarantine SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_quarantine.c LABEL unit TIMEOUT 60)
 kvp_add_test(test_fsm_reserve SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_reserve.c LABEL unit TIMEOUT 60)
+# Level 6: the put's intent committed while its bytes move (pending, sealed, revoked, snapshots).
+kvp_add_test(test_fsm_intent SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_intent.c LABEL unit TIMEOUT 60)
 # issue 22: bounded walks (repair scan slices, per-tenant use kept on apply) equal the full walk.
 kvp_add_test(test_fsm_scale SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_fsm_scale.c LABEL unit TIMEOUT 60)
 # issue 22: the FSM's raft-thread holds at scale (apply of a group entry, snapshot steps), in the

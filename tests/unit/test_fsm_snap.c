@@ -348,9 +348,13 @@ static void test_fsm_restore_inconsistent_malformed(void **state)
     assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_ERR_MALFORMED);
     free(b);
     r2.offset = 128;
-    s.format = 4; /* 2 is known since feature level 3 (reservations), 3 since 5; 4 is a future one */
+    s.format = 5; /* 2 is known since feature level 3 (reservations), 3 since 5, 4 since 6; 5 is a future one */
     b = pack_snapshot(&s, &n);
     assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_ERR_VERSION);
+    free(b);
+    s.format = 4; /* written exactly when level 6 is committed: here none is */
+    b = pack_snapshot(&s, &n);
+    assert_int_equal(kvp_master_fsm_restore(g, b, n), KVP_ERR_MALFORMED);
     free(b);
     s.format = 3; /* written exactly when level 5 is committed: here none is */
     b = pack_snapshot(&s, &n);
@@ -474,7 +478,7 @@ static void test_fsm_snap_object_encoder_matches_protobuf_c(void **state)
         for (unsigned i = 0; i < nrep; i++)
             o->rep[i] = (struct kvp_fsm_replica){.segment_id = i * 3, .state = i & 1, .offset = (uint64_t)i << 33};
         uint8_t mine[KVP_FSM_SNAP_OBJECT_MAX];
-        size_t n = kvp_fsm_snap_object_encode(o, mine);
+        size_t n = kvp_fsm_snap_object_encode(NULL, o, mine);
 
         Kvp__SnapObject m = KVP__SNAP_OBJECT__INIT;
         Kvp__SnapReplica rm[3], *rp[3];

@@ -273,6 +273,88 @@ void kvp_fsm_pending_del(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
     last->pending_idx = (uint32_t)i;
 }
 
+int kvp_fsm_intent_add(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t deadline_ms)
+{
+    if (f->n_intents == f->intents_cap) {
+        uint64_t cap = f->intents_cap ? f->intents_cap * 2 : 16;
+        struct kvp_fsm_intent_ent *p = realloc(f->intents, cap * sizeof(*p));
+        if (!p)
+            return KVP_ERR_NOMEM;
+        f->intents = p;
+        f->intents_cap = cap;
+    }
+    o->pending_idx = (uint32_t)f->n_intents;
+    f->intents[f->n_intents++] = (struct kvp_fsm_intent_ent){o, deadline_ms};
+    return KVP_OK;
+}
+
+void kvp_fsm_intent_del(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
+{
+    uint64_t i = o->pending_idx;
+    f->intents[i] = f->intents[--f->n_intents];
+    f->intents[i].o->pending_idx = (uint32_t)i;
+}
+
+uint64_t kvp_fsm_obj_deadline(const struct kvp_master_fsm *f, const struct kvp_fsm_obj *o)
+{
+    if (o->state == KVP_FSM_OBJ_PENDING)
+        return o->u.deadline_ms;
+    if (f && o->state == KVP_FSM_OBJ_INTENT && o->pending_idx < f->n_intents)
+        return f->intents[o->pending_idx].deadline_ms;
+    return 0;
+}
+
+_Static_assert(KVP_FSM_INTENT_MAX_REPLICAS == KVP_FSM_MAX_REPLICAS, "struct kvp_fsm_intent holds every replica");
+
+static void intent_fill(const struct kvp_master_fsm *f, const struct kvp_fsm_intent_ent *e,
+                        struct kvp_fsm_intent *out)
+{
+    const struct kvp_fsm_obj *o = e->o;
+    memset(out, 0, sizeof(*out));
+    out->key = kvp_fsm_obj_key(o);
+    out->op_id = o->op_id;
+    out->size = o->size;
+    out->checksum = o->u.checksum;
+    out->term = o->term;
+    out->deadline_ms = e->deadline_ms;
+    out->replica_num = o->pad[0];
+    out->soft_pin = o->soft_pin != 0;
+    out->nreplicas = o->n_replicas;
+    for (unsigned i = 0; i < o->n_replicas; i++) {
+        out->replicas[i].segment_id = o->rep[i].segment_id;
+        out->replicas[i].offset = o->rep[i].offset;
+    }
+    (void)f;
+}
+
+void kvp_fsm_intent_each(const struct kvp_master_fsm *fsm, bool (*fn)(const struct kvp_fsm_intent *, void *),
+                         void *arg)
+{
+    struct kvp_fsm_intent it;
+    for (uint64_t i = 0; fsm && fn && i < fsm->n_intents; i++) {
+        intent_fill(fsm, &fsm->intents[i], &it);
+        if (!fn(&it, arg))
+            break;
+    }
+}
+
+bool kvp_fsm_intent_get(const struct kvp_master_fsm *fsm, const char *key, struct kvp_fsm_intent *out)
+{
+    size_t klen;
+    if (!fsm || !out || !kvp_fsm_key_valid(key, &klen))
+        return false;
+    const struct kvp_fsm_obj *o = kvp_fsm_obj_find(fsm, key, klen);
+    if (!o || o->state != KVP_FSM_OBJ_INTENT || o->pending_idx >= fsm->n_intents)
+        return false;
+    intent_fill(fsm, &fsm->intents[o->pending_idx], out);
+    return true;
+}
+
+uint64_t kvp_fsm_intent_count(const struct kvp_master_fsm *fsm)
+{
+    return fsm ? fsm->n_intents : 0;
+}
+
 /* ------------------------------------------------------------------ segments */
 
 struct kvp_fsm_seg *kvp_fsm_seg_get(const struct kvp_master_fsm *f, uint32_t id)
@@ -411,14 +493,16 @@ uint64_t kvp_master_fsm_quarantine_late(const struct kvp_master_fsm *f, uint64_t
 
 void kvp_fsm_obj_destroy(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t now_ms)
 {
+    kvp_fsm_snap_touch(f, o); /* before the intent list forgets its deadline */
     uint64_t len = kvp_alloc_round(o->size);
     /* A pending put's writer may still have WRITE frames in flight until its deadline (the
      * segment refuses payload after the frame's write deadline, which the client sets no later
      * than the put's deadline; docs/fencing.md). So its space counts as freed at the deadline,
      * not now: reuse waits for deadline + fence_grace_ms (contract C3). */
     uint64_t freed_at = now_ms;
-    if (o->state == KVP_FSM_OBJ_PENDING && o->u.deadline_ms > freed_at)
-        freed_at = o->u.deadline_ms;
+    uint64_t deadline = kvp_fsm_obj_deadline(f, o); /* an intent's writer too (PENDING, INTENT) */
+    if (deadline > freed_at)
+        freed_at = deadline;
     for (unsigned i = 0; i < o->n_replicas; i++) {
         struct kvp_fsm_seg *s = kvp_fsm_seg_get(f, o->rep[i].segment_id);
         if (!s || s->state == KVP__SEGMENT_STATE__SEGMENT_LOST)
@@ -432,6 +516,8 @@ void kvp_fsm_obj_destroy(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64
     }
     if (o->state == KVP_FSM_OBJ_PENDING)
         kvp_fsm_pending_del(f, o);
+    else if (o->state == KVP_FSM_OBJ_INTENT)
+        kvp_fsm_intent_del(f, o);
     else {
         if (o->soft_pin)
             f->pinned_bytes -= o->size;
@@ -513,6 +599,9 @@ void kvp_fsm_state_clear(struct kvp_master_fsm *f)
     free(f->pending);
     f->pending = NULL;
     f->n_pending = f->pending_cap = 0;
+    free(f->intents);
+    f->intents = NULL;
+    f->n_intents = f->intents_cap = 0;
     for (uint32_t i = 0; i < f->n_segs_ids; i++)
         kvp_fsm_seg_free(f->segs[i]);
     free(f->segs);
@@ -662,8 +751,8 @@ int kvp_master_fsm_apply(struct kvp_master_fsm *fsm, const Kvp__Command *cmd, Kv
     return KVP_OK;
 }
 
-int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *req,
-                         Kvp__Response **out)
+int kvp_master_fsm_query_vis(const struct kvp_master_fsm *fsm, const Kvp__Request *req,
+                             const struct kvp_fsm_qvis *vis, Kvp__Response **out)
 {
     if (!fsm || !req || !out)
         return KVP_ERR_INVALID;
@@ -672,13 +761,18 @@ int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *r
     if (!r)
         return KVP_ERR_NOMEM;
     r->req_id = req->req_id;
-    int rc = kvp_fsm_query_req(fsm, req, r);
+    int rc = kvp_fsm_query_req(fsm, req, r, vis);
     if (rc != KVP_OK) {
         kvp_master_fsm_response_free(r);
         return rc;
     }
     *out = r;
     return KVP_OK;
+}
+
+int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *req, Kvp__Response **out)
+{
+    return kvp_master_fsm_query_vis(fsm, req, NULL, out);
 }
 
 void kvp_master_fsm_stats(const struct kvp_master_fsm *fsm, struct kvp_master_fsm_stats *out)
@@ -693,8 +787,8 @@ void kvp_master_fsm_stats(const struct kvp_master_fsm *fsm, struct kvp_master_fs
         out->used_bytes += s->used_bytes;
         out->quarantined_bytes += s->quarantined_bytes;
     }
-    out->objects = fsm->n_objects - fsm->n_pending;
-    out->pending_puts = fsm->n_pending;
+    out->objects = fsm->n_objects - fsm->n_pending - fsm->n_intents;
+    out->pending_puts = fsm->n_pending + fsm->n_intents;
     out->pinned_bytes = fsm->pinned_bytes;
 }
 
@@ -736,7 +830,7 @@ uint64_t kvp_master_fsm_foreach_object_slice(const struct kvp_master_fsm *fsm, u
 
 int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
 {
-    uint64_t objects = 0, pending = 0, pinned = 0;
+    uint64_t objects = 0, pending = 0, intents = 0, pinned = 0;
     /* Rebuild every live segment's allocator from the recorded extents: any overlap fails. */
     struct kvp_alloc *shadow = calloc(fsm->n_segs_ids ? fsm->n_segs_ids : 1, sizeof(*shadow));
     uint64_t *used = calloc(fsm->n_segs_ids ? fsm->n_segs_ids : 1, sizeof(*used));
@@ -819,6 +913,12 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
                 rc = -7;
                 goto out;
             }
+        } else if (o->state == KVP_FSM_OBJ_INTENT) {
+            intents++;
+            if (o->pending_idx >= fsm->n_intents || fsm->intents[o->pending_idx].o != o) {
+                rc = -7;
+                goto out;
+            }
         } else if (o->soft_pin) {
             pinned += o->size;
         }
@@ -846,7 +946,8 @@ int kvp_master_fsm_check(const struct kvp_master_fsm *fsm)
             reps[id - 1]++;
         }
     }
-    if (objects != fsm->n_objects || pending != fsm->n_pending || pinned != fsm->pinned_bytes) {
+    if (objects != fsm->n_objects || pending != fsm->n_pending || intents != fsm->n_intents ||
+        pinned != fsm->pinned_bytes) {
         rc = -12;
         goto out;
     }

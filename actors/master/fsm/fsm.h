@@ -44,6 +44,20 @@ int kvp_master_fsm_apply(struct kvp_master_fsm *fsm, const Kvp__Command *cmd, Kv
 int kvp_master_fsm_query(const struct kvp_master_fsm *fsm, const Kvp__Request *req, Kvp__Response **out);
 
 /**
+ * kvp_master_fsm_query, for the leader's own reads of level 6 (docs/master.md "Intent overlapped
+ * with the transfer (level 6)"): a pending intent counts as a complete object when
+ * vis->sealed(vis->arg, key, op_id, checksum) says so (the leader acknowledged its PutEnd and its
+ * PutSealCmd is not applied yet: read-your-writes). vis NULL: kvp_master_fsm_query. sealed runs
+ * on the caller's thread, under the caller's read.
+ */
+struct kvp_fsm_qvis {
+    bool (*sealed)(void *arg, const char *key, uint64_t op_id, uint64_t checksum);
+    void *arg;
+};
+int kvp_master_fsm_query_vis(const struct kvp_master_fsm *fsm, const Kvp__Request *req,
+                             const struct kvp_fsm_qvis *vis, Kvp__Response **out);
+
+/**
  * Free a Response from apply/query (NULL is fine). Responses are built from malloc'd parts
  * only, so this is protobuf_c_message_free_unpacked(): callers may also free them that way.
  */
@@ -217,5 +231,35 @@ bool kvp_master_fsm_segment_addr(const struct kvp_master_fsm *fsm, uint32_t id, 
 /* An ACTIVE segment's size and largest free extent (bytes); false when not ACTIVE or unknown. */
 bool kvp_master_fsm_segment_space(const struct kvp_master_fsm *fsm, uint32_t id, uint64_t *size,
                                   uint64_t *largest_free);
+
+/**
+ * Pending intents (feature level 6; docs/master.md "Intent overlapped with the transfer (level
+ * 6)"): puts whose intent (PutCommitItem.intent) committed and that no PutSealCmd / PutEnd has
+ * completed nor PutRevoke dropped. Hidden from every read and from eviction; RevokeExpired never
+ * drops them (a put acknowledged by an older leader may be unsealed): a leader that took over
+ * seals each one whose bytes it verified on the segments (PutSealCmd, its op_id and checksum)
+ * and revokes the others (PutRevoke with its op_id, once past deadline_ms).
+ * key points into the FSM (valid until the next applied command); replicas in placement order.
+ */
+#define KVP_FSM_INTENT_MAX_REPLICAS 16u
+struct kvp_fsm_intent {
+    const char *key;
+    uint64_t op_id, size, checksum, term, deadline_ms; /* size in bytes; deadline wall-clock ms */
+    uint32_t replica_num;                             /* wanted replicas (0 = nreplicas) */
+    bool soft_pin;
+    uint32_t nreplicas;
+    struct {
+        uint32_t segment_id;
+        uint64_t offset;
+    } replicas[KVP_FSM_INTENT_MAX_REPLICAS];
+};
+/* Call fn on each pending intent (list order, not sorted) until it returns false. A local read:
+ * on the raft thread or under kvp_raftlog_read_begin. fn must not change the FSM. */
+void kvp_fsm_intent_each(const struct kvp_master_fsm *fsm, bool (*fn)(const struct kvp_fsm_intent *, void *),
+                         void *arg);
+/* The pending intent of `key` into *out: true when `key` holds one. A local read as above. */
+bool kvp_fsm_intent_get(const struct kvp_master_fsm *fsm, const char *key, struct kvp_fsm_intent *out);
+/* How many intents are pending (O(1)). */
+uint64_t kvp_fsm_intent_count(const struct kvp_master_fsm *fsm);
 
 #endif

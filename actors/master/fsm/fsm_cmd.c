@@ -483,6 +483,10 @@ static int on_put_end(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
             body->status[i] = KVP_ERR_EXISTS;
         } else if (o->state == KVP_FSM_OBJ_COMPLETE) {
             body->status[i] = KVP_OK; /* retried PutEnd */
+        } else if (o->state == KVP_FSM_OBJ_INTENT) {
+            /* Level 6: an intent is sealed by a PutEnd of its op_id and checksum as by a
+             * PutSealCmd (only a level-6 member holds intents). */
+            body->status[i] = kvp_fsm_intent_seal(f, o, it->op_id, it->checksum);
         } else {
             kvp_fsm_pending_del(f, o);
             o->state = KVP_FSM_OBJ_COMPLETE;
@@ -525,10 +529,14 @@ static int on_put_revoke(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
             continue;
         }
         obj_t *o = kvp_fsm_obj_find_mut(f, it->key, klen);
-        if (!o || o->state != KVP_FSM_OBJ_PENDING || o->op_id != it->op_id) {
+        /* A pending put, or (level 6) a pending intent: the leader revokes one whose client gave
+         * up or whose bytes a new leader could not verify. */
+        if (!o || (o->state != KVP_FSM_OBJ_PENDING && o->state != KVP_FSM_OBJ_INTENT) || o->op_id != it->op_id) {
             body->status[i] = KVP_ERR_NOT_FOUND;
             continue;
         }
+        if (o->state == KVP_FSM_OBJ_INTENT)
+            kvp_log_info(KVP_FSM_ACTOR, "intent of %s (op %llx) revoked", it->key, (unsigned long long)o->op_id);
         kvp_fsm_obj_destroy(f, o, c->now_wall_ms);
         body->status[i] = KVP_OK;
     }
@@ -558,7 +566,7 @@ static int remove_keys(fsm_t *f, char **keys, size_t n, uint64_t now_ms, Kvp__Re
         obj_t *o = kvp_fsm_obj_find_mut(f, keys[i], klen);
         if (!o) {
             body->status[i] = KVP_ERR_NOT_FOUND;
-        } else if (o->state == KVP_FSM_OBJ_PENDING) {
+        } else if (o->state == KVP_FSM_OBJ_PENDING || o->state == KVP_FSM_OBJ_INTENT) {
             body->status[i] = KVP_ERR_BUSY;
         } else {
             kvp_fsm_obj_destroy(f, o, now_ms);
@@ -582,7 +590,7 @@ static int count_body(Kvp__Response *r, uint64_t n)
 
 static int on_remove_all(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
 {
-    uint64_t n = 0, cap = f->n_objects - f->n_pending;
+    uint64_t n = 0, cap = f->n_objects - f->n_pending - f->n_intents;
     obj_t **v = malloc((cap ? cap : 1) * sizeof(*v));
     if (!v)
         return KVP_ERR_NOMEM;
@@ -688,6 +696,7 @@ int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
     case KVP__COMMAND__BODY_RESERVE:
     case KVP__COMMAND__BODY_PUT_COMMIT:
     case KVP__COMMAND__BODY_RAISE_LEVEL:
+    case KVP__COMMAND__BODY_PUT_SEAL: /* bumps it itself for an object sealed short of copies */
         break;
     default:
         f->repair_epoch++;
@@ -732,6 +741,8 @@ int kvp_fsm_apply_cmd(fsm_t *f, const Kvp__Command *c, Kvp__Response *r)
         return kvp_fsm_put_commit(f, c, r);
     case KVP__COMMAND__BODY_RAISE_LEVEL:
         return kvp_fsm_raise_level(f, c, r);
+    case KVP__COMMAND__BODY_PUT_SEAL:
+        return kvp_fsm_put_seal(f, c, r);
     default:
         kvp_log_warn(KVP_FSM_ACTOR, "apply: unknown command body %d: ignored", (int)c->body_case);
         return KVP_ERR_INVALID;

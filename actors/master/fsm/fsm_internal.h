@@ -20,7 +20,11 @@
 #define KVP_FSM_KEY_MAX 512u
 #define KVP_FSM_MAX_REPLICAS 16u
 
-enum { KVP_FSM_OBJ_PENDING = 0, KVP_FSM_OBJ_COMPLETE = 1 };
+/* INTENT (feature level 6): a put's intent committed while its bytes move (PutCommitItem.intent);
+ * hidden from every read like PENDING, but out of RevokeExpired's reach: only a PutSealCmd (or
+ * PutEnd) with its op_id and checksum completes it, only a PutRevoke with its op_id drops it.
+ * u.checksum holds its checksum; its deadline is in f->intents[pending_idx]. */
+enum { KVP_FSM_OBJ_PENDING = 0, KVP_FSM_OBJ_COMPLETE = 1, KVP_FSM_OBJ_INTENT = 2 };
 
 struct kvp_fsm_replica {
     uint32_t segment_id;
@@ -33,11 +37,11 @@ struct kvp_fsm_obj {
     uint64_t op_id;   /* client-chosen id of the put that created it */
     uint64_t term;    /* Raft term of the PutStart command */
     union {
-        uint64_t checksum;    /* COMPLETE: XXH3-64 given by PutEnd */
+        uint64_t checksum;    /* COMPLETE, INTENT: XXH3-64 given by PutEnd / the intent */
         uint64_t deadline_ms; /* PENDING: wall-clock deadline (ms since epoch) */
     } u;
     uint32_t hash;        /* low bits of XXH3-64(key): table probe and fast compare */
-    uint32_t pending_idx; /* PENDING: index in fsm->pending */
+    uint32_t pending_idx; /* PENDING: index in fsm->pending; INTENT: in fsm->intents */
     uint16_t key_len;
     uint8_t state; /* KVP_FSM_OBJ_* */
     uint8_t soft_pin;
@@ -71,6 +75,11 @@ struct kvp_fsm_range {
 /* Most live reservations one segment keeps (terms not yet retired, plus refills): a bound on
  * what a buggy or hostile leader can pin, far above what one leader needs (one or two). */
 #define KVP_FSM_MAX_RESV 64u
+
+struct kvp_fsm_intent_ent {
+    struct kvp_fsm_obj *o; /* state KVP_FSM_OBJ_INTENT, o->pending_idx = this entry's index */
+    uint64_t deadline_ms;  /* the put's write deadline (wall clock) */
+};
 
 struct kvp_fsm_resv {
     uint64_t term, offset, len, horizon_ms;
@@ -128,6 +137,10 @@ struct kvp_master_fsm {
     /* Pending puts (unordered; obj->pending_idx is the index). */
     struct kvp_fsm_obj **pending;
     uint64_t n_pending, pending_cap;
+    /* Pending intents (feature level 6; unordered; obj->pending_idx is the index) with their
+     * write deadlines: an INTENT object's union holds its checksum. */
+    struct kvp_fsm_intent_ent *intents;
+    uint64_t n_intents, intents_cap;
     uint64_t pinned_bytes; /* sizes of complete soft-pinned objects */
     /* The cluster's committed feature level (RaiseLevelCmd, fsm_reserve.c): the highest level
      * ever committed, never lowered; 0 = none committed. In snapshots (field 5). */
@@ -195,8 +208,8 @@ uint32_t kvp_fsm_hash(const char *key, size_t len);
 
 /* Bytes of one SnapObject (wire/snapshot.proto) as protobuf-c would pack it, written to p
  * (at least KVP_FSM_SNAP_OBJECT_MAX bytes); returns the length. fsm_snap.c. */
-#define KVP_FSM_SNAP_OBJECT_MAX (KVP_FSM_KEY_MAX + 16 + 9 * 11 + KVP_FSM_MAX_REPLICAS * 30)
-size_t kvp_fsm_snap_object_encode(const struct kvp_fsm_obj *ob, uint8_t *p);
+#define KVP_FSM_SNAP_OBJECT_MAX (KVP_FSM_KEY_MAX + 16 + 10 * 11 + KVP_FSM_MAX_REPLICAS * 30)
+size_t kvp_fsm_snap_object_encode(const struct kvp_master_fsm *f, const struct kvp_fsm_obj *ob, uint8_t *p);
 bool kvp_fsm_key_valid(const char *key, size_t *len);
 struct kvp_fsm_obj *kvp_fsm_obj_find(const struct kvp_master_fsm *f, const char *key, size_t len);
 /* kvp_fsm_obj_find for a command that may change the object: the object is handed to a running
@@ -207,6 +220,14 @@ void kvp_fsm_obj_unlink(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
 struct kvp_fsm_obj *kvp_fsm_obj_alloc(const char *key, size_t key_len, unsigned n_replicas);
 int kvp_fsm_pending_add(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
 void kvp_fsm_pending_del(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
+/* The intent list (fsm.c): add (KVP_ERR_NOMEM, nothing changed) / drop o, an INTENT object. */
+int kvp_fsm_intent_add(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t deadline_ms);
+void kvp_fsm_intent_del(struct kvp_master_fsm *f, struct kvp_fsm_obj *o);
+/* o's deadline: PENDING from its union, INTENT from the intent list; 0 for COMPLETE. */
+uint64_t kvp_fsm_obj_deadline(const struct kvp_master_fsm *f, const struct kvp_fsm_obj *o);
+/* PutSealCmd's and PutEnd's rule for an INTENT object o (fsm_reserve.c): complete it when op_id
+ * and checksum are its own (KVP_OK), else KVP_ERR_EXISTS with nothing changed. */
+int kvp_fsm_intent_seal(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t op_id, uint64_t checksum);
 struct kvp_fsm_seg *kvp_fsm_seg_get(const struct kvp_master_fsm *f, uint32_t id);
 struct kvp_fsm_seg *kvp_fsm_seg_by_name(const struct kvp_master_fsm *f, const char *name);
 void kvp_fsm_seg_free(struct kvp_fsm_seg *s);
@@ -246,6 +267,7 @@ int kvp_fsm_repair_scan(const struct kvp_master_fsm *f, const Kvp__RepairScanReq
 int kvp_fsm_reserve(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
 int kvp_fsm_put_commit(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
 int kvp_fsm_raise_level(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
+int kvp_fsm_put_seal(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r);
 /* Retire every reservation whose horizon_ms <= now_ms; returns how many. */
 uint64_t kvp_fsm_resv_retire(struct kvp_master_fsm *f, uint64_t now_ms);
 /* Forget every reservation of s (segment lost or unmounted: its space goes with it). */
@@ -254,7 +276,8 @@ void kvp_fsm_resv_drop_all(struct kvp_fsm_seg *s);
 uint64_t kvp_fsm_resv_unused(const struct kvp_fsm_resv *v);
 
 /* fsm_query.c */
-int kvp_fsm_query_req(const struct kvp_master_fsm *f, const Kvp__Request *req, Kvp__Response *r);
+int kvp_fsm_query_req(const struct kvp_master_fsm *f, const Kvp__Request *req, Kvp__Response *r,
+                      const struct kvp_fsm_qvis *vis);
 
 /* Response helpers (fsm.c). */
 Kvp__Response *kvp_fsm_resp_new(void);

@@ -15,7 +15,10 @@
 
 typedef struct kvp_master_fsm fsm_t;
 
-static const struct kvp_fsm_obj *find_complete(const fsm_t *f, const char *key, int *status)
+/* A complete object, or (the leader's reads, level 6) an intent the caller's `vis` says it
+ * acknowledged: sealed in its memory, its PutSealCmd not applied yet. */
+static const struct kvp_fsm_obj *find_complete(const fsm_t *f, const char *key, int *status,
+                                               const struct kvp_fsm_qvis *vis)
 {
     size_t klen;
     if (!kvp_fsm_key_valid(key, &klen)) {
@@ -23,7 +26,9 @@ static const struct kvp_fsm_obj *find_complete(const fsm_t *f, const char *key, 
         return NULL;
     }
     const struct kvp_fsm_obj *o = kvp_fsm_obj_find(f, key, klen);
-    if (!o || o->state != KVP_FSM_OBJ_COMPLETE) {
+    bool sealed = o && o->state == KVP_FSM_OBJ_INTENT && vis && vis->sealed &&
+                  vis->sealed(vis->arg, key, o->op_id, o->u.checksum);
+    if (!o || (o->state != KVP_FSM_OBJ_COMPLETE && !sealed)) {
         *status = KVP_ERR_NOT_FOUND;
         return NULL;
     }
@@ -41,10 +46,10 @@ static int replica_rank(const struct kvp_fsm_seg *s, const char *client_host)
 }
 
 static int object_info(const fsm_t *f, const char *key, const char *client_host,
-                       Kvp__ObjectInfo *info)
+                       Kvp__ObjectInfo *info, const struct kvp_fsm_qvis *vis)
 {
     int st;
-    const struct kvp_fsm_obj *o = find_complete(f, key, &st);
+    const struct kvp_fsm_obj *o = find_complete(f, key, &st, vis);
     if (!o) {
         info->status = st;
         return KVP_OK;
@@ -83,7 +88,8 @@ static int object_info(const fsm_t *f, const char *key, const char *client_host,
     return KVP_OK;
 }
 
-static int q_get_replicas(const fsm_t *f, const Kvp__GetReplicaListReq *q, Kvp__Response *r)
+static int q_get_replicas(const fsm_t *f, const Kvp__GetReplicaListReq *q, Kvp__Response *r,
+                          const struct kvp_fsm_qvis *vis)
 {
     Kvp__GetReplicaListResp *body = malloc(sizeof(*body));
     if (!body)
@@ -100,14 +106,14 @@ static int q_get_replicas(const fsm_t *f, const Kvp__GetReplicaListReq *q, Kvp__
             return KVP_ERR_NOMEM;
         kvp__object_info__init(info);
         body->objects[body->n_objects++] = info;
-        int rc = object_info(f, q->keys[i], q->client_host, info);
+        int rc = object_info(f, q->keys[i], q->client_host, info, vis);
         if (rc)
             return rc;
     }
     return KVP_OK;
 }
 
-static int q_exists(const fsm_t *f, const Kvp__ExistsReq *q, Kvp__Response *r)
+static int q_exists(const fsm_t *f, const Kvp__ExistsReq *q, Kvp__Response *r, const struct kvp_fsm_qvis *vis)
 {
     Kvp__ExistsResp *body = malloc(sizeof(*body));
     if (!body)
@@ -121,13 +127,13 @@ static int q_exists(const fsm_t *f, const Kvp__ExistsReq *q, Kvp__Response *r)
     body->n_results = q->n_keys;
     for (size_t i = 0; i < q->n_keys; i++) {
         int st;
-        const struct kvp_fsm_obj *o = find_complete(f, q->keys[i], &st);
+        const struct kvp_fsm_obj *o = find_complete(f, q->keys[i], &st, vis);
         body->results[i] = o ? 1 : (st == KVP_ERR_NOT_FOUND ? 0 : st);
     }
     return KVP_OK;
 }
 
-static int q_get_size(const fsm_t *f, const Kvp__GetSizeReq *q, Kvp__Response *r)
+static int q_get_size(const fsm_t *f, const Kvp__GetSizeReq *q, Kvp__Response *r, const struct kvp_fsm_qvis *vis)
 {
     Kvp__GetSizeResp *body = malloc(sizeof(*body));
     if (!body)
@@ -141,7 +147,7 @@ static int q_get_size(const fsm_t *f, const Kvp__GetSizeReq *q, Kvp__Response *r
     body->n_sizes = q->n_keys;
     for (size_t i = 0; i < q->n_keys; i++) {
         int st;
-        const struct kvp_fsm_obj *o = find_complete(f, q->keys[i], &st);
+        const struct kvp_fsm_obj *o = find_complete(f, q->keys[i], &st, vis);
         body->sizes[i] = o ? (int64_t)o->size : st;
     }
     return KVP_OK;
@@ -253,7 +259,7 @@ static int q_cluster_status(const fsm_t *f, Kvp__Response *r)
     return KVP_OK;
 }
 
-int kvp_fsm_query_req(const fsm_t *f, const Kvp__Request *req, Kvp__Response *r)
+int kvp_fsm_query_req(const fsm_t *f, const Kvp__Request *req, Kvp__Response *r, const struct kvp_fsm_qvis *vis)
 {
     if (req->body_case != KVP__REQUEST__BODY__NOT_SET && !req->mount) {
         kvp_log_warn(KVP_FSM_ACTOR, "query: request body %d without a message",
@@ -262,11 +268,11 @@ int kvp_fsm_query_req(const fsm_t *f, const Kvp__Request *req, Kvp__Response *r)
     }
     switch (req->body_case) {
     case KVP__REQUEST__BODY_GET_REPLICAS:
-        return q_get_replicas(f, req->get_replicas, r);
+        return q_get_replicas(f, req->get_replicas, r, vis);
     case KVP__REQUEST__BODY_EXISTS:
-        return q_exists(f, req->exists, r);
+        return q_exists(f, req->exists, r, vis);
     case KVP__REQUEST__BODY_GET_SIZE:
-        return q_get_size(f, req->get_size, r);
+        return q_get_size(f, req->get_size, r, vis);
     case KVP__REQUEST__BODY_CLUSTER_STATUS:
         return q_cluster_status(f, r);
     case KVP__REQUEST__BODY_REPAIR_SCAN:

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "actors/master/fsm/fsm_internal.h"
+#include "actors/master/fsm/version.h"
 #include "kvpool.h"
 #include "runtime/log.h"
 
@@ -145,10 +146,18 @@ static int put_commit_item(struct kvp_master_fsm *f, const Kvp__Command *c, cons
         *status = KVP_ERR_INVALID;
         return KVP_OK;
     }
-    struct kvp_fsm_obj *o = kvp_fsm_obj_find(f, it->key, klen);
+    /* The intent flag counts only in a command stamped with its level: a member of level 5
+     * ignores the field (unknown to it) and would make the object complete at once. */
+    bool intent = it->intent && c->feature_level >= KVP_FEATURE_INTENT;
+    struct kvp_fsm_obj *o = kvp_fsm_obj_find_mut(f, it->key, klen);
     if (o) {
-        *status = o->state == KVP_FSM_OBJ_COMPLETE && o->op_id == it->op_id ? KVP_OK /* retried */
-                                                                            : KVP_ERR_EXISTS;
+        if (o->state == KVP_FSM_OBJ_INTENT && o->op_id == it->op_id)
+            /* A retried intent: OK. A commit of the put whose intent committed (a leader that
+             * took the PutEnd path): it seals it, with the same checksum only. */
+            *status = intent ? KVP_OK : kvp_fsm_intent_seal(f, o, it->op_id, it->checksum);
+        else
+            *status = o->state == KVP_FSM_OBJ_COMPLETE && o->op_id == it->op_id ? KVP_OK /* retried */
+                                                                                : KVP_ERR_EXISTS;
         return KVP_OK;
     }
     if (c->now_wall_ms > it->deadline_ms) {
@@ -181,7 +190,9 @@ static int put_commit_item(struct kvp_master_fsm *f, const Kvp__Command *c, cons
     o->u.checksum = it->checksum;
     o->soft_pin = it->soft_pin;
     o->pad[0] = (uint8_t)(it->replica_num ? it->replica_num : it->n_replicas);
-    o->state = KVP_FSM_OBJ_COMPLETE;
+    /* An intent's replicas are COMPLETE too: the object's state alone hides it, and a segment
+     * lost before the seal then drops one copy as for a complete object, not the whole put. */
+    o->state = intent ? KVP_FSM_OBJ_INTENT : KVP_FSM_OBJ_COMPLETE;
     for (size_t i = 0; i < it->n_replicas; i++)
         o->rep[i] = (struct kvp_fsm_replica){.segment_id = segs[i]->id,
                                              .state = KVP__REPLICA_STATE__REPLICA_COMPLETE,
@@ -202,13 +213,23 @@ static int put_commit_item(struct kvp_master_fsm *f, const Kvp__Command *c, cons
         free(o);
         return KVP_ERR_NOMEM;
     }
-    bool repair = it->n_replicas < KVP_FSM_OBJ_WANT(o);
+    if (intent && kvp_fsm_intent_add(f, o, it->deadline_ms) != KVP_OK) {
+        kvp_fsm_obj_unlink(f, o);
+        free(o);
+        return KVP_ERR_NOMEM;
+    }
     for (size_t i = 0; i < it->n_replicas; i++) {
         used_insert(resv[i], at[i], it->replicas[i]->offset, need); /* room made above */
         segs[i]->n_replicas++; /* used_bytes: the bytes move from the reservation to the object */
+    }
+    if (intent) {
+        *status = KVP_OK; /* complete (pinned, tenant, repair) at its seal */
+        return KVP_OK;
+    }
+    bool repair = it->n_replicas < KVP_FSM_OBJ_WANT(o);
+    for (size_t i = 0; i < it->n_replicas; i++)
         if (segs[i]->state != KVP__SEGMENT_STATE__SEGMENT_ACTIVE)
             repair = true; /* its segment began draining since the placement */
-    }
     if (repair)
         f->repair_epoch++;
     if (o->soft_pin)
@@ -228,6 +249,55 @@ int kvp_fsm_put_commit(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Res
         int rc = put_commit_item(f, c, q->items[i], &body->status[i]);
         if (rc != KVP_OK)
             return rc;
+    }
+    return KVP_OK;
+}
+
+int kvp_fsm_intent_seal(struct kvp_master_fsm *f, struct kvp_fsm_obj *o, uint64_t op_id, uint64_t checksum)
+{
+    if (o->state != KVP_FSM_OBJ_INTENT || o->op_id != op_id || o->u.checksum != checksum)
+        return KVP_ERR_EXISTS;
+    kvp_fsm_snap_touch(f, o);
+    kvp_fsm_intent_del(f, o);
+    o->state = KVP_FSM_OBJ_COMPLETE;
+    bool repair = o->n_replicas < KVP_FSM_OBJ_WANT(o); /* a copy lost since the intent */
+    for (unsigned k = 0; k < o->n_replicas; k++) {
+        const struct kvp_fsm_seg *sg = kvp_fsm_seg_get(f, o->rep[k].segment_id);
+        if (!sg || sg->state != KVP__SEGMENT_STATE__SEGMENT_ACTIVE)
+            repair = true;
+    }
+    if (repair)
+        f->repair_epoch++;
+    if (o->soft_pin)
+        f->pinned_bytes += o->size;
+    kvp_fsm_tenant_count(f, o, +1);
+    return KVP_OK;
+}
+
+/* PutSealCmd (feature level 6): each intent of the item's op_id and checksum becomes complete.
+ * OK also for an object already complete with that op_id and checksum (a seal logged twice);
+ * NOT_FOUND when the key holds no intent (revoked, or a put of the PutStart path); EXISTS for
+ * another op_id or checksum. Answered with PutEndResp. */
+int kvp_fsm_put_seal(struct kvp_master_fsm *f, const Kvp__Command *c, Kvp__Response *r)
+{
+    const Kvp__PutSealCmd *q = c->put_seal;
+    Kvp__PutEndResp *body = kvp_fsm_put_end_body(r, q->n_items);
+    if (!body)
+        return KVP_ERR_NOMEM;
+    for (size_t i = 0; i < q->n_items; i++) {
+        const Kvp__PutSealItem *it = q->items[i];
+        size_t klen;
+        if (!it || !kvp_fsm_key_valid(it->key, &klen)) {
+            body->status[i] = KVP_ERR_INVALID;
+            continue;
+        }
+        struct kvp_fsm_obj *o = kvp_fsm_obj_find_mut(f, it->key, klen);
+        if (!o || o->state == KVP_FSM_OBJ_PENDING)
+            body->status[i] = KVP_ERR_NOT_FOUND;
+        else if (o->state == KVP_FSM_OBJ_COMPLETE)
+            body->status[i] = o->op_id == it->op_id && o->u.checksum == it->checksum ? KVP_OK : KVP_ERR_EXISTS;
+        else
+            body->status[i] = kvp_fsm_intent_seal(f, o, it->op_id, it->checksum);
     }
     return KVP_OK;
 }

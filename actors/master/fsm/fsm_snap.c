@@ -31,6 +31,10 @@ typedef struct kvp_master_fsm fsm_t;
  * image and then apply the log by the FIFO's clamp, and free later than the others. It refuses
  * format 3 (KVP_ERR_VERSION) instead. */
 #define SNAP_FORMAT_L5 3u
+/* Written instead of 3 once feature level 6 is committed: pending intents (SnapObject.intent)
+ * may be in it, which a master of level 5 or less would restore as pending puts and revoke at
+ * their deadline. It refuses format 4 (KVP_ERR_VERSION) instead. */
+#define SNAP_FORMAT_L6 4u
 _Static_assert(sizeof(struct kvp_fsm_range) == 2 * sizeof(uint64_t), "SnapReservation.used is read as ranges");
 #define SNAP_MAX_SEGMENT_IDS (1u << 24)
 
@@ -202,7 +206,7 @@ static size_t enc_u64(uint8_t *p, unsigned field, uint64_t v)
     return n + enc_varint(p + n, v);
 }
 
-size_t kvp_fsm_snap_object_encode(const struct kvp_fsm_obj *ob, uint8_t *p)
+size_t kvp_fsm_snap_object_encode(const fsm_t *f, const struct kvp_fsm_obj *ob, uint8_t *p)
 {
     size_t n = 0;
     const char *key = kvp_fsm_obj_key(ob);
@@ -212,13 +216,13 @@ size_t kvp_fsm_snap_object_encode(const struct kvp_fsm_obj *ob, uint8_t *p)
         memcpy(p + n, key, ob->key_len);
         n += ob->key_len;
     }
-    bool complete = ob->state == KVP_FSM_OBJ_COMPLETE;
+    bool complete = ob->state == KVP_FSM_OBJ_COMPLETE, intent = ob->state == KVP_FSM_OBJ_INTENT;
     n += enc_u64(p + n, 2, ob->size);
     n += enc_u64(p + n, 3, ob->op_id);
     n += enc_u64(p + n, 4, ob->term);
     n += enc_u64(p + n, 5, complete);
-    n += enc_u64(p + n, 6, complete ? ob->u.checksum : 0);
-    n += enc_u64(p + n, 7, complete ? 0 : ob->u.deadline_ms);
+    n += enc_u64(p + n, 6, complete || intent ? ob->u.checksum : 0);
+    n += enc_u64(p + n, 7, complete ? 0 : kvp_fsm_obj_deadline(f, ob));
     n += enc_u64(p + n, 8, ob->soft_pin ? 1 : 0);
     for (unsigned i = 0; i < ob->n_replicas; i++) {
         uint8_t r[32];
@@ -231,13 +235,14 @@ size_t kvp_fsm_snap_object_encode(const struct kvp_fsm_obj *ob, uint8_t *p)
         n += rn;
     }
     n += enc_u64(p + n, 40, ob->pad[0]);
+    n += enc_u64(p + n, 41, intent); /* format 4 only: none exist below level 6 */
     return n;
 }
 
-static void put_object(struct obuf *o, const struct kvp_fsm_obj *ob)
+static void put_object(struct obuf *o, const fsm_t *f, const struct kvp_fsm_obj *ob)
 {
     uint8_t b[KVP_FSM_SNAP_OBJECT_MAX + 12];
-    size_t len = kvp_fsm_snap_object_encode(ob, b + 12);
+    size_t len = kvp_fsm_snap_object_encode(f, ob, b + 12);
     size_t h = enc_varint(b, (uint64_t)F_OBJECT << 3 | 2u);
     h += enc_varint(b + h, len);
     memmove(b + h, b + 12, len);
@@ -253,7 +258,8 @@ static void put_prefix(struct obuf *o, const fsm_t *f)
     for (uint32_t i = 0; i < f->n_segs_ids && !any_resv; i++)
         any_resv = f->segs[i] && f->segs[i]->n_resv;
     put_varint(o, F_FORMAT << 3);
-    put_varint(o, f->feature_level >= KVP_FEATURE_QUARANTINE_OWN_TIME ? SNAP_FORMAT_L5
+    put_varint(o, f->feature_level >= KVP_FEATURE_INTENT                ? SNAP_FORMAT_L6
+                  : f->feature_level >= KVP_FEATURE_QUARANTINE_OWN_TIME ? SNAP_FORMAT_L5
                   : any_resv                                           ? SNAP_FORMAT_RESV
                                                                        : SNAP_FORMAT);
     if (f->n_segs_ids) {
@@ -359,7 +365,7 @@ int kvp_master_fsm_snapshot(const fsm_t *f, uint8_t **buf, size_t *len)
     for (uint64_t i = 0; i < n && !o.err; i++) {
         if (i + 8 < n) /* objects sit at random heap addresses: fetch ahead of the encoder */
             __builtin_prefetch(v[i + 8].o), __builtin_prefetch((const char *)v[i + 8].o + 64);
-        put_object(&o, v[i].o);
+        put_object(&o, f, v[i].o);
     }
     free(v);
     if (!o.err) {
@@ -539,6 +545,10 @@ static int restore_object(struct rctx *c, const Kvp__SnapObject *m)
         m->n_replicas > KVP_FSM_MAX_REPLICAS || kvp_alloc_round(m->size) == 0 ||
         kvp_fsm_obj_find(t, m->key, klen))
         return KVP_ERR_MALFORMED;
+    /* An intent only in a level-6 image (the level is written before the objects), never
+     * complete as well. */
+    if (m->intent && (m->complete || t->feature_level < KVP_FEATURE_INTENT))
+        return KVP_ERR_MALFORMED;
     uint64_t need = kvp_alloc_round(m->size);
     for (size_t i = 0; i < m->n_replicas; i++) {
         const Kvp__SnapReplica *r = m->replicas[i];
@@ -558,8 +568,8 @@ static int restore_object(struct rctx *c, const Kvp__SnapObject *m)
     o->term = m->term;
     o->soft_pin = m->soft_pin;
     o->pad[0] = (uint8_t)(m->replica_num <= KVP_FSM_MAX_REPLICAS ? m->replica_num : KVP_FSM_MAX_REPLICAS);
-    o->state = m->complete ? KVP_FSM_OBJ_COMPLETE : KVP_FSM_OBJ_PENDING;
-    if (m->complete)
+    o->state = m->complete ? KVP_FSM_OBJ_COMPLETE : m->intent ? KVP_FSM_OBJ_INTENT : KVP_FSM_OBJ_PENDING;
+    if (m->complete || m->intent)
         o->u.checksum = m->checksum;
     else
         o->u.deadline_ms = m->deadline_wall_ms;
@@ -578,6 +588,9 @@ static int restore_object(struct rctx *c, const Kvp__SnapObject *m)
     }
     int rc = kvp_fsm_obj_insert(t, o);
     if (rc == KVP_OK && o->state == KVP_FSM_OBJ_PENDING && (rc = kvp_fsm_pending_add(t, o)))
+        kvp_fsm_obj_unlink(t, o);
+    else if (rc == KVP_OK && o->state == KVP_FSM_OBJ_INTENT &&
+             (rc = kvp_fsm_intent_add(t, o, m->deadline_wall_ms)))
         kvp_fsm_obj_unlink(t, o);
     if (rc) {
         /* The extents stay reserved in t, which is thrown away on this error. */
@@ -624,7 +637,7 @@ static int restore_field(struct kvp_fsm_restore *r)
         if (get_varint(in, &v))
             return KVP_ERR_MALFORMED;
         if (field == F_FORMAT) {
-            if (v != SNAP_FORMAT && v != SNAP_FORMAT_RESV && v != SNAP_FORMAT_L5)
+            if (v != SNAP_FORMAT && v != SNAP_FORMAT_RESV && v != SNAP_FORMAT_L5 && v != SNAP_FORMAT_L6)
                 return KVP_ERR_VERSION;
             r->have_format = true;
             r->format = (uint32_t)v;
@@ -791,8 +804,10 @@ int kvp_master_fsm_restore_step(struct kvp_fsm_restore *r, size_t max_bytes, boo
             return KVP_OK;
         if (XXH3_64bits_digest(r->xs) != r->sum_want || !r->have_format)
             return KVP_ERR_MALFORMED;
-        /* format 3 is written exactly when level 5 is committed (put_prefix) */
-        if ((r->format == SNAP_FORMAT_L5) != (r->t.feature_level >= KVP_FEATURE_QUARANTINE_OWN_TIME))
+        /* format 3 is written exactly when level 5 is committed, 4 exactly when level 6 is
+         * (put_prefix) */
+        if ((r->format == SNAP_FORMAT_L5) != (r->t.feature_level == KVP_FEATURE_QUARANTINE_OWN_TIME) ||
+            (r->format == SNAP_FORMAT_L6) != (r->t.feature_level >= KVP_FEATURE_INTENT))
             return KVP_ERR_MALFORMED;
         r->phase = RS_ALLOC;
         return KVP_OK;

@@ -64,10 +64,10 @@ static size_t varint(uint8_t *p, uint64_t v)
 }
 
 /* One object as the field the stream holds: tag, length, SnapObject bytes. */
-static size_t object_field(const struct kvp_fsm_obj *o, uint8_t *b)
+static size_t object_field(const struct kvp_master_fsm *f, const struct kvp_fsm_obj *o, uint8_t *b)
 {
     uint8_t tmp[KVP_FSM_SNAP_OBJECT_MAX];
-    size_t len = kvp_fsm_snap_object_encode(o, tmp);
+    size_t len = kvp_fsm_snap_object_encode(f, o, tmp);
     size_t h = 0;
     b[h++] = F_OBJECT_TAG;
     h += varint(b + h, len);
@@ -93,7 +93,7 @@ void kvp_fsm_snap_touch_slow(struct kvp_master_fsm *f, struct kvp_fsm_obj *o)
         s->early = p;
         s->early_cap = cap;
     }
-    s->early_len += object_field(o, s->early + s->early_len);
+    s->early_len += object_field(f, o, s->early + s->early_len);
     s->objects_written++;
 }
 
@@ -245,7 +245,7 @@ int kvp_master_fsm_snap_next(struct kvp_master_fsm *f, size_t max_bytes, uint8_t
             __builtin_prefetch(f->tab[s->cursor + 8]);
         KVP_FSM_OBJ_GEN(o) = f->snap_gen;
         uint8_t b[FIELD_MAX];
-        rc = chunk_put(&c, b, object_field(o, b));
+        rc = chunk_put(&c, b, object_field(f, o, b));
         s->objects_written++;
         f->work.snap_objects++;
     }
@@ -304,7 +304,7 @@ uint64_t kvp_master_fsm_digest(const struct kvp_master_fsm *f)
         const struct kvp_fsm_obj *o = f->tab[i];
         if (!o)
             continue;
-        size_t len = kvp_fsm_snap_object_encode(o, b);
+        size_t len = kvp_fsm_snap_object_encode(f, o, b);
         sum += XXH3_64bits(b, len);
         n++;
     }

@@ -51,6 +51,12 @@ size_t kvp_feature_gate_put_start(Kvp__PutStartReq *ps, uint32_t level)
 
 uint32_t kvp_feature_command_needs(const Kvp__Command *c)
 {
+    if (c && c->body_case == KVP__COMMAND__BODY_PUT_SEAL)
+        return KVP_FEATURE_INTENT;
+    if (c && c->body_case == KVP__COMMAND__BODY_PUT_COMMIT && c->put_commit)
+        for (size_t i = 0; i < c->put_commit->n_items; i++)
+            if (c->put_commit->items[i] && c->put_commit->items[i]->intent)
+                return KVP_FEATURE_INTENT; /* a level-5 member would make it complete at once */
     if (c && (c->body_case == KVP__COMMAND__BODY_RESERVE || c->body_case == KVP__COMMAND__BODY_PUT_COMMIT))
         return KVP_FEATURE_RESERVE;
     if (c && c->body_case == KVP__COMMAND__BODY_RAISE_LEVEL)

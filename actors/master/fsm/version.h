@@ -13,6 +13,9 @@
  *      + fence_grace_ms), not at the latest time of the entries pushed before it on its segment
  *      (docs/master.md "Quarantine release per entry (level 5)"); snapshots of format 3. The
  *      switch is the apply of RaiseLevelCmd{5}: one point of the log for every member.
+ *   6  The put's intent committed while its bytes move: PutCommitItem.intent, PutSealCmd, and
+ *      snapshots of format 4 (they carry pending intents) once level 6 is committed
+ *      (docs/master.md "Intent overlapped with the transfer (level 6)").
  * A command that a member of an older level would apply differently (or not at all) may only be
  * logged once every member of the cluster reports the level that introduced it: otherwise the
  * replicated state machines diverge. The leader asks every other member for its level (each
@@ -29,11 +32,12 @@
 
 #include "wire/kvpool.pb-c.h"
 
-#define KVP_FEATURE_LEVEL 5u           /* this binary */
+#define KVP_FEATURE_LEVEL 6u           /* this binary */
 #define KVP_FEATURE_AVOID_SEGMENTS 2u  /* PutStartReq.avoid_segments placed by the FSM */
 #define KVP_FEATURE_RESERVE 3u         /* ReserveCmd, PutCommitCmd */
 #define KVP_FEATURE_COMMITTED 4u       /* RaiseLevelCmd */
 #define KVP_FEATURE_QUARANTINE_OWN_TIME 5u /* committed: quarantine released per entry */
+#define KVP_FEATURE_INTENT 6u          /* PutCommitItem.intent, PutSealCmd (committed level only) */
 
 /* A member's reported level counts while its last answer is younger than this. */
 #define KVP_FEATURE_FRESH_MS 5000u

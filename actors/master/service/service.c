@@ -203,6 +203,7 @@ void svc_pending_free(struct svc_pending *p)
     zframe_destroy(&p->identity);
     free(p->key_hashes);
     free(p->remove_status);
+    svc_verify_job_drop(p->verify_job);
     free(p);
 }
 
@@ -262,6 +263,7 @@ static uint32_t svc_command_cost(const Kvp__Command *c)
     case KVP__COMMAND__BODY_REMOVE: n = c->remove ? c->remove->n_keys : 1; break;
     case KVP__COMMAND__BODY_EVICT: n = c->evict ? c->evict->n_keys : 1; break;
     case KVP__COMMAND__BODY_PUT_COMMIT: n = c->put_commit ? c->put_commit->n_items : 1; break;
+    case KVP__COMMAND__BODY_PUT_SEAL: n = c->put_seal ? c->put_seal->n_items : 1; break;
     case KVP__COMMAND__BODY_REPAIR_START: n = c->repair_start ? c->repair_start->n_items : 1; break;
     case KVP__COMMAND__BODY_REPAIR_END: n = c->repair_end ? c->repair_end->n_items : 1; break;
     case KVP__COMMAND__BODY_REPLICA_DROP: n = c->replica_drop ? c->replica_drop->n_items : 1; break;
@@ -272,6 +274,10 @@ static uint32_t svc_command_cost(const Kvp__Command *c)
 
 int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command *cmd)
 {
+    /* Level 6: puts acknowledged before their seal (service_put.c) are sealed in the log before
+     * anything this leader logs after their acknowledgement (a Remove of the key finds it sealed). */
+    if (cmd->body_case != KVP__COMMAND__BODY_PUT_SEAL)
+        svc_put_flush_seals(s);
     cmd->now_wall_ms = kvp_clock_wall_ms();
     cmd->term = s->term;
     /* A lease horizon (docs/master.md, "Leases and failover"): the FSM quarantines the space a
@@ -291,6 +297,7 @@ int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command
         cmd->now_wall_ms = svc_fence_release_time(s, cmd->now_wall_ms);
     /* Rolling upgrades (version.h): log nothing that a member of the cluster's level would
      * apply its own way, and stamp what the command needs so that an older member refuses it. */
+    svc_resolve_test_hook(s, cmd);
     kvp_feature_prepare_command(cmd, svc_feature_level(s));
     size_t len = protobuf_c_message_get_packed_size(&cmd->base);
     uint8_t *buf = malloc(len ? len : 1);
@@ -503,6 +510,7 @@ static int on_raftlog_event(struct kvp_master_service *s, zsock_t *sock)
 static int on_tick(struct kvp_master_service *s)
 {
     svc_refresh_leadership(s);
+    svc_put_flush_seals(s); /* acknowledged puts' seals that no command carried since */
     if (s->log_failed_ms && (!s->is_leader || kvp_clock_now_ms() - s->log_failed_ms >= 2000)) {
         s->fatal = true;
         return -1;
@@ -773,6 +781,8 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->probing);
     svc_repair_free(s);
     svc_evict_destroy(s);
+    svc_resolve_destroy(s);
+    svc_verify_destroy(s);
     svc_put_destroy(s);
     kvp_fence_track_fini(&s->fence);
     for (size_t i = 0; i < sizeof s->mount_seen / sizeof s->mount_seen[0]; i++)

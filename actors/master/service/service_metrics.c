@@ -66,6 +66,7 @@ static const struct {
     {KVP__REQUEST__BODY_REMOVE_MEMBER, "remove_member"},
     {KVP__REQUEST__BODY_MOVER_POLL, "mover_poll"},
     {KVP__REQUEST__BODY_DATA_TOKEN, "data_token"},
+    {KVP__REQUEST__BODY_PUT_INTENT, "put_intent"},
 };
 #define N_TYPES (sizeof rpc_types / sizeof rpc_types[0])
 /* Codes: index -status for KVP_OK .. KVP_ERR__LAST+1; the last index for anything else. */
@@ -119,8 +120,8 @@ void svc_metrics_on_reply(struct kvp_master_service *s, const Kvp__Response *res
         for (size_t i = 0; resp->put_start && i < resp->put_start->n_results; i++)
             k[code_index(resp->put_start->results[i] ? resp->put_start->results[i]->status : KVP_ERR_INTERNAL)]++;
         break;
-    case KVP__RESPONSE__BODY_PUT_END:
-        k = m->keys[type_index(KVP__REQUEST__BODY_PUT_END)];
+    case KVP__RESPONSE__BODY_PUT_END: /* PutEnd's, or PutIntent's (same answer shape) */
+        k = m->keys[t == type_index(KVP__REQUEST__BODY_PUT_INTENT) ? t : type_index(KVP__REQUEST__BODY_PUT_END)];
         for (size_t i = 0; resp->put_end && i < resp->put_end->n_status; i++)
             k[code_index(resp->put_end->status[i])]++;
         break;

@@ -70,7 +70,8 @@ static bool local_read(struct kvp_master_service *s, struct svc_pending *p, cons
     if (kvp_raftlog_read_begin(s->rl) != KVP_OK)
         return false;
     Kvp__Response *resp = NULL;
-    int rc = kvp_master_fsm_query(s->fsm, req, &resp);
+    /* level 6: puts this leader acknowledged and is still sealing count as complete */
+    int rc = kvp_master_fsm_query_vis(s->fsm, req, svc_put_read_vis(s), &resp);
     kvp_raftlog_read_end(s->rl);
     s->local_reads++;
     finish_result(s, p, KVP_RAFTLOG_EV_QUERY, rc, rc == KVP_OK ? resp : NULL);
@@ -90,6 +91,12 @@ static void query(struct kvp_master_service *s, zframe_t *identity, const Kvp__R
         return;
     }
     if (local_read(s, p, req)) {
+        svc_pending_free(p);
+        return;
+    }
+    /* The raft thread's answer cannot see what this leader sealed in memory: such a read waits
+     * for the seal (read-your-writes after a put's acknowledgement). */
+    if (svc_put_hold_read(s, identity, req)) {
         svc_pending_free(p);
         return;
     }
@@ -692,6 +699,7 @@ static const struct svc_rpc rpc_table[SVC_RPC_CASES] = {
     [KVP__REQUEST__BODY_PUT_START] = {on_put_start, after_put_start, false},
     [KVP__REQUEST__BODY_PUT_END] = {on_put_end, after_put_end, false},
     [KVP__REQUEST__BODY_PUT_REVOKE] = {on_put_revoke, after_put_revoke, false},
+    [KVP__REQUEST__BODY_PUT_INTENT] = {svc_put_on_intent, NULL, false},
     [KVP__REQUEST__BODY_GET_REPLICAS] = {on_get_replicas, after_get_replicas, false},
     [KVP__REQUEST__BODY_EXISTS] = {on_exists, NULL, false},
     [KVP__REQUEST__BODY_GET_SIZE] = {on_get_size, NULL, false},
@@ -707,6 +715,7 @@ static const struct svc_rpc rpc_table[SVC_RPC_CASES] = {
     [KVP__REQUEST__BODY_REMOVE_MEMBER] = {on_remove_member, NULL, false},
     [KVP__REQUEST__BODY_MOVER_POLL] = {on_mover_poll, NULL, false},
     [KVP__REQUEST__BODY_DATA_TOKEN] = {on_data_token, NULL, false},
+    [KVP__REQUEST__BODY_VERIFY] = {svc_on_verify_req, NULL, false},
 };
 
 /* The table entry of a body case, NULL when it has no handler. */
@@ -787,6 +796,16 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
         break;
     case SVC_INT_RESERVE:
         svc_put_on_reserve(s, p, status, resp);
+        break;
+    case SVC_INT_SEAL:
+        svc_put_on_seal(s, p, status, resp);
+        break;
+    case SVC_INT_VERIFY_LOOKUP:
+        svc_verify_on_lookup(s, p, status, resp);
+        break;
+    case SVC_INT_RESOLVE_SEAL:
+    case SVC_INT_RESOLVE_REVOKE:
+        svc_resolve_on_result(s, p, status, resp);
         break;
     default:
         break;

@@ -18,6 +18,8 @@
 #include "actors/master/fsm/fsm.h"
 #include "actors/master/service/fence_track.h"
 #include "actors/master/service/liveness.h"
+#include "actors/master/service/service_resolve.h"
+#include "actors/master/service/service_verify.h"
 #include "actors/master/service/service.h"
 #include "actors/master/fsm/version.h"
 #include "auth/auth.h"
@@ -67,7 +69,12 @@ enum svc_internal_kind {
     SVC_INT_EVICT_SCAN,        /* service_evict.c: usage / candidates query */
     SVC_INT_EVICT,             /* service_evict.c: EvictCmd */
     SVC_INT_RESERVE,           /* service_put.c: ReserveCmd */
+    SVC_INT_SEAL,              /* service_put.c: PutSealCmd (level 6) */
+    SVC_INT_INTENT_REVOKE,     /* service_put.c: PutRevoke of an intent this leader never acked */
     SVC_INT_RAISE_LEVEL,       /* service_version.c: RaiseLevelCmd (result not needed) */
+    SVC_INT_VERIFY_LOOKUP,     /* service_verify.c: the objects of a Verify call */
+    SVC_INT_RESOLVE_SEAL,      /* service_resolve.c: PutSealCmd of a verified intent */
+    SVC_INT_RESOLVE_REVOKE,    /* service_resolve.c: PutRevoke of an intent that did not verify */
 };
 
 /** One request waiting for a raftlog result (APPLIED, QUERY or ADMIN event), keyed by corr. */
@@ -103,6 +110,10 @@ struct svc_pending {
     uint64_t repair_scan_ticket;
     /* EvictScan (service_evict.c): the same, for a pass of eviction list slices. */
     uint64_t evict_scan_ticket;
+    /* Verify (service_verify.c): the call waiting for this lookup (owned; dropped with p). */
+    void *verify_job;
+    /* PutSealCmd / PutRevoke of the intent resolver (service_resolve.c): its entry's ticket. */
+    uint64_t resolve_id;
 };
 
 /** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
@@ -252,6 +263,11 @@ struct kvp_master_service {
 
     /* One-commit put (service_put.c): this leader's reservations and puts in flight. */
     struct svc_put *put;
+
+    /* Range verification asks of this leadership (service_verify.c), made at first use. */
+    struct svc_verify *verify;
+    /* Pending intents being resolved by this leader (service_resolve.c), made at first use. */
+    struct svc_resolve *resolve;
 
     /* RDMA segments' FenceWriter/Fenced (service_fence.c, fence_track.h). */
     struct kvp_fence_track fence;
@@ -403,6 +419,22 @@ void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int
 bool svc_put_try_start(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
 bool svc_put_try_end(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req);
 bool svc_put_try_revoke(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+/* Level 6 (docs/master.md "Intent overlapped with the transfer (level 6)"), service_put.c:
+ * PutIntent's handler; a PutSealCmd's result; the leader's reads of keys it sealed in memory
+ * (the visibility callback for kvp_master_fsm_query_vis, NULL when none is sealing); a read that
+ * must wait for a seal (a read through the raft thread cannot see this leader's memory): held
+ * and dispatched again once the seal applied (true), or false when none of its keys is sealing. */
+void svc_put_on_intent(struct kvp_master_service *s, zframe_t *identity, Kvp__Request *req);
+void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp);
+/* Submit the seals acknowledged and not yet in the log, as one PutSealCmd (svc_submit does it
+ * before any other command, the 10 ms tick otherwise). */
+void svc_put_flush_seals(struct kvp_master_service *s);
+const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s);
+bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+/* Level 6 counters into the status document's soft_state (put_intents, puts_sealed_early,
+ * puts_sealing). */
+struct json_t;
+void svc_put_status(struct kvp_master_service *s, struct json_t *soft);
 
 /* service_status.c: the ClusterStatus document and Members. */
 char *svc_status_json(struct kvp_master_service *s, const char *fsm_json);
