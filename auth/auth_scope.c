@@ -48,7 +48,7 @@ static bool role_allows(enum kvp_auth_role role, const char *tenant, Kvp__Reques
 }
 
 /* *s = TENANT SEP *s. An empty string stays empty (the state machine refuses it as INVALID). */
-static int scope_key(char **s, const char *tenant, size_t tl, bool *bad)
+static int scope_key(char **s, ProtobufCAllocator *al, const char *tenant, size_t tl, bool *bad)
 {
     if (!*s || !**s)
         return KVP_OK;
@@ -59,24 +59,33 @@ static int scope_key(char **s, const char *tenant, size_t tl, bool *bad)
     if (tl == 0)
         return KVP_OK;
     size_t kl = strlen(*s);
-    char *n = malloc(tl + 1 + kl + 1);
+    char *n = al ? al->alloc(al->allocator_data, tl + 1 + kl + 1) : malloc(tl + 1 + kl + 1);
     if (!n)
         return KVP_ERR_NOMEM;
     memcpy(n, tenant, tl);
     n[tl] = KVP_AUTH_TENANT_SEP;
     memcpy(n + tl + 1, *s, kl + 1);
-    free(*s);
+    if (al)
+        al->free(al->allocator_data, *s);
+    else
+        free(*s);
     *s = n;
     return KVP_OK;
 }
 
 #define SCOPE(field)                                                                                                   \
     do {                                                                                                               \
-        if ((rc = scope_key(&(field), p->tenant, tl, &bad)) != KVP_OK)                                                \
+        if ((rc = scope_key(&(field), al, p->tenant, tl, &bad)) != KVP_OK)                                             \
             return rc;                                                                                                 \
     } while (0)
 
 int kvp_auth_scope_request(Kvp__Request *req, const struct kvp_auth_principal *p, char *why, size_t cap)
+{
+    return kvp_auth_scope_request_with(req, NULL, p, why, cap);
+}
+
+int kvp_auth_scope_request_with(Kvp__Request *req, ProtobufCAllocator *al, const struct kvp_auth_principal *p,
+                                char *why, size_t cap)
 {
     if (!p || p->role == KVP_AUTH_ROLE_ADMIN || p->role == KVP_AUTH_ROLE_MASTER)
         return KVP_OK;

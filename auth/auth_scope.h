@@ -25,6 +25,13 @@
 int kvp_auth_scope_request(Kvp__Request *req, const struct kvp_auth_principal *p, char *why, size_t cap);
 
 /**
+ * kvp_auth_scope_request for a request decoded with `al` (kvp_wire_decode_with): the scoped
+ * strings come from al and the replaced ones go back to it (NULL: malloc and free, as above).
+ */
+int kvp_auth_scope_request_with(Kvp__Request *req, ProtobufCAllocator *al, const struct kvp_auth_principal *p,
+                                char *why, size_t cap);
+
+/**
  * The tenant of a stored key (the part before the separator; "" for the default tenant) into
  * buf[cap]; returns the length of the tenant's prefix including the separator (0 for "").
  */

@@ -49,30 +49,63 @@ static uint64_t get_u64(const uint8_t *p)
     return v;
 }
 
-int kvp_wire_encode(enum kvp_wire_msg msg_id, const ProtobufCMessage *msg, uint8_t **out,
-                    size_t *out_len)
+int kvp_wire_encoded_size(enum kvp_wire_msg msg_id, const ProtobufCMessage *msg, size_t *out_len)
 {
     const ProtobufCMessageDescriptor *d = descriptor_of(msg_id);
-    if (!d || !msg || !out || !out_len || msg->descriptor != d)
+    if (!d || !msg || !out_len || msg->descriptor != d)
         return KVP_ERR_INVALID;
     size_t body = protobuf_c_message_get_packed_size(msg);
     if (body > KVP_WIRE_MAX_BODY)
         return KVP_ERR_TOO_LARGE;
-    uint8_t *buf = malloc(KVP_WIRE_HEADER_BYTES + body + 1);
-    if (!buf)
-        return KVP_ERR_NOMEM;
+    *out_len = KVP_WIRE_HEADER_BYTES + body;
+    return KVP_OK;
+}
+
+int kvp_wire_encode_into(enum kvp_wire_msg msg_id, const ProtobufCMessage *msg, uint8_t *buf, size_t len)
+{
+    const ProtobufCMessageDescriptor *d = descriptor_of(msg_id);
+    if (!d || !msg || !buf || msg->descriptor != d || len < KVP_WIRE_HEADER_BYTES ||
+        len - KVP_WIRE_HEADER_BYTES > KVP_WIRE_MAX_BODY)
+        return KVP_ERR_INVALID;
+    size_t body = len - KVP_WIRE_HEADER_BYTES;
     put_u32(buf, KVP_WIRE_MAGIC);
     buf[4] = KVP_WIRE_VERSION;
     buf[5] = 0;
     put_u16(buf + 6, (uint16_t)msg_id);
     put_u32(buf + 8, (uint32_t)body);
-    size_t packed = protobuf_c_message_pack(msg, buf + KVP_WIRE_HEADER_BYTES);
-    if (packed != body) {
+    /* protobuf-c writes exactly get_packed_size bytes: a message changed since the size was
+     * taken would overrun, so the size is checked first (one walk, no write). */
+    if (protobuf_c_message_get_packed_size(msg) != body)
+        return KVP_ERR_INTERNAL;
+    if (protobuf_c_message_pack(msg, buf + KVP_WIRE_HEADER_BYTES) != body)
+        return KVP_ERR_INTERNAL;
+    return KVP_OK;
+}
+
+int kvp_wire_encode(enum kvp_wire_msg msg_id, const ProtobufCMessage *msg, uint8_t **out,
+                    size_t *out_len)
+{
+    size_t len = 0;
+    if (!out || !out_len)
+        return KVP_ERR_INVALID;
+    int rc = kvp_wire_encoded_size(msg_id, msg, &len);
+    if (rc != KVP_OK)
+        return rc;
+    uint8_t *buf = malloc(len + 1);
+    if (!buf)
+        return KVP_ERR_NOMEM;
+    size_t body = len - KVP_WIRE_HEADER_BYTES;
+    put_u32(buf, KVP_WIRE_MAGIC);
+    buf[4] = KVP_WIRE_VERSION;
+    buf[5] = 0;
+    put_u16(buf + 6, (uint16_t)msg_id);
+    put_u32(buf + 8, (uint32_t)body);
+    if (protobuf_c_message_pack(msg, buf + KVP_WIRE_HEADER_BYTES) != body) {
         free(buf);
         return KVP_ERR_INTERNAL;
     }
     *out = buf;
-    *out_len = KVP_WIRE_HEADER_BYTES + body;
+    *out_len = len;
     return KVP_OK;
 }
 
@@ -92,6 +125,12 @@ int kvp_wire_encode_command_batch(const Kvp__CommandBatch *b, uint8_t **out, siz
 int kvp_wire_decode(enum kvp_wire_msg expect, const uint8_t *buf, size_t len,
                     ProtobufCMessage **out)
 {
+    return kvp_wire_decode_with(expect, buf, len, NULL, out);
+}
+
+int kvp_wire_decode_with(enum kvp_wire_msg expect, const uint8_t *buf, size_t len,
+                         ProtobufCAllocator *allocator, ProtobufCMessage **out)
+{
     const ProtobufCMessageDescriptor *d = descriptor_of(expect);
     if (!d || !out)
         return KVP_ERR_INVALID;
@@ -109,7 +148,7 @@ int kvp_wire_decode(enum kvp_wire_msg expect, const uint8_t *buf, size_t len,
     uint32_t body = get_u32(buf + 8);
     if (body > KVP_WIRE_MAX_BODY || (size_t)body != len - KVP_WIRE_HEADER_BYTES)
         return KVP_ERR_MALFORMED;
-    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, body, buf + KVP_WIRE_HEADER_BYTES);
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, allocator, body, buf + KVP_WIRE_HEADER_BYTES);
     if (!m)
         return KVP_ERR_MALFORMED;
     *out = m;

@@ -40,6 +40,17 @@ enum kvp_wire_msg {
 int kvp_wire_encode(enum kvp_wire_msg msg_id, const ProtobufCMessage *msg, uint8_t **out,
                     size_t *out_len);
 
+/**
+ * The two halves of kvp_wire_encode, for a caller that owns the buffer (e.g. a zmq_msg_t):
+ * kvp_wire_encoded_size sets *out_len to the envelope plus the packed body, in bytes
+ * (KVP_ERR_INVALID, KVP_ERR_TOO_LARGE); kvp_wire_encode_into writes exactly that many bytes into
+ * buf (len must be that size: KVP_ERR_INVALID for a bad argument, KVP_ERR_INTERNAL when the
+ * message no longer packs to len - KVP_WIRE_HEADER_BYTES bytes; nothing past buf + len is
+ * written either way).
+ */
+int kvp_wire_encoded_size(enum kvp_wire_msg msg_id, const ProtobufCMessage *msg, size_t *out_len);
+int kvp_wire_encode_into(enum kvp_wire_msg msg_id, const ProtobufCMessage *msg, uint8_t *buf, size_t len);
+
 /** Shorthands that type-check. */
 int kvp_wire_encode_request(const Kvp__Request *req, uint8_t **out, size_t *out_len);
 int kvp_wire_encode_response(const Kvp__Response *resp, uint8_t **out, size_t *out_len);
@@ -53,6 +64,14 @@ int kvp_wire_encode_command_batch(const Kvp__CommandBatch *b, uint8_t **out, siz
  */
 int kvp_wire_decode(enum kvp_wire_msg expect, const uint8_t *buf, size_t len,
                     ProtobufCMessage **out);
+
+/**
+ * kvp_wire_decode with the body's memory from `allocator` (NULL: malloc, as kvp_wire_decode).
+ * With an arena (wire/arena.h) the message is released by resetting the arena, not by
+ * protobuf_c_message_free_unpacked.
+ */
+int kvp_wire_decode_with(enum kvp_wire_msg expect, const uint8_t *buf, size_t len,
+                         ProtobufCAllocator *allocator, ProtobufCMessage **out);
 
 int kvp_wire_decode_request(const uint8_t *buf, size_t len, Kvp__Request **out);
 int kvp_wire_decode_response(const uint8_t *buf, size_t len, Kvp__Response **out);

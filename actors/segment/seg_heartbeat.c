@@ -15,6 +15,10 @@
  * last FenceWriter run); a FenceWriter in an answer with a new seq fences the writers' QPs at
  * once (seg_rdma.h) and the next heartbeat goes out right away with its Fenced, so that the
  * leader frees what it held for it (docs/rdma.md "FenceWriter and Fenced").
+ * Range verification (seg_verify.h): the RangeVerify of an answer are queued, up to
+ * KVP_SEG_VERIFY_BUDGET_BYTES of them hashed on this thread right after the answer (and at each
+ * tick), and the next heartbeat, which goes out right away while there are answers or ranges left,
+ * carries the RangeSums. A range larger than the budget takes several heartbeats.
  * Stall fence: when two ticks are more than 3 periods + 1 s apart (SIGSTOP, a paused VM), the
  * master may have declared the segment lost: the data plane refuses data until a heartbeat
  * confirms the id.
@@ -39,6 +43,7 @@
 
 #include "actors/segment/seg_rdma.h"
 #include "actors/segment/seg_server.h"
+#include "actors/segment/seg_verify.h"
 #include "actors/segment/segment_state.h"
 #include "actors/session/msession.h"
 #include "kvpool.h"
@@ -67,6 +72,7 @@ struct hb_state {
     bool drain_signalled;
     uint64_t last_tick_ms;
     struct kvp_seg_fence_ack fence; /* the last FenceWriter run (seg_rdma.h) */
+    struct kvp_seg_verify verify;   /* the leader's RangeVerify, queued and answered (seg_verify.h) */
 };
 
 static int send_beat(struct kvp_rt_ctx *ctx, struct hb_state *h, uint32_t id);
@@ -136,6 +142,18 @@ static int post_id(struct hb_state *h, uint32_t id)
     return KVP_OK;
 }
 
+/* Hash the next budget of queued ranges (seg_verify.h). true: a heartbeat should go out now
+ * (answers to send, or ranges left for the steps that follow its answer). */
+static bool verify_step(struct hb_state *h)
+{
+    struct kvp_seg_verify *v = &h->verify;
+    if (!v->n)
+        return false;
+    if (kvp_seg_verify_pending(v))
+        kvp_seg_verify_step(v, h->s->base, KVP_SEG_VERIFY_BUDGET_BYTES);
+    return v->n > 0;
+}
+
 static int on_beat_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, int rc, Kvp__Response *resp)
 {
     struct kvp_segment *s = h->s;
@@ -173,6 +191,9 @@ static int on_beat_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, int rc, Kvp
         h->fenced = false;
     }
     if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
+        resp->heartbeat->n_verify)
+        kvp_seg_verify_add(&h->verify, id, resp->heartbeat->verify, resp->heartbeat->n_verify, s->size, s->actor);
+    if (rc == KVP_OK && resp->body_case == KVP__RESPONSE__BODY_HEARTBEAT && resp->heartbeat &&
         kvp_seg_server_has_rdma(s->srv) && kvp_seg_fence_writer_due(resp->heartbeat->fence_writer, &h->fence)) {
         /* Fence on loop 0; the Fenced goes out when it replies (on_rdma_reply), not a period later */
         const Kvp__FenceWriter *fw = resp->heartbeat->fence_writer;
@@ -190,7 +211,11 @@ static int on_beat_reply(struct kvp_rt_ctx *ctx, struct hb_state *h, int rc, Kvp
         h->next = NEXT_FENCED;
         h->fence_seq = fw->seq;
         h->beat_id = id;
+        verify_step(h); /* its answers go with the Fenced */
+        return KVP_OK;
     }
+    if (rc == KVP_OK && verify_step(h))
+        return send_beat(ctx, h, id); /* the answers now, not a period later */
     return KVP_OK;
 }
 
@@ -231,6 +256,7 @@ static int on_tick(struct kvp_rt_ctx *ctx, struct hb_state *h)
         return KVP_OK; /* the previous request is still out: it ends by its own timeout */
     if (id == 0)
         return remount(ctx, h, id); /* a remount failed earlier: try again */
+    verify_step(h);
     return send_beat(ctx, h, id);
 }
 
@@ -244,6 +270,9 @@ static int send_beat(struct kvp_rt_ctx *ctx, struct hb_state *h, uint32_t id)
     kvp__heartbeat_req__init(&hb);
     hb.segment_id = id;
     kvp_seg_rdma_hb_fill(kvp_seg_server_has_rdma(s->srv), &h->fence, &hb, &fenced);
+    if (h->verify.segment_id != id)
+        kvp_seg_verify_clear(&h->verify); /* asked under another mount: not this one's bytes */
+    kvp_seg_verify_fill(&h->verify, &hb);
     req.body_case = KVP__REQUEST__BODY_HEARTBEAT;
     req.heartbeat = &hb;
     int rc = kvp_msession_request(ctx, s->ms, &req, h->timeout, &h->corr);
@@ -292,7 +321,10 @@ static int hb_init(struct kvp_rt_ctx *ctx)
 
 static void hb_fini(struct kvp_rt_ctx *ctx)
 {
-    free(kvp_rt_state(ctx));
+    struct hb_state *h = kvp_rt_state(ctx);
+    if (h)
+        kvp_seg_verify_clear(&h->verify);
+    free(h);
 }
 
 int kvp_seg_heartbeat_spawn(void *arg, struct kvp_rt_actor *parent, struct kvp_rt_actor **out)

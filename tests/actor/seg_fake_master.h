@@ -50,6 +50,11 @@ struct fake_master {
     uint64_t drop_call; /* the fake master's thread only */
     _Atomic uint64_t dropped_nonce, answered_nonce;
     _Atomic int dropped_calls;
+    /* on_heartbeat (set by fm_start_hb) runs on the fake master's thread for every heartbeat
+     * answered OK, once the answer's other fields are set: it may read hb (verified) and fill hr (verify,
+     * with storage of its own that stays valid after it returns: the answer is encoded then). */
+    void (*on_heartbeat)(void *arg, const Kvp__HeartbeatReq *hb, Kvp__HeartbeatResp *hr);
+    void *on_heartbeat_arg;
 };
 
 static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request *req)
@@ -118,6 +123,8 @@ static inline void fm_reply(struct fake_master *fm, zmq_msg_t *id, Kvp__Request 
             }
             hr.fence_writer = &fw;
         }
+        if (fm->on_heartbeat)
+            fm->on_heartbeat(fm->on_heartbeat_arg, req->heartbeat, &hr);
         break;
     case KVP__REQUEST__BODY_UNMOUNT:
         atomic_store(&fm->unmounted_id, req->unmount->segment_id);
@@ -184,9 +191,15 @@ static inline void *fm_main(void *arg)
     return NULL;
 }
 
-static inline int fm_start(struct fake_master *fm)
+/* fm_start with on_heartbeat (and its arg) set before the fake master's thread starts (it reads
+ * them on every heartbeat without a lock). */
+static inline int fm_start_hb(struct fake_master *fm,
+                              void (*on_heartbeat)(void *, const Kvp__HeartbeatReq *, Kvp__HeartbeatResp *),
+                              void *arg)
 {
     memset(fm, 0, sizeof *fm);
+    fm->on_heartbeat = on_heartbeat;
+    fm->on_heartbeat_arg = arg;
     atomic_store(&fm->next_id, 1);
     fm->zctx = zmq_ctx_new();
     fm->router = zmq_socket(fm->zctx, ZMQ_ROUTER);
@@ -199,6 +212,11 @@ static inline int fm_start(struct fake_master *fm)
     zmq_getsockopt(fm->router, ZMQ_LAST_ENDPOINT, ep, &l);
     snprintf(fm->addr, sizeof fm->addr, "%s", ep + 6); /* strip tcp:// */
     return pthread_create(&fm->thread, NULL, fm_main, fm);
+}
+
+static inline int fm_start(struct fake_master *fm)
+{
+    return fm_start_hb(fm, NULL, NULL);
 }
 
 static inline void fm_stop(struct fake_master *fm)

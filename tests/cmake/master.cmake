@@ -33,9 +33,20 @@ add_dependencies(test_failover_write kvpool-master kvpool-segment kvpoolctl)
 kvp_add_test(test_failover_onecommit SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_failover_onecommit.c LABEL integration TIMEOUT 120)
 set_tests_properties(test_failover_onecommit PROPERTIES RUN_SERIAL TRUE)
 add_dependencies(test_failover_onecommit kvpool-master kvpool-segment kvpoolctl)
+# Range verification (issue 21): kvpoolctl verify on a real cluster: every replica MATCH, a
+# replica corrupted on purpose MISMATCH, a missing key NOT_FOUND.
+kvp_add_test(test_verify_cluster SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_verify_cluster.c LABEL integration TIMEOUT 120)
+add_dependencies(test_verify_cluster kvpool-master kvpool-segment kvpoolctl)
+# The intent resolver (issue 21, level 6): a new leader seals the intents whose bytes verify on
+# the segments and revokes the others after their deadline; real processes, a leader SIGKILL.
+kvp_add_test(test_intent_resolve SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_intent_resolve.c LABEL integration TIMEOUT 180)
+set_tests_properties(test_intent_resolve PROPERTIES RUN_SERIAL TRUE)
+add_dependencies(test_intent_resolve kvpool-master kvpool-segment kvpoolctl)
 # Level 6: the put's intent committed while its bytes move (docs/master.md "Intent overlapped
 # with the transfer (level 6)"): read-your-writes after the acknowledgement, a failed transfer's
 # intent revoked, an intent sealed by a new leader after a kill; real processes, about 15 s.
 kvp_add_test(test_put_intent SOURCES ${CMAKE_SOURCE_DIR}/tests/integration/test_put_intent.c LABEL integration TIMEOUT 120)
 set_tests_properties(test_put_intent PROPERTIES RUN_SERIAL TRUE)
 add_dependencies(test_put_intent kvpool-master kvpool-segment kvpoolctl)
+# The leader's range verifier alone (service_verify.h): ids, results, timeouts, reset, bounds.
+kvp_add_test(test_master_verify SOURCES ${CMAKE_SOURCE_DIR}/tests/unit/test_master_verify.c LABEL unit TIMEOUT 30)

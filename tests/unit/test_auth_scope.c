@@ -15,6 +15,8 @@
 
 #include "auth/auth_scope.h"
 #include "kvpool.h"
+#include "wire/arena.h"
+#include "wire/envelope.h"
 
 static Kvp__Request *keyed(Kvp__Request__BodyCase b, const char *key)
 {
@@ -152,10 +154,63 @@ static void test_auth_names_and_modes(void **state)
     assert_int_equal(kvp_auth_keygen("/tmp/x", "x", "root", "", NULL), KVP_ERR_INVALID);
 }
 
+/* A request decoded into an arena (the master's request loop) is scoped with the arena's memory:
+ * the new keys come from it, the old ones go back to it; nothing is handed to free(). */
+struct counting {
+    ProtobufCAllocator pb;
+    struct kvp_wire_arena *arena;
+    int allocs, frees;
+};
+
+static void *counting_alloc(void *ctx, size_t n)
+{
+    struct counting *c = ctx;
+    c->allocs++;
+    return c->arena->pb.alloc(c->arena->pb.allocator_data, n);
+}
+
+static void counting_free(void *ctx, void *p)
+{
+    struct counting *c = ctx;
+    c->frees++;
+    c->arena->pb.free(c->arena->pb.allocator_data, p);
+}
+
+static void test_auth_scope_with_arena_allocator(void **state)
+{
+    (void)state;
+    struct kvp_auth_principal p = {.role = KVP_AUTH_ROLE_CLIENT};
+    strcpy(p.tenant, "tb");
+    char why[200];
+    struct kvp_wire_arena a;
+    assert_int_equal(kvp_wire_arena_init(&a, 1024), KVP_OK);
+    struct counting c = {.pb = {counting_alloc, counting_free, NULL}, .arena = &a};
+    c.pb.allocator_data = &c;
+    Kvp__Request__BodyCase cases[] = {KVP__REQUEST__BODY_EXISTS, KVP__REQUEST__BODY_PUT_START};
+    for (int i = 0; i < 2; i++) {
+        Kvp__Request *src = keyed(cases[i], "k2");
+        uint8_t *enc = NULL;
+        size_t len = 0;
+        assert_int_equal(kvp_wire_encode_request(src, &enc, &len), KVP_OK);
+        protobuf_c_message_free_unpacked(&src->base, NULL);
+        Kvp__Request *r = NULL;
+        assert_int_equal(kvp_wire_decode_with(KVP_MSG_REQUEST, enc, len, &c.pb, (ProtobufCMessage **)&r), KVP_OK);
+        free(enc);
+        int allocs = c.allocs, frees = c.frees;
+        assert_int_equal(kvp_auth_scope_request_with(r, &c.pb, &p, why, sizeof why), KVP_OK);
+        assert_string_equal(first_key(r), "tb\x1f" "k2");
+        assert_int_equal(c.allocs - allocs, 1);
+        assert_int_equal(c.frees - frees, 1);
+        kvp_wire_arena_reset(&a);
+    }
+    kvp_wire_arena_fini(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auth_scope_tenant_keys_prefixed),
+        cmocka_unit_test(test_auth_scope_with_arena_allocator),
         cmocka_unit_test(test_auth_scope_default_tenant_and_admin_unchanged),
         cmocka_unit_test(test_auth_scope_separator_in_key_denied),
         cmocka_unit_test(test_auth_scope_roles),

@@ -47,6 +47,8 @@ static void usage(FILE *f)
             "  remove-member ID            remove a member from the configuration\n"
             "  drain SEGMENT               mark a segment (id or name) DRAINING\n"
             "  segment-lost ID --yes       declare a segment lost now (a dead one the leader withholds)\n"
+            "  verify KEY...               check every replica's bytes against the object's checksum (exit 0 all\n"
+            "                              match, 1 a mismatch, 3 a key missing or a replica unanswered)\n"
             "  put KEY FILE|- , get KEY [FILE], exists KEY, rm KEY [--force], size KEY\n"
             "  top [--endpoints HOST:PORT,...] [--interval MS] [--count N]   live view from /metrics (default:\n"
             "                              the endpoints of --cluster, started with cluster up --metrics)\n"
@@ -185,6 +187,7 @@ static const struct ctl_cmd CMDS[] = {
     {"remove-member", ctl_cmd_remove_member},
     {"drain", ctl_cmd_drain},
     {"segment-lost", ctl_cmd_segment_lost},
+    {"verify", ctl_cmd_verify},
     {"top", ctl_cmd_top},
     {"keygen", ctl_cmd_keygen},
 };

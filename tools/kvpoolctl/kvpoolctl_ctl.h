@@ -52,6 +52,8 @@ int ctl_cmd_add_member(struct ctl *c, int argc, char **argv);
 int ctl_cmd_remove_member(struct ctl *c, int argc, char **argv);
 int ctl_cmd_drain(struct ctl *c, int argc, char **argv);
 int ctl_cmd_segment_lost(struct ctl *c, int argc, char **argv);
+/** kvpoolctl verify KEY... (kvpoolctl_verify.c). */
+int ctl_cmd_verify(struct ctl *c, int argc, char **argv);
 int ctl_cmd_cluster(struct ctl *c, int argc, char **argv);
 /* kvpoolctl_top.c: live view from the processes' /metrics endpoints. */
 int ctl_cmd_top(struct ctl *c, int argc, char **argv);

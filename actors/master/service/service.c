@@ -23,6 +23,11 @@
 #include "runtime/proc.h"
 #include "wire/envelope.h"
 
+/* The request arena's block (service_state.h req_arena). Decoded, a one-key PutStart takes 240
+ * bytes of it and one of 256 keys 46 KiB (24-byte keys); a larger request takes the rest from
+ * malloc until its reset. */
+#define SVC_REQ_ARENA_BYTES (64u << 10)
+
 uint64_t svc_now_ms(void)
 {
     return kvp_clock_now_ms();
@@ -109,10 +114,23 @@ void svc_reply(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id
     svc_metrics_on_reply(s, resp);
     resp->req_id = req_id;
     resp->feature_level = KVP_FEATURE_LEVEL;
-    uint8_t *buf = NULL;
+    /* Encoded straight into the message libzmq sends (no buffer to copy from), the identity
+     * sent from its frame's bytes (libzmq keeps an identity this short inside the message). */
     size_t len = 0;
-    int rc = kvp_wire_encode_response(resp, &buf, &len);
+    int rc = kvp_wire_encoded_size(KVP_MSG_RESPONSE, &resp->base, &len);
+    zmq_msg_t body;
+    bool have_body = false;
+    if (rc == KVP_OK) {
+        if (zmq_msg_init_size(&body, len) != 0)
+            rc = KVP_ERR_NOMEM;
+        else {
+            have_body = true;
+            rc = kvp_wire_encode_into(KVP_MSG_RESPONSE, &resp->base, zmq_msg_data(&body), len);
+        }
+    }
     if (rc != KVP_OK) {
+        if (have_body)
+            zmq_msg_close(&body);
         kvp_log_error(s->actor, "req %llu: encode reply: %s", (unsigned long long)req_id, kvp_strerror(rc));
         /* Answer with the code rather than not at all (the caller would wait out its timeout
          * and retry the same request on every master). A bare status always encodes. */
@@ -122,15 +140,12 @@ void svc_reply(struct kvp_master_service *s, zframe_t *identity, uint64_t req_id
                                                      : "reply could not be encoded");
         return;
     }
-    zframe_t *id = zframe_dup(identity);
-    zframe_t *body = zframe_new(buf, len);
-    free(buf);
-    if (!id || !body || zframe_send(&id, s->router, ZFRAME_MORE) != 0 ||
-        zframe_send(&body, s->router, 0) != 0) {
+    void *router = zsock_resolve(s->router);
+    if (zmq_send(router, zframe_data(identity), zframe_size(identity), ZMQ_SNDMORE) < 0 ||
+        zmq_msg_send(&body, router, 0) < 0) {
         kvp_log_warn(s->actor, "req %llu: reply not sent: %s", (unsigned long long)req_id,
                      zmq_strerror(zmq_errno()));
-        zframe_destroy(&id);
-        zframe_destroy(&body);
+        zmq_msg_close(&body); /* a message not sent is still ours (a no-op on an empty one) */
     }
 }
 
@@ -188,6 +203,7 @@ void svc_pending_free(struct svc_pending *p)
     zframe_destroy(&p->identity);
     free(p->key_hashes);
     free(p->remove_status);
+    svc_verify_job_drop(p->verify_job);
     free(p);
 }
 
@@ -281,6 +297,7 @@ int svc_submit(struct kvp_master_service *s, struct svc_pending *p, Kvp__Command
         cmd->now_wall_ms = svc_fence_release_time(s, cmd->now_wall_ms);
     /* Rolling upgrades (version.h): log nothing that a member of the cluster's level would
      * apply its own way, and stamp what the command needs so that an older member refuses it. */
+    svc_resolve_test_hook(s, cmd);
     kvp_feature_prepare_command(cmd, svc_feature_level(s));
     size_t len = protobuf_c_message_get_packed_size(&cmd->base);
     uint8_t *buf = malloc(len ? len : 1);
@@ -362,32 +379,45 @@ static void log_bad_frame(struct kvp_master_service *s, zframe_t *frame, const c
                  kvp_strerror(rc));
 }
 
+/* The rest of a message that had more frames than a request's two (or its last frame when the
+ * body is missing): read and dropped, so the next read starts at the next message. */
+static void drop_rest(zsock_t *sock, zframe_t *last)
+{
+    bool more = last && zframe_more(last);
+    while (more) {
+        zframe_t *f = zframe_recv_nowait(sock);
+        more = f && zframe_more(f);
+        zframe_destroy(&f);
+    }
+}
+
 static int on_router_readable(struct kvp_master_service *s, zsock_t *sock)
 {
-    /* Drain up to a batch of messages per wakeup, so timers and raftlog events stay served. */
+    /* Drain up to a batch of messages per wakeup, so timers and raftlog events stay served.
+     * A request is two frames (the peer's identity, the body), read one by one (a whole
+     * zmsg_t costs four more allocations per request); the body is decoded into the request
+     * arena, released once its handler has returned. */
     for (int i = 0; i < 256; i++) {
-        zmsg_t *msg = zmsg_recv_nowait(sock);
-        if (!msg)
+        zframe_t *identity = zframe_recv_nowait(sock);
+        if (!identity)
             break;
         s->cur_recv_us = kvp_clock_now_us();
-        zframe_t *identity = zmsg_pop(msg);
-        zframe_t *body = zmsg_pop(msg);
-        if (!identity || !body || zmsg_size(msg) != 0) {
+        zframe_t *body = zframe_more(identity) ? zframe_recv_nowait(sock) : NULL;
+        if (!body || zframe_more(body)) {
             log_bad_frame(s, body, "not one frame", KVP_ERR_MALFORMED);
+            drop_rest(sock, body);
         } else {
             Kvp__Request *req = NULL;
-            int rc = kvp_wire_decode_request(zframe_data(body), zframe_size(body), &req);
+            int rc = kvp_wire_decode_with(KVP_MSG_REQUEST, zframe_data(body), zframe_size(body), &s->req_arena.pb,
+                                          (ProtobufCMessage **)&req);
             if (rc != KVP_OK)
                 log_bad_frame(s, body, "decode request", rc);
-            else {
-                if (svc_auth_admit(s, identity, body, req)) /* role and tenant (service_auth.c) */
-                    svc_dispatch(s, identity, req);
-                protobuf_c_message_free_unpacked(&req->base, NULL);
-            }
+            else if (svc_auth_admit(s, identity, body, req)) /* role and tenant (service_auth.c) */
+                svc_dispatch(s, identity, req);
+            kvp_wire_arena_reset(&s->req_arena);
         }
         zframe_destroy(&identity);
         zframe_destroy(&body);
-        zmsg_destroy(&msg);
     }
     s->cur_recv_us = 0;
     return 0;
@@ -520,6 +550,10 @@ int kvp_master_service_new(struct kvp_master_service **out, const struct kvp_cfg
         return KVP_ERR_NOMEM;
     s->cfg = *cfg;
     snprintf(s->actor, sizeof s->actor, "master-%llu", (unsigned long long)cfg->id);
+    if (kvp_wire_arena_init(&s->req_arena, SVC_REQ_ARENA_BYTES) != KVP_OK) {
+        free(s);
+        return KVP_ERR_NOMEM;
+    }
     s->next_corr = 1;
     s->last_logged_role = -1;
     svc_map_init(&s->pending);
@@ -747,6 +781,8 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     svc_map_fini(&s->probing);
     svc_repair_free(s);
     svc_evict_destroy(s);
+    svc_resolve_destroy(s);
+    svc_verify_destroy(s);
     svc_put_destroy(s);
     kvp_fence_track_fini(&s->fence);
     for (size_t i = 0; i < sizeof s->mount_seen / sizeof s->mount_seen[0]; i++)
@@ -756,6 +792,7 @@ void kvp_master_service_destroy(struct kvp_master_service **sp)
     zsock_destroy(&s->router);
     svc_auth_stop(s);
     kvp_rt_destroy(&s->ctl);
+    kvp_wire_arena_fini(&s->req_arena);
     free(s);
     *sp = NULL;
 }

@@ -101,7 +101,7 @@ bool svc_auth_admit(struct kvp_master_service *s, zframe_t *identity, zframe_t *
         snprintf(why, sizeof why, "no authenticated principal");
         rc = KVP_ERR_DENIED;
     } else {
-        rc = kvp_auth_scope_request(req, &p, why, sizeof why);
+        rc = kvp_auth_scope_request_with(req, &s->req_arena.pb, &p, why, sizeof why);
         s->cur_principal = p;
     }
     if (rc == KVP_OK) /* a tenant's PutStart over its quota is answered NO_SPACE there */

@@ -715,6 +715,7 @@ static const struct svc_rpc rpc_table[SVC_RPC_CASES] = {
     [KVP__REQUEST__BODY_REMOVE_MEMBER] = {on_remove_member, NULL, false},
     [KVP__REQUEST__BODY_MOVER_POLL] = {on_mover_poll, NULL, false},
     [KVP__REQUEST__BODY_DATA_TOKEN] = {on_data_token, NULL, false},
+    [KVP__REQUEST__BODY_VERIFY] = {svc_on_verify_req, NULL, false},
 };
 
 /* The table entry of a body case, NULL when it has no handler. */
@@ -798,6 +799,13 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
         break;
     case SVC_INT_SEAL:
         svc_put_on_seal(s, p, status, resp);
+        break;
+    case SVC_INT_VERIFY_LOOKUP:
+        svc_verify_on_lookup(s, p, status, resp);
+        break;
+    case SVC_INT_RESOLVE_SEAL:
+    case SVC_INT_RESOLVE_REVOKE:
+        svc_resolve_on_result(s, p, status, resp);
         break;
     default:
         break;

@@ -214,6 +214,8 @@ void svc_soft_reset(struct kvp_master_service *s)
     svc_evict_reset(s);
     svc_put_reset(s);
     svc_fence_reset(s, s->term);
+    svc_resolve_reset(s);
+    svc_verify_reset(s);
     if (!s->is_leader)
         answer_hb_waiters(s, KVP_ERR_NOT_LEADER);
 }
@@ -348,6 +350,7 @@ static void answer_heartbeat(struct kvp_master_service *s, zframe_t *identity, u
     Kvp__FenceWriter fw;
     hb.state = (Kvp__SegmentState)(st - 1);
     svc_fence_fill(s, seg, &hb, &fw);
+    svc_verify_fill(s, seg, &hb);
     resp.body_case = KVP__RESPONSE__BODY_HEARTBEAT;
     resp.heartbeat = &hb;
     svc_reply(s, identity, req_id, &resp);
@@ -397,6 +400,7 @@ static void on_leader_ready(struct kvp_master_service *s)
     svc_put_tick(s);
     svc_release_now(s);
     svc_evict_kick(s);
+    svc_resolve_tick(s); /* intents an older leader left (service_resolve.c) */
 }
 
 void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp)
@@ -437,6 +441,7 @@ void svc_on_heartbeat_req(struct kvp_master_service *s, zframe_t *identity, cons
         return;
     }
     svc_fence_on_heartbeat(s, seg, req->heartbeat);
+    svc_verify_on_heartbeat(s, seg, req->heartbeat);
     if (s->segments_fresh_ms) {
         answer_heartbeat(s, identity, req->req_id, seg);
         return;
@@ -588,6 +593,8 @@ static int on_slow_timer(struct kvp_master_service *s)
     uint64_t b[2] = {now, 60000};
     svc_map_filter(&s->lost_sent, keep_recent, b);
     svc_map_filter(&s->probing, keep_recent, b);
+    svc_verify_tick(s);
+    svc_resolve_tick(s);
     return 0;
 }
 

@@ -18,12 +18,15 @@
 #include "actors/master/fsm/fsm.h"
 #include "actors/master/service/fence_track.h"
 #include "actors/master/service/liveness.h"
+#include "actors/master/service/service_resolve.h"
+#include "actors/master/service/service_verify.h"
 #include "actors/master/service/service.h"
 #include "actors/master/fsm/version.h"
 #include "auth/auth.h"
 #include "config/config.h"
 #include "raftlog/raftlog.h"
 #include "runtime/actor.h"
+#include "wire/arena.h"
 #include "wire/kvpool.pb-c.h"
 
 /* ------------------------------------------------------------------ u64 → u64 map
@@ -69,6 +72,9 @@ enum svc_internal_kind {
     SVC_INT_SEAL,              /* service_put.c: PutSealCmd (level 6) */
     SVC_INT_INTENT_REVOKE,     /* service_put.c: PutRevoke of an intent this leader never acked */
     SVC_INT_RAISE_LEVEL,       /* service_version.c: RaiseLevelCmd (result not needed) */
+    SVC_INT_VERIFY_LOOKUP,     /* service_verify.c: the objects of a Verify call */
+    SVC_INT_RESOLVE_SEAL,      /* service_resolve.c: PutSealCmd of a verified intent */
+    SVC_INT_RESOLVE_REVOKE,    /* service_resolve.c: PutRevoke of an intent that did not verify */
 };
 
 /** One request waiting for a raftlog result (APPLIED, QUERY or ADMIN event), keyed by corr. */
@@ -104,6 +110,10 @@ struct svc_pending {
     uint64_t repair_scan_ticket;
     /* EvictScan (service_evict.c): the same, for a pass of eviction list slices. */
     uint64_t evict_scan_ticket;
+    /* Verify (service_verify.c): the call waiting for this lookup (owned; dropped with p). */
+    void *verify_job;
+    /* PutSealCmd / PutRevoke of the intent resolver (service_resolve.c): its entry's ticket. */
+    uint64_t resolve_id;
 };
 
 /** A Heartbeat waiting for the segment table to be refreshed (a new leader's first one). */
@@ -240,6 +250,9 @@ struct kvp_master_service {
      * µs: frame received → submitted, submitted → result event taken off the events socket,
      * result event → handled (reply sent). ClusterStatus "request_latency". */
     uint64_t cur_recv_us;                  /* receive time of the request being dispatched */
+    /* The request being dispatched is decoded into this arena and released by one reset after
+     * its handler returns (wire/arena.h): handlers copy whatever they keep. */
+    struct kvp_wire_arena req_arena;
     uint64_t rl_requests;
     uint64_t rl_in_us;
     uint64_t rl_raft_us;
@@ -250,6 +263,11 @@ struct kvp_master_service {
 
     /* One-commit put (service_put.c): this leader's reservations and puts in flight. */
     struct svc_put *put;
+
+    /* Range verification asks of this leadership (service_verify.c), made at first use. */
+    struct svc_verify *verify;
+    /* Pending intents being resolved by this leader (service_resolve.c), made at first use. */
+    struct svc_resolve *resolve;
 
     /* RDMA segments' FenceWriter/Fenced (service_fence.c, fence_track.h). */
     struct kvp_fence_track fence;

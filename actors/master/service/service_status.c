@@ -238,6 +238,7 @@ char *svc_status_json(struct kvp_master_service *s, const char *fsm_json)
     json_object_set_new(soft, "bad_frames", json_integer((json_int_t)s->bad_total));
     json_object_set_new(soft, "local_reads", json_integer((json_int_t)s->local_reads));
     svc_put_status(s, soft); /* level 6: intents logged, puts acknowledged before their seal */
+    svc_resolve_status(s, soft); /* range verification and the intent resolver */
     json_object_set_new(doc, "soft_state", soft);
     json_object_set_new(doc, "repair", svc_repair_status(s));
     svc_liveness_status(s, doc);
