@@ -111,6 +111,7 @@ struct kvp_cfg_client {
     uint32_t transfer_timeout_ms;     /* `transfer_timeout_ms`, or Mooncake's `transfer_timeout` in seconds: call timeout (default 10 s) */
     uint32_t rpc_timeout_ms;          /* `rpc_timeout_ms`: one master RPC incl. failover retries (default 5000) */
     uint64_t slice_bytes;             /* `slice_bytes`: transfer slice size (default 1 MiB) */
+    uint64_t put_intent_min_bytes;    /* `put_intent_min_bytes`: a put call of at least this many bytes placed from reservations commits its intent while its bytes move (cluster feature level 6), 0 = never (default 1 MiB) */
     uint32_t conns_per_peer;          /* `conns_per_peer`: TCP connections per segment (default 4) */
     uint32_t transfer_io_threads;     /* `transfer_io_threads`: transfer engine I/O threads, 1..8 (default 2) */
     uint32_t heartbeat_ms;            /* `heartbeat_ms`: embedded segment heartbeat (default 1000) */

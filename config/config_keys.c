@@ -209,6 +209,8 @@ static const struct kvp_cfg_key client_keys[] = {
     NUM(C, KVP_CFG_T_DURATION_MS, "rpc_timeout_ms", rpc_timeout_ms, 1, 3600000, "5000",
         "one master RPC including failover retries"),
     NUM(C, KVP_CFG_T_SIZE, "slice_bytes", slice_bytes, 4096, 1 * GIB, "1MiB", "transfer slice size"),
+    NUM(C, KVP_CFG_T_SIZE, "put_intent_min_bytes", put_intent_min_bytes, 0, 1024 * GIB, "1MiB",
+        "a put call of at least this many bytes commits its intent while the bytes move (level 6); 0 = never"),
     NUM(C, KVP_CFG_T_U32, "conns_per_peer", conns_per_peer, 1, 64, "4", "TCP connections per segment"),
     NUM(C, KVP_CFG_T_U32, "transfer_io_threads", transfer_io_threads, 1, 8, "2",
         "transfer I/O threads; a call's transfer runs on the least busy one (each has its own connections)"),

@@ -133,10 +133,11 @@ struct put_sums {
 /* Level 6 (docs/master.md "Intent overlapped with the transfer (level 6)"): a put placed from a
  * reservation may have its intent committed while its bytes move, so that its PutEnd is
  * answered without a commit: the put then costs max(checksum + commit, transfer) instead of
- * transfer + commit. Only for calls of at least this many bytes: a smaller transfer is shorter
- * than a commit (a 1 MiB write on loopback ~0.4 ms, a commit ~1 ms), so the intent would be the
- * longer leg and its extra RPC would only add master work for no gain. */
-#define KVP_PUT_INTENT_MIN_BYTES (1ull << 20)
+ * transfer + commit. Only for calls of at least `put_intent_min_bytes` (default 1 MiB; 0 =
+ * never): a smaller transfer is shorter than a commit (a 1 MiB write on loopback ~0.4 ms, a
+ * commit ~1 ms), so the intent would be the longer leg and its extra RPC would only add master
+ * work for no gain. On a host whose cores are all busy the overlap has no spare CPU to run on
+ * (docs/master.md, figures), which is what the key is for. */
 
 /* The PutEnd item of it (key, op, checksum, and the placement echoed from its PutStart result
  * when placed from a reservation). place: KVP_PUT_PLACE_MAX slots for it. */
@@ -447,7 +448,7 @@ static void put_objs_chunk(struct kvp_client *c, size_t n, const struct kvp_clie
                         want_intent[j] = true;
                         intent_bytes += it[j].size;
                     }
-                if (intent_bytes >= KVP_PUT_INTENT_MIN_BYTES)
+                if (c->cfg.put_intent_min_bytes && intent_bytes >= c->cfg.put_intent_min_bytes)
                     ps.intent = want_intent;
                 kvp_dtoken_ensure(c->dtok, c->ms, c->xfer, slices, ns, left); /* tokens of new segments */
                 /* per-slice status is authoritative */
