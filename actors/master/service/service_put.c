@@ -1198,6 +1198,15 @@ static bool sealed_cb(void *arg, const char *key, uint64_t op_id, uint64_t check
     return e->op_id == op_id && e->checksum == checksum && strcmp(e->key, key) == 0;
 }
 
+bool svc_put_sealing_op(const struct kvp_master_service *s, const char *key, uint64_t op_id)
+{
+    uint64_t v;
+    if (!s->put || !key || !svc_map_get(&s->put->sealing, svc_key_hash(key), &v))
+        return false;
+    const struct svc_seal *e = (const struct svc_seal *)(uintptr_t)v;
+    return e->op_id == op_id && strcmp(e->key, key) == 0;
+}
+
 const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s)
 {
     if (!s->put || s->put->sealing.n == 0)

@@ -9,8 +9,10 @@
  *  - every replica on a live segment is checksummed by its segment (service_verify.h);
  *  - all of them MATCH (at least one live) → PutSealCmd {key, op_id, checksum}: the object is
  *    complete with the bytes its client wrote;
- *  - a MISMATCH, or no live replica, once the put's deadline plus fence_grace_ms has passed →
- *    PutRevoke {key, op_id}: its space goes to quarantine. Before that, verified again then;
+ *  - a MISMATCH from asks made after the put's deadline plus fence_grace_ms (when the asks were
+ *    made counts, not when the last answer came), or no live replica once that has passed →
+ *    PutRevoke {key, op_id}: its space goes to quarantine. Before that, verified again then; an
+ *    intent this leader acknowledged itself (its sealing table) is never revoked here;
  *  - UNKNOWN (a segment that did not answer, an older segment) → verified again a second later.
  * An intent of this leader's own term waits for its deadline plus fence_grace_ms first: its
  * client's PutEnd seals it on the normal path; the resolver only takes what was left.
@@ -63,6 +65,7 @@ struct rentry {
     enum rstate st;
     uint32_t open;                /* verify asks not called back */
     uint64_t next_ms;             /* monotonic ms of the next verification (R_IDLE) */
+    uint64_t asked_wall;          /* wall-clock ms when the last verification's asks were made */
     bool seen;                    /* listed by the last pass */
     bool dead;                    /* dropped from the table: freed at its last callback */
 };
@@ -123,6 +126,14 @@ static bool seg_live(struct kvp_master_service *s, uint32_t seg)
 
 static void submit(struct kvp_master_service *s, struct rentry *e, bool seal)
 {
+    if (!seal && svc_put_sealing_op(s, e->key, e->op_id)) {
+        /* this leader acknowledged it: its own PutSealCmd is on its way; never revoked here */
+        kvp_log_warn(s->actor, "intent %s (op %llu): not revoked: this leader acknowledged it and is sealing it",
+                     e->key, (unsigned long long)e->op_id);
+        e->st = R_IDLE;
+        e->next_ms = svc_now_ms() + RESOLVE_RETRY_MS;
+        return;
+    }
     struct svc_pending *p = svc_pending_new(s, NULL, NULL);
     if (!p) {
         e->st = R_IDLE;
@@ -197,6 +208,18 @@ void svc_resolve_on_result(struct kvp_master_service *s, struct svc_pending *p, 
 
 /* ------------------------------------------------------------------ verification */
 
+enum svc_resolve_verdict svc_resolve_rule(uint32_t live, uint32_t match, uint32_t mismatch, uint64_t asked_wall,
+                                          uint64_t now_wall, uint64_t until)
+{
+    if (live > 0 && match == live)
+        return SVC_RESOLVE_SEAL;
+    if (live == 0) /* nothing was asked: the time that counts is now */
+        return now_wall > until ? SVC_RESOLVE_REVOKE : SVC_RESOLVE_AFTER_UNTIL;
+    if (mismatch > 0) /* final only when hashed after the writer's last possible write */
+        return asked_wall > until ? SVC_RESOLVE_REVOKE : SVC_RESOLVE_AFTER_UNTIL;
+    return SVC_RESOLVE_RETRY;
+}
+
 static void decide(struct kvp_master_service *s, struct rentry *e)
 {
     uint32_t live = 0, match = 0, mismatch = 0;
@@ -208,20 +231,22 @@ static void decide(struct kvp_master_service *s, struct rentry *e)
         mismatch += e->rep[i].result == SVC_VERIFY_MISMATCH;
     }
     uint64_t until = e->deadline_ms + s->cfg.fence_grace_ms; /* no WRITE of it lands after (wall ms) */
-    bool past = kvp_clock_wall_ms() > until;
     e->st = R_IDLE;
-    if (live > 0 && match == live) {
+    switch (svc_resolve_rule(live, match, mismatch, e->asked_wall, kvp_clock_wall_ms(), until)) {
+    case SVC_RESOLVE_SEAL:
         submit(s, e, true);
-    } else if (mismatch > 0 || live == 0) {
-        if (past) {
-            submit(s, e, false);
-        } else {
-            e->next_ms = wall_to_mono(until) + 1; /* its writer may still be writing: look again then */
-            kvp_log_debug(s->actor, "intent %s: %s before its deadline: verified again after it", e->key,
-                          live ? "a replica mismatches" : "no live replica");
-        }
-    } else {
+        break;
+    case SVC_RESOLVE_REVOKE:
+        submit(s, e, false);
+        break;
+    case SVC_RESOLVE_AFTER_UNTIL:
+        e->next_ms = wall_to_mono(until) + 1; /* its writer may still be writing: look again then */
+        kvp_log_debug(s->actor, "intent %s: %s before its deadline: verified again after it", e->key,
+                      live ? "a replica mismatches" : "no live replica");
+        break;
+    case SVC_RESOLVE_RETRY:
         e->next_ms = svc_now_ms() + RESOLVE_RETRY_MS;
+        break;
     }
 }
 
@@ -246,6 +271,7 @@ static void on_verified(struct kvp_master_service *s, void *arg, uint32_t idx, i
 static void verify(struct kvp_master_service *s, struct rentry *e)
 {
     e->st = R_VERIFYING;
+    e->asked_wall = kvp_clock_wall_ms(); /* every answer is hashed after this (svc_resolve_rule) */
     e->open = 1; /* held while the asks are made */
     for (uint32_t i = 0; i < e->n; i++) {
         e->rep[i].result = SVC_VERIFY_UNKNOWN;

@@ -8,11 +8,28 @@
 #define KVP_MASTER_SERVICE_RESOLVE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "wire/kvpool.pb-c.h"
 
 struct kvp_master_service;
 struct svc_pending;
+
+/** What the resolver does with an intent after a verification (svc_resolve_rule). */
+enum svc_resolve_verdict {
+    SVC_RESOLVE_SEAL,       /* PutSealCmd: its bytes are the client's own */
+    SVC_RESOLVE_REVOKE,     /* PutRevoke: its writer never finished, and no longer can */
+    SVC_RESOLVE_AFTER_UNTIL, /* verified again once `until` has passed (its writer may be writing) */
+    SVC_RESOLVE_RETRY,      /* verified again a second later (a replica did not answer) */
+};
+
+/** The rule (pure; docs/master.md "Resolving pending intents"). live/match/mismatch: replicas on
+ * live segments and their answers; asked_wall: the leader's wall-clock ms when the asks were made
+ * (every answer was hashed after it); now_wall: wall-clock ms now; until: the put's deadline +
+ * fence_grace_ms (wall-clock ms; no WRITE of it lands after). A MISMATCH is final only when it
+ * was hashed after `until` (asked_wall > until), never from when the last answer came. */
+enum svc_resolve_verdict svc_resolve_rule(uint32_t live, uint32_t match, uint32_t mismatch, uint64_t asked_wall,
+                                          uint64_t now_wall, uint64_t until);
 
 /** A pass: list the FSM's pending intents (a local read), start the verifications due. Run when
  * a new leader's state is current (its first segment table) and every second. */
