@@ -202,6 +202,12 @@ static void test_resolve_rule_mismatch_final_only_when_asked_after_until(void **
     /* a replica that did not answer and none mismatching, asked before `until`: again later */
     assert_int_equal(svc_resolve_rule(2, 1, 0, until - 100, until - 50, until), SVC_RESOLVE_RETRY);
     assert_int_equal(svc_resolve_rule(2, 0, 0, until - 100, until - 50, until), SVC_RESOLVE_RETRY);
+    /* asked after `until`: one MATCH, no MISMATCH, a replica UNKNOWN (an older or silent
+     * segment): sealed, not pending forever; no MATCH at all: again later */
+    assert_int_equal(svc_resolve_rule(2, 1, 0, until + 1, until + 3000, until), SVC_RESOLVE_SEAL);
+    assert_int_equal(svc_resolve_rule(3, 1, 0, until + 1, until + 3000, until), SVC_RESOLVE_SEAL);
+    assert_int_equal(svc_resolve_rule(2, 0, 0, until + 1, until + 3000, until), SVC_RESOLVE_RETRY);
+    assert_int_equal(svc_resolve_rule(2, 1, 0, until, until + 3000, until), SVC_RESOLVE_RETRY);
 }
 
 int main(void)

@@ -13,7 +13,8 @@
  *    made counts, not when the last answer came), or no live replica once that has passed →
  *    PutRevoke {key, op_id}: its space goes to quarantine. Before that, verified again then; an
  *    intent this leader acknowledged itself (its sealing table) is never revoked here;
- *  - UNKNOWN (a segment that did not answer, an older segment) → verified again a second later.
+ *  - UNKNOWN (a segment that did not answer, an older segment) → verified again a second later;
+ *    once asked after the deadline plus fence_grace_ms, one MATCH and no MISMATCH seals it.
  * An intent of this leader's own term waits for its deadline plus fence_grace_ms first: its
  * client's PutEnd seals it on the normal path; the resolver only takes what was left.
  *
@@ -27,8 +28,9 @@
  *    fence_grace_ms); segments refuse WRITE frames past the deadline (seg_server.c), and RDMA
  *    writers are fenced first (svc_fence_note_failure), as for expired puts.
  *  - C5 (no reader gets another object's bytes): a seal makes visible exactly the bytes that hash
- *    to the committed checksum on every replica, checked after the writer's last possible write
- *    only when it mismatched before; a matching range is the client's own bytes (XXH3-64).
+ *    to the committed checksum on every replica that answered (at least one), checked after the
+ *    writer's last possible write when some replica did not match or answer before; a matching
+ *    range is the client's own bytes (XXH3-64), and every get checks each replica it reads again.
  * Until resolved an intent is invisible: a get of its key answers NOT_FOUND.
  */
 #include "actors/master/service/service_resolve.h"
@@ -217,6 +219,12 @@ enum svc_resolve_verdict svc_resolve_rule(uint32_t live, uint32_t match, uint32_
         return now_wall > until ? SVC_RESOLVE_REVOKE : SVC_RESOLVE_AFTER_UNTIL;
     if (mismatch > 0) /* final only when hashed after the writer's last possible write */
         return asked_wall > until ? SVC_RESOLVE_REVOKE : SVC_RESOLVE_AFTER_UNTIL;
+    /* Some replica did not answer (an older segment, a silent one not yet lost). After the
+     * writer's last possible write, one MATCH and no MISMATCH is enough: the client's bytes are
+     * there, and a reader checks every replica's checksum (a bad one is skipped). Without this an
+     * acknowledged put would stay invisible as long as one replica cannot answer. */
+    if (match >= 1 && asked_wall > until)
+        return SVC_RESOLVE_SEAL;
     return SVC_RESOLVE_RETRY;
 }
 

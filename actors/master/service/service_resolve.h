@@ -27,7 +27,8 @@ enum svc_resolve_verdict {
  * live segments and their answers; asked_wall: the leader's wall-clock ms when the asks were made
  * (every answer was hashed after it); now_wall: wall-clock ms now; until: the put's deadline +
  * fence_grace_ms (wall-clock ms; no WRITE of it lands after). A MISMATCH is final only when it
- * was hashed after `until` (asked_wall > until), never from when the last answer came. */
+ * was hashed after `until` (asked_wall > until), never from when the last answer came; asked
+ * after `until`, one MATCH and no MISMATCH seals (the other replicas did not answer). */
 enum svc_resolve_verdict svc_resolve_rule(uint32_t live, uint32_t match, uint32_t mismatch, uint64_t asked_wall,
                                           uint64_t now_wall, uint64_t until);
 
