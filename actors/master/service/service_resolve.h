@@ -49,8 +49,8 @@ size_t svc_resolve_held(const struct kvp_master_service *s);
 struct json_t;
 void svc_resolve_status(struct kvp_master_service *s, struct json_t *soft);
 /** Tests only: with KVP_TEST_PUT_INTENT_ONLY=1 in a master's environment, every PutCommitCmd it
- * logs carries intent = true and is never sealed by it (a leader that acknowledged puts and died
- * before sealing them). Called by svc_submit before the command is stamped. */
+ * logs carries intent = true and is never sealed nor resolved by it (a leader that acknowledged
+ * puts and died before sealing them): its resolver skips its own term's intents. Called by svc_submit before the command is stamped. */
 void svc_resolve_test_hook(struct kvp_master_service *s, Kvp__Command *cmd);
 
 #endif
