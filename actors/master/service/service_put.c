@@ -858,7 +858,8 @@ static int submit_seal(struct kvp_master_service *s, struct svc_seal **v, size_t
     struct svc_pending *p = svc_pending_new(s, NULL, NULL);
     Kvp__PutSealItem *items = calloc(n, sizeof(*items));
     Kvp__PutSealItem **itp = calloc(n, sizeof(*itp));
-    if (!p || !items || !itp || !(p->key_hashes = calloc(n, sizeof(uint64_t)))) {
+    if (!p || !items || !itp || !(p->key_hashes = calloc(n, sizeof(uint64_t))) ||
+        !(p->seal_ops = calloc(n, sizeof(uint64_t)))) {
         svc_pending_free(p);
         free(items), free(itp);
         return KVP_ERR_NOMEM;
@@ -871,6 +872,7 @@ static int submit_seal(struct kvp_master_service *s, struct svc_seal **v, size_t
         items[i].checksum = v[i]->checksum;
         itp[i] = &items[i];
         p->key_hashes[i] = svc_key_hash(v[i]->key);
+        p->seal_ops[i] = v[i]->op_id;
     }
     p->n_keys = n;
     Kvp__PutSealCmd body = KVP__PUT_SEAL_CMD__INIT;
@@ -1169,6 +1171,8 @@ void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int st
         if (!svc_map_get(&s->put->sealing, p->key_hashes[i], &v))
             continue;
         struct svc_seal *e = (struct svc_seal *)(uintptr_t)v;
+        if (!p->seal_ops || e->op_id != p->seal_ops[i])
+            continue; /* another put of that key (or a hash twin) sealing now: not this command's */
         if (!body && status != KVP_ERR_NOT_LEADER) {
             if (e->submitted) {
                 e->submitted = false; /* the log refused it (not a lost leadership): again */

@@ -92,6 +92,9 @@ struct svc_pending {
     /* GetReplicaList / PutEnd: hashes of the keys, in request order (leases, last access). */
     uint64_t *key_hashes;
     size_t n_keys;
+    /* SVC_INT_SEAL: the op_id of each item, in key_hashes' order (its sealing entry is dropped
+     * only when both match). */
+    uint64_t *seal_ops;
     /* Remove: per original key, the status decided here (KVP_ERR_LEASED), or 1 = forwarded to
      * the FSM (its status comes from the FSM's reply, in forwarded order). */
     int32_t *remove_status;
