@@ -101,6 +101,7 @@ struct svc_put {
     struct svc_map sealing;                /* key hash → struct svc_seal * (level 6) */
     struct svc_held held[KVP_SVC_HELD_MAX];
     size_t n_held;
+    uint64_t redispatch_until;             /* held_redispatch: the read's first limit (0: a new read) */
     struct kvp_fsm_qvis vis;               /* svc_put_read_vis */
     uint64_t last_revoke_ms;               /* svc_put_revoke_due */
     uint64_t logged_term;                  /* the term of the last "one-commit put on" line */
@@ -131,6 +132,7 @@ static bool intent_on(struct kvp_master_service *s)
 }
 
 static void submit_intent_revoke(struct kvp_master_service *s, const char *key, uint64_t op_id);
+static void held_redispatch(struct kvp_master_service *s, bool only_expired);
 static int submit_seal(struct kvp_master_service *s, struct svc_seal **v, size_t n);
 
 int svc_put_new(struct kvp_master_service *s)
@@ -293,18 +295,7 @@ void svc_put_tick(struct kvp_master_service *s)
         svc_fence_note_failure(s, now, "expired one-commit puts");
     /* Seals not in the log yet (one whose submit failed), and reads held past their time. */
     svc_put_flush_seals(s);
-    uint64_t mono = svc_now_ms();
-    for (size_t i = 0; i < s->put->n_held;) {
-        struct svc_held *h = &s->put->held[i];
-        if (h->until_ms > mono) {
-            i++;
-            continue;
-        }
-        svc_reply_status(s, h->identity, h->req_id, KVP_ERR_UNAVAILABLE, "a key's put is still being sealed");
-        zframe_destroy(&h->identity);
-        free(h->buf);
-        *h = s->put->held[--s->put->n_held];
-    }
+    held_redispatch(s, true);
 }
 
 void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)
@@ -1139,25 +1130,41 @@ static bool try_seal(struct kvp_master_service *s, zframe_t *identity, Kvp__Requ
     return true;
 }
 
-/* Held reads go again: their keys' seals applied, or they time out at the tick. */
-static void held_redispatch(struct kvp_master_service *s)
+/* Held reads go again (every one: their keys' seals applied; or only those past their limit,
+ * at the tick). Each keeps its first limit: held again, it is answered at that limit
+ * (svc_put_hold_read). */
+static void held_redispatch(struct kvp_master_service *s, bool only_expired)
 {
-    size_t n = s->put->n_held;
-    struct svc_held *h = malloc((n ? n : 1) * sizeof(*h));
+    size_t n = 0, keep = 0;
+    uint64_t now = svc_now_ms();
+    struct svc_held *h = malloc((s->put->n_held ? s->put->n_held : 1) * sizeof(*h));
     if (!h)
         return;
-    memcpy(h, s->put->held, n * sizeof(*h));
-    s->put->n_held = 0;
+    for (size_t i = 0; i < s->put->n_held; i++) {
+        if (only_expired && s->put->held[i].until_ms > now)
+            s->put->held[keep++] = s->put->held[i];
+        else
+            h[n++] = s->put->held[i];
+    }
+    s->put->n_held = keep;
     for (size_t i = 0; i < n; i++) {
         Kvp__Request *req = kvp__request__unpack(NULL, h[i].len, h[i].buf);
         if (req) {
-            svc_dispatch(s, h[i].identity, req); /* may hold it again */
+            s->put->redispatch_until = h[i].until_ms ? h[i].until_ms : 1;
+            svc_dispatch(s, h[i].identity, req); /* may hold it again, until the same limit */
+            s->put->redispatch_until = 0;
             kvp__request__free_unpacked(req, NULL);
         }
         zframe_destroy(&h[i].identity);
         free(h[i].buf);
     }
     free(h);
+}
+
+void svc_put_redispatch_held(struct kvp_master_service *s)
+{
+    if (s->put && s->put->n_held)
+        held_redispatch(s, false);
 }
 
 void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)
@@ -1189,7 +1196,7 @@ void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int st
         free(e);
     }
     if (s->put->n_held)
-        held_redispatch(s);
+        held_redispatch(s, false);
 }
 
 static bool sealed_cb(void *arg, const char *key, uint64_t op_id, uint64_t checksum)
@@ -1220,30 +1227,24 @@ const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s)
     return &s->put->vis;
 }
 
-bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+static size_t read_keys(const Kvp__Request *req, char ***keys)
 {
-    if (!s->put || s->put->sealing.n == 0 || !identity)
-        return false;
-    char **keys = NULL;
-    size_t n = 0;
-    if (req->body_case == KVP__REQUEST__BODY_GET_REPLICAS)
-        keys = req->get_replicas->keys, n = req->get_replicas->n_keys;
-    else if (req->body_case == KVP__REQUEST__BODY_EXISTS)
-        keys = req->exists->keys, n = req->exists->n_keys;
-    else if (req->body_case == KVP__REQUEST__BODY_GET_SIZE)
-        keys = req->get_size->keys, n = req->get_size->n_keys;
-    bool hit = false;
-    for (size_t i = 0; i < n && !hit; i++) {
-        uint64_t v;
-        hit = keys[i] && svc_map_get(&s->put->sealing, svc_key_hash(keys[i]), &v) &&
-              strcmp(((struct svc_seal *)(uintptr_t)v)->key, keys[i]) == 0;
-    }
-    if (!hit)
-        return false;
-    svc_put_flush_seals(s); /* now, not at the next tick: the read waits for it */
+    *keys = NULL;
+    if (req->body_case == KVP__REQUEST__BODY_GET_REPLICAS && req->get_replicas)
+        return *keys = req->get_replicas->keys, req->get_replicas->n_keys;
+    if (req->body_case == KVP__REQUEST__BODY_EXISTS && req->exists)
+        return *keys = req->exists->keys, req->exists->n_keys;
+    if (req->body_case == KVP__REQUEST__BODY_GET_SIZE && req->get_size)
+        return *keys = req->get_size->keys, req->get_size->n_keys;
+    return 0;
+}
+
+/* Hold req until its limit (a held read dispatched again keeps its first one). */
+static void hold(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req, uint64_t hold_ms)
+{
     if (s->put->n_held == KVP_SVC_HELD_MAX) {
         svc_reply_status(s, identity, req->req_id, KVP_ERR_BUSY, "too many reads waiting for seals");
-        return true;
+        return;
     }
     struct svc_held *h = &s->put->held[s->put->n_held];
     h->len = protobuf_c_message_get_packed_size(&req->base);
@@ -1253,12 +1254,34 @@ bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const K
         free(h->buf);
         zframe_destroy(&h->identity);
         svc_reply_status(s, identity, req->req_id, KVP_ERR_NOMEM, "out of memory");
-        return true;
+        return;
     }
     protobuf_c_message_pack(&req->base, h->buf);
     h->req_id = req->req_id;
-    h->until_ms = svc_now_ms() + KVP_SVC_HELD_MS;
+    h->until_ms = s->put->redispatch_until ? s->put->redispatch_until : svc_now_ms() + hold_ms;
     s->put->n_held++;
+}
+
+bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+{
+    if (!s->put || s->put->sealing.n == 0 || !identity)
+        return false;
+    char **keys = NULL;
+    size_t n = read_keys(req, &keys);
+    bool hit = false;
+    for (size_t i = 0; i < n && !hit; i++) {
+        uint64_t v;
+        hit = keys[i] && svc_map_get(&s->put->sealing, svc_key_hash(keys[i]), &v) &&
+              strcmp(((struct svc_seal *)(uintptr_t)v)->key, keys[i]) == 0;
+    }
+    if (!hit)
+        return false;
+    if (s->put->redispatch_until && s->put->redispatch_until <= svc_now_ms()) {
+        svc_reply_status(s, identity, req->req_id, KVP_ERR_UNAVAILABLE, "a key's put is still being sealed");
+        return true; /* held to its limit already */
+    }
+    svc_put_flush_seals(s); /* now, not at the next tick: the read waits for it */
+    hold(s, identity, req, KVP_SVC_HELD_MS);
     return true;
 }
 

@@ -434,6 +434,8 @@ void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int st
 void svc_put_flush_seals(struct kvp_master_service *s);
 const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s);
 bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+/* Level 6: every held read goes again (a seal or a revoke applied). */
+void svc_put_redispatch_held(struct kvp_master_service *s);
 /* Level 6: is (key, op_id) a put this leader acknowledged whose PutSealCmd has not applied yet? */
 bool svc_put_sealing_op(const struct kvp_master_service *s, const char *key, uint64_t op_id);
 /* Level 6 counters into the status document's soft_state (put_intents, puts_sealed_early,
