@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "actors/master/service/service_evict.h"
+#include "actors/master/service/service_resolve.h"
 #include "actors/master/service/service_state.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
@@ -94,6 +95,7 @@ struct svc_held {
 };
 #define KVP_SVC_HELD_MAX 256u
 #define KVP_SVC_HELD_MS 2000u
+#define KVP_SVC_HELD_INTENT_MS 3000u /* a read of an older leader's pending intent (the resolver's turn) */
 
 struct svc_put {
     struct svc_resv resv[KVP_SVC_MAX_SEGS]; /* by segment id (ids above the cap: old path) */
@@ -1282,6 +1284,40 @@ bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const K
     }
     svc_put_flush_seals(s); /* now, not at the next tick: the read waits for it */
     hold(s, identity, req, KVP_SVC_HELD_MS);
+    return true;
+}
+
+bool svc_put_hold_intent(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+{
+    if (!s->put || !identity || !s->is_leader || svc_feature_level(s) < KVP_FEATURE_INTENT)
+        return false;
+    if (s->put->redispatch_until && s->put->redispatch_until <= svc_now_ms())
+        return false; /* held to its limit already: answered as it is now */
+    char **keys = NULL;
+    size_t n = read_keys(req, &keys);
+    if (n == 0 || kvp_raftlog_read_begin(s->rl) != KVP_OK)
+        return false; /* not vouched for: the raft thread answers (the intent hidden) */
+    char *urge[8];
+    size_t n_urge = 0;
+    bool hit = false;
+    if (kvp_fsm_intent_count(s->fsm) > 0)
+        for (size_t i = 0; i < n; i++) {
+            struct kvp_fsm_intent in;
+            /* an older leader's intent: maybe acknowledged by it; this leader's own are either
+             * acknowledged here (sealing: svc_put_hold_read) or still being written */
+            if (!keys[i] || !kvp_fsm_intent_get(s->fsm, keys[i], &in) || in.term >= s->term ||
+                svc_put_sealing_op(s, keys[i], in.op_id))
+                continue;
+            hit = true;
+            if (n_urge < sizeof urge / sizeof urge[0])
+                urge[n_urge++] = keys[i];
+        }
+    kvp_raftlog_read_end(s->rl);
+    if (!hit)
+        return false;
+    hold(s, identity, req, KVP_SVC_HELD_INTENT_MS);
+    for (size_t i = 0; i < n_urge; i++) /* after read_end: the resolver reads the FSM itself */
+        svc_resolve_urge(s, urge[i]);
     return true;
 }
 

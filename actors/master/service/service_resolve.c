@@ -31,7 +31,9 @@
  *    to the committed checksum on every replica that answered (at least one), checked after the
  *    writer's last possible write when some replica did not match or answer before; a matching
  *    range is the client's own bytes (XXH3-64), and every get checks each replica it reads again.
- * Until resolved an intent is invisible: a get of its key answers NOT_FOUND.
+ * Until resolved an intent is invisible; a read of an older term's intent on the leader is held
+ * (svc_put_hold_intent, up to 3 s) and the key verified at once (svc_resolve_urge): the read is
+ * answered when the seal or revoke applies (svc_resolve_on_result → svc_put_redispatch_held).
  */
 #include "actors/master/service/service_resolve.h"
 
@@ -77,6 +79,7 @@ struct svc_resolve {
     size_t n;
     uint64_t next_id;
     bool full_logged;
+    uint64_t urged_ms;            /* svc_resolve_urge's last pass (monotonic ms) */
     bool test_intent_only;        /* KVP_TEST_PUT_INTENT_ONLY (see svc_resolve_test_hook) */
     uint64_t sealed, revoked;     /* since this master started (status) */
 };
@@ -206,6 +209,7 @@ void svc_resolve_on_result(struct kvp_master_service *s, struct svc_pending *p, 
         return;
     }
     drop(r, at);
+    svc_put_redispatch_held(s); /* reads held for it (svc_put_hold_intent) are answered now */
 }
 
 /* ------------------------------------------------------------------ verification */
@@ -390,6 +394,28 @@ void svc_resolve_tick(struct kvp_master_service *s)
             due[n_due++] = r->e[i];
     for (size_t i = 0; i < n_due; i++)
         verify(s, due[i]);
+}
+
+void svc_resolve_urge(struct kvp_master_service *s, const char *key)
+{
+    if (!s->is_leader || !s->segments_fresh_ms)
+        return; /* the first pass runs when this leader's state is current (on_leader_ready) */
+    struct svc_resolve *r = resolver(s);
+    if (!r)
+        return;
+    uint64_t now = svc_now_ms();
+    for (size_t i = 0; i < r->n; i++) {
+        struct rentry *e = r->e[i];
+        if (strcmp(e->key, key) != 0)
+            continue;
+        if (e->st == R_IDLE && (e->asked_wall == 0 || kvp_clock_wall_ms() >= e->asked_wall + 500))
+            verify(s, e);
+        return;
+    }
+    if (now - r->urged_ms >= 100) { /* not listed yet: a pass now */
+        r->urged_ms = now;
+        svc_resolve_tick(s);
+    }
 }
 
 void svc_resolve_reset(struct kvp_master_service *s)

@@ -37,6 +37,10 @@ enum svc_resolve_verdict svc_resolve_rule(uint32_t live, uint32_t match, uint32_
 void svc_resolve_tick(struct kvp_master_service *s);
 /** The result of a PutSealCmd / PutRevoke it submitted (SVC_INT_RESOLVE_SEAL / _REVOKE). */
 void svc_resolve_on_result(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp);
+/** A read waits for key (an older leader's pending intent): verify it now (listing the FSM's
+ * intents first when it is not held yet, at most every 100 ms), unless a verification is under
+ * way or was asked within the last 500 ms. */
+void svc_resolve_urge(struct kvp_master_service *s, const char *key);
 /** A leadership change: forget every intent (the next leader lists them again). Call before
  * svc_verify_reset (whose callbacks free what had asks open). */
 void svc_resolve_reset(struct kvp_master_service *s);

@@ -90,6 +90,12 @@ static void query(struct kvp_master_service *s, zframe_t *identity, const Kvp__R
         svc_reply_status(s, identity, req->req_id, KVP_ERR_NOMEM, "out of memory");
         return;
     }
+    /* Level 6: an older leader's pending intent (maybe acknowledged by it) waits for the
+     * resolver rather than answering NOT_FOUND (DESIGN.md C4). */
+    if (svc_put_hold_intent(s, identity, req)) {
+        svc_pending_free(p);
+        return;
+    }
     if (local_read(s, p, req)) {
         svc_pending_free(p);
         return;
