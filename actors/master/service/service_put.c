@@ -1287,38 +1287,32 @@ bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const K
     return true;
 }
 
-bool svc_put_hold_intent(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+size_t svc_put_intent_keys(struct kvp_master_service *s, const Kvp__Request *req, const char **out, size_t cap)
 {
-    if (!s->put || !identity || !s->is_leader || svc_feature_level(s) < KVP_FEATURE_INTENT)
-        return false;
+    if (!s->put || !s->is_leader || svc_feature_level(s) < KVP_FEATURE_INTENT ||
+        kvp_fsm_intent_count(s->fsm) == 0)
+        return 0;
     if (s->put->redispatch_until && s->put->redispatch_until <= svc_now_ms())
-        return false; /* held to its limit already: answered as it is now */
+        return 0; /* held to its limit already: answered as it is now */
     char **keys = NULL;
-    size_t n = read_keys(req, &keys);
-    if (n == 0 || kvp_raftlog_read_begin(s->rl) != KVP_OK)
-        return false; /* not vouched for: the raft thread answers (the intent hidden) */
-    char *urge[8];
-    size_t n_urge = 0;
-    bool hit = false;
-    if (kvp_fsm_intent_count(s->fsm) > 0)
-        for (size_t i = 0; i < n; i++) {
-            struct kvp_fsm_intent in;
-            /* an older leader's intent: maybe acknowledged by it; this leader's own are either
-             * acknowledged here (sealing: svc_put_hold_read) or still being written */
-            if (!keys[i] || !kvp_fsm_intent_get(s->fsm, keys[i], &in) || in.term >= s->term ||
-                svc_put_sealing_op(s, keys[i], in.op_id))
-                continue;
-            hit = true;
-            if (n_urge < sizeof urge / sizeof urge[0])
-                urge[n_urge++] = keys[i];
-        }
-    kvp_raftlog_read_end(s->rl);
-    if (!hit)
-        return false;
+    size_t n = read_keys(req, &keys), hit = 0;
+    for (size_t i = 0; i < n && hit < cap; i++) {
+        struct kvp_fsm_intent in;
+        /* an older leader's intent: maybe acknowledged by it; this leader's own are either
+         * acknowledged here (sealing: svc_put_hold_read) or still being written */
+        if (keys[i] && kvp_fsm_intent_get(s->fsm, keys[i], &in) && in.term < s->term &&
+            !svc_put_sealing_op(s, keys[i], in.op_id))
+            out[hit++] = keys[i];
+    }
+    return hit;
+}
+
+void svc_put_hold_intent(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
+                         const char *const *keys, size_t n)
+{
     hold(s, identity, req, KVP_SVC_HELD_INTENT_MS);
-    for (size_t i = 0; i < n_urge; i++) /* after read_end: the resolver reads the FSM itself */
-        svc_resolve_urge(s, urge[i]);
-    return true;
+    for (size_t i = 0; i < n; i++)
+        svc_resolve_urge(s, keys[i]);
 }
 
 void svc_put_status(struct kvp_master_service *s, json_t *soft)

@@ -434,11 +434,15 @@ void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int st
 void svc_put_flush_seals(struct kvp_master_service *s);
 const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s);
 bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
-/* Level 6: a read of a key whose FSM state is a pending intent of an older term (a put an
- * older leader may have acknowledged) is held, up to 3 s, and the resolver asked to look at the
- * key now: answered when the resolver's seal or revoke applies (true), or false (none such, or
- * not vouched for now). Called before the read is answered locally. */
-bool svc_put_hold_intent(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+/* Level 6: the keys of read req (GetReplicaList, Exists, GetSize) whose FSM state is a pending
+ * intent of an older term (a put an older leader may have acknowledged, not sealing here), at
+ * most cap into out (pointers into req). Under kvp_raftlog_read_begin. 0 also for a read held
+ * to its limit already. */
+size_t svc_put_intent_keys(struct kvp_master_service *s, const Kvp__Request *req, const char **out, size_t cap);
+/* Level 6: hold such a read (up to 3 s from its arrival) and have the resolver verify those keys
+ * now (after kvp_raftlog_read_end): it goes again when the resolver's seal or revoke applies. */
+void svc_put_hold_intent(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
+                         const char *const *keys, size_t n);
 /* Level 6: every held read goes again (a seal or a revoke applied). */
 void svc_put_redispatch_held(struct kvp_master_service *s);
 /* Level 6: is (key, op_id) a put this leader acknowledged whose PutSealCmd has not applied yet? */
