@@ -104,6 +104,7 @@ struct svc_put {
     struct svc_held held[KVP_SVC_HELD_MAX];
     size_t n_held;
     uint64_t redispatch_until;             /* held_redispatch: the read's first limit (0: a new read) */
+    struct svc_map revoking;               /* key hash → op_id: a PutRevoke of that intent in flight */
     struct kvp_fsm_qvis vis;               /* svc_put_read_vis */
     uint64_t last_revoke_ms;               /* svc_put_revoke_due */
     uint64_t logged_term;                  /* the term of the last "one-commit put on" line */
@@ -144,6 +145,7 @@ int svc_put_new(struct kvp_master_service *s)
         return KVP_ERR_NOMEM;
     svc_map_init(&s->put->puts);
     svc_map_init(&s->put->sealing);
+    svc_map_init(&s->put->revoking);
     return KVP_OK;
 }
 
@@ -173,6 +175,7 @@ void svc_put_reset(struct kvp_master_service *s)
         free(e);
     }
     svc_map_clear(&s->put->sealing);
+    svc_map_clear(&s->put->revoking);
     s->put->n_unsubmitted = 0;
     for (size_t i = 0; i < s->put->n_held; i++) {
         svc_reply_status(s, s->put->held[i].identity, s->put->held[i].req_id, KVP_ERR_NOT_LEADER, "not the leader");
@@ -195,6 +198,7 @@ void svc_put_destroy(struct kvp_master_service *s)
     svc_put_reset(s);
     svc_map_fini(&s->put->puts);
     svc_map_fini(&s->put->sealing);
+    svc_map_fini(&s->put->revoking);
     free(s->put);
     s->put = NULL;
 }
@@ -830,8 +834,10 @@ bool svc_put_revoke_due(struct kvp_master_service *s)
 static void submit_intent_revoke(struct kvp_master_service *s, const char *key, uint64_t op_id)
 {
     struct svc_pending *p = svc_pending_new(s, NULL, NULL);
-    if (!p)
-        return;
+    if (!p || svc_put_revoking_note(s, p, key, op_id) != KVP_OK) {
+        svc_pending_free(p);
+        return; /* again at a later tick (the resolver's, past its deadline) */
+    }
     p->internal = SVC_INT_INTENT_REVOKE;
     Kvp__PutRevokeItem it = KVP__PUT_REVOKE_ITEM__INIT, *itp[1] = {&it};
     it.key = (char *)key;
@@ -843,6 +849,26 @@ static void submit_intent_revoke(struct kvp_master_service *s, const char *key, 
     cmd.body_case = KVP__COMMAND__BODY_PUT_REVOKE;
     cmd.put_revoke = &body;
     svc_submit(s, p, &cmd);
+}
+
+int svc_put_revoking_note(struct kvp_master_service *s, struct svc_pending *p, const char *key, uint64_t op_id)
+{
+    if (!s->put)
+        return KVP_OK;
+    if (!(p->key_hashes = calloc(1, sizeof(uint64_t))) || !(p->seal_ops = calloc(1, sizeof(uint64_t))))
+        return KVP_ERR_NOMEM;
+    p->key_hashes[0] = svc_key_hash(key);
+    p->seal_ops[0] = op_id;
+    p->n_keys = 1;
+    return svc_map_put(&s->put->revoking, p->key_hashes[0], op_id);
+}
+
+void svc_put_revoking_done(struct kvp_master_service *s, const struct svc_pending *p)
+{
+    uint64_t op;
+    if (s->put && p->n_keys == 1 && p->key_hashes && p->seal_ops &&
+        svc_map_get(&s->put->revoking, p->key_hashes[0], &op) && op == p->seal_ops[0])
+        svc_map_del(&s->put->revoking, p->key_hashes[0], NULL);
 }
 
 /* One PutSealCmd for v[0..n): submitted marks each; KVP_OK or the submit's error (none marked). */
@@ -1041,8 +1067,11 @@ static bool try_seal(struct kvp_master_service *s, zframe_t *identity, Kvp__Requ
         const Kvp__PutEndItem *it = pe->items[i];
         struct kvp_fsm_intent in;
         uint64_t v;
+        /* not under a revoke of this leader's (a wall clock stepped back after the tick or the
+         * resolver revoked it past its deadline: its PutCommit decides in the log's order) */
         ok = key_ok(it->key) && kvp_fsm_intent_get(s->fsm, it->key, &in) && in.op_id == it->op_id &&
-             in.checksum == it->checksum && now <= in.deadline_ms;
+             in.checksum == it->checksum && now <= in.deadline_ms &&
+             !svc_map_get(&s->put->revoking, svc_key_hash(it->key), NULL);
         if (ok && svc_map_get(&s->put->sealing, svc_key_hash(it->key), &v))
             ok = strcmp(((struct svc_seal *)(uintptr_t)v)->key, it->key) == 0 &&
                  ((struct svc_seal *)(uintptr_t)v)->op_id == it->op_id;

@@ -145,6 +145,12 @@ static void submit(struct kvp_master_service *s, struct rentry *e, bool seal)
         e->next_ms = svc_now_ms() + RESOLVE_RETRY_MS;
         return;
     }
+    if (!seal && svc_put_revoking_note(s, p, e->key, e->op_id) != KVP_OK) {
+        svc_pending_free(p);
+        e->st = R_IDLE;
+        e->next_ms = svc_now_ms() + RESOLVE_RETRY_MS;
+        return;
+    }
     p->internal = seal ? SVC_INT_RESOLVE_SEAL : SVC_INT_RESOLVE_REVOKE;
     p->resolve_id = e->id;
     e->st = R_SUBMITTED;

@@ -815,7 +815,12 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
         break;
     case SVC_INT_RESOLVE_SEAL:
     case SVC_INT_RESOLVE_REVOKE:
+        if (p->internal == SVC_INT_RESOLVE_REVOKE)
+            svc_put_revoking_done(s, p);
         svc_resolve_on_result(s, p, status, resp);
+        break;
+    case SVC_INT_INTENT_REVOKE:
+        svc_put_revoking_done(s, p);
         break;
     default:
         break;

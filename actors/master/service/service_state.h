@@ -443,6 +443,12 @@ size_t svc_put_intent_keys(struct kvp_master_service *s, const Kvp__Request *req
  * now (after kvp_raftlog_read_end): it goes again when the resolver's seal or revoke applies. */
 void svc_put_hold_intent(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
                          const char *const *keys, size_t n);
+/* Level 6: a PutRevoke of intent (key, op_id) is submitted with p (SVC_INT_INTENT_REVOKE,
+ * SVC_INT_RESOLVE_REVOKE): until its result, a PutEnd of that key is not acknowledged early
+ * (try_seal); p keeps the key's hash and op_id. KVP_ERR_NOMEM: not noted, do not submit. */
+int svc_put_revoking_note(struct kvp_master_service *s, struct svc_pending *p, const char *key, uint64_t op_id);
+/* Its result came (any status). */
+void svc_put_revoking_done(struct kvp_master_service *s, const struct svc_pending *p);
 /* Level 6: every held read goes again (a seal or a revoke applied). */
 void svc_put_redispatch_held(struct kvp_master_service *s);
 /* Level 6: is (key, op_id) a put this leader acknowledged whose PutSealCmd has not applied yet? */
