@@ -784,8 +784,19 @@ bool svc_put_try_revoke(struct kvp_master_service *s, zframe_t *identity, const 
             any_intent = true;
         }
     }
-    if (any_intent)
-        return false; /* the PutRevoke command path, for the whole request */
+    if (any_intent) {
+        /* The PutRevoke command path, for the whole request. Its plain items (never in the log)
+         * leave this table now, as on the path below, rather than linger to their deadline. */
+        for (size_t i = 0; i < pr->n_items; i++) {
+            uint64_t v;
+            if (svc_map_get(&s->put->puts, svc_key_hash(pr->items[i]->key), &v) &&
+                !((struct svc_fast_put *)(uintptr_t)v)->intent) {
+                svc_map_del(&s->put->puts, svc_key_hash(pr->items[i]->key), NULL);
+                put_free((struct svc_fast_put *)(uintptr_t)v);
+            }
+        }
+        return false;
+    }
     int32_t *st = calloc(pr->n_items, sizeof(*st));
     if (!st)
         return false;
