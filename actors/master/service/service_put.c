@@ -1192,9 +1192,10 @@ static void held_redispatch(struct kvp_master_service *s, bool only_expired)
     for (size_t i = 0; i < n; i++) {
         Kvp__Request *req = kvp__request__unpack(NULL, h[i].len, h[i].buf);
         if (req) {
+            uint64_t outer = s->put->redispatch_until; /* a redispatch inside a redispatch */
             s->put->redispatch_until = h[i].until_ms ? h[i].until_ms : 1;
             svc_dispatch(s, h[i].identity, req); /* may hold it again, until the same limit */
-            s->put->redispatch_until = 0;
+            s->put->redispatch_until = outer;
             kvp__request__free_unpacked(req, NULL);
         }
         zframe_destroy(&h[i].identity);
