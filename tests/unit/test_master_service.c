@@ -2,7 +2,8 @@
  * test_master_service.c — the pure parts of the master service: the u64 → u64 map behind every
  * soft-state table (insert/overwrite/delete with backward shift, filter, iteration, growth,
  * against a reference array), the members list parser (every error path), and that a PutStart
- * marks the eviction state for a scan whichever path answers it (issue 21 item 2).
+ * marks the eviction state for a scan whichever path answers it (issue 21 item 2), and the intent
+ * resolver's rule (svc_resolve_rule).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include <cmocka.h>
 
 #include "actors/master/service/service_evict.h"
+#include "actors/master/service/service_resolve.h"
 #include "actors/master/service/service_state.h"
 #include "kvpool.h"
 
@@ -176,6 +178,38 @@ static void test_evict_put_start_req_wants_scan(void **state)
     free(s);
 }
 
+/* The resolver's rule (docs/master.md "Resolving pending intents"). A MISMATCH hashed before the
+ * writer's last possible write (asked before `until`) is not final even when the last answer (a
+ * slower replica's) arrives after `until`: an acknowledged put must never be revoked for it. */
+static void test_resolve_rule_mismatch_final_only_when_asked_after_until(void **state)
+{
+    (void)state;
+    const uint64_t until = 10000;
+    /* 2 replicas: one hashed mid-transfer (MISMATCH), the other answered late; asked before
+     * `until`, decided after it */
+    assert_int_equal(svc_resolve_rule(2, 0, 1, until - 100, until + 5000, until), SVC_RESOLVE_AFTER_UNTIL);
+    assert_int_equal(svc_resolve_rule(2, 1, 1, until - 100, until + 5000, until), SVC_RESOLVE_AFTER_UNTIL);
+    assert_int_equal(svc_resolve_rule(2, 1, 1, until, until + 5000, until), SVC_RESOLVE_AFTER_UNTIL);
+    /* asked after `until`: final */
+    assert_int_equal(svc_resolve_rule(2, 1, 1, until + 1, until + 5000, until), SVC_RESOLVE_REVOKE);
+    assert_int_equal(svc_resolve_rule(1, 0, 1, until + 1, until + 1, until), SVC_RESOLVE_REVOKE);
+    /* every live replica matches: sealed whenever asked */
+    assert_int_equal(svc_resolve_rule(2, 2, 0, until - 5000, until - 4000, until), SVC_RESOLVE_SEAL);
+    assert_int_equal(svc_resolve_rule(1, 1, 0, until + 9, until + 10, until), SVC_RESOLVE_SEAL);
+    /* no live replica: nothing asked, the time that counts is now */
+    assert_int_equal(svc_resolve_rule(0, 0, 0, until - 100, until - 1, until), SVC_RESOLVE_AFTER_UNTIL);
+    assert_int_equal(svc_resolve_rule(0, 0, 0, until - 100, until + 1, until), SVC_RESOLVE_REVOKE);
+    /* a replica that did not answer and none mismatching, asked before `until`: again later */
+    assert_int_equal(svc_resolve_rule(2, 1, 0, until - 100, until - 50, until), SVC_RESOLVE_RETRY);
+    assert_int_equal(svc_resolve_rule(2, 0, 0, until - 100, until - 50, until), SVC_RESOLVE_RETRY);
+    /* asked after `until`: one MATCH, no MISMATCH, a replica UNKNOWN (an older or silent
+     * segment): sealed, not pending forever; no MATCH at all: again later */
+    assert_int_equal(svc_resolve_rule(2, 1, 0, until + 1, until + 3000, until), SVC_RESOLVE_SEAL);
+    assert_int_equal(svc_resolve_rule(3, 1, 0, until + 1, until + 3000, until), SVC_RESOLVE_SEAL);
+    assert_int_equal(svc_resolve_rule(2, 0, 0, until + 1, until + 3000, until), SVC_RESOLVE_RETRY);
+    assert_int_equal(svc_resolve_rule(2, 1, 0, until, until + 3000, until), SVC_RESOLVE_RETRY);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -185,6 +219,7 @@ int main(void)
         cmocka_unit_test(test_members_parse_valid_list_parsed),
         cmocka_unit_test(test_members_parse_bad_entries_invalid),
         cmocka_unit_test(test_evict_put_start_req_wants_scan),
+        cmocka_unit_test(test_resolve_rule_mismatch_final_only_when_asked_after_until),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -202,6 +202,7 @@ void svc_pending_free(struct svc_pending *p)
         return;
     zframe_destroy(&p->identity);
     free(p->key_hashes);
+    free(p->seal_ops);
     free(p->remove_status);
     svc_verify_job_drop(p->verify_job);
     free(p);

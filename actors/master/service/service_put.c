@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "actors/master/service/service_evict.h"
+#include "actors/master/service/service_resolve.h"
 #include "actors/master/service/service_state.h"
 #include "kvpool.h"
 #include "runtime/clock.h"
@@ -94,6 +95,7 @@ struct svc_held {
 };
 #define KVP_SVC_HELD_MAX 256u
 #define KVP_SVC_HELD_MS 2000u
+#define KVP_SVC_HELD_INTENT_MS 3000u /* a read of an older leader's pending intent (the resolver's turn) */
 
 struct svc_put {
     struct svc_resv resv[KVP_SVC_MAX_SEGS]; /* by segment id (ids above the cap: old path) */
@@ -101,6 +103,8 @@ struct svc_put {
     struct svc_map sealing;                /* key hash → struct svc_seal * (level 6) */
     struct svc_held held[KVP_SVC_HELD_MAX];
     size_t n_held;
+    uint64_t redispatch_until;             /* held_redispatch: the read's first limit (0: a new read) */
+    struct svc_map revoking;               /* key hash → op_id: a PutRevoke of that intent in flight */
     struct kvp_fsm_qvis vis;               /* svc_put_read_vis */
     uint64_t last_revoke_ms;               /* svc_put_revoke_due */
     uint64_t logged_term;                  /* the term of the last "one-commit put on" line */
@@ -131,6 +135,7 @@ static bool intent_on(struct kvp_master_service *s)
 }
 
 static void submit_intent_revoke(struct kvp_master_service *s, const char *key, uint64_t op_id);
+static void held_redispatch(struct kvp_master_service *s, bool only_expired);
 static int submit_seal(struct kvp_master_service *s, struct svc_seal **v, size_t n);
 
 int svc_put_new(struct kvp_master_service *s)
@@ -140,6 +145,7 @@ int svc_put_new(struct kvp_master_service *s)
         return KVP_ERR_NOMEM;
     svc_map_init(&s->put->puts);
     svc_map_init(&s->put->sealing);
+    svc_map_init(&s->put->revoking);
     return KVP_OK;
 }
 
@@ -169,6 +175,7 @@ void svc_put_reset(struct kvp_master_service *s)
         free(e);
     }
     svc_map_clear(&s->put->sealing);
+    svc_map_clear(&s->put->revoking);
     s->put->n_unsubmitted = 0;
     for (size_t i = 0; i < s->put->n_held; i++) {
         svc_reply_status(s, s->put->held[i].identity, s->put->held[i].req_id, KVP_ERR_NOT_LEADER, "not the leader");
@@ -191,6 +198,7 @@ void svc_put_destroy(struct kvp_master_service *s)
     svc_put_reset(s);
     svc_map_fini(&s->put->puts);
     svc_map_fini(&s->put->sealing);
+    svc_map_fini(&s->put->revoking);
     free(s->put);
     s->put = NULL;
 }
@@ -293,18 +301,7 @@ void svc_put_tick(struct kvp_master_service *s)
         svc_fence_note_failure(s, now, "expired one-commit puts");
     /* Seals not in the log yet (one whose submit failed), and reads held past their time. */
     svc_put_flush_seals(s);
-    uint64_t mono = svc_now_ms();
-    for (size_t i = 0; i < s->put->n_held;) {
-        struct svc_held *h = &s->put->held[i];
-        if (h->until_ms > mono) {
-            i++;
-            continue;
-        }
-        svc_reply_status(s, h->identity, h->req_id, KVP_ERR_UNAVAILABLE, "a key's put is still being sealed");
-        zframe_destroy(&h->identity);
-        free(h->buf);
-        *h = s->put->held[--s->put->n_held];
-    }
+    held_redispatch(s, true);
 }
 
 void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)
@@ -787,8 +784,19 @@ bool svc_put_try_revoke(struct kvp_master_service *s, zframe_t *identity, const 
             any_intent = true;
         }
     }
-    if (any_intent)
-        return false; /* the PutRevoke command path, for the whole request */
+    if (any_intent) {
+        /* The PutRevoke command path, for the whole request. Its plain items (never in the log)
+         * leave this table now, as on the path below, rather than linger to their deadline. */
+        for (size_t i = 0; i < pr->n_items; i++) {
+            uint64_t v;
+            if (svc_map_get(&s->put->puts, svc_key_hash(pr->items[i]->key), &v) &&
+                !((struct svc_fast_put *)(uintptr_t)v)->intent) {
+                svc_map_del(&s->put->puts, svc_key_hash(pr->items[i]->key), NULL);
+                put_free((struct svc_fast_put *)(uintptr_t)v);
+            }
+        }
+        return false;
+    }
     int32_t *st = calloc(pr->n_items, sizeof(*st));
     if (!st)
         return false;
@@ -837,8 +845,10 @@ bool svc_put_revoke_due(struct kvp_master_service *s)
 static void submit_intent_revoke(struct kvp_master_service *s, const char *key, uint64_t op_id)
 {
     struct svc_pending *p = svc_pending_new(s, NULL, NULL);
-    if (!p)
-        return;
+    if (!p || svc_put_revoking_note(s, p, key, op_id) != KVP_OK) {
+        svc_pending_free(p);
+        return; /* again at a later tick (the resolver's, past its deadline) */
+    }
     p->internal = SVC_INT_INTENT_REVOKE;
     Kvp__PutRevokeItem it = KVP__PUT_REVOKE_ITEM__INIT, *itp[1] = {&it};
     it.key = (char *)key;
@@ -852,13 +862,34 @@ static void submit_intent_revoke(struct kvp_master_service *s, const char *key, 
     svc_submit(s, p, &cmd);
 }
 
+int svc_put_revoking_note(struct kvp_master_service *s, struct svc_pending *p, const char *key, uint64_t op_id)
+{
+    if (!s->put)
+        return KVP_OK;
+    if (!(p->key_hashes = calloc(1, sizeof(uint64_t))) || !(p->seal_ops = calloc(1, sizeof(uint64_t))))
+        return KVP_ERR_NOMEM;
+    p->key_hashes[0] = svc_key_hash(key);
+    p->seal_ops[0] = op_id;
+    p->n_keys = 1;
+    return svc_map_put(&s->put->revoking, p->key_hashes[0], op_id);
+}
+
+void svc_put_revoking_done(struct kvp_master_service *s, const struct svc_pending *p)
+{
+    uint64_t op;
+    if (s->put && p->n_keys == 1 && p->key_hashes && p->seal_ops &&
+        svc_map_get(&s->put->revoking, p->key_hashes[0], &op) && op == p->seal_ops[0])
+        svc_map_del(&s->put->revoking, p->key_hashes[0], NULL);
+}
+
 /* One PutSealCmd for v[0..n): submitted marks each; KVP_OK or the submit's error (none marked). */
 static int submit_seal(struct kvp_master_service *s, struct svc_seal **v, size_t n)
 {
     struct svc_pending *p = svc_pending_new(s, NULL, NULL);
     Kvp__PutSealItem *items = calloc(n, sizeof(*items));
     Kvp__PutSealItem **itp = calloc(n, sizeof(*itp));
-    if (!p || !items || !itp || !(p->key_hashes = calloc(n, sizeof(uint64_t)))) {
+    if (!p || !items || !itp || !(p->key_hashes = calloc(n, sizeof(uint64_t))) ||
+        !(p->seal_ops = calloc(n, sizeof(uint64_t)))) {
         svc_pending_free(p);
         free(items), free(itp);
         return KVP_ERR_NOMEM;
@@ -871,6 +902,7 @@ static int submit_seal(struct kvp_master_service *s, struct svc_seal **v, size_t
         items[i].checksum = v[i]->checksum;
         itp[i] = &items[i];
         p->key_hashes[i] = svc_key_hash(v[i]->key);
+        p->seal_ops[i] = v[i]->op_id;
     }
     p->n_keys = n;
     Kvp__PutSealCmd body = KVP__PUT_SEAL_CMD__INIT;
@@ -1046,8 +1078,11 @@ static bool try_seal(struct kvp_master_service *s, zframe_t *identity, Kvp__Requ
         const Kvp__PutEndItem *it = pe->items[i];
         struct kvp_fsm_intent in;
         uint64_t v;
+        /* not under a revoke of this leader's (a wall clock stepped back after the tick or the
+         * resolver revoked it past its deadline: its PutCommit decides in the log's order) */
         ok = key_ok(it->key) && kvp_fsm_intent_get(s->fsm, it->key, &in) && in.op_id == it->op_id &&
-             in.checksum == it->checksum && now <= in.deadline_ms;
+             in.checksum == it->checksum && now <= in.deadline_ms &&
+             !svc_map_get(&s->put->revoking, svc_key_hash(it->key), NULL);
         if (ok && svc_map_get(&s->put->sealing, svc_key_hash(it->key), &v))
             ok = strcmp(((struct svc_seal *)(uintptr_t)v)->key, it->key) == 0 &&
                  ((struct svc_seal *)(uintptr_t)v)->op_id == it->op_id;
@@ -1137,25 +1172,42 @@ static bool try_seal(struct kvp_master_service *s, zframe_t *identity, Kvp__Requ
     return true;
 }
 
-/* Held reads go again: their keys' seals applied, or they time out at the tick. */
-static void held_redispatch(struct kvp_master_service *s)
+/* Held reads go again (every one: their keys' seals applied; or only those past their limit,
+ * at the tick). Each keeps its first limit: held again, it is answered at that limit
+ * (svc_put_hold_read). */
+static void held_redispatch(struct kvp_master_service *s, bool only_expired)
 {
-    size_t n = s->put->n_held;
-    struct svc_held *h = malloc((n ? n : 1) * sizeof(*h));
+    size_t n = 0, keep = 0;
+    uint64_t now = svc_now_ms();
+    struct svc_held *h = malloc((s->put->n_held ? s->put->n_held : 1) * sizeof(*h));
     if (!h)
         return;
-    memcpy(h, s->put->held, n * sizeof(*h));
-    s->put->n_held = 0;
+    for (size_t i = 0; i < s->put->n_held; i++) {
+        if (only_expired && s->put->held[i].until_ms > now)
+            s->put->held[keep++] = s->put->held[i];
+        else
+            h[n++] = s->put->held[i];
+    }
+    s->put->n_held = keep;
     for (size_t i = 0; i < n; i++) {
         Kvp__Request *req = kvp__request__unpack(NULL, h[i].len, h[i].buf);
         if (req) {
-            svc_dispatch(s, h[i].identity, req); /* may hold it again */
+            uint64_t outer = s->put->redispatch_until; /* a redispatch inside a redispatch */
+            s->put->redispatch_until = h[i].until_ms ? h[i].until_ms : 1;
+            svc_dispatch(s, h[i].identity, req); /* may hold it again, until the same limit */
+            s->put->redispatch_until = outer;
             kvp__request__free_unpacked(req, NULL);
         }
         zframe_destroy(&h[i].identity);
         free(h[i].buf);
     }
     free(h);
+}
+
+void svc_put_redispatch_held(struct kvp_master_service *s)
+{
+    if (s->put && s->put->n_held)
+        held_redispatch(s, false);
 }
 
 void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)
@@ -1169,6 +1221,8 @@ void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int st
         if (!svc_map_get(&s->put->sealing, p->key_hashes[i], &v))
             continue;
         struct svc_seal *e = (struct svc_seal *)(uintptr_t)v;
+        if (!p->seal_ops || e->op_id != p->seal_ops[i])
+            continue; /* another put of that key (or a hash twin) sealing now: not this command's */
         if (!body && status != KVP_ERR_NOT_LEADER) {
             if (e->submitted) {
                 e->submitted = false; /* the log refused it (not a lost leadership): again */
@@ -1185,7 +1239,7 @@ void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int st
         free(e);
     }
     if (s->put->n_held)
-        held_redispatch(s);
+        held_redispatch(s, false);
 }
 
 static bool sealed_cb(void *arg, const char *key, uint64_t op_id, uint64_t checksum)
@@ -1198,6 +1252,15 @@ static bool sealed_cb(void *arg, const char *key, uint64_t op_id, uint64_t check
     return e->op_id == op_id && e->checksum == checksum && strcmp(e->key, key) == 0;
 }
 
+bool svc_put_sealing_op(const struct kvp_master_service *s, const char *key, uint64_t op_id)
+{
+    uint64_t v;
+    if (!s->put || !key || !svc_map_get(&s->put->sealing, svc_key_hash(key), &v))
+        return false;
+    const struct svc_seal *e = (const struct svc_seal *)(uintptr_t)v;
+    return e->op_id == op_id && strcmp(e->key, key) == 0;
+}
+
 const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s)
 {
     if (!s->put || s->put->sealing.n == 0)
@@ -1207,30 +1270,24 @@ const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s)
     return &s->put->vis;
 }
 
-bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+static size_t read_keys(const Kvp__Request *req, char ***keys)
 {
-    if (!s->put || s->put->sealing.n == 0 || !identity)
-        return false;
-    char **keys = NULL;
-    size_t n = 0;
-    if (req->body_case == KVP__REQUEST__BODY_GET_REPLICAS)
-        keys = req->get_replicas->keys, n = req->get_replicas->n_keys;
-    else if (req->body_case == KVP__REQUEST__BODY_EXISTS)
-        keys = req->exists->keys, n = req->exists->n_keys;
-    else if (req->body_case == KVP__REQUEST__BODY_GET_SIZE)
-        keys = req->get_size->keys, n = req->get_size->n_keys;
-    bool hit = false;
-    for (size_t i = 0; i < n && !hit; i++) {
-        uint64_t v;
-        hit = keys[i] && svc_map_get(&s->put->sealing, svc_key_hash(keys[i]), &v) &&
-              strcmp(((struct svc_seal *)(uintptr_t)v)->key, keys[i]) == 0;
-    }
-    if (!hit)
-        return false;
-    svc_put_flush_seals(s); /* now, not at the next tick: the read waits for it */
+    *keys = NULL;
+    if (req->body_case == KVP__REQUEST__BODY_GET_REPLICAS && req->get_replicas)
+        return *keys = req->get_replicas->keys, req->get_replicas->n_keys;
+    if (req->body_case == KVP__REQUEST__BODY_EXISTS && req->exists)
+        return *keys = req->exists->keys, req->exists->n_keys;
+    if (req->body_case == KVP__REQUEST__BODY_GET_SIZE && req->get_size)
+        return *keys = req->get_size->keys, req->get_size->n_keys;
+    return 0;
+}
+
+/* Hold req until its limit (a held read dispatched again keeps its first one). */
+static void hold(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req, uint64_t hold_ms)
+{
     if (s->put->n_held == KVP_SVC_HELD_MAX) {
         svc_reply_status(s, identity, req->req_id, KVP_ERR_BUSY, "too many reads waiting for seals");
-        return true;
+        return;
     }
     struct svc_held *h = &s->put->held[s->put->n_held];
     h->len = protobuf_c_message_get_packed_size(&req->base);
@@ -1240,13 +1297,63 @@ bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const K
         free(h->buf);
         zframe_destroy(&h->identity);
         svc_reply_status(s, identity, req->req_id, KVP_ERR_NOMEM, "out of memory");
-        return true;
+        return;
     }
     protobuf_c_message_pack(&req->base, h->buf);
     h->req_id = req->req_id;
-    h->until_ms = svc_now_ms() + KVP_SVC_HELD_MS;
+    h->until_ms = s->put->redispatch_until ? s->put->redispatch_until : svc_now_ms() + hold_ms;
     s->put->n_held++;
+}
+
+bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+{
+    if (!s->put || s->put->sealing.n == 0 || !identity)
+        return false;
+    char **keys = NULL;
+    size_t n = read_keys(req, &keys);
+    bool hit = false;
+    for (size_t i = 0; i < n && !hit; i++) {
+        uint64_t v;
+        hit = keys[i] && svc_map_get(&s->put->sealing, svc_key_hash(keys[i]), &v) &&
+              strcmp(((struct svc_seal *)(uintptr_t)v)->key, keys[i]) == 0;
+    }
+    if (!hit)
+        return false;
+    if (s->put->redispatch_until && s->put->redispatch_until <= svc_now_ms()) {
+        svc_reply_status(s, identity, req->req_id, KVP_ERR_UNAVAILABLE, "a key's put is still being sealed");
+        return true; /* held to its limit already */
+    }
+    svc_put_flush_seals(s); /* now, not at the next tick: the read waits for it */
+    hold(s, identity, req, KVP_SVC_HELD_MS);
     return true;
+}
+
+size_t svc_put_intent_keys(struct kvp_master_service *s, const Kvp__Request *req, const char **out, size_t cap)
+{
+    if (!s->put || !s->is_leader || svc_feature_level(s) < KVP_FEATURE_INTENT ||
+        kvp_fsm_intent_count(s->fsm) == 0)
+        return 0;
+    if (s->put->redispatch_until && s->put->redispatch_until <= svc_now_ms())
+        return 0; /* held to its limit already: answered as it is now */
+    char **keys = NULL;
+    size_t n = read_keys(req, &keys), hit = 0;
+    for (size_t i = 0; i < n && hit < cap; i++) {
+        struct kvp_fsm_intent in;
+        /* an older leader's intent: maybe acknowledged by it; this leader's own are either
+         * acknowledged here (sealing: svc_put_hold_read) or still being written */
+        if (keys[i] && kvp_fsm_intent_get(s->fsm, keys[i], &in) && in.term < s->term &&
+            !svc_put_sealing_op(s, keys[i], in.op_id))
+            out[hit++] = keys[i];
+    }
+    return hit;
+}
+
+void svc_put_hold_intent(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
+                         const char *const *keys, size_t n)
+{
+    hold(s, identity, req, KVP_SVC_HELD_INTENT_MS);
+    for (size_t i = 0; i < n; i++)
+        svc_resolve_urge(s, keys[i]);
 }
 
 void svc_put_status(struct kvp_master_service *s, json_t *soft)

@@ -9,9 +9,12 @@
  *  - every replica on a live segment is checksummed by its segment (service_verify.h);
  *  - all of them MATCH (at least one live) → PutSealCmd {key, op_id, checksum}: the object is
  *    complete with the bytes its client wrote;
- *  - a MISMATCH, or no live replica, once the put's deadline plus fence_grace_ms has passed →
- *    PutRevoke {key, op_id}: its space goes to quarantine. Before that, verified again then;
- *  - UNKNOWN (a segment that did not answer, an older segment) → verified again a second later.
+ *  - a MISMATCH from asks made after the put's deadline plus fence_grace_ms (when the asks were
+ *    made counts, not when the last answer came), or no live replica once that has passed →
+ *    PutRevoke {key, op_id}: its space goes to quarantine. Before that, verified again then; an
+ *    intent this leader acknowledged itself (its sealing table) is never revoked here;
+ *  - UNKNOWN (a segment that did not answer, an older segment) → verified again a second later;
+ *    once asked after the deadline plus fence_grace_ms, one MATCH and no MISMATCH seals it.
  * An intent of this leader's own term waits for its deadline plus fence_grace_ms first: its
  * client's PutEnd seals it on the normal path; the resolver only takes what was left.
  *
@@ -25,9 +28,12 @@
  *    fence_grace_ms); segments refuse WRITE frames past the deadline (seg_server.c), and RDMA
  *    writers are fenced first (svc_fence_note_failure), as for expired puts.
  *  - C5 (no reader gets another object's bytes): a seal makes visible exactly the bytes that hash
- *    to the committed checksum on every replica, checked after the writer's last possible write
- *    only when it mismatched before; a matching range is the client's own bytes (XXH3-64).
- * Until resolved an intent is invisible: a get of its key answers NOT_FOUND.
+ *    to the committed checksum on every replica that answered (at least one), checked after the
+ *    writer's last possible write when some replica did not match or answer before; a matching
+ *    range is the client's own bytes (XXH3-64), and every get checks each replica it reads again.
+ * Until resolved an intent is invisible; a read of an older term's intent on the leader is held
+ * (svc_put_hold_intent, up to 3 s) and the key verified at once (svc_resolve_urge): the read is
+ * answered when the seal or revoke applies (svc_resolve_on_result → svc_put_redispatch_held).
  */
 #include "actors/master/service/service_resolve.h"
 
@@ -63,6 +69,7 @@ struct rentry {
     enum rstate st;
     uint32_t open;                /* verify asks not called back */
     uint64_t next_ms;             /* monotonic ms of the next verification (R_IDLE) */
+    uint64_t asked_wall;          /* wall-clock ms when the last verification's asks were made */
     bool seen;                    /* listed by the last pass */
     bool dead;                    /* dropped from the table: freed at its last callback */
 };
@@ -72,6 +79,7 @@ struct svc_resolve {
     size_t n;
     uint64_t next_id;
     bool full_logged;
+    uint64_t urged_ms;            /* svc_resolve_urge's last pass (monotonic ms) */
     bool test_intent_only;        /* KVP_TEST_PUT_INTENT_ONLY (see svc_resolve_test_hook) */
     uint64_t sealed, revoked;     /* since this master started (status) */
 };
@@ -123,8 +131,22 @@ static bool seg_live(struct kvp_master_service *s, uint32_t seg)
 
 static void submit(struct kvp_master_service *s, struct rentry *e, bool seal)
 {
+    if (!seal && svc_put_sealing_op(s, e->key, e->op_id)) {
+        /* this leader acknowledged it: its own PutSealCmd is on its way; never revoked here */
+        kvp_log_warn(s->actor, "intent %s (op %llu): not revoked: this leader acknowledged it and is sealing it",
+                     e->key, (unsigned long long)e->op_id);
+        e->st = R_IDLE;
+        e->next_ms = svc_now_ms() + RESOLVE_RETRY_MS;
+        return;
+    }
     struct svc_pending *p = svc_pending_new(s, NULL, NULL);
     if (!p) {
+        e->st = R_IDLE;
+        e->next_ms = svc_now_ms() + RESOLVE_RETRY_MS;
+        return;
+    }
+    if (!seal && svc_put_revoking_note(s, p, e->key, e->op_id) != KVP_OK) {
+        svc_pending_free(p);
         e->st = R_IDLE;
         e->next_ms = svc_now_ms() + RESOLVE_RETRY_MS;
         return;
@@ -193,9 +215,28 @@ void svc_resolve_on_result(struct kvp_master_service *s, struct svc_pending *p, 
         return;
     }
     drop(r, at);
+    svc_put_redispatch_held(s); /* reads held for it (svc_put_hold_intent) are answered now */
 }
 
 /* ------------------------------------------------------------------ verification */
+
+enum svc_resolve_verdict svc_resolve_rule(uint32_t live, uint32_t match, uint32_t mismatch, uint64_t asked_wall,
+                                          uint64_t now_wall, uint64_t until)
+{
+    if (live > 0 && match == live)
+        return SVC_RESOLVE_SEAL;
+    if (live == 0) /* nothing was asked: the time that counts is now */
+        return now_wall > until ? SVC_RESOLVE_REVOKE : SVC_RESOLVE_AFTER_UNTIL;
+    if (mismatch > 0) /* final only when hashed after the writer's last possible write */
+        return asked_wall > until ? SVC_RESOLVE_REVOKE : SVC_RESOLVE_AFTER_UNTIL;
+    /* Some replica did not answer (an older segment, a silent one not yet lost). After the
+     * writer's last possible write, one MATCH and no MISMATCH is enough: the client's bytes are
+     * there, and a reader checks every replica's checksum (a bad one is skipped). Without this an
+     * acknowledged put would stay invisible as long as one replica cannot answer. */
+    if (match >= 1 && asked_wall > until)
+        return SVC_RESOLVE_SEAL;
+    return SVC_RESOLVE_RETRY;
+}
 
 static void decide(struct kvp_master_service *s, struct rentry *e)
 {
@@ -208,20 +249,22 @@ static void decide(struct kvp_master_service *s, struct rentry *e)
         mismatch += e->rep[i].result == SVC_VERIFY_MISMATCH;
     }
     uint64_t until = e->deadline_ms + s->cfg.fence_grace_ms; /* no WRITE of it lands after (wall ms) */
-    bool past = kvp_clock_wall_ms() > until;
     e->st = R_IDLE;
-    if (live > 0 && match == live) {
+    switch (svc_resolve_rule(live, match, mismatch, e->asked_wall, kvp_clock_wall_ms(), until)) {
+    case SVC_RESOLVE_SEAL:
         submit(s, e, true);
-    } else if (mismatch > 0 || live == 0) {
-        if (past) {
-            submit(s, e, false);
-        } else {
-            e->next_ms = wall_to_mono(until) + 1; /* its writer may still be writing: look again then */
-            kvp_log_debug(s->actor, "intent %s: %s before its deadline: verified again after it", e->key,
-                          live ? "a replica mismatches" : "no live replica");
-        }
-    } else {
+        break;
+    case SVC_RESOLVE_REVOKE:
+        submit(s, e, false);
+        break;
+    case SVC_RESOLVE_AFTER_UNTIL:
+        e->next_ms = wall_to_mono(until) + 1; /* its writer may still be writing: look again then */
+        kvp_log_debug(s->actor, "intent %s: %s before its deadline: verified again after it", e->key,
+                      live ? "a replica mismatches" : "no live replica");
+        break;
+    case SVC_RESOLVE_RETRY:
         e->next_ms = svc_now_ms() + RESOLVE_RETRY_MS;
+        break;
     }
 }
 
@@ -246,6 +289,7 @@ static void on_verified(struct kvp_master_service *s, void *arg, uint32_t idx, i
 static void verify(struct kvp_master_service *s, struct rentry *e)
 {
     e->st = R_VERIFYING;
+    e->asked_wall = kvp_clock_wall_ms(); /* every answer is hashed after this (svc_resolve_rule) */
     e->open = 1; /* held while the asks are made */
     for (uint32_t i = 0; i < e->n; i++) {
         e->rep[i].result = SVC_VERIFY_UNKNOWN;
@@ -269,6 +313,8 @@ static bool on_intent(const struct kvp_fsm_intent *it, void *arg)
 {
     struct scan *sc = arg;
     struct svc_resolve *r = sc->r;
+    if (r->test_intent_only && it->term == sc->s->term)
+        return true; /* the test hook: a leader that never seals its own term's intents */
     for (size_t i = 0; i < r->n; i++)
         if (r->e[i]->op_id == it->op_id && strcmp(r->e[i]->key, it->key) == 0) {
             r->e[i]->seen = true;
@@ -312,7 +358,7 @@ static struct svc_resolve *resolver(struct kvp_master_service *s)
         s->resolve->test_intent_only = t && strcmp(t, "1") == 0;
         if (s->resolve->test_intent_only)
             kvp_log_warn(s->actor, "KVP_TEST_PUT_INTENT_ONLY=1 (tests only): every put commits as an intent "
-                         "that this leader never seals");
+                         "that this leader never seals nor resolves");
     }
     return s->resolve;
 }
@@ -354,6 +400,28 @@ void svc_resolve_tick(struct kvp_master_service *s)
             due[n_due++] = r->e[i];
     for (size_t i = 0; i < n_due; i++)
         verify(s, due[i]);
+}
+
+void svc_resolve_urge(struct kvp_master_service *s, const char *key)
+{
+    if (!s->is_leader || !s->segments_fresh_ms)
+        return; /* the first pass runs when this leader's state is current (on_leader_ready) */
+    struct svc_resolve *r = resolver(s);
+    if (!r)
+        return;
+    uint64_t now = svc_now_ms();
+    for (size_t i = 0; i < r->n; i++) {
+        struct rentry *e = r->e[i];
+        if (strcmp(e->key, key) != 0)
+            continue;
+        if (e->st == R_IDLE && (e->asked_wall == 0 || kvp_clock_wall_ms() >= e->asked_wall + 500))
+            verify(s, e);
+        return;
+    }
+    if (now - r->urged_ms >= 100) { /* not listed yet: a pass now */
+        r->urged_ms = now;
+        svc_resolve_tick(s);
+    }
 }
 
 void svc_resolve_reset(struct kvp_master_service *s)

@@ -62,13 +62,23 @@ static void finish_result(struct kvp_master_service *s, struct svc_pending *p, i
  * FSM, while raftlog vouches for this node's leadership (kvp_raftlog_read_begin): no hop to the
  * raft thread and back, no re-encoding. false: not possible now (not leader, a new leader
  * before its barrier, raft thread busy): the caller goes through the raft thread. */
-static bool local_read(struct kvp_master_service *s, struct svc_pending *p, const Kvp__Request *req)
+static bool local_read(struct kvp_master_service *s, struct svc_pending *p, zframe_t *identity,
+                       const Kvp__Request *req)
 {
     if (req->body_case != KVP__REQUEST__BODY_GET_REPLICAS && req->body_case != KVP__REQUEST__BODY_EXISTS &&
         req->body_case != KVP__REQUEST__BODY_GET_SIZE)
         return false;
     if (kvp_raftlog_read_begin(s->rl) != KVP_OK)
         return false;
+    /* Level 6: an older leader's pending intent (maybe acknowledged by it) waits for the
+     * resolver rather than answering NOT_FOUND (DESIGN.md C4). */
+    const char *intents[8];
+    size_t n_intents = identity ? svc_put_intent_keys(s, req, intents, 8) : 0;
+    if (n_intents) {
+        kvp_raftlog_read_end(s->rl);
+        svc_put_hold_intent(s, identity, req, intents, n_intents);
+        return true;
+    }
     Kvp__Response *resp = NULL;
     /* level 6: puts this leader acknowledged and is still sealing count as complete */
     int rc = kvp_master_fsm_query_vis(s->fsm, req, svc_put_read_vis(s), &resp);
@@ -90,7 +100,7 @@ static void query(struct kvp_master_service *s, zframe_t *identity, const Kvp__R
         svc_reply_status(s, identity, req->req_id, KVP_ERR_NOMEM, "out of memory");
         return;
     }
-    if (local_read(s, p, req)) {
+    if (local_read(s, p, identity, req)) {
         svc_pending_free(p);
         return;
     }
@@ -805,7 +815,12 @@ static void on_internal_result(struct kvp_master_service *s, struct svc_pending 
         break;
     case SVC_INT_RESOLVE_SEAL:
     case SVC_INT_RESOLVE_REVOKE:
+        if (p->internal == SVC_INT_RESOLVE_REVOKE)
+            svc_put_revoking_done(s, p);
         svc_resolve_on_result(s, p, status, resp);
+        break;
+    case SVC_INT_INTENT_REVOKE:
+        svc_put_revoking_done(s, p);
         break;
     default:
         break;

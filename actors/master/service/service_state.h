@@ -92,6 +92,9 @@ struct svc_pending {
     /* GetReplicaList / PutEnd: hashes of the keys, in request order (leases, last access). */
     uint64_t *key_hashes;
     size_t n_keys;
+    /* SVC_INT_SEAL: the op_id of each item, in key_hashes' order (its sealing entry is dropped
+     * only when both match). */
+    uint64_t *seal_ops;
     /* Remove: per original key, the status decided here (KVP_ERR_LEASED), or 1 = forwarded to
      * the FSM (its status comes from the FSM's reply, in forwarded order). */
     int32_t *remove_status;
@@ -431,6 +434,25 @@ void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int st
 void svc_put_flush_seals(struct kvp_master_service *s);
 const struct kvp_fsm_qvis *svc_put_read_vis(struct kvp_master_service *s);
 bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
+/* Level 6: the keys of read req (GetReplicaList, Exists, GetSize) whose FSM state is a pending
+ * intent of an older term (a put an older leader may have acknowledged, not sealing here), at
+ * most cap into out (pointers into req). Under kvp_raftlog_read_begin. 0 also for a read held
+ * to its limit already. */
+size_t svc_put_intent_keys(struct kvp_master_service *s, const Kvp__Request *req, const char **out, size_t cap);
+/* Level 6: hold such a read (up to 3 s from its arrival) and have the resolver verify those keys
+ * now (after kvp_raftlog_read_end): it goes again when the resolver's seal or revoke applies. */
+void svc_put_hold_intent(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
+                         const char *const *keys, size_t n);
+/* Level 6: a PutRevoke of intent (key, op_id) is submitted with p (SVC_INT_INTENT_REVOKE,
+ * SVC_INT_RESOLVE_REVOKE): until its result, a PutEnd of that key is not acknowledged early
+ * (try_seal); p keeps the key's hash and op_id. KVP_ERR_NOMEM: not noted, do not submit. */
+int svc_put_revoking_note(struct kvp_master_service *s, struct svc_pending *p, const char *key, uint64_t op_id);
+/* Its result came (any status). */
+void svc_put_revoking_done(struct kvp_master_service *s, const struct svc_pending *p);
+/* Level 6: every held read goes again (a seal or a revoke applied). */
+void svc_put_redispatch_held(struct kvp_master_service *s);
+/* Level 6: is (key, op_id) a put this leader acknowledged whose PutSealCmd has not applied yet? */
+bool svc_put_sealing_op(const struct kvp_master_service *s, const char *key, uint64_t op_id);
 /* Level 6 counters into the status document's soft_state (put_intents, puts_sealed_early,
  * puts_sealing). */
 struct json_t;
