@@ -66,21 +66,6 @@ static int teardown(void **state)
     return 0;
 }
 
-/* How many lines of the masters' logs contain `what`. */
-static int log_count(const struct tc_cluster *c, const char *what)
-{
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "cat %s/master-*.log 2>/dev/null | grep -c '%s'", c->dir, what);
-    FILE *p = popen(cmd, "r");
-    int n = 0;
-    if (p) {
-        if (fscanf(p, "%d", &n) != 1)
-            n = 0;
-        pclose(p);
-    }
-    return n;
-}
-
 static void test_onecommit_pending_intents_across_failover(void **state)
 {
     (void)state;
@@ -90,9 +75,9 @@ static void test_onecommit_pending_intents_across_failover(void **state)
     uint8_t *buf = malloc(OBJ);
     assert_non_null(buf);
     /* Level 3 is known a second after the leader hears its peers; then reservations follow. */
-    for (int i = 0; i < 100 && log_count(&cl, "one-commit put on") == 0; i++)
+    for (int i = 0; i < 100 && tf_log_count(&cl, "one-commit put on") == 0; i++)
         tf_sleep_ms(100);
-    assert_true(log_count(&cl, "one-commit put on") >= 1);
+    assert_true(tf_log_count(&cl, "one-commit put on") >= 1);
     char key[64];
     for (int i = 0; i < N_BEFORE; i++) {
         snprintf(key, sizeof key, "before-%d", i);
@@ -147,7 +132,7 @@ static void test_onecommit_pending_intents_across_failover(void **state)
     int nready = tc_ready_wait(ready[0], 2, 30000);
     close(ready[0]);
     assert_int_equal(nready, 2);
-    int on_before = log_count(&cl, "one-commit put on");
+    int on_before = tf_log_count(&cl, "one-commit put on");
     int dead = tf_kill_leader(&cl);
     uint64_t t_kill = kvp_clock_now_ms();
     kvp_client *q = tc_open(&cl, 8000);
@@ -165,12 +150,12 @@ static void test_onecommit_pending_intents_across_failover(void **state)
     assert_int_equal(tf_wait_child(wa), 0);
     assert_int_equal(tf_wait_child(wb), 0);
     /* pend-a was committed by the new leader from the placement the old one gave it. */
-    assert_true(log_count(&cl, "placed by an older leader") >= 1);
+    assert_true(tf_log_count(&cl, "placed by an older leader") >= 1);
     /* The killed master is still down: the new leader keeps the committed level (KVP_FEATURE_LEVEL) and makes
      * its own term's reservations (the one-commit put goes on across the failover). */
-    for (int i = 0; i < 100 && log_count(&cl, "one-commit put on") <= on_before; i++)
+    for (int i = 0; i < 100 && tf_log_count(&cl, "one-commit put on") <= on_before; i++)
         tf_sleep_ms(100);
-    if (log_count(&cl, "one-commit put on") <= on_before)
+    if (tf_log_count(&cl, "one-commit put on") <= on_before)
         fail_msg("the new leader did not turn the one-commit put on with member %d down", dead);
     json_t *st = tf_status(&cl);
     assert_non_null(st);

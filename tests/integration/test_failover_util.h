@@ -51,6 +51,21 @@ static inline json_t *tf_status(const struct tc_cluster *c)
     return j;
 }
 
+/* How many lines of the cluster's master logs contain `what` (a grep pattern without quotes). */
+static inline int tf_log_count(const struct tc_cluster *c, const char *what)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cat %s/master-*.log 2>/dev/null | grep -c '%s'", c->dir, what);
+    FILE *p = popen(cmd, "r");
+    int n = 0;
+    if (p) {
+        if (fscanf(p, "%d", &n) != 1)
+            n = 0;
+        pclose(p);
+    }
+    return n;
+}
+
 static inline long long tf_jget(json_t *o, const char *k)
 {
     return (long long)json_integer_value(json_object_get(o, k));

@@ -56,21 +56,6 @@ static int teardown(void **state)
     return 0;
 }
 
-/* How many lines of the masters' logs contain `what`. */
-static int log_count(const struct tc_cluster *c, const char *what)
-{
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "cat %s/master-*.log 2>/dev/null | grep -c '%s'", c->dir, what);
-    FILE *p = popen(cmd, "r");
-    int n = 0;
-    if (p) {
-        if (fscanf(p, "%d", &n) != 1)
-            n = 0;
-        pclose(p);
-    }
-    return n;
-}
-
 /* The FSM's pending puts (intents included) in the leader's status, -1 when not read. */
 static long long pending_puts(const struct tc_cluster *c)
 {
@@ -134,16 +119,16 @@ static void test_put_intent_paths(void **state)
     assert_non_null(c);
     uint8_t *buf = malloc(BIG);
     assert_non_null(buf);
-    for (int i = 0; i < 100 && log_count(&cl, "cluster feature level 6 committed") == 0; i++)
+    for (int i = 0; i < 100 && tf_log_count(&cl, "cluster feature level 6 committed") == 0; i++)
         tf_sleep_ms(100);
-    assert_true(log_count(&cl, "cluster feature level 6 committed") >= 1);
-    for (int i = 0; i < 100 && log_count(&cl, "one-commit put on") == 0; i++)
+    assert_true(tf_log_count(&cl, "cluster feature level 6 committed") >= 1);
+    for (int i = 0; i < 100 && tf_log_count(&cl, "one-commit put on") == 0; i++)
         tf_sleep_ms(100);
     int seq = 0;
     char key[64];
     probe_intent(&cl, c, buf, &seq);
-    assert_true(log_count(&cl, "first PutIntent") >= 1);
-    assert_true(log_count(&cl, "PutEnd acknowledged before its seal commits") >= 1);
+    assert_true(tf_log_count(&cl, "first PutIntent") >= 1);
+    assert_true(tf_log_count(&cl, "PutEnd acknowledged before its seal commits") >= 1);
     /* more 4 MiB puts, each read at once (whichever path each took) */
     for (int k = 0; k < 10; k++) {
         snprintf(key, sizeof key, "big-%d", k);
@@ -207,9 +192,9 @@ static void test_put_intent_paths(void **state)
             continue; /* it found no reservation room: the PutStart path (tested elsewhere) */
         char what[64];
         snprintf(what, sizeof what, "intent of %s ", fk);
-        for (int k = 0; k < 100 && log_count(&cl, what) == 0; k++)
+        for (int k = 0; k < 100 && tf_log_count(&cl, what) == 0; k++)
             tf_sleep_ms(50);
-        if (log_count(&cl, what) == 0)
+        if (tf_log_count(&cl, what) == 0)
             fail_msg("the failed put's intent (%s) was not revoked", fk);
         long long pend = -1;
         for (int k = 0; k < 100 && (pend = pending_puts(&cl)) != 0; k++)
@@ -251,12 +236,12 @@ static void test_put_intent_paths(void **state)
             assert_int_equal(tf_read_exact(c, ak, buf, BIG), 1);
             continue;
         }
-        int sealed_before = log_count(&cl, "PutEnd acknowledged before its seal commits");
+        int sealed_before = tf_log_count(&cl, "PutEnd acknowledged before its seal commits");
         (void)tf_kill_leader(&cl);
         assert_int_equal(tf_wait_child(wa), 0);
         assert_int_equal(tf_read_exact(c, ak, buf, BIG), 1);
         /* sealed by the new leader without a commit on its path (its first such line) */
-        assert_true(log_count(&cl, "PutEnd acknowledged before its seal commits") > sealed_before);
+        assert_true(tf_log_count(&cl, "PutEnd acknowledged before its seal commits") > sealed_before);
         done = true;
     }
     if (!done)

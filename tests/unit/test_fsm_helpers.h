@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "actors/master/fsm/fsm.h"
+#include "actors/master/fsm/version.h"
 #include "kvpool.h"
 
 static inline struct kvp_master_fsm *tf_new(uint64_t grace_ms, uint64_t ttl_ms)
@@ -99,6 +100,65 @@ static inline Kvp__Response *tf_put_start_r(struct kvp_master_fsm *f, const stru
     assert_int_equal(r->put_start->n_results, 1);
     *st = r->put_start->results[0]->status;
     return r;
+}
+
+/* A replica's place in a PutCommit item. */
+struct tf_place {
+    uint32_t seg;
+    uint64_t off;
+};
+
+/* One PutCommitCmd item (an intent when `intent`) logged by a leader of `cmd_term` at `now`,
+ * placed in the reservations of `term`; the command's feature level `level`, or as a leader of
+ * this binary stamps it when 0. Returns the apply's error when it is not KVP_OK, else the item's
+ * status (the FSM's invariants checked after it). */
+static inline int tf_put_commit(struct kvp_master_fsm *f, const char *key, uint64_t op, uint64_t size, uint64_t csum,
+                                uint64_t term, uint64_t cmd_term, uint64_t deadline, uint64_t now,
+                                const struct tf_place *pl, size_t n, uint32_t replica_num, bool intent, uint32_t level)
+{
+    Kvp__Command c = KVP__COMMAND__INIT;
+    Kvp__PutCommitCmd q = KVP__PUT_COMMIT_CMD__INIT;
+    Kvp__PutCommitItem it = KVP__PUT_COMMIT_ITEM__INIT, *items[1] = {&it};
+    Kvp__ReplicaPlace rp[4], *rpp[4];
+    assert_true(n <= 4);
+    for (size_t i = 0; i < n; i++) {
+        kvp__replica_place__init(&rp[i]);
+        rp[i].segment_id = pl[i].seg;
+        rp[i].offset = pl[i].off;
+        rpp[i] = &rp[i];
+    }
+    it.key = (char *)key;
+    it.op_id = op;
+    it.size = size;
+    it.checksum = csum;
+    it.term = term;
+    it.deadline_ms = deadline;
+    it.n_replicas = n;
+    it.replicas = rpp;
+    it.replica_num = replica_num;
+    it.intent = intent;
+    q.n_items = 1;
+    q.items = items;
+    c.now_wall_ms = now;
+    c.term = cmd_term;
+    c.body_case = KVP__COMMAND__BODY_PUT_COMMIT;
+    c.put_commit = &q;
+    if (level)
+        c.feature_level = level;
+    else
+        kvp_feature_prepare_command(&c, KVP_FEATURE_LEVEL);
+    Kvp__Response *r = NULL;
+    int rc = kvp_master_fsm_apply(f, &c, &r);
+    if (rc != KVP_OK) {
+        kvp_master_fsm_response_free(r);
+        return rc;
+    }
+    assert_int_equal(r->body_case, KVP__RESPONSE__BODY_PUT_END);
+    assert_int_equal(r->put_end->n_status, 1);
+    int st = r->put_end->status[0];
+    kvp_master_fsm_response_free(r);
+    assert_int_equal(kvp_master_fsm_check(f), 0);
+    return st;
 }
 
 static inline int tf_put_start(struct kvp_master_fsm *f, const char *key, uint64_t size,

@@ -55,57 +55,14 @@ static uint64_t reserve(struct kvp_master_fsm *f, uint32_t seg, uint64_t len, ui
     return off;
 }
 
-struct place {
-    uint32_t seg;
-    uint64_t off;
-};
+#define place tf_place
 
-/* One PutCommitCmd item, an intent when `intent`; the command stamped as a leader of `level`
- * stamps it (kvp_feature_prepare_command), or left at `stamp` when stamp != 0. */
+/* One PutCommitCmd item of term TERM, an intent when `intent`; the command stamped as a leader of
+ * this binary stamps it (kvp_feature_prepare_command), or left at `stamp` when stamp != 0. */
 static int commit_x(struct kvp_master_fsm *f, const char *key, uint64_t op, uint64_t size, uint64_t deadline,
                     uint64_t now, const struct place *pl, size_t n, bool intent, uint32_t stamp)
 {
-    Kvp__Command c = KVP__COMMAND__INIT;
-    Kvp__PutCommitCmd q = KVP__PUT_COMMIT_CMD__INIT;
-    Kvp__PutCommitItem it = KVP__PUT_COMMIT_ITEM__INIT, *items[1] = {&it};
-    Kvp__ReplicaPlace rp[4], *rpp[4];
-    assert_true(n <= 4);
-    for (size_t i = 0; i < n; i++) {
-        kvp__replica_place__init(&rp[i]);
-        rp[i].segment_id = pl[i].seg;
-        rp[i].offset = pl[i].off;
-        rpp[i] = &rp[i];
-    }
-    it.key = (char *)key;
-    it.op_id = op;
-    it.size = size;
-    it.checksum = CSUM(op);
-    it.term = TERM;
-    it.deadline_ms = deadline;
-    it.n_replicas = n;
-    it.replicas = rpp;
-    it.replica_num = (uint32_t)n;
-    it.intent = intent;
-    q.n_items = 1;
-    q.items = items;
-    c.now_wall_ms = now;
-    c.term = TERM;
-    c.body_case = KVP__COMMAND__BODY_PUT_COMMIT;
-    c.put_commit = &q;
-    kvp_feature_prepare_command(&c, KVP_FEATURE_LEVEL);
-    if (stamp)
-        c.feature_level = stamp;
-    Kvp__Response *r = NULL;
-    int rc = kvp_master_fsm_apply(f, &c, &r);
-    if (rc != KVP_OK) {
-        kvp_master_fsm_response_free(r);
-        return rc;
-    }
-    assert_int_equal(r->body_case, KVP__RESPONSE__BODY_PUT_END);
-    int st = r->put_end->status[0];
-    kvp_master_fsm_response_free(r);
-    assert_int_equal(kvp_master_fsm_check(f), 0);
-    return st;
+    return tf_put_commit(f, key, op, size, CSUM(op), TERM, TERM, deadline, now, pl, n, (uint32_t)n, intent, stamp);
 }
 
 static int intent(struct kvp_master_fsm *f, const char *key, uint64_t op, uint64_t size, uint64_t deadline,

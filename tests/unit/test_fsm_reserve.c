@@ -44,48 +44,15 @@ static int reserve(struct kvp_master_fsm *f, uint32_t seg, uint64_t len, uint64_
     return st;
 }
 
-struct place {
-    uint32_t seg;
-    uint64_t off;
-};
+#define place tf_place
 
-/* PutCommitCmd of one item; returns its status. */
+/* PutCommitCmd of one item; returns its status. A later leader than the item's term logs it (the
+ * item's term is what counts). */
 static int commit(struct kvp_master_fsm *f, const char *key, uint64_t op, uint64_t size, uint64_t term,
                   uint64_t deadline, uint64_t now, const struct place *pl, size_t n)
 {
-    Kvp__Command c = KVP__COMMAND__INIT;
-    Kvp__PutCommitCmd q = KVP__PUT_COMMIT_CMD__INIT;
-    Kvp__PutCommitItem it = KVP__PUT_COMMIT_ITEM__INIT, *items[1] = {&it};
-    Kvp__ReplicaPlace rp[4], *rpp[4];
-    assert_true(n <= 4);
-    for (size_t i = 0; i < n; i++) {
-        kvp__replica_place__init(&rp[i]);
-        rp[i].segment_id = pl[i].seg;
-        rp[i].offset = pl[i].off;
-        rpp[i] = &rp[i];
-    }
-    it.key = (char *)key;
-    it.op_id = op;
-    it.size = size;
-    it.checksum = 0xABCDull ^ op;
-    it.term = term;
-    it.deadline_ms = deadline;
-    it.n_replicas = n;
-    it.replicas = rpp;
-    q.n_items = 1;
-    q.items = items;
-    c.now_wall_ms = now;
-    c.term = term + 1; /* a later leader may log it: the item's term is what counts */
-    c.feature_level = KVP_FEATURE_RESERVE;
-    c.body_case = KVP__COMMAND__BODY_PUT_COMMIT;
-    c.put_commit = &q;
-    Kvp__Response *r = tf_apply(f, &c);
-    assert_int_equal(r->body_case, KVP__RESPONSE__BODY_PUT_END);
-    assert_int_equal(r->put_end->n_status, 1);
-    int st = r->put_end->status[0];
-    kvp_master_fsm_response_free(r);
-    assert_int_equal(kvp_master_fsm_check(f), 0);
-    return st;
+    return tf_put_commit(f, key, op, size, 0xABCDull ^ op, term, term + 1, deadline, now, pl, n, 0, false,
+                         KVP_FEATURE_RESERVE);
 }
 
 /* The offset of key's first replica and its checksum (the object must exist). */
