@@ -92,6 +92,10 @@ struct svc_held {
     size_t len;
     uint64_t until_ms; /* monotonic: answered UNAVAILABLE after it */
     uint64_t req_id;
+    bool sealing; /* held for a seal of this leader (svc_put_hold_read), else for the resolver or
+                   * for this leader's state (svc_put_hold_intent, svc_put_hold_unready) */
+    uint8_t n_keys; /* its first keys' hashes (a seal of one of them sends it again); more: any */
+    uint64_t key_hash[8];
 };
 #define KVP_SVC_HELD_MAX 256u
 #define KVP_SVC_HELD_MS 2000u
@@ -135,7 +139,10 @@ static bool intent_on(struct kvp_master_service *s)
 }
 
 static void submit_intent_revoke(struct kvp_master_service *s, const char *key, uint64_t op_id);
-static void held_redispatch(struct kvp_master_service *s, bool only_expired);
+/* Which held reads go again: past their limit (the tick), those waiting for seals (a seal
+ * applied), or every one (the resolver decided, the leader's state became current). */
+enum held_which { HELD_EXPIRED, HELD_SEALING, HELD_ALL };
+static void held_redispatch(struct kvp_master_service *s, enum held_which which, const struct svc_pending *sealed);
 static int submit_seal(struct kvp_master_service *s, struct svc_seal **v, size_t n);
 
 int svc_put_new(struct kvp_master_service *s)
@@ -236,6 +243,8 @@ static void submit_reserve(struct kvp_master_service *s, uint32_t seg, uint64_t 
  * is handed out, or when it is past its window. */
 void svc_put_tick(struct kvp_master_service *s)
 {
+    if (s->put && s->put->n_held && !fast_on(s))
+        held_redispatch(s, HELD_EXPIRED, NULL); /* reads held past their limit, also before this leader is ready */
     if (!fast_on(s))
         return;
     uint64_t now = wall_ms();
@@ -301,7 +310,7 @@ void svc_put_tick(struct kvp_master_service *s)
         svc_fence_note_failure(s, now, "expired one-commit puts");
     /* Seals not in the log yet (one whose submit failed), and reads held past their time. */
     svc_put_flush_seals(s);
-    held_redispatch(s, true);
+    held_redispatch(s, HELD_EXPIRED, NULL);
 }
 
 void svc_put_on_reserve(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)
@@ -1175,7 +1184,20 @@ static bool try_seal(struct kvp_master_service *s, zframe_t *identity, Kvp__Requ
 /* Held reads go again (every one: their keys' seals applied; or only those past their limit,
  * at the tick). Each keeps its first limit: held again, it is answered at that limit
  * (svc_put_hold_read). */
-static void held_redispatch(struct kvp_master_service *s, bool only_expired)
+/* Whether held read h names one of the keys `sealed` sealed (hash compare: a twin only sends
+ * it again early, where it is held again). */
+static bool held_names(const struct svc_held *h, const struct svc_pending *sealed)
+{
+    if (!sealed || h->n_keys > 8)
+        return true;
+    for (unsigned i = 0; i < h->n_keys; i++)
+        for (size_t k = 0; k < sealed->n_keys; k++)
+            if (h->key_hash[i] == sealed->key_hashes[k])
+                return true;
+    return false;
+}
+
+static void held_redispatch(struct kvp_master_service *s, enum held_which which, const struct svc_pending *sealed)
 {
     size_t n = 0, keep = 0;
     uint64_t now = svc_now_ms();
@@ -1183,7 +1205,9 @@ static void held_redispatch(struct kvp_master_service *s, bool only_expired)
     if (!h)
         return;
     for (size_t i = 0; i < s->put->n_held; i++) {
-        if (only_expired && s->put->held[i].until_ms > now)
+        bool go = which == HELD_ALL || (which == HELD_EXPIRED && s->put->held[i].until_ms <= now) ||
+                  (which == HELD_SEALING && (s->put->held[i].sealing || held_names(&s->put->held[i], sealed)));
+        if (!go)
             s->put->held[keep++] = s->put->held[i];
         else
             h[n++] = s->put->held[i];
@@ -1207,7 +1231,7 @@ static void held_redispatch(struct kvp_master_service *s, bool only_expired)
 void svc_put_redispatch_held(struct kvp_master_service *s)
 {
     if (s->put && s->put->n_held)
-        held_redispatch(s, false);
+        held_redispatch(s, HELD_ALL, NULL);
 }
 
 void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int status, Kvp__Response *resp)
@@ -1238,8 +1262,10 @@ void svc_put_on_seal(struct kvp_master_service *s, struct svc_pending *p, int st
         free(e->key);
         free(e);
     }
-    if (s->put->n_held)
-        held_redispatch(s, false);
+    /* Only when seals applied: a refused submit reaches here synchronously from inside a held
+     * read's own flush (svc_put_hold_read), and redispatching then would recurse. */
+    if (body && s->put->n_held)
+        held_redispatch(s, HELD_SEALING, p); /* a read held for the resolver goes if one of its keys sealed */
 }
 
 static bool sealed_cb(void *arg, const char *key, uint64_t op_id, uint64_t checksum)
@@ -1283,7 +1309,8 @@ static size_t read_keys(const Kvp__Request *req, char ***keys)
 }
 
 /* Hold req until its limit (a held read dispatched again keeps its first one). */
-static void hold(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req, uint64_t hold_ms)
+static void hold(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req, uint64_t hold_ms,
+                 bool sealing)
 {
     if (s->put->n_held == KVP_SVC_HELD_MAX) {
         svc_reply_status(s, identity, req->req_id, KVP_ERR_BUSY, "too many reads waiting for seals");
@@ -1301,6 +1328,12 @@ static void hold(struct kvp_master_service *s, zframe_t *identity, const Kvp__Re
     }
     protobuf_c_message_pack(&req->base, h->buf);
     h->req_id = req->req_id;
+    h->sealing = sealing;
+    char **keys = NULL;
+    size_t nk = read_keys(req, &keys);
+    h->n_keys = nk > 8 ? 9 : (uint8_t)nk;
+    for (size_t i = 0; i < nk && i < 8; i++)
+        h->key_hash[i] = keys[i] ? svc_key_hash(keys[i]) : 0;
     h->until_ms = s->put->redispatch_until ? s->put->redispatch_until : svc_now_ms() + hold_ms;
     s->put->n_held++;
 }
@@ -1324,14 +1357,15 @@ bool svc_put_hold_read(struct kvp_master_service *s, zframe_t *identity, const K
         return true; /* held to its limit already */
     }
     svc_put_flush_seals(s); /* now, not at the next tick: the read waits for it */
-    hold(s, identity, req, KVP_SVC_HELD_MS);
+    hold(s, identity, req, KVP_SVC_HELD_MS, true);
     return true;
 }
 
 size_t svc_put_intent_keys(struct kvp_master_service *s, const Kvp__Request *req, const char **out, size_t cap)
 {
-    if (!s->put || !s->is_leader || svc_feature_level(s) < KVP_FEATURE_INTENT ||
-        kvp_fsm_intent_count(s->fsm) == 0)
+    /* No feature-level gate: an intent in the FSM means level 6 was committed, while a new
+     * leader's own reading of the level is 1 until its first refresh (on_leader_ready). */
+    if (!s->put || !s->is_leader || kvp_fsm_intent_count(s->fsm) == 0)
         return 0;
     if (s->put->redispatch_until && s->put->redispatch_until <= svc_now_ms())
         return 0; /* held to its limit already: answered as it is now */
@@ -1348,10 +1382,20 @@ size_t svc_put_intent_keys(struct kvp_master_service *s, const Kvp__Request *req
     return hit;
 }
 
+bool svc_put_hold_unready(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req)
+{
+    if (!s->put || !identity || !s->is_leader || s->segments_fresh_ms || s->put->n_held == KVP_SVC_HELD_MAX)
+        return false;
+    if (s->put->redispatch_until && s->put->redispatch_until <= svc_now_ms())
+        return false; /* held to its limit already: the raft thread answers it */
+    hold(s, identity, req, KVP_SVC_HELD_INTENT_MS, false);
+    return true;
+}
+
 void svc_put_hold_intent(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req,
                          const char *const *keys, size_t n)
 {
-    hold(s, identity, req, KVP_SVC_HELD_INTENT_MS);
+    hold(s, identity, req, KVP_SVC_HELD_INTENT_MS, false);
     for (size_t i = 0; i < n; i++)
         svc_resolve_urge(s, keys[i]);
 }

@@ -106,7 +106,7 @@ static void query(struct kvp_master_service *s, zframe_t *identity, const Kvp__R
     }
     /* The raft thread's answer cannot see what this leader sealed in memory: such a read waits
      * for the seal (read-your-writes after a put's acknowledgement). */
-    if (svc_put_hold_read(s, identity, req)) {
+    if (svc_put_hold_read(s, identity, req) || svc_put_hold_unready(s, identity, req)) {
         svc_pending_free(p);
         return;
     }

@@ -401,6 +401,7 @@ static void on_leader_ready(struct kvp_master_service *s)
     svc_release_now(s);
     svc_evict_kick(s);
     svc_resolve_tick(s); /* intents an older leader left (service_resolve.c) */
+    svc_put_redispatch_held(s); /* reads that came before this (svc_put_hold_unready) */
 }
 
 void svc_on_status_refresh(struct kvp_master_service *s, int status, const Kvp__Response *resp)

@@ -451,6 +451,12 @@ int svc_put_revoking_note(struct kvp_master_service *s, struct svc_pending *p, c
 void svc_put_revoking_done(struct kvp_master_service *s, const struct svc_pending *p);
 /* Level 6: every held read goes again (a seal or a revoke applied). */
 void svc_put_redispatch_held(struct kvp_master_service *s);
+/* A read reaching a leader before its state is current (before its term's barrier applied, or
+ * before its first segment table): held until on_leader_ready dispatches it again (or its
+ * limit), so that an older leader's pending intent in it is held for the resolver rather than
+ * answered NOT_FOUND by the raft thread (DESIGN.md C4). false: not held (not such a leader, the
+ * held table full, or held to its limit already). */
+bool svc_put_hold_unready(struct kvp_master_service *s, zframe_t *identity, const Kvp__Request *req);
 /* Level 6: is (key, op_id) a put this leader acknowledged whose PutSealCmd has not applied yet? */
 bool svc_put_sealing_op(const struct kvp_master_service *s, const char *key, uint64_t op_id);
 /* Level 6 counters into the status document's soft_state (put_intents, puts_sealed_early,
