@@ -130,15 +130,6 @@ struct put_sums {
     bool soft_pin;
 };
 
-/* Level 6 (docs/master.md "Intent overlapped with the transfer (level 6)"): a put placed from a
- * reservation may have its intent committed while its bytes move, so that its PutEnd is
- * answered without a commit: the put then costs max(checksum + commit, transfer) instead of
- * transfer + commit. Only for calls of at least `put_intent_min_bytes` (default 1 MiB; 0 =
- * never): a smaller transfer is shorter than a commit (a 1 MiB write on loopback ~0.4 ms, a
- * commit ~1 ms), so the intent would be the longer leg and its extra RPC would only add master
- * work for no gain. On a host whose cores are all busy the overlap has no spare CPU to run on
- * (docs/master.md, figures), which is what the key is for. */
-
 /* The PutEnd item of it (key, op, checksum, and the placement echoed from its PutStart result
  * when placed from a reservation). place: KVP_PUT_PLACE_MAX slots for it. */
 static void end_item_fill(Kvp__PutEndItem *ei, const struct put_item *it, const struct kvp_client_obj *o,
@@ -168,7 +159,16 @@ static void end_item_fill(Kvp__PutEndItem *ei, const struct put_item *it, const 
     }
 }
 
-/* PutIntent for the items marked in ps->intent whose checksums are known; its answer is only
+/* Level 6 (docs/master.md "Intent overlapped with the transfer (level 6)"): a put placed from a
+ * reservation may have its intent committed while its bytes move, so that its PutEnd is
+ * answered without a commit: the put then costs max(checksum + commit, transfer) instead of
+ * transfer + commit. Only for calls of at least `put_intent_min_bytes` (default 1 MiB; 0 =
+ * never): a smaller transfer is shorter than a commit (a 1 MiB write on loopback ~0.4 ms, a
+ * commit ~1 ms), so the intent would be the longer leg and its extra RPC would only add master
+ * work for no gain. On a host whose cores are all busy the overlap has no spare CPU to run on
+ * (docs/master.md, figures), which is what the key is for.
+ *
+ * PutIntent for the items marked in ps->intent whose checksums are known; its answer is only
  * logged: whatever it was, the PutEnd that follows ends each put (sealing a committed intent,
  * committing the others as before), and a failed put is revoked as before. */
 static void put_send_intent(struct put_sums *ps)

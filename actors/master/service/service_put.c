@@ -631,6 +631,25 @@ static bool try_start(struct kvp_master_service *s, zframe_t *identity, const Kv
     return ok;
 }
 
+/* A PutCommit item's size, term, deadline, pin, wanted replicas and placement from this
+ * leader's in-flight entry e (PutEnd's commit and PutIntent's intent alike); `pl` holds its
+ * replicas (KVP_FSM_MAX_REPLICAS_SVC), c->replicas the pointers to fill. */
+static void item_place_from_entry(Kvp__PutCommitItem *c, const struct svc_fast_put *e, Kvp__ReplicaPlace *pl)
+{
+    c->size = e->size;
+    c->term = e->term;
+    c->deadline_ms = e->deadline_ms;
+    c->soft_pin = e->soft_pin;
+    c->replica_num = e->replica_num;
+    c->n_replicas = e->n;
+    for (unsigned k = 0; k < e->n; k++) {
+        kvp__replica_place__init(&pl[k]);
+        pl[k].segment_id = e->seg[k];
+        pl[k].offset = e->off[k];
+        c->replicas[k] = &pl[k];
+    }
+}
+
 /* May this leader log PutCommitCmd now? At level 3; and for a put placed by an older leader,
  * whatever the level now says: its reservation is in the log (the FSM refuses the commit
  * otherwise), so every member that applied it understands PutCommit, and a member that did not
@@ -729,21 +748,9 @@ bool svc_put_try_end(struct kvp_master_service *s, zframe_t *identity, Kvp__Requ
         kvp__put_commit_item__init(c);
         c->key = e->key;
         c->op_id = e->op_id;
-        c->size = e->size;
         c->checksum = pe->items[i]->checksum;
-        c->term = e->term;
-        c->deadline_ms = e->deadline_ms;
-        c->soft_pin = e->soft_pin;
-        c->replica_num = e->replica_num;
-        c->n_replicas = e->n;
         c->replicas = &plp[i * KVP_FSM_MAX_REPLICAS_SVC];
-        for (unsigned k = 0; k < e->n; k++) {
-            Kvp__ReplicaPlace *r = &pl[i * KVP_FSM_MAX_REPLICAS_SVC + k];
-            kvp__replica_place__init(r);
-            r->segment_id = e->seg[k];
-            r->offset = e->off[k];
-            c->replicas[k] = r;
-        }
+        item_place_from_entry(c, e, &pl[i * KVP_FSM_MAX_REPLICAS_SVC]);
         itp[i] = c;
         p->key_hashes[i] = svc_key_hash(e->key);
     }
@@ -995,19 +1002,7 @@ void svc_put_on_intent(struct kvp_master_service *s, zframe_t *identity, Kvp__Re
         }
         if (e) { /* placed here: this table is the placement */
             e->intent = true;
-            c->size = e->size;
-            c->term = e->term;
-            c->deadline_ms = e->deadline_ms;
-            c->soft_pin = e->soft_pin;
-            c->replica_num = e->replica_num;
-            c->n_replicas = e->n;
-            for (unsigned k = 0; k < e->n; k++) {
-                Kvp__ReplicaPlace *r = &pl[i * KVP_FSM_MAX_REPLICAS_SVC + k];
-                kvp__replica_place__init(r);
-                r->segment_id = e->seg[k];
-                r->offset = e->off[k];
-                c->replicas[k] = r;
-            }
+            item_place_from_entry(c, e, &pl[i * KVP_FSM_MAX_REPLICAS_SVC]);
         } else { /* placed by an older leader, or forgotten here: the echo, checked by the FSM */
             c->size = it->size;
             c->term = it->term;
